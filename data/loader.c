@@ -1,0 +1,444 @@
+/* loader.c — stateful packing loader over memory-mapped token shards (see loader.h). */
+#include "data/loader.h"
+
+#include "data/shard.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- the permutation: a keyed Feistel network with cycle walking ------------- */
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+#define FEISTEL_ROUNDS 6
+
+typedef struct {
+    uint64_t n;
+    unsigned half;
+    uint64_t mask;
+    uint64_t key[FEISTEL_ROUNDS];
+} feistel;
+
+static void feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) {
+    unsigned bits = 2;
+    while (bits < 62 && ((uint64_t)1 << bits) < n) bits++;
+    if (bits & 1) bits++;
+    f->n = n;
+    f->half = bits / 2;
+    f->mask = ((uint64_t)1 << f->half) - 1;
+    uint64_t k = mix64(seed ^ mix64(epoch + 0x7465747261ull));
+    for (int r = 0; r < FEISTEL_ROUNDS; r++) f->key[r] = k = mix64(k + (uint64_t)r);
+}
+
+static uint64_t feistel_apply(const feistel *f, uint64_t i) {
+    if (f->n <= 1) return 0;
+    do {
+        uint64_t l = i >> f->half, r = i & f->mask;
+        for (int k = 0; k < FEISTEL_ROUNDS; k++) {
+            uint64_t t = l ^ (mix64(r ^ f->key[k]) & f->mask);
+            l = r;
+            r = t;
+        }
+        i = (l << f->half) | r;
+    } while (i >= f->n); /* cycle walking: stays a bijection of 0..n-1 */
+    return i;
+}
+
+uint64_t dl_permute(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch) {
+    feistel f;
+    feistel_init(&f, n, seed, epoch);
+    return feistel_apply(&f, i);
+}
+
+/* ---- the loader ---------------------------------------------------------------- */
+
+struct dl_loader {
+    char *dir, *split;
+    dl_config cfg;
+    int n_shards;
+    shard_file *shards;
+    uint64_t *starts;        /* [n_shards+1]: first stream index of each shard */
+    uint64_t n_tokens, W, G; /* tokens, windows per epoch, windows per step */
+    uint64_t position;
+    uint32_t vocab;
+    int64_t bos, eos;
+    uint32_t fingerprint;
+    int32_t *window;         /* [seq_len+1] */
+    feistel perm;
+    uint64_t perm_epoch;
+    int perm_ready;
+};
+
+static char *join(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    char *p = malloc(na + nb + 2);
+    if (!p) return NULL;
+    memcpy(p, a, na);
+    p[na] = '/';
+    memcpy(p + na + 1, b, nb + 1);
+    return p;
+}
+
+void dl_close(dl_loader *dl) {
+    if (!dl) return;
+    for (int i = 0; i < dl->n_shards; i++) shard_close(&dl->shards[i]);
+    free(dl->shards);
+    free(dl->starts);
+    free(dl->window);
+    free(dl->dir);
+    free(dl->split);
+    free(dl);
+}
+
+dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *cfg, char *err, size_t errlen) {
+    if (!dir || !split || !cfg) {
+        seterr(err, errlen, "data loader: no corpus folder or split given");
+        return NULL;
+    }
+    if (cfg->seq_len < 1 || cfg->local_batch_size < 1 || cfg->dp_size < 1 || cfg->dp_rank < 0 ||
+        cfg->dp_rank >= cfg->dp_size) {
+        seterr(err, errlen, "data loader: bad geometry (seq_len %d, local_batch_size %d, dp rank %d of %d)",
+               cfg->seq_len, cfg->local_batch_size, cfg->dp_rank, cfg->dp_size);
+        return NULL;
+    }
+    shard_index ix;
+    if (shard_index_read(dir, &ix, err, errlen) != 0) return NULL;
+    dl_loader *dl = calloc(1, sizeof *dl);
+    if (!dl) {
+        shard_index_free(&ix);
+        seterr(err, errlen, "data loader: out of memory");
+        return NULL;
+    }
+    dl->cfg = *cfg;
+    dl->dir = strdup(dir);
+    dl->split = strdup(split);
+    dl->vocab = ix.vocab_size;
+    dl->bos = ix.bos_id;
+    dl->eos = ix.eos_id;
+    const shard_index_split *sp = shard_index_find(&ix, split);
+    if (!sp) {
+        if (strcmp(split, "val") == 0)
+            seterr(err, errlen,
+                   "%s: the corpus has no \"val\" split (prepare it with `tetra data prepare ... --val-fraction F`, "
+                   "F > 0)",
+                   dir);
+        else
+            seterr(err, errlen, "%s: the corpus has no \"%s\" split", dir, split);
+        goto fail;
+    }
+    if (cfg->expected_vocab_size && cfg->expected_vocab_size != ix.vocab_size) {
+        seterr(err, errlen,
+               "%s: the corpus was tokenized with a vocabulary of %u tokens but the model's vocab_size is %u; "
+               "prepare the corpus with the model's tokenizer (or set the model's vocab_size to %u)",
+               dir, ix.vocab_size, cfg->expected_vocab_size, ix.vocab_size);
+        goto fail;
+    }
+    if (sp->n_shards == 0 || sp->n_tokens == 0) {
+        seterr(err, errlen, "%s: split \"%s\" is empty", dir, split);
+        goto fail;
+    }
+    dl->shards = calloc((size_t)sp->n_shards, sizeof *dl->shards);
+    dl->starts = calloc((size_t)sp->n_shards + 1, sizeof *dl->starts);
+    dl->window = malloc(((size_t)cfg->seq_len + 1) * sizeof *dl->window);
+    if (!dl->dir || !dl->split || !dl->shards || !dl->starts || !dl->window) {
+        seterr(err, errlen, "data loader: out of memory");
+        goto fail;
+    }
+    uint32_t fp = shard_crc32c(0, &ix.vocab_size, sizeof ix.vocab_size);
+    for (int i = 0; i < sp->n_shards; i++) {
+        const shard_index_shard *e = &sp->shards[i];
+        char *path = join(dir, e->file);
+        if (!path) {
+            seterr(err, errlen, "data loader: out of memory");
+            goto fail;
+        }
+        int rc = shard_open(&dl->shards[i], path, !cfg->skip_verify, err, errlen);
+        if (rc == 0) {
+            const shard_header *h = &dl->shards[i].h;
+            if (h->n_tokens != e->n_tokens || h->crc32c != e->crc32c) {
+                seterr(err, errlen,
+                       "%s: does not match %s/index.json (%llu tokens, CRC %08x; the index says %llu tokens, CRC "
+                       "%08x)",
+                       path, dir, (unsigned long long)h->n_tokens, h->crc32c, (unsigned long long)e->n_tokens,
+                       e->crc32c);
+                rc = -1;
+            } else if (h->vocab_size != ix.vocab_size || h->token_bytes != ix.token_bytes) {
+                seterr(err, errlen, "%s: vocab size %u / token width %u differ from index.json's %u / %u", path,
+                       h->vocab_size, h->token_bytes, ix.vocab_size, ix.token_bytes);
+                rc = -1;
+            }
+            if (rc != 0) shard_close(&dl->shards[i]);
+        }
+        free(path);
+        if (rc != 0) goto fail;
+        dl->n_shards = i + 1;
+        dl->starts[i + 1] = dl->starts[i] + dl->shards[i].h.n_tokens;
+        uint64_t rec[2] = {dl->shards[i].h.n_tokens, dl->shards[i].h.crc32c};
+        fp = shard_crc32c(fp, rec, sizeof rec);
+    }
+    dl->fingerprint = fp;
+    dl->n_tokens = dl->starts[dl->n_shards];
+    dl->W = dl->n_tokens / ((uint64_t)cfg->seq_len + 1);
+    dl->G = (uint64_t)cfg->dp_size * (uint64_t)cfg->local_batch_size;
+    if (dl->W == 0) {
+        seterr(err, errlen, "%s: split \"%s\" has %llu tokens, fewer than one sequence of seq_len+1 = %d", dir,
+               split, (unsigned long long)dl->n_tokens, cfg->seq_len + 1);
+        goto fail;
+    }
+    shard_index_free(&ix);
+    return dl;
+fail:
+    shard_index_free(&ix);
+    dl_close(dl);
+    return NULL;
+}
+
+dl_loader *dl_open(const char *dir, const char *split, int seq_len, int local_batch_size, int dp_rank, int dp_size,
+                   int shuffle, uint64_t seed, uint32_t expected_vocab_size, char *err, size_t errlen) {
+    dl_config c;
+    memset(&c, 0, sizeof c);
+    c.seq_len = seq_len;
+    c.local_batch_size = local_batch_size;
+    c.dp_rank = dp_rank;
+    c.dp_size = dp_size;
+    c.shuffle = shuffle;
+    c.seed = seed;
+    c.expected_vocab_size = expected_vocab_size;
+    return dl_open_config(dir, split, &c, err, errlen);
+}
+
+/* Copy stream tokens [first, first+n) into out. */
+static void read_stream(const dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
+    int lo = 0, hi = dl->n_shards - 1;
+    while (lo < hi) { /* last shard whose start <= first */
+        int mid = (lo + hi + 1) / 2;
+        if (dl->starts[mid] <= first) lo = mid;
+        else hi = mid - 1;
+    }
+    int s = lo;
+    while (n) {
+        uint64_t off = first - dl->starts[s];
+        uint64_t avail = dl->shards[s].h.n_tokens - off;
+        size_t k = avail < n ? (size_t)avail : n;
+        shard_read_tokens(&dl->shards[s], off, k, out);
+        out += k;
+        first += k;
+        n -= k;
+        s++;
+    }
+}
+
+static uint64_t window_of(dl_loader *dl, uint64_t g) {
+    uint64_t e = g / dl->W, i = g % dl->W;
+    if (!dl->cfg.shuffle) return i;
+    if (!dl->perm_ready || dl->perm_epoch != e) {
+        feistel_init(&dl->perm, dl->W, dl->cfg.seed, e);
+        dl->perm_epoch = e;
+        dl->perm_ready = 1;
+    }
+    return feistel_apply(&dl->perm, i);
+}
+
+int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
+    const size_t T = (size_t)dl->cfg.seq_len;
+    const uint64_t R = (uint64_t)dl->cfg.dp_size, r = (uint64_t)dl->cfg.dp_rank;
+    if (dl->cfg.single_pass && dl->position + dl->G > dl->W) return 0;
+    for (int k = 0; k < dl->cfg.local_batch_size; k++) {
+        uint64_t g = dl->position + (uint64_t)k * R + r;
+        uint64_t j = window_of(dl, g);
+        read_stream(dl, j * (T + 1), T + 1, dl->window);
+        memcpy(inputs + (size_t)k * T, dl->window, T * sizeof *inputs);
+        memcpy(labels + (size_t)k * T, dl->window + 1, T * sizeof *labels);
+    }
+    uint64_t old = dl->position;
+    dl->position += dl->G;
+    if (!dl->cfg.single_pass) {
+        /* epochs finished between the last window before this step and the last one of it */
+        uint64_t e_prev = old ? (old - 1) / dl->W : 0;
+        for (uint64_t e = e_prev; e < (dl->position - 1) / dl->W; e++) {
+            char msg[512];
+            snprintf(msg, sizeof msg,
+                     "data: finished epoch %llu of split \"%s\" of %s (%llu sequences of %zu tokens); "
+                     "wrapping around to epoch %llu",
+                     (unsigned long long)(e + 1), dl->split, dl->dir, (unsigned long long)dl->W, T + 1,
+                     (unsigned long long)(e + 2));
+            if (dl->cfg.on_epoch) dl->cfg.on_epoch(dl->cfg.on_epoch_user, e + 1, msg);
+            else if (dl->cfg.dp_rank == 0) fprintf(stderr, "%s\n", msg);
+        }
+    }
+    return 1;
+}
+
+void dl_rewind(dl_loader *dl) { dl->position = 0; }
+
+/* ---- state -------------------------------------------------------------------------- */
+
+#define DL_STATE_MAGIC "TDLSTATE"
+#define DL_STATE_VERSION 1u
+
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+size_t dl_state_size(const dl_loader *dl) {
+    (void)dl;
+    return DL_STATE_BYTES;
+}
+
+int dl_state_save(const dl_loader *dl, void *buf, size_t n) {
+    if (n < DL_STATE_BYTES) return -1;
+    unsigned char *p = buf;
+    memset(p, 0, DL_STATE_BYTES);
+    memcpy(p, DL_STATE_MAGIC, 8);
+    put32(p + 8, DL_STATE_VERSION);
+    put32(p + 12, (uint32_t)dl->cfg.seq_len);
+    put64(p + 16, dl->position);
+    put64(p + 24, dl->cfg.seed);
+    put32(p + 32, dl->cfg.shuffle ? 1u : 0u);
+    put32(p + 36, dl->fingerprint);
+    put64(p + 40, dl->n_tokens);
+    put64(p + 48, dl->W);
+    put32(p + 60, shard_crc32c(0, p, 60));
+    return 0;
+}
+
+int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t errlen) {
+    const unsigned char *p = buf;
+    if (n < DL_STATE_BYTES || memcmp(p, DL_STATE_MAGIC, 8) != 0) {
+        seterr(err, errlen, "data loader state: not a loader state (%zu bytes)", n);
+        return -1;
+    }
+    if (get32(p + 60) != shard_crc32c(0, p, 60)) {
+        seterr(err, errlen, "data loader state: corrupt (checksum mismatch)");
+        return -1;
+    }
+    if (get32(p + 8) != DL_STATE_VERSION) {
+        seterr(err, errlen, "data loader state: version %u is not supported", get32(p + 8));
+        return -1;
+    }
+    uint32_t seq_len = get32(p + 12), shuffle = get32(p + 32), fp = get32(p + 36);
+    uint64_t seed = get64(p + 24), ntok = get64(p + 40);
+    if (fp != dl->fingerprint || ntok != dl->n_tokens) {
+        seterr(err, errlen,
+               "data loader state: saved for another corpus (split of %llu tokens, fingerprint %08x); split \"%s\" "
+               "of %s has %llu tokens, fingerprint %08x",
+               (unsigned long long)ntok, fp, dl->split, dl->dir, (unsigned long long)dl->n_tokens, dl->fingerprint);
+        return -1;
+    }
+    if (seq_len != (uint32_t)dl->cfg.seq_len) {
+        seterr(err, errlen, "data loader state: saved with seq_len %u; this run has seq_len %d", seq_len,
+               dl->cfg.seq_len);
+        return -1;
+    }
+    if ((shuffle != 0) != (dl->cfg.shuffle != 0) || (shuffle && seed != dl->cfg.seed)) {
+        seterr(err, errlen,
+               "data loader state: saved with shuffle %s, seed %llu; this run has shuffle %s, seed %llu",
+               shuffle ? "on" : "off", (unsigned long long)seed, dl->cfg.shuffle ? "on" : "off",
+               (unsigned long long)dl->cfg.seed);
+        return -1;
+    }
+    dl->position = get64(p + 16);
+    return 0;
+}
+
+/* ---- facts ------------------------------------------------------------------------------ */
+
+uint64_t dl_position(const dl_loader *dl) { return dl->position; }
+uint64_t dl_epoch(const dl_loader *dl) { return dl->position / dl->W; }
+uint64_t dl_windows_per_epoch(const dl_loader *dl) { return dl->W; }
+uint64_t dl_steps_per_epoch(const dl_loader *dl) { return dl->W / dl->G; }
+uint64_t dl_num_tokens(const dl_loader *dl) { return dl->n_tokens; }
+uint32_t dl_vocab_size(const dl_loader *dl) { return dl->vocab; }
+int64_t dl_bos_id(const dl_loader *dl) { return dl->bos; }
+int64_t dl_eos_id(const dl_loader *dl) { return dl->eos; }
+
+/* ---- dataset names ------------------------------------------------------------------------ */
+
+static int has_index(const char *dir) {
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/index.json", dir) >= sizeof path) return 0;
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int copy_out(char *out, size_t n, const char *s, char *err, size_t errlen) {
+    if (strlen(s) >= n) {
+        seterr(err, errlen, "dataset path too long: %s", s);
+        return -1;
+    }
+    strcpy(out, s);
+    return 0;
+}
+
+int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_dir, size_t n, char *err,
+                       size_t errlen) {
+    if (dataset_path && *dataset_path) return copy_out(out_dir, n, dataset_path, err, errlen);
+    if (!dataset || !*dataset) {
+        seterr(err, errlen, "no dataset: set training.dataset = \"sample\" or training.dataset_path to a folder made "
+                            "by `tetra data prepare`");
+        return -1;
+    }
+    if (strcmp(dataset, "sample") != 0 && strcmp(dataset, "c4_test") != 0 && strcmp(dataset, "c4_validation") != 0) {
+        seterr(err, errlen,
+               "unknown dataset \"%s\": tetra ships only \"sample\" (Moby Dick; TorchTitan's c4_test role); for any "
+               "other corpus run `tetra data prepare --tokenizer DIR --input FILE|DIR --output DIR` and set "
+               "dataset_path = DIR",
+               dataset);
+        return -1;
+    }
+    char cand[PATH_MAX] = "";
+    char exe[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+        exe[k] = 0;
+        for (int up = 0; up < 2; up++) { /* <build>/bin/tetra -> <build> */
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = 0;
+        }
+        if (*exe && (size_t)snprintf(cand, sizeof cand, "%s/data/sample", exe) < sizeof cand && has_index(cand))
+            return copy_out(out_dir, n, cand, err, errlen);
+    }
+    const char *env = getenv("TETRA_DATA_DIR");
+    char envc[PATH_MAX] = "";
+    if (env && *env) {
+        if ((size_t)snprintf(envc, sizeof envc, "%s/sample", env) < sizeof envc && has_index(envc))
+            return copy_out(out_dir, n, envc, err, errlen);
+    }
+    seterr(err, errlen,
+           "dataset \"%s\": the prepared sample corpus was not found at %s%s%s%s (the build prepares it: cmake "
+           "--build <build dir>; or set TETRA_DATA_DIR to a folder holding sample/)",
+           dataset, *cand ? cand : "<executable dir>/../data/sample", *envc ? " nor at " : "", envc,
+           *envc ? "" : " (TETRA_DATA_DIR is not set)");
+    return -1;
+}

@@ -1,0 +1,1016 @@
+#include "engine/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/toml.h"
+#include "models/llama3/llama3_args.h"
+
+/* ---- the descriptor tables, expanded from the schema ---------------------- */
+
+#define OFF(S, K) offsetof(tetra_config_values, S.K)
+#define CFG_SECTION(S, NAME, HELP)
+#define CFG_END(S)
+#define CFG_BOOL(S, K, D, H) {SECTION_NAME_##S, #K, CFG_T_BOOL, OFF(S, K), (D), 0.0, NULL, NULL, H},
+#define CFG_INT(S, K, D, H) {SECTION_NAME_##S, #K, CFG_T_INT, OFF(S, K), (D), 0.0, NULL, NULL, H},
+#define CFG_FLOAT(S, K, D, H) {SECTION_NAME_##S, #K, CFG_T_FLOAT, OFF(S, K), 0, (D), NULL, NULL, H},
+#define CFG_STR(S, K, D, H) {SECTION_NAME_##S, #K, CFG_T_STR, OFF(S, K), 0, 0.0, (D), NULL, H},
+#define CFG_ENUM(S, K, D, C, H) {SECTION_NAME_##S, #K, CFG_T_ENUM, OFF(S, K), 0, 0.0, (D), (C), H},
+#define CFG_LIST(S, K, D, H) {SECTION_NAME_##S, #K, CFG_T_LIST, OFF(S, K), 0, 0.0, (D), NULL, H},
+#define SECTION_NAME_job "job"
+#define SECTION_NAME_profiling "profiling"
+#define SECTION_NAME_metrics "metrics"
+#define SECTION_NAME_model "model"
+#define SECTION_NAME_optimizer "optimizer"
+#define SECTION_NAME_lr_scheduler "lr_scheduler"
+#define SECTION_NAME_training "training"
+#define SECTION_NAME_parallelism "parallelism"
+#define SECTION_NAME_checkpoint "checkpoint"
+#define SECTION_NAME_activation_checkpoint "activation_checkpoint"
+#define SECTION_NAME_compile "compile"
+#define SECTION_NAME_quantize_linear_float8 "quantize.linear.float8"
+#define SECTION_NAME_validation "validation"
+#define SECTION_NAME_comm "comm"
+const cfg_key_desc cfg_keys[] = {
+#include "engine/config_schema.def"
+};
+#undef CFG_SECTION
+#undef CFG_END
+#undef CFG_BOOL
+#undef CFG_INT
+#undef CFG_FLOAT
+#undef CFG_STR
+#undef CFG_ENUM
+#undef CFG_LIST
+const int cfg_n_keys = (int)(sizeof cfg_keys / sizeof cfg_keys[0]);
+
+#define CFG_SECTION(S, NAME, HELP) {NAME, HELP},
+#define CFG_END(S)
+#define CFG_BOOL(S, K, D, H)
+#define CFG_INT(S, K, D, H)
+#define CFG_FLOAT(S, K, D, H)
+#define CFG_STR(S, K, D, H)
+#define CFG_ENUM(S, K, D, C, H)
+#define CFG_LIST(S, K, D, H)
+const cfg_section_desc cfg_sections[] = {
+#include "engine/config_schema.def"
+};
+#undef CFG_SECTION
+#undef CFG_END
+#undef CFG_BOOL
+#undef CFG_INT
+#undef CFG_FLOAT
+#undef CFG_STR
+#undef CFG_ENUM
+#undef CFG_LIST
+const int cfg_n_sections = (int)(sizeof cfg_sections / sizeof cfg_sections[0]);
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static void set_err(char *err, size_t n, const char *fmt, ...) {
+    if (!err || n == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+static char *xstrdup(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "tetra: out of memory\n");
+        exit(1);
+    }
+    memcpy(p, s, n);
+    return p;
+}
+
+static void *field(tetra_config *c, const cfg_key_desc *d) { return (char *)&c->v + d->offset; }
+static const void *cfield(const tetra_config *c, const cfg_key_desc *d) {
+    return (const char *)&c->v + d->offset;
+}
+
+static void list_clear(cfg_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->items[i]);
+    free(l->items);
+    l->items = NULL;
+    l->n = 0;
+}
+
+static void list_push(cfg_list *l, const char *s, size_t len) {
+    char **p = realloc(l->items, sizeof(char *) * (size_t)(l->n + 1));
+    char *item = malloc(len + 1);
+    if (!p || !item) {
+        fprintf(stderr, "tetra: out of memory\n");
+        exit(1);
+    }
+    memcpy(item, s, len);
+    item[len] = 0;
+    l->items = p;
+    l->items[l->n++] = item;
+}
+
+/* "a, b,c" -> [a, b, c]; empty text -> []. Items are trimmed. */
+static void list_from_csv(cfg_list *l, const char *s) {
+    list_clear(l);
+    if (!s) return;
+    const char *p = s;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        const char *end = comma ? comma : p + strlen(p);
+        const char *a = p, *b = end;
+        while (a < b && isspace((unsigned char)*a)) a++;
+        while (b > a && isspace((unsigned char)b[-1])) b--;
+        if (b > a || comma) list_push(l, a, (size_t)(b - a));
+        if (!comma) break;
+        p = comma + 1;
+    }
+}
+
+static int key_index(const cfg_key_desc *d) { return (int)(d - cfg_keys); }
+
+const cfg_key_desc *cfg_find_key(const char *section, const char *key) {
+    for (int i = 0; i < cfg_n_keys; i++)
+        if (strcmp(cfg_keys[i].section, section) == 0 && strcmp(cfg_keys[i].key, key) == 0)
+            return &cfg_keys[i];
+    return NULL;
+}
+
+static const cfg_key_desc *find_full(const char *full) {
+    for (int i = 0; i < cfg_n_keys; i++) {
+        size_t sl = strlen(cfg_keys[i].section);
+        if (strncmp(full, cfg_keys[i].section, sl) == 0 && full[sl] == '.' &&
+            strcmp(full + sl + 1, cfg_keys[i].key) == 0)
+            return &cfg_keys[i];
+    }
+    return NULL;
+}
+
+static int is_section(const char *name) {
+    for (int i = 0; i < cfg_n_sections; i++)
+        if (strcmp(cfg_sections[i].name, name) == 0) return 1;
+    return 0;
+}
+
+/* A proper prefix of a section name ("quantize", "quantize.linear"). */
+static int is_section_prefix(const char *name) {
+    size_t n = strlen(name);
+    for (int i = 0; i < cfg_n_sections; i++)
+        if (strncmp(cfg_sections[i].name, name, n) == 0 && cfg_sections[i].name[n] == '.') return 1;
+    return 0;
+}
+
+static size_t edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 128 || lb > 128) return (size_t)-1;
+    size_t row[129];
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t prev = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t cur = row[j];
+            size_t sub = prev + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            size_t del = row[j] + 1, ins = row[j - 1] + 1;
+            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            prev = cur;
+        }
+    }
+    return row[lb];
+}
+
+/* Nearest "section.key" to `section.key`: same-name keys in other sections
+ * first (catches TorchTitan's renamed keys), then the smallest edit distance. */
+static void suggest_key(const char *section, const char *key, char *out, size_t n) {
+    out[0] = 0;
+    for (int i = 0; i < cfg_n_keys; i++)
+        if (strcmp(cfg_keys[i].key, key) == 0) {
+            snprintf(out, n, "%s.%s", cfg_keys[i].section, cfg_keys[i].key);
+            return;
+        }
+    char full[256];
+    snprintf(full, sizeof full, "%s.%s", section, key);
+    size_t best = (size_t)-1;
+    for (int i = 0; i < cfg_n_keys; i++) {
+        char cand[256];
+        snprintf(cand, sizeof cand, "%s.%s", cfg_keys[i].section, cfg_keys[i].key);
+        size_t d = edit_distance(full, cand);
+        /* within the section, also compare the bare key */
+        if (strcmp(cfg_keys[i].section, section) == 0) {
+            size_t dk = edit_distance(key, cfg_keys[i].key);
+            if (dk < d) d = dk;
+        }
+        if (d < best) {
+            best = d;
+            snprintf(out, n, "%s", cand);
+        }
+    }
+    if (best > strlen(key) / 2 + 3) out[0] = 0;
+}
+
+static void suggest_section(const char *name, char *out, size_t n) {
+    out[0] = 0;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < cfg_n_sections; i++) {
+        size_t d = edit_distance(name, cfg_sections[i].name);
+        if (d < best) {
+            best = d;
+            snprintf(out, n, "%s", cfg_sections[i].name);
+        }
+    }
+    if (best > strlen(name) / 2 + 2) out[0] = 0;
+}
+
+/* ---- init / free --------------------------------------------------------- */
+
+void cfg_init(tetra_config *c) {
+    memset(c, 0, sizeof *c);
+    c->origin = calloc((size_t)cfg_n_keys, sizeof(cfg_origin));
+    if (!c->origin) {
+        fprintf(stderr, "tetra: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < cfg_n_keys; i++) {
+        const cfg_key_desc *d = &cfg_keys[i];
+        void *p = field(c, d);
+        switch (d->type) {
+        case CFG_T_BOOL: *(int *)p = (int)d->def_i; break;
+        case CFG_T_INT: *(int64_t *)p = d->def_i; break;
+        case CFG_T_FLOAT: *(double *)p = d->def_f; break;
+        case CFG_T_STR:
+        case CFG_T_ENUM: *(char **)p = xstrdup(d->def_s); break;
+        case CFG_T_LIST: list_from_csv((cfg_list *)p, d->def_s); break;
+        }
+    }
+}
+
+void cfg_free(tetra_config *c) {
+    if (!c->origin) return;
+    for (int i = 0; i < cfg_n_keys; i++) {
+        const cfg_key_desc *d = &cfg_keys[i];
+        void *p = field(c, d);
+        if (d->type == CFG_T_STR || d->type == CFG_T_ENUM) {
+            free(*(char **)p);
+            *(char **)p = NULL;
+        } else if (d->type == CFG_T_LIST) {
+            list_clear((cfg_list *)p);
+        }
+    }
+    free(c->origin);
+    free(c->file);
+    c->origin = NULL;
+    c->file = NULL;
+}
+
+/* ---- setting values ------------------------------------------------------ */
+
+static int check_choice(const cfg_key_desc *d, const char *v, const char *where, char *err, size_t n) {
+    if (d->type != CFG_T_ENUM) return 0;
+    const char *p = d->choices;
+    size_t vl = strlen(v);
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t l = bar ? (size_t)(bar - p) : strlen(p);
+        if (l == vl && strncmp(p, v, l) == 0) return 0;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    set_err(err, n, "%s: %s.%s must be one of %s, got \"%s\"", where, d->section, d->key, d->choices, v);
+    return -1;
+}
+
+static const char *type_word(cfg_type t) {
+    switch (t) {
+    case CFG_T_BOOL: return "a boolean";
+    case CFG_T_INT: return "an integer";
+    case CFG_T_FLOAT: return "a number";
+    case CFG_T_STR: return "a string";
+    case CFG_T_ENUM: return "a string";
+    case CFG_T_LIST: return "an array of strings";
+    }
+    return "?";
+}
+
+static void describe_toml_value(const toml_value *v, char *out, size_t n) {
+    switch (v->type) {
+    case TOML_STRING: snprintf(out, n, "string \"%.40s\"", v->u.s.ptr); break;
+    case TOML_INTEGER: snprintf(out, n, "integer %" PRId64, v->u.i); break;
+    case TOML_FLOAT: snprintf(out, n, "float %g", v->u.f); break;
+    case TOML_BOOLEAN: snprintf(out, n, "boolean %s", v->u.b ? "true" : "false"); break;
+    default: snprintf(out, n, "%s", toml_type_name(v->type)); break;
+    }
+}
+
+static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_value *v, const char *file,
+                         int line, char *err, size_t n) {
+    void *p = field(c, d);
+    char where[600], got[96];
+    snprintf(where, sizeof where, "%s:%d", file, line);
+    describe_toml_value(v, got, sizeof got);
+    switch (d->type) {
+    case CFG_T_BOOL:
+        if (v->type != TOML_BOOLEAN) goto type_error;
+        *(int *)p = v->u.b;
+        break;
+    case CFG_T_INT:
+        if (v->type != TOML_INTEGER) goto type_error;
+        *(int64_t *)p = v->u.i;
+        break;
+    case CFG_T_FLOAT:
+        if (v->type == TOML_FLOAT) *(double *)p = v->u.f;
+        else if (v->type == TOML_INTEGER) *(double *)p = (double)v->u.i;
+        else goto type_error;
+        break;
+    case CFG_T_STR:
+    case CFG_T_ENUM:
+        if (v->type != TOML_STRING) goto type_error;
+        if (strlen(v->u.s.ptr) != v->u.s.len) {
+            set_err(err, n, "%s: %s.%s contains a NUL character", where, d->section, d->key);
+            return -1;
+        }
+        if (check_choice(d, v->u.s.ptr, where, err, n)) return -1;
+        free(*(char **)p);
+        *(char **)p = xstrdup(v->u.s.ptr);
+        break;
+    case CFG_T_LIST: {
+        if (v->type != TOML_ARRAY) goto type_error;
+        cfg_list *l = (cfg_list *)p;
+        list_clear(l);
+        for (size_t i = 0; i < v->u.arr.n; i++) {
+            const toml_value *it = v->u.arr.items[i];
+            if (it->type != TOML_STRING) {
+                describe_toml_value(it, got, sizeof got);
+                set_err(err, n, "%s:%d: %s.%s expects an array of strings; item %zu is %s", file, it->line,
+                        d->section, d->key, i, got);
+                return -1;
+            }
+            list_push(l, it->u.s.ptr, it->u.s.len);
+        }
+        break;
+    }
+    }
+    c->origin[key_index(d)].kind = CFG_FROM_FILE;
+    c->origin[key_index(d)].line = line;
+    return 0;
+type_error:
+    set_err(err, n, "%s: %s.%s expects %s, got %s", where, d->section, d->key, type_word(d->type), got);
+    return -1;
+}
+
+/* Walk a table whose dotted path is `path` (empty for the root). */
+static int load_table(tetra_config *c, const toml_value *t, const char *path, const char *file, char *err,
+                      size_t n) {
+    int path_is_section = path[0] && is_section(path);
+    for (size_t i = 0; i < t->u.tab.n; i++) {
+        const toml_entry *e = &t->u.tab.entries[i];
+        char sub[512];
+        if (path[0]) snprintf(sub, sizeof sub, "%s.%s", path, e->key);
+        else snprintf(sub, sizeof sub, "%s", e->key);
+        if (path_is_section) {
+            const cfg_key_desc *d = cfg_find_key(path, e->key);
+            if (!d) {
+                char hint[300];
+                suggest_key(path, e->key, hint, sizeof hint);
+                if (hint[0])
+                    set_err(err, n, "%s:%d: unknown key '%s' in [%s] (did you mean %s?)", file, e->line, e->key,
+                            path, hint);
+                else
+                    set_err(err, n, "%s:%d: unknown key '%s' in [%s]; `tetra train --help` lists the keys", file,
+                            e->line, e->key, path);
+                return -1;
+            }
+            if (set_from_toml(c, d, e->value, file, e->line, err, n)) return -1;
+            continue;
+        }
+        if (e->value->type == TOML_TABLE && (is_section(sub) || is_section_prefix(sub))) {
+            if (load_table(c, e->value, sub, file, err, n)) return -1;
+            continue;
+        }
+        char hint[300];
+        if (e->value->type == TOML_TABLE) {
+            suggest_section(sub, hint, sizeof hint);
+            if (hint[0])
+                set_err(err, n, "%s:%d: unknown section [%s] (did you mean [%s]?)", file, e->line, sub, hint);
+            else
+                set_err(err, n, "%s:%d: unknown section [%s]", file, e->line, sub);
+        } else {
+            suggest_key(path[0] ? path : "", e->key, hint, sizeof hint);
+            if (hint[0])
+                set_err(err, n, "%s:%d: key '%s' must be inside a section (did you mean %s?)", file, e->line, sub,
+                        hint);
+            else
+                set_err(err, n, "%s:%d: key '%s' is outside any known section", file, e->line, sub);
+        }
+        return -1;
+    }
+    return 0;
+}
+
+int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t len, char *err, size_t n) {
+    char perr[512];
+    toml_value *root = toml_parse(text, len, perr, sizeof perr);
+    if (!root) {
+        set_err(err, n, "%s:%s", name, perr);
+        return -1;
+    }
+    int rc = load_table(c, root, "", name, err, n);
+    toml_free(root);
+    if (rc == 0) {
+        free(c->file);
+        c->file = xstrdup(name);
+    }
+    return rc;
+}
+
+int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_err(err, n, "cannot open config file '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 14, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) break;
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (len < cap) break;
+        cap *= 2;
+        char *nb = realloc(buf, cap);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+        }
+        buf = nb;
+    }
+    int rd_err = ferror(f);
+    fclose(f);
+    if (!buf || rd_err) {
+        free(buf);
+        set_err(err, n, "cannot read config file '%s'", path);
+        return -1;
+    }
+    int rc = cfg_load_string(c, path, buf, len, err, n);
+    free(buf);
+    return rc;
+}
+
+static int parse_int64(const char *s, int64_t *out) {
+    if (!*s) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out) {
+    if (!*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno == ERANGE && fabs(v) > 1.0) return -1;
+    if (*end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int set_from_text(tetra_config *c, const cfg_key_desc *d, const char *v, char *err, size_t n) {
+    void *p = field(c, d);
+    const char *where = "command line";
+    switch (d->type) {
+    case CFG_T_BOOL:
+        if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)p = 1;
+        else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)p = 0;
+        else {
+            set_err(err, n, "%s: --%s.%s expects true or false, got \"%s\"", where, d->section, d->key, v);
+            return -1;
+        }
+        break;
+    case CFG_T_INT: {
+        int64_t x;
+        if (parse_int64(v, &x)) {
+            set_err(err, n, "%s: --%s.%s expects an integer, got \"%s\"", where, d->section, d->key, v);
+            return -1;
+        }
+        *(int64_t *)p = x;
+        break;
+    }
+    case CFG_T_FLOAT: {
+        double x;
+        if (parse_double(v, &x)) {
+            set_err(err, n, "%s: --%s.%s expects a number, got \"%s\"", where, d->section, d->key, v);
+            return -1;
+        }
+        *(double *)p = x;
+        break;
+    }
+    case CFG_T_STR:
+    case CFG_T_ENUM:
+        if (check_choice(d, v, where, err, n)) return -1;
+        free(*(char **)p);
+        *(char **)p = xstrdup(v);
+        break;
+    case CFG_T_LIST: list_from_csv((cfg_list *)p, v); break;
+    }
+    c->origin[key_index(d)].kind = CFG_FROM_CLI;
+    c->origin[key_index(d)].line = 0;
+    return 0;
+}
+
+int cfg_set_string(tetra_config *c, const char *full, const char *value, char *err, size_t n) {
+    const cfg_key_desc *d = find_full(full);
+    if (!d) {
+        char section[256] = "", hint[300];
+        const char *dot = strrchr(full, '.');
+        const char *key = full;
+        if (dot) {
+            size_t l = (size_t)(dot - full);
+            if (l >= sizeof section) l = sizeof section - 1;
+            memcpy(section, full, l);
+            section[l] = 0;
+            key = dot + 1;
+        }
+        suggest_key(section, key, hint, sizeof hint);
+        if (hint[0]) set_err(err, n, "command line: unknown option --%s (did you mean --%s?)", full, hint);
+        else set_err(err, n, "command line: unknown option --%s; `tetra train --help` lists the options", full);
+        return -1;
+    }
+    return set_from_text(c, d, value, err, n);
+}
+
+static void print_help_usage(FILE *out) {
+    fprintf(out,
+            "usage: tetra train [--job.config_file FILE] [--section.key VALUE ...]\n"
+            "\n"
+            "Trains a Llama 3 model. Values come from the defaults below, then the TOML\n"
+            "file, then the command line (last wins). Forms: --section.key VALUE,\n"
+            "--section.key=VALUE, --section.flag / --section.no_flag for booleans,\n"
+            "comma-separated lists (--model.converters float8).\n\n");
+}
+
+int cfg_parse_args(tetra_config *c, int argc, char **argv, FILE *out, char *err, size_t n) {
+    /* The file first, so command-line options override it wherever they appear. */
+    const char *config_file = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            print_help_usage(out);
+            cfg_print_help(out);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--job.config_file")) {
+            if (i + 1 >= argc) {
+                set_err(err, n, "command line: --job.config_file needs a file name");
+                return -1;
+            }
+            config_file = argv[++i];
+        } else if (!strncmp(argv[i], "--job.config_file=", 18)) {
+            config_file = argv[i] + 18;
+        }
+    }
+    if (config_file) {
+        if (cfg_load_file(c, config_file, err, n)) return -1;
+        const cfg_key_desc *d = cfg_find_key("job", "config_file");
+        char **p = (char **)field(c, d);
+        free(*p);
+        *p = xstrdup(config_file);
+        c->origin[key_index(d)].kind = CFG_FROM_CLI;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !a[2]) {
+            set_err(err, n, "command line: unexpected argument '%s' (options look like --section.key VALUE)", a);
+            return -1;
+        }
+        char name[512];
+        const char *eq = strchr(a + 2, '=');
+        const char *value = NULL;
+        size_t nl = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        if (nl >= sizeof name) {
+            set_err(err, n, "command line: option too long: %.60s...", a);
+            return -1;
+        }
+        memcpy(name, a + 2, nl);
+        name[nl] = 0;
+        if (eq) value = eq + 1;
+        if (!strcmp(name, "job.config_file")) {
+            if (!eq) i++;
+            continue;
+        }
+        const cfg_key_desc *d = find_full(name);
+        if (!d) {
+            /* --section.no_flag */
+            const char *dot = strrchr(name, '.');
+            if (dot && !strncmp(dot + 1, "no_", 3)) {
+                char pos[512];
+                snprintf(pos, sizeof pos, "%.*s.%s", (int)(dot - name), name, dot + 4);
+                const cfg_key_desc *b = find_full(pos);
+                if (b && b->type == CFG_T_BOOL) {
+                    if (eq) {
+                        set_err(err, n, "command line: --%s takes no value", name);
+                        return -1;
+                    }
+                    if (set_from_text(c, b, "false", err, n)) return -1;
+                    continue;
+                }
+            }
+            return cfg_set_string(c, name, "", err, n); /* reports the unknown option */
+        }
+        if (!value) {
+            if (d->type == CFG_T_BOOL) {
+                value = "true";
+            } else {
+                if (i + 1 >= argc) {
+                    set_err(err, n, "command line: --%s needs a value (%s)", name, type_word(d->type));
+                    return -1;
+                }
+                value = argv[++i];
+            }
+        }
+        if (set_from_text(c, d, value, err, n)) return -1;
+    }
+    return 0;
+}
+
+/* ---- printing ------------------------------------------------------------ */
+
+static void print_toml_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\r': fputs("\\r", f); break;
+        default:
+            if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\u%04x", *p);
+            else fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void print_toml_float(FILE *f, double x) {
+    if (isnan(x)) {
+        fputs("nan", f);
+        return;
+    }
+    if (isinf(x)) {
+        fputs(x > 0 ? "inf" : "-inf", f);
+        return;
+    }
+    char buf[64];
+    /* shortest text that reads back as the same double */
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    if (!strpbrk(buf, ".eEn")) strcat(buf, ".0");
+    else if (strchr(buf, 'e') && !strchr(buf, '.')) {
+        /* TOML accepts 1e-05; keep as is */
+    }
+    fputs(buf, f);
+}
+
+static int value_is_set(const cfg_key_desc *d, const void *p) {
+    if (d->type == CFG_T_FLOAT) return !isnan(*(const double *)p);
+    if (d->type == CFG_T_STR || d->type == CFG_T_ENUM) return *(char *const *)p != NULL;
+    return 1;
+}
+
+static void print_value(FILE *f, const cfg_key_desc *d, const void *p) {
+    switch (d->type) {
+    case CFG_T_BOOL: fputs(*(const int *)p ? "true" : "false", f); break;
+    case CFG_T_INT: fprintf(f, "%" PRId64, *(const int64_t *)p); break;
+    case CFG_T_FLOAT: print_toml_float(f, *(const double *)p); break;
+    case CFG_T_STR:
+    case CFG_T_ENUM: print_toml_string(f, *(char *const *)p); break;
+    case CFG_T_LIST: {
+        const cfg_list *l = (const cfg_list *)p;
+        fputc('[', f);
+        for (int i = 0; i < l->n; i++) {
+            if (i) fputs(", ", f);
+            print_toml_string(f, l->items[i]);
+        }
+        fputc(']', f);
+        break;
+    }
+    }
+}
+
+void cfg_print_toml(const tetra_config *c, FILE *f) {
+    fprintf(f, "# tetra merged configuration (defaults < %s < command line)\n", c->file ? c->file : "no file");
+    for (int s = 0; s < cfg_n_sections; s++) {
+        fprintf(f, "\n[%s]\n", cfg_sections[s].name);
+        for (int i = 0; i < cfg_n_keys; i++) {
+            const cfg_key_desc *d = &cfg_keys[i];
+            if (strcmp(d->section, cfg_sections[s].name) != 0) continue;
+            if (!strcmp(d->section, "job") && !strcmp(d->key, "config_file")) {
+                const char *cf = *(char *const *)cfield(c, d);
+                if (cf) {
+                    fputs("# config_file = ", f);
+                    print_toml_string(f, cf);
+                    fputs("  (command line only)\n", f);
+                }
+                continue;
+            }
+            const void *p = cfield(c, d);
+            if (!value_is_set(d, p)) {
+                fprintf(f, "# %s = (not set)\n", d->key);
+                continue;
+            }
+            fprintf(f, "%s = ", d->key);
+            print_value(f, d, p);
+            fputc('\n', f);
+        }
+    }
+}
+
+void cfg_print_help(FILE *f) {
+    for (int s = 0; s < cfg_n_sections; s++) {
+        fprintf(f, "[%s] %s\n", cfg_sections[s].name, cfg_sections[s].help);
+        for (int i = 0; i < cfg_n_keys; i++) {
+            const cfg_key_desc *d = &cfg_keys[i];
+            if (strcmp(d->section, cfg_sections[s].name) != 0) continue;
+            const char *ty = d->type == CFG_T_BOOL    ? "bool"
+                             : d->type == CFG_T_INT   ? "int"
+                             : d->type == CFG_T_FLOAT ? "float"
+                             : d->type == CFG_T_LIST  ? "list"
+                                                      : "str";
+            fprintf(f, "  --%s.%s  %s", d->section, d->key, d->type == CFG_T_ENUM ? d->choices : ty);
+            fputs("  (default: ", f);
+            switch (d->type) {
+            case CFG_T_BOOL: fputs(d->def_i ? "true" : "false", f); break;
+            case CFG_T_INT: fprintf(f, "%" PRId64, d->def_i); break;
+            case CFG_T_FLOAT:
+                if (isnan(d->def_f)) fputs("not set", f);
+                else print_toml_float(f, d->def_f);
+                break;
+            case CFG_T_STR:
+            case CFG_T_ENUM:
+                if (d->def_s) print_toml_string(f, d->def_s);
+                else fputs("not set", f);
+                break;
+            case CFG_T_LIST: fprintf(f, "[%s]", d->def_s); break;
+            }
+            fprintf(f, ")\n      %s\n", d->help);
+        }
+        fputc('\n', f);
+    }
+}
+
+const char *cfg_origin_str(const tetra_config *c, const char *section, const char *key, char *buf, size_t n) {
+    const cfg_key_desc *d = cfg_find_key(section, key);
+    if (!d) return "?";
+    const cfg_origin *o = &c->origin[key_index(d)];
+    if (o->kind == CFG_FROM_FILE) snprintf(buf, n, "%s:%d", c->file ? c->file : "?", o->line);
+    else if (o->kind == CFG_FROM_CLI) snprintf(buf, n, "command line");
+    else snprintf(buf, n, "default");
+    return buf;
+}
+
+/* ---- cross-key rules ------------------------------------------------------ */
+
+#define WHERE(S, K) cfg_origin_str(c, S, K, wbuf[wi++ % 4], sizeof wbuf[0])
+
+int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
+    const char *par = "parallelism";
+
+    if (world < 1) {
+        set_err(err, n, "world size must be at least 1 (got %d)", world);
+        return -1;
+    }
+    struct {
+        const char *key;
+        int64_t val;
+    } deg[] = {
+        {"data_parallel_replicate_degree", v->parallelism.data_parallel_replicate_degree},
+        {"tensor_parallel_degree", v->parallelism.tensor_parallel_degree},
+        {"pipeline_parallel_degree", v->parallelism.pipeline_parallel_degree},
+        {"context_parallel_degree", v->parallelism.context_parallel_degree},
+        {"expert_parallel_degree", v->parallelism.expert_parallel_degree},
+        {"expert_tensor_parallel_degree", v->parallelism.expert_tensor_parallel_degree},
+    };
+    for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
+        if (deg[i].val < 1) {
+            set_err(err, n, "%s: parallelism.%s must be >= 1 (got %" PRId64 ")", WHERE(par, deg[i].key), deg[i].key,
+                    deg[i].val);
+            return -1;
+        }
+    if (v->parallelism.expert_parallel_degree != 1 || v->parallelism.expert_tensor_parallel_degree != 1) {
+        set_err(err, n, "%s: expert parallelism needs a mixture-of-experts model; Llama 3 is dense, so keep it 1",
+                WHERE(par, v->parallelism.expert_parallel_degree != 1 ? "expert_parallel_degree"
+                                                                      : "expert_tensor_parallel_degree"));
+        return -1;
+    }
+    int64_t rep = v->parallelism.data_parallel_replicate_degree, tp = v->parallelism.tensor_parallel_degree,
+            pp = v->parallelism.pipeline_parallel_degree, cp = v->parallelism.context_parallel_degree,
+            shard = v->parallelism.data_parallel_shard_degree;
+    int64_t others = rep * tp * pp * cp;
+    if (shard == -1) {
+        if (world % others != 0) {
+            set_err(err, n,
+                    "parallel layout: world size %d is not divisible by data_parallel_replicate_degree (%" PRId64
+                    ") x tensor_parallel_degree (%" PRId64 ") x pipeline_parallel_degree (%" PRId64
+                    ") x context_parallel_degree (%" PRId64 ") = %" PRId64
+                    ", so data_parallel_shard_degree = -1 cannot take the rest",
+                    world, rep, tp, pp, cp, others);
+            return -1;
+        }
+        shard = world / others;
+    } else if (shard < 1) {
+        set_err(err, n, "%s: parallelism.data_parallel_shard_degree must be -1 or >= 1 (got %" PRId64 ")",
+                WHERE(par, "data_parallel_shard_degree"), shard);
+        return -1;
+    }
+    if (shard * others != world) {
+        set_err(err, n,
+                "parallel layout: pipeline (%" PRId64 ") x data_parallel_replicate (%" PRId64 ") x data_parallel_shard (%" PRId64
+                ") x context (%" PRId64 ") x tensor (%" PRId64 ") = %" PRId64 " ranks, but the world size is %d "
+                "(NGPU / mpirun -np); set data_parallel_shard_degree = -1 to take the rest",
+                pp, rep, shard, cp, tp, shard * others, world);
+        return -1;
+    }
+
+    llama3_args a;
+    if (strcmp(v->model.name, "llama3") != 0) {
+        set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"), v->model.name);
+        return -1;
+    }
+    if (llama3_flavor(v->model.flavor, &a) != 0) {
+        set_err(err, n, "%s: model.flavor \"%s\" is unknown (flavors: %s)", WHERE("model", "flavor"), v->model.flavor,
+                llama3_flavor_names());
+        return -1;
+    }
+    if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
+        set_err(err, n,
+                "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",
+                WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
+        return -1;
+    }
+    int64_t seq = v->training.seq_len;
+    if (seq < 1) {
+        set_err(err, n, "%s: training.seq_len must be >= 1 (got %" PRId64 ")", WHERE("training", "seq_len"), seq);
+        return -1;
+    }
+    if (cp > 1 && seq % (2 * cp * tp) != 0) {
+        set_err(err, n,
+                "%s: training.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
+                "tensor_parallel_degree = %" PRId64 " (context parallel splits it into 2*cp load-balanced chunks)",
+                WHERE("training", "seq_len"), seq, 2 * cp * tp);
+        return -1;
+    }
+    if (tp > 1 && seq % tp != 0) {
+        set_err(err, n, "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
+                " (sequence parallel)", WHERE("training", "seq_len"), seq, tp);
+        return -1;
+    }
+    if (v->training.local_batch_size < 1) {
+        set_err(err, n, "%s: training.local_batch_size must be >= 1", WHERE("training", "local_batch_size"));
+        return -1;
+    }
+    if (v->training.steps < 1) {
+        set_err(err, n, "%s: training.steps must be >= 1", WHERE("training", "steps"));
+        return -1;
+    }
+    if (v->training.max_norm <= 0 || isnan(v->training.max_norm)) {
+        set_err(err, n, "%s: training.max_norm must be > 0", WHERE("training", "max_norm"));
+        return -1;
+    }
+    int64_t dp = rep * shard;
+    int64_t gbs = v->training.global_batch_size;
+    int64_t per_step = v->training.local_batch_size * dp;
+    if (gbs == -1) gbs = per_step;
+    if (gbs < 1 || gbs % per_step != 0) {
+        set_err(err, n,
+                "%s: training.global_batch_size %" PRId64 " must be -1 or a multiple of local_batch_size (%" PRId64
+                ") x data-parallel degree (%" PRId64 ") = %" PRId64,
+                WHERE("training", "global_batch_size"), v->training.global_batch_size, v->training.local_batch_size, dp,
+                per_step);
+        return -1;
+    }
+    if (pp > 1 && v->training.local_batch_size % v->parallelism.pipeline_parallel_microbatch_size != 0) {
+        set_err(err, n, "%s: training.local_batch_size %" PRId64 " must be divisible by "
+                "parallelism.pipeline_parallel_microbatch_size %" PRId64,
+                WHERE("training", "local_batch_size"), v->training.local_batch_size,
+                v->parallelism.pipeline_parallel_microbatch_size);
+        return -1;
+    }
+    if (v->parallelism.pipeline_parallel_microbatch_size < 1) {
+        set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
+                WHERE(par, "pipeline_parallel_microbatch_size"));
+        return -1;
+    }
+    if (v->lr_scheduler.warmup_steps < 0) {
+        set_err(err, n, "%s: lr_scheduler.warmup_steps must be >= 0", WHERE("lr_scheduler", "warmup_steps"));
+        return -1;
+    }
+    if (!isnan(v->lr_scheduler.decay_ratio) && (v->lr_scheduler.decay_ratio < 0 || v->lr_scheduler.decay_ratio > 1)) {
+        set_err(err, n, "%s: lr_scheduler.decay_ratio must be between 0 and 1 (got %g)",
+                WHERE("lr_scheduler", "decay_ratio"), v->lr_scheduler.decay_ratio);
+        return -1;
+    }
+    if (v->lr_scheduler.min_lr_factor < 0 || v->lr_scheduler.min_lr_factor > 1) {
+        set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1", WHERE("lr_scheduler", "min_lr_factor"));
+        return -1;
+    }
+    if (v->optimizer.lr < 0 || v->optimizer.eps <= 0 || v->optimizer.beta1 < 0 || v->optimizer.beta1 >= 1 ||
+        v->optimizer.beta2 < 0 || v->optimizer.beta2 >= 1 || v->optimizer.weight_decay < 0) {
+        set_err(err, n, "[optimizer]: need lr >= 0, eps > 0, 0 <= beta1, beta2 < 1 and weight_decay >= 0 (%s)",
+                WHERE("optimizer", "lr"));
+        return -1;
+    }
+    if (v->metrics.log_freq < 1) {
+        set_err(err, n, "%s: metrics.log_freq must be >= 1", WHERE("metrics", "log_freq"));
+        return -1;
+    }
+    if (v->metrics.enable_wandb) {
+        set_err(err, n, "%s: metrics.enable_wandb is not available in tetra; use metrics.enable_tensorboard "
+                "(metrics.jsonl is always written)", WHERE("metrics", "enable_wandb"));
+        return -1;
+    }
+    if (v->job.custom_config_module && v->job.custom_config_module[0]) {
+        set_err(err, n, "%s: job.custom_config_module names a Python module; tetra reads only TOML keys",
+                WHERE("job", "custom_config_module"));
+        return -1;
+    }
+    if (v->checkpoint.keep_latest_k == 1 || v->checkpoint.keep_latest_k < 0) {
+        set_err(err, n, "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
+                "always survives a failed save", WHERE("checkpoint", "keep_latest_k"));
+        return -1;
+    }
+    if (v->checkpoint.interval < 1) {
+        set_err(err, n, "%s: checkpoint.interval must be >= 1", WHERE("checkpoint", "interval"));
+        return -1;
+    }
+    const char *ac = v->activation_checkpoint.selective_ac_option;
+    if (!strcmp(v->activation_checkpoint.mode, "selective") && strcmp(ac, "op") != 0) {
+        int64_t every;
+        if (parse_int64(ac, &every) || every < 1) {
+            set_err(err, n, "%s: activation_checkpoint.selective_ac_option must be a positive integer (as a string, "
+                    "e.g. \"2\") or \"op\", got \"%s\"", WHERE("activation_checkpoint", "selective_ac_option"), ac);
+            return -1;
+        }
+    }
+    for (int i = 0; i < v->model.converters.n; i++) {
+        if (strcmp(v->model.converters.items[i], "float8") != 0) {
+            set_err(err, n, "%s: model.converters: unknown converter \"%s\" (available: float8)",
+                    WHERE("model", "converters"), v->model.converters.items[i]);
+            return -1;
+        }
+    }
+    static const char *exclusions[] = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"};
+    for (int i = 0; i < v->checkpoint.exclude_from_loading.n; i++) {
+        int ok = 0;
+        for (size_t j = 0; j < sizeof exclusions / sizeof exclusions[0]; j++)
+            ok |= !strcmp(v->checkpoint.exclude_from_loading.items[i], exclusions[j]);
+        if (!ok) {
+            set_err(err, n, "%s: checkpoint.exclude_from_loading: unknown state \"%s\" (model, optimizer, "
+                    "lr_scheduler, dataloader, train_state)", WHERE("checkpoint", "exclude_from_loading"),
+                    v->checkpoint.exclude_from_loading.items[i]);
+            return -1;
+        }
+    }
+    if (v->optimizer.early_step_in_backward && pp > 1) {
+        set_err(err, n, "%s: optimizer.early_step_in_backward cannot be combined with pipeline parallel",
+                WHERE("optimizer", "early_step_in_backward"));
+        return -1;
+    }
+    if (v->validation.enable && (v->validation.freq < 1 || v->validation.local_batch_size < 1 ||
+                                 v->validation.seq_len < 1)) {
+        set_err(err, n, "%s: validation.freq, local_batch_size and seq_len must be >= 1",
+                WHERE("validation", "enable"));
+        return -1;
+    }
+#ifndef TETRA_HAVE_CUDA
+    if (!strcmp(v->training.device, "cuda")) {
+        set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
+                "toolkit and rebuild with -DTETRA_CUDA=ON)", WHERE("training", "device"));
+        return -1;
+    }
+#endif
+    if (dims) {
+        dims->world = world;
+        dims->pp = (int)pp;
+        dims->dp_replicate = (int)rep;
+        dims->dp_shard = (int)shard;
+        dims->cp = (int)cp;
+        dims->tp = (int)tp;
+        dims->dp = (int)dp;
+        dims->grad_accum_steps = (int)(gbs / per_step);
+        dims->global_batch_size = gbs;
+    }
+    return 0;
+}

@@ -1,0 +1,55 @@
+#include "engine/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static int log_rank = 0, log_world = 1, log_color = -1;
+
+void log_init(int rank, int world) {
+    log_rank = rank;
+    log_world = world;
+}
+
+void log_set_color(int enabled) { log_color = enabled; }
+
+static void emit(FILE *f, const char *level, const char *color, const char *fmt, va_list ap) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    localtime_r(&tv.tv_sec, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &tm);
+    int use_color = log_color < 0 ? isatty(fileno(f)) : log_color;
+    char prefix[48];
+    if (log_world > 1) snprintf(prefix, sizeof prefix, "[tetra|rank %d]", log_rank);
+    else snprintf(prefix, sizeof prefix, "[tetra]");
+    if (use_color) fprintf(f, "%s%s %s,%03d - %s - ", color, prefix, ts, (int)(tv.tv_usec / 1000), level);
+    else fprintf(f, "%s %s,%03d - %s - ", prefix, ts, (int)(tv.tv_usec / 1000), level);
+    vfprintf(f, fmt, ap);
+    fputs(use_color ? "\033[0m\n" : "\n", f);
+    fflush(f);
+}
+
+void log_info(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    emit(stdout, "INFO", "\033[0m", fmt, ap);
+    va_end(ap);
+}
+
+void log_warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    emit(stderr, "WARNING", "\033[33m", fmt, ap);
+    va_end(ap);
+}
+
+void log_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    emit(stderr, "ERROR", "\033[31m", fmt, ap);
+    va_end(ap);
+}

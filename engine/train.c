@@ -1,0 +1,85 @@
+#include "engine/train.h"
+
+#include <errno.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/config.h"
+#include "engine/log.h"
+#include "engine/trainer.h"
+
+/* Write the merged config to `path` atomically: a crash never leaves half a file. */
+static int save_config_file(const tetra_config *c, const char *path, char *err, size_t n) {
+    char tmp[1100];
+    if (strlen(path) > 1000) {
+        snprintf(err, n, "job.save_config_file: path longer than 1000 bytes");
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%.1000s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        snprintf(err, n, "job.save_config_file: cannot write '%.1000s': %s", tmp, strerror(errno));
+        return -1;
+    }
+    cfg_print_toml(c, f);
+    int bad = ferror(f);
+    bad |= fflush(f) != 0;
+    bad |= fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        snprintf(err, n, "job.save_config_file: cannot write '%.1000s': %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int train_main(int argc, char **argv) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int rank = 0, world = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    log_init(rank, world);
+
+    tetra_config cfg;
+    cfg_init(&cfg);
+    char err[2048];
+    int rc = cfg_parse_args(&cfg, argc, argv, stdout, err, sizeof err);
+    if (rc == 1) {
+        cfg_free(&cfg);
+        MPI_Finalize();
+        return 0;
+    }
+    cfg_parallel_dims dims;
+    if (rc == 0) rc = cfg_validate(&cfg, world, &dims, err, sizeof err);
+    if (rc != 0) {
+        /* Every rank parsed the same inputs, so every rank fails the same way;
+         * one message is enough. */
+        if (rank == 0) log_error("%s", err);
+        cfg_free(&cfg);
+        MPI_Finalize();
+        return 1;
+    }
+    if (cfg.v.job.print_config && rank == 0) cfg_print_toml(&cfg, stdout);
+    if (cfg.v.job.save_config_file && rank == 0) {
+        if (save_config_file(&cfg, cfg.v.job.save_config_file, err, sizeof err)) {
+            log_error("%s", err);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    log_info("%s: world %d = pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; global batch %lld, "
+             "gradient accumulation %d",
+             cfg.v.job.description, dims.world, dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp,
+             (long long)dims.global_batch_size, dims.grad_accum_steps);
+    if (cfg.v.metrics.disable_color_printing) log_set_color(0);
+    rc = trainer_run(&cfg, &dims, rank, world);
+    cfg_free(&cfg);
+    if (rc != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, rc); /* a failing rank must not leave the others waiting */
+    MPI_Finalize();
+    return rc;
+}

@@ -1,0 +1,284 @@
+// kernels/cpu/cpu_backend.c — the CPU op table, plus the simple ops: memory, fills,
+// elementwise arithmetic, deterministic reductions, casts and AdamW.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops_math.h"
+
+// ----------------------------------------------------------------------------
+// memory
+
+void *cpu_alloc(size_t bytes) {
+    void *p = NULL;
+    // 64-byte alignment: whole cache lines and aligned AVX-512 loads
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+void cpu_release(void *p) { free(p); }
+
+void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+}
+
+void cpu_synchronize(void) {}
+
+// ----------------------------------------------------------------------------
+// elementwise. Each op splits [0, n) into CPU_CHUNK pieces; the piece kernels are
+// CPU_SIMD so they run with the widest vectors the machine has.
+
+#define CHUNKS(n) (((int64_t)(n) + CPU_CHUNK - 1) / CPU_CHUNK)
+#define CHUNK_LO(c) ((size_t)((c) * CPU_CHUNK))
+#define CHUNK_HI(c, n) ((size_t)(((c) + 1) * CPU_CHUNK) < (n) ? (size_t)(((c) + 1) * CPU_CHUNK) : (n))
+
+CPU_SIMD static void fill_k(float *x, float value, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = value;
+}
+CPU_SIMD static void scale_k(float *x, float alpha, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= alpha;
+}
+CPU_SIMD static void axpy_k(float *restrict y, const float *restrict x, float alpha, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+CPU_SIMD static void add_k(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void cpu_fill(float *x, float value, size_t n) {
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) fill_k(x + CHUNK_LO(c), value, CHUNK_HI(c, n) - CHUNK_LO(c));
+}
+
+void cpu_scale(float *x, float alpha, size_t n) {
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) scale_k(x + CHUNK_LO(c), alpha, CHUNK_HI(c, n) - CHUNK_LO(c));
+}
+
+void cpu_axpy(float *y, const float *x, float alpha, size_t n) {
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++)
+        axpy_k(y + CHUNK_LO(c), x + CHUNK_LO(c), alpha, CHUNK_HI(c, n) - CHUNK_LO(c));
+}
+
+void cpu_add(float *out, const float *a, const float *b, size_t n) {
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) {
+        size_t lo = CHUNK_LO(c);
+        add_k(out + lo, a + lo, b + lo, CHUNK_HI(c, n) - lo);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// reductions: per-chunk partials in double, summed in chunk order, so the result does
+// not depend on the number of threads.
+
+CPU_SIMD static double sumsq_k(const float *x, size_t n) {
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (size_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
+    return acc;
+}
+CPU_SIMD static double sum_k(const float *x, size_t n) {
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (size_t i = 0; i < n; i++) acc += (double)x[i];
+    return acc;
+}
+// max |x| with NaN propagation (once m is NaN no comparison replaces it)
+static float amax_k(const float *x, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > m || a != a) m = a;
+        if (m != m) break;
+    }
+    return m;
+}
+
+typedef double (*reduce_fn)(const float *, size_t);
+
+static double chunked_sum(reduce_fn fn, const float *x, size_t n) {
+    int64_t nc = CHUNKS(n);
+    if (nc <= 1) return n ? fn(x, n) : 0.0;
+    double stack[64];
+    double *part = nc <= 64 ? stack : (double *)malloc((size_t)nc * sizeof(double));
+    if (!part) abort();
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < nc; c++) part[c] = fn(x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
+    double acc = 0.0;
+    for (int64_t c = 0; c < nc; c++) acc += part[c];
+    if (part != stack) free(part);
+    return acc;
+}
+
+void cpu_sum_squares(float *out, const float *x, size_t n) {
+    out[0] = (float)((double)out[0] + chunked_sum(sumsq_k, x, n));
+}
+
+void cpu_sum(float *out, const float *x, size_t n) { out[0] = (float)chunked_sum(sum_k, x, n); }
+
+void cpu_amax(float *out, const float *x, size_t n) {
+    int64_t nc = CHUNKS(n);
+    float m = 0.0f;
+#pragma omp parallel for schedule(static) reduction(max : m) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) {
+        float a = amax_k(x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
+        // the max reduction drops NaN; carry it as +inf in m and fix up below
+        m = (a != a) ? INFINITY : (a > m ? a : m);
+    }
+    if (m == INFINITY) m = amax_k(x, n);  // rare: inf or NaN present, recompute exactly
+    out[0] = m;
+}
+
+void cpu_amax_rows(float *out, const float *x, int rows, int cols) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int r = 0; r < rows; r++) out[r] = amax_k(x + (size_t)r * cols, (size_t)cols);
+}
+
+// ----------------------------------------------------------------------------
+// casts
+
+CPU_SIMD static void to_bf16_k(uint16_t *out, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tetra_f32_to_bf16(x[i]);
+}
+CPU_SIMD static void from_bf16_k(float *out, const uint16_t *x, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tetra_bf16_to_f32(x[i]);
+}
+CPU_SIMD static void to_e4m3_k(uint8_t *out, const float *x, float scale, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tetra_quant_e4m3(x[i], scale);
+}
+CPU_SIMD static void to_e5m2_k(uint8_t *out, const float *x, float scale, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tetra_quant_e5m2(x[i], scale);
+}
+
+void cpu_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n) {
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) to_bf16_k(out + CHUNK_LO(c), x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
+}
+
+void cpu_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n) {
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++)
+        from_bf16_k(out + CHUNK_LO(c), x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
+}
+
+void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows,
+                         int cols, tetra_dtype fmt) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int r = 0; r < rows; r++) {
+        float s = scale ? scale[rowwise ? r : 0] : 1.0f;
+        size_t o = (size_t)r * (size_t)cols;
+        if (fmt == TETRA_FP8_E5M2)
+            to_e5m2_k(out + o, x + o, s, (size_t)cols);
+        else
+            to_e4m3_k(out + o, x + o, s, (size_t)cols);
+    }
+}
+
+void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
+                         int cols, tetra_dtype fmt) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int r = 0; r < rows; r++) {
+        float s = inv_scale ? inv_scale[rowwise ? r : 0] : 1.0f;
+        size_t o = (size_t)r * (size_t)cols;
+        for (int j = 0; j < cols; j++) {
+            float v = fmt == TETRA_FP8_E5M2 ? tetra_e5m2_to_f32(q[o + j]) : tetra_e4m3_to_f32(q[o + j]);
+            out[o + j] = v * s;
+        }
+    }
+}
+
+void cpu_fp8_scale_from_amax(float *scale, const float *amax, int n, float fp8_max, int pow2) {
+    for (int i = 0; i < n; i++) scale[i] = tetra_fp8_scale(amax[i], fp8_max, pow2);
+}
+
+// ----------------------------------------------------------------------------
+// AdamW
+
+CPU_SIMD static void adamw_k(float *restrict p, float *restrict m, float *restrict v,
+                             const float *restrict g, size_t n, tetra_adamw_coef k) {
+    for (size_t i = 0; i < n; i++) tetra_adamw_update(p + i, m + i, v + i, g[i], &k);
+}
+
+void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
+                    double beta1, double beta2, double eps, double weight_decay, int step,
+                    float grad_scale) {
+    // Coefficients as torch computes them: Python doubles, rounded to fp32 when they meet
+    // an fp32 tensor.
+    double bc1 = 1.0 - pow(beta1, (double)step);
+    double bc2 = 1.0 - pow(beta2, (double)step);
+    tetra_adamw_coef k;
+    k.decay = (float)(1.0 - lr * weight_decay);
+    k.b1 = (float)beta1;
+    k.omb1 = (float)(1.0 - beta1);
+    k.b2 = (float)beta2;
+    k.omb2 = (float)(1.0 - beta2);
+    k.neg_step_size = (float)(-(lr / bc1));
+    k.bc2_sqrt = (float)sqrt(bc2);
+    k.eps = (float)eps;
+    k.grad_scale = grad_scale;
+    int64_t nc = CHUNKS(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) {
+        size_t lo = CHUNK_LO(c);
+        adamw_k(param + lo, m + lo, v + lo, grad + lo, CHUNK_HI(c, n) - lo, k);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the table
+
+static const tetra_ops cpu_table = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .fill = cpu_fill,
+    .scale = cpu_scale,
+    .axpy = cpu_axpy,
+    .add = cpu_add,
+    .sum_squares = cpu_sum_squares,
+    .sum = cpu_sum,
+    .amax = cpu_amax,
+    .amax_rows = cpu_amax_rows,
+    .cast_f32_to_bf16 = cpu_cast_f32_to_bf16,
+    .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
+    .cast_f32_to_fp8 = cpu_cast_f32_to_fp8,
+    .cast_fp8_to_f32 = cpu_cast_fp8_to_f32,
+    .fp8_scale_from_amax = cpu_fp8_scale_from_amax,
+    .gemm = cpu_gemm,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward_input = cpu_rmsnorm_backward_input,
+    .rmsnorm_backward_weight = cpu_rmsnorm_backward_weight,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .attention_workspace_size = cpu_attention_workspace_size,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .attention_merge = cpu_attention_merge,
+    .cross_entropy = cpu_cross_entropy,
+    .ce_shard_max = cpu_ce_shard_max,
+    .ce_shard_sums = cpu_ce_shard_sums,
+    .ce_shard_finish = cpu_ce_shard_finish,
+    .adamw_step = cpu_adamw_step,
+};
+
+const tetra_ops *ops_cpu(void) {
+    cpu_blas_init();
+    return &cpu_table;
+}

@@ -1,0 +1,149 @@
+// kernels/cpu/cpu_gemm.c — every matmul of the CPU backend: OpenBLAS sgemm, threaded by
+// splitting C across OpenMP threads (OpenBLAS itself runs single-threaded, see
+// cpu_blas_init). bf16 and fp8 operands are widened to fp32 exactly and multiplied in
+// fp32; fp8 dequant scales are applied to the fp32 accumulator afterwards, as the
+// hardware does, so the CPU emulates an fp8 GEMM exactly up to summation order.
+#include <cblas.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops_math.h"
+
+void cpu_blas_init(void) {
+    static atomic_int done = 0;
+    if (atomic_load_explicit(&done, memory_order_acquire)) return;
+    // One thread pool only: OpenBLAS's own pthreads would compete with (and spin against)
+    // the OpenMP threads that call it.
+    openblas_set_num_threads(1);
+    atomic_store_explicit(&done, 1, memory_order_release);
+}
+
+void cpu_sgemm_serial(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Split C into one panel per thread along its longer side; each panel is an independent
+// sgemm. Small products stay serial (threading them costs more than it saves).
+static void sgemm_parallel(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                           const float *b, int ldb, float beta, float *c, int ldc) {
+    cpu_blas_init();
+    int nt = omp_get_max_threads();
+    double work = (double)m * (double)n * (double)k;
+    if (nt <= 1 || work < 4.0e6 || omp_in_parallel()) {
+        cpu_sgemm_serial(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    int split_rows = m >= n;
+    int len = split_rows ? m : n;
+    int step = (len + nt - 1) / nt;
+    step = (step + 15) / 16 * 16;  // panel edges on 16-element boundaries (vector/cache friendly)
+    int parts = (len + step - 1) / step;
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < parts; p++) {
+        int lo = p * step;
+        int cnt = len - lo < step ? len - lo : step;
+        if (split_rows) {
+            const float *ap = ta ? a + lo : a + (size_t)lo * lda;
+            cpu_sgemm_serial(ta, tb, cnt, n, k, alpha, ap, lda, b, ldb, beta, c + (size_t)lo * ldc, ldc);
+        } else {
+            const float *bp = tb ? b + (size_t)lo * ldb : b + lo;
+            cpu_sgemm_serial(ta, tb, m, cnt, k, alpha, a, lda, bp, ldb, beta, c + lo, ldc);
+        }
+    }
+}
+
+// Widen a stored operand [rows, cols] (leading dim ld) of any supported type to dense
+// fp32 [rows, cols]. fp8 is decoded without its scale (the scale goes to the epilogue).
+static float *widen(const void *x, tetra_dtype t, int rows, int cols, int ld) {
+    float *out = (float *)malloc((size_t)rows * (size_t)cols * sizeof(float) + 64);
+    if (!out) abort();
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int r = 0; r < rows; r++) {
+        float *o = out + (size_t)r * cols;
+        size_t base = (size_t)r * (size_t)ld;
+        switch (t) {
+        case TETRA_F32:
+            for (int j = 0; j < cols; j++) o[j] = ((const float *)x)[base + j];
+            break;
+        case TETRA_BF16:
+            for (int j = 0; j < cols; j++) o[j] = tetra_bf16_to_f32(((const uint16_t *)x)[base + j]);
+            break;
+        case TETRA_FP8_E4M3:
+            for (int j = 0; j < cols; j++) o[j] = tetra_e4m3_to_f32(((const uint8_t *)x)[base + j]);
+            break;
+        case TETRA_FP8_E5M2:
+            for (int j = 0; j < cols; j++) o[j] = tetra_e5m2_to_f32(((const uint8_t *)x)[base + j]);
+            break;
+        default:
+            abort();  // unsupported operand type (F16/I32): a programming error
+        }
+    }
+    return out;
+}
+
+static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
+    int m = g->m, n = g->n, k = g->k;
+    if (m <= 0 || n <= 0) return;
+    int plain = g->a_type == TETRA_F32 && g->b_type == TETRA_F32 && g->c_type == TETRA_F32 &&
+                !g->a_scale && !g->b_scale;
+    if (plain) {
+        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, g->alpha, (const float *)a, g->lda,
+                       (const float *)b, g->ldb, g->beta, (float *)c, g->ldc);
+        return;
+    }
+    // stored shapes: A is [k, m] when transposed else [m, k]; B is [n, k] or [k, n]
+    int ar = g->trans_a ? k : m, ac = g->trans_a ? m : k;
+    int br = g->trans_b ? n : k, bc = g->trans_b ? k : n;
+    const float *af = g->a_type == TETRA_F32 ? (const float *)a : NULL;
+    const float *bf = g->b_type == TETRA_F32 ? (const float *)b : NULL;
+    float *a_tmp = NULL, *b_tmp = NULL;
+    int lda = g->lda, ldb = g->ldb;
+    if (!af) { a_tmp = widen(a, g->a_type, ar, ac, g->lda); af = a_tmp; lda = ac; }
+    if (!bf) { b_tmp = widen(b, g->b_type, br, bc, g->ldb); bf = b_tmp; ldb = bc; }
+
+    int rowwise = g->scale_rowwise && (g->a_scale || g->b_scale);
+    if (!rowwise && g->c_type == TETRA_F32) {
+        // tensorwise: one scalar, folded into alpha
+        float s = g->alpha * (g->a_scale ? g->a_scale[0] : 1.0f) * (g->b_scale ? g->b_scale[0] : 1.0f);
+        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, (float *)c, g->ldc);
+    } else {
+        float *acc = (float *)malloc((size_t)m * (size_t)n * sizeof(float) + 64);
+        if (!acc) abort();
+        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, 1.0f, af, lda, bf, ldb, 0.0f, acc, n);
+#pragma omp parallel for schedule(static) if ((int64_t)m * n > CPU_CHUNK)
+        for (int i = 0; i < m; i++) {
+            float sa = g->a_scale ? g->a_scale[rowwise ? i : 0] : 1.0f;
+            for (int j = 0; j < n; j++) {
+                float sb = g->b_scale ? g->b_scale[rowwise ? j : 0] : 1.0f;
+                float r = g->alpha * sa * sb * acc[(size_t)i * n + j];
+                size_t ci = (size_t)i * (size_t)g->ldc + (size_t)j;
+                if (g->c_type == TETRA_F32) {
+                    float *cf = (float *)c;
+                    cf[ci] = g->beta != 0.0f ? r + g->beta * cf[ci] : r;
+                } else {
+                    uint16_t *cb = (uint16_t *)c;
+                    if (g->beta != 0.0f) r += g->beta * tetra_bf16_to_f32(cb[ci]);
+                    cb[ci] = tetra_f32_to_bf16(r);
+                }
+            }
+        }
+        free(acc);
+    }
+    free(a_tmp);
+    free(b_tmp);
+}
+
+void cpu_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
+    int batch = g->batch > 1 ? g->batch : 1;
+    size_t ea = ops_dtype_size(g->a_type), eb = ops_dtype_size(g->b_type), ec = ops_dtype_size(g->c_type);
+    for (int i = 0; i < batch; i++) {
+        gemm_one((char *)c + (size_t)i * (size_t)g->stride_c * ec,
+                 (const char *)a + (size_t)i * (size_t)g->stride_a * ea,
+                 (const char *)b + (size_t)i * (size_t)g->stride_b * eb, g);
+    }
+}

@@ -1,0 +1,91 @@
+// kernels/ops.c — backend selection and the host-side helpers of ops.h.
+#include "kernels/ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+// The CUDA backend (kernels/cuda) defines ops_cuda when it is built in. Redeclared weak
+// so the CPU-only library links without it: its address is then NULL. Caveat for the
+// CUDA backend: a weak reference does not pull an object out of a static archive, so
+// once ops_cuda exists, reference it strongly under TETRA_HAVE_CUDA (drop this pragma
+// there) or the static executables will silently run without it.
+#pragma weak ops_cuda
+
+size_t ops_dtype_size(tetra_dtype t) {
+    switch (t) {
+    case TETRA_F32: return 4;
+    case TETRA_BF16: return 2;
+    case TETRA_F16: return 2;
+    case TETRA_FP8_E4M3: return 1;
+    case TETRA_FP8_E5M2: return 1;
+    case TETRA_I32: return 4;
+    }
+    return 0;
+}
+
+const char *ops_dtype_name(tetra_dtype t) {
+    switch (t) {
+    case TETRA_F32: return "float32";
+    case TETRA_BF16: return "bfloat16";
+    case TETRA_F16: return "float16";
+    case TETRA_FP8_E4M3: return "float8_e4m3fn";
+    case TETRA_FP8_E5M2: return "float8_e5m2";
+    case TETRA_I32: return "int32";
+    }
+    return "?";
+}
+
+static void set_err(char *err, size_t errlen, const char *msg) {
+    if (err && errlen) snprintf(err, errlen, "%s", msg);
+}
+
+const tetra_ops *ops_get(const char *device, char *err, size_t errlen) {
+    if (!device || !strcmp(device, "auto")) {
+        if (ops_cuda) {
+            const tetra_ops *t = ops_cuda(NULL, 0);
+            if (t) return t;
+        }
+        return ops_cpu();
+    }
+    if (!strcmp(device, "cpu")) return ops_cpu();
+    if (!strcmp(device, "cuda")) {
+        if (!ops_cuda) {
+            set_err(err, errlen, "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
+            return NULL;
+        }
+        return ops_cuda(err, errlen);
+    }
+    if (err && errlen) snprintf(err, errlen, "unknown device \"%s\" (expected cpu, cuda or auto)", device);
+    return NULL;
+}
+
+// TorchTitan precompute_freqs_cis, step by step in fp32 (each torch op rounds to fp32;
+// the comments name the torch expression each line reproduces).
+void ops_rope_table(float *table, int d, int max_pos, float theta, int scaled, float factor,
+                    float low_freq_factor, float high_freq_factor, int original_max_pos) {
+    const int half = d / 2;
+    const float two_pi = (float)(2.0 * 3.14159265358979323846);
+    const double low_wavelen = (double)original_max_pos / low_freq_factor;
+    const double high_wavelen = (double)original_max_pos / high_freq_factor;
+    for (int i = 0; i < half; i++) {
+        float e = (float)(2 * i) / (float)d;                      // arange(0, d, 2).float() / d
+        float p = (float)pow((double)theta, (double)e);           // theta ** e (fp32 result)
+        float f = 1.0f / p;                                       // 1.0 / (...)
+        if (scaled) {
+            float wavelen = (1.0f / f) * two_pi;                  // 2 * math.pi / freqs
+            float smooth = ((1.0f / wavelen) * (float)original_max_pos - low_freq_factor) /
+                           (high_freq_factor - low_freq_factor);  // (orig / wavelen - lo) / (hi - lo)
+            if ((double)wavelen > low_wavelen) {
+                f = f / factor;                                   // low frequency: freqs / factor
+            } else if (!((double)wavelen < high_wavelen)) {
+                f = (1.0f - smooth) * f / factor + smooth * f;    // medium: interpolate
+            }
+        }
+        for (int pos = 0; pos < max_pos; pos++) {
+            float ang = (float)pos * f;                           // torch.outer(t, freqs)
+            table[((size_t)pos * half + i) * 2 + 0] = cosf(ang);  // torch.polar
+            table[((size_t)pos * half + i) * 2 + 1] = sinf(ang);
+        }
+    }
+}

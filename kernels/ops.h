@@ -1,0 +1,278 @@
+// kernels/ops.h — the backend op table.
+//
+// Every compute op the model, the optimizer and the parallel layer need is declared
+// once here, as a function pointer in `tetra_ops`. A backend (kernels/cpu, later
+// kernels/cuda) fills one table; `ops_get` picks a table at start-up from
+// `training.device` ("cpu", "cuda" or "auto"), and the model code is written once
+// against it.
+//
+// Conventions (all ops):
+// - Outputs first, then inputs, then weights, then sizes. Every buffer argument carries
+//   its shape in a comment. Layouts are row-major. Sizes that multiply out past 2^31
+//   (tokens x vocab) are computed in size_t inside the ops.
+// - Pointers are backend memory (host memory on the CPU backend, device memory on
+//   CUDA); scalars that the GPU produces during a step (loss sums, amax, fp8 scales)
+//   are passed as pointers so no op forces a host sync.
+// - Activations and weights are fp32 on the CPU backend. The GPU backend will add bf16
+//   variants; the dtype is explicit wherever an op is already dtype-generic (gemm,
+//   casts).
+// - Gradient semantics are stated per op. The rule: parameter gradients and gradients
+//   of tensors that fan out (residual stream, attention q/k/v for ring attention) are
+//   ACCUMULATED (+=); pure elementwise backward ops (rope, swiglu) and the fused
+//   cross-entropy WRITE their input gradient and may run in place.
+// - Shape letters: B batch, S sequence (Sq queries, Sk keys), H query heads, KV key/value
+//   heads, D head dim, C model dim, F ffn hidden dim, V vocabulary (Vl a local shard),
+//   N = B*S tokens.
+#ifndef TETRA_KERNELS_OPS_H
+#define TETRA_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ----------------------------------------------------------------------------
+// element types
+
+typedef enum {
+    TETRA_F32 = 0,
+    TETRA_BF16 = 1,
+    TETRA_F16 = 2,
+    TETRA_FP8_E4M3 = 3,  // float8_e4m3fn: max 448, no inf, NaN = 0x7f/0xff
+    TETRA_FP8_E5M2 = 4,  // float8_e5m2: max 57344, inf, NaN = 0x7e/0xfe (as ml_dtypes/torch)
+    TETRA_I32 = 5,
+} tetra_dtype;
+
+size_t ops_dtype_size(tetra_dtype t);
+const char *ops_dtype_name(tetra_dtype t);
+
+#define OPS_IGNORE_INDEX (-100)  // cross-entropy target that contributes no loss and no grad
+#define OPS_FP8_E4M3_MAX 448.0f
+#define OPS_FP8_E5M2_MAX 57344.0f
+
+// ----------------------------------------------------------------------------
+// op descriptors
+
+// C[m,n] = alpha * sa * sb * op(A)[m,k] . op(B)[k,n] + beta * C        (row-major)
+// op(X) = X or X^T. With trans_a, A is stored [k, m] (lda >= m), else [m, k] (lda >= k);
+// with trans_b, B is stored [n, k] (ldb >= k), else [k, n] (ldb >= n); C is [m, n].
+// This maps 1:1 onto cuBLASLt (a row-major C = A.B is the column-major C^T = B^T.A^T).
+// Linear layers: y = x W^T is {m = N, n = out, k = in, trans_b = 1};
+// dx = dy W is {m = N, n = in, k = out}; dW += dy^T x is {trans_a = 1, m = out, n = in,
+// k = N, beta = 1}.
+// fp8 operands hold the quantised values q = sat(x * scale); a_scale/b_scale are the
+// DEQUANT factors (1/scale), as cuBLASLt's A/B_SCALE_POINTER: NULL means 1.
+// scale_rowwise = 0: a_scale[1], b_scale[1] (tensorwise); 1: a_scale[m] (per row of
+// op(A)), b_scale[n] (per column of op(B)) (torchao rowwise/axiswise).
+// batch > 1 runs `batch` independent products at the given element strides.
+// When beta == 0, C is not read (it may hold garbage). The CPU backend takes F32, BF16,
+// FP8_E4M3 and FP8_E5M2 operands (not F16) and widens them exactly to fp32.
+// Every GEMM of the model goes through this one entry point, so the fp8 converter only
+// has to change the descriptor.
+typedef struct {
+    tetra_dtype a_type, b_type, c_type;  // operands: F32, BF16, FP8_E4M3, FP8_E5M2; C: F32 or BF16
+    int trans_a, trans_b;
+    int m, n, k;
+    int lda, ldb, ldc;
+    float alpha, beta;
+    const float *a_scale;  // fp8 dequant scale of A, or NULL
+    const float *b_scale;  // fp8 dequant scale of B, or NULL
+    int scale_rowwise;
+    int fast_accum;        // fp8 fast accumulation (GPU hint; the CPU always accumulates in fp32)
+    int batch;             // 0 or 1: a single product
+    int64_t stride_a, stride_b, stride_c;  // elements between batch items
+} ops_gemm_desc;
+
+// One attention call: queries [Sq] against keys [Sk], which may be a block of a longer
+// sequence (ring attention). Query row i has global position q_offset + i, key row j
+// has k_offset + j; with `causal`, key j is visible to query i iff
+// k_offset + j <= q_offset + i. That covers the diagonal block (equal offsets), fully
+// visible blocks and fully masked blocks. A query row that sees no key gets out = 0 and
+// lse = -inf, which the merge treats as "no contribution".
+// GQA: query head h reads key/value head h / (H / KV), without copies.
+typedef struct {
+    int b;         // batch
+    int sq, sk;    // query rows, key rows
+    int h, kv;     // query heads, key/value heads (H % KV == 0)
+    int d;         // head dim
+    float scale;   // softmax scale, normally 1/sqrt(d)
+    int causal;    // 0: every key visible; 1: causal by global position
+    int q_offset;  // global position of query row 0
+    int k_offset;  // global position of key row 0
+} ops_attn_shape;
+
+// ----------------------------------------------------------------------------
+// the op table
+
+typedef struct tetra_ops {
+    const char *name;  // "cpu", "cuda"
+
+    // ---- memory (backend memory; the CPU backend uses the host heap)
+    void *(*alloc)(size_t bytes);  // 64-byte aligned, NULL on failure
+    void (*release)(void *p);
+    void (*copy_h2d)(void *dst, const void *src, size_t bytes);
+    void (*copy_d2h)(void *dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
+    void (*synchronize)(void);
+
+    // ---- elementwise and reductions (fp32)
+    void (*fill)(float *x /*[n]*/, float value, size_t n);
+    void (*scale)(float *x /*[n]*/, float alpha, size_t n);                 // x *= alpha
+    void (*axpy)(float *y /*[n]*/, const float *x /*[n]*/, float alpha, size_t n);  // y += alpha x
+    void (*add)(float *out /*[n]*/, const float *a /*[n]*/, const float *b /*[n]*/, size_t n);
+    // out[0] += sum x^2 (accumulated so one scalar collects a whole global grad norm)
+    void (*sum_squares)(float *out /*[1]*/, const float *x /*[n]*/, size_t n);
+    // out[0] = sum x (e.g. the per-token losses)
+    void (*sum)(float *out /*[1]*/, const float *x /*[n]*/, size_t n);
+    // out[0] = max |x| (0 for n = 0); NaN in x gives NaN
+    void (*amax)(float *out /*[1]*/, const float *x /*[n]*/, size_t n);
+    // out[r] = max_c |x[r, c]|
+    void (*amax_rows)(float *out /*[rows]*/, const float *x /*[rows, cols]*/, int rows, int cols);
+
+    // ---- casts. fp8: out = rne(clamp(x * scale, -max, max)); scale is scale[0] or, with
+    // rowwise, scale[r] for row r of [rows, cols]. bf16: round to nearest even.
+    void (*cast_f32_to_bf16)(uint16_t *out /*[n]*/, const float *x /*[n]*/, size_t n);
+    void (*cast_bf16_to_f32)(float *out /*[n]*/, const uint16_t *x /*[n]*/, size_t n);
+    void (*cast_f32_to_fp8)(uint8_t *out /*[rows, cols]*/, const float *x /*[rows, cols]*/,
+                            const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols,
+                            tetra_dtype fmt);
+    // out = decode(q) * inv_scale (inv_scale[1] or, rowwise, [rows]; NULL: 1)
+    void (*cast_fp8_to_f32)(float *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/,
+                            const float *inv_scale, int rowwise, int rows, int cols, tetra_dtype fmt);
+    // scale[i] = fp8_max / max(amax[i], 1e-12), optionally rounded down to a power of 2
+    // (torchao: computed in double, stored fp32)
+    void (*fp8_scale_from_amax)(float *scale /*[n]*/, const float *amax /*[n]*/, int n,
+                                float fp8_max, int pow2);
+
+    // ---- matmul (see ops_gemm_desc)
+    void (*gemm)(void *c, const void *a, const void *b, const ops_gemm_desc *g);
+
+    // ---- embedding (vocab-parallel: this rank holds rows [v_start, v_start + Vl) of the
+    // table; tokens outside the shard give zero rows and no gradient)
+    void (*embedding_forward)(float *out /*[N, C]*/, const int32_t *tokens /*[N]*/,
+                              const float *wte /*[Vl, C]*/, int n, int c, int v_start, int v_local);
+    // dwte += scatter(dout) (accumulates; deterministic)
+    void (*embedding_backward)(float *dwte /*[Vl, C]*/, const float *dout /*[N, C]*/,
+                               const int32_t *tokens /*[N]*/, int n, int c, int v_start, int v_local);
+
+    // ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps)
+    void (*rmsnorm_forward)(float *out /*[N, C]*/, float *rstd /*[N]*/, const float *x /*[N, C]*/,
+                            const float *w /*[C]*/, int n, int c, float eps);
+    // "I" half: dx += d/dx (accumulates into the residual gradient)
+    void (*rmsnorm_backward_input)(float *dx /*[N, C]*/, const float *dout /*[N, C]*/,
+                                   const float *x /*[N, C]*/, const float *w /*[C]*/,
+                                   const float *rstd /*[N]*/, int n, int c);
+    // "W" half: dw += sum_rows dout * x * rstd (deterministic column reduction)
+    void (*rmsnorm_backward_weight)(float *dw /*[C]*/, const float *dout /*[N, C]*/,
+                                    const float *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c);
+
+    // ---- RoPE on [B, S, nh, D] (q: nh = H, k: nh = KV); pairs (x[2i], x[2i+1]) rotated by
+    // freqs[pos, i] = (cos, sin) (ops_rope_table). Position of row s: pos[s] if pos is not
+    // NULL, else pos_offset + s (context parallel passes global positions).
+    // In place allowed (out == x).
+    void (*rope_forward)(float *out /*[B, S, nh, D]*/, const float *x /*[B, S, nh, D]*/,
+                         const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
+                         int pos_offset, int b, int s, int nh, int d);
+    // dx = rotate(dout, -angle) (writes; in place allowed)
+    void (*rope_backward)(float *dx /*[B, S, nh, D]*/, const float *dout /*[B, S, nh, D]*/,
+                          const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
+                          int pos_offset, int b, int s, int nh, int d);
+
+    // ---- SwiGLU: out = silu(a) * g, a = x W1^T, g = x W3^T
+    void (*swiglu_forward)(float *out /*[n]*/, const float *a /*[n]*/, const float *g /*[n]*/, size_t n);
+    // da = dout * g * silu'(a), dg = dout * silu(a) (writes; da may alias a, dg may alias g)
+    void (*swiglu_backward)(float *da /*[n]*/, float *dg /*[n]*/, const float *dout /*[n]*/,
+                            const float *a /*[n]*/, const float *g /*[n]*/, size_t n);
+
+    // ---- attention (flash-style: blockwise online softmax, never B*H*S*S).
+    // Layouts: q/out [B, Sq, H, D] (the natural x Wq^T layout), k/v [B, Sk, KV, D],
+    // lse [B, H, Sq] (natural log of the softmax denominator of the scaled scores).
+    // workspace: attention_workspace_size(shape) bytes of backend memory (O(B*H*Sq), never
+    // O(S^2); independent of the thread count), or NULL to let the backend allocate it per
+    // call. Ring attention: a call per (query block, key block) pair with the blocks'
+    // global offsets in the shape; fully masked pairs return at once.
+    size_t (*attention_workspace_size)(const ops_attn_shape *s);
+    void (*attention_forward)(float *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/,
+                              const float *q /*[B, Sq, H, D]*/, const float *k /*[B, Sk, KV, D]*/,
+                              const float *v /*[B, Sk, KV, D]*/, const ops_attn_shape *s,
+                              void *workspace);
+    // out/lse are the FINAL (merged) forward results of this query block; dq, dk, dv are
+    // accumulated (+=), so ring attention calls it once per key block.
+    void (*attention_backward)(float *dq /*[B, Sq, H, D]*/, float *dk /*[B, Sk, KV, D]*/,
+                               float *dv /*[B, Sk, KV, D]*/, const float *dout /*[B, Sq, H, D]*/,
+                               const float *q /*[B, Sq, H, D]*/, const float *k /*[B, Sk, KV, D]*/,
+                               const float *v /*[B, Sk, KV, D]*/, const float *out /*[B, Sq, H, D]*/,
+                               const float *lse /*[B, H, Sq]*/, const ops_attn_shape *s,
+                               void *workspace);
+    // Merge a partial (out_blk, lse_blk) over a disjoint key set into (out, lse), in place:
+    // lse' = log(e^lse + e^lse_blk), out' = out e^(lse - lse') + out_blk e^(lse_blk - lse').
+    void (*attention_merge)(float *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/,
+                            const float *out_blk /*[B, Sq, H, D]*/, const float *lse_blk /*[B, H, Sq]*/,
+                            int b, int sq, int h, int d);
+
+    // ---- cross-entropy over logits z (fp32), target t (OPS_IGNORE_INDEX: no loss, zero grad).
+    // Fused, whole vocabulary: losses[i] = logsumexp(z_i) - z_i[t_i] (0 if ignored) and,
+    // unless dlogits is NULL, dlogits = (softmax(z) - onehot(t)) * dloss_scale (the caller
+    // passes 1/global_valid_tokens). dlogits may alias logits (in place). Targets must be
+    // in [0, V) or OPS_IGNORE_INDEX; anything else is treated as ignored.
+    void (*cross_entropy)(float *dlogits /*[N, V] or NULL*/, float *losses /*[N]*/,
+                          const float *logits /*[N, V]*/, const int32_t *targets /*[N]*/,
+                          int n, int v, float dloss_scale);
+    // Vocab-sharded (loss parallel), three phases with reductions between them:
+    //   1. ce_shard_max   -> row_max (local)        ; all-reduce MAX over the vocab group
+    //   2. ce_shard_sums  -> sum_exp, target_logit  ; all-reduce SUM over the vocab group
+    //   3. ce_shard_finish-> losses, dlogits
+    // sum_exp[i] = sum_j exp(z_ij - row_max_i); target_logit[i] = z_i[t_i] - row_max_i if
+    // t_i lies in [v_start, v_start + Vl), else 0. sum_exp and target_logit may be the two
+    // halves of one [2, N] buffer so one all-reduce moves both.
+    void (*ce_shard_max)(float *row_max /*[N]*/, const float *logits /*[N, Vl]*/, int n, int v_local);
+    void (*ce_shard_sums)(float *sum_exp /*[N]*/, float *target_logit /*[N]*/,
+                          const float *logits /*[N, Vl]*/, const float *row_max /*[N]*/,
+                          const int32_t *targets /*[N]*/, int n, int v_local, int v_start);
+    // losses[i] = log(sum_exp_i) - target_logit_i (0 if ignored; every shard computes the
+    // same values); dlogits as in cross_entropy, the -1 only on the shard owning t_i.
+    void (*ce_shard_finish)(float *dlogits /*[N, Vl] or NULL*/, float *losses /*[N]*/,
+                            const float *logits /*[N, Vl]*/, const float *row_max /*[N]*/,
+                            const float *sum_exp /*[N]*/, const float *target_logit /*[N]*/,
+                            const int32_t *targets /*[N]*/, int n, int v_local, int v_start,
+                            float dloss_scale);
+
+    // ---- AdamW, torch.optim.AdamW semantics (decoupled decay, bias correction with step t):
+    // g = grad * grad_scale; p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Hyperparameters are double
+    // because torch derives its fp32 coefficients from Python floats (1 - 0.9 in double,
+    // then rounded, differs from 1 - 0.9f). step is t >= 1 (after the increment).
+    // grad_scale multiplies the gradient first (the clip coefficient; 1 for none).
+    void (*adamw_step)(float *param /*[n]*/, float *m /*[n]*/, float *v /*[n]*/,
+                       const float *grad /*[n]*/, size_t n, double lr, double beta1, double beta2,
+                       double eps, double weight_decay, int step, float grad_scale);
+} tetra_ops;
+
+// Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,
+// else cpu). Returns NULL and writes a message into err on failure.
+const tetra_ops *ops_get(const char *device, char *err, size_t errlen);
+
+// The CPU table (always built). It threads with OpenMP (omp_get_max_threads(), i.e.
+// OMP_NUM_THREADS) and switches OpenBLAS to one thread, so one pool runs everything.
+const tetra_ops *ops_cpu(void);
+
+// The CUDA backend (kernels/cuda) provides this; ops_get finds it at link time (a weak
+// reference), so CPU-only builds need no stub. Returns NULL with a message in err when
+// no usable device is present.
+const tetra_ops *ops_cuda(char *err, size_t errlen);
+
+// RoPE table, computed on the host exactly as TorchTitan's precompute_freqs_cis in fp32:
+// freqs_i = 1 / theta^((2i)/D) (fp32), Llama 3.1 scaling when `scaled`
+// (factor, low_freq_factor, high_freq_factor, original_max_pos = 8, 1, 4, 8192 for
+// Llama 3.1), angle = fp32(pos * freq_i), table[pos, i] = (cos angle, sin angle).
+// Copy it to backend memory with copy_h2d.
+void ops_rope_table(float *table /*[max_pos, D/2, 2]*/, int d, int max_pos, float theta, int scaled,
+                    float factor, float low_freq_factor, float high_freq_factor, int original_max_pos);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // TETRA_KERNELS_OPS_H

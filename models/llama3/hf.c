@@ -1,0 +1,535 @@
+/* hf.c — safetensors reader/writer for Hugging Face Llama checkpoints (see hf.h).
+ *
+ * safetensors: u64 little-endian header length N, N bytes of JSON
+ * {"name": {"dtype", "shape", "data_offsets": [begin, end)}, "__metadata__": {...}},
+ * then the raw little-endian row-major data. Tensors stream through a bounded host
+ * buffer a block of rows at a time, so an 8B checkpoint never needs a second copy
+ * of a whole embedding in memory. */
+#include "models/llama3/hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/ops_math.h"
+
+/* host staging: blocks of rows of about this many elements (at least one row) */
+#define HF_CHUNK_ELEMS ((size_t)1 << 22)
+
+/* Elements the staging buffers must hold: a block, or one row if rows are longer. */
+static size_t staging_elems(const llama3_model *m) {
+    size_t n = HF_CHUNK_ELEMS;
+    for (int i = 0; i < m->n_params; i++) {
+        const llama3_param *p = &m->params[i];
+        size_t cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
+        if (cols > n) n = cols;
+    }
+    return n;
+}
+
+/* ----------------------------------------------------------------------------
+ * names and the rotary permutation */
+
+int llama3_hf_name(const char *name, char *out, size_t outlen) {
+    static const struct {
+        const char *tt, *hf;
+    } block[] = {
+        {"attention.wq.weight", "self_attn.q_proj.weight"},
+        {"attention.wk.weight", "self_attn.k_proj.weight"},
+        {"attention.wv.weight", "self_attn.v_proj.weight"},
+        {"attention.wo.weight", "self_attn.o_proj.weight"},
+        {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+        {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+        {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+        {"attention_norm.weight", "input_layernorm.weight"},
+        {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    };
+    if (!strcmp(name, "tok_embeddings.weight")) return snprintf(out, outlen, "model.embed_tokens.weight") < 0;
+    if (!strcmp(name, "norm.weight")) return snprintf(out, outlen, "model.norm.weight") < 0;
+    if (!strcmp(name, "output.weight")) return snprintf(out, outlen, "lm_head.weight") < 0;
+    int layer = -1, used = 0;
+    if (sscanf(name, "layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        for (size_t i = 0; i < sizeof block / sizeof block[0]; i++)
+            if (!strcmp(name + used, block[i].tt)) {
+                snprintf(out, outlen, "model.layers.%d.%s", layer, block[i].hf);
+                return 0;
+            }
+    }
+    return -1;
+}
+
+/* Heads whose rows are permuted (q: n_heads, k: n_kv_heads), 0 for other tensors. */
+static int permuted_heads(const llama3_model *m, const llama3_param *p) {
+    size_t len = strlen(p->name);
+    const char *q = "attention.wq.weight", *k = "attention.wk.weight";
+    if (len >= strlen(q) && !strcmp(p->name + len - strlen(q), q)) return m->args.n_heads;
+    if (len >= strlen(k) && !strcmp(p->name + len - strlen(k), k)) return m->args.n_kv_heads;
+    return 0;
+}
+
+/* Model (interleaved-pair) row of HF (rotate-half) row r. */
+static int64_t meta_row(int64_t r, int64_t hd) {
+    int64_t h = r / hd, j = r % hd, half = hd / 2;
+    int64_t t = j / half, i = j % half;
+    return h * hd + 2 * i + t;
+}
+
+static void param_rows_cols(const llama3_param *p, int64_t *rows, int64_t *cols) {
+    *rows = p->shape[0];
+    *cols = p->ndim == 2 ? p->shape[1] : 1;
+}
+
+/* ----------------------------------------------------------------------------
+ * dtypes */
+
+typedef enum { ST_F32, ST_BF16, ST_F16 } st_dtype;
+
+static int parse_dtype(const char *s, st_dtype *t, size_t *size) {
+    if (!strcmp(s, "F32")) *t = ST_F32, *size = 4;
+    else if (!strcmp(s, "BF16")) *t = ST_BF16, *size = 2;
+    else if (!strcmp(s, "F16")) *t = ST_F16, *size = 2;
+    else return -1;
+    return 0;
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (e == 0) { /* zero and subnormals: mant * 2^-24, exact in fp32 */
+        float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (e == 31) return tetra_bits_f32(sign | 0x7f800000u | (mant << 13));
+    return tetra_bits_f32(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+static void decode(float *out, const unsigned char *in, size_t n, st_dtype t) {
+    if (t == ST_F32) {
+        memcpy(out, in, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)(in[2 * i] | (in[2 * i + 1] << 8));
+        out[i] = t == ST_BF16 ? tetra_bf16_to_f32(v) : f16_to_f32(v);
+    }
+}
+
+/* ----------------------------------------------------------------------------
+ * loading */
+
+static int read_full(int fd, void *buf, size_t n, uint64_t off) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+typedef struct {
+    llama3_model *m;
+    char (*hf)[128];       /* [n_params] HF names */
+    const char **source;   /* [n_params] file each tensor came from (NULL: not yet) */
+    unsigned char *bytes;  /* staging: raw block */
+    float *host;           /* staging: decoded block */
+} hf_loader;
+
+static int fmt_shape(char *out, size_t n, json_t *shape) {
+    size_t used = (size_t)snprintf(out, n, "[");
+    for (size_t i = 0; i < json_array_size(shape) && used < n; i++)
+        used += (size_t)snprintf(out + used, n - used, "%s%lld", i ? ", " : "",
+                                 (long long)json_integer_value(json_array_get(shape, i)));
+    if (used < n) snprintf(out + used, n - used, "]");
+    return 0;
+}
+
+static int load_tensor(hf_loader *ld, int fd, const char *file, uint64_t data_start, uint64_t data_size,
+                       const char *name, json_t *info, char *err, size_t errlen) {
+    llama3_model *m = ld->m;
+    const char *dtype = json_string_value(json_object_get(info, "dtype"));
+    json_t *shape = json_object_get(info, "shape"), *offs = json_object_get(info, "data_offsets");
+    if (!dtype || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2) {
+        snprintf(err, errlen, "%s: tensor '%s' has a malformed header entry", file, name);
+        return -1;
+    }
+    int idx = -1;
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(ld->hf[i], name)) {
+            idx = i;
+            break;
+        }
+    if (idx < 0) {
+        size_t len = strlen(name);
+        const char *inv = "rotary_emb.inv_freq"; /* a buffer older transformers saved; recomputed here */
+        if (len >= strlen(inv) && !strcmp(name + len - strlen(inv), inv)) return 0;
+        snprintf(err, errlen, "%s: unexpected tensor '%s' (not a parameter of the %s model)", file, name,
+                 m->args.flavor ? m->args.flavor : "llama3");
+        return -1;
+    }
+    const llama3_param *p = &m->params[idx];
+    if (ld->source[idx]) {
+        snprintf(err, errlen, "%s: tensor '%s' appears twice (also in %s)", file, name, ld->source[idx]);
+        return -1;
+    }
+    st_dtype t;
+    size_t ds;
+    if (parse_dtype(dtype, &t, &ds) != 0) {
+        snprintf(err, errlen, "%s: tensor '%s' has dtype %s; expected F32, BF16 or F16", file, name, dtype);
+        return -1;
+    }
+    int shape_ok = (int)json_array_size(shape) == p->ndim;
+    for (int d = 0; shape_ok && d < p->ndim; d++) {
+        json_t *e = json_array_get(shape, (size_t)d);
+        shape_ok = json_is_integer(e) && json_integer_value(e) == p->shape[d];
+    }
+    if (!shape_ok) {
+        char got[128], want[64];
+        fmt_shape(got, sizeof got, shape);
+        if (p->ndim == 2)
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->shape[0], (long long)p->shape[1]);
+        else
+            snprintf(want, sizeof want, "[%lld]", (long long)p->shape[0]);
+        snprintf(err, errlen, "%s: tensor '%s' has shape %s, expected %s for %s of the %s model", file, name, got,
+                 want, p->name, m->args.flavor ? m->args.flavor : "llama3");
+        return -1;
+    }
+    json_t *jb = json_array_get(offs, 0), *je = json_array_get(offs, 1);
+    if (!json_is_integer(jb) || !json_is_integer(je)) {
+        snprintf(err, errlen, "%s: tensor '%s' has malformed data_offsets", file, name);
+        return -1;
+    }
+    int64_t b = json_integer_value(jb), e = json_integer_value(je);
+    if (b < 0 || e < b || (uint64_t)e > data_size || (uint64_t)(e - b) != (uint64_t)p->numel * ds) {
+        snprintf(err, errlen, "%s: tensor '%s' has data_offsets [%lld, %lld] inconsistent with %zu %s elements "
+                 "and %llu data bytes", file, name, (long long)b, (long long)e, p->numel, dtype,
+                 (unsigned long long)data_size);
+        return -1;
+    }
+
+    int64_t rows, cols;
+    param_rows_cols(p, &rows, &cols);
+    const int heads = permuted_heads(m, p);
+    const int64_t hd = heads ? rows / heads : 0;
+    const int64_t block_rows = (int64_t)HF_CHUNK_ELEMS / cols > 0 ? (int64_t)HF_CHUNK_ELEMS / cols : 1;
+    float *dst = m->param_mem + p->offset;
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
+        size_t ne = (size_t)nr * (size_t)cols;
+        errno = 0;
+        if (read_full(fd, ld->bytes, ne * ds, data_start + (uint64_t)b + (uint64_t)r0 * (uint64_t)cols * ds) != 0) {
+            snprintf(err, errlen, "%s: cannot read tensor '%s': %s", file, name,
+                     errno ? strerror(errno) : "file truncated");
+            return -1;
+        }
+        decode(ld->host, ld->bytes, ne, t);
+        if (!heads) {
+            m->ops->copy_h2d(dst + (size_t)r0 * (size_t)cols, ld->host, ne * sizeof(float));
+        } else {
+            for (int64_t r = 0; r < nr; r++)
+                m->ops->copy_h2d(dst + (size_t)meta_row(r0 + r, hd) * (size_t)cols, ld->host + (size_t)r * cols,
+                                 (size_t)cols * sizeof(float));
+        }
+    }
+    ld->source[idx] = file;
+    return 0;
+}
+
+static int load_file(hf_loader *ld, const char *file, char *err, size_t errlen) {
+    int fd = open(file, O_RDONLY);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open '%s': %s", file, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    json_t *root = NULL;
+    char *hdr = NULL;
+    struct stat st;
+    unsigned char len8[8];
+    if (fstat(fd, &st) != 0 || st.st_size < 8 || read_full(fd, len8, 8, 0) != 0) {
+        snprintf(err, errlen, "%s: not a safetensors file (shorter than its 8-byte header length)", file);
+        goto done;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | len8[i];
+    if (n < 2 || n > 100000000ull || 8 + n > (uint64_t)st.st_size) {
+        snprintf(err, errlen, "%s: not a safetensors file (header length %llu, file size %lld)", file,
+                 (unsigned long long)n, (long long)st.st_size);
+        goto done;
+    }
+    hdr = malloc((size_t)n);
+    if (!hdr || read_full(fd, hdr, (size_t)n, 8) != 0) {
+        snprintf(err, errlen, "%s: cannot read the header", file);
+        goto done;
+    }
+    json_error_t jerr;
+    root = json_loadb(hdr, (size_t)n, 0, &jerr);
+    if (!root || !json_is_object(root)) {
+        snprintf(err, errlen, "%s: header is not a JSON object: %s", file, root ? "" : jerr.text);
+        goto done;
+    }
+    const uint64_t data_start = 8 + n, data_size = (uint64_t)st.st_size - data_start;
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (!strcmp(key, "__metadata__")) continue;
+        if (!json_is_object(val)) {
+            snprintf(err, errlen, "%s: tensor '%s' has a malformed header entry", file, key);
+            goto done;
+        }
+        if (load_tensor(ld, fd, file, data_start, data_size, key, val, err, errlen) != 0) goto done;
+    }
+    rc = 0;
+done:
+    json_decref(root);
+    free(hdr);
+    close(fd);
+    return rc;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* The shard files an index names (each once, in order of first appearance). */
+static int index_files(const char *index, const char *dir, char ***files, int *n_files, char *err, size_t errlen) {
+    json_error_t jerr;
+    json_t *root = json_load_file(index, 0, &jerr);
+    json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(wm)) {
+        snprintf(err, errlen, "%s: not a safetensors index (%s)", index, root ? "no \"weight_map\" object" : jerr.text);
+        json_decref(root);
+        return -1;
+    }
+    size_t cap = json_object_size(wm);
+    char **list = calloc(cap ? cap : 1, sizeof *list);
+    int nf = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        const char *f = json_string_value(val);
+        if (!f) {
+            snprintf(err, errlen, "%s: weight_map entry '%s' is not a file name", index, key);
+            for (int i = 0; i < nf; i++) free(list[i]);
+            free(list);
+            json_decref(root);
+            return -1;
+        }
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", dir, f);
+        int seen = 0;
+        for (int i = 0; i < nf && !seen; i++) seen = !strcmp(list[i], full);
+        if (!seen) list[nf++] = strdup(full);
+    }
+    json_decref(root);
+    *files = list;
+    *n_files = nf;
+    return 0;
+}
+
+int llama3_load_hf(llama3_model *m, const char *path, char *err, size_t errlen) {
+    char **files = NULL;
+    int n_files = 0, rc = -1;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    char buf[4096];
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(buf, sizeof buf, "%s/model.safetensors.index.json", path);
+        if (stat(buf, &st) == 0) {
+            if (index_files(buf, path, &files, &n_files, err, errlen) != 0) return -1;
+        } else {
+            snprintf(buf, sizeof buf, "%s/model.safetensors", path);
+            if (stat(buf, &st) != 0) {
+                snprintf(err, errlen, "'%s' holds neither model.safetensors nor model.safetensors.index.json", path);
+                return -1;
+            }
+            files = calloc(1, sizeof *files);
+            files[0] = strdup(buf);
+            n_files = 1;
+        }
+    } else if (ends_with(path, ".index.json")) {
+        snprintf(buf, sizeof buf, "%s", path);
+        char *slash = strrchr(buf, '/');
+        if (slash) *slash = '\0';
+        else snprintf(buf, sizeof buf, ".");
+        if (index_files(path, buf, &files, &n_files, err, errlen) != 0) return -1;
+    } else {
+        files = calloc(1, sizeof *files);
+        files[0] = strdup(path);
+        n_files = 1;
+    }
+
+    hf_loader ld;
+    memset(&ld, 0, sizeof ld);
+    ld.m = m;
+    ld.hf = calloc((size_t)m->n_params, sizeof *ld.hf);
+    ld.source = calloc((size_t)m->n_params, sizeof *ld.source);
+    ld.bytes = malloc(staging_elems(m) * sizeof(float));
+    ld.host = malloc(staging_elems(m) * sizeof(float));
+    if (!ld.hf || !ld.source || !ld.bytes || !ld.host) {
+        snprintf(err, errlen, "llama3 HF load: out of host memory");
+        goto done;
+    }
+    for (int i = 0; i < m->n_params; i++) llama3_hf_name(m->params[i].name, ld.hf[i], sizeof ld.hf[i]);
+    for (int f = 0; f < n_files; f++)
+        if (load_file(&ld, files[f], err, errlen) != 0) goto done;
+    for (int i = 0; i < m->n_params; i++) {
+        if (ld.source[i]) continue;
+        snprintf(err, errlen, "%s: missing tensor '%s' (%s of the %s model)%s", path, ld.hf[i], m->params[i].name,
+                 m->args.flavor ? m->args.flavor : "llama3",
+                 !strcmp(ld.hf[i], "lm_head.weight") ? "; tied embeddings are not supported" : "");
+        goto done;
+    }
+    rc = 0;
+done:
+    free(ld.hf);
+    free(ld.source);
+    free(ld.bytes);
+    free(ld.host);
+    for (int f = 0; f < n_files; f++) free(files[f]);
+    free(files);
+    return rc;
+}
+
+/* ----------------------------------------------------------------------------
+ * saving */
+
+typedef struct {
+    const char *hf;
+    int idx;
+} name_idx;
+
+static int cmp_name_idx(const void *a, const void *b) {
+    return strcmp(((const name_idx *)a)->hf, ((const name_idx *)b)->hf);
+}
+
+int llama3_save_hf_buffer(const llama3_model *m, const float *buf, const char *path, const char *dtype, char *err,
+                          size_t errlen) {
+    int bf16;
+    if (!strcmp(dtype, "float32") || !strcmp(dtype, "F32")) bf16 = 0;
+    else if (!strcmp(dtype, "bfloat16") || !strcmp(dtype, "BF16")) bf16 = 1;
+    else {
+        snprintf(err, errlen, "llama3 HF save: dtype '%s' not supported (float32 or bfloat16)", dtype);
+        return -1;
+    }
+    const size_t ds = bf16 ? 2 : 4;
+    int rc = -1;
+    char (*hf)[128] = calloc((size_t)m->n_params, sizeof *hf);
+    name_idx *order = calloc((size_t)m->n_params, sizeof *order);
+    float *host = malloc(staging_elems(m) * sizeof(float));
+    uint16_t *half = malloc(staging_elems(m) * sizeof(uint16_t));
+    json_t *root = json_object();
+    char *hdr = NULL;
+    FILE *f = NULL;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (!hf || !order || !host || !half || !root) {
+        snprintf(err, errlen, "llama3 HF save: out of host memory");
+        goto done;
+    }
+
+    /* header: tensors in name order (the order the safetensors writer uses), packed */
+    for (int i = 0; i < m->n_params; i++) {
+        llama3_hf_name(m->params[i].name, hf[i], sizeof hf[i]);
+        order[i].hf = hf[i];
+        order[i].idx = i;
+    }
+    qsort(order, (size_t)m->n_params, sizeof *order, cmp_name_idx);
+    json_t *meta = json_object();
+    json_object_set_new(meta, "format", json_string("pt"));
+    json_object_set_new(root, "__metadata__", meta);
+    uint64_t off = 0;
+    for (int j = 0; j < m->n_params; j++) {
+        const llama3_param *p = &m->params[order[j].idx];
+        json_t *e = json_object(), *shape = json_array(), *offs = json_array();
+        for (int d = 0; d < p->ndim; d++) json_array_append_new(shape, json_integer(p->shape[d]));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += (uint64_t)p->numel * ds;
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_object_set_new(e, "dtype", json_string(bf16 ? "BF16" : "F32"));
+        json_object_set_new(e, "shape", shape);
+        json_object_set_new(e, "data_offsets", offs);
+        json_object_set_new(root, order[j].hf, e);
+    }
+    hdr = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!hdr) {
+        snprintf(err, errlen, "llama3 HF save: cannot encode the header");
+        goto done;
+    }
+    size_t hlen = strlen(hdr), pad = (8 - hlen % 8) % 8; /* data starts 8-byte aligned */
+    uint64_t n = hlen + pad;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(n >> (8 * i));
+
+    f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
+        goto done;
+    }
+    int bad = fwrite(len8, 1, 8, f) != 8 || fwrite(hdr, 1, hlen, f) != hlen;
+    for (size_t i = 0; i < pad && !bad; i++) bad = fputc(' ', f) == EOF;
+    for (int j = 0; j < m->n_params && !bad; j++) {
+        const llama3_param *p = &m->params[order[j].idx];
+        int64_t rows, cols;
+        param_rows_cols(p, &rows, &cols);
+        const int heads = permuted_heads(m, p);
+        const int64_t hd = heads ? rows / heads : 0;
+        const int64_t block_rows = (int64_t)HF_CHUNK_ELEMS / cols > 0 ? (int64_t)HF_CHUNK_ELEMS / cols : 1;
+        const float *src = buf + p->offset;
+        for (int64_t r0 = 0; r0 < rows && !bad; r0 += block_rows) {
+            int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
+            size_t ne = (size_t)nr * (size_t)cols;
+            if (!heads) {
+                m->ops->copy_d2h(host, src + (size_t)r0 * (size_t)cols, ne * sizeof(float));
+            } else {
+                for (int64_t r = 0; r < nr; r++)
+                    m->ops->copy_d2h(host + (size_t)r * cols, src + (size_t)meta_row(r0 + r, hd) * (size_t)cols,
+                                     (size_t)cols * sizeof(float));
+            }
+            if (bf16) {
+                for (size_t i = 0; i < ne; i++) half[i] = tetra_f32_to_bf16(host[i]);
+                bad = fwrite(half, 2, ne, f) != ne;
+            } else {
+                bad = fwrite(host, 4, ne, f) != ne;
+            }
+        }
+    }
+    bad |= fflush(f) != 0;
+    bad |= fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    f = NULL;
+    if (bad || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (f) {
+        fclose(f);
+        unlink(tmp);
+    }
+    free(hdr);
+    json_decref(root);
+    free(hf);
+    free(order);
+    free(host);
+    free(half);
+    return rc;
+}
+
+int llama3_save_hf(const llama3_model *m, const char *path, const char *dtype, char *err, size_t errlen) {
+    return llama3_save_hf_buffer(m, m->param_mem, path, dtype, err, errlen);
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# End-to-end checks of the tetra CLI: help, print_config, bad configs, launcher.
+set -uo pipefail
+ROOT="${TETRA_ROOT:-$(pwd)}"
+BIN="${TETRA_BIN:-$ROOT/build/bin}"
+TETRA="$BIN/tetra"
+PY="${TETRA_PYTHON:-python3}"
+[ -x "$PY" ] || PY=python3
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $*"; }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+
+# expect_error NAME EXPECTED_SUBSTRING CMD... : non-zero exit and the substring on stderr
+expect_error() {
+  local name="$1" want="$2"; shift 2
+  if "$@" >"$T/out" 2>"$T/err"; then bad "$name: exit 0 (expected failure)"; return; fi
+  if grep -qF -- "$want" "$T/err"; then ok "$name: $(grep -F -- "$want" "$T/err" | head -1 | sed 's/.* - ERROR - //')"
+  else bad "$name: stderr lacks '$want':"; cat "$T/err"; fi
+}
+
+# 1. --help lists every key of every section
+"$TETRA" train --help >"$T/help" 2>&1 || bad "train --help exit code"
+n_keys=$(grep -c '^  --' "$T/help")
+for s in job profiling metrics model optimizer lr_scheduler training parallelism checkpoint \
+         activation_checkpoint compile quantize.linear.float8 validation comm; do
+  grep -q "^\[$s\]" "$T/help" || bad "help lacks section [$s]"
+done
+[ "$n_keys" -ge 100 ] && ok "train --help lists $n_keys keys" || bad "train --help lists only $n_keys keys"
+grep -q -- "--training.seq_len  int  (default: 2048)" "$T/help" && ok "help shows type and default" || bad "help format"
+
+# 2. print_config emits valid TOML that Python's tomllib reads, with CLI > TOML > default
+# (a tiny model and batch keep the one training step this also runs short)
+SMALL=(--model.flavor tiny --training.seq_len 32 --training.local_batch_size 2 --job.dump_folder "$T/dump")
+"$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --job.print_config \
+   --training.steps 1 --optimizer.lr=0.002 "${SMALL[@]}" >"$T/printed" 2>"$T/err" || bad "print_config run failed: $(cat "$T/err")"
+"$PY" - "$T/printed" <<'P' && ok "print_config is valid TOML with merged values" || bad "print_config output"
+import sys, tomllib
+text = open(sys.argv[1]).read()
+start = text.index("# tetra merged configuration")
+end = text.find("\n[tetra", start)
+doc = tomllib.loads(text[start:] if end < 0 else text[start:end])
+assert doc["training"]["steps"] == 1, doc["training"]          # command line
+assert doc["optimizer"]["lr"] == 0.002                         # command line (= form)
+assert doc["training"]["seq_len"] == 32                        # command line over file
+assert doc["model"]["flavor"] == "tiny"                        # command line over file
+assert doc["lr_scheduler"]["decay_ratio"] == 0.8               # file
+assert doc["lr_scheduler"]["warmup_steps"] == 2                # file over default
+assert doc["optimizer"]["beta2"] == 0.95                       # default
+assert doc["quantize"]["linear"]["float8"]["filter_fqns"] == ["output"]
+assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+P
+
+# 3. bad configs: unknown key, wrong type, impossible layout
+cat >"$T/typo.toml" <<'C'
+[training]
+seq_len = 512
+local_batch_sise = 4
+C
+expect_error "unknown key" "typo.toml:3: unknown key 'local_batch_sise' in [training] (did you mean training.local_batch_size?)" \
+  "$TETRA" train --job.config_file "$T/typo.toml"
+cat >"$T/type.toml" <<'C'
+[optimizer]
+lr = "3e-4"
+C
+expect_error "wrong type" "type.toml:2: optimizer.lr expects a number, got string \"3e-4\"" \
+  "$TETRA" train --job.config_file "$T/type.toml"
+cat >"$T/layout.toml" <<'C'
+[parallelism]
+tensor_parallel_degree = 2
+data_parallel_shard_degree = 2
+C
+expect_error "layout vs world size" "but the world size is 1" "$TETRA" train --job.config_file "$T/layout.toml"
+printf '[training]\nsteps = 10\n[training]\nseq_len = 1\n' >"$T/dup.toml"
+expect_error "TOML redefinition" "dup.toml:3:" "$TETRA" train --job.config_file "$T/dup.toml"
+expect_error "unknown CLI option" "did you mean --training.steps?" "$TETRA" train --training.step 3
+expect_error "missing config file" "nope.toml" "$TETRA" train --job.config_file "$T/nope.toml"
+expect_error "unknown subcommand" "unknown command 'trian'" "$TETRA" trian
+
+# 4. save_config_file writes the merged config atomically
+"$TETRA" train --job.save_config_file "$T/saved.toml" --training.steps 7 --training.steps 1 "${SMALL[@]}" >/dev/null 2>&1
+if [ -f "$T/saved.toml" ] && grep -q '^steps = 1$' "$T/saved.toml" && ! ls "$T"/saved.toml.tmp.* >/dev/null 2>&1; then
+  ok "save_config_file"
+else bad "save_config_file"; fi
+
+# 5. run_train.sh with NGPU=2 launches two MPI ranks that agree on the layout
+if command -v mpirun >/dev/null; then
+  out="$(cd "$ROOT" && NGPU=2 LOG_RANK=all LOG_DIR="$T/logs" ./run_train.sh --job.print_config \
+        --parallelism.data_parallel_shard_degree 2 --training.steps 1 "${SMALL[@]}" 2>&1)"
+  if printf '%s' "$out" | grep -q "world 2 = pp 1 x dp_replicate 1 x dp_shard 2"; then ok "NGPU=2 launches 2 ranks"
+  else bad "NGPU=2 launch:"; printf '%s\n' "$out" | tail -20; fi
+else
+  bad "mpirun not found (install openmpi-bin)"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,606 @@
+/* Llama 3 model: counter-based init (known answers, determinism, slices,
+ * statistics), backward split into I and W equal to the one-pass backward bit
+ * for bit, independent microbatch activations, gradients against finite
+ * differences, and Hugging Face safetensors save/load (round trip, the q/k
+ * rotary permutation, sharded folders, F16/BF16 inputs, error messages). */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/ops.h"
+#include "models/llama3/hf.h"
+#include "models/llama3/init.h"
+#include "models/llama3/model.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                                    \
+    do {                                                                    \
+        checks++;                                                           \
+        if (!(cond)) {                                                      \
+            failures++;                                                     \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fputc('\n', stderr);                                            \
+        }                                                                   \
+    } while (0)
+
+static char tmpdir[512];
+
+static void make_model(llama3_model *m, const char *flavor, int max_seq) {
+    llama3_args a;
+    char err[512];
+    if (llama3_flavor(flavor, &a) != 0 || llama3_model_init(m, &a, max_seq, ops_cpu(), err, sizeof err) != 0) {
+        fprintf(stderr, "cannot build %s: %s\n", flavor, err);
+        exit(1);
+    }
+}
+
+/* deterministic test data from a small LCG */
+static uint64_t lcg_state = 88172645463325252ull;
+static uint32_t lcg(void) {
+    lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(lcg_state >> 33);
+}
+static double unif(void) { return (lcg() + 0.5) / 2147483648.0; }
+
+static void make_batch(int32_t *in, int32_t *tg, int n, int vocab, int ignore_every) {
+    for (int i = 0; i < n; i++) {
+        in[i] = (int32_t)(lcg() % (uint32_t)vocab);
+        tg[i] = (int32_t)(lcg() % (uint32_t)vocab);
+        if (ignore_every && i % ignore_every == ignore_every - 1) tg[i] = OPS_IGNORE_INDEX;
+    }
+}
+
+/* ---------------------------------------------------------------------------- init */
+
+static void test_philox(void) {
+    /* Random123 known-answer vectors for philox4x32-10 */
+    static const uint32_t kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e,
+         0xa20bc7c6, 0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb,
+         0x5001e420, 0x24126ea1},
+    };
+    for (int v = 0; v < 3; v++) {
+        uint32_t out[4];
+        llama3_philox4x32_10(out, kat[v], kat[v] + 4);
+        CHECK(!memcmp(out, kat[v] + 6, sizeof out), "philox vector %d: %08x %08x %08x %08x", v, out[0], out[1],
+              out[2], out[3]);
+    }
+    /* the quantile inverts the normal CDF: x within 1.15e-9 relative of the exact
+     * quantile, so Phi(x) within phi(x) |x| 1.15e-9 of p */
+    const double ps[] = {1e-300, 1e-12, 0.001, 0.02425, 0.3, 0.5, 0.7, 0.97575, 0.999999};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        double x = llama3_normal_quantile(ps[i]);
+        double q = ps[i] < 0.5 ? ps[i] : 1.0 - ps[i];
+        double p = 0.5 * erfc(fabs(x) / sqrt(2.0)); /* the smaller tail, computed without cancellation */
+        double pdf = exp(-0.5 * x * x) / sqrt(2.0 * 3.14159265358979323846);
+        CHECK(fabs(p - q) <= 1.2e-9 * fabs(x) * pdf + 1e-15 * q, "quantile(%g) = %.17g -> tail %.17g", ps[i], x, p);
+    }
+}
+
+static double std_of(const float *x, size_t n, double *mean_out) {
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    double mean = s / (double)n;
+    for (size_t i = 0; i < n; i++) s2 += (x[i] - mean) * (x[i] - mean);
+    if (mean_out) *mean_out = mean;
+    return sqrt(s2 / (double)n);
+}
+
+static void test_init(void) {
+    llama3_model m1, m2;
+    make_model(&m1, "tiny", 64);
+    make_model(&m2, "tiny", 64);
+    llama3_init_weights(&m1, 1234);
+    llama3_init_weights(&m2, 1234);
+    const size_t bytes = m1.total_numel * sizeof(float);
+    CHECK(!memcmp(m1.param_mem, m2.param_mem, bytes), "same seed, same bits");
+    llama3_init_weights(&m2, 1235);
+    CHECK(memcmp(m1.param_mem, m2.param_mem, bytes) != 0, "another seed, other weights");
+
+    /* units tile the buffer; params are contiguous within their unit */
+    size_t off = 0;
+    for (int u = 0; u < m1.n_units; u++) {
+        CHECK(m1.unit_offset[u] == off, "unit %d offset", u);
+        off += m1.unit_numel[u];
+    }
+    CHECK(off == m1.total_numel && (int64_t)off == llama3_num_params(&m1.args), "total %zu vs %lld", off,
+          (long long)llama3_num_params(&m1.args));
+
+    /* every element is the RNG evaluated at (seed, name, index), and any slice agrees */
+    for (int i = 0; i < m1.n_params; i++) {
+        const llama3_param *p = &m1.params[i];
+        const float *w = m1.param_mem + p->offset;
+        for (int r = 0; r < 8; r++) {
+            size_t j = lcg() % p->numel;
+            float want = p->init_ones ? 1.0f
+                                      : llama3_rng_trunc_normal(1234, p->name, j, p->init_std, p->init_lo, p->init_hi);
+            CHECK(w[j] == want, "%s[%zu] = %g, rng gives %g", p->name, j, w[j], want);
+        }
+        size_t start = p->numel / 3, count = p->numel / 5 + 1;
+        float *slice = malloc(count * sizeof(float));
+        llama3_init_param_range(p, 1234, start, count, slice);
+        CHECK(!memcmp(slice, w + start, count * sizeof(float)), "%s: slice [%zu, +%zu) differs", p->name, start,
+              count);
+        free(slice);
+    }
+
+    /* statistics: TorchTitan's stds; the output is cut at 3 sigma (std factor 0.98658) */
+    const llama3_args *a = &m1.args;
+    struct {
+        const char *name;
+        double std;
+    } want[] = {
+        {"tok_embeddings.weight", 1.0},
+        {"layers.0.attention.wq.weight", 0.02},
+        {"layers.1.feed_forward.w1.weight", 0.02},
+        {"layers.0.attention.wo.weight", 0.02 / sqrt(2.0)},
+        {"layers.1.attention.wo.weight", 0.02 / sqrt(4.0)},
+        {"layers.1.feed_forward.w2.weight", 0.02 / sqrt(4.0)},
+        {"layers.1.feed_forward.w3.weight", 0.02 / sqrt(4.0)},
+        {"output.weight", 0.986582 / sqrt((double)a->dim)},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const llama3_param *p = llama3_find_param(&m1, want[i].name);
+        CHECK(p != NULL, "%s", want[i].name);
+        if (!p) continue;
+        double mean, sd = std_of(m1.param_mem + p->offset, p->numel, &mean);
+        double tol = 4.0 / sqrt(2.0 * (double)p->numel); /* 4 standard errors of a sample std */
+        CHECK(fabs(sd / want[i].std - 1.0) < tol, "%s: std %g, want %g", want[i].name, sd, want[i].std);
+        CHECK(fabs(mean) < 4.0 * want[i].std / sqrt((double)p->numel), "%s: mean %g", want[i].name, mean);
+    }
+    const llama3_param *po = llama3_find_param(&m1, "output.weight");
+    float mx = 0;
+    for (size_t j = 0; j < po->numel; j++) mx = fmaxf(mx, fabsf(m1.param_mem[po->offset + j]));
+    CHECK(mx <= 3.0 / sqrt((double)a->dim) && mx > 2.5 / sqrt((double)a->dim), "output max |w| %g", mx);
+    const llama3_param *pn = llama3_find_param(&m1, "layers.1.ffn_norm.weight");
+    int ones = 1;
+    for (size_t j = 0; j < pn->numel; j++) ones &= m1.param_mem[pn->offset + j] == 1.0f;
+    CHECK(ones, "norm weights are 1");
+    llama3_model_free(&m1);
+    llama3_model_free(&m2);
+}
+
+/* ---------------------------------------------------------------------------- backward */
+
+static void test_i_then_w(void) {
+    llama3_model m;
+    char err[256];
+    make_model(&m, "tiny", 64);
+    llama3_init_weights(&m, 42);
+    const int b = 2, t = 24, n = b * t;
+    int32_t in[48], tg[48], in2[48], tg2[48];
+    make_batch(in, tg, n, m.args.vocab_size, 7);
+    make_batch(in2, tg2, n, m.args.vocab_size, 0);
+    llama3_acts *a = llama3_acts_create(&m, b, t, err, sizeof err);
+    llama3_acts *a2 = llama3_acts_create(&m, b, t, err, sizeof err);
+    CHECK(a && a2, "%s", err);
+    const size_t bytes = m.total_numel * sizeof(float);
+    float *g_full = malloc(bytes), *g_split = malloc(bytes);
+
+    int64_t valid = 0;
+    llama3_zero_grads(&m);
+    double l1 = llama3_forward(&m, a, in, tg, 1.0f / 41.0f, &valid);
+    CHECK(valid == 48 - 6, "valid %lld", (long long)valid);
+    llama3_backward(&m, a);
+    memcpy(g_full, m.grad_mem, bytes);
+
+    /* all I passes first (layers L-1..0), then the W passes in the other order */
+    llama3_zero_grads(&m);
+    double l2 = llama3_forward(&m, a, in, tg, 1.0f / 41.0f, NULL);
+    CHECK(l1 == l2, "forward is deterministic: %.9g vs %.9g", l1, l2);
+    llama3_backward_head(&m, a);
+    for (int l = m.args.n_layers - 1; l >= 0; l--) llama3_block_backward_input(&m, a, l);
+    llama3_backward_embedding(&m, a);
+    for (int l = 0; l < m.args.n_layers; l++) llama3_block_backward_weight(&m, a, l);
+    memcpy(g_split, m.grad_mem, bytes);
+    CHECK(!memcmp(g_full, g_split, bytes), "I then W equals the one-pass backward bit for bit");
+
+    /* two microbatches in flight: fwd1 fwd2 bwd1 bwd2 == fwd1 bwd1 fwd2 bwd2 */
+    llama3_zero_grads(&m);
+    llama3_forward(&m, a, in, tg, 0.01f, NULL);
+    llama3_backward(&m, a);
+    llama3_forward(&m, a, in2, tg2, 0.01f, NULL);
+    llama3_backward(&m, a);
+    memcpy(g_full, m.grad_mem, bytes);
+    llama3_zero_grads(&m);
+    llama3_forward(&m, a, in, tg, 0.01f, NULL);
+    llama3_forward(&m, a2, in2, tg2, 0.01f, NULL);
+    llama3_backward(&m, a);
+    llama3_backward(&m, a2);
+    CHECK(!memcmp(g_full, m.grad_mem, bytes), "activations of two microbatches are independent");
+
+    /* logits kept on request, or left in place by a forward without targets */
+    CHECK(llama3_logits(a) == NULL, "no logits after a forward with targets");
+    CHECK(llama3_acts_keep_logits(&m, a, 1) == 0, "keep logits");
+    llama3_forward(&m, a, in, tg, 0.01f, NULL);
+    const size_t lbytes = (size_t)n * m.args.vocab_size * sizeof(float);
+    float *kept = malloc(lbytes);
+    memcpy(kept, llama3_logits(a), lbytes);
+    llama3_acts_keep_logits(&m, a, 0);
+    llama3_forward(&m, a, in, NULL, 0.0f, NULL);
+    CHECK(llama3_logits(a) && !memcmp(kept, llama3_logits(a), lbytes), "logits without targets");
+    free(kept);
+
+    size_t ab = llama3_acts_bytes(&m, b, t);
+    CHECK(ab > 0 && ab < (size_t)64 << 20, "acts bytes %zu", ab);
+    llama3_acts_free(&m, a);
+    llama3_acts_free(&m, a2);
+    free(g_full);
+    free(g_split);
+    llama3_model_free(&m);
+}
+
+/* The debug model at batch 8 x 2048 must fit in a few GB and nothing may grow with t^2. */
+static void test_acts_memory(void) {
+    llama3_model m;
+    make_model(&m, "debugmodel", 4096);
+    size_t b1 = llama3_acts_bytes(&m, 8, 1024), b2 = llama3_acts_bytes(&m, 8, 2048), b3 = llama3_acts_bytes(&m, 8, 3072);
+    double gib = (double)b2 / (1 << 30);
+    CHECK(gib < 3.0, "debugmodel 8 x 2048 activations %.2f GiB", gib);
+    /* linear in t: the second difference vanishes up to alignment and workspace slack */
+    double curv = ((double)b3 - 2.0 * (double)b2 + (double)b1) / (double)b2;
+    CHECK(fabs(curv) < 0.01, "activation bytes not linear in seq_len: %zu %zu %zu", b1, b2, b3);
+    printf("test_model: debugmodel activations at 8 x 2048: %.2f GiB\n", gib);
+    llama3_model_free(&m);
+}
+
+/* loss mean over valid targets, evaluated at the current parameters */
+static double eval_loss(llama3_model *m, llama3_acts *a, const int32_t *in, const int32_t *tg, int64_t valid) {
+    return llama3_forward(m, a, in, tg, 1.0f, NULL) / (double)valid;
+}
+
+static void test_gradcheck(void) {
+    llama3_model m;
+    char err[256];
+    make_model(&m, "tiny", 32);
+    llama3_init_weights(&m, 7);
+    /* norms away from 1 so their gradients are not special */
+    for (int i = 0; i < m.n_params; i++) {
+        const llama3_param *p = &m.params[i];
+        if (p->init_ones)
+            for (size_t j = 0; j < p->numel; j++) m.param_mem[p->offset + j] = (float)(0.5 + unif());
+    }
+    const int b = 2, t = 16, n = b * t;
+    int32_t in[32], tg[32];
+    make_batch(in, tg, n, 64, 5); /* a small id range: embedding rows get several tokens */
+    llama3_acts *a = llama3_acts_create(&m, b, t, err, sizeof err);
+    int64_t valid = 0;
+    llama3_zero_grads(&m);
+    llama3_forward(&m, a, in, tg, 1.0f, &valid);
+    llama3_zero_grads(&m);
+    double l0 = llama3_forward(&m, a, in, tg, (float)(1.0 / (double)valid), NULL) / (double)valid;
+    llama3_backward(&m, a);
+    float *grad = malloc(m.total_numel * sizeof(float));
+    memcpy(grad, m.grad_mem, m.total_numel * sizeof(float));
+    float *theta = malloc(m.total_numel * sizeof(float));
+    memcpy(theta, m.param_mem, m.total_numel * sizeof(float));
+    /* fp32 forward: the loss carries a few ulps of rounding noise */
+    const double noise = 8.0 * fabs(l0) * 0x1p-24;
+
+    double worst_dir = 0, worst_coord = 0;
+    for (int i = 0; i < m.n_params; i++) {
+        const llama3_param *p = &m.params[i];
+        float *w = m.param_mem + p->offset;
+        const float *g = grad + p->offset, *w0 = theta + p->offset;
+        /* 1) a directional derivative along u = sign(g) * U(0.5, 1.5): every element of
+         * the tensor at once, with the step sized to move the loss by about 1e-3 (larger steps leave the
+         * linear range for wq/wk, whose gradients are small) */
+        double gu = 0, gmax = 0;
+        float *u = malloc(p->numel * sizeof(float));
+        for (size_t j = 0; j < p->numel; j++) {
+            u[j] = g[j] == 0.0f ? 0.0f : (g[j] > 0 ? 1.0f : -1.0f) * (float)(0.5 + unif());
+            gu += (double)g[j] * u[j];
+            gmax = fmax(gmax, fabs(g[j]));
+        }
+        CHECK(gmax > 0, "%s has a zero gradient", p->name);
+        if (gmax == 0) {
+            free(u);
+            continue;
+        }
+        double h = 1e-3 / gu;
+        double pred = 0;
+        for (size_t j = 0; j < p->numel; j++) w[j] = (float)(w0[j] + h * u[j]);
+        double lp = eval_loss(&m, a, in, tg, valid);
+        for (size_t j = 0; j < p->numel; j++) {
+            float wm = (float)(w0[j] - h * u[j]);
+            pred += (double)g[j] * ((double)w[j] - (double)wm); /* the perturbation actually applied */
+            w[j] = wm;
+        }
+        double lm = eval_loss(&m, a, in, tg, valid);
+        memcpy(w, w0, p->numel * sizeof(float));
+        double rel = fabs((lp - lm) - pred) / fabs(pred);
+        worst_dir = fmax(worst_dir, rel);
+        CHECK(rel < 2e-2, "%s: directional fd %.6g vs analytic %.6g (rel %.2e)", p->name, lp - lm, pred, rel);
+        free(u);
+
+        /* 2) single coordinates: the largest gradient and two random ones, stepped to move
+         * the loss by 2e-3 (at most 0.25) so the rounding noise stays small beside it */
+        size_t jmax = 0;
+        for (size_t j = 0; j < p->numel; j++)
+            if (fabs(g[j]) > fabs(g[jmax])) jmax = j;
+        for (int c = 0; c < 3; c++) {
+            size_t j = c == 0 ? jmax : lcg() % p->numel;
+            double hj = fmin(2e-3 / fmax(fabs(g[j]), 1e-12), 0.25);
+            float wp = (float)(w0[j] + hj), wm = (float)(w0[j] - hj);
+            w[j] = wp;
+            double lpj = eval_loss(&m, a, in, tg, valid);
+            w[j] = wm;
+            double lmj = eval_loss(&m, a, in, tg, valid);
+            w[j] = w0[j];
+            double fd = (lpj - lmj) / ((double)wp - (double)wm);
+            double tol = 2e-2 * fabs(g[j]) + 2.0 * noise / ((double)wp - (double)wm);
+            double e = fabs(fd - g[j]);
+            if (c == 0) worst_coord = fmax(worst_coord, e / fabs(g[j]));
+            CHECK(e <= tol, "%s[%zu]: fd %.6g vs analytic %.6g (tol %.2g)", p->name, j, fd, g[j], tol);
+        }
+    }
+    printf("test_model: gradcheck worst relative error: directional %.2e, largest coordinate %.2e\n", worst_dir,
+           worst_coord);
+    llama3_acts_free(&m, a);
+    free(grad);
+    free(theta);
+    llama3_model_free(&m);
+}
+
+/* ---------------------------------------------------------------------------- safetensors */
+
+/* exact for values representable in f16 (the test only writes such values) */
+static uint16_t f32_to_f16_exact(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) == 0) return sign;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    return (uint16_t)(sign | (uint16_t)(e << 10) | (uint16_t)((u >> 13) & 0x3ffu));
+}
+
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    const char *dtype; /* F32, F16, I32 */
+    const float *data;
+} st_tensor;
+
+/* A minimal safetensors writer, independent of the one under test. */
+static void write_st(const char *path, const st_tensor *ts, int n) {
+    json_t *root = json_object();
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)ts[i].shape[0] * (size_t)(ts[i].ndim == 2 ? ts[i].shape[1] : 1);
+        size_t bytes = numel * (strcmp(ts[i].dtype, "F16") ? 4 : 2);
+        json_t *e = json_pack("{s:s, s:[], s:[I, I]}", "dtype", ts[i].dtype, "shape", "data_offsets", (json_int_t)off,
+                              (json_int_t)(off + bytes));
+        for (int d = 0; d < ts[i].ndim; d++) json_array_append_new(json_object_get(e, "shape"), json_integer(ts[i].shape[d]));
+        json_object_set_new(root, ts[i].name, e);
+        off += bytes;
+    }
+    char *hdr = json_dumps(root, JSON_COMPACT);
+    uint64_t hl = strlen(hdr);
+    FILE *f = fopen(path, "wb");
+    fwrite(&hl, 8, 1, f); /* little-endian host */
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < n; i++) {
+        size_t numel = (size_t)ts[i].shape[0] * (size_t)(ts[i].ndim == 2 ? ts[i].shape[1] : 1);
+        if (!strcmp(ts[i].dtype, "F16")) {
+            for (size_t j = 0; j < numel; j++) {
+                uint16_t hv = f32_to_f16_exact(ts[i].data[j]);
+                fwrite(&hv, 2, 1, f);
+            }
+        } else {
+            fwrite(ts[i].data, 4, numel, f);
+        }
+    }
+    fclose(f);
+    free(hdr);
+    json_decref(root);
+}
+
+/* The model's tensors in HF layout (q/k permuted by the formats reference formula),
+ * as st_tensor rows; hf_names/data are owned by the caller's arrays. */
+static int hf_tensors(const llama3_model *m, st_tensor *ts, char (*names)[128], float **bufs) {
+    const int hd = llama3_head_dim(&m->args);
+    for (int i = 0; i < m->n_params; i++) {
+        const llama3_param *p = &m->params[i];
+        llama3_hf_name(p->name, names[i], 128);
+        const float *src = m->param_mem + p->offset;
+        bufs[i] = malloc(p->numel * sizeof(float));
+        int perm = strstr(p->name, "wq.weight") || strstr(p->name, "wk.weight");
+        if (!perm) {
+            memcpy(bufs[i], src, p->numel * sizeof(float));
+        } else {
+            int64_t cols = p->shape[1], heads = p->shape[0] / hd;
+            for (int64_t h = 0; h < heads; h++)
+                for (int tt = 0; tt < 2; tt++)
+                    for (int ii = 0; ii < hd / 2; ii++)
+                        memcpy(bufs[i] + (h * hd + tt * (hd / 2) + ii) * cols, src + (h * hd + 2 * ii + tt) * cols,
+                               (size_t)cols * sizeof(float));
+        }
+        ts[i].name = names[i];
+        ts[i].ndim = p->ndim;
+        ts[i].shape[0] = p->shape[0];
+        ts[i].shape[1] = p->shape[1];
+        ts[i].dtype = "F32";
+        ts[i].data = bufs[i];
+    }
+    return m->n_params;
+}
+
+static void expect_load_error(llama3_model *m, const char *path, const char *needle1, const char *needle2) {
+    char err[1024] = "";
+    int rc = llama3_load_hf(m, path, err, sizeof err);
+    CHECK(rc != 0, "loading %s should fail", path);
+    CHECK(strstr(err, needle1) && strstr(err, needle2), "message '%s' should name '%s' and '%s'", err, needle1,
+          needle2);
+}
+
+static void test_hf(void) {
+    llama3_model m, m2;
+    char err[1024], path[1024];
+    make_model(&m, "tiny", 32);
+    make_model(&m2, "tiny", 32);
+    llama3_init_weights(&m, 99);
+    const size_t bytes = m.total_numel * sizeof(float);
+
+    /* float32 round trip is exact */
+    snprintf(path, sizeof path, "%s/model.safetensors", tmpdir);
+    CHECK(llama3_save_hf(&m, path, "float32", err, sizeof err) == 0, "%s", err);
+    CHECK(llama3_load_hf(&m2, path, err, sizeof err) == 0, "%s", err);
+    CHECK(!memcmp(m.param_mem, m2.param_mem, bytes), "float32 save -> load is bit exact");
+    llama3_init_weights(&m2, 1);
+    CHECK(llama3_load_hf(&m2, tmpdir, err, sizeof err) == 0, "folder: %s", err);
+    CHECK(!memcmp(m.param_mem, m2.param_mem, bytes), "folder load");
+
+    /* the file holds HF names and the rotate-half row order */
+    {
+        FILE *f = fopen(path, "rb");
+        uint64_t hl = 0;
+        CHECK(fread(&hl, 8, 1, f) == 1 && hl % 8 == 0, "header length %llu multiple of 8", (unsigned long long)hl);
+        char *hdr = calloc(1, hl + 1);
+        CHECK(fread(hdr, 1, hl, f) == hl, "header");
+        json_t *root = json_loads(hdr, 0, NULL);
+        json_t *q = json_object_get(root, "model.layers.1.self_attn.k_proj.weight");
+        CHECK(q && !strcmp(json_string_value(json_object_get(q, "dtype")), "F32"), "k_proj entry");
+        CHECK(json_object_get(root, "lm_head.weight") && json_object_get(root, "model.embed_tokens.weight") &&
+                  json_object_get(root, "model.layers.0.mlp.gate_proj.weight"),
+              "HF names");
+        int64_t begin = json_integer_value(json_array_get(json_object_get(q, "data_offsets"), 0));
+        const llama3_param *pk = llama3_find_param(&m, "layers.1.attention.wk.weight");
+        const int hd = llama3_head_dim(&m.args);
+        const int64_t cols = pk->shape[1];
+        /* hf row h*hd + t*hd/2 + i holds model row h*hd + 2i + t */
+        const int64_t probes[][3] = {{0, 0, 1}, {0, 1, 0}, {1, 1, 3}, {1, 0, hd / 2 - 1}};
+        float row[512];
+        for (int k = 0; k < 4; k++) {
+            int64_t h = probes[k][0], tt = probes[k][1], ii = probes[k][2];
+            int64_t hf_row = h * hd + tt * (hd / 2) + ii, meta = h * hd + 2 * ii + tt;
+            fseek(f, (long)(8 + hl + begin + hf_row * cols * 4), SEEK_SET);
+            CHECK(fread(row, 4, (size_t)cols, f) == (size_t)cols, "read row");
+            CHECK(!memcmp(row, m.param_mem + pk->offset + meta * cols, (size_t)cols * 4), "k_proj row %lld",
+                  (long long)hf_row);
+        }
+        json_decref(root);
+        free(hdr);
+        fclose(f);
+    }
+
+    /* bfloat16: each weight rounded to nearest even */
+    snprintf(path, sizeof path, "%s/bf16.safetensors", tmpdir);
+    CHECK(llama3_save_hf(&m, path, "bfloat16", err, sizeof err) == 0, "%s", err);
+    CHECK(llama3_load_hf(&m2, path, err, sizeof err) == 0, "%s", err);
+    int bf_ok = 1;
+    for (size_t j = 0; j < m.total_numel; j++) {
+        uint32_t u;
+        memcpy(&u, &m.param_mem[j], 4);
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        float r;
+        memcpy(&r, &u, 4);
+        bf_ok &= r == m2.param_mem[j];
+    }
+    CHECK(bf_ok, "bfloat16 save -> load rounds to nearest even");
+    CHECK(llama3_save_hf(&m, path, "float8", err, sizeof err) != 0 && strstr(err, "float8"), "bad dtype: %s", err);
+
+    /* sharded folder with an index, one shard F32 and one F16 (values exact in f16) */
+    for (size_t j = 0; j < m.total_numel; j++) m.param_mem[j] = (float)((int)(lcg() % 257) - 128) / 64.0f;
+    st_tensor ts[64];
+    char names[64][128];
+    float *bufs[64];
+    int nt = hf_tensors(&m, ts, names, bufs);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/sharded", tmpdir);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+    int half = nt / 2;
+    for (int i = half; i < nt; i++) ts[i].dtype = "F16";
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    write_st(path, ts, half);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+    write_st(path, ts + half, nt - half);
+    json_t *wm = json_object();
+    for (int i = 0; i < nt; i++)
+        json_object_set_new(wm, ts[i].name,
+                            json_string(i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors"));
+    json_t *idx = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)bytes, "weight_map", wm);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_dump_file(idx, path, 0);
+    json_decref(idx);
+    CHECK(llama3_load_hf(&m2, dir, err, sizeof err) == 0, "sharded: %s", err);
+    CHECK(!memcmp(m.param_mem, m2.param_mem, bytes), "sharded F32 + F16 load");
+    CHECK(llama3_load_hf(&m2, path, err, sizeof err) == 0, "index path: %s", err);
+
+    /* errors name the tensor and the file */
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/missing.safetensors", tmpdir);
+    st_tensor tmp = ts[5];
+    ts[5] = ts[nt - 1]; /* drop tensor 5 */
+    for (int i = 0; i < nt; i++) ts[i].dtype = "F32";
+    write_st(bad, ts, nt - 1);
+    expect_load_error(&m2, bad, tmp.name, "missing");
+    ts[5] = tmp;
+
+    snprintf(bad, sizeof bad, "%s/shape.safetensors", tmpdir);
+    int64_t keep = ts[3].shape[0];
+    ts[3].shape[0] = keep / 2;
+    write_st(bad, ts, nt);
+    expect_load_error(&m2, bad, ts[3].name, "shape.safetensors");
+    ts[3].shape[0] = keep;
+
+    snprintf(bad, sizeof bad, "%s/extra.safetensors", tmpdir);
+    st_tensor extra[65];
+    memcpy(extra, ts, (size_t)nt * sizeof *extra);
+    extra[nt] = ts[nt - 1];
+    extra[nt].name = "model.layers.7.mlp.up_proj.weight";
+    write_st(bad, extra, nt + 1);
+    expect_load_error(&m2, bad, "model.layers.7.mlp.up_proj.weight", "extra.safetensors");
+
+    snprintf(bad, sizeof bad, "%s/dtype.safetensors", tmpdir);
+    ts[2].dtype = "I32";
+    write_st(bad, ts, nt);
+    expect_load_error(&m2, bad, ts[2].name, "I32");
+    ts[2].dtype = "F32";
+
+    snprintf(bad, sizeof bad, "%s/notst.safetensors", tmpdir);
+    FILE *f = fopen(bad, "w");
+    fputs("this is not a safetensors file", f);
+    fclose(f);
+    expect_load_error(&m2, bad, "notst.safetensors", "safetensors");
+    expect_load_error(&m2, "/nonexistent/model.safetensors", "/nonexistent/model.safetensors", "cannot open");
+
+    /* a file of another flavor: the first tensor already disagrees */
+    llama3_model dbg;
+    make_model(&dbg, "debugmodel", 16);
+    snprintf(path, sizeof path, "%s/model.safetensors", tmpdir);
+    expect_load_error(&dbg, path, "expected", "model.safetensors");
+    llama3_model_free(&dbg);
+
+    for (int i = 0; i < nt; i++) free(bufs[i]);
+    llama3_model_free(&m);
+    llama3_model_free(&m2);
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/tetra_test_model_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_philox();
+    test_init();
+    test_i_then_w();
+    test_acts_memory();
+    test_gradcheck();
+    test_hf();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    printf("test_model: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}

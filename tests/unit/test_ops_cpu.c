@@ -1,0 +1,396 @@
+// tests/unit/test_ops_cpu.c — checks of the CPU backend that need no PyTorch:
+// - attention backward against central finite differences of the forward (tiny case);
+// - attention split into blocks with global offsets, merged, equals one call (forward,
+//   and backward accumulated per block);
+// - rounding edge cases of the bf16 / fp8 e4m3fn / e5m2 casts (ties to even,
+//   saturation at 448 / 57344, inf, NaN, signed zero, subnormals) and decode round trips;
+// - accuracy of the shared exp;
+// - memory: the attention workspace grows linearly with the sequence, never as S^2;
+// - the op table is complete and selectable.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "kernels/ops_math.h"
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                        \
+    do {                                                        \
+        if (!(cond)) {                                          \
+            failures++;                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                       \
+            fprintf(stderr, "\n");                              \
+        }                                                       \
+    } while (0)
+
+// ----------------------------------------------------------------------------
+// small helpers
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float randn(void) {
+    // xorshift64* + Box-Muller; quality is irrelevant here, reproducibility is not
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        rng_state ^= rng_state >> 12;
+        rng_state ^= rng_state << 25;
+        rng_state ^= rng_state >> 27;
+        u[i] = ((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
+    }
+    return (float)(sqrt(-2.0 * log(u[0] + 1e-300)) * cos(6.283185307179586 * u[1]));
+}
+
+static float *randn_buf(size_t n, float scale) {
+    float *x = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = randn() * scale;
+    return x;
+}
+
+static float *zeros(size_t n) { return (float *)calloc(n, sizeof(float)); }
+
+static double rel_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static ops_attn_shape shape(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko) {
+    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko};
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// attention backward vs finite differences
+
+// L = sum(out * w) for a fixed random w, in double
+static double attn_loss(const float *q, const float *k, const float *v, const float *w, const ops_attn_shape *s,
+                        float *out, float *lse) {
+    cpu_attention_forward(out, lse, q, k, v, s, NULL);
+    double acc = 0;
+    size_t n = (size_t)s->b * s->sq * s->h * s->d;
+    for (size_t i = 0; i < n; i++) acc += (double)out[i] * w[i];
+    return acc;
+}
+
+static void test_attention_fd(void) {
+    const int B = 1, S = 6, H = 4, KV = 2, D = 8;
+    ops_attn_shape s = shape(B, S, S, H, KV, D, 1, 0, 0);
+    size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * KV * D;
+    float *q = randn_buf(nq, 1), *k = randn_buf(nk, 1), *v = randn_buf(nk, 1), *w = randn_buf(nq, 1);
+    float *out = zeros(nq), *lse = zeros((size_t)B * H * S);
+    float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
+    attn_loss(q, k, v, w, &s, out, lse);
+    cpu_attention_backward(dq, dk, dv, w, q, k, v, out, lse, &s, NULL);
+
+    float *tmp_out = zeros(nq), *tmp_lse = zeros((size_t)B * H * S);
+    const float h = 1e-2f;
+    float *bufs[3] = {q, k, v}, *grads[3] = {dq, dk, dv};
+    size_t sizes[3] = {nq, nk, nk};
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3; t++) {
+        float *fd = zeros(sizes[t]);
+        for (size_t i = 0; i < sizes[t]; i++) {
+            float keep = bufs[t][i];
+            bufs[t][i] = keep + h;
+            double lp = attn_loss(q, k, v, w, &s, tmp_out, tmp_lse);
+            bufs[t][i] = keep - h;
+            double lm = attn_loss(q, k, v, w, &s, tmp_out, tmp_lse);
+            bufs[t][i] = keep;
+            fd[i] = (float)((lp - lm) / (2.0 * h));
+        }
+        double e = rel_err(grads[t], fd, sizes[t]);
+        printf("  attention %s vs finite differences: rel %.2e\n", names[t], e);
+        CHECK(e < 1e-3, "attention %s vs finite differences: rel %.3e", names[t], e);
+        free(fd);
+    }
+    free(q), free(k), free(v), free(w), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(tmp_out), free(tmp_lse);
+}
+
+// ----------------------------------------------------------------------------
+// blocks with offsets + merge == one call
+
+static void copy_rows(float *dst, const float *src, int b, int s_src, int r0, int rows, int width, int s_dst,
+                      int to_block) {
+    // [B, S, width] row slabs: to_block copies src rows r0.. into dst rows 0..; else back
+    for (int bb = 0; bb < b; bb++)
+        for (int r = 0; r < rows; r++) {
+            if (to_block)
+                memcpy(dst + ((size_t)bb * s_dst + r) * width, src + ((size_t)bb * s_src + r0 + r) * width,
+                       (size_t)width * sizeof(float));
+            else
+                memcpy(dst + ((size_t)bb * s_dst + r0 + r) * width, src + ((size_t)bb * s_src + r) * width,
+                       (size_t)width * sizeof(float));
+        }
+}
+
+static void test_attention_blocks(void) {
+    const int B = 2, H = 4, KV = 2, D = 16;
+    const int bounds[] = {0, 70, 200, 211};  // irregular chunks: 70, 130, 11
+    const int nc = 3, S = 211;
+    const int wq = H * D, wk = KV * D;
+    size_t nq = (size_t)B * S * wq, nk = (size_t)B * S * wk;
+    float *q = randn_buf(nq, 1), *k = randn_buf(nk, 1), *v = randn_buf(nk, 1), *dout = randn_buf(nq, 1);
+    float *out = zeros(nq), *lse = zeros((size_t)B * H * S);
+    float *dq = zeros(nq), *dk = zeros(nk), *dv = zeros(nk);
+    ops_attn_shape full = shape(B, S, S, H, KV, D, 1, 0, 0);
+    cpu_attention_forward(out, lse, q, k, v, &full, NULL);
+    cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, &full, NULL);
+
+    float *bout = zeros(nq), *blse = zeros((size_t)B * H * S);
+    float *bdq = zeros(nq), *bdk = zeros(nk), *bdv = zeros(nk);
+    for (int i = 0; i < nc; i++) {
+        int q0 = bounds[i], sq = bounds[i + 1] - q0;
+        float *qi = zeros((size_t)B * sq * wq), *doi = zeros((size_t)B * sq * wq);
+        float *acc_o = zeros((size_t)B * sq * wq), *acc_l = zeros((size_t)B * H * sq);
+        float *ob = zeros((size_t)B * sq * wq), *lb = zeros((size_t)B * H * sq), *dqi = zeros((size_t)B * sq * wq);
+        copy_rows(qi, q, B, S, q0, sq, wq, sq, 1);
+        copy_rows(doi, dout, B, S, q0, sq, wq, sq, 1);
+        for (size_t t = 0; t < (size_t)B * H * sq; t++) acc_l[t] = -INFINITY;
+        for (int j = 0; j < nc; j++) {
+            int k0 = bounds[j], sk = bounds[j + 1] - k0;
+            float *kj = zeros((size_t)B * sk * wk), *vj = zeros((size_t)B * sk * wk);
+            copy_rows(kj, k, B, S, k0, sk, wk, sk, 1);
+            copy_rows(vj, v, B, S, k0, sk, wk, sk, 1);
+            ops_attn_shape bs = shape(B, sq, sk, H, KV, D, 1, q0, k0);
+            cpu_attention_forward(ob, lb, qi, kj, vj, &bs, NULL);
+            cpu_attention_merge(acc_o, acc_l, ob, lb, B, sq, H, D);
+            free(kj), free(vj);
+        }
+        for (int j = 0; j < nc; j++) {
+            int k0 = bounds[j], sk = bounds[j + 1] - k0;
+            float *kj = zeros((size_t)B * sk * wk), *vj = zeros((size_t)B * sk * wk);
+            float *dkj = zeros((size_t)B * sk * wk), *dvj = zeros((size_t)B * sk * wk);
+            copy_rows(kj, k, B, S, k0, sk, wk, sk, 1);
+            copy_rows(vj, v, B, S, k0, sk, wk, sk, 1);
+            copy_rows(dkj, bdk, B, S, k0, sk, wk, sk, 1);
+            copy_rows(dvj, bdv, B, S, k0, sk, wk, sk, 1);
+            ops_attn_shape bs = shape(B, sq, sk, H, KV, D, 1, q0, k0);
+            cpu_attention_backward(dqi, dkj, dvj, doi, qi, kj, vj, acc_o, acc_l, &bs, NULL);
+            copy_rows(bdk, dkj, B, sk, k0, sk, wk, S, 0);
+            copy_rows(bdv, dvj, B, sk, k0, sk, wk, S, 0);
+            free(kj), free(vj), free(dkj), free(dvj);
+        }
+        copy_rows(bout, acc_o, B, sq, q0, sq, wq, S, 0);
+        copy_rows(bdq, dqi, B, sq, q0, sq, wq, S, 0);
+        for (int bb = 0; bb < B; bb++)
+            for (int hh = 0; hh < H; hh++)
+                memcpy(blse + ((size_t)bb * H + hh) * S + q0, acc_l + ((size_t)bb * H + hh) * sq,
+                       (size_t)sq * sizeof(float));
+        free(qi), free(doi), free(acc_o), free(acc_l), free(ob), free(lb), free(dqi);
+    }
+    double eo = rel_err(bout, out, nq), el = rel_err(blse, lse, (size_t)B * H * S);
+    double eq = rel_err(bdq, dq, nq), ek = rel_err(bdk, dk, nk), ev = rel_err(bdv, dv, nk);
+    printf("  attention 3x3 blocks + merge vs one call: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", eo, el, eq,
+           ek, ev);
+    CHECK(eo < 1e-6 && el < 1e-6, "blockwise forward differs: out %.3e lse %.3e", eo, el);
+    CHECK(eq < 1e-6 && ek < 1e-6 && ev < 1e-6, "blockwise backward differs: %.3e %.3e %.3e", eq, ek, ev);
+
+    // same inputs twice: bit-identical (no atomics, fixed reduction orders); and the other
+    // backward schedule agrees up to summation order
+    for (int mode = 1; mode <= 2; mode++) {
+        float *dq2 = zeros(nq), *dk2 = zeros(nk), *dv2 = zeros(nk);
+        float *dq3 = zeros(nq), *dk3 = zeros(nk), *dv3 = zeros(nk);
+        cpu_attention_set_backward_mode(mode);
+        cpu_attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, &full, NULL);
+        cpu_attention_backward(dq3, dk3, dv3, dout, q, k, v, out, lse, &full, NULL);
+        CHECK(!memcmp(dq3, dq2, nq * 4) && !memcmp(dk3, dk2, nk * 4) && !memcmp(dv3, dv2, nk * 4),
+              "attention backward (mode %d) is not deterministic", mode);
+        double e = rel_err(dq2, dq, nq) + rel_err(dk2, dk, nk) + rel_err(dv2, dv, nk);
+        CHECK(e < 1e-6, "attention backward mode %d differs from the automatic one: %.3e", mode, e);
+        free(dq2), free(dk2), free(dv2), free(dq3), free(dk3), free(dv3);
+    }
+    cpu_attention_set_backward_mode(0);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(bout), free(blse), free(bdq), free(bdk), free(bdv);
+}
+
+// a query block that sees no key at all: zeros and lse = -inf, and merging it is a no-op
+static void test_attention_masked_block(void) {
+    const int B = 1, H = 2, KV = 1, D = 8, sq = 10, sk = 12;
+    ops_attn_shape s = shape(B, sq, sk, H, KV, D, 1, 0, 50);  // keys 50..61 after queries 0..9
+    float *q = randn_buf((size_t)sq * H * D, 1), *k = randn_buf((size_t)sk * KV * D, 1);
+    float *v = randn_buf((size_t)sk * KV * D, 1);
+    float *out = randn_buf((size_t)sq * H * D, 1), *lse = zeros((size_t)H * sq);
+    cpu_attention_forward(out, lse, q, k, v, &s, NULL);
+    int bad = 0;
+    for (int i = 0; i < sq * H * D; i++) bad += out[i] != 0.0f;
+    for (int i = 0; i < sq * H; i++) bad += lse[i] != -INFINITY;
+    CHECK(!bad, "fully masked block: %d entries not (0, -inf)", bad);
+    float *acc = randn_buf((size_t)sq * H * D, 1), *acc_l = randn_buf((size_t)H * sq, 1);
+    float *acc0 = (float *)malloc((size_t)sq * H * D * 4);
+    memcpy(acc0, acc, (size_t)sq * H * D * 4);
+    cpu_attention_merge(acc, acc_l, out, lse, B, sq, H, D);
+    CHECK(!memcmp(acc, acc0, (size_t)sq * H * D * 4), "merging an empty block changed the result");
+    free(q), free(k), free(v), free(out), free(lse), free(acc), free(acc_l), free(acc0);
+}
+
+// ----------------------------------------------------------------------------
+// memory: workspace linear in S
+
+static void test_attention_workspace(void) {
+    ops_attn_shape s1 = shape(1, 4096, 4096, 32, 8, 128, 1, 0, 0);
+    ops_attn_shape s2 = shape(1, 8192, 8192, 32, 8, 128, 1, 0, 0);
+    size_t w1 = cpu_attention_workspace_size(&s1), w2 = cpu_attention_workspace_size(&s2);
+    double s2sq = 8192.0 * 8192.0 * 32 * sizeof(float);  // what a materialised B*H*S*S would take
+    printf("  attention workspace: S=4096 %.2f MiB, S=8192 %.2f MiB (S^2 scores would be %.0f MiB)\n", w1 / 1048576.0,
+           w2 / 1048576.0, s2sq / 1048576.0);
+    CHECK((double)w2 <= 2.05 * (double)w1 + 4096, "workspace grows faster than linearly: %zu -> %zu", w1, w2);
+    CHECK((double)w2 < s2sq / 64, "workspace %zu is not far below S^2", w2);
+}
+
+// ----------------------------------------------------------------------------
+// casts
+
+typedef struct {
+    float x;
+    unsigned code;
+} cast_case;
+
+static void test_casts(void) {
+    const float nan = NAN, inf = INFINITY;
+    const cast_case e4m3[] = {
+        {0.0f, 0x00}, {-0.0f, 0x80}, {1.0f, 0x38}, {-1.0f, 0xb8},
+        {1.0625f, 0x38},   // tie between 1 (even) and 1.125 -> 1
+        {1.1875f, 0x3a},   // tie between 1.125 (odd) and 1.25 -> 1.25
+        {240.0f, 0x77}, {448.0f, 0x7e}, {449.0f, 0x7e}, {464.0f, 0x7e}, {1e9f, 0x7e}, {-1e9f, 0xfe},
+        {inf, 0x7e}, {-inf, 0xfe}, {nan, 0x7f}, {-nan, 0xff},
+        {0x1p-9f, 0x01},   // smallest subnormal
+        {0x1p-10f, 0x00},  // tie between 0 (even) and 2^-9 -> 0
+        {0x3p-10f, 0x02},  // tie between 1 and 2 units -> 2
+        {0x7p-9f, 0x07}, {0xfp-10f, 0x08},  // 7.5 units: tie 7/8 -> 8 = smallest normal
+        {0x1p-6f, 0x08}, {0x1p-12f, 0x00}, {1e-45f, 0x00}, {-1e-45f, 0x80},
+    };
+    const cast_case e5m2[] = {
+        {0.0f, 0x00}, {-0.0f, 0x80}, {1.0f, 0x3c}, {1.125f, 0x3c}, {1.375f, 0x3e}, {-2.0f, 0xc0},
+        {57344.0f, 0x7b}, {61439.0f, 0x7b}, {61440.0f, 0x7b}, {1e30f, 0x7b}, {inf, 0x7b}, {-inf, 0xfb},
+        {nan, 0x7e}, {-nan, 0xfe}, {0x1p-16f, 0x01}, {0x1p-17f, 0x00}, {0x3p-17f, 0x02}, {0x1p-14f, 0x04},
+        {0x7p-17f, 0x04},  // 3.5 units: tie 3/4 -> 4 = smallest normal
+    };
+    const cast_case bf16[] = {
+        {1.0f, 0x3f80}, {1.00390625f, 0x3f80},  // 1 + 2^-8: tie -> even (1.0)
+        {1.01171875f, 0x3f82},                  // 1 + 3*2^-8: tie -> even (1 + 2^-6)
+        {3.4028235e38f, 0x7f80},                // FLT_MAX rounds up to inf
+        {3.3895314e38f, 0x7f7f},                // largest finite bf16
+        {inf, 0x7f80}, {-inf, 0xff80}, {nan, 0x7fc0}, {-0.0f, 0x8000}, {1e-45f, 0x0000},
+        {0x1p-134f, 0x0000},                    // f32 bits 0x00008000: tie -> 0
+        {0x3p-134f, 0x0002},                    // bits 0x00018000: tie -> 2
+    };
+    for (size_t i = 0; i < sizeof e4m3 / sizeof e4m3[0]; i++) {
+        unsigned got = tetra_f32_to_e4m3(e4m3[i].x);
+        CHECK(got == e4m3[i].code, "e4m3(%a) = 0x%02x, want 0x%02x", (double)e4m3[i].x, got, e4m3[i].code);
+    }
+    for (size_t i = 0; i < sizeof e5m2 / sizeof e5m2[0]; i++) {
+        unsigned got = tetra_f32_to_e5m2(e5m2[i].x);
+        CHECK(got == e5m2[i].code, "e5m2(%a) = 0x%02x, want 0x%02x", (double)e5m2[i].x, got, e5m2[i].code);
+    }
+    for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {
+        unsigned got = tetra_f32_to_bf16(bf16[i].x);
+        CHECK(got == bf16[i].code, "bf16(%a) = 0x%04x, want 0x%04x", (double)bf16[i].x, got, bf16[i].code);
+    }
+    // round trips: every non-NaN code decodes and re-encodes to itself
+    for (int c = 0; c < 256; c++) {
+        float a = tetra_e4m3_to_f32((uint8_t)c), b = tetra_e5m2_to_f32((uint8_t)c);
+        if ((c & 0x7f) != 0x7f) CHECK(tetra_f32_to_e4m3(a) == c, "e4m3 round trip 0x%02x", c);
+        else CHECK(isnan(a), "e4m3 0x%02x should decode to NaN", c);
+        int e5_special = (c & 0x7c) == 0x7c;
+        if (!e5_special) CHECK(tetra_f32_to_e5m2(b) == c, "e5m2 round trip 0x%02x", c);
+        else CHECK((c & 3) ? isnan(b) : isinf(b), "e5m2 0x%02x should decode to inf/NaN", c);
+    }
+    CHECK(tetra_e4m3_to_f32(0x7e) == 448.0f && tetra_e4m3_to_f32(0x01) == 0x1p-9f, "e4m3 decode extremes");
+    CHECK(tetra_e5m2_to_f32(0x7b) == 57344.0f && tetra_e5m2_to_f32(0x01) == 0x1p-16f, "e5m2 decode extremes");
+    // the op applies the scale before saturating
+    float xs[4] = {1.0f, 300.0f, -1000.0f, NAN}, sc = 2.0f;
+    uint8_t q[4];
+    cpu_cast_f32_to_fp8(q, xs, &sc, 0, 1, 4, TETRA_FP8_E4M3);
+    CHECK(q[0] == 0x40 && q[1] == 0x7e && q[2] == 0xfe && q[3] == 0x7f, "scaled cast: %02x %02x %02x %02x", q[0],
+          q[1], q[2], q[3]);
+}
+
+// ----------------------------------------------------------------------------
+// exp accuracy
+
+static void test_exp(void) {
+    double worst = 0;
+    float at = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + (float)i * (175.5f / 2000000.0f);
+        double ref = exp((double)x);
+        float got = tetra_expf(x);
+        if (ref > 3.4e38) continue;
+        double ulp = ldexp(1.0, ilogb(ref) - 23);
+        double e = fabs((double)got - ref) / ulp;
+        if (e > worst) worst = e, at = x;
+    }
+    printf("  tetra_expf: max error %.2f ulp (at %g) over [-87, 88.5]\n", worst, (double)at);
+    CHECK(worst < 2.0, "tetra_expf error %.2f ulp at %g", worst, (double)at);
+    CHECK(tetra_expf(-INFINITY) == 0.0f, "exp(-inf)");
+    CHECK(isinf(tetra_expf(100.0f)), "exp(100) should overflow to inf");
+    CHECK(isnan(tetra_expf(NAN)), "exp(NaN)");
+    CHECK(tetra_expf(0.0f) == 1.0f, "exp(0)");
+    CHECK(tetra_expf(-100.0f) > 0.0f && tetra_expf(-100.0f) < 1e-43f, "exp(-100) subnormal: %g",
+          (double)tetra_expf(-100.0f));
+}
+
+// ----------------------------------------------------------------------------
+// the table
+
+static void test_table(void) {
+    char err[256] = "";
+    const tetra_ops *o = ops_get("cpu", err, sizeof err);
+    CHECK(o != NULL, "ops_get(cpu): %s", err);
+    if (!o) return;
+    CHECK(!strcmp(o->name, "cpu"), "name");
+#define SLOT(f) CHECK(o->f != NULL, "slot %s is empty", #f)
+    SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
+    SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
+    SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
+    SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
+    SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
+    SLOT(rope_forward); SLOT(rope_backward); SLOT(swiglu_forward); SLOT(swiglu_backward);
+    SLOT(attention_workspace_size); SLOT(attention_forward); SLOT(attention_backward); SLOT(attention_merge);
+    SLOT(cross_entropy); SLOT(ce_shard_max); SLOT(ce_shard_sums); SLOT(ce_shard_finish); SLOT(adamw_step);
+#undef SLOT
+    CHECK(ops_get("auto", err, sizeof err) != NULL, "ops_get(auto)");
+    CHECK(ops_get("gpu0", err, sizeof err) == NULL && err[0], "ops_get(gpu0) should fail with a message");
+    void *p = o->alloc(1000);
+    CHECK(p && ((uintptr_t)p % 64) == 0, "alloc alignment");
+    o->release(p);
+    // RMSNorm's I and W halves are independent of order (zero-bubble runs them apart)
+    const int n = 33, c = 70;
+    float *x = randn_buf((size_t)n * c, 1), *w = randn_buf(c, 1), *dy = randn_buf((size_t)n * c, 1);
+    float *y = zeros((size_t)n * c), *r = zeros(n), *dx1 = zeros((size_t)n * c), *dx2 = zeros((size_t)n * c);
+    float *dw1 = zeros(c), *dw2 = zeros(c);
+    o->rmsnorm_forward(y, r, x, w, n, c, 1e-5f);
+    o->rmsnorm_backward_input(dx1, dy, x, w, r, n, c);
+    o->rmsnorm_backward_weight(dw1, dy, x, r, n, c);
+    o->rmsnorm_backward_weight(dw2, dy, x, r, n, c);
+    o->rmsnorm_backward_input(dx2, dy, x, w, r, n, c);
+    CHECK(!memcmp(dx1, dx2, (size_t)n * c * 4) && !memcmp(dw1, dw2, (size_t)c * 4), "rmsnorm I/W order dependence");
+    free(x), free(w), free(dy), free(y), free(r), free(dx1), free(dx2), free(dw1), free(dw2);
+}
+
+int main(void) {
+    test_table();
+    test_casts();
+    test_exp();
+    test_attention_fd();
+    test_attention_blocks();
+    test_attention_masked_block();
+    test_attention_workspace();
+    if (failures) {
+        fprintf(stderr, "test_ops_cpu: %d failure(s)\n", failures);
+        return EXIT_FAILURE;
+    }
+    printf("test_ops_cpu: all checks passed\n");
+    return EXIT_SUCCESS;
+}
