@@ -7,6 +7,9 @@ with torch.optim.AdamW. Reported: median step time after warm-up, tokens/s,
 TFLOP/s and MFU with TorchTitan's FLOPs-per-token count, against the best
 fp32 GEMM rate measured here with the same threads (the peak this machine can
 reach, since no vendor table applies to a CPU).
+
+Each framework runs in a process of its own (this script re-invoked with
+--worker), so neither inherits the other's thread pools or BLAS settings.
 """
 
 import argparse
@@ -14,6 +17,7 @@ import ctypes
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +33,8 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--steps", type=int, default=5, help="measured steps per framework")
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+ap.add_argument("--worker", choices=["peak", "tetra", "pytorch"], help=argparse.SUPPRESS)
+ap.add_argument("--weights", help=argparse.SUPPRESS)
 args = ap.parse_args()
 
 # Thread counts must be fixed before either library starts its pools.
@@ -102,71 +108,92 @@ def time_steps(step, warmup, steps):
     return statistics.median(times)
 
 
+_plain_attention = ref.attention
+
+
 def checkpointed_attention(q, k, v):
     """The reference attention with its S x S probabilities recomputed in backward
     (torch.utils.checkpoint), which is what flash attention does too."""
-    return torch.utils.checkpoint.checkpoint(ref.attention, q, k, v, use_reentrant=False)
+    return torch.utils.checkpoint.checkpoint(_plain_attention, q, k, v, use_reentrant=False)
 
 
-def run_case(name, spec, peak):
-    cfg = ref.Config(**DEBUG)
-    b, t = spec["batch"], spec["seq_len"]
+def make_batch(cfg, b, t):
     gen = torch.Generator().manual_seed(1234)
     inputs = torch.randint(0, cfg.vocab_size, (b, t), generator=gen)
     targets = torch.randint(0, cfg.vocab_size, (b, t), generator=gen)
-    fpt = flops_per_token(cfg, t)
-    rows = []
+    return inputs, targets
 
-    # ---- tetra
+
+def worker_tetra(spec, weights_out):
+    """Times tetra's step; saves its initial weights for the PyTorch worker. Prints 'dt loss0'."""
+    cfg = ref.Config(**DEBUG)
+    b, t = spec["batch"], spec["seq_len"]
+    inputs, targets = make_batch(cfg, b, t)
     err = ctypes.create_string_buffer(1024)
     h = capi_create(spec["flavor"].encode(), t, err, 1024)
     if not h:
         raise SystemExit(f"tetra: {err.value.decode()}")
     capi_init(h, 42)
-    tmp = tempfile.mkdtemp(prefix="tetra-bench-")
-    wpath = os.path.join(tmp, "model.safetensors")
-    if capi_save(h, wpath.encode(), b"float32", 0, err, 1024) != 0:
+    if capi_save(h, weights_out.encode(), b"float32", 0, err, 1024) != 0:
         raise SystemExit(f"tetra: {err.value.decode()}")
     inp32, tgt32 = inputs.to(torch.int32).contiguous(), targets.to(torch.int32).contiguous()
     losses = []
 
-    def tetra_step():
+    def step():
         losses.append(capi_fwd_bwd(h, b, t, inp32.data_ptr(), tgt32.data_ptr(), None))
         capi_optim(h, LR, BETAS[0], BETAS[1], EPS, WD, MAX_NORM)
 
-    dt = time_steps(tetra_step, args.warmup, args.steps)
-    rows.append(("tetra", dt, losses[0]))
+    dt = time_steps(step, args.warmup, args.steps)
     capi_free(h)
+    print(f"{dt!r} {losses[0]!r}")
 
-    # ---- PyTorch eager, same weights
-    model = ref.Llama3.from_safetensors(cfg, wpath)
-    os.remove(wpath)
-    os.rmdir(tmp)
-    note = ""
+
+def worker_pytorch(spec, weights):
+    cfg = ref.Config(**DEBUG)
+    b, t = spec["batch"], spec["seq_len"]
+    inputs, targets = make_batch(cfg, b, t)
+    model = ref.Llama3.from_safetensors(cfg, weights)
     # Eager attention keeps B*H*S*S probabilities per layer for backward: at S = 2048, B = 8
     # that is 2 GiB a layer. Recompute them in backward instead, as flash attention does.
     if b * cfg.n_heads * t * t * 4 * cfg.n_layers > 4 << 30:
-        ref.attention, plain = checkpointed_attention, ref.attention
-        note = "PyTorch attention probabilities recomputed in backward (torch.utils.checkpoint)"
-    else:
-        plain = None
+        ref.attention = checkpointed_attention
     params = model.parameters()
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    tlosses = []
+    losses = []
 
-    def torch_step():
+    def step():
         opt.zero_grad(set_to_none=True)
         loss = model.loss(model.forward(inputs), targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
         opt.step()
-        tlosses.append(loss.item())
+        losses.append(loss.item())
 
-    dt = time_steps(torch_step, args.warmup, args.steps)
-    rows.append(("pytorch", dt, tlosses[0]))
-    if plain is not None:
-        ref.attention = plain
+    dt = time_steps(step, args.warmup, args.steps)
+    print(f"{dt!r} {losses[0]!r}")
 
+
+def run_worker(kind, case, weights=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads", str(args.threads),
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if case:
+        cmd += ["--case", case]
+    if weights:
+        cmd += ["--weights", weights]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.split()
+    return [float(x) for x in out[-2:]] if kind != "peak" else float(out[-1])
+
+
+def run_case(name, spec, peak):
+    cfg = ref.Config(**DEBUG)
+    b, t = spec["batch"], spec["seq_len"]
+    fpt = flops_per_token(cfg, t)
+    with tempfile.TemporaryDirectory(prefix="tetra-bench-") as tmp:
+        wpath = os.path.join(tmp, "model.safetensors")
+        rows = [("tetra", *run_worker("tetra", name, wpath)), ("pytorch", *run_worker("pytorch", name, wpath))]
+    note = ""
+    if b * cfg.n_heads * t * t * 4 * cfg.n_layers > 4 << 30:
+        note = "PyTorch attention probabilities recomputed in backward (torch.utils.checkpoint)"
     out = []
     for fw, dt, loss0 in rows:
         tps = b * t / dt
@@ -178,9 +205,17 @@ def run_case(name, spec, peak):
 
 
 def main():
-    peak = measure_peak()
+    if args.worker == "peak":
+        print(repr(measure_peak()))
+        return
+    if args.worker:
+        spec = CASES[args.case[0]]
+        (worker_tetra if args.worker == "tetra" else worker_pytorch)(spec, args.weights)
+        return
+    peak = run_worker("peak", None)
     print(f"threads {args.threads}; fp32 GEMM peak (2048^3, best of 6): {peak / 1e9:.1f} GFLOP/s; "
-          f"torch {torch.__version__}; median of {args.steps} steps after {args.warmup} warm-up")
+          f"torch {torch.__version__}; median of {args.steps} steps after {args.warmup} warm-up; "
+          f"each framework in its own process")
     results, notes = [], []
     for name in args.case or sorted(CASES):
         spec = CASES[name]

@@ -55,6 +55,7 @@ int train_main(int argc, char **argv) {
         MPI_Finalize();
         return 0;
     }
+    if (rc == 0 && cfg.v.metrics.disable_color_printing) log_set_color(0);
     cfg_parallel_dims dims;
     if (rc == 0) rc = cfg_validate(&cfg, world, &dims, err, sizeof err);
     if (rc != 0) {
@@ -76,7 +77,6 @@ int train_main(int argc, char **argv) {
              "gradient accumulation %d",
              cfg.v.job.description, dims.world, dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp,
              (long long)dims.global_batch_size, dims.grad_accum_steps);
-    if (cfg.v.metrics.disable_color_printing) log_set_color(0);
     rc = trainer_run(&cfg, &dims, rank, world);
     cfg_free(&cfg);
     if (rc != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, rc); /* a failing rank must not leave the others waiting */

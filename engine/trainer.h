@@ -1,11 +1,20 @@
 /* trainer.h — the training loop: data, model, loss, AdamW, schedule, metrics.
  *
- * One optimizer step: fetch every microbatch of the step, count the valid
- * target tokens and all-reduce the count over the data-parallel ranks, run
- * forward + backward per microbatch with dloss_scale = 1 / global valid tokens
- * (so accumulation and data parallel give the global-token mean gradient),
- * reduce gradients, clip to training.max_norm with the global norm, step AdamW
- * at lr * schedule(step), log. */
+ * The ranks form the mesh pp x dp_replicate x dp_shard x cp x tp
+ * (parallel/mesh.h) with a communicator per group (parallel/comm.h); the
+ * model's units (embedding, blocks, norm + output) are sharded over
+ * dp_shard x cp and replicated over dp_replicate (parallel/fsdp.h: FSDP,
+ * HSDP, or DDP when the shard degree is 1).
+ *
+ * One optimizer step: fetch every microbatch of the step (each rank of the
+ * batch group reads its own windows), count the valid target tokens and
+ * all-reduce the count over the loss group, run forward + backward per
+ * microbatch unit by unit with dloss_scale = 1 / global valid tokens (so
+ * accumulation and data parallel give the global-token mean gradient),
+ * all-gathering each unit's parameters before it runs and reduce-scattering
+ * its gradient after its W pass; clip to training.max_norm with the global
+ * norm of the sharded gradient; step AdamW on the local shard at
+ * lr * schedule(step); log the loss summed over the loss group. */
 #ifndef TETRA_TRAINER_H
 #define TETRA_TRAINER_H
 

@@ -1,0 +1,470 @@
+/* comm.c — the front of comm.h: groups from the mesh, requests, deadlines and
+ * the messages that end a stuck or failed job. The MPI backend is comm_mpi.c,
+ * the NCCL backend comm_nccl.cu. */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "parallel/comm_internal.h"
+
+size_t comm_dtype_size(comm_dtype t) {
+    switch (t) {
+    case COMM_F32: return 4;
+    case COMM_F64: return 8;
+    case COMM_I32: return 4;
+    case COMM_I64: return 8;
+    case COMM_BF16: return 2;
+    case COMM_U8: return 1;
+    }
+    return 1;
+}
+
+const char *comm_dtype_name(comm_dtype t) {
+    switch (t) {
+    case COMM_F32: return "float32";
+    case COMM_F64: return "float64";
+    case COMM_I32: return "int32";
+    case COMM_I64: return "int64";
+    case COMM_BF16: return "bfloat16";
+    case COMM_U8: return "uint8";
+    }
+    return "?";
+}
+
+const char *comm_backend_name(comm_backend b) { return b == COMM_BACKEND_NCCL ? "nccl" : "mpi"; }
+
+int comm_backend_available(comm_backend b) {
+    if (b == COMM_BACKEND_MPI) return 1;
+#ifdef TETRA_HAVE_NCCL
+    return tetra_nccl_built();
+#else
+    return 0;
+#endif
+}
+
+const char *commi_kind_name(comm_kind k) {
+    switch (k) {
+    case COMMK_ALL_REDUCE: return "all_reduce";
+    case COMMK_REDUCE_SCATTER: return "reduce_scatter";
+    case COMMK_ALL_GATHER: return "all_gather";
+    case COMMK_BROADCAST: return "broadcast";
+    case COMMK_ALL_TO_ALL: return "all_to_all";
+    case COMMK_SEND: return "send";
+    case COMMK_RECV: return "recv";
+    case COMMK_BARRIER: return "barrier";
+    }
+    return "?";
+}
+
+double commi_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int use_nccl(const comm_request *r) { return !r->host && r->g->w->opt.backend == COMM_BACKEND_NCCL; }
+
+static void abort_job(comm_world *w) __attribute__((noreturn));
+static void abort_job(comm_world *w) {
+    fflush(stdout);
+    fflush(stderr);
+#ifdef TETRA_HAVE_NCCL
+    /* NCCL kernels may be spinning on the device: abort the communicators first */
+    if (w && w->opt.backend == COMM_BACKEND_NCCL) {
+        for (int i = 0; i < MESH_N_GROUPS; i++)
+            if (w->groups[i].nccl) tetra_nccl_comm_abort(w->groups[i].nccl);
+        if (w->nccl_world) tetra_nccl_comm_abort(w->nccl_world);
+    }
+#else
+    (void)w;
+#endif
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1); /* not reached */
+}
+
+static void describe_issue(const comm_request *r, char *buf, size_t n) {
+    char when[64];
+    if (r->step > 0) snprintf(when, sizeof when, "issued during step %lld", (long long)r->step);
+    else snprintf(when, sizeof when, "issued at start-up");
+    if (r->kind == COMMK_BARRIER)
+        snprintf(buf, n, "collective #%llu on this group, %s", (unsigned long long)r->seq, when);
+    else
+        snprintf(buf, n, "collective #%llu on this group, %zu x %s, %s", (unsigned long long)r->seq, r->count,
+                 comm_dtype_name(r->dtype), when);
+}
+
+void commi_fail(const comm_request *r, const char *what) {
+    char issue[200];
+    describe_issue(r, issue, sizeof issue);
+    fprintf(stderr, "comm: %s on group %s (%d ranks) failed on rank %d: %s (%s)\n", commi_kind_name(r->kind),
+            mesh_group_name(r->g->id), r->g->size, r->g->w->rank, what, issue);
+    abort_job(r->g->w);
+}
+
+void commi_fail_group(const comm_group *g, const char *op, const char *what) {
+    fprintf(stderr, "comm: %s on group %s (%d ranks) failed on rank %d: %s\n", op, mesh_group_name(g->id), g->size,
+            g->w->rank, what);
+    abort_job(g->w);
+}
+
+static void fail_timeout(const comm_request *r, double waited) __attribute__((noreturn));
+static void fail_timeout(const comm_request *r, double waited) {
+    char issue[200];
+    describe_issue(r, issue, sizeof issue);
+    fprintf(stderr, "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
+                    "group did not reach it (crashed, stuck, or running a different sequence of collectives)\n",
+            commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue);
+    abort_job(r->g->w);
+}
+
+/* ----------------------------------------------------------------------------
+ * world and groups */
+
+comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen) {
+    int inited = 0, size = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        snprintf(err, errlen, "comm: MPI is not initialised");
+        return NULL;
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != m->world || rank < 0 || rank >= size) {
+        snprintf(err, errlen, "comm: the mesh has %d ranks but MPI_COMM_WORLD has %d (rank %d)", m->world, size, rank);
+        return NULL;
+    }
+    if (!comm_backend_available(opt->backend)) {
+        snprintf(err, errlen, "comm: the %s backend is not in this build (NCCL needs CUDA and libnccl at build time)",
+                 comm_backend_name(opt->backend));
+        return NULL;
+    }
+    comm_world *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "comm: out of host memory");
+        return NULL;
+    }
+    w->m = *m;
+    w->rank = rank;
+    w->opt = *opt;
+    if (!(w->opt.init_timeout_s > 0)) w->opt.init_timeout_s = 300;
+    if (!(w->opt.train_timeout_s > 0)) w->opt.train_timeout_s = 100;
+    w->timeout_s = w->opt.init_timeout_s;
+    for (int i = 0; i < MESH_N_GROUPS; i++) {
+        comm_group *g = &w->groups[i];
+        g->w = w;
+        g->id = (mesh_group_id)i;
+        g->mpi = MPI_COMM_NULL;
+        g->size = mesh_group_size(m, mesh_group_dims(g->id));
+        g->rank = mesh_group_rank(m, mesh_group_dims(g->id), rank);
+    }
+    for (int i = 0; i < MESH_N_GROUPS; i++)
+        if (commi_mpi_group_init(w, &w->groups[i], err, errlen)) {
+            comm_world_free(w);
+            return NULL;
+        }
+#ifdef TETRA_HAVE_NCCL
+    if (opt->backend == COMM_BACKEND_NCCL) {
+        int ndev = tetra_nccl_device_count();
+        int dev = opt->cuda_device;
+        if (dev < 0) {
+            MPI_Comm node;
+            int local = 0;
+            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+            MPI_Comm_rank(node, &local);
+            MPI_Comm_free(&node);
+            dev = ndev > 0 ? local % ndev : 0;
+        }
+        int ok = ndev > 0 && tetra_nccl_set_device(dev, err, errlen) == 0;
+        if (ndev <= 0) snprintf(err, errlen, "comm: the NCCL backend needs a GPU, and rank %d sees none", rank);
+        unsigned char id[TETRA_NCCL_ID_BYTES];
+        memset(id, 0, sizeof id);
+        int any_bad = !ok;
+        if (rank == 0 && ok && tetra_nccl_get_unique_id(id, err, errlen)) any_bad = 1;
+        /* every rank learns whether start-up failed anywhere, so none waits on NCCL alone */
+        MPI_Allreduce(MPI_IN_PLACE, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any_bad) {
+            if (ok) snprintf(err, errlen, "comm: NCCL start-up failed on another rank");
+            comm_world_free(w);
+            return NULL;
+        }
+        MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        w->stream = tetra_nccl_stream_create(err, errlen);
+        int bad = w->stream == NULL;
+        if (!bad) {
+            w->nccl_world = tetra_nccl_comm_init(id, m->world, rank, w->timeout_s, err, errlen);
+            bad = w->nccl_world == NULL;
+        }
+        for (int i = 0; i < MESH_N_GROUPS && !bad; i++) {
+            comm_group *g = &w->groups[i];
+            if (g->size == 1) continue; /* the same on every rank: every rank skips the split alike */
+            const unsigned dims = mesh_group_dims(g->id);
+            g->nccl = tetra_nccl_comm_split(w->nccl_world, mesh_group_color(m, dims, rank), g->rank, w->timeout_s,
+                                            err, errlen);
+            bad = g->nccl == NULL;
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (bad) {
+            if (!err[0]) snprintf(err, errlen, "comm: NCCL communicator set-up failed on another rank");
+            comm_world_free(w);
+            return NULL;
+        }
+    }
+#endif
+    return w;
+}
+
+void comm_world_free(comm_world *w) {
+    if (!w) return;
+    for (int i = 0; i < MESH_N_GROUPS; i++) {
+#ifdef TETRA_HAVE_NCCL
+        if (w->groups[i].nccl) tetra_nccl_comm_destroy(w->groups[i].nccl);
+#endif
+        commi_mpi_group_free(&w->groups[i]);
+    }
+#ifdef TETRA_HAVE_NCCL
+    if (w->nccl_world) tetra_nccl_comm_destroy(w->nccl_world);
+    if (w->stream) tetra_nccl_stream_destroy(w->stream);
+#endif
+    free(w);
+}
+
+comm_group *comm_get(comm_world *w, mesh_group_id id) { return &w->groups[id]; }
+int comm_group_size(const comm_group *g) { return g->size; }
+int comm_group_rank(const comm_group *g) { return g->rank; }
+const char *comm_group_name(const comm_group *g) { return mesh_group_name(g->id); }
+comm_world *comm_group_world(const comm_group *g) { return g->w; }
+comm_backend comm_world_backend(const comm_world *w) { return w->opt.backend; }
+int comm_world_rank(const comm_world *w) { return w->rank; }
+const mesh *comm_world_mesh(const comm_world *w) { return &w->m; }
+
+void comm_set_step(comm_world *w, int64_t step) { w->step = step; }
+void comm_set_phase_training(comm_world *w) { w->timeout_s = w->opt.train_timeout_s; }
+void comm_set_timeout(comm_world *w, double seconds) {
+    if (seconds > 0) w->timeout_s = seconds;
+}
+double comm_timeout(const comm_world *w) { return w->timeout_s; }
+void comm_set_stream(comm_world *w, void *stream) {
+    if (stream) w->stream = stream;
+}
+
+/* ----------------------------------------------------------------------------
+ * requests */
+
+static void request_init(comm_request *r, comm_group *g, comm_kind kind, size_t count, comm_dtype t) {
+    memset(r, 0, sizeof *r);
+    r->g = g;
+    r->kind = kind;
+    r->count = count;
+    r->dtype = t;
+    r->t_start = commi_now();
+    r->step = g->w->step;
+    r->seq = ++g->seq;
+}
+
+static int backend_test(comm_request *r) {
+    if (r->done) return 1;
+#ifdef TETRA_HAVE_NCCL
+    if (use_nccl(r)) {
+        if (!r->event) return 1;
+        char err[512];
+        int s = tetra_nccl_poll(r->g->nccl ? r->g->nccl : r->g->w->nccl_world, r->event, err, sizeof err);
+        if (s < 0) commi_fail(r, err);
+        return s;
+    }
+#endif
+    if (r->nreq == 0) return 1;
+    return commi_mpi_test(r);
+}
+
+static void finish(comm_request *r) {
+    if (r->avg_buf && !use_nccl(r)) {
+        const double inv = 1.0 / (double)r->g->size;
+        if (r->dtype == COMM_F32) {
+            float *x = r->avg_buf;
+            const float f = (float)r->g->size;
+            for (size_t i = 0; i < r->avg_count; i++) x[i] /= f;
+        } else if (r->dtype == COMM_F64) {
+            double *x = r->avg_buf;
+            for (size_t i = 0; i < r->avg_count; i++) x[i] *= inv;
+        }
+    }
+#ifdef TETRA_HAVE_NCCL
+    if (r->event) tetra_nccl_event_destroy(r->event);
+    r->event = NULL;
+#endif
+    r->done = 1;
+}
+
+int comm_test(comm_request *r) {
+    if (!r) return 1;
+    if (!r->done && backend_test(r)) finish(r);
+    return r->done;
+}
+
+void comm_wait(comm_request *r) {
+    if (!r) return;
+    if (!r->done) {
+        /* Poll with a deadline. For the first second the loop only yields the
+         * core (what MPI_Wait does, and MPI progress needs frequent calls);
+         * after that a slow or stuck peer is waited for with 1 ms sleeps. */
+        const double timeout = r->g->w->timeout_s;
+        for (;;) {
+            if (backend_test(r)) break;
+            double waited = commi_now() - r->t_start;
+            if (waited > timeout) fail_timeout(r, waited);
+            if (waited < 1.0 && !use_nccl(r)) {
+                sched_yield();
+            } else {
+                struct timespec ts = {0, use_nccl(r) && waited < 1.0 ? 20000 : 1000000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        finish(r);
+    }
+    if (r->heap) free(r);
+}
+
+/* Start r (already initialised); blocking when req is NULL. */
+static void run(comm_request *r, comm_request **req, void *recv, const void *send, comm_redop op, int peer) {
+    comm_group *g = r->g;
+    if (op == COMM_AVG && r->kind != COMMK_BARRIER && r->dtype != COMM_F32 && r->dtype != COMM_F64 &&
+        !(use_nccl(r) && r->dtype == COMM_BF16))
+        commi_fail(r, "AVG needs a floating-point type");
+    if ((r->kind == COMMK_ALL_REDUCE || r->kind == COMMK_REDUCE_SCATTER) && !use_nccl(r) &&
+        (r->dtype == COMM_BF16 || r->dtype == COMM_U8))
+        commi_fail(r, "the MPI backend reduces float32, float64, int32 and int64 only");
+    const size_t es = comm_dtype_size(r->dtype);
+    if (g->size == 1) {
+        /* a group of one: local copies, no backend call */
+        size_t bytes = 0;
+        switch (r->kind) {
+        case COMMK_REDUCE_SCATTER:
+        case COMMK_ALL_GATHER:
+        case COMMK_ALL_TO_ALL: bytes = r->count * es; break;
+        case COMMK_SEND:
+        case COMMK_RECV: commi_fail(r, "a rank cannot send to itself");
+        default: break;
+        }
+        if (bytes && recv && send && recv != send) {
+#ifdef TETRA_HAVE_NCCL
+            if (use_nccl(r)) {
+                char err[512];
+                /* on the compute (legacy default) stream: ordered with the kernels around it */
+                if (tetra_nccl_copy(recv, send, bytes, NULL, err, sizeof err)) commi_fail(r, err);
+                r->event = tetra_nccl_event_record(NULL, err, sizeof err);
+                if (!r->event) commi_fail(r, err);
+            } else
+#endif
+                memmove(recv, send, bytes);
+        }
+    } else {
+#ifdef TETRA_HAVE_NCCL
+        if (use_nccl(r)) {
+            char err[512];
+            if (tetra_nccl_start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, g->size, g->w->stream,
+                                 err, sizeof err))
+                commi_fail(r, err);
+            r->event = tetra_nccl_event_record(g->w->stream, err, sizeof err);
+            if (!r->event) commi_fail(r, err);
+        } else
+#endif
+        {
+            commi_mpi_start(r, recv, send, op, peer);
+            if (op == COMM_AVG) {
+                r->avg_buf = recv;
+                r->avg_count = r->count;
+            }
+        }
+    }
+    if (!req) {
+        comm_wait(r);
+        return;
+    }
+    comm_request *h = malloc(sizeof *h);
+    if (!h) commi_fail(r, "out of host memory");
+    *h = *r;
+    if (r->reqs == r->inline_reqs) h->reqs = h->inline_reqs;
+    h->heap = 1;
+    *req = h;
+}
+
+static void check_peer(comm_request *r, int peer) {
+    if (peer < 0 || peer >= r->g->size) {
+        char what[96];
+        snprintf(what, sizeof what, "peer %d is not a rank of the group", peer);
+        commi_fail(r, what);
+    }
+}
+
+void comm_all_reduce(comm_group *g, void *buf, size_t count, comm_dtype t, comm_redop op, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_ALL_REDUCE, count, t);
+    run(&r, req, buf, buf, op, 0);
+}
+
+void comm_reduce_scatter(comm_group *g, void *recv, const void *send, size_t count, comm_dtype t, comm_redop op,
+                         comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_REDUCE_SCATTER, count, t);
+    run(&r, req, recv, send, op, 0);
+}
+
+void comm_all_gather(comm_group *g, void *recv, const void *send, size_t count, comm_dtype t, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_ALL_GATHER, count, t);
+    /* the group-of-one copy is from send to recv, which is where rank 0's block goes */
+    run(&r, req, recv, send, COMM_SUM, 0);
+}
+
+void comm_broadcast(comm_group *g, void *buf, size_t count, comm_dtype t, int root, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_BROADCAST, count, t);
+    check_peer(&r, root);
+    run(&r, req, buf, buf, COMM_SUM, root);
+}
+
+void comm_all_to_all(comm_group *g, void *recv, const void *send, size_t count, comm_dtype t, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_ALL_TO_ALL, count, t);
+    run(&r, req, recv, send, COMM_SUM, 0);
+}
+
+void comm_send(comm_group *g, const void *buf, size_t count, comm_dtype t, int peer, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_SEND, count, t);
+    if (g->size > 1) check_peer(&r, peer);
+    run(&r, req, NULL, buf, COMM_SUM, peer);
+}
+
+void comm_recv(comm_group *g, void *buf, size_t count, comm_dtype t, int peer, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_RECV, count, t);
+    if (g->size > 1) check_peer(&r, peer);
+    run(&r, req, buf, NULL, COMM_SUM, peer);
+}
+
+void comm_barrier(comm_group *g, comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_BARRIER, 0, COMM_F32);
+    run(&r, req, NULL, NULL, COMM_SUM, 0);
+}
+
+/* ----------------------------------------------------------------------------
+ * host scalars: always over MPI, whatever the backend */
+
+double comm_all_reduce_f64(comm_group *g, double x, comm_redop op) {
+    comm_request r;
+    request_init(&r, g, COMMK_ALL_REDUCE, 1, COMM_F64);
+    r.host = 1;
+    run(&r, NULL, &x, &x, op, 0);
+    return x;
+}
+
+int64_t comm_all_reduce_i64(comm_group *g, int64_t x, comm_redop op) {
+    comm_request r;
+    request_init(&r, g, COMMK_ALL_REDUCE, 1, COMM_I64);
+    r.host = 1;
+    run(&r, NULL, &x, &x, op, 0);
+    return x;
+}

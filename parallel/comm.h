@@ -1,0 +1,114 @@
+/* comm.h — collective communication over the mesh's process groups.
+ *
+ * One interface, two backends:
+ *   - MPI (Open MPI; host buffers): every group is an MPI_Comm_split of
+ *     MPI_COMM_WORLD; asynchronous operations are MPI nonblocking collectives.
+ *   - NCCL (device buffers): a world communicator initialised from a unique id
+ *     that rank 0 broadcasts over MPI, one ncclCommSplit per group, operations
+ *     enqueued on a CUDA stream, completion tracked with CUDA events. Built only
+ *     with CUDA and NCCL (comm_backend_available).
+ *
+ * Every operation takes `req`: NULL runs it to completion before returning;
+ * otherwise *req receives a handle and the operation runs while the caller
+ * computes, until comm_wait. Reductions are in the buffer's own type; AVG is
+ * SUM divided by the group size (floating types only).
+ *
+ * Nothing hangs silently: every wait has a deadline, comm.init_timeout_seconds
+ * until the trainer calls comm_set_phase_training (after the first step), then
+ * comm.train_timeout_seconds. A collective that does not finish in time ends
+ * the job (MPI_Abort, exit code 1) after one line on stderr naming the
+ * operation, the group, the rank and the step, e.g.
+ *   comm: all_gather on group dp_shard_cp (4 ranks) timed out after 100 s on
+ *   rank 2 (collective #31 on this group, issued during step 7)
+ * Backend errors end the job the same way.
+ *
+ * Groups of one rank run locally (copies), like TorchTitan's fake backend for
+ * degree-1 mesh dimensions. The calling thread must be the one that
+ * initialised MPI (MPI_THREAD_FUNNELED is enough).
+ */
+#ifndef TETRA_PARALLEL_COMM_H
+#define TETRA_PARALLEL_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parallel/mesh.h"
+
+typedef enum { COMM_F32 = 0, COMM_F64, COMM_I32, COMM_I64, COMM_BF16, COMM_U8 } comm_dtype;
+typedef enum { COMM_SUM = 0, COMM_MAX, COMM_MIN, COMM_AVG } comm_redop;
+typedef enum { COMM_BACKEND_MPI = 0, COMM_BACKEND_NCCL } comm_backend;
+
+typedef struct comm_world comm_world;
+typedef struct comm_group comm_group;
+typedef struct comm_request comm_request;
+
+typedef struct {
+    comm_backend backend;
+    double init_timeout_s;   /* deadline of any wait until comm_set_phase_training */
+    double train_timeout_s;  /* afterwards */
+    int cuda_device;         /* NCCL: device of this rank; -1 = node-local rank mod device count */
+} comm_options;
+
+size_t comm_dtype_size(comm_dtype t);
+const char *comm_dtype_name(comm_dtype t);
+const char *comm_backend_name(comm_backend b);
+/* 1 when this build has the backend (MPI always; NCCL with CUDA + NCCL). */
+int comm_backend_available(comm_backend b);
+
+/* Collective over MPI_COMM_WORLD (MPI must be initialised): builds a
+ * communicator for every mesh_group_id. `rank` is this process' world rank.
+ * Returns NULL with a message in err on failure (every rank fails alike for
+ * layout errors; backend errors name the rank). */
+comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen);
+void comm_world_free(comm_world *w);
+
+comm_group *comm_get(comm_world *w, mesh_group_id id);
+int comm_group_size(const comm_group *g);
+int comm_group_rank(const comm_group *g);
+const char *comm_group_name(const comm_group *g);
+comm_world *comm_group_world(const comm_group *g);
+comm_backend comm_world_backend(const comm_world *w);
+int comm_world_rank(const comm_world *w);
+const mesh *comm_world_mesh(const comm_world *w);
+
+/* The step the trainer is in (0 = start-up): quoted in timeout messages. */
+void comm_set_step(comm_world *w, int64_t step);
+/* Switch the deadline from init_timeout_s to train_timeout_s. */
+void comm_set_phase_training(comm_world *w);
+/* Override the current deadline (seconds > 0). */
+void comm_set_timeout(comm_world *w, double seconds);
+double comm_timeout(const comm_world *w);
+/* NCCL: the cudaStream_t collectives are enqueued on (NULL = the backend's own
+ * stream). Ignored by MPI. */
+void comm_set_stream(comm_world *w, void *stream);
+
+/* ---- operations (see the top of the file for `req`) ---- */
+
+/* buf[count] reduced in place over the group. */
+void comm_all_reduce(comm_group *g, void *buf, size_t count, comm_dtype t, comm_redop op, comm_request **req);
+/* send[size * count] reduced over the group; rank i receives block i into recv[count]. */
+void comm_reduce_scatter(comm_group *g, void *recv, const void *send, size_t count, comm_dtype t, comm_redop op,
+                         comm_request **req);
+/* Every rank's send[count] into recv[size * count], rank-major. send may be
+ * recv + rank * count (in place). */
+void comm_all_gather(comm_group *g, void *recv, const void *send, size_t count, comm_dtype t, comm_request **req);
+/* buf[count] from group rank root to all. */
+void comm_broadcast(comm_group *g, void *buf, size_t count, comm_dtype t, int root, comm_request **req);
+/* Block i of send[size * count] goes to rank i; block j of recv[size * count] comes from rank j. */
+void comm_all_to_all(comm_group *g, void *recv, const void *send, size_t count, comm_dtype t, comm_request **req);
+/* Point to point inside the group (peer is a group rank, not itself). */
+void comm_send(comm_group *g, const void *buf, size_t count, comm_dtype t, int peer, comm_request **req);
+void comm_recv(comm_group *g, void *buf, size_t count, comm_dtype t, int peer, comm_request **req);
+void comm_barrier(comm_group *g, comm_request **req);
+
+/* Finish the operation (deadline as above) and free the handle. NULL is a no-op. */
+void comm_wait(comm_request *r);
+/* Drive progress without blocking: 1 when the operation has finished (the
+ * handle stays valid until comm_wait). */
+int comm_test(comm_request *r);
+
+/* Scalar helpers (host values; blocking), for counts and metrics. */
+double comm_all_reduce_f64(comm_group *g, double x, comm_redop op);
+int64_t comm_all_reduce_i64(comm_group *g, int64_t x, comm_redop op);
+
+#endif

@@ -1,0 +1,326 @@
+/* comm_nccl.cu — the NCCL backend of comm.h (C interface in comm_nccl.h).
+ *
+ * Communicators are created in NCCL's nonblocking mode (ncclConfig_t.blocking
+ * = 0), so initialisation and splits can be polled against a deadline and
+ * aborted instead of hanging. Operations are enqueued on the caller's stream;
+ * completion is a CUDA event the front polls together with
+ * ncclCommGetAsyncError, and a stuck or failed communicator is ended with
+ * ncclCommAbort (comm.c). Built only when CMake finds NCCL (cmake/nccl.cmake
+ * defines TETRA_HAVE_NCCL). */
+#include "parallel/comm_nccl.h"
+
+#ifdef TETRA_HAVE_NCCL
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <new>
+
+static_assert(sizeof(ncclUniqueId) == TETRA_NCCL_ID_BYTES, "ncclUniqueId size");
+
+namespace {
+
+struct tnccl {
+    ncclComm_t comm;
+    float *scratch;   /* one element: what a barrier reduces */
+    cudaEvent_t dep;  /* orders the communication stream after the compute stream */
+};
+
+double now_s() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void nap() {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, nullptr);
+}
+
+/* Wait until a nonblocking communicator has finished its pending call. */
+int settle(ncclComm_t c, double timeout_s, const char *what, char *err, size_t errlen) {
+    const double t0 = now_s();
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(c, &st);
+        if (r != ncclSuccess) {
+            snprintf(err, errlen, "%s: ncclCommGetAsyncError: %s", what, ncclGetErrorString(r));
+            return -1;
+        }
+        if (st == ncclSuccess) return 0;
+        if (st != ncclInProgress) {
+            snprintf(err, errlen, "%s: %s (%s)", what, ncclGetErrorString(st), ncclGetLastError(c));
+            return -1;
+        }
+        if (now_s() - t0 > timeout_s) {
+            snprintf(err, errlen, "%s timed out after %.0f s (a rank did not join)", what, timeout_s);
+            return -1;
+        }
+        nap();
+    }
+}
+
+ncclDataType_t nccl_type(comm_dtype t) {
+    switch (t) {
+    case COMM_F32: return ncclFloat32;
+    case COMM_F64: return ncclFloat64;
+    case COMM_I32: return ncclInt32;
+    case COMM_I64: return ncclInt64;
+    case COMM_BF16: return ncclBfloat16;
+    case COMM_U8: return ncclUint8;
+    }
+    return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(comm_redop op) {
+    switch (op) {
+    case COMM_SUM: return ncclSum;
+    case COMM_MAX: return ncclMax;
+    case COMM_MIN: return ncclMin;
+    case COMM_AVG: return ncclAvg;
+    }
+    return ncclSum;
+}
+
+size_t type_size(comm_dtype t) {
+    switch (t) {
+    case COMM_F32: return 4;
+    case COMM_F64: return 8;
+    case COMM_I32: return 4;
+    case COMM_I64: return 8;
+    case COMM_BF16: return 2;
+    case COMM_U8: return 1;
+    }
+    return 1;
+}
+
+tnccl *wrap(ncclComm_t c, char *err, size_t errlen) {
+    tnccl *t = new (std::nothrow) tnccl;
+    if (!t) {
+        snprintf(err, errlen, "out of host memory");
+        ncclCommAbort(c);
+        return nullptr;
+    }
+    t->comm = c;
+    t->scratch = nullptr;
+    t->dep = nullptr;
+    cudaError_t e = cudaMalloc(&t->scratch, sizeof(float));
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&t->dep, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "CUDA: %s", cudaGetErrorString(e));
+        if (t->scratch) cudaFree(t->scratch);
+        ncclCommAbort(c);
+        delete t;
+        return nullptr;
+    }
+    cudaMemset(t->scratch, 0, sizeof(float));
+    return t;
+}
+
+} // namespace
+
+extern "C" int tetra_nccl_built(void) { return 1; }
+
+extern "C" int tetra_nccl_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int tetra_nccl_set_device(int device, char *err, size_t errlen) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" int tetra_nccl_get_unique_id(void *id, char *err, size_t errlen) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        return -1;
+    }
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
+extern "C" void *tetra_nccl_stream_create(char *err, size_t errlen) {
+    cudaStream_t s = nullptr;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cudaStreamCreate: %s", cudaGetErrorString(e));
+        return nullptr;
+    }
+    return (void *)s;
+}
+
+extern "C" void tetra_nccl_stream_destroy(void *stream) {
+    if (stream) cudaStreamDestroy((cudaStream_t)stream);
+}
+
+extern "C" void *tetra_nccl_comm_init(const void *id, int nranks, int rank, double timeout_s, char *err,
+                                      size_t errlen) {
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t c = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&c, nranks, u, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(err, errlen, "ncclCommInitRankConfig (rank %d of %d): %s", rank, nranks, ncclGetErrorString(r));
+        if (c) ncclCommAbort(c);
+        return nullptr;
+    }
+    if (settle(c, timeout_s, "NCCL communicator initialisation", err, errlen)) {
+        ncclCommAbort(c);
+        return nullptr;
+    }
+    return wrap(c, err, errlen);
+}
+
+extern "C" void *tetra_nccl_comm_split(void *parent, int color, int key, double timeout_s, char *err,
+                                       size_t errlen) {
+    tnccl *p = (tnccl *)parent;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t c = nullptr;
+    ncclResult_t r = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &c, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(err, errlen, "ncclCommSplit: %s", ncclGetErrorString(r));
+        return nullptr;
+    }
+    if (settle(p->comm, timeout_s, "ncclCommSplit (parent)", err, errlen)) return nullptr;
+    if (!c) {
+        snprintf(err, errlen, "ncclCommSplit returned no communicator");
+        return nullptr;
+    }
+    if (settle(c, timeout_s, "ncclCommSplit", err, errlen)) {
+        ncclCommAbort(c);
+        return nullptr;
+    }
+    return wrap(c, err, errlen);
+}
+
+extern "C" void tetra_nccl_comm_destroy(void *comm) {
+    tnccl *t = (tnccl *)comm;
+    if (!t) return;
+    char err[256];
+    ncclResult_t r = ncclCommFinalize(t->comm);
+    if ((r == ncclSuccess || r == ncclInProgress) && settle(t->comm, 60.0, "ncclCommFinalize", err, sizeof err) == 0)
+        ncclCommDestroy(t->comm);
+    else
+        ncclCommAbort(t->comm);
+    if (t->scratch) cudaFree(t->scratch);
+    if (t->dep) cudaEventDestroy(t->dep);
+    delete t;
+}
+
+extern "C" void tetra_nccl_comm_abort(void *comm) {
+    tnccl *t = (tnccl *)comm;
+    if (t && t->comm) {
+        ncclCommAbort(t->comm);
+        t->comm = nullptr;
+    }
+}
+
+extern "C" int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
+                                comm_redop op, int peer, int nranks, void *stream, char *err, size_t errlen) {
+    tnccl *c = (tnccl *)comm;
+    cudaStream_t s = (cudaStream_t)stream;
+    const ncclDataType_t dt = nccl_type(t);
+    const size_t es = type_size(t);
+    /* The buffers were written by kernels on the compute stream (the ops backend runs
+     * on the legacy default stream): the collective starts after them, while later
+     * compute may run alongside it. */
+    cudaError_t ce = cudaEventRecord(c->dep, (cudaStream_t)0);
+    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(s, c->dep, 0);
+    if (ce != cudaSuccess) {
+        snprintf(err, errlen, "CUDA stream dependency: %s", cudaGetErrorString(ce));
+        return -1;
+    }
+    ncclResult_t r = ncclSuccess;
+    switch (kind) {
+    case COMMK_ALL_REDUCE: r = ncclAllReduce(send, recv, count, dt, nccl_op(op), c->comm, s); break;
+    case COMMK_REDUCE_SCATTER: r = ncclReduceScatter(send, recv, count, dt, nccl_op(op), c->comm, s); break;
+    case COMMK_ALL_GATHER: r = ncclAllGather(send, recv, count, dt, c->comm, s); break;
+    case COMMK_BROADCAST: r = ncclBroadcast(send, recv, count, dt, peer, c->comm, s); break;
+    case COMMK_SEND: r = ncclSend(send, count, dt, peer, c->comm, s); break;
+    case COMMK_RECV: r = ncclRecv(recv, count, dt, peer, c->comm, s); break;
+    case COMMK_BARRIER: r = ncclAllReduce(c->scratch, c->scratch, 1, ncclFloat32, ncclSum, c->comm, s); break;
+    case COMMK_ALL_TO_ALL: {
+        r = ncclGroupStart();
+        for (int p = 0; p < nranks && r == ncclSuccess; p++) {
+            r = ncclSend((const char *)send + (size_t)p * count * es, count, dt, p, c->comm, s);
+            if (r == ncclSuccess) r = ncclRecv((char *)recv + (size_t)p * count * es, count, dt, p, c->comm, s);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess) r = e;
+        break;
+    }
+    }
+    if (r == ncclInProgress) return settle(c->comm, 600.0, "NCCL enqueue", err, errlen);
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "%s (%s)", ncclGetErrorString(r), ncclGetLastError(c->comm));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" int tetra_nccl_copy(void *dst, const void *src, size_t bytes, void *stream, char *err, size_t errlen) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cudaMemcpyAsync: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void *tetra_nccl_event_record(void *stream, char *err, size_t errlen) {
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "CUDA event: %s", cudaGetErrorString(e));
+        if (ev) cudaEventDestroy(ev);
+        return nullptr;
+    }
+    return (void *)ev;
+}
+
+extern "C" int tetra_nccl_poll(void *comm, void *event, char *err, size_t errlen) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    if (e == cudaSuccess) return 1;
+    if (e != cudaErrorNotReady) {
+        snprintf(err, errlen, "CUDA: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    tnccl *c = (tnccl *)comm;
+    if (c && c->comm) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c->comm, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
+            snprintf(err, errlen, "NCCL: %s (%s)", ncclGetErrorString(st), ncclGetLastError(c->comm));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+extern "C" void tetra_nccl_event_destroy(void *event) {
+    if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
+#else
+
+/* Built without NCCL: comm.c never calls into this file (TETRA_HAVE_NCCL is unset). */
+extern "C" int tetra_nccl_built(void) { return 0; }
+
+#endif

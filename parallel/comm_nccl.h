@@ -1,0 +1,65 @@
+/* comm_nccl.h — the C interface of the NCCL backend (comm_nccl.cu), used by
+ * comm.c. It carries no MPI and no CUDA types, so nvcc needs neither MPI
+ * headers nor the C side CUDA headers. Every function returns 0 / a handle on
+ * success and -1 / NULL with a message in err otherwise. In a build without
+ * CUDA + NCCL, tetra_nccl_built() is 0 and nothing else may be called. */
+#ifndef TETRA_PARALLEL_COMM_NCCL_H
+#define TETRA_PARALLEL_COMM_NCCL_H
+
+#include <stddef.h>
+
+#include "parallel/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The operations (shared by both backends). */
+typedef enum {
+    COMMK_ALL_REDUCE = 0,
+    COMMK_REDUCE_SCATTER,
+    COMMK_ALL_GATHER,
+    COMMK_BROADCAST,
+    COMMK_ALL_TO_ALL,
+    COMMK_SEND,
+    COMMK_RECV,
+    COMMK_BARRIER
+} comm_kind;
+
+#define TETRA_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+
+int tetra_nccl_built(void);
+int tetra_nccl_device_count(void);
+int tetra_nccl_set_device(int device, char *err, size_t errlen);
+int tetra_nccl_get_unique_id(void *id /*[TETRA_NCCL_ID_BYTES]*/, char *err, size_t errlen);
+void *tetra_nccl_stream_create(char *err, size_t errlen);
+void tetra_nccl_stream_destroy(void *stream);
+
+/* Nonblocking-mode communicators: initialisation and splits are polled until
+ * timeout_s, then aborted with an error. */
+void *tetra_nccl_comm_init(const void *id, int nranks, int rank, double timeout_s, char *err, size_t errlen);
+/* Collective over parent: every rank calls it; color < 0 takes no part. */
+void *tetra_nccl_comm_split(void *parent, int color, int key, double timeout_s, char *err, size_t errlen);
+void tetra_nccl_comm_destroy(void *comm);
+void tetra_nccl_comm_abort(void *comm);
+
+/* Enqueue one operation on stream (buffers in device memory), after the work
+ * enqueued so far on the compute stream (the legacy default stream, where the ops
+ * backend runs). For COMMK_BARRIER the communicator's own one-element scratch
+ * buffer is reduced. */
+int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
+                     comm_redop op, int peer, int nranks, void *stream, char *err, size_t errlen);
+/* Device-to-device copy on stream (NULL: the legacy default stream); groups of one rank. */
+int tetra_nccl_copy(void *dst, const void *src, size_t bytes, void *stream, char *err, size_t errlen);
+/* An event recorded on stream (NULL: the legacy default stream) after the operations enqueued so far. */
+void *tetra_nccl_event_record(void *stream, char *err, size_t errlen);
+/* 1 when the event has completed, 0 while pending, -1 on an asynchronous
+ * communicator or CUDA error (message in err). */
+int tetra_nccl_poll(void *comm, void *event, char *err, size_t errlen);
+void tetra_nccl_event_destroy(void *event);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

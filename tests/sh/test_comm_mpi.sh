@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# comm.h over MPI with several ranks: tests/unit/test_comm_mpi.c under mpirun
+# (every collective of every group of fsdp 4, hsdp 2x2, ddp 4 and cp x tp
+# meshes, and FSDP on top), 3 ranks (an odd shard degree), and a stuck
+# collective: one rank never arrives, so the others must end the job within the
+# 2-second timeout, naming the operation, the group and the rank.
+set -uo pipefail
+ROOT="${TETRA_ROOT:-$(pwd)}"
+BUILD="${TETRA_BUILD:-$ROOT/build}"
+EXE="$BUILD/tests/test_comm_mpi"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $*"; }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+
+command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
+[ -x "$EXE" ] || { echo "FAIL $EXE not built"; exit 1; }
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+export OMP_WAIT_POLICY=PASSIVE
+MPI=(mpirun --oversubscribe --bind-to none)
+
+for np in 4 3 2; do
+  if timeout 300 "${MPI[@]}" -np $np "$EXE" >"$T/out$np" 2>&1; then ok "$(grep test_comm_mpi: "$T/out$np")"
+  else bad "test_comm_mpi on $np ranks:"; tail -30 "$T/out$np"; fi
+done
+
+# a stuck collective ends the job with a message, within the timeout
+s=$SECONDS
+TETRA_COMM_TEST_STUCK=1 timeout 60 "${MPI[@]}" -np 2 "$EXE" >"$T/stuck" 2>&1
+rc=$?
+dt=$((SECONDS - s))
+msg="comm: all_gather on group dp_shard_cp (2 ranks) timed out after 2 s on rank 0 (collective #2 on this group, 4 x float32, issued during step 7)"
+if [ $rc = 0 ] || [ $rc = 124 ]; then bad "stuck collective: exit $rc after $dt s (expected an abort)"; cat "$T/stuck"
+elif ! grep -qF "$msg" "$T/stuck"; then bad "stuck collective: message missing:"; cat "$T/stuck"
+elif [ $dt -gt 30 ]; then bad "stuck collective: took $dt s to abort"
+else ok "stuck collective aborted in $dt s (exit $rc): $msg"; fi
+
+echo "test_comm_mpi.sh: $pass passed, $fail failed"
+[ $fail = 0 ]
