@@ -5,12 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
-// The CUDA backend (kernels/cuda) defines ops_cuda when it is built in. Redeclared weak
-// so the CPU-only library links without it: its address is then NULL. Caveat for the
-// CUDA backend: a weak reference does not pull an object out of a static archive, so
-// once ops_cuda exists, reference it strongly under TETRA_HAVE_CUDA (drop this pragma
-// there) or the static executables will silently run without it.
-#pragma weak ops_cuda
+#ifdef TETRA_HAVE_CUDA
+// Built with the CUDA backend: ops_cuda (kernels/cuda/cuda_backend.cu) is referenced
+// strongly, so the static executables always link it in.
+#include "kernels/cuda/cuda_device.h"
+#endif
 
 size_t ops_dtype_size(tetra_dtype t) {
     switch (t) {
@@ -42,19 +41,29 @@ static void set_err(char *err, size_t errlen, const char *msg) {
 
 const tetra_ops *ops_get(const char *device, char *err, size_t errlen) {
     if (!device || !strcmp(device, "auto")) {
-        if (ops_cuda) {
-            const tetra_ops *t = ops_cuda(NULL, 0);
+#ifdef TETRA_HAVE_CUDA
+        if (cuda_device_count() > 0) {
+            const tetra_ops *t = ops_cuda(err, errlen);
             if (t) return t;
         }
+#endif
         return ops_cpu();
     }
     if (!strcmp(device, "cpu")) return ops_cpu();
     if (!strcmp(device, "cuda")) {
-        if (!ops_cuda) {
-            set_err(err, errlen, "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
+#ifdef TETRA_HAVE_CUDA
+        if (cuda_device_count() <= 0) {
+            set_err(err, errlen,
+                    "device \"cuda\": no CUDA device is visible (cudaGetDeviceCount = 0); "
+                    "use training.device = \"cpu\" or \"auto\"");
             return NULL;
         }
         return ops_cuda(err, errlen);
+#else
+        set_err(err, errlen,
+                "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
+        return NULL;
+#endif
     }
     if (err && errlen) snprintf(err, errlen, "unknown device \"%s\" (expected cpu, cuda or auto)", device);
     return NULL;

@@ -248,6 +248,15 @@ typedef struct tetra_ops {
     void (*adamw_step)(float *param /*[n]*/, float *m /*[n]*/, float *v /*[n]*/,
                        const float *grad /*[n]*/, size_t n, double lr, double beta1, double beta2,
                        double eps, double weight_decay, int step, float grad_scale);
+
+    // ---- appended members (new slots go at the end so older initialisers stay valid)
+
+    // Mixed precision: adamw_step on the fp32 master weights `param`, then
+    // param_bf16 = bf16(param) (round to nearest even), the compute copy.
+    void (*adamw_step_bf16)(float *param /*[n]*/, uint16_t *param_bf16 /*[n]*/, float *m /*[n]*/,
+                            float *v /*[n]*/, const float *grad /*[n]*/, size_t n, double lr,
+                            double beta1, double beta2, double eps, double weight_decay, int step,
+                            float grad_scale);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,
@@ -258,9 +267,9 @@ const tetra_ops *ops_get(const char *device, char *err, size_t errlen);
 // OMP_NUM_THREADS) and switches OpenBLAS to one thread, so one pool runs everything.
 const tetra_ops *ops_cpu(void);
 
-// The CUDA backend (kernels/cuda) provides this; ops_get finds it at link time (a weak
-// reference), so CPU-only builds need no stub. Returns NULL with a message in err when
-// no usable device is present.
+// The CUDA backend (kernels/cuda) provides this; it exists only in builds with the CUDA
+// backend (TETRA_HAVE_CUDA), and ops_get references it only there. Returns NULL with a
+// message in err when no usable device is present.
 const tetra_ops *ops_cuda(char *err, size_t errlen);
 
 // RoPE table, computed on the host exactly as TorchTitan's precompute_freqs_cis in fp32:

@@ -233,6 +233,14 @@ void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t 
     }
 }
 
+// AdamW on fp32 master weights, then the bf16 compute copy (ops.h adamw_step_bf16)
+static void cpu_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
+                                size_t n, double lr, double beta1, double beta2, double eps,
+                                double weight_decay, int step, float grad_scale) {
+    cpu_adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    cpu_cast_f32_to_bf16(param_bf16, param, n);
+}
+
 // ----------------------------------------------------------------------------
 // the table
 
@@ -276,6 +284,7 @@ static const tetra_ops cpu_table = {
     .ce_shard_sums = cpu_ce_shard_sums,
     .ce_shard_finish = cpu_ce_shard_finish,
     .adamw_step = cpu_adamw_step,
+    .adamw_step_bf16 = cpu_adamw_step_bf16,
 };
 
 const tetra_ops *ops_cpu(void) {

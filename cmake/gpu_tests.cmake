@@ -1,0 +1,71 @@
+# gpu_tests.cmake — tests/gpu/test_ops_*.c: the CUDA backend against the CPU backend, op
+# by op and for full training steps (docs/cuda.md).
+#
+# - With the CUDA backend built: gpu/test_ops_cuda on the GPU. Without a device it prints
+#   "SKIP: no CUDA device ..." and exits 0, and ctest reports it skipped, so CI without
+#   a GPU still builds it with -Werror and runs its device-less checks.
+# - -DTETRA_CUDA_SIM=ON (any build, no GPU or CUDA toolkit needed; needs a C++ compiler
+#   and Python 3): gpu/test_ops_cuda_sim, the same test with kernels/cuda/*.cu run on a
+#   CPU simulator (tests/gpu/test_ops_sim): every kernel's indexing, barriers, masking
+#   and reductions checked against the CPU backend, cuBLASLt and CUB replaced by
+#   reference stand-ins. A few minutes on two cores.
+option(TETRA_CUDA_SIM "Build gpu/test_ops_cuda_sim: the CUDA kernels on a CPU simulator" OFF)
+
+if(TARGET tetra_cuda)
+  enable_testing()
+  file(GLOB TETRA_GPU_OPS_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/gpu/test_ops_*.c)
+  foreach(src ${TETRA_GPU_OPS_TESTS})
+    get_filename_component(name ${src} NAME_WE)
+    add_executable(${name} ${src})
+    set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+    target_compile_options(${name} PRIVATE ${TETRA_C_WARNINGS})
+    target_link_libraries(${name} PRIVATE tetra_lib)
+    add_test(NAME gpu/${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(gpu/${name} PROPERTIES
+      ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE"
+      SKIP_REGULAR_EXPRESSION "SKIP: no CUDA device"
+      TIMEOUT 900)
+  endforeach()
+endif()
+
+if(TETRA_CUDA_SIM)
+  enable_language(CXX)
+  enable_testing()
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  set(TETRA_SIM_DIR ${CMAKE_SOURCE_DIR}/tests/gpu/test_ops_sim)
+  set(TETRA_SIM_GEN_DIR ${CMAKE_BINARY_DIR}/cuda_sim)
+  file(GLOB TETRA_SIM_CU CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
+  file(GLOB_RECURSE TETRA_SIM_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cuh
+    ${CMAKE_SOURCE_DIR}/kernels/cuda/*.h ${TETRA_SIM_DIR}/include/*)
+  set(TETRA_SIM_SOURCES)
+  foreach(cu ${TETRA_SIM_CU})
+    get_filename_component(base ${cu} NAME_WE)
+    set(out ${TETRA_SIM_GEN_DIR}/${base}.cpp)
+    add_custom_command(OUTPUT ${out}
+      COMMAND ${Python3_EXECUTABLE} ${TETRA_SIM_DIR}/transform.py ${TETRA_SIM_GEN_DIR} ${cu}
+      DEPENDS ${cu} ${TETRA_SIM_DIR}/transform.py
+      COMMENT "CUDA simulator: ${base}.cu"
+      VERBATIM)
+    list(APPEND TETRA_SIM_SOURCES ${out})
+  endforeach()
+  # Its own ops.c (built with TETRA_HAVE_CUDA) and the simulated kernels come before
+  # tetra_lib on the link line, so the library's ops.c and any real CUDA objects are
+  # never pulled in.
+  add_executable(test_ops_cuda_sim ${CMAKE_SOURCE_DIR}/tests/gpu/test_ops_cuda.c ${CMAKE_SOURCE_DIR}/kernels/ops.c
+    ${TETRA_SIM_DIR}/sim.cpp ${TETRA_SIM_SOURCES})
+  set_target_properties(test_ops_cuda_sim PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+  set_source_files_properties(${TETRA_SIM_SOURCES} ${TETRA_SIM_DIR}/sim.cpp PROPERTIES OBJECT_DEPENDS "${TETRA_SIM_HEADERS}")
+  target_include_directories(test_ops_cuda_sim BEFORE PRIVATE ${TETRA_SIM_DIR}/include)
+  target_compile_definitions(test_ops_cuda_sim PRIVATE TETRA_HAVE_CUDA=1)
+  # C: the project's warnings; C++ (generated): the simulator header first, no FMA
+  # contraction (the device's explicit __fmul_rn/__fadd_rn become plain operations),
+  # and no cuDNN (its headers would bring the real CUDA runtime's)
+  target_compile_options(test_ops_cuda_sim PRIVATE
+    "$<$<COMPILE_LANGUAGE:C>:${TETRA_C_WARNINGS}>"
+    "$<$<COMPILE_LANGUAGE:CXX>:-include;${TETRA_SIM_DIR}/include/sim.h;-ffp-contract=off;-w;-UTETRA_HAVE_CUDNN>")
+  target_link_libraries(test_ops_cuda_sim PRIVATE tetra_lib)
+  add_test(NAME gpu/test_ops_cuda_sim COMMAND test_ops_cuda_sim WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(gpu/test_ops_cuda_sim PROPERTIES
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+endif()

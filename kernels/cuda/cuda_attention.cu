@@ -1,0 +1,609 @@
+// kernels/cuda/cuda_attention.cu — causal (or full) attention with grouped-query heads,
+// forward and backward, in the FlashAttention-2 manner on fp32 data: score tiles live in
+// shared memory and registers only, the softmax is online, the forward saves only the
+// log-sum-exp per query row, and the backward recomputes each probability tile from it.
+// Nothing of size S x S ever reaches device memory.
+//
+// Layouts (ops.h): q/out/dq [B, Sq, H, D], k/v/dk/dv [B, Sk, KV, D], lse [B, H, Sq]. Heads
+// are read in place through their row stride (H*D or KV*D floats); GQA reads the shared
+// key/value head g = h / (H/KV) directly, never expanding K/V. Query row i has global
+// position q_offset + i, key j has k_offset + j; under `causal`, key j is visible to
+// query i iff k_offset + j <= q_offset + i. A row that sees no key gets out = 0 and
+// lse = -inf (ring attention's "no contribution"), exactly as the CPU backend.
+//
+// Kernels (256 threads as a 16 x 16 grid; a thread owns rows ty + 16 i and columns
+// tx + 16 j of each tile, so shared-memory reads are conflict-free broadcasts):
+// - forward: one block per (batch, head, query tile of BQ rows), heaviest tiles first;
+//   loops over the visible key tiles of BK keys: S = scale Q K^T, online max/sum per
+//   row (one warp per row), O = O * corr + P V in registers.
+// - backward, deterministic and free of atomics (the CPU backend's "split" schedule):
+//   (1) Dv = rowsum(dO * O) into the workspace [B, H, Sq];
+//   (2) one block per (batch, kv head, key tile) owns its rows of dK and dV: it walks
+//       every query head of its group and every query tile that sees the key tile,
+//       recomputing P = exp(S - lse) and dS = P (dP - Dv), and accumulates
+//       dV += P^T dO, dK += scale dS^T Q in registers;
+//   (3) one block per (batch, head, query tile) owns its rows of dQ and accumulates
+//       dQ += scale dS K over the visible key tiles.
+//   dq, dk, dv are added to (+=), so ring attention calls it once per key block.
+// Per-element math (exp) is ops_math.h's, as on the CPU. Head dims up to 256 (kernels
+// are instantiated for 16, 32, 64, 128 and 256 and zero-pad the rest).
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops_math.h"
+
+#define ATT_THREADS 256
+
+typedef struct {
+    int B, Sq, Sk, H, KV, D, rep;
+    float scale;
+    int causal;
+    long long delta;  // q_offset - k_offset
+} attn_args;
+
+static attn_args make_args(const ops_attn_shape *s) {
+    attn_args a;
+    a.B = s->b;
+    a.Sq = s->sq;
+    a.Sk = s->sk;
+    a.H = s->h;
+    a.KV = s->kv;
+    a.D = s->d;
+    a.rep = s->h / s->kv;
+    a.scale = s->scale;
+    a.causal = s->causal;
+    a.delta = (long long)s->q_offset - (long long)s->k_offset;
+    return a;
+}
+
+// keys visible to query row i, clamped to [0, Sk]
+__host__ __device__ static inline int visible_keys(const attn_args &a, int i) {
+    if (!a.causal) return a.Sk;
+    long long n = a.delta + i + 1;
+    return n < 0 ? 0 : (n > a.Sk ? a.Sk : (int)n);
+}
+
+// first query row that sees key j (0 without the mask), clamped to [0, Sq]
+__host__ __device__ static inline int first_query(const attn_args &a, int j) {
+    if (!a.causal) return 0;
+    long long i = (long long)j - a.delta;
+    return i < 0 ? 0 : (i > a.Sq ? a.Sq : (int)i);
+}
+
+__device__ __forceinline__ bool key_visible(const attn_args &a, int qi, int kj) {
+    return !a.causal || (long long)kj <= a.delta + qi;
+}
+
+// Load `rows` rows of D floats (row stride ld) into a [BR][LD] tile, zero-padding rows
+// >= rows and columns >= D.
+template <int BR, int DMAX, int LD>
+__device__ __forceinline__ void load_tile(float *dst, const float *src, size_t ld, int rows, int D) {
+    for (int idx = threadIdx.x; idx < BR * DMAX; idx += ATT_THREADS) {
+        int r = idx / DMAX, dd = idx - r * DMAX;
+        dst[r * LD + dd] = (r < rows && dd < D) ? src[(size_t)r * ld + dd] : 0.0f;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+template <int DMAX, int BQ, int BK>
+struct FwdCfg {
+    static constexpr int LD = DMAX + 1, LDP = BK + 1;
+    static constexpr size_t smem_floats = (size_t)BQ * LD + (size_t)BK * LD + (size_t)BK * DMAX + (size_t)BQ * LDP + 3 * BQ;
+};
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float *lse, const float *q, const float *k,
+                                                               const float *v, attn_args a, int nqb) {
+    typedef FwdCfg<DMAX, BQ, BK> Cfg;
+    constexpr int LD = Cfg::LD, LDP = Cfg::LDP, RI = BQ / 16, RJ = BK / 16, DJ = DMAX / 16, PER = BK / 32;
+    static_assert(BQ % 16 == 0 && BK % 32 == 0 && DMAX % 16 == 0, "tile shapes");
+    extern __shared__ float sm[];
+    float *sQ = sm;
+    float *sK = sQ + BQ * LD;
+    float *sV = sK + BK * LD;  // [BK][DMAX]
+    float *sP = sV + BK * DMAX;
+    float *sM = sP + BQ * LDP;
+    float *sL = sM + BQ;
+    float *sC = sL + BQ;
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, warp = tid >> 5, lane = tid & 31;
+    const int nbh = a.B * a.H;
+    const int qb = nqb - 1 - (int)(blockIdx.x / nbh);  // heaviest (latest) query tiles first
+    const int bh = (int)(blockIdx.x % nbh), b = bh / a.H, h = bh % a.H, g = h / a.rep;
+    const int i0 = qb * BQ, rows = min(BQ, a.Sq - i0);
+    const int D = a.D;
+    const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
+
+    load_tile<BQ, DMAX, LD>(sQ, q + ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D, ldq, rows, D);
+    if (tid < BQ) {
+        sM[tid] = -INFINITY;
+        sL[tid] = 0.0f;
+    }
+    float o[RI][DJ];
+#pragma unroll
+    for (int i = 0; i < RI; i++)
+#pragma unroll
+        for (int j = 0; j < DJ; j++) o[i][j] = 0.0f;
+
+    const int kend = visible_keys(a, i0 + rows - 1);  // keys any row of this tile sees
+    for (int j0 = 0; j0 < kend; j0 += BK) {
+        const int cols = min(BK, kend - j0);
+        __syncthreads();  // the previous tile is consumed
+        const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
+        for (int idx = tid; idx < BK * DMAX; idx += ATT_THREADS) {
+            int c = idx / DMAX, dd = idx - c * DMAX;
+            bool in = c < cols && dd < D;
+            sK[c * LD + dd] = in ? k[koff + (size_t)c * ldk + dd] : 0.0f;
+            sV[c * DMAX + dd] = in ? v[koff + (size_t)c * ldk + dd] : 0.0f;
+        }
+        __syncthreads();
+
+        // S = scale Q K^T, masked to -inf
+        float s[RI][RJ];
+#pragma unroll
+        for (int i = 0; i < RI; i++)
+#pragma unroll
+            for (int jj = 0; jj < RJ; jj++) s[i][jj] = 0.0f;
+        for (int kk = 0; kk < D; kk++) {
+            float qv[RI], kv[RJ];
+#pragma unroll
+            for (int i = 0; i < RI; i++) qv[i] = sQ[(ty + 16 * i) * LD + kk];
+#pragma unroll
+            for (int jj = 0; jj < RJ; jj++) kv[jj] = sK[(tx + 16 * jj) * LD + kk];
+#pragma unroll
+            for (int i = 0; i < RI; i++)
+#pragma unroll
+                for (int jj = 0; jj < RJ; jj++) s[i][jj] = fmaf(qv[i], kv[jj], s[i][jj]);
+        }
+#pragma unroll
+        for (int i = 0; i < RI; i++) {
+#pragma unroll
+            for (int jj = 0; jj < RJ; jj++) {
+                int r = ty + 16 * i, c = tx + 16 * jj;
+                bool vis = r < rows && c < cols && key_visible(a, i0 + r, j0 + c);
+                sP[r * LDP + c] = vis ? a.scale * s[i][jj] : -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        // online softmax, one warp per row
+        for (int r = warp; r < BQ; r += ATT_THREADS / 32) {
+            float val[PER], mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                val[u] = sP[r * LDP + lane + 32 * u];
+                mx = fmaxf(mx, val[u]);
+            }
+            mx = warp_max(mx);
+            const float m_old = sM[r], m_new = fmaxf(m_old, mx);
+            if (m_new == -INFINITY) {  // nothing visible to this row yet
+#pragma unroll
+                for (int u = 0; u < PER; u++) sP[r * LDP + lane + 32 * u] = 0.0f;
+                if (lane == 0) sC[r] = 1.0f;
+                continue;
+            }
+            float sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                float p = val[u] == -INFINITY ? 0.0f : tetra_expf(val[u] - m_new);
+                sP[r * LDP + lane + 32 * u] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                float corr = m_old == -INFINITY ? 0.0f : tetra_expf(m_old - m_new);
+                sL[r] = sL[r] * corr + sum;
+                sM[r] = m_new;
+                sC[r] = corr;
+            }
+        }
+        __syncthreads();
+
+        // O = O corr + P V
+#pragma unroll
+        for (int i = 0; i < RI; i++) {
+            float corr = sC[ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < DJ; j++) o[i][j] *= corr;
+        }
+        for (int c = 0; c < cols; c++) {
+            float vv[DJ];
+#pragma unroll
+            for (int j = 0; j < DJ; j++) vv[j] = sV[c * DMAX + tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < RI; i++) {
+                float p = sP[(ty + 16 * i) * LDP + c];
+#pragma unroll
+                for (int j = 0; j < DJ; j++) o[i][j] = fmaf(p, vv[j], o[i][j]);
+            }
+        }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+        int r = ty + 16 * i;
+        if (r >= rows) continue;
+        float l = sL[r];
+        float inv = l == 0.0f ? 0.0f : 1.0f / l;
+        float *orow = out + ((size_t)b * a.Sq + i0 + r) * ldq + (size_t)h * D;
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+            int dd = tx + 16 * j;
+            if (dd < D) orow[dd] = l == 0.0f ? 0.0f : o[i][j] * inv;
+        }
+        if (tx == 0) lse[((size_t)b * a.H + h) * a.Sq + i0 + r] = l == 0.0f ? -INFINITY : sM[r] + logf(l);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// backward
+
+// Dv[b, h, i] = sum_d dout * out: one warp per (b, i, h) row
+__global__ void attn_rowdot_kernel(float *Dv, const float *dout, const float *out, int Sq, int H, int D,
+                                   long long nrows) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < nrows; r += warps) {
+        const float *a = dout + (size_t)r * D, *o = out + (size_t)r * D;
+        float acc = 0.0f;
+        for (int j = lane; j < D; j += 32) acc = fmaf(a[j], o[j], acc);
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            int h = (int)(r % H);
+            long long bi = r / H;
+            int i = (int)(bi % Sq), b = (int)(bi / Sq);
+            Dv[((size_t)b * H + h) * Sq + i] = acc;
+        }
+    }
+}
+
+template <int DMAX, int BQ, int BK>
+struct BwdCfg {
+    static constexpr int LD = DMAX + 1, LDP = BK + 1;
+    // sK, sV, sQ, sdO; sP, sdS; lse, Dv
+    static constexpr size_t smem_floats = 2 * (size_t)BK * LD + 2 * (size_t)BQ * LD + 2 * (size_t)BQ * LDP + 2 * BQ;
+};
+
+// One (query tile, key tile) pair: recompute P and dS into sP / sdS ([BQ][LDP]).
+// Thread (ty, tx) computes rows ty + 16 i and columns tx + 16 jj.
+template <int DMAX, int BQ, int BK>
+__device__ __forceinline__ void bwd_scores(float *sP, float *sdS, const float *sQ, const float *sdO, const float *sK,
+                                           const float *sV, const float *sLse, const float *sDv, const attn_args &a,
+                                           int i0, int rows, int j0, int cols) {
+    constexpr int LD = DMAX + 1, LDP = BK + 1, RI = BQ / 16, RJ = BK / 16;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float s[RI][RJ], dp[RI][RJ];
+#pragma unroll
+    for (int i = 0; i < RI; i++)
+#pragma unroll
+        for (int jj = 0; jj < RJ; jj++) s[i][jj] = dp[i][jj] = 0.0f;
+    for (int kk = 0; kk < a.D; kk++) {
+        float qv[RI], dov[RI], kv[RJ], vv[RJ];
+#pragma unroll
+        for (int i = 0; i < RI; i++) {
+            qv[i] = sQ[(ty + 16 * i) * LD + kk];
+            dov[i] = sdO[(ty + 16 * i) * LD + kk];
+        }
+#pragma unroll
+        for (int jj = 0; jj < RJ; jj++) {
+            kv[jj] = sK[(tx + 16 * jj) * LD + kk];
+            vv[jj] = sV[(tx + 16 * jj) * LD + kk];
+        }
+#pragma unroll
+        for (int i = 0; i < RI; i++)
+#pragma unroll
+            for (int jj = 0; jj < RJ; jj++) {
+                s[i][jj] = fmaf(qv[i], kv[jj], s[i][jj]);
+                dp[i][jj] = fmaf(dov[i], vv[jj], dp[i][jj]);
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+        const int r = ty + 16 * i;
+        const float L = sLse[r], Dr = sDv[r];
+#pragma unroll
+        for (int jj = 0; jj < RJ; jj++) {
+            const int c = tx + 16 * jj;
+            bool vis = r < rows && c < cols && L != -INFINITY && key_visible(a, i0 + r, j0 + c);
+            float p = vis ? tetra_expf(a.scale * s[i][jj] - L) : 0.0f;
+            sP[r * LDP + c] = p;
+            sdS[r * LDP + c] = p * (dp[i][jj] - Dr);
+        }
+    }
+}
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout,
+                                                                    const float *q, const float *k, const float *v,
+                                                                    const float *lse, const float *Dv, attn_args a) {
+    constexpr int LD = DMAX + 1, LDP = BK + 1, RK = BK / 16, DJ = DMAX / 16;
+    extern __shared__ float sm[];
+    float *sK = sm;
+    float *sV = sK + BK * LD;
+    float *sQ = sV + BK * LD;
+    float *sdO = sQ + BQ * LD;
+    float *sP = sdO + BQ * LD;
+    float *sdS = sP + BQ * LDP;
+    float *sLse = sdS + BQ * LDP;
+    float *sDv = sLse + BQ;
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int nbg = a.B * a.KV;
+    const int kb = (int)(blockIdx.x / nbg);  // earliest key tiles (seen by most queries) first
+    const int bg = (int)(blockIdx.x % nbg), b = bg / a.KV, g = bg % a.KV;
+    const int j0 = kb * BK, cols = min(BK, a.Sk - j0);
+    const int D = a.D;
+    const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
+    const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
+
+    load_tile<BK, DMAX, LD>(sK, k + koff, ldk, cols, D);
+    load_tile<BK, DMAX, LD>(sV, v + koff, ldk, cols, D);
+    float dkacc[RK][DJ], dvacc[RK][DJ];
+#pragma unroll
+    for (int i = 0; i < RK; i++)
+#pragma unroll
+        for (int j = 0; j < DJ; j++) dkacc[i][j] = dvacc[i][j] = 0.0f;
+
+    const int qstart = first_query(a, j0);
+    for (int hh = 0; hh < a.rep; hh++) {
+        const int h = g * a.rep + hh;
+        for (int i0 = qstart; i0 < a.Sq; i0 += BQ) {
+            const int rows = min(BQ, a.Sq - i0);
+            __syncthreads();
+            const size_t qoff = ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D;
+            load_tile<BQ, DMAX, LD>(sQ, q + qoff, ldq, rows, D);
+            load_tile<BQ, DMAX, LD>(sdO, dout + qoff, ldq, rows, D);
+            if (tid < BQ) {
+                size_t li = ((size_t)b * a.H + h) * a.Sq + i0 + tid;
+                sLse[tid] = tid < rows ? lse[li] : -INFINITY;
+                sDv[tid] = tid < rows ? Dv[li] : 0.0f;
+            }
+            __syncthreads();
+            bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, i0, rows, j0, cols);
+            __syncthreads();
+            // dV += P^T dO ; dK += dS^T Q (scale applied at the end)
+            for (int r = 0; r < rows; r++) {
+                float dov[DJ], qv[DJ];
+#pragma unroll
+                for (int j = 0; j < DJ; j++) {
+                    dov[j] = sdO[r * LD + tx + 16 * j];
+                    qv[j] = sQ[r * LD + tx + 16 * j];
+                }
+#pragma unroll
+                for (int i = 0; i < RK; i++) {
+                    float p = sP[r * LDP + ty + 16 * i], ds = sdS[r * LDP + ty + 16 * i];
+#pragma unroll
+                    for (int j = 0; j < DJ; j++) {
+                        dvacc[i][j] = fmaf(p, dov[j], dvacc[i][j]);
+                        dkacc[i][j] = fmaf(ds, qv[j], dkacc[i][j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RK; i++) {
+        int c = ty + 16 * i;
+        if (c >= cols) continue;
+        float *dkrow = dk + koff + (size_t)c * ldk, *dvrow = dv + koff + (size_t)c * ldk;
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+            int dd = tx + 16 * j;
+            if (dd < D) {
+                dkrow[dd] += a.scale * dkacc[i][j];
+                dvrow[dd] += dvacc[i][j];
+            }
+        }
+    }
+}
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, const float *dout, const float *q,
+                                                                  const float *k, const float *v, const float *lse,
+                                                                  const float *Dv, attn_args a, int nqb) {
+    constexpr int LD = DMAX + 1, LDP = BK + 1, RI = BQ / 16, DJ = DMAX / 16;
+    extern __shared__ float sm[];
+    float *sK = sm;
+    float *sV = sK + BK * LD;
+    float *sQ = sV + BK * LD;
+    float *sdO = sQ + BQ * LD;
+    float *sP = sdO + BQ * LD;
+    float *sdS = sP + BQ * LDP;
+    float *sLse = sdS + BQ * LDP;
+    float *sDv = sLse + BQ;
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int nbh = a.B * a.H;
+    const int qb = nqb - 1 - (int)(blockIdx.x / nbh);
+    const int bh = (int)(blockIdx.x % nbh), b = bh / a.H, h = bh % a.H, g = h / a.rep;
+    const int i0 = qb * BQ, rows = min(BQ, a.Sq - i0);
+    const int D = a.D;
+    const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
+    const size_t qoff = ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D;
+
+    load_tile<BQ, DMAX, LD>(sQ, q + qoff, ldq, rows, D);
+    load_tile<BQ, DMAX, LD>(sdO, dout + qoff, ldq, rows, D);
+    if (tid < BQ) {
+        size_t li = ((size_t)b * a.H + h) * a.Sq + i0 + tid;
+        sLse[tid] = tid < rows ? lse[li] : -INFINITY;
+        sDv[tid] = tid < rows ? Dv[li] : 0.0f;
+    }
+    float dqacc[RI][DJ];
+#pragma unroll
+    for (int i = 0; i < RI; i++)
+#pragma unroll
+        for (int j = 0; j < DJ; j++) dqacc[i][j] = 0.0f;
+
+    const int kend = visible_keys(a, i0 + rows - 1);
+    for (int j0 = 0; j0 < kend; j0 += BK) {
+        const int cols = min(BK, kend - j0);
+        __syncthreads();
+        const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
+        load_tile<BK, DMAX, LD>(sK, k + koff, ldk, cols, D);
+        load_tile<BK, DMAX, LD>(sV, v + koff, ldk, cols, D);
+        __syncthreads();
+        bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, i0, rows, j0, cols);
+        __syncthreads();
+        // dQ += dS K (scale applied at the end)
+        for (int c = 0; c < cols; c++) {
+            float kv[DJ];
+#pragma unroll
+            for (int j = 0; j < DJ; j++) kv[j] = sK[c * LD + tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < RI; i++) {
+                float ds = sdS[(ty + 16 * i) * LDP + c];
+#pragma unroll
+                for (int j = 0; j < DJ; j++) dqacc[i][j] = fmaf(ds, kv[j], dqacc[i][j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+        int r = ty + 16 * i;
+        if (r >= rows) continue;
+        float *dqrow = dq + qoff + (size_t)r * ldq;
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+            int dd = tx + 16 * j;
+            if (dd < D) dqrow[dd] += a.scale * dqacc[i][j];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+template <int DMAX, int BQ, int BK>
+static void launch_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const attn_args &a) {
+    static bool configured = false;
+    const size_t smem = FwdCfg<DMAX, BQ, BK>::smem_floats * sizeof(float);
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<DMAX, BQ, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        configured = true;
+    }
+    const int nqb = (a.Sq + BQ - 1) / BQ;
+    const long long blocks = (long long)nqb * a.B * a.H;
+    attn_fwd_kernel<DMAX, BQ, BK><<<(unsigned)blocks, ATT_THREADS, smem>>>(out, lse, q, k, v, a, nqb);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int DMAX, int BQ, int BK>
+static void launch_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                       const float *v, const float *lse, const float *Dv, const attn_args &a) {
+    static bool configured = false;
+    const size_t smem = BwdCfg<DMAX, BQ, BK>::smem_floats * sizeof(float);
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<DMAX, BQ, BK>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<DMAX, BQ, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        configured = true;
+    }
+    const int nkb = (a.Sk + BK - 1) / BK, nqb = (a.Sq + BQ - 1) / BQ;
+    const long long blocks_kv = (long long)nkb * a.B * a.KV, blocks_q = (long long)nqb * a.B * a.H;
+    attn_bwd_dkdv_kernel<DMAX, BQ, BK><<<(unsigned)blocks_kv, ATT_THREADS, smem>>>(dk, dv, dout, q, k, v, lse, Dv, a);
+    CUDA_CHECK_LAUNCH();
+    attn_bwd_dq_kernel<DMAX, BQ, BK><<<(unsigned)blocks_q, ATT_THREADS, smem>>>(dq, dout, q, k, v, lse, Dv, a, nqb);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void check_shape(const ops_attn_shape *s) {
+    if (s->d > 256 || s->d <= 0 || s->kv <= 0 || s->h % s->kv != 0) {
+        fprintf(stderr, "[tetra] cuda attention: unsupported shape (head dim %d, heads %d, kv heads %d); "
+                        "head dim must be in [1, 256] and heads a multiple of kv heads\n",
+                s->d, s->h, s->kv);
+        abort();
+    }
+}
+
+extern "C" size_t cuda_attention_workspace_size(const ops_attn_shape *s) {
+    // the backward's row term Dv, [B, H, Sq]: linear in the sequence, never S^2
+    return ((size_t)s->b * (size_t)s->h * (size_t)s->sq + 64) * sizeof(float);
+}
+
+extern "C" void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                       const ops_attn_shape *s, void *workspace) {
+    (void)workspace;
+    if (s->b <= 0 || s->sq <= 0 || s->h <= 0) return;
+    check_shape(s);
+    attn_args a = make_args(s);
+    if (s->d <= 16)
+        launch_fwd<16, 64, 32>(out, lse, q, k, v, a);
+    else if (s->d <= 32)
+        launch_fwd<32, 64, 32>(out, lse, q, k, v, a);
+    else if (s->d <= 64)
+        launch_fwd<64, 64, 32>(out, lse, q, k, v, a);
+    else if (s->d <= 128)
+        launch_fwd<128, 64, 32>(out, lse, q, k, v, a);
+    else
+        launch_fwd<256, 32, 32>(out, lse, q, k, v, a);
+}
+
+extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                        const float *k, const float *v, const float *out, const float *lse,
+                                        const ops_attn_shape *s, void *workspace) {
+    if (s->b <= 0 || s->sq <= 0 || s->sk <= 0 || s->h <= 0) return;
+    check_shape(s);
+    attn_args a = make_args(s);
+    if (a.causal && a.delta + a.Sq <= 0) return;  // fully masked block pair: adds nothing
+    float *Dv = (float *)workspace;
+    if (!Dv) Dv = (float *)cuda_scratch(SCRATCH_ATTN, cuda_attention_workspace_size(s));
+    const long long nrows = (long long)s->b * s->sq * s->h;
+    long long nb = (nrows + 7) / 8;
+    if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
+    attn_rowdot_kernel<<<(unsigned)nb, 256>>>(Dv, dout, out, s->sq, s->h, s->d, nrows);
+    CUDA_CHECK_LAUNCH();
+    if (s->d <= 16)
+        launch_bwd<16, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 32)
+        launch_bwd<32, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 64)
+        launch_bwd<64, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 128)
+        launch_bwd<128, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else
+        launch_bwd<256, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+}
+
+// ----------------------------------------------------------------------------
+// merge of two partial results over disjoint key sets (ring attention): one warp per row
+
+__global__ void attn_merge_kernel(float *out, float *lse, const float *out_blk, const float *lse_blk, int sq, int h,
+                                  int d, long long nrows) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < nrows; r += warps) {
+        int hh = (int)(r % h);
+        long long bi = r / h;
+        int i = (int)(bi % sq), bb = (int)(bi / sq);
+        size_t li = ((size_t)bb * h + hh) * sq + i;
+        float la = lse[li], lb = lse_blk[li];
+        float *o = out + (size_t)r * d;
+        const float *ob = out_blk + (size_t)r * d;
+        if (lb == -INFINITY) continue;  // the block saw no key for this row
+        if (la == -INFINITY) {
+            for (int j = lane; j < d; j += 32) o[j] = ob[j];
+        } else {
+            float mx = la > lb ? la : lb;
+            float lnew = mx + log1pf(expf(-fabsf(la - lb)));
+            float wa = expf(la - lnew), wb = expf(lb - lnew);
+            for (int j = lane; j < d; j += 32) o[j] = __fadd_rn(__fmul_rn(wa, o[j]), __fmul_rn(wb, ob[j]));
+            lb = lnew;
+        }
+        __syncwarp();
+        if (lane == 0) lse[li] = lb;
+    }
+}
+
+extern "C" void cuda_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b, int sq,
+                                     int h, int d) {
+    const long long nrows = (long long)b * sq * h;
+    if (nrows <= 0) return;
+    long long nb = (nrows + 7) / 8;
+    if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
+    attn_merge_kernel<<<(unsigned)nb, 256>>>(out, lse, out_blk, lse_blk, sq, h, d, nrows);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,509 @@
+// kernels/cuda/cuda_backend.cu — the CUDA op table, plus the simple ops: memory, fills,
+// elementwise arithmetic, deterministic reductions, casts and AdamW. Per-element math
+// comes from kernels/ops_math.h, the CPU backend's own header, so both backends compute
+// the same functions.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops_math.h"
+
+// ----------------------------------------------------------------------------
+// scratch
+
+static void *scratch_ptr[SCRATCH_SLOTS];
+static size_t scratch_size[SCRATCH_SLOTS];
+
+void *cuda_scratch(int slot, size_t bytes) {
+    if (bytes <= scratch_size[slot] && scratch_ptr[slot]) return scratch_ptr[slot];
+    size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);  // whole MiB
+    if (want < bytes) want = bytes;
+    if (scratch_ptr[slot]) {
+        // the old buffer may still be read by work in flight
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaFree(scratch_ptr[slot]));
+        scratch_ptr[slot] = NULL;
+        scratch_size[slot] = 0;
+    }
+    cudaError_t e = cudaMalloc(&scratch_ptr[slot], want);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "[CUDA ERROR] scratch buffer %d: cannot allocate %zu bytes: %s\n", slot, want,
+                cudaGetErrorString(e));
+        abort();
+    }
+    scratch_size[slot] = want;
+    return scratch_ptr[slot];
+}
+
+const float *cuda_one(void) {
+    static float *one = NULL;
+    if (!one) {
+        const float h = 1.0f;
+        CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(one, &h, sizeof h, cudaMemcpyHostToDevice));
+    }
+    return one;
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+extern "C" void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    // cudaMalloc returns 256-byte aligned memory (the contract asks for 64)
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError();  // clear the error: out of memory is reported as NULL
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void cuda_release(void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+extern "C" void cuda_copy_h2d(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+extern "C" void cuda_copy_d2h(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+extern "C" void cuda_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
+
+extern "C" void cuda_synchronize(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+// ----------------------------------------------------------------------------
+// elementwise. Grid-stride loops; float4 accesses when every pointer is 16-byte aligned
+// (the scalar tail covers n % 4).
+
+template <bool VEC>
+__global__ void fill_kernel(float *x, float value, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if constexpr (VEC) {
+        size_t n4 = n / 4;
+        float4 v4 = make_float4(value, value, value, value);
+        for (size_t i = t; i < n4; i += stride) reinterpret_cast<float4 *>(x)[i] = v4;
+        done = n4 * 4;
+    }
+    for (size_t i = done + t; i < n; i += stride) x[i] = value;
+}
+
+template <bool VEC>
+__global__ void scale_kernel(float *x, float alpha, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if constexpr (VEC) {
+        size_t n4 = n / 4;
+        for (size_t i = t; i < n4; i += stride) {
+            float4 v = reinterpret_cast<float4 *>(x)[i];
+            v.x *= alpha; v.y *= alpha; v.z *= alpha; v.w *= alpha;
+            reinterpret_cast<float4 *>(x)[i] = v;
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + t; i < n; i += stride) x[i] *= alpha;
+}
+
+// y += alpha x, as the CPU: the product rounded, then the sum (no fused multiply-add)
+template <bool VEC>
+__global__ void axpy_kernel(float *y, const float *x, float alpha, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if constexpr (VEC) {
+        size_t n4 = n / 4;
+        for (size_t i = t; i < n4; i += stride) {
+            float4 a = reinterpret_cast<const float4 *>(x)[i];
+            float4 v = reinterpret_cast<float4 *>(y)[i];
+            v.x = __fadd_rn(v.x, __fmul_rn(alpha, a.x));
+            v.y = __fadd_rn(v.y, __fmul_rn(alpha, a.y));
+            v.z = __fadd_rn(v.z, __fmul_rn(alpha, a.z));
+            v.w = __fadd_rn(v.w, __fmul_rn(alpha, a.w));
+            reinterpret_cast<float4 *>(y)[i] = v;
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + t; i < n; i += stride) y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
+}
+
+template <bool VEC>
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if constexpr (VEC) {
+        size_t n4 = n / 4;
+        for (size_t i = t; i < n4; i += stride) {
+            float4 u = reinterpret_cast<const float4 *>(a)[i];
+            float4 w = reinterpret_cast<const float4 *>(b)[i];
+            reinterpret_cast<float4 *>(out)[i] = make_float4(u.x + w.x, u.y + w.y, u.z + w.z, u.w + w.w);
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + t; i < n; i += stride) out[i] = a[i] + b[i];
+}
+
+extern "C" void cuda_fill(float *x, float value, size_t n) {
+    if (!n) return;
+    if (tetra_aligned16(x))
+        fill_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(x, value, n);
+    else
+        fill_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(x, value, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_scale(float *x, float alpha, size_t n) {
+    if (!n) return;
+    if (tetra_aligned16(x))
+        scale_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(x, alpha, n);
+    else
+        scale_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(x, alpha, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_axpy(float *y, const float *x, float alpha, size_t n) {
+    if (!n) return;
+    if (tetra_aligned16(x) && tetra_aligned16(y))
+        axpy_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(y, x, alpha, n);
+    else
+        axpy_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(y, x, alpha, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_add(float *out, const float *a, const float *b, size_t n) {
+    if (!n) return;
+    if (tetra_aligned16(out) && tetra_aligned16(a) && tetra_aligned16(b))
+        add_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(out, a, b, n);
+    else
+        add_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// reductions: two passes, no atomics. Pass 1 runs P blocks (P a function of n alone, not
+// of the device) that each reduce a fixed, strided subset in double; pass 2 sums the P
+// partials in one block in a fixed order. Same n and inputs -> same bits, on any GPU.
+
+#define RED_MAX_PARTS 1024
+#define RED_PER_BLOCK 8192
+
+static int red_parts(size_t n) {
+    size_t p = (n + RED_PER_BLOCK - 1) / RED_PER_BLOCK;
+    if (p < 1) p = 1;
+    if (p > RED_MAX_PARTS) p = RED_MAX_PARTS;
+    return (int)p;
+}
+
+enum { RED_SUM = 0, RED_SUMSQ = 1 };
+
+template <int OP>
+__global__ void __launch_bounds__(TETRA_THREADS) reduce_partial_kernel(double *part, const float *x, size_t n) {
+    __shared__ double sh[32];
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        double v = (double)x[i];
+        acc += OP == RED_SUMSQ ? v * v : v;
+    }
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+// mode 0: out = sum; mode 1: out += sum (in double, as the CPU)
+__global__ void __launch_bounds__(1024) reduce_final_kernel(float *out, const double *part, int parts, int accumulate) {
+    __shared__ double sh[32];
+    double v = (int)threadIdx.x < parts ? part[threadIdx.x] : 0.0;
+    v = block_sum(v, sh);
+    if (threadIdx.x == 0) out[0] = accumulate ? (float)((double)out[0] + v) : (float)v;
+}
+
+static void reduce_sum(float *out, const float *x, size_t n, int op, int accumulate) {
+    int parts = red_parts(n);
+    double *part = (double *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
+    if (op == RED_SUMSQ)
+        reduce_partial_kernel<RED_SUMSQ><<<parts, TETRA_THREADS>>>(part, x, n);
+    else
+        reduce_partial_kernel<RED_SUM><<<parts, TETRA_THREADS>>>(part, x, n);
+    CUDA_CHECK_LAUNCH();
+    reduce_final_kernel<<<1, 1024>>>(out, part, parts, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_sum_squares(float *out, const float *x, size_t n) {
+    if (!n) return;  // out += 0
+    reduce_sum(out, x, n, RED_SUMSQ, 1);
+}
+
+extern "C" void cuda_sum(float *out, const float *x, size_t n) { reduce_sum(out, x, n, RED_SUM, 0); }
+
+__device__ __forceinline__ float block_nan_max(float v, float *shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_nan_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = lane < nwarps ? shared[lane] : 0.0f;
+    return warp_nan_max(r);
+}
+
+__global__ void __launch_bounds__(TETRA_THREADS) amax_partial_kernel(float *part, const float *x, size_t n) {
+    __shared__ float sh[32];
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    float m = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) m = nan_max(m, fabsf(x[i]));
+    m = block_nan_max(m, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = m;
+}
+
+__global__ void __launch_bounds__(1024) amax_final_kernel(float *out, const float *part, int parts) {
+    __shared__ float sh[32];
+    float m = (int)threadIdx.x < parts ? part[threadIdx.x] : 0.0f;
+    m = block_nan_max(m, sh);
+    if (threadIdx.x == 0) out[0] = m;
+}
+
+extern "C" void cuda_amax(float *out, const float *x, size_t n) {
+    int parts = red_parts(n);
+    float *part = (float *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
+    if (n) {
+        amax_partial_kernel<<<parts, TETRA_THREADS>>>(part, x, n);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        parts = 0;  // max over nothing is 0
+    }
+    amax_final_kernel<<<1, 1024>>>(out, part, parts);
+    CUDA_CHECK_LAUNCH();
+}
+
+// one block per row
+__global__ void __launch_bounds__(TETRA_THREADS) amax_rows_kernel(float *out, const float *x, int cols) {
+    __shared__ float sh[32];
+    const float *row = x + (size_t)blockIdx.x * (size_t)cols;
+    float m = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = nan_max(m, fabsf(row[j]));
+    m = block_nan_max(m, sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = m;
+}
+
+extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) {
+    if (rows <= 0) return;
+    if (cols <= 0) {
+        cuda_fill(out, 0.0f, (size_t)rows);
+        return;
+    }
+    amax_rows_kernel<<<rows, TETRA_THREADS>>>(out, x, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// casts (the encoders of ops_math.h: round to nearest even, saturating fp8)
+
+__global__ void to_bf16_kernel(uint16_t *out, const float *x, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = tetra_f32_to_bf16(x[i]);
+}
+
+__global__ void from_bf16_kernel(float *out, const uint16_t *x, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = tetra_bf16_to_f32(x[i]);
+}
+
+template <int FMT>
+__global__ void to_fp8_kernel(uint8_t *out, const float *x, const float *scale, int rowwise, size_t cols, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float s = scale ? scale[rowwise ? i / cols : 0] : 1.0f;
+        out[i] = FMT == TETRA_FP8_E5M2 ? tetra_quant_e5m2(x[i], s) : tetra_quant_e4m3(x[i], s);
+    }
+}
+
+template <int FMT>
+__global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float s = inv_scale ? inv_scale[rowwise ? i / cols : 0] : 1.0f;
+        float v = FMT == TETRA_FP8_E5M2 ? tetra_e5m2_to_f32(q[i]) : tetra_e4m3_to_f32(q[i]);
+        out[i] = v * s;
+    }
+}
+
+extern "C" void cuda_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n) {
+    if (!n) return;
+    to_bf16_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n) {
+    if (!n) return;
+    from_bf16_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows,
+                                     int cols, tetra_dtype fmt) {
+    size_t n = (size_t)(rows > 0 ? rows : 0) * (size_t)(cols > 0 ? cols : 0);
+    if (!n) return;
+    unsigned nb = tetra_blocks(n, TETRA_THREADS);
+    if (fmt == TETRA_FP8_E5M2)
+        to_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS>>>(out, x, scale, rowwise, (size_t)cols, n);
+    else
+        to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS>>>(out, x, scale, rowwise, (size_t)cols, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
+                                     int cols, tetra_dtype fmt) {
+    size_t n = (size_t)(rows > 0 ? rows : 0) * (size_t)(cols > 0 ? cols : 0);
+    if (!n) return;
+    unsigned nb = tetra_blocks(n, TETRA_THREADS);
+    if (fmt == TETRA_FP8_E5M2)
+        from_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
+    else
+        from_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// tetra_fp8_scale, with the power of two built exactly: ldexpf(1, e) where the shared
+// code calls exp2f(e) for an integer e (the host's exp2f is exact there; the device's
+// exp2f only promises 2 ulp).
+__global__ void fp8_scale_kernel(float *scale, const float *amax, int n, float fp8_max, int pow2) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float sf = tetra_fp8_scale(amax[i], fp8_max, 0);
+    if (pow2) {
+        float e = floorf(log2f(sf));
+        sf = (e >= -149.0f && e <= 127.0f) ? ldexpf(1.0f, (int)e) : exp2f(e);
+    }
+    scale[i] = sf;
+}
+
+extern "C" void cuda_fp8_scale_from_amax(float *scale, const float *amax, int n, float fp8_max, int pow2) {
+    if (n <= 0) return;
+    fp8_scale_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS>>>(scale, amax, n, fp8_max, pow2);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// AdamW: tetra_adamw_update per element, coefficients derived on the host exactly as the
+// CPU backend does (double, then rounded to fp32). The explicit fmaf calls of the shared
+// update and IEEE division and square root make the GPU result equal the CPU's.
+
+static tetra_adamw_coef adamw_coef(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                   int step, float grad_scale) {
+    double bc1 = 1.0 - pow(beta1, (double)step);
+    double bc2 = 1.0 - pow(beta2, (double)step);
+    tetra_adamw_coef k;
+    k.decay = (float)(1.0 - lr * weight_decay);
+    k.b1 = (float)beta1;
+    k.omb1 = (float)(1.0 - beta1);
+    k.b2 = (float)beta2;
+    k.omb2 = (float)(1.0 - beta2);
+    k.neg_step_size = (float)(-(lr / bc1));
+    k.bc2_sqrt = (float)sqrt(bc2);
+    k.eps = (float)eps;
+    k.grad_scale = grad_scale;
+    return k;
+}
+
+__global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n, tetra_adamw_coef k) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float pp = p[i], mm = m[i], vv = v[i];
+        tetra_adamw_update(&pp, &mm, &vv, g[i], &k);
+        p[i] = pp;
+        m[i] = mm;
+        v[i] = vv;
+        if (p16) p16[i] = tetra_f32_to_bf16(pp);
+    }
+}
+
+extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
+                                double beta1, double beta2, double eps, double weight_decay, int step,
+                                float grad_scale) {
+    if (!n) return;
+    tetra_adamw_coef k = adamw_coef(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(param, m, v, grad, NULL, n, k);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
+                                     size_t n, double lr, double beta1, double beta2, double eps,
+                                     double weight_decay, int step, float grad_scale) {
+    if (!n) return;
+    tetra_adamw_coef k = adamw_coef(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(param, m, v, grad, param_bf16, n, k);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// the table
+
+static tetra_ops make_table(void) {
+    tetra_ops t;
+    memset(&t, 0, sizeof t);
+    t.name = "cuda";
+    t.alloc = cuda_alloc;
+    t.release = cuda_release;
+    t.copy_h2d = cuda_copy_h2d;
+    t.copy_d2h = cuda_copy_d2h;
+    t.copy = cuda_copy;
+    t.synchronize = cuda_synchronize;
+    t.fill = cuda_fill;
+    t.scale = cuda_scale;
+    t.axpy = cuda_axpy;
+    t.add = cuda_add;
+    t.sum_squares = cuda_sum_squares;
+    t.sum = cuda_sum;
+    t.amax = cuda_amax;
+    t.amax_rows = cuda_amax_rows;
+    t.cast_f32_to_bf16 = cuda_cast_f32_to_bf16;
+    t.cast_bf16_to_f32 = cuda_cast_bf16_to_f32;
+    t.cast_f32_to_fp8 = cuda_cast_f32_to_fp8;
+    t.cast_fp8_to_f32 = cuda_cast_fp8_to_f32;
+    t.fp8_scale_from_amax = cuda_fp8_scale_from_amax;
+    t.gemm = cuda_gemm;
+    t.embedding_forward = cuda_embedding_forward;
+    t.embedding_backward = cuda_embedding_backward;
+    t.rmsnorm_forward = cuda_rmsnorm_forward;
+    t.rmsnorm_backward_input = cuda_rmsnorm_backward_input;
+    t.rmsnorm_backward_weight = cuda_rmsnorm_backward_weight;
+    t.rope_forward = cuda_rope_forward;
+    t.rope_backward = cuda_rope_backward;
+    t.swiglu_forward = cuda_swiglu_forward;
+    t.swiglu_backward = cuda_swiglu_backward;
+    t.attention_workspace_size = cuda_attention_workspace_size;
+    t.attention_forward = cuda_attention_forward;
+    t.attention_backward = cuda_attention_backward;
+    t.attention_merge = cuda_attention_merge;
+    t.cross_entropy = cuda_cross_entropy;
+    t.ce_shard_max = cuda_ce_shard_max;
+    t.ce_shard_sums = cuda_ce_shard_sums;
+    t.ce_shard_finish = cuda_ce_shard_finish;
+    t.adamw_step = cuda_adamw_step;
+    t.adamw_step_bf16 = cuda_adamw_step_bf16;
+    return t;
+}
+
+extern "C" const tetra_ops *ops_cuda(char *err, size_t errlen) {
+    static tetra_ops table;
+    static int ready = 0;
+    int n = cuda_device_count();
+    if (n <= 0) {
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "device \"cuda\": no CUDA device is visible (cudaGetDeviceCount = 0); "
+                     "use training.device = \"cpu\" or \"auto\"");
+        return NULL;
+    }
+    if (!ready) {
+        table = make_table();
+        ready = 1;
+    }
+    return &table;
+}

@@ -1,0 +1,121 @@
+// kernels/cuda/cuda_common.cuh — what every translation unit of the CUDA backend shares:
+// error checks that abort with file:line, launch-size helpers, deterministic warp and
+// block reductions, and growable scratch buffers in device memory.
+//
+// Streams: every op of this version runs on the legacy default stream (stream 0), so the
+// ops are ordered with each other and with the synchronous cudaMemcpy copies. The NCCL
+// work brings explicit streams.
+#ifndef TETRA_KERNELS_CUDA_COMMON_CUH
+#define TETRA_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// ----------------------------------------------------------------------------
+// error checks: print where and why, then abort (no error propagation, as llm.c)
+
+static inline void tetra_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "[CUDA ERROR] %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorString(e),
+                cudaGetErrorName(e));
+        abort();
+    }
+}
+#define CUDA_CHECK(x) tetra_cuda_check((x), #x, __FILE__, __LINE__)
+// after every kernel launch: catches bad launch configurations at once
+#define CUDA_CHECK_LAUNCH() tetra_cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+// ----------------------------------------------------------------------------
+// launch sizes
+
+#define TETRA_THREADS 256
+// Grid-stride loops never need more blocks than this; more only adds scheduling cost.
+#define TETRA_MAX_BLOCKS 8192
+
+static inline unsigned tetra_blocks(size_t n, int threads) {
+    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
+    if (b < 1) b = 1;
+    if (b > TETRA_MAX_BLOCKS) b = TETRA_MAX_BLOCKS;
+    return (unsigned)b;
+}
+
+static inline int tetra_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// ----------------------------------------------------------------------------
+// reductions. Shuffle-xor trees and a fixed warp order: the same inputs in the same
+// threads always give the same bits (no atomics anywhere in the backend's float sums).
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// max of |values| that keeps NaN (fmaxf would drop it)
+__device__ __forceinline__ float nan_max(float a, float b) {
+    if (a != a || b != b) return __int_as_float(0x7fc00000);
+    return a > b ? a : b;
+}
+
+__device__ __forceinline__ float warp_nan_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum; every thread gets the result. blockDim.x must be a multiple of 32
+// (at most 1024); `shared` holds 32 elements. Starts with a barrier so it can be
+// called repeatedly with the same scratch.
+template <typename T>
+__device__ T block_sum(T v, T *shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    T r = lane < nwarps ? shared[lane] : (T)0;
+    return warp_sum(r);
+}
+
+__device__ __forceinline__ float block_max(float v, float *shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = lane < nwarps ? shared[lane] : -INFINITY;
+    return warp_max(r);
+}
+
+// ----------------------------------------------------------------------------
+// scratch: growable device buffers, one per slot, reused across calls (all work is on
+// one stream, so a slot is free again once the op that used it has been enqueued and a
+// later op is enqueued after it). Growing synchronizes the device before freeing.
+
+enum {
+    SCRATCH_REDUCE = 0,   // partial sums of the two-pass reductions
+    SCRATCH_GEMM_A,       // converted / transposed operand A
+    SCRATCH_GEMM_B,       // converted / transposed operand B
+    SCRATCH_GEMM_ACC,     // fp32 accumulator of the general GEMM path
+    SCRATCH_SORT,         // embedding backward: keys, values and the radix sort's temp
+    SCRATCH_RMS_DW,       // rmsnorm weight-grad partials
+    SCRATCH_ATTN,         // attention workspace when the caller passes NULL
+    SCRATCH_SLOTS
+};
+
+void *cuda_scratch(int slot, size_t bytes);
+// A device float holding 1.0f (default dequant scale).
+const float *cuda_one(void);
+
+#endif  // TETRA_KERNELS_CUDA_COMMON_CUH

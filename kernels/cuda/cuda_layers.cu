@@ -1,0 +1,384 @@
+// kernels/cuda/cuda_layers.cu — embedding, RMSNorm, RoPE, SwiGLU and the fused
+// cross-entropy of the CUDA backend (fp32). Per-element math comes from ops_math.h, the
+// CPU backend's own header. Reductions that produce gradients are atomics-free and
+// deterministic (same inputs, same bits, on any GPU).
+#include <cub/device/device_radix_sort.cuh>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops_math.h"
+
+// ----------------------------------------------------------------------------
+// embedding
+
+__global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *wte, int n, int c, int v_start,
+                                     int v_local) {
+    const size_t total = (size_t)n * (size_t)c, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        size_t i = idx / (size_t)c, j = idx - i * (size_t)c;
+        int t = tokens[i] - v_start;
+        out[idx] = (t >= 0 && t < v_local) ? wte[(size_t)t * (size_t)c + j] : 0.0f;  // other shard: zero row
+    }
+}
+
+extern "C" void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c, int v_start,
+                                       int v_local) {
+    if (n <= 0 || c <= 0) return;
+    embedding_fwd_kernel<<<tetra_blocks((size_t)n * c, TETRA_THREADS), TETRA_THREADS>>>(out, tokens, wte, n, c, v_start,
+                                                                                         v_local);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Backward without float atomics: the (token, position) pairs are sorted by token with a
+// stable radix sort, so each vocabulary row's occurrences form one run in increasing
+// position order. The block at the start of a run adds the run's rows into dwte in that
+// order: the same sum, in the same order, as the CPU backend.
+__global__ void embedding_keys_kernel(uint32_t *keys, int32_t *vals, const int32_t *tokens, int n, int v_start,
+                                      int v_local) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int t = tokens[i] - v_start;
+    keys[i] = (uint32_t)((t >= 0 && t < v_local) ? t : v_local);  // v_local: not in this shard, sorts last
+    vals[i] = i;
+}
+
+__global__ void embedding_bwd_kernel(float *dwte, const float *dout, const uint32_t *keys, const int32_t *vals, int n,
+                                     int c, int v_local) {
+    const int p = blockIdx.x;
+    const uint32_t key = keys[p];
+    if (key == (uint32_t)v_local || (p > 0 && keys[p - 1] == key)) return;  // not the start of a run
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= c) return;
+    float *row = dwte + (size_t)key * (size_t)c + j;
+    float acc = *row;
+    for (int q = p; q < n && keys[q] == key; q++) acc += dout[(size_t)vals[q] * (size_t)c + j];
+    *row = acc;
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+extern "C" void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c,
+                                        int v_start, int v_local) {
+    if (n <= 0 || c <= 0 || v_local <= 0) return;
+    int end_bit = 0;
+    while (end_bit < 31 && ((int64_t)1 << end_bit) <= (int64_t)v_local) end_bit++;  // keys in [0, v_local]
+    size_t temp_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                                               (const int32_t *)NULL, (int32_t *)NULL, n, 0, end_bit, (cudaStream_t)0));
+    size_t arr = align256((size_t)n * sizeof(int32_t));
+    char *base = (char *)cuda_scratch(SCRATCH_SORT, 4 * arr + align256(temp_bytes));
+    uint32_t *keys_in = (uint32_t *)base, *keys_out = (uint32_t *)(base + 2 * arr);
+    int32_t *vals_in = (int32_t *)(base + arr), *vals_out = (int32_t *)(base + 3 * arr);
+    void *temp = base + 4 * arr;
+    embedding_keys_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS>>>(keys_in, vals_in, tokens, n,
+                                                                                      v_start, v_local);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out, n, 0, end_bit,
+                                               (cudaStream_t)0));
+    dim3 grid((unsigned)n, (unsigned)((c + TETRA_THREADS - 1) / TETRA_THREADS));
+    embedding_bwd_kernel<<<grid, TETRA_THREADS>>>(dwte, dout, keys_out, vals_out, n, c, v_local);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// RMSNorm: one block per row
+
+__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_fwd_kernel(float *out, float *rstd, const float *x,
+                                                                    const float *w, int c, float eps) {
+    __shared__ float sh[32];
+    const size_t o = (size_t)blockIdx.x * (size_t)c;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        float v = x[o + j];
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, sh);
+    float r = tetra_rms_rstd(ss, c, eps);
+    for (int j = threadIdx.x; j < c; j += blockDim.x) out[o + j] = (x[o + j] * r) * w[j];
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_bwd_input_kernel(float *dx, const float *dout, const float *x,
+                                                                          const float *w, const float *rstd, int c) {
+    __shared__ float sh[32];
+    const size_t o = (size_t)blockIdx.x * (size_t)c;
+    float dot = 0.0f;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) dot += (w[j] * dout[o + j]) * x[o + j];
+    dot = block_sum(dot, sh);
+    const float r = rstd[blockIdx.x], dot_c = dot / (float)c;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) dx[o + j] += tetra_rms_dx(x[o + j], w[j], dout[o + j], r, dot_c);
+}
+
+extern "C" void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps) {
+    if (n <= 0 || c <= 0) return;
+    rmsnorm_fwd_kernel<<<n, TETRA_THREADS>>>(out, rstd, x, w, c, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
+                                            const float *rstd, int n, int c) {
+    if (n <= 0 || c <= 0) return;
+    rmsnorm_bwd_input_kernel<<<n, TETRA_THREADS>>>(dx, dout, x, w, rstd, c);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Weight gradient: a column reduction over rows, deterministic in two passes. Pass 1:
+// the rows are cut into chunks (their number a function of n alone); block (column tile,
+// chunk) sums its rows in a fixed order, in double, into partial[chunk, col]. Pass 2
+// sums the chunks in order and adds to dw.
+#define RMS_DW_MAX_CHUNKS 256
+
+static int rms_rows_per_chunk(int n) {
+    int r = (n + RMS_DW_MAX_CHUNKS - 1) / RMS_DW_MAX_CHUNKS;
+    return r < 64 ? 64 : r;
+}
+
+__global__ void __launch_bounds__(256) rmsnorm_dw_partial_kernel(double *partial, const float *dout, const float *x,
+                                                                 const float *rstd, int n, int c, int rows_per_chunk) {
+    __shared__ double sh[8][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int col = blockIdx.x * 32 + tx;
+    const int r0 = blockIdx.y * rows_per_chunk;
+    const int r1 = min(n, r0 + rows_per_chunk);
+    double acc = 0.0;
+    if (col < c) {
+        for (int r = r0 + ty; r < r1; r += 8) {
+            size_t o = (size_t)r * (size_t)c + col;
+            acc += (double)(dout[o] * (x[o] * rstd[r]));
+        }
+    }
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && col < c) {
+        double s = 0.0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += sh[i][tx];
+        partial[(size_t)blockIdx.y * (size_t)c + col] = s;
+    }
+}
+
+__global__ void rmsnorm_dw_final_kernel(float *dw, const double *partial, int chunks, int c) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= c) return;
+    double s = 0.0;
+    for (int k = 0; k < chunks; k++) s += partial[(size_t)k * (size_t)c + col];
+    dw[col] += (float)s;
+}
+
+extern "C" void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n,
+                                             int c) {
+    if (n <= 0 || c <= 0) return;
+    int rpc = rms_rows_per_chunk(n);
+    int chunks = (n + rpc - 1) / rpc;
+    double *partial = (double *)cuda_scratch(SCRATCH_RMS_DW, (size_t)chunks * (size_t)c * sizeof(double));
+    dim3 grid((unsigned)((c + 31) / 32), (unsigned)chunks);
+    rmsnorm_dw_partial_kernel<<<grid, 256>>>(partial, dout, x, rstd, n, c, rpc);
+    CUDA_CHECK_LAUNCH();
+    rmsnorm_dw_final_kernel<<<(c + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS>>>(dw, partial, chunks, c);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// RoPE: one thread per (row, head, pair); reads both values before writing (in place ok)
+
+template <bool INVERSE>
+__global__ void rope_kernel(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int s,
+                            int nh, int d, size_t total) {
+    const size_t half = (size_t)(d / 2);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += stride) {
+        size_t rest = q / half, i = q - rest * half;  // rest = row * nh + head
+        size_t row = rest / (size_t)nh;               // b * s + si
+        int si = (int)(row % (size_t)s);
+        int p = pos ? pos[si] : pos_offset + si;
+        size_t o = rest * (size_t)d + 2 * i;
+        const float *f = freqs + ((size_t)p * half + i) * 2;
+        float x0 = x[o], x1 = x[o + 1], y0, y1;
+        if constexpr (INVERSE)
+            tetra_rope_unrotate(&y0, &y1, x0, x1, f[0], f[1]);
+        else
+            tetra_rope_rotate(&y0, &y1, x0, x1, f[0], f[1]);
+        out[o] = y0;
+        out[o + 1] = y1;
+    }
+}
+
+static void rope_launch(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b,
+                        int s, int nh, int d, int inverse) {
+    if (b <= 0 || s <= 0 || nh <= 0 || d < 2) return;
+    size_t total = (size_t)b * (size_t)s * (size_t)nh * (size_t)(d / 2);
+    unsigned nb = tetra_blocks(total, TETRA_THREADS);
+    if (inverse)
+        rope_kernel<true><<<nb, TETRA_THREADS>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
+    else
+        rope_kernel<false><<<nb, TETRA_THREADS>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset,
+                                  int b, int s, int nh, int d) {
+    rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
+}
+
+extern "C" void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos,
+                                   int pos_offset, int b, int s, int nh, int d) {
+    rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU
+
+__global__ void swiglu_fwd_kernel(float *out, const float *a, const float *g, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = tetra_silu(a[i]) * g[i];
+}
+
+__global__ void swiglu_bwd_kernel(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float ai = a[i], gi = g[i], d = dout[i];
+        float dai = d * gi * tetra_dsilu(ai);
+        float dgi = d * tetra_silu(ai);
+        da[i] = dai;  // both inputs read before either write: in place is safe
+        dg[i] = dgi;
+    }
+}
+
+extern "C" void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
+    if (!n) return;
+    swiglu_fwd_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, a, g, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n) {
+    if (!n) return;
+    swiglu_bwd_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(da, dg, dout, a, g, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy: one block per row. Fused: one pass for the online max and sum of
+// exponentials (per thread, then combined), one pass writing dlogits (in place allowed:
+// every thread reads z[t] before the barrier that precedes the first write).
+
+#define CE_THREADS 512
+
+__device__ __forceinline__ void ce_write_grad(float *d, const float *z, float m, float a, int t, float dloss_scale,
+                                              int v) {
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float e = __fmul_rn(tetra_expf(z[j] - m), a);
+        d[j] = j == t ? __fsub_rn(e, dloss_scale) : e;
+    }
+}
+
+__device__ __forceinline__ void ce_zero_row(float *d, int v) {
+    for (int j = threadIdx.x; j < v; j += blockDim.x) d[j] = 0.0f;
+}
+
+__global__ void __launch_bounds__(CE_THREADS) ce_fused_kernel(float *dlogits, float *losses, const float *logits,
+                                                              const int32_t *targets, int v, float dloss_scale) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    const size_t row = blockIdx.x;
+    const float *z = logits + row * (size_t)v;
+    float *d = dlogits ? dlogits + row * (size_t)v : NULL;
+    const int t = targets[row];
+    if (!(t >= 0 && t < v)) {  // ignored (or out of range): no loss, zero gradient
+        if (threadIdx.x == 0) losses[row] = 0.0f;
+        if (d) ce_zero_row(d, v);
+        return;
+    }
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float zj = z[j];
+        if (zj > m) {
+            s = s * tetra_expf(m - zj) + 1.0f;
+            m = zj;
+        } else {
+            s += tetra_expf(zj - m);
+        }
+    }
+    const float M = block_max(m, shf);
+    double part = m == -INFINITY ? 0.0 : (double)(s * tetra_expf(m - M));
+    const double S = block_sum(part, shd);
+    const float zt = z[t] - M;
+    const float sf = (float)S;
+    if (threadIdx.x == 0) losses[row] = logf(sf) - zt;
+    if (!d) return;
+    __syncthreads();  // z[t] read by all before any write (d may alias z)
+    ce_write_grad(d, z, M, dloss_scale / sf, t, dloss_scale, v);
+}
+
+extern "C" void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
+                                   int v, float dloss_scale) {
+    if (n <= 0) return;
+    ce_fused_kernel<<<n, CE_THREADS>>>(dlogits, losses, logits, targets, v, dloss_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void __launch_bounds__(CE_THREADS) ce_max_kernel(float *row_max, const float *logits, int v) {
+    __shared__ float sh[32];
+    const float *z = logits + (size_t)blockIdx.x * (size_t)v;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) m = z[j] > m ? z[j] : m;
+    m = block_max(m, sh);
+    if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+__global__ void __launch_bounds__(CE_THREADS) ce_sums_kernel(float *sum_exp, float *target_logit, const float *logits,
+                                                             const float *row_max, const int32_t *targets, int v_local,
+                                                             int v_start) {
+    __shared__ double sh[32];
+    const size_t row = blockIdx.x;
+    const float *z = logits + row * (size_t)v_local;
+    const float m = row_max[row];
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < v_local; j += blockDim.x) s += tetra_expf(z[j] - m);
+    double S = block_sum((double)s, sh);
+    if (threadIdx.x == 0) {
+        int t = targets[row] - v_start;
+        sum_exp[row] = (float)S;
+        target_logit[row] = (t >= 0 && t < v_local) ? z[t] - m : 0.0f;  // ignored targets are < 0
+    }
+}
+
+__global__ void __launch_bounds__(CE_THREADS) ce_finish_kernel(float *dlogits, float *losses, const float *logits,
+                                                               const float *row_max, const float *sum_exp,
+                                                               const float *target_logit, const int32_t *targets,
+                                                               int v_local, int v_start, float dloss_scale) {
+    const size_t row = blockIdx.x;
+    const int valid = targets[row] >= 0;  // the sharded ops cannot see V; negatives are ignored
+    const float s = sum_exp[row];
+    if (threadIdx.x == 0) losses[row] = valid ? logf(s) - target_logit[row] : 0.0f;
+    if (!dlogits) return;
+    float *d = dlogits + row * (size_t)v_local;
+    if (!valid) {
+        ce_zero_row(d, v_local);
+        return;
+    }
+    int t = targets[row] - v_start;
+    if (!(t >= 0 && t < v_local)) t = -1;  // the -1 belongs to another shard
+    ce_write_grad(d, logits + row * (size_t)v_local, row_max[row], dloss_scale / s, t, dloss_scale, v_local);
+}
+
+extern "C" void cuda_ce_shard_max(float *row_max, const float *logits, int n, int v_local) {
+    if (n <= 0) return;
+    ce_max_kernel<<<n, CE_THREADS>>>(row_max, logits, v_local);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_ce_shard_sums(float *sum_exp, float *target_logit, const float *logits, const float *row_max,
+                                   const int32_t *targets, int n, int v_local, int v_start) {
+    if (n <= 0) return;
+    ce_sums_kernel<<<n, CE_THREADS>>>(sum_exp, target_logit, logits, row_max, targets, v_local, v_start);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_ce_shard_finish(float *dlogits, float *losses, const float *logits, const float *row_max,
+                                     const float *sum_exp, const float *target_logit, const int32_t *targets, int n,
+                                     int v_local, int v_start, float dloss_scale) {
+    if (n <= 0) return;
+    ce_finish_kernel<<<n, CE_THREADS>>>(dlogits, losses, logits, row_max, sum_exp, target_logit, targets, v_local,
+                                        v_start, dloss_scale);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,981 @@
+// tests/gpu/test_ops_cuda.c — the CUDA backend against the CPU backend, op by op and for
+// whole training steps of a small Llama 3.
+//
+// Every op of kernels/ops.h runs on random inputs through both tables (ops_cpu() on host
+// buffers, ops_cuda() on device buffers) and the results are compared:
+// - exact (bit for bit): fills, scale, add, amax, casts (bf16, fp8 e4m3/e5m2 incl. the
+//   rounding edge cases), embedding forward and backward (same summation order), AdamW;
+// - fp32 ops, relative to the largest reference value: 1e-5 (elementwise, norms, RoPE,
+//   SwiGLU, cross-entropy, reductions), 1e-4 for attention (different summation order
+//   over long rows) and fp32 GEMMs through cuBLASLt;
+// - GEMMs: bf16 operands with fp32 C 1e-4, with bf16 C 1e-2; fp8 operands (the CPU
+//   emulates fp8 exactly) 1e-3, 2e-3 with fast accumulation, 1e-2 into bf16.
+// Shapes include sizes that are not multiples of any tile, unaligned pointers,
+// grouped-query heads, ring-attention offsets (fully and partly masked blocks),
+// vocabulary shards, ignored targets, in-place calls and accumulate-into-existing
+// outputs. The full step: the "tiny" Llama 3 flavor, forward loss, every parameter
+// gradient, then three AdamW steps compared by their losses (1e-5 before the first
+// step, 1e-4 after).
+//
+// One line per check: op, shape, error, tolerance, verdict. Exit status 1 on any
+// failure. Without a CUDA device it checks that ops_get reports that cleanly, prints
+// "SKIP: no CUDA device (cudaGetDeviceCount = 0)" and exits 0 (ctest shows it skipped).
+//
+// The same source also builds as gpu/test_ops_cuda_sim (-DTETRA_CUDA_SIM=ON,
+// cmake/gpu_tests.cmake): kernels/cuda/*.cu run on the CPU simulator of
+// tests/gpu/test_ops_sim, with reference stand-ins for cuBLASLt and CUB, so the kernels'
+// logic is checked on machines without a GPU (docs/cuda.md).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
+#include "kernels/ops_math.h"
+#include "models/llama3/model.h"
+
+static const tetra_ops *C;  // CPU reference
+static const tetra_ops *G;  // CUDA
+static int failures = 0, checks = 0;
+
+// ----------------------------------------------------------------------------
+// reporting
+
+static void report(const char *op, const char *shape, double err, double tol, int ok) {
+    checks++;
+    if (!ok) failures++;
+    printf("%-30s %-46s %11.3e %9.1e  %s\n", op, shape, err, tol, ok ? "ok" : "FAIL");
+    fflush(stdout);
+}
+
+// Error of got against ref, relative to max |ref| over the finite entries. Non-finite
+// reference entries must be matched exactly in kind (same infinity, or NaN).
+static double rel_err(const float *got, const float *ref, size_t n, int *mismatch) {
+    double maxref = 0.0, maxd = 0.0;
+    *mismatch = 0;
+    for (size_t i = 0; i < n; i++) {
+        float r = ref[i], g = got[i];
+        if (!isfinite(r) || !isfinite(g)) {
+            int same = (isnan(r) && isnan(g)) || (r == g);
+            if (!same) *mismatch = 1;
+            continue;
+        }
+        double a = fabs((double)r);
+        if (a > maxref) maxref = a;
+        double d = fabs((double)g - (double)r);
+        if (d > maxd) maxd = d;
+    }
+    return maxref > 0.0 ? maxd / maxref : maxd;
+}
+
+static void check_close(const char *op, const char *shape, const float *got, const float *ref, size_t n, double tol) {
+    int mismatch;
+    double e = rel_err(got, ref, n, &mismatch);
+    report(op, shape, mismatch ? INFINITY : e, tol, !mismatch && e <= tol);
+}
+
+static void check_bits(const char *op, const char *shape, const void *got, const void *ref, size_t bytes) {
+    const unsigned char *a = (const unsigned char *)got, *b = (const unsigned char *)ref;
+    size_t diff = 0;
+    for (size_t i = 0; i < bytes; i++) diff += a[i] != b[i];
+    report(op, shape, (double)diff, 0.0, diff == 0);
+}
+
+// ----------------------------------------------------------------------------
+// data
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static uint32_t rnd(void) {
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (uint32_t)((rng * 2685821657736338717ull) >> 32);
+}
+static double unif(void) { return (rnd() + 0.5) / 4294967296.0; }
+static float randn(void) { return (float)(sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif())); }
+
+static float *hrandn(size_t n, float scale) {
+    float *x = (float *)malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = randn() * scale;
+    return x;
+}
+
+static void *hdup(const void *p, size_t bytes) {
+    void *q = malloc(bytes ? bytes : 1);
+    memcpy(q, p, bytes);
+    return q;
+}
+
+static void *dup_gpu(const void *h, size_t bytes) {
+    void *d = G->alloc(bytes);
+    if (!d) {
+        fprintf(stderr, "device allocation of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    G->copy_h2d(d, h, bytes);
+    return d;
+}
+
+static void *from_gpu(const void *d, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    G->synchronize();
+    G->copy_d2h(h, d, bytes);
+    return h;
+}
+
+// ----------------------------------------------------------------------------
+// table and selection
+
+static void test_table(void) {
+    char err[256] = "";
+    const tetra_ops *o = ops_get("cuda", err, sizeof err);
+    report("ops_get(\"cuda\")", err[0] ? err : "-", 0, 0, o == G && o && !strcmp(o->name, "cuda"));
+    o = ops_get("auto", err, sizeof err);
+    report("ops_get(\"auto\") picks cuda", "-", 0, 0, o && !strcmp(o->name, "cuda"));
+    int complete = 1;
+#define SLOT(f) complete &= G->f != NULL
+    SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
+    SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
+    SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
+    SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
+    SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
+    SLOT(rope_forward); SLOT(rope_backward); SLOT(swiglu_forward); SLOT(swiglu_backward);
+    SLOT(attention_workspace_size); SLOT(attention_forward); SLOT(attention_backward); SLOT(attention_merge);
+    SLOT(cross_entropy); SLOT(ce_shard_max); SLOT(ce_shard_sums); SLOT(ce_shard_finish); SLOT(adamw_step);
+    SLOT(adamw_step_bf16);
+    complete &= C->adamw_step_bf16 != NULL;
+#undef SLOT
+    report("op tables complete", "cpu, cuda", 0, 0, complete);
+    void *p = G->alloc(1000);
+    report("alloc alignment", "1000 B", 0, 0, p && ((uintptr_t)p % 64) == 0);
+    G->release(p);
+}
+
+// ----------------------------------------------------------------------------
+// elementwise and reductions
+
+static void test_elementwise(void) {
+    const size_t sizes[] = {1, 5, 1000, ((size_t)1 << 20) + 3};
+    char shape[96];
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        for (int off = 0; off < 2; off++) {  // off = 1: pointers not 16-byte aligned
+            size_t n = sizes[si], tot = n + 1;
+            snprintf(shape, sizeof shape, "n=%zu%s", n, off ? " unaligned" : "");
+            float *x = hrandn(tot, 1), *y = hrandn(tot, 1), *z = hrandn(tot, 1);
+            float *dx = (float *)dup_gpu(x, tot * 4), *dy = (float *)dup_gpu(y, tot * 4), *dz = (float *)dup_gpu(z, tot * 4);
+            float *hy = (float *)hdup(y, tot * 4);
+
+            C->fill(hy + off, 3.25f, n);
+            G->fill(dy + off, 3.25f, n);
+            float *r = (float *)from_gpu(dy, tot * 4);
+            check_bits("fill", shape, r, hy, tot * 4);
+            free(r);
+
+            memcpy(hy, y, tot * 4);
+            G->copy_h2d(dy, y, tot * 4);
+            C->scale(hy + off, -0.37f, n);
+            G->scale(dy + off, -0.37f, n);
+            r = (float *)from_gpu(dy, tot * 4);
+            check_bits("scale", shape, r, hy, tot * 4);
+            free(r);
+
+            C->axpy(hy + off, x + off, 1.7f, n);
+            G->axpy(dy + off, dx + off, 1.7f, n);
+            r = (float *)from_gpu(dy, tot * 4);
+            check_close("axpy", shape, r, hy, tot, 1e-6);
+            free(r);
+
+            float *hz = (float *)hdup(z, tot * 4);
+            C->add(hz + off, x + off, y + off, n);
+            G->copy_h2d(dy, y, tot * 4);
+            G->add(dz + off, dx + off, dy + off, n);
+            r = (float *)from_gpu(dz, tot * 4);
+            check_bits("add", shape, r, hz, tot * 4);
+            free(r);
+
+            // reductions: sum_squares accumulates onto the existing value
+            float hs[2] = {2.5f, 0.0f}, gs[2];
+            float *ds = (float *)dup_gpu(hs, sizeof hs);
+            C->sum_squares(&hs[0], x + off, n);
+            G->sum_squares(ds, dx + off, n);
+            C->sum(&hs[1], x + off, n);
+            G->sum(ds + 1, dx + off, n);
+            G->synchronize();
+            G->copy_d2h(gs, ds, sizeof gs);
+            check_close("sum_squares (+=)", shape, &gs[0], &hs[0], 1, 1e-6);
+            check_close("sum", shape, &gs[1], &hs[1], 1, 1e-6);
+            float am_c, am_g;
+            C->amax(&am_c, x + off, n);
+            G->amax(ds, dx + off, n);
+            G->synchronize();
+            G->copy_d2h(&am_g, ds, 4);
+            check_bits("amax", shape, &am_g, &am_c, 4);
+            G->release(ds);
+            free(x); free(y); free(z); free(hy); free(hz);
+            G->release(dx); G->release(dy); G->release(dz);
+        }
+    }
+    // amax: NaN propagates, n = 0 gives 0; amax_rows
+    {
+        size_t n = 5000;
+        float *x = hrandn(n, 3);
+        x[4321] = NAN;
+        float *dx = (float *)dup_gpu(x, n * 4), *dout = (float *)G->alloc(64 * 4);
+        float c_nan, g_nan, c_zero, g_zero;
+        C->amax(&c_nan, x, n);
+        G->amax(dout, dx, n);
+        G->amax(dout + 1, dx, 0);
+        C->amax(&c_zero, x, 0);
+        float tmp[2];
+        G->synchronize();
+        G->copy_d2h(tmp, dout, 8);
+        g_nan = tmp[0];
+        g_zero = tmp[1];
+        report("amax NaN propagates", "n=5000", 0, 0, isnan(c_nan) && isnan(g_nan));
+        report("amax of nothing", "n=0", 0, 0, c_zero == 0.0f && g_zero == 0.0f);
+        x[4321] = 1.0f;
+        G->copy_h2d(dx, x, n * 4);
+        const int rows = 37, cols = 135;  // 4995 elements
+        float hr[37], *gr;
+        C->amax_rows(hr, x, rows, cols);
+        G->amax_rows(dout, dx, rows, cols);
+        gr = (float *)from_gpu(dout, rows * 4);
+        check_bits("amax_rows", "37 x 135", gr, hr, rows * 4);
+        free(gr); free(x);
+        G->release(dx); G->release(dout);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// casts
+
+static void test_casts(void) {
+    const int rows = 67, cols = 129;
+    const size_t n = (size_t)rows * cols;
+    float *x = (float *)malloc(n * 4);
+    // a spread of magnitudes plus the edge cases: ties, saturation, inf, NaN, signed
+    // zero, subnormals of both formats
+    for (size_t i = 0; i < n; i++) x[i] = randn() * ldexpf(1.0f, (int)(rnd() % 40) - 24);
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 449.0f, 464.0f, -500.0f, 57344.0f,
+                             61440.0f, 1e30f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, ldexpf(1.0f, -9), ldexpf(3.0f, -11),
+                             ldexpf(1.0f, -16), ldexpf(1.5f, -17), 1e-40f, -1e-45f, 3.0e38f, 1.00390625f, 1.01171875f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[i * 7] = special[i];
+    float *dx = (float *)dup_gpu(x, n * 4);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d x %d + edge cases", rows, cols);
+
+    uint16_t *hb = (uint16_t *)malloc(n * 2), *gb;
+    uint16_t *db = (uint16_t *)G->alloc(n * 2);
+    C->cast_f32_to_bf16(hb, x, n);
+    G->cast_f32_to_bf16(db, dx, n);
+    gb = (uint16_t *)from_gpu(db, n * 2);
+    check_bits("cast f32->bf16", shape, gb, hb, n * 2);
+    float *hf = (float *)malloc(n * 4), *gf;
+    float *df = (float *)G->alloc(n * 4);
+    C->cast_bf16_to_f32(hf, hb, n);
+    G->cast_bf16_to_f32(df, db, n);
+    gf = (float *)from_gpu(df, n * 4);
+    check_bits("cast bf16->f32", shape, gf, hf, n * 4);
+    free(gb); free(gf);
+
+    float *scale = hrandn(rows, 1);
+    for (int r = 0; r < rows; r++) scale[r] = fabsf(scale[r]) * 4.0f + 0.01f;
+    float *dscale = (float *)dup_gpu(scale, rows * 4);
+    uint8_t *hq = (uint8_t *)malloc(n), *gq, *dq = (uint8_t *)G->alloc(n);
+    const tetra_dtype fmts[2] = {TETRA_FP8_E4M3, TETRA_FP8_E5M2};
+    for (int fi = 0; fi < 2; fi++) {
+        for (int rowwise = 0; rowwise < 2; rowwise++) {
+            for (int with_scale = 0; with_scale < 2; with_scale++) {
+                if (rowwise && !with_scale) continue;
+                char name[64];
+                snprintf(name, sizeof name, "cast f32->%s%s%s", fi ? "e5m2" : "e4m3", rowwise ? " rowwise" : "",
+                         with_scale ? "" : " noscale");
+                C->cast_f32_to_fp8(hq, x, with_scale ? scale : NULL, rowwise, rows, cols, fmts[fi]);
+                G->cast_f32_to_fp8(dq, dx, with_scale ? dscale : NULL, rowwise, rows, cols, fmts[fi]);
+                gq = (uint8_t *)from_gpu(dq, n);
+                check_bits(name, shape, gq, hq, n);
+                free(gq);
+                snprintf(name, sizeof name, "cast %s->f32%s", fi ? "e5m2" : "e4m3", rowwise ? " rowwise" : "");
+                C->cast_fp8_to_f32(hf, hq, with_scale ? scale : NULL, rowwise, rows, cols, fmts[fi]);
+                G->cast_fp8_to_f32(df, dq, with_scale ? dscale : NULL, rowwise, rows, cols, fmts[fi]);
+                gf = (float *)from_gpu(df, n * 4);
+                check_bits(name, shape, gf, hf, n * 4);
+                free(gf);
+            }
+        }
+    }
+    // fp8 scales from amax (with zero, tiny, huge and NaN-free inputs)
+    float amax[64];
+    for (int i = 0; i < 64; i++) amax[i] = fabsf(randn()) * ldexpf(1.0f, (int)(rnd() % 60) - 30);
+    amax[0] = 0.0f;
+    amax[1] = 1e-20f;
+    amax[2] = 448.0f;
+    amax[3] = 1.0f;
+    float *damax = (float *)dup_gpu(amax, sizeof amax), *dsc = (float *)G->alloc(sizeof amax);
+    for (int pow2 = 0; pow2 < 2; pow2++) {
+        float hs[64], *gs;
+        C->fp8_scale_from_amax(hs, amax, 64, OPS_FP8_E4M3_MAX, pow2);
+        G->fp8_scale_from_amax(dsc, damax, 64, OPS_FP8_E4M3_MAX, pow2);
+        gs = (float *)from_gpu(dsc, sizeof amax);
+        check_bits(pow2 ? "fp8_scale_from_amax pow2" : "fp8_scale_from_amax", "n=64", gs, hs, sizeof hs);
+        free(gs);
+    }
+    G->release(damax); G->release(dsc);
+    free(x); free(hb); free(hf); free(scale); free(hq);
+    G->release(dx); G->release(db); G->release(df); G->release(dscale); G->release(dq);
+}
+
+// ----------------------------------------------------------------------------
+// gemm
+
+typedef struct {
+    tetra_dtype at, bt, ct;
+    int ta, tb, m, n, k, pad, batch;
+    float alpha, beta;
+    int scales;  // 0 none, 1 tensorwise, 2 rowwise
+    int fast;
+    double tol;
+} gemm_case;
+
+static const char *tname(tetra_dtype t) {
+    switch (t) {
+    case TETRA_F32: return "f32";
+    case TETRA_BF16: return "bf16";
+    case TETRA_FP8_E4M3: return "e4m3";
+    case TETRA_FP8_E5M2: return "e5m2";
+    default: return "?";
+    }
+}
+
+// random operand of type t: [elems] values stored as t (fp8 quantised at a scale)
+static void *make_operand(tetra_dtype t, size_t elems, float qscale) {
+    float *x = hrandn(elems, 1);
+    void *out;
+    if (t == TETRA_F32) return x;
+    if (t == TETRA_BF16) {
+        out = malloc(elems * 2);
+        C->cast_f32_to_bf16((uint16_t *)out, x, elems);
+    } else {
+        out = malloc(elems);
+        C->cast_f32_to_fp8((uint8_t *)out, x, &qscale, 0, 1, (int)elems, t);
+    }
+    free(x);
+    return out;
+}
+
+static void c_to_float(float *dst, const void *src, tetra_dtype t, size_t n) {
+    if (t == TETRA_F32)
+        memcpy(dst, src, n * 4);
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = tetra_bf16_to_f32(((const uint16_t *)src)[i]);
+}
+
+static void run_gemm(const gemm_case *gc) {
+    const int batch = gc->batch > 1 ? gc->batch : 1;
+    const int ar = gc->ta ? gc->k : gc->m, ac = gc->ta ? gc->m : gc->k;
+    const int br = gc->tb ? gc->n : gc->k, bc = gc->tb ? gc->k : gc->n;
+    ops_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.a_type = gc->at;
+    g.b_type = gc->bt;
+    g.c_type = gc->ct;
+    g.trans_a = gc->ta;
+    g.trans_b = gc->tb;
+    g.m = gc->m;
+    g.n = gc->n;
+    g.k = gc->k;
+    g.lda = ac + gc->pad;
+    g.ldb = bc + gc->pad;
+    g.ldc = gc->n + gc->pad;
+    g.alpha = gc->alpha;
+    g.beta = gc->beta;
+    g.scale_rowwise = gc->scales == 2;
+    g.fast_accum = gc->fast;
+    g.batch = gc->batch;
+    g.stride_a = (int64_t)ar * g.lda;
+    g.stride_b = (int64_t)br * g.ldb;
+    g.stride_c = (int64_t)gc->m * g.ldc;
+    size_t na = (size_t)g.stride_a * batch, nb = (size_t)g.stride_b * batch, nc = (size_t)g.stride_c * batch;
+    size_t ea = ops_dtype_size(gc->at), eb = ops_dtype_size(gc->bt), ec = ops_dtype_size(gc->ct);
+    void *a = make_operand(gc->at, na, 64.0f), *b = make_operand(gc->bt, nb, 16.0f);
+    // C: random when beta != 0, else NaN (beta = 0 must not read C)
+    float *cf = hrandn(nc, 1);
+    if (gc->beta == 0.0f)
+        for (size_t i = 0; i < nc; i++) cf[i] = NAN;
+    void *c = cf;
+    if (gc->ct == TETRA_BF16) {
+        c = malloc(nc * 2);
+        C->cast_f32_to_bf16((uint16_t *)c, cf, nc);
+        free(cf);
+    }
+    float *sa = NULL, *sb = NULL, *dsa = NULL, *dsb = NULL;
+    if (gc->scales) {
+        int la = gc->scales == 2 ? gc->m : 1, lb = gc->scales == 2 ? gc->n : 1;
+        sa = hrandn(la, 1);
+        sb = hrandn(lb, 1);
+        for (int i = 0; i < la; i++) sa[i] = 1.0f / 64.0f * (0.5f + fabsf(sa[i]));
+        for (int i = 0; i < lb; i++) sb[i] = 1.0f / 16.0f * (0.5f + fabsf(sb[i]));
+        dsa = (float *)dup_gpu(sa, la * 4);
+        dsb = (float *)dup_gpu(sb, lb * 4);
+    }
+    void *da = dup_gpu(a, na * ea), *db = dup_gpu(b, nb * eb), *dc = dup_gpu(c, nc * ec);
+    g.a_scale = sa;
+    g.b_scale = sb;
+    C->gemm(c, a, b, &g);
+    g.a_scale = dsa;
+    g.b_scale = dsb;
+    G->gemm(dc, da, db, &g);
+    void *gcv = from_gpu(dc, nc * ec);
+    float *ref = (float *)malloc(nc * 4), *got = (float *)malloc(nc * 4);
+    c_to_float(ref, c, gc->ct, nc);
+    c_to_float(got, gcv, gc->ct, nc);
+    char name[64], shape[128];
+    snprintf(name, sizeof name, "gemm %sx%s->%s [%s]", tname(gc->at), tname(gc->bt), tname(gc->ct),
+             cuda_gemm_last_path());
+    snprintf(shape, sizeof shape, "%c%c m%d n%d k%d%s%s b%d a%.2g b%.2g%s%s", gc->ta ? 'T' : 'N', gc->tb ? 'T' : 'N',
+             gc->m, gc->n, gc->k, gc->pad ? " pad" : "", gc->scales == 1 ? " tw" : (gc->scales == 2 ? " rw" : ""),
+             batch, (double)gc->alpha, (double)gc->beta, gc->fast ? " fast" : "", "");
+    check_close(name, shape, got, ref, nc, gc->tol);
+    free(a); free(b); free(c); free(gcv); free(ref); free(got); free(sa); free(sb);
+    G->release(da); G->release(db); G->release(dc);
+    if (dsa) G->release(dsa);
+    if (dsb) G->release(dsb);
+}
+
+static void test_gemm(void) {
+    const tetra_dtype F = TETRA_F32, B = TETRA_BF16, E4 = TETRA_FP8_E4M3, E5 = TETRA_FP8_E5M2;
+    // fp32: every transpose, odd sizes, padding, alpha/beta, batches, k = 0, scales
+    for (int t = 0; t < 4; t++) {
+        int ta = t >> 1, tb = t & 1;
+        gemm_case c1 = {F, F, F, ta, tb, 37, 53, 29, 3, 1, 1.3f, 0.7f, 0, 0, 1e-5};
+        gemm_case c2 = {F, F, F, ta, tb, 128, 96, 256, 0, 1, 1.0f, 0.0f, 0, 0, 1e-5};
+        gemm_case c3 = {F, F, F, ta, tb, 17, 19, 23, 1, 3, 1.0f, 1.0f, 0, 0, 1e-5};
+        run_gemm(&c1);
+        run_gemm(&c2);
+        run_gemm(&c3);
+    }
+    gemm_case f_small = {F, F, F, 0, 0, 1, 1, 1, 0, 1, 1.0f, 0.0f, 0, 0, 1e-6};
+    gemm_case f_k0 = {F, F, F, 0, 1, 9, 7, 0, 1, 1, 1.0f, 0.5f, 0, 0, 0.0};
+    gemm_case f_sc = {F, F, F, 0, 1, 33, 40, 50, 0, 1, 0.9f, 1.0f, 1, 0, 1e-5};
+    gemm_case f_bf = {F, F, B, 0, 1, 33, 40, 50, 0, 1, 1.0f, 0.0f, 0, 0, 1e-2};
+    gemm_case f_mx = {F, B, F, 1, 0, 48, 24, 72, 0, 1, 1.0f, 1.0f, 0, 0, 1e-5};
+    run_gemm(&f_small);
+    run_gemm(&f_k0);
+    run_gemm(&f_sc);
+    run_gemm(&f_bf);
+    run_gemm(&f_mx);
+    // bf16 operands, fp32 or bf16 C
+    for (int t = 0; t < 4; t++) {
+        int ta = t >> 1, tb = t & 1;
+        gemm_case c1 = {B, B, F, ta, tb, 64, 48, 80, 0, 1, 1.0f, 1.0f, 0, 0, 1e-4};
+        gemm_case c2 = {B, B, B, ta, tb, 33, 65, 17, 2, 1, 1.0f, 0.0f, 0, 0, 1e-2};
+        gemm_case c3 = {B, B, F, ta, tb, 40, 24, 56, 0, 3, 0.5f, 0.0f, 0, 0, 1e-4};
+        run_gemm(&c1);
+        run_gemm(&c2);
+        run_gemm(&c3);
+    }
+    // fp8: the three linear-layer layouts (y = x W^T: NT; dx = dy W: NN; dW = dy^T x: TN),
+    // tensorwise and rowwise scales, fast accumulation, both formats, bf16 output,
+    // batches, unsupported pairs and sizes (widened paths)
+    const int lay[3][2] = {{0, 1}, {0, 0}, {1, 0}};
+    for (int l = 0; l < 3; l++) {
+        int ta = lay[l][0], tb = lay[l][1];
+        gemm_case c1 = {E4, E4, F, ta, tb, 64, 128, 96, 0, 1, 1.0f, 0.0f, 1, 1, 2e-3};
+        gemm_case c2 = {E5, E4, F, ta, tb, 64, 128, 96, 0, 1, 1.0f, 1.0f, 1, 0, 1e-3};
+        gemm_case c3 = {E4, E5, B, ta, tb, 48, 32, 64, 0, 1, 1.0f, 0.0f, 1, 0, 1e-2};
+        gemm_case c4 = {E4, E4, F, ta, tb, 64, 48, 80, 0, 1, 1.0f, 0.0f, 2, 1, 2e-3};
+        gemm_case c5 = {E4, E4, B, ta, tb, 32, 64, 48, 0, 1, 1.0f, 0.0f, 2, 0, 1e-2};
+        gemm_case c6 = {E4, E4, F, ta, tb, 32, 32, 48, 16, 2, 1.0f, 1.0f, 1, 0, 1e-3};
+        run_gemm(&c1);
+        run_gemm(&c2);
+        run_gemm(&c3);
+        run_gemm(&c4);
+        run_gemm(&c5);
+        run_gemm(&c6);
+    }
+    gemm_case e55 = {E5, E5, F, 0, 1, 64, 64, 64, 0, 1, 1.0f, 0.0f, 1, 0, 1e-3};
+    gemm_case odd = {E4, E4, F, 0, 1, 40, 24, 20, 0, 1, 1.0f, 0.0f, 1, 0, 1e-3};
+    gemm_case oddr = {E4, E5, F, 1, 0, 40, 24, 20, 3, 1, 1.0f, 0.5f, 2, 0, 1e-3};
+    gemm_case nos = {E4, E4, F, 0, 1, 32, 32, 32, 0, 1, 2.0f, 0.0f, 0, 0, 1e-3};
+    gemm_case mix = {E4, B, F, 0, 1, 32, 48, 64, 0, 1, 1.0f, 0.0f, 1, 0, 1e-4};
+    run_gemm(&e55);
+    run_gemm(&odd);
+    run_gemm(&oddr);
+    run_gemm(&nos);
+    run_gemm(&mix);
+}
+
+// ----------------------------------------------------------------------------
+// embedding, RMSNorm, RoPE, SwiGLU
+
+static void test_embedding(void) {
+    const int n = 300, c = 70, vocab = 50;
+    int32_t tok[300];
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)(rnd() % vocab);
+    const int shards[2][2] = {{0, 50}, {10, 25}};  // (v_start, v_local): whole table, a middle shard
+    for (int s = 0; s < 2; s++) {
+        int v0 = shards[s][0], vl = shards[s][1];
+        char shape[64];
+        snprintf(shape, sizeof shape, "n%d c%d vocab[%d,%d)", n, c, v0, v0 + vl);
+        float *wte = hrandn((size_t)vl * c, 1), *out = (float *)malloc((size_t)n * c * 4);
+        float *dwte = (float *)dup_gpu(wte, (size_t)vl * c * 4), *dout = (float *)G->alloc((size_t)n * c * 4);
+        int32_t *dtok = (int32_t *)dup_gpu(tok, sizeof tok);
+        C->embedding_forward(out, tok, wte, n, c, v0, vl);
+        G->embedding_forward(dout, dtok, dwte, n, c, v0, vl);
+        float *got = (float *)from_gpu(dout, (size_t)n * c * 4);
+        check_bits("embedding_forward", shape, got, out, (size_t)n * c * 4);
+        free(got);
+        // backward accumulates into an existing gradient; same order -> same bits
+        float *gy = hrandn((size_t)n * c, 1), *dw = hrandn((size_t)vl * c, 1);
+        float *dgy = (float *)dup_gpu(gy, (size_t)n * c * 4), *ddw = (float *)dup_gpu(dw, (size_t)vl * c * 4);
+        C->embedding_backward(dw, gy, tok, n, c, v0, vl);
+        G->embedding_backward(ddw, dgy, dtok, n, c, v0, vl);
+        got = (float *)from_gpu(ddw, (size_t)vl * c * 4);
+        check_bits("embedding_backward (+=)", shape, got, dw, (size_t)vl * c * 4);
+        free(got); free(wte); free(out); free(gy); free(dw);
+        G->release(dwte); G->release(dout); G->release(dtok); G->release(dgy); G->release(ddw);
+    }
+}
+
+static void test_rmsnorm(void) {
+    const int shapes[5][2] = {{1, 7}, {33, 256}, {300, 1000}, {5, 4096}, {20000, 40}};
+    for (int si = 0; si < 5; si++) {
+        int n = shapes[si][0], c = shapes[si][1];
+        size_t nc = (size_t)n * c;
+        char shape[64];
+        snprintf(shape, sizeof shape, "n%d c%d", n, c);
+        float *x = hrandn(nc, 2), *w = hrandn(c, 1), *dy = hrandn(nc, 1), *dx0 = hrandn(nc, 1), *dw0 = hrandn(c, 1);
+        float *out = (float *)malloc(nc * 4), *rstd = (float *)malloc((size_t)n * 4);
+        float *d_x = (float *)dup_gpu(x, nc * 4), *d_w = (float *)dup_gpu(w, c * 4), *d_dy = (float *)dup_gpu(dy, nc * 4);
+        float *d_out = (float *)G->alloc(nc * 4), *d_rstd = (float *)G->alloc((size_t)n * 4);
+        float *d_dx = (float *)dup_gpu(dx0, nc * 4), *d_dw = (float *)dup_gpu(dw0, c * 4);
+        C->rmsnorm_forward(out, rstd, x, w, n, c, 1e-5f);
+        G->rmsnorm_forward(d_out, d_rstd, d_x, d_w, n, c, 1e-5f);
+        float *g1 = (float *)from_gpu(d_out, nc * 4), *g2 = (float *)from_gpu(d_rstd, (size_t)n * 4);
+        check_close("rmsnorm_forward out", shape, g1, out, nc, 1e-5);
+        check_close("rmsnorm_forward rstd", shape, g2, rstd, n, 1e-5);
+        // backward halves from the CPU's rstd (isolates each op); both accumulate
+        G->copy_h2d(d_rstd, rstd, (size_t)n * 4);
+        C->rmsnorm_backward_input(dx0, dy, x, w, rstd, n, c);
+        G->rmsnorm_backward_input(d_dx, d_dy, d_x, d_w, d_rstd, n, c);
+        C->rmsnorm_backward_weight(dw0, dy, x, rstd, n, c);
+        G->rmsnorm_backward_weight(d_dw, d_dy, d_x, d_rstd, n, c);
+        float *g3 = (float *)from_gpu(d_dx, nc * 4), *g4 = (float *)from_gpu(d_dw, c * 4);
+        check_close("rmsnorm_backward_input (+=)", shape, g3, dx0, nc, 1e-5);
+        check_close("rmsnorm_backward_weight (+=)", shape, g4, dw0, c, 1e-5);
+        free(g1); free(g2); free(g3); free(g4);
+        free(x); free(w); free(dy); free(dx0); free(dw0); free(out); free(rstd);
+        G->release(d_x); G->release(d_w); G->release(d_dy); G->release(d_out); G->release(d_rstd);
+        G->release(d_dx); G->release(d_dw);
+    }
+}
+
+static void test_rope(void) {
+    const int b = 2, s = 37, nh = 3, d = 16, max_pos = 200;
+    const size_t n = (size_t)b * s * nh * d;
+    float *table = (float *)malloc((size_t)max_pos * d * 4);
+    ops_rope_table(table, d, max_pos, 500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192);
+    float *dtable = (float *)dup_gpu(table, (size_t)max_pos * d * 4);
+    int32_t pos[37];
+    for (int i = 0; i < s; i++) pos[i] = (int32_t)(rnd() % max_pos);
+    int32_t *dpos = (int32_t *)dup_gpu(pos, sizeof pos);
+    for (int mode = 0; mode < 2; mode++) {  // 0: offset positions, 1: explicit positions
+        for (int bwd = 0; bwd < 2; bwd++) {
+            float *x = hrandn(n, 1), *out = (float *)malloc(n * 4);
+            float *dx = (float *)dup_gpu(x, n * 4), *dout = (float *)G->alloc(n * 4);
+            if (!bwd) {
+                C->rope_forward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d);
+                G->rope_forward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
+                G->rope_forward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);  // in place
+            } else {
+                C->rope_backward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d);
+                G->rope_backward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
+                G->rope_backward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
+            }
+            float *g1 = (float *)from_gpu(dout, n * 4), *g2 = (float *)from_gpu(dx, n * 4);
+            const char *shape = mode ? "b2 s37 nh3 d16 pos[]" : "b2 s37 nh3 d16 offset 50";
+            check_close(bwd ? "rope_backward" : "rope_forward", shape, g1, out, n, 1e-6);
+            check_close(bwd ? "rope_backward in place" : "rope_forward in place", shape, g2, out, n, 1e-6);
+            free(g1); free(g2); free(x); free(out);
+            G->release(dx); G->release(dout);
+        }
+    }
+    free(table);
+    G->release(dtable); G->release(dpos);
+}
+
+static void test_swiglu(void) {
+    const size_t n = 100007;
+    float *a = hrandn(n, 3), *g = hrandn(n, 1), *dy = hrandn(n, 1);
+    float *out = (float *)malloc(n * 4), *da = (float *)malloc(n * 4), *dg = (float *)malloc(n * 4);
+    float *d_a = (float *)dup_gpu(a, n * 4), *d_g = (float *)dup_gpu(g, n * 4), *d_dy = (float *)dup_gpu(dy, n * 4);
+    float *d_out = (float *)G->alloc(n * 4);
+    C->swiglu_forward(out, a, g, n);
+    G->swiglu_forward(d_out, d_a, d_g, n);
+    float *r = (float *)from_gpu(d_out, n * 4);
+    check_close("swiglu_forward", "n=100007", r, out, n, 1e-5);
+    free(r);
+    C->swiglu_backward(da, dg, dy, a, g, n);
+    G->swiglu_backward(d_a, d_g, d_dy, d_a, d_g, n);  // in place, as the model calls it
+    float *ra = (float *)from_gpu(d_a, n * 4), *rg = (float *)from_gpu(d_g, n * 4);
+    check_close("swiglu_backward da (in place)", "n=100007", ra, da, n, 1e-5);
+    check_close("swiglu_backward dg (in place)", "n=100007", rg, dg, n, 1e-5);
+    free(ra); free(rg); free(a); free(g); free(dy); free(out); free(da); free(dg);
+    G->release(d_a); G->release(d_g); G->release(d_dy); G->release(d_out);
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko) {
+    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko};
+    const size_t nq = (size_t)b * sq * h * d, nk = (size_t)b * sk * kv * d, nl = (size_t)b * h * sq;
+    char shape[96];
+    snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d kv%d d%d %s q@%d k@%d", b, sq, sk, h, kv, d,
+             causal ? "causal" : "full", qo, ko);
+    float *q = hrandn(nq, 1), *k = hrandn(nk, 1), *v = hrandn(nk, 1), *dout = hrandn(nq, 1);
+    float *out = (float *)malloc(nq * 4), *lse = (float *)malloc(nl * 4);
+    float *dq = hrandn(nq, 1), *dk = hrandn(nk, 1), *dv = hrandn(nk, 1);  // accumulated into
+    float *d_q = (float *)dup_gpu(q, nq * 4), *d_k = (float *)dup_gpu(k, nk * 4), *d_v = (float *)dup_gpu(v, nk * 4);
+    float *d_do = (float *)dup_gpu(dout, nq * 4), *d_out = (float *)G->alloc(nq * 4), *d_lse = (float *)G->alloc(nl * 4);
+    float *d_dq = (float *)dup_gpu(dq, nq * 4), *d_dk = (float *)dup_gpu(dk, nk * 4), *d_dv = (float *)dup_gpu(dv, nk * 4);
+    void *ws = G->alloc(G->attention_workspace_size(&s));
+
+    C->attention_forward(out, lse, q, k, v, &s, NULL);
+    G->attention_forward(d_out, d_lse, d_q, d_k, d_v, &s, ws);
+    float *g_out = (float *)from_gpu(d_out, nq * 4), *g_lse = (float *)from_gpu(d_lse, nl * 4);
+    check_close("attention_forward out", shape, g_out, out, nq, 1e-4);
+    check_close("attention_forward lse", shape, g_lse, lse, nl, 1e-4);
+
+    // backward from the CPU's out and lse (isolates the op); half the cases with NULL ws
+    G->copy_h2d(d_out, out, nq * 4);
+    G->copy_h2d(d_lse, lse, nl * 4);
+    C->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, &s, NULL);
+    G->attention_backward(d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, &s, (sq & 1) ? NULL : ws);
+    float *g_dq = (float *)from_gpu(d_dq, nq * 4), *g_dk = (float *)from_gpu(d_dk, nk * 4);
+    float *g_dv = (float *)from_gpu(d_dv, nk * 4);
+    check_close("attention_backward dq (+=)", shape, g_dq, dq, nq, 1e-4);
+    check_close("attention_backward dk (+=)", shape, g_dk, dk, nk, 1e-4);
+    check_close("attention_backward dv (+=)", shape, g_dv, dv, nk, 1e-4);
+
+    free(q); free(k); free(v); free(dout); free(out); free(lse); free(dq); free(dk); free(dv);
+    free(g_out); free(g_lse); free(g_dq); free(g_dk); free(g_dv);
+    G->release(d_q); G->release(d_k); G->release(d_v); G->release(d_do); G->release(d_out); G->release(d_lse);
+    G->release(d_dq); G->release(d_dk); G->release(d_dv); G->release(ws);
+}
+
+static void test_attention(void) {
+    test_attention_case(1, 1, 1, 1, 1, 16, 1, 0, 0);
+    test_attention_case(2, 67, 67, 4, 2, 16, 1, 0, 0);      // the debug model's head dim, GQA
+    test_attention_case(1, 130, 130, 8, 8, 64, 1, 0, 0);
+    test_attention_case(2, 45, 77, 6, 3, 40, 0, 0, 0);      // full attention, odd head dim
+    test_attention_case(1, 64, 64, 4, 1, 128, 1, 64, 0);    // ring block: every key visible
+    test_attention_case(1, 64, 96, 4, 2, 128, 1, 0, 32);    // ring block: rows 0..31 see nothing
+    test_attention_case(1, 50, 50, 2, 2, 32, 1, 0, 100);    // fully masked block pair
+    test_attention_case(1, 33, 70, 4, 4, 256, 1, 40, 0);    // head dim 256
+    test_attention_case(1, 200, 200, 8, 2, 128, 1, 0, 0);   // Llama 3 head dim, GQA 4, many tiles
+    test_attention_case(3, 97, 97, 2, 1, 24, 1, 0, 0);
+
+    // merge of partial results (incl. rows where either side saw nothing)
+    const int b = 2, sq = 41, h = 3, d = 24;
+    const size_t no = (size_t)b * sq * h * d, nl = (size_t)b * h * sq;
+    float *o1 = hrandn(no, 1), *o2 = hrandn(no, 1), *l1 = hrandn(nl, 2), *l2 = hrandn(nl, 2);
+    for (size_t i = 0; i < nl; i += 7) l1[i] = -INFINITY;
+    for (size_t i = 3; i < nl; i += 11) l2[i] = -INFINITY;
+    float *d1 = (float *)dup_gpu(o1, no * 4), *d2 = (float *)dup_gpu(o2, no * 4);
+    float *e1 = (float *)dup_gpu(l1, nl * 4), *e2 = (float *)dup_gpu(l2, nl * 4);
+    C->attention_merge(o1, l1, o2, l2, b, sq, h, d);
+    G->attention_merge(d1, e1, d2, e2, b, sq, h, d);
+    float *go = (float *)from_gpu(d1, no * 4), *gl = (float *)from_gpu(e1, nl * 4);
+    check_close("attention_merge out", "b2 sq41 h3 d24 (-inf rows)", go, o1, no, 1e-5);
+    check_close("attention_merge lse", "b2 sq41 h3 d24 (-inf rows)", gl, l1, nl, 1e-5);
+    free(o1); free(o2); free(l1); free(l2); free(go); free(gl);
+    G->release(d1); G->release(d2); G->release(e1); G->release(e2);
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy
+
+static void test_cross_entropy_fused(int n, int v) {
+    const size_t nv = (size_t)n * v;
+    float *z = hrandn(nv, 3), *loss = (float *)malloc((size_t)n * 4), *dz = (float *)malloc(nv * 4);
+    int32_t *t = (int32_t *)malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(rnd() % (uint32_t)v);
+    if (n > 3) {
+        t[1] = OPS_IGNORE_INDEX;
+        t[3] = v + 5;  // out of range: treated as ignored
+    }
+    const float scale = 1.0f / (float)n;
+    char shape[64];
+    snprintf(shape, sizeof shape, "n%d V%d (ignored targets)", n, v);
+    float *d_z = (float *)dup_gpu(z, nv * 4), *d_loss = (float *)G->alloc((size_t)n * 4), *d_dz = (float *)G->alloc(nv * 4);
+    int32_t *d_t = (int32_t *)dup_gpu(t, (size_t)n * 4);
+
+    // loss only
+    C->cross_entropy(NULL, loss, z, t, n, v, scale);
+    G->cross_entropy(NULL, d_loss, d_z, d_t, n, v, scale);
+    float *gl = (float *)from_gpu(d_loss, (size_t)n * 4);
+    check_close("cross_entropy losses", shape, gl, loss, n, 1e-5);
+    free(gl);
+    // with dlogits into another buffer
+    C->cross_entropy(dz, loss, z, t, n, v, scale);
+    G->cross_entropy(d_dz, d_loss, d_z, d_t, n, v, scale);
+    float *gd = (float *)from_gpu(d_dz, nv * 4);
+    check_close("cross_entropy dlogits", shape, gd, dz, nv, 1e-5);
+    free(gd);
+    // in place (dlogits == logits)
+    G->cross_entropy(d_z, d_loss, d_z, d_t, n, v, scale);
+    gd = (float *)from_gpu(d_z, nv * 4);
+    gl = (float *)from_gpu(d_loss, (size_t)n * 4);
+    check_close("cross_entropy in place dlogits", shape, gd, dz, nv, 1e-5);
+    check_close("cross_entropy in place losses", shape, gl, loss, n, 1e-5);
+    free(gd); free(gl);
+    free(z); free(loss); free(dz); free(t);
+    G->release(d_z); G->release(d_loss); G->release(d_dz); G->release(d_t);
+}
+
+// Loss parallel: the vocabulary in two shards, the three phases per shard with the
+// reductions between them done on the host (as the all-reduces would).
+static void test_cross_entropy_sharded(void) {
+    const int n = 29, v = 1000, split = 400;
+    const int v0[2] = {0, split}, vl[2] = {split, v - split};
+    float *z = hrandn((size_t)n * v, 3);
+    int32_t t[29];
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(rnd() % v);
+    t[2] = OPS_IGNORE_INDEX;
+    const float scale = 0.05f;
+    float *zs[2], *d_zs[2];
+    int32_t *d_t = (int32_t *)dup_gpu(t, sizeof t);
+    for (int s = 0; s < 2; s++) {  // shard s: columns [v0, v0 + vl) of every row
+        zs[s] = (float *)malloc((size_t)n * vl[s] * 4);
+        for (int i = 0; i < n; i++) memcpy(zs[s] + (size_t)i * vl[s], z + (size_t)i * v + v0[s], (size_t)vl[s] * 4);
+        d_zs[s] = (float *)dup_gpu(zs[s], (size_t)n * vl[s] * 4);
+    }
+    float mx_c[2][29], mx_g[2][29], se_c[2][29], se_g[2][29], tl_c[2][29], tl_g[2][29];
+    float *d_buf = (float *)G->alloc(8 * 29 * 4);
+    for (int s = 0; s < 2; s++) {
+        C->ce_shard_max(mx_c[s], zs[s], n, vl[s]);
+        G->ce_shard_max(d_buf + s * 29, d_zs[s], n, vl[s]);
+    }
+    G->synchronize();
+    G->copy_d2h(mx_g, d_buf, sizeof mx_g);
+    check_bits("ce_shard_max", "n29 V1000 in 2 shards", mx_g, mx_c, sizeof mx_c);
+    float gmax_c[29], gmax_g[29];
+    for (int i = 0; i < n; i++) {
+        gmax_c[i] = fmaxf(mx_c[0][i], mx_c[1][i]);
+        gmax_g[i] = fmaxf(mx_g[0][i], mx_g[1][i]);
+    }
+    float *d_max = d_buf + 2 * 29;
+    G->copy_h2d(d_max, gmax_g, sizeof gmax_g);
+    for (int s = 0; s < 2; s++) {
+        C->ce_shard_sums(se_c[s], tl_c[s], zs[s], gmax_c, t, n, vl[s], v0[s]);
+        G->ce_shard_sums(d_buf + 3 * 29, d_buf + 4 * 29, d_zs[s], d_max, d_t, n, vl[s], v0[s]);
+        G->synchronize();
+        G->copy_d2h(se_g[s], d_buf + 3 * 29, sizeof se_g[s]);
+        G->copy_d2h(tl_g[s], d_buf + 4 * 29, sizeof tl_g[s]);
+    }
+    check_close("ce_shard_sums sum_exp", "n29 V1000 in 2 shards", &se_g[0][0], &se_c[0][0], 58, 1e-5);
+    check_close("ce_shard_sums target_logit", "n29 V1000 in 2 shards", &tl_g[0][0], &tl_c[0][0], 58, 1e-6);
+    float S_c[29], T_c[29], S_g[29], T_g[29];
+    for (int i = 0; i < n; i++) {
+        S_c[i] = se_c[0][i] + se_c[1][i];
+        T_c[i] = tl_c[0][i] + tl_c[1][i];
+        S_g[i] = se_g[0][i] + se_g[1][i];
+        T_g[i] = tl_g[0][i] + tl_g[1][i];
+    }
+    float *d_S = d_buf + 5 * 29, *d_T = d_buf + 6 * 29, *d_loss = d_buf + 7 * 29;
+    G->copy_h2d(d_S, S_g, sizeof S_g);
+    G->copy_h2d(d_T, T_g, sizeof T_g);
+    float loss_c[29], loss_g[29];
+    for (int s = 0; s < 2; s++) {
+        float *dz = (float *)malloc((size_t)n * vl[s] * 4);
+        C->ce_shard_finish(dz, loss_c, zs[s], gmax_c, S_c, T_c, t, n, vl[s], v0[s], scale);
+        G->ce_shard_finish(d_zs[s], d_loss, d_zs[s], d_max, d_S, d_T, d_t, n, vl[s], v0[s], scale);  // in place
+        float *gd = (float *)from_gpu(d_zs[s], (size_t)n * vl[s] * 4);
+        G->copy_d2h(loss_g, d_loss, sizeof loss_g);
+        check_close(s ? "ce_shard_finish dlogits shard 1" : "ce_shard_finish dlogits shard 0", "n29 V1000 in 2 shards",
+                    gd, dz, (size_t)n * vl[s], 1e-5);
+        check_close("ce_shard_finish losses", "n29 V1000 in 2 shards", loss_g, loss_c, n, 1e-5);
+        free(gd); free(dz);
+    }
+    // the sharded loss equals the fused one
+    float *d_z = (float *)dup_gpu(z, (size_t)n * v * 4), fused[29];
+    G->cross_entropy(NULL, d_loss, d_z, d_t, n, v, scale);
+    G->synchronize();
+    G->copy_d2h(fused, d_loss, sizeof fused);
+    check_close("sharded loss == fused loss", "n29 V1000 (cuda)", loss_g, fused, n, 1e-5);
+    for (int s = 0; s < 2; s++) {
+        free(zs[s]);
+        G->release(d_zs[s]);
+    }
+    free(z);
+    G->release(d_buf); G->release(d_t); G->release(d_z);
+}
+
+// ----------------------------------------------------------------------------
+// AdamW: the same coefficients and the same fused updates give the same bits
+
+static void test_adamw(void) {
+    const size_t n = 100003;
+    float *p = hrandn(n, 0.02f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.001f), *g = hrandn(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *d_p = (float *)dup_gpu(p, n * 4), *d_m = (float *)dup_gpu(m, n * 4), *d_v = (float *)dup_gpu(v, n * 4);
+    float *d_g = (float *)dup_gpu(g, n * 4);
+    C->adamw_step(p, m, v, g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, 0.5f);
+    G->adamw_step(d_p, d_m, d_v, d_g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, 0.5f);
+    float *gp = (float *)from_gpu(d_p, n * 4), *gm = (float *)from_gpu(d_m, n * 4), *gv = (float *)from_gpu(d_v, n * 4);
+    check_bits("adamw_step param", "n=100003 t=7", gp, p, n * 4);
+    check_bits("adamw_step m", "n=100003 t=7", gm, m, n * 4);
+    check_bits("adamw_step v", "n=100003 t=7", gv, v, n * 4);
+    free(gp); free(gm); free(gv);
+    uint16_t *p16 = (uint16_t *)malloc(n * 2), *d_p16 = (uint16_t *)G->alloc(n * 2), *g16;
+    C->adamw_step_bf16(p, p16, m, v, g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
+    G->adamw_step_bf16(d_p, d_p16, d_m, d_v, d_g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
+    gp = (float *)from_gpu(d_p, n * 4);
+    g16 = (uint16_t *)from_gpu(d_p16, n * 2);
+    check_bits("adamw_step_bf16 param", "n=100003 t=1", gp, p, n * 4);
+    check_bits("adamw_step_bf16 bf16 copy", "n=100003 t=1", g16, p16, n * 2);
+    free(gp); free(g16); free(p16); free(p); free(m); free(v); free(g);
+    G->release(d_p); G->release(d_m); G->release(d_v); G->release(d_g); G->release(d_p16);
+}
+
+// ----------------------------------------------------------------------------
+// a full step of a small Llama 3 on both backends
+
+static void test_full_step(void) {
+    llama3_args args;
+    char err[512];
+    if (llama3_flavor("tiny", &args) != 0) {
+        report("full step: flavor tiny", "missing", 0, 0, 0);
+        return;
+    }
+    const int B = 2, T = 48, n = B * T;
+    llama3_model mc, mg;
+    if (llama3_model_init(&mc, &args, T, C, err, sizeof err) != 0 ||
+        llama3_model_init(&mg, &args, T, G, err, sizeof err) != 0) {
+        report("full step: model init", err, 0, 0, 0);
+        return;
+    }
+    llama3_init_weights(&mc, 1234);
+    llama3_init_weights(&mg, 1234);
+    llama3_acts *ac = llama3_acts_create(&mc, B, T, err, sizeof err);
+    llama3_acts *ag = llama3_acts_create(&mg, B, T, err, sizeof err);
+    if (!ac || !ag) {
+        report("full step: activations", err, 0, 0, 0);
+        return;
+    }
+    int32_t in[96], tg[96];
+    for (int i = 0; i < n; i++) {
+        in[i] = (int32_t)(rnd() % (uint32_t)args.vocab_size);
+        tg[i] = (int32_t)(rnd() % (uint32_t)args.vocab_size);
+    }
+    tg[5] = OPS_IGNORE_INDEX;
+    const size_t total = mc.total_numel;
+    float *mom_c[2], *mom_g[2];
+    for (int i = 0; i < 2; i++) {
+        mom_c[i] = (float *)C->alloc(total * 4);
+        mom_g[i] = (float *)G->alloc(total * 4);
+        C->fill(mom_c[i], 0.0f, total);
+        G->fill(mom_g[i], 0.0f, total);
+    }
+    char shape[160];
+    for (int step = 1; step <= 4; step++) {
+        int64_t nv_c = 0, nv_g = 0;
+        llama3_zero_grads(&mc);
+        llama3_zero_grads(&mg);
+        double lc = llama3_forward(&mc, ac, in, tg, 1.0f / 95.0f, &nv_c);
+        double lg = llama3_forward(&mg, ag, in, tg, 1.0f / 95.0f, &nv_g);
+        float flc = (float)(lc / (double)nv_c), flg = (float)(lg / (double)nv_g);
+        snprintf(shape, sizeof shape, "tiny B%d T%d step %d (cpu %.6f)", B, T, step, (double)flc);
+        // after optimizer steps the two runs' parameters differ by the rounding of every
+        // earlier op (and AdamW's first steps amplify it where gradients are near 0)
+        check_close("full step: loss", shape, &flg, &flc, 1, step == 1 ? 1e-5 : 1e-4);
+        if (step == 4) break;
+        llama3_backward(&mc, ac);
+        llama3_backward(&mg, ag);
+        float *gc = (float *)malloc(total * 4), *gg = (float *)from_gpu(mg.grad_mem, total * 4);
+        C->copy_d2h(gc, mc.grad_mem, total * 4);
+        if (step == 1) {
+            // every parameter's gradient, worst one reported
+            double worst = 0.0;
+            const char *worst_name = "-";
+            int bad = 0;
+            for (int i = 0; i < mc.n_params; i++) {
+                const llama3_param *p = &mc.params[i];
+                int mismatch;
+                double e = rel_err(gg + p->offset, gc + p->offset, p->numel, &mismatch);
+                if (mismatch) bad = 1;
+                if (e > worst) {
+                    worst = e;
+                    worst_name = p->name;
+                }
+            }
+            snprintf(shape, sizeof shape, "%d params, worst %s", mc.n_params, worst_name);
+            report("full step: gradients", shape, bad ? INFINITY : worst, 1e-4, !bad && worst <= 1e-4);
+        }
+        free(gc);
+        free(gg);
+        C->adamw_step(mc.param_mem, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f);
+        G->adamw_step(mg.param_mem, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f);
+    }
+    for (int i = 0; i < 2; i++) {
+        C->release(mom_c[i]);
+        G->release(mom_g[i]);
+    }
+    llama3_acts_free(&mc, ac);
+    llama3_acts_free(&mg, ag);
+    llama3_model_free(&mc);
+    llama3_model_free(&mg);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(void) {
+    char err[256] = "";
+    C = ops_cpu();
+    if (cuda_device_count() <= 0) {
+        // what a GPU-less host must still get right: a clear error for "cuda", cpu for "auto"
+        const tetra_ops *o = ops_get("cuda", err, sizeof err);
+        int ok = o == NULL && strstr(err, "no CUDA device") != NULL;
+        if (!ok) fprintf(stderr, "FAIL: ops_get(\"cuda\") without a device: %s\n", o ? "returned a table" : err);
+        o = ops_get("auto", err, sizeof err);
+        if (!o || strcmp(o->name, "cpu") != 0) {
+            fprintf(stderr, "FAIL: ops_get(\"auto\") without a device should pick cpu\n");
+            ok = 0;
+        }
+        if (!ok) return EXIT_FAILURE;
+        printf("SKIP: no CUDA device (cudaGetDeviceCount = 0)\n");
+        return EXIT_SUCCESS;
+    }
+    G = ops_cuda(err, sizeof err);
+    if (!G) {
+        fprintf(stderr, "FAIL: ops_cuda: %s\n", err);
+        return EXIT_FAILURE;
+    }
+    char dev[256];
+    if (cuda_device_describe(0, dev, (int)sizeof dev) != 0) snprintf(dev, sizeof dev, "?");
+    int cudnn = cuda_cudnn_version();
+    printf("device: %s; cuDNN: %d.%d.%d\n", dev, cudnn / 10000, (cudnn / 100) % 100, cudnn % 100);
+    printf("%-30s %-46s %11s %9s  %s\n", "op", "shape", "error", "tol", "result");
+
+    test_table();
+    test_elementwise();
+    test_casts();
+    test_gemm();
+    test_embedding();
+    test_rmsnorm();
+    test_rope();
+    test_swiglu();
+    test_attention();
+    test_cross_entropy_fused(37, 1000);
+    test_cross_entropy_fused(3, 128256);
+    test_cross_entropy_sharded();
+    test_adamw();
+    test_full_step();
+
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,2 @@
+// tests/gpu/test_ops_sim/include/cuda_runtime.h — the simulator stands in for the CUDA runtime.
+#include "sim.h"

@@ -1,0 +1,105 @@
+// tests/gpu/test_ops_sim/include/sim.h — a CPU simulator of the CUDA subset that
+// kernels/cuda/*.cu use, so their kernels run (slowly) on a machine without a GPU.
+//
+// transform.py rewrites each .cu into C++ for it: kernel launches `k<<<g, b, smem>>>(...)`
+// become sim_launch(...) calls and `extern __shared__` arrays read sim_dyn_smem(). The
+// blocks of a launch run one after another; the threads of a block are coroutines that
+// switch at __syncthreads, __syncwarp and warp shuffles, so barriers, shared memory and
+// warp reductions behave as on the device (one block at a time: __shared__ is static).
+// Device memory is host memory, filled with 0xff bytes (NaN) when allocated so reads of
+// unwritten memory show. Fake cuBLASLt (sim.cpp) and CUB (cub/) stand in for the
+// libraries. What it cannot show: timing, data races between blocks, resource limits
+// beyond the shared-memory size, and the real libraries' numerics.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+typedef int cudaError_t;
+enum { cudaSuccess = 0 };
+typedef void *cudaStream_t;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor;
+    size_t totalGlobalMem;
+};
+
+cudaError_t sim_malloc(void **p, size_t n);
+template <typename T>
+cudaError_t cudaMalloc(T **p, size_t n) {
+    return sim_malloc((void **)p, n);
+}
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char *cudaGetErrorString(cudaError_t) { return "simulator error"; }
+inline const char *cudaGetErrorName(cudaError_t) { return "simError"; }
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int bytes) {
+    return bytes <= 227 * 1024 ? cudaSuccess : 1;
+}
+inline cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    snprintf(p->name, sizeof p->name, "CPU simulator");
+    p->major = 9;
+    p->minor = 0;
+    p->totalGlobalMem = (size_t)16 << 30;
+    return cudaSuccess;
+}
+
+void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);
+double *sim_shfl_slots();
+int sim_cur();
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int o) {
+    double *s = sim_shfl_slots();
+    int t = sim_cur();
+    s[t] = (double)v;
+    __syncwarp();
+    T r = (T)s[(t & ~31) | ((t & 31) ^ o)];
+    __syncwarp();
+    return r;
+}
+void *sim_dyn_smem();
+
+// the device's IEEE intrinsics (the simulator is built with -ffp-contract=off)
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+struct float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);

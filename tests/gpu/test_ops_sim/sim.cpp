@@ -1,0 +1,286 @@
+// tests/gpu/test_ops_sim/sim.cpp — the CUDA simulator's runtime (see include/sim.h) and the
+// fake cuBLASLt (include/cublasLt.h).
+//
+// Threads of a block are coroutines: created with makecontext, entered the first time
+// with setcontext, then switched with _setjmp/_longjmp (no signal-mask system calls).
+// The scheduler resumes every runnable thread in turn; a thread runs until it waits at a
+// barrier (block or warp) or returns. A barrier opens when every thread of its scope
+// that has not returned has arrived. SIM_REVERSE=1 resumes threads in the opposite order,
+// which shows reads that depend on the order of threads between two barriers.
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <vector>
+
+#include "cublasLt.h"
+#include "kernels/ops_math.h"
+#include "sim.h"
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+cudaError_t sim_malloc(void **p, size_t n) {
+    size_t r = (n + 255) / 256 * 256 + 256;
+    *p = aligned_alloc(256, r);
+    memset(*p, 0xff, r);  // garbage (NaN) like fresh device memory
+    return *p ? cudaSuccess : 2;
+}
+cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memmove(d, s, n); return cudaSuccess; }
+
+// ---- coroutine threads
+
+namespace {
+struct SimT {
+    ucontext_t uc;
+    jmp_buf jb;
+    int state;  // 0 runnable, 1 at a block barrier, 2 at a warp barrier, 3 returned
+    int started;
+};
+std::vector<SimT> T;
+std::vector<char *> stacks;
+jmp_buf sched_jb;
+int cur, nthr, block_arrived;
+std::vector<int> warp_arrived;
+std::function<void()> *body;
+double slots[1024];
+std::vector<char> dyn;
+const size_t STACK = 256 * 1024;
+
+int live() {
+    int n = 0;
+    for (int i = 0; i < nthr; i++) n += T[i].state != 3;
+    return n;
+}
+void check_block() {
+    if (block_arrived > 0 && block_arrived >= live()) {
+        for (int i = 0; i < nthr; i++)
+            if (T[i].state == 1) T[i].state = 0;
+        block_arrived = 0;
+    }
+}
+void check_warp(int w) {
+    int lo = w * 32, hi = std::min(nthr, lo + 32), l = 0;
+    for (int i = lo; i < hi; i++) l += T[i].state != 3;
+    if (warp_arrived[w] > 0 && warp_arrived[w] >= l) {
+        for (int i = lo; i < hi; i++)
+            if (T[i].state == 2) T[i].state = 0;
+        warp_arrived[w] = 0;
+    }
+}
+void yield() {
+    if (!_setjmp(T[cur].jb)) _longjmp(sched_jb, 1);
+}
+void tramp() {
+    (*body)();
+    T[cur].state = 3;
+    check_block();
+    check_warp(cur / 32);
+    _longjmp(sched_jb, 2);  // never returns into makecontext's frame
+}
+}  // namespace
+
+double *sim_shfl_slots() { return slots; }
+int sim_cur() { return cur; }
+void *sim_dyn_smem() { return dyn.data(); }
+
+void __syncthreads() {
+    T[cur].state = 1;
+    block_arrived++;
+    check_block();
+    yield();
+}
+
+void __syncwarp(unsigned) {
+    int w = cur / 32;
+    T[cur].state = 2;
+    warp_arrived[w]++;
+    check_warp(w);
+    yield();
+}
+
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
+    gridDim = grid;
+    blockDim = block;
+    nthr = (int)(block.x * block.y * block.z);
+    if (nthr > 1024 || nthr % 32) {
+        fprintf(stderr, "simulator: block of %d threads\n", nthr);
+        abort();
+    }
+    if (smem > 227 * 1024) {
+        fprintf(stderr, "simulator: %zu bytes of shared memory\n", smem);
+        abort();
+    }
+    T.assign(nthr, SimT());
+    while ((int)stacks.size() < nthr) stacks.push_back((char *)malloc(STACK));
+    warp_arrived.assign((nthr + 31) / 32, 0);
+    body = &f;
+    static const int rev = getenv("SIM_REVERSE") != NULL;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = dim3(x, y, z);
+                dyn.assign(smem + 16, (char)0xff);
+                block_arrived = 0;
+                std::fill(warp_arrived.begin(), warp_arrived.end(), 0);
+                for (int t = 0; t < nthr; t++) {
+                    getcontext(&T[t].uc);
+                    T[t].uc.uc_stack.ss_sp = stacks[t];
+                    T[t].uc.uc_stack.ss_size = STACK;
+                    T[t].uc.uc_link = NULL;
+                    makecontext(&T[t].uc, tramp, 0);
+                    T[t].state = 0;
+                    T[t].started = 0;
+                }
+                for (;;) {
+                    bool progress = false, all_done = true;
+                    for (int i = 0; i < nthr; i++) {
+                        int t = rev ? nthr - 1 - i : i;
+                        if (T[t].state != 3) all_done = false;
+                        if (T[t].state != 0) continue;
+                        cur = t;
+                        threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+                        progress = true;
+                        if (!_setjmp(sched_jb)) {
+                            if (!T[t].started) {
+                                T[t].started = 1;
+                                setcontext(&T[t].uc);
+                            }
+                            _longjmp(T[t].jb, 1);
+                        }
+                    }
+                    if (all_done) break;
+                    if (!progress) {
+                        fprintf(stderr, "simulator: deadlock (threads wait at different barriers)\n");
+                        abort();
+                    }
+                }
+            }
+}
+
+// ---- fake cuBLASLt
+const char *cublasLtGetStatusString(cublasStatus_t s) { return s ? "sim: not supported" : "ok"; }
+const char *cublasLtGetStatusName(cublasStatus_t s) { return s ? "SIM_ERR" : "OK"; }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (void *)1; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t ct, cudaDataType st) {
+    if (st != CUDA_R_32F) abort();
+    *d = new SimDesc();
+    (*d)->ct = ct;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: if (n != sizeof(cublasOperation_t)) abort(); d->transa = *(const int *)v; break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: if (n != sizeof(cublasOperation_t)) abort(); d->transb = *(const int *)v; break;
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: if (n != 1) abort(); d->fast = *(const int8_t *)v; break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: if (n != 4) abort(); d->amode = *(const int32_t *)v; break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: if (n != 4) abort(); d->bmode = *(const int32_t *)v; break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: if (n != sizeof(void *)) abort(); d->as = *(const float *const *)v; break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: if (n != sizeof(void *)) abort(); d->bs = *(const float *const *)v; break;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r, uint64_t c, int64_t ld) {
+    *l = new SimLayout{t, r, c, ld, 1, 0};
+    if (ld < (int64_t)std::max<uint64_t>(1, r)) { fprintf(stderr, "fake lt: ld %ld < rows %lu\n", (long)ld, (unsigned long)r); abort(); }
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void *v, size_t n) {
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) { if (n != 4) abort(); l->batch = *(const int32_t *)v; }
+    else { if (n != 8) abort(); l->stride = *(const int64_t *)v; }
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) { *p = new SimPref(); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) { if (n != 8) abort(); return CUBLAS_STATUS_SUCCESS; }
+    if (n != 4) abort();
+    p->al[a - 1] = *(const uint32_t *)v;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
+
+static bool is8(cudaDataType t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+static size_t esz(cudaDataType t) { return t == CUDA_R_32F ? 4 : (t == CUDA_R_16BF ? 2 : 1); }
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int req,
+                                              cublasLtMatmulHeuristicResult_t *res, int *found) {
+    *found = 0;
+    if (req < 1 || c != dd) abort();
+    uint64_t m = c->rows, n = c->cols, k = d->transa ? a->rows : a->cols;
+    if ((d->transa ? a->cols : a->rows) != m || (d->transb ? b->rows : b->cols) != n || (d->transb ? b->cols : b->rows) != k) {
+        fprintf(stderr, "fake lt: inconsistent layouts\n");
+        abort();
+    }
+    if (a->batch != b->batch || a->batch != c->batch) abort();
+    if (is8(a->t) || is8(b->t)) {
+        if (!is8(a->t) || !is8(b->t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (a->t == CUDA_R_8F_E5M2 && b->t == CUDA_R_8F_E5M2) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (!d->transa || d->transb) return CUBLAS_STATUS_NOT_SUPPORTED;  // TN only
+        if (k % 16 || a->ld % 16 || b->ld % 16 || p->al[0] < 16 || p->al[1] < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (c->t != CUDA_R_32F && c->t != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if ((d->amode || d->bmode) && getenv("SIM_NO_OUTER")) return CUBLAS_STATUS_NOT_SUPPORTED;
+    } else {
+        if (d->amode || d->bmode) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (a->t != b->t) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (a->t == CUDA_R_32F && c->t != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    memset(res, 0, sizeof *res);
+    memcpy(res->algo.al, p->al, sizeof p->al);
+    res->state = CUBLAS_STATUS_SUCCESS;
+    *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static float ld_el(const void *p, cudaDataType t, size_t i) {
+    switch (t) {
+    case CUDA_R_32F: return ((const float *)p)[i];
+    case CUDA_R_16BF: return tetra_bf16_to_f32(((const uint16_t *)p)[i]);
+    case CUDA_R_8F_E4M3: return tetra_e4m3_to_f32(((const uint8_t *)p)[i]);
+    case CUDA_R_8F_E5M2: return tetra_e5m2_to_f32(((const uint8_t *)p)[i]);
+    default: abort();
+    }
+}
+
+long sim_gemm_calls = 0;
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la,
+                              const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc,
+                              void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+    sim_gemm_calls++;
+    if (C != D || lc != ld) abort();
+    // the algorithm's alignment assumptions must hold for every batch item
+    const void *ptrs[3] = {A, B, C};
+    cublasLtMatrixLayout_t ls[3] = {la, lb, lc};
+    for (int i = 0; i < 3; i++) {
+        uint32_t al = algo->al[i];
+        for (int bi = 0; bi < ls[i]->batch; bi++) {
+            uintptr_t u = (uintptr_t)ptrs[i] + (uintptr_t)(bi * ls[i]->stride * (int64_t)esz(ls[i]->t));
+            if (al && u % al) { fprintf(stderr, "fake lt: operand %d misaligned for the algorithm (%u)\n", i, al); abort(); }
+        }
+    }
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    uint64_t m = lc->rows, n = lc->cols, k = d->transa ? la->rows : la->cols;
+    for (int bi = 0; bi < lc->batch; bi++) {
+        for (uint64_t j = 0; j < n; j++) {
+            for (uint64_t i = 0; i < m; i++) {
+                double acc = 0;
+                for (uint64_t p = 0; p < k; p++) {
+                    size_t ia = (size_t)bi * la->stride + (d->transa ? p + i * la->ld : i + p * la->ld);
+                    size_t ib = (size_t)bi * lb->stride + (d->transb ? j + p * lb->ld : p + j * lb->ld);
+                    acc += (double)ld_el(A, la->t, ia) * (double)ld_el(B, lb->t, ib);
+                }
+                float sa = 1, sb = 1;
+                if (d->as) sa = d->amode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F ? d->as[i] : d->as[0];
+                if (d->bs) sb = d->bmode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F ? d->bs[j] : d->bs[0];
+                float r = al * sa * sb * (float)acc;
+                size_t ic = (size_t)bi * lc->stride + i + j * lc->ld;
+                if (be != 0.0f) r += be * ld_el(C, lc->t, ic);
+                if (lc->t == CUDA_R_32F) ((float *)D)[ic] = r;
+                else if (lc->t == CUDA_R_16BF) ((uint16_t *)D)[ic] = tetra_f32_to_bf16(r);
+                else abort();
+            }
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
