@@ -11,12 +11,7 @@
 #include "data/bpe_train.h"
 #include "data/tokenizer.h"
 
-#if defined(__has_include)
-#if __has_include("data/prepare.h")
 #include "data/prepare.h"
-#define DATA_HAVE_PREPARE 1
-#endif
-#endif
 
 static void usage_data(FILE *f) {
     fprintf(f,
@@ -422,14 +417,7 @@ int data_cli_main(int argc, char **argv) {
     if (!strcmp(cmd, "encode")) return cmd_encode(argc - 1, argv + 1);
     if (!strcmp(cmd, "decode")) return cmd_decode(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-tokenizer")) return cmd_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "prepare")) {
-#ifdef DATA_HAVE_PREPARE
-        return data_prepare_main(argc - 1, argv + 1);
-#else
-        fprintf(stderr, "tetra data prepare: not available in this build\n");
-        return 1;
-#endif
-    }
+    if (!strcmp(cmd, "prepare")) return data_prepare_main(argc - 1, argv + 1);
     fprintf(stderr, "tetra data: unknown command '%s'\n\n", cmd);
     usage_data(stderr);
     return 2;
