@@ -84,7 +84,18 @@ if [ -f "$T/saved.toml" ] && grep -q '^steps = 1$' "$T/saved.toml" && ! ls "$T"/
   ok "save_config_file"
 else bad "save_config_file"; fi
 
-# 5. run_train.sh with NGPU=2 launches two MPI ranks that agree on the layout
+# 5. the same seed gives the same run, bit for bit; another seed another run
+run_losses() { # SEED DIR
+  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 3 --training.seed "$1" \
+    --model.flavor tiny --training.seq_len 32 --training.local_batch_size 2 --job.dump_folder "$2" >/dev/null 2>&1
+  grep -o '"loss": *[^,]*' "$2/metrics.jsonl"
+}
+a="$(run_losses 7 "$T/seed_a")"; b="$(run_losses 7 "$T/seed_b")"; c="$(run_losses 8 "$T/seed_c")"
+if [ -n "$a" ] && [ "$(printf '%s\n' "$a" | wc -l)" = 3 ] && [ "$a" = "$b" ] && [ "$a" != "$c" ]; then
+  ok "same seed, identical losses: $(printf '%s' "$a" | tr '\n' ' ')"
+else bad "determinism: seed 7 gave [$a] and [$b], seed 8 [$c]"; fi
+
+# 6. run_train.sh with NGPU=2 launches two MPI ranks that agree on the layout
 if command -v mpirun >/dev/null; then
   out="$(cd "$ROOT" && NGPU=2 LOG_RANK=all LOG_DIR="$T/logs" ./run_train.sh --job.print_config \
         --parallelism.data_parallel_shard_degree 2 --training.steps 1 "${SMALL[@]}" 2>&1)"
