@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "checkpoint/ckpt_cli.h"
 #include "data/data_cli.h"
 #include "engine/info.h"
 #include "engine/train.h"
@@ -17,6 +18,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train    train a model from a TOML config (tetra train --help lists every key)\n"
             "  data     tokenizers and token shards (encode, decode, train-tokenizer, prepare)\n"
+            "  checkpoint  inspect checkpoints, export/import Hugging Face safetensors\n"
             "  info     build configuration and visible devices\n"
             "\n"
             "Most runs start from ./run_train.sh, which builds, picks the rank count\n"
@@ -36,6 +38,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "train")) return train_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return data_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "checkpoint")) return ckpt_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return info_main(argc - 1, argv + 1);
     fprintf(stderr, "tetra: unknown command '%s'\n\n", cmd);
     usage(stderr);

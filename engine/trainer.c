@@ -1,5 +1,6 @@
 #include "engine/trainer.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <mpi.h>
 #include <omp.h>
@@ -10,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/ckpt_hf.h"
 #include "data/loader.h"
 #include "engine/log.h"
 #include "engine/lr_schedule.h"
@@ -158,10 +161,246 @@ static void init_fill(void *user, int param, size_t start, size_t count, float *
     llama3_init_param_range(&c->m->params[param], c->seed, start, count, host_out);
 }
 
+/* ----------------------------------------------------------------------------
+ * checkpoints (checkpoint/checkpoint.h has the protocol, docs/checkpoint.md the
+ * user's view). Tensors: "model/<name>" (the fp32 master parameters: on the
+ * CPU the parameters are the master weights), "optimizer/exp_avg/<name>" and
+ * "optimizer/exp_avg_sq/<name>", each rank's FSDP piece; the rest of the
+ * training state is JSON in metadata.json. */
+
+enum { G_MODEL = 0, G_EXP_AVG, G_EXP_AVG_SQ, N_GROUPS };
+
+static int excluded(const tetra_config_values *c, const char *what) {
+    for (int i = 0; i < c->checkpoint.exclude_from_loading.n; i++)
+        if (!strcmp(c->checkpoint.exclude_from_loading.items[i], what)) return 1;
+    return 0;
+}
+
+/* <dump_folder>/<folder>; an absolute folder is used as is (as os.path.join). */
+static void checkpoint_dir(const tetra_config_values *c, char *out, size_t n) {
+    const char *f = c->checkpoint.folder && c->checkpoint.folder[0] ? c->checkpoint.folder : "checkpoint";
+    if (f[0] == '/') snprintf(out, n, "%s", f);
+    else ck_snprintf(out, n, "%s/%s", c->job.dump_folder && c->job.dump_folder[0] ? c->job.dump_folder : ".", f);
+}
+
+static int has_metadata(const char *dir) {
+    char p[4200];
+    ck_snprintf(p, sizeof p, "%s/metadata.json", dir);
+    return access(p, F_OK) == 0;
+}
+
+/* Rank 0 looks, every rank learns the answer: 1 = path set, 0 = none, -1 = error. */
+static int find_agreed(int rank, const char *dir, int64_t load_step, int newest_only, char *path, size_t n, char *err,
+                       size_t errlen) {
+    int rc = 0;
+    char buf[4096 + 2048], note[2048] = "";
+    memset(buf, 0, sizeof buf);
+    if (rank == 0) {
+        if (newest_only && has_metadata(dir)) { /* a step folder itself */
+            ck_snprintf(path, n, "%s", dir);
+            rc = 1;
+        } else {
+            rc = ckpt_find(dir, load_step, path, n, note, sizeof note, err, errlen);
+        }
+        ck_snprintf(buf, sizeof buf, "%s", rc == 1 ? path : rc < 0 ? err : "");
+        if (note[0]) log_info("checkpoint: %s", note);
+    }
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_Bcast(buf, (int)sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+    buf[sizeof buf - 1] = '\0';
+    if (rc == 1) ck_snprintf(path, n, "%s", buf);
+    if (rc < 0) ck_snprintf(err, errlen, "%s", buf);
+    return rc;
+}
+
+typedef struct {
+    int64_t step;        /* last completed training step */
+    int64_t tokens_seen;
+    int64_t lr_count;    /* scheduler steps taken (the LambdaLR count) */
+    int64_t opt_step;    /* AdamW steps taken (bias correction) */
+} train_counters;
+
+static char *hex_encode(const unsigned char *p, size_t n) {
+    char *s = malloc(2 * n + 1);
+    if (!s) return NULL;
+    for (size_t i = 0; i < n; i++) sprintf(s + 2 * i, "%02x", p[i]);
+    s[2 * n] = '\0';
+    return s;
+}
+
+static int hex_decode(const char *s, unsigned char *out, size_t n) {
+    if (!s || strlen(s) != 2 * n) return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1) return -1;
+        out[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+/* The state objects stored next to the tensors (rank 0's are used). */
+static json_t *state_json(const tetra_config_values *c, const cfg_parallel_dims *dims, const llama3_args *args,
+                          const train_counters *tc, const dl_loader *train, int T, int B, int accum, int model_only) {
+    json_t *st = json_object(), *o;
+    o = json_object();
+    json_object_set_new(o, "step", json_integer(tc->step));
+    json_object_set_new(o, "tokens_seen", json_integer(tc->tokens_seen));
+    json_object_set_new(st, "train_state", o);
+    json_object_set_new(st, "model", ckpt_llama3_model_json(args, T));
+    o = json_object();
+    json_object_set_new(o, "world", json_integer(dims->world));
+    json_object_set_new(o, "pp", json_integer(dims->pp));
+    json_object_set_new(o, "dp_replicate", json_integer(dims->dp_replicate));
+    json_object_set_new(o, "dp_shard", json_integer(dims->dp_shard));
+    json_object_set_new(o, "cp", json_integer(dims->cp));
+    json_object_set_new(o, "tp", json_integer(dims->tp));
+    json_object_set_new(st, "parallelism", o);
+    o = json_object();
+    json_object_set_new(o, "seed", json_integer(c->training.seed));
+    json_object_set_new(o, "note", json_string("initial weights are a counter-based function of (seed, parameter "
+                                               "name, element index) and training draws no random numbers (no "
+                                               "dropout, no shuffling RNG state): there is no generator state"));
+    json_object_set_new(st, "rng", o);
+    o = json_object();
+    int64_t bos = dl_bos_id(train), eos = dl_eos_id(train);
+    if (bos >= 0) json_object_set_new(o, "bos_id", json_integer(bos));
+    if (eos >= 0) json_object_set_new(o, "eos_id", json_integer(eos));
+    json_object_set_new(st, "tokenizer", o);
+    if (model_only) return st;
+    o = json_object();
+    json_object_set_new(o, "count", json_integer(tc->lr_count));
+    json_object_set_new(o, "warmup_steps", json_integer(c->lr_scheduler.warmup_steps));
+    json_object_set_new(o, "total_steps", json_integer(c->lr_scheduler.total_steps > 0 ? c->lr_scheduler.total_steps
+                                                                                       : c->training.steps));
+    json_object_set_new(o, "decay_type", json_string(c->lr_scheduler.decay_type));
+    json_object_set_new(st, "lr_scheduler", o);
+    o = json_object();
+    json_object_set_new(o, "name", json_string("AdamW"));
+    json_object_set_new(o, "step", json_integer(tc->opt_step));
+    json_object_set_new(o, "lr", json_real(c->optimizer.lr));
+    json_object_set_new(o, "beta1", json_real(c->optimizer.beta1));
+    json_object_set_new(o, "beta2", json_real(c->optimizer.beta2));
+    json_object_set_new(o, "eps", json_real(c->optimizer.eps));
+    json_object_set_new(o, "weight_decay", json_real(c->optimizer.weight_decay));
+    json_object_set_new(st, "optimizer", o);
+    unsigned char dl[DL_STATE_BYTES];
+    o = json_object();
+    if (dl_state_save(train, dl, sizeof dl) == 0) {
+        char *hex = hex_encode(dl, sizeof dl);
+        json_object_set_new(o, "state", json_string(hex ? hex : ""));
+        free(hex);
+    }
+    json_object_set_new(o, "position", json_integer((json_int_t)dl_position(train)));
+    json_object_set_new(o, "global_batch_size", json_integer(dims->global_batch_size));
+    json_object_set_new(o, "seq_len", json_integer(T));
+    json_object_set_new(o, "dp_degree", json_integer(dims->dp));
+    json_object_set_new(o, "local_batch_size", json_integer(B));
+    json_object_set_new(o, "grad_accum_steps", json_integer(accum));
+    json_object_set_new(st, "dataloader", o);
+    return st;
+}
+
+static int64_t state_int(const ck_meta *m, const char *obj, const char *key, int64_t def) {
+    json_t *v = json_object_get(json_object_get(m->state, obj), key);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : def;
+}
+
+/* Load a checkpoint on every rank (collective). model_only: restore the
+ * weights alone (initial_load_model_only, or a model-only checkpoint). */
+static int load_checkpoint(const char *path, int model_only, const tetra_config_values *c,
+                           const cfg_parallel_dims *dims, const ckpt_group *groups, dl_loader *train,
+                           const tetra_ops *ops, int rank, train_counters *tc, char *err, size_t errlen) {
+    double t0 = now_s();
+    ckpt_reader *r = ckpt_reader_open(path, err, errlen);
+    if (ckpt_agree(r == NULL, err, errlen)) {
+        ckpt_reader_close(r);
+        return -1;
+    }
+    const ck_meta *m = ckpt_reader_meta(r);
+    int rest = !model_only && !m->model_only;
+    if (!model_only && m->model_only && rank == 0 && m->step > 0)
+        log_warn("checkpoint %s holds model weights only (a final model-only save): the optimizer, LR schedule, "
+                 "data position and step start fresh", path);
+    int failed = 0;
+    if (!excluded(c, "model")) failed = ckpt_reader_load(r, &groups[G_MODEL], ops, err, errlen) != 0;
+    if (ckpt_agree(failed, err, errlen)) goto fail;
+    if (rest && !excluded(c, "optimizer")) {
+        failed = ckpt_reader_load(r, &groups[G_EXP_AVG], ops, err, errlen) != 0 ||
+                 ckpt_reader_load(r, &groups[G_EXP_AVG_SQ], ops, err, errlen) != 0;
+        if (ckpt_agree(failed, err, errlen)) goto fail;
+        tc->opt_step = state_int(m, "optimizer", "step", 0);
+    }
+    if (rest && !excluded(c, "lr_scheduler")) tc->lr_count = state_int(m, "lr_scheduler", "count", 0);
+    if (rest && !excluded(c, "train_state")) {
+        tc->step = state_int(m, "train_state", "step", m->step);
+        tc->tokens_seen = state_int(m, "train_state", "tokens_seen", 0);
+    }
+    if (rest && !excluded(c, "dataloader")) {
+        json_t *dl = json_object_get(m->state, "dataloader");
+        unsigned char buf[DL_STATE_BYTES];
+        if (hex_decode(json_string_value(json_object_get(dl, "state")), buf, sizeof buf) != 0) {
+            ck_snprintf(err, errlen, "checkpoint %s: the data loader state is missing or malformed", path);
+            failed = 1;
+        } else if (dl_state_load(train, buf, sizeof buf, err, errlen) != 0) {
+            char why[1024];
+            ck_snprintf(why, sizeof why, "%s", err);
+            ck_snprintf(err, errlen, "checkpoint %s: %s (exclude it with checkpoint.exclude_from_loading = "
+                        "[\"dataloader\"] to start the data from the beginning)", path, why);
+            failed = 1;
+        }
+        if (ckpt_agree(failed, err, errlen)) goto fail;
+        int64_t g = state_int(m, "dataloader", "global_batch_size", dims->global_batch_size);
+        int64_t saved_dp = state_int(m, "dataloader", "dp_degree", dims->dp);
+        if (rank == 0 && g != dims->global_batch_size)
+            log_warn("data loader: the global batch changed from %" PRId64 " to %lld sequences; the data continues "
+                     "at global window %llu, so no window is skipped or repeated, but steps now consume %lld windows",
+                     g, (long long)dims->global_batch_size, (unsigned long long)dl_position(train),
+                     (long long)dims->global_batch_size);
+        else if (rank == 0 && saved_dp != dims->dp)
+            log_info("data loader: saved under %" PRId64 " data-parallel ranks, resumed under %d; the position "
+                     "(global window %llu) is global, so every step reads the same global batch as before",
+                     saved_dp, dims->dp, (unsigned long long)dl_position(train));
+    }
+    if (rank == 0) {
+        uint64_t bytes = 0;
+        for (int i = 0; i < m->n_files; i++) bytes += m->files[i].size;
+        double dt = now_s() - t0;
+        log_info("checkpoint: loaded %s (step %" PRId64 ", %s) in %.2f s: %.1f MiB, %.0f MB/s; saved under world "
+                 "%" PRId64 " (dp_replicate %" PRId64 " x dp_shard %" PRId64 "), now world %d (dp_replicate %d x "
+                 "dp_shard %d)",
+                 path, m->step, rest ? "full state" : "model weights", dt, (double)bytes / (1024.0 * 1024.0),
+                 dt > 0 ? (double)bytes / dt / 1e6 : 0.0,
+                 state_int(m, "parallelism", "world", -1),
+                 state_int(m, "parallelism", "dp_replicate", -1), state_int(m, "parallelism", "dp_shard", -1),
+                 dims->world, dims->dp_replicate, dims->dp_shard);
+    }
+    ckpt_reader_close(r);
+    return 0;
+fail:
+    ckpt_reader_close(r);
+    return -1;
+}
+
+static void log_save(const ckpt_saver *sv, int async_done) {
+    ckpt_save_report rep = ckpt_last_report(sv);
+    double mib = (double)rep.total_bytes / (1024.0 * 1024.0);
+    if (async_done)
+        log_info("checkpoint: step-%" PRId64 " complete (async): %.1f MiB written in %.2f s behind training "
+                 "(%.0f MB/s); staging stalled training %.3f s",
+                 rep.step, mib, rep.write_s, rep.write_s > 0 ? (double)rep.total_bytes / rep.write_s / 1e6 : 0.0,
+                 rep.stage_s);
+    else
+        log_info("checkpoint: saved step-%" PRId64 ": %.1f MiB in %.2f s (%.0f MB/s written, %.2f s until published)",
+                 rep.step, mib, rep.write_s,
+                 rep.write_s > 0 ? (double)rep.total_bytes / rep.write_s / 1e6 : 0.0, rep.total_s);
+}
+
 int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world) {
     const tetra_config_values *c = &cfg->v;
     char err[2048];
     int rc = 1;
+    ckpt_saver *saver = NULL;
+    train_counters tc = {0, 0, 0, 0};
 
     if (dims->tp > 1 || dims->pp > 1 || dims->cp > 1) {
         log_error("parallelism: tensor, pipeline and context parallel degrees must be 1 in this version "
@@ -174,14 +413,9 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                   cfg->file ? cfg->file : "command line", c->model.converters.items[0]);
         return 1;
     }
-    if (c->checkpoint.enable || c->checkpoint.create_seed_checkpoint) {
-        log_error("checkpoint.enable / create_seed_checkpoint: sharded checkpoints are not available in this "
-                  "version; set checkpoint.enable = false");
-        return 1;
-    }
-    if (c->checkpoint.initial_load_path && !c->checkpoint.initial_load_in_hf) {
-        log_error("checkpoint.initial_load_path '%s': only Hugging Face safetensors can be loaded in this version "
-                  "(set checkpoint.initial_load_in_hf = true)", c->checkpoint.initial_load_path);
+    if (c->checkpoint.create_seed_checkpoint && world != 1) {
+        log_error("checkpoint.create_seed_checkpoint needs a single rank (got %d): run it with NGPU=1; the seed "
+                  "checkpoint then loads under any layout", world);
         return 1;
     }
     fsdp_reshard_mode reshard;
@@ -289,10 +523,58 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     }
     fsdp_set_backward_needs_params(fs, 0, 0); /* the embedding's backward is a scatter: no weights read */
 
+    /* ---- which checkpoint (if any) this run starts from ----
+     * The run's own newest complete checkpoint (or checkpoint.load_step) when
+     * checkpoint.enable; otherwise, or when there is none, initial_load_path
+     * (a tetra checkpoint, or Hugging Face safetensors with initial_load_in_hf).
+     * Stale step-N.tmp-* folders of runs that died mid-save are removed first. */
+    char ckpt_dir[4096], load_path[4096];
+    checkpoint_dir(c, ckpt_dir, sizeof ckpt_dir);
+    int load_found = 0, load_model_only = 0, load_initial = 0;
+    if (c->checkpoint.enable) {
+        if (rank == 0) {
+            int n = ckpt_cleanup_stale(ckpt_dir);
+            if (n > 0)
+                log_info("checkpoint: removed %d incomplete save folder%s (step-*.tmp-*) of an earlier run in %s", n,
+                         n == 1 ? "" : "s", ckpt_dir);
+        }
+        load_found = find_agreed(rank, ckpt_dir, c->checkpoint.load_step, 0, load_path, sizeof load_path, err,
+                                 sizeof err);
+        if (load_found < 0) {
+            if (rank == 0) log_error("%s", err);
+            fsdp_free(fs);
+            free(decl);
+            llama3_model_free(&model);
+            comm_world_free(cw);
+            return 1;
+        }
+    }
+    if (!load_found && c->checkpoint.initial_load_path && !c->checkpoint.initial_load_in_hf) {
+        load_found = find_agreed(rank, c->checkpoint.initial_load_path, -1, 1, load_path, sizeof load_path, err,
+                                 sizeof err);
+        if (load_found <= 0) {
+            if (rank == 0)
+                log_error("checkpoint.initial_load_path '%s': %s", c->checkpoint.initial_load_path,
+                          load_found < 0 ? err : "no complete tetra checkpoint there (for Hugging Face safetensors "
+                                                 "set checkpoint.initial_load_in_hf = true)");
+            fsdp_free(fs);
+            free(decl);
+            llama3_model_free(&model);
+            comm_world_free(cw);
+            return 1;
+        }
+        load_initial = 1;
+        load_model_only = c->checkpoint.initial_load_model_only;
+    }
+
     /* Initial weights: each rank draws only its shard (the init is a function of
      * seed, name and element index, so every layout starts from the same model),
-     * or loads the whole HF checkpoint and keeps its shard. */
-    if (c->checkpoint.initial_load_path) {
+     * or loads the whole HF checkpoint and keeps its shard; skipped when a
+     * checkpoint's weights replace them below. */
+    if (load_found && !excluded(c, "model")) {
+        /* the checkpoint's weights are loaded once the optimizer state exists */
+    } else if (c->checkpoint.initial_load_path && c->checkpoint.initial_load_in_hf &&
+               !(c->checkpoint.enable && load_found)) {
         if (llama3_load_hf(&model, c->checkpoint.initial_load_path, err, sizeof err)) {
             log_error("checkpoint.initial_load_path: %s", err);
             fsdp_free(fs);
@@ -381,6 +663,72 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     ops->fill(adam_m, 0.0f, local_numel);
     ops->fill(adam_v, 0.0f, local_numel);
 
+    /* ---- checkpoint groups, resume, seed checkpoint ---- */
+    const dt_tensor *pieces = fsdp_tensors(fs);
+    ckpt_group groups[N_GROUPS] = {
+        {"model/", pieces, model.n_params, fsdp_master(fs)},
+        {"optimizer/exp_avg/", pieces, model.n_params, adam_m},
+        {"optimizer/exp_avg_sq/", pieces, model.n_params, adam_v},
+    };
+    if (load_found) {
+        if (load_checkpoint(load_path, load_model_only, c, dims, groups, train, ops, rank, &tc, err, sizeof err)) {
+            if (rank == 0) log_error("%s", err);
+            goto out_buffers;
+        }
+        fsdp_params_updated(fs);
+        if (rank == 0 && load_initial)
+            log_info("checkpoint: started from checkpoint.initial_load_path %s%s", load_path,
+                     load_model_only ? " (model weights only)" : "");
+    }
+    if (tc.step >= c->training.steps && !c->checkpoint.create_seed_checkpoint) {
+        if (rank == 0)
+            log_info("checkpoint: resumed at step %lld, which is training.steps = %lld: nothing left to train",
+                     (long long)tc.step, (long long)c->training.steps);
+        rc = 0;
+        goto out_buffers;
+    }
+    if (c->checkpoint.enable || c->checkpoint.create_seed_checkpoint) {
+        ckpt_saver_options so;
+        memset(&so, 0, sizeof so);
+        so.dir = ckpt_dir;
+        so.ops = ops;
+        so.rank = rank;
+        so.world = world;
+        so.writer = comm_group_rank(comm_get(cw, MESH_G_DP_REPLICATE)) == 0; /* one replica writes */
+        so.async = strcmp(c->checkpoint.async_mode, "disabled") != 0;
+        so.pinned = !strcmp(c->checkpoint.async_mode, "async_with_pinned_mem");
+        so.keep_latest_k = (int)c->checkpoint.keep_latest_k;
+        saver = ckpt_saver_create(&so, err, sizeof err);
+        if (!saver) {
+            log_error("%s", err);
+            goto out_buffers;
+        }
+    }
+    if (c->checkpoint.create_seed_checkpoint) {
+        /* TorchTitan's seed checkpoint: the initial model alone, as step 0 (tetra's init is
+         * the same under every layout, so it is a convenience, not a necessity) */
+        json_t *st = state_json(c, dims, &args, &tc, train, T, B, accum, 1);
+        ckpt_save_request rq;
+        memset(&rq, 0, sizeof rq);
+        rq.step = 0;
+        rq.groups = groups;
+        rq.n_groups = 1;
+        rq.dtype = TETRA_F32;
+        rq.model_only = 1;
+        rq.state = st;
+        rq.sync = 1;
+        int src = ckpt_save(saver, &rq, err, sizeof err);
+        json_decref(st);
+        if (src) {
+            log_error("%s", err);
+        } else {
+            log_save(saver, 0);
+            log_info("checkpoint: seed checkpoint written to %s/step-0; exiting (create_seed_checkpoint)", ckpt_dir);
+            rc = 0;
+        }
+        goto out_buffers;
+    }
+
     /* ---- what this run is ---- */
     double n_params = (double)llama3_num_params(&args);
     double flops_per_token = llama3_flops_per_token(&args, T);
@@ -436,8 +784,10 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     metrics_logger *ml = NULL;
     if (rank == 0) {
         mkdir_p(c->job.dump_folder);
-        ml = metrics_open(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
-                          !c->metrics.disable_color_printing && isatty(STDOUT_FILENO), err, sizeof err);
+        /* a resumed run drops the records an earlier attempt wrote past its checkpoint */
+        ml = metrics_open_at(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
+                             !c->metrics.disable_color_printing && isatty(STDOUT_FILENO), tc.step > 0 ? tc.step + 1 : 0,
+                             err, sizeof err);
         if (!ml) {
             log_error("metrics: %s", err);
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -450,10 +800,20 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                      c->lr_scheduler.decay_type, c->lr_scheduler.min_lr_factor);
 
     double log_t0 = now_s(), log_data = 0.0;
-    int64_t log_steps = 0, tokens_seen = 0;
+    int64_t log_steps = 0;
+    const int64_t first_step = tc.step + 1;
     rc = 0;
-    for (int64_t step = 1; step <= c->training.steps; step++) {
+    for (int64_t step = first_step; step <= c->training.steps; step++) {
         comm_set_step(cw, step);
+        if (saver && ckpt_in_flight(saver)) { /* an async save finishing: publish it, or surface its error */
+            int pr = ckpt_poll(saver, 0, err, sizeof err);
+            if (pr < 0) {
+                if (rank == 0) log_error("%s", err);
+                rc = 1;
+                break;
+            }
+            if (pr > 0 && rank == 0) log_save(saver, 1);
+        }
         double t_data = now_s();
         int64_t local_valid = 0;
         for (int a = 0; a < accum; a++) {
@@ -480,9 +840,11 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         /* torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1 */
         float clip = (float)(c->training.max_norm / (grad_norm + 1e-6));
         if (clip > 1.0f) clip = 1.0f;
-        double lr = c->optimizer.lr * lr_factor(&sched, step - 1);
+        double lr = c->optimizer.lr * lr_factor(&sched, tc.lr_count);
+        tc.lr_count++;
+        tc.opt_step++;
         ops->adamw_step(fsdp_master(fs), adam_m, adam_v, fsdp_grad(fs), local_numel, lr, c->optimizer.beta1,
-                        c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay, (int)step, clip);
+                        c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay, (int)tc.opt_step, clip);
         ops->synchronize();
         fsdp_params_updated(fs);
 
@@ -490,9 +852,10 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         double global_sum = comm_all_reduce_f64(g_loss, loss_sum, COMM_SUM);
         double max_loss = comm_all_reduce_f64(g_loss, local_avg, COMM_MAX);
         double loss = global_valid > 0 ? global_sum / (double)global_valid : 0.0;
-        tokens_seen += (int64_t)tok * accum * dp;
+        tc.tokens_seen += (int64_t)tok * accum * dp;
+        tc.step = step;
         log_steps++;
-        if (step == 1) {
+        if (step == first_step) {
             /* as TorchTitan: once every rank has finished a step, the shorter timeout applies */
             comm_barrier(g_world, NULL);
             comm_set_phase_training(cw);
@@ -521,12 +884,55 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                 s.mem_pct = 100.0 * (double)metrics_peak_rss_bytes() / (double)metrics_host_memory_bytes();
                 s.step_time_s = dt;
                 s.data_time_s = log_data / (double)log_steps;
-                s.tokens_seen = tokens_seen;
+                s.tokens_seen = tc.tokens_seen;
                 metrics_log_step(ml, &s);
             }
             log_t0 = now_s();
             log_data = 0.0;
             log_steps = 0;
+        }
+        const int last = step == c->training.steps;
+        if (saver && !c->checkpoint.load_only &&
+            (last || step % c->checkpoint.interval == 0 || (step == 1 && c->checkpoint.enable_first_step_checkpoint))) {
+            /* the last save may be model-only in export_dtype, or Hugging Face safetensors; it is
+             * written synchronously so the run ends with it complete */
+            const int model_only = last && (c->checkpoint.last_save_model_only || c->checkpoint.last_save_in_hf);
+            tetra_dtype edt = TETRA_F32;
+            ck_dtype_parse(c->checkpoint.export_dtype, &edt);
+            json_t *st = state_json(c, dims, &args, &tc, train, T, B, accum, model_only);
+            ckpt_save_request rq;
+            memset(&rq, 0, sizeof rq);
+            rq.step = step;
+            rq.groups = groups;
+            rq.n_groups = model_only ? 1 : N_GROUPS;
+            rq.dtype = model_only && !c->checkpoint.last_save_in_hf ? edt : TETRA_F32;
+            rq.model_only = model_only;
+            rq.state = st;
+            rq.hf = last && c->checkpoint.last_save_in_hf;
+            rq.hf_dtype = edt;
+            rq.sync = last;
+            double ts = now_s();
+            int src = 0;
+            if (ckpt_in_flight(saver)) { /* at most one save in flight: finish the previous one first */
+                int pr = ckpt_poll(saver, 1, err, sizeof err);
+                if (pr > 0 && rank == 0) log_save(saver, 1);
+                src = pr < 0;
+            }
+            if (!src) src = ckpt_save(saver, &rq, err, sizeof err);
+            json_decref(st);
+            if (src) {
+                if (rank == 0) log_error("%s", err);
+                rc = 1;
+                break;
+            }
+            if (rank == 0) {
+                if (ckpt_in_flight(saver))
+                    log_info("checkpoint: step %lld staged for an async save in %.3f s (%.3f s in ckpt_save); "
+                             "training continues while it is written", (long long)step, ckpt_last_stage_s(saver),
+                             now_s() - ts);
+                else
+                    log_save(saver, 0);
+            }
         }
         if (val && (step == 1 || step % c->validation.freq == 0 || step == c->training.steps)) {
             double tv = now_s();
@@ -535,6 +941,15 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             double vtokens = comm_all_reduce_f64(g_loss, (double)vr.tokens, COMM_SUM);
             if (ml && vtokens > 0) metrics_log_validation(ml, step, vsum / vtokens, now_s() - tv);
             log_t0 += now_s() - tv; /* validation time is not training throughput */
+        }
+    }
+    if (rc == 0 && saver && ckpt_in_flight(saver)) {
+        int pr = ckpt_poll(saver, 1, err, sizeof err);
+        if (pr < 0) {
+            if (rank == 0) log_error("%s", err);
+            rc = 1;
+        } else if (pr > 0 && rank == 0) {
+            log_save(saver, 1);
         }
     }
     if (rc == 0) {
@@ -549,6 +964,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     if (ml) metrics_close(ml);
 
 out_buffers:
+    ckpt_saver_free(saver);
     if (vacts && vacts != acts) llama3_acts_free(&model, vacts);
     if (acts) llama3_acts_free(&model, acts);
     free(h_in);

@@ -14,7 +14,16 @@
  * all-gathering each unit's parameters before it runs and reduce-scattering
  * its gradient after its W pass; clip to training.max_norm with the global
  * norm of the sharded gradient; step AdamW on the local shard at
- * lr * schedule(step); log the loss summed over the loss group. */
+ * lr * schedule(step); log the loss summed over the loss group.
+ *
+ * Checkpoints (checkpoint/checkpoint.h, docs/checkpoint.md): with
+ * checkpoint.enable the run resumes from the newest complete checkpoint in
+ * <dump_folder>/<folder> (or load_step), under any data-parallel layout, and
+ * continues at its step + 1; otherwise it may start from initial_load_path.
+ * It saves after every interval-th step and the last one (sync, or staged to
+ * host memory and written by a background thread in async mode; an async
+ * save is finalised at a later step boundary once every rank's writer is
+ * done). create_seed_checkpoint writes step-0 and exits. */
 #ifndef TETRA_TRAINER_H
 #define TETRA_TRAINER_H
 
