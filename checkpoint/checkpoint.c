@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "checkpoint/ckpt_hf.h"
+#include "data/crc32c.h"
 
 #define PATH_LEN 4096
 #define MSG_LEN 2048
@@ -46,20 +47,6 @@ static int mpi_rank(void) {
 
 /* ----------------------------------------------------------------------------
  * files and folders */
-
-static int mkdir_p(const char *path) {
-    char tmp[PATH_LEN];
-    if (ck_snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    struct stat st;
-    return stat(tmp, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
-}
 
 static int fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY);
@@ -490,7 +477,7 @@ static int write_file(ckpt_saver *s, const unsigned char *staging, char *err, si
             if (s->dtype != TETRA_F32) ck_encode(bytes, host, (size_t)p->count, s->dtype);
             data = bytes;
         }
-        set_crc(s, p, ck_crc32c(0, data, (size_t)p->length));
+        set_crc(s, p, crc32c(0, data, (size_t)p->length));
         if (pwrite_full(fd, data, (size_t)p->length, p->offset) != 0) {
             ck_snprintf(err, errlen, "checkpoint step %" PRId64 ": cannot write '%s': %s", s->step, s->file,
                         errno ? strerror(errno) : "short write");
@@ -772,7 +759,7 @@ int ckpt_save(ckpt_saver *s, const ckpt_save_request *r, char *err, size_t errle
     msg[0] = '\0';
     if (s->o.rank == 0) {
         ckpt_remove_tree(s->tmp);
-        if (mkdir_p(s->dir) != 0 || mkdir(s->tmp, 0755) != 0) {
+        if (ck_mkdir_p(s->dir) != 0 || mkdir(s->tmp, 0755) != 0) {
             ck_snprintf(msg, sizeof msg, "checkpoint step %" PRId64 ": cannot create '%s': %s", r->step, s->tmp,
                         strerror(errno));
             failed = 1;
@@ -957,7 +944,7 @@ static const unsigned char *get_chunk(ckpt_reader *r, const ck_tensor *t, int c,
                     errno ? strerror(errno) : "the file is truncated");
         return NULL;
     }
-    uint32_t crc = ck_crc32c(0, r->raw, (size_t)ch->length);
+    uint32_t crc = crc32c(0, r->raw, (size_t)ch->length);
     if (crc != ch->crc) {
         ck_snprintf(err, errlen,
                     "checkpoint %s: checksum mismatch in %s/%s, tensor '%s' chunk %d (bytes %" PRIu64 "..%" PRIu64

@@ -1,4 +1,4 @@
-/* ckpt_format.c — checkpoint metadata, CRC-32C, dtypes and the overlap math (see ckpt_format.h). */
+/* ckpt_format.c — checkpoint metadata, dtypes and the overlap math (see ckpt_format.h). */
 #include "checkpoint/ckpt_format.h"
 
 #include <errno.h>
@@ -8,14 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/ops_math.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <nmmintrin.h>
-#define CK_HAVE_SSE42_PATH 1
-#endif
 
 int ck_snprintf(char *out, size_t n, const char *fmt, ...) {
     va_list ap;
@@ -25,70 +21,26 @@ int ck_snprintf(char *out, size_t n, const char *fmt, ...) {
     return r;
 }
 
-/* ----------------------------------------------------------------------------
- * CRC-32C: slicing-by-8 tables, or the SSE4.2 crc32 instruction */
-
-static uint32_t crc_table[8][256];
-static int crc_ready;
-static int crc_hw = -1;
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-        crc_table[0][i] = c;
+int ck_mkdir_p(const char *path) {
+    char tmp[4096];
+    if (ck_snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
     }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-    crc_ready = 1;
-}
-
-static uint32_t crc_sw(uint32_t c, const unsigned char *p, size_t n) {
-    while (n >= 8) {
-        uint32_t lo = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
-        lo ^= c;
-        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
-            crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
-            crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
     }
-    while (n--) c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
-    return c;
-}
-
-#ifdef CK_HAVE_SSE42_PATH
-__attribute__((target("sse4.2"))) static uint32_t crc_hw_run(uint32_t c, const unsigned char *p, size_t n) {
-    uint64_t c64 = c;
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c64 = _mm_crc32_u64(c64, v);
-        p += 8;
-        n -= 8;
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(tmp, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
     }
-    uint32_t c32 = (uint32_t)c64;
-    while (n--) c32 = _mm_crc32_u8(c32, *p++);
-    return c32;
-}
-#endif
-
-uint32_t ck_crc32c(uint32_t crc, const void *data, size_t n) {
-    const unsigned char *p = data;
-    uint32_t c = ~crc;
-#ifdef CK_HAVE_SSE42_PATH
-    if (crc_hw < 0) {
-        __builtin_cpu_init();
-        crc_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    }
-    if (crc_hw) return ~crc_hw_run(c, p, n);
-#else
-    crc_hw = 0;
-#endif
-    if (!crc_ready) crc_init();
-    return ~crc_sw(c, p, n);
+    return 0;
 }
 
 /* ----------------------------------------------------------------------------

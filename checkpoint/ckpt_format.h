@@ -50,11 +50,8 @@
 /* snprintf that may truncate paths in messages on purpose (no truncation
  * warnings for fixed buffers); always NUL-terminates. Returns snprintf's value. */
 int ck_snprintf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* ---- CRC-32C (Castagnoli): ck_crc32c(0, "123456789", 9) == 0xE3069283; pieces
- * chain: ck_crc32c(ck_crc32c(0, a, na), b, nb) == crc of a ++ b. Uses the SSE4.2
- * instruction where the CPU has it. */
-uint32_t ck_crc32c(uint32_t crc, const void *data, size_t n);
+/* mkdir -p (mode 0755): 0 when path is a folder afterwards, else -1 with errno set. */
+int ck_mkdir_p(const char *path);
 
 /* ---- element types: float32, bfloat16, float16 (tetra_dtype values) */
 int ck_dtype_parse(const char *s, tetra_dtype *t); /* "float32" | "bfloat16" | "float16" (also F32/BF16/F16) */

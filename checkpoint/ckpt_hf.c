@@ -15,19 +15,6 @@
 
 #define BLOCK_ELEMS ((uint64_t)1 << 22)
 
-static int mkdir_p(const char *path) {
-    char tmp[4096];
-    if (ck_snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 static const char *st_dtype(tetra_dtype t) { return t == TETRA_BF16 ? "BF16" : t == TETRA_F16 ? "F16" : "F32"; }
 
 json_t *ckpt_llama3_model_json(const llama3_args *a, int max_seq_len) {
@@ -263,7 +250,7 @@ int ckpt_export_hf(const char *step_dir, const char *out_dir, const ckpt_hf_opti
     perm = malloc((size_t)block * sizeof(float));
     bytes = malloc((size_t)block * sizeof(float));
     if (!buf || !perm || !bytes) goto oom;
-    if (mkdir_p(out_dir) != 0) {
+    if (ck_mkdir_p(out_dir) != 0) {
         ck_snprintf(err, errlen, "cannot create '%s': %s", out_dir, strerror(errno));
         goto done;
     }

@@ -5,18 +5,6 @@
 # the MPI backend is the only one (comm_backend_available says so).
 
 if(TARGET tetra_cuda)
-  # Targets created before enable_language(CUDA) in the top-level file get an
-  # empty CUDA_ARCHITECTURES on a fresh configure, which CMake rejects at
-  # generate time; give them the same "OFF" (explicit -gencode flags) as tetra_cuda.
-  foreach(t tetra_obj tetra_lib tetra_shared)
-    if(TARGET ${t})
-      get_target_property(_arch ${t} CUDA_ARCHITECTURES)
-      if(NOT _arch)
-        set_target_properties(${t} PROPERTIES CUDA_ARCHITECTURES OFF)
-      endif()
-    endif()
-  endforeach()
-
   find_path(NCCL_INCLUDE_DIR nccl.h
     HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_ROOT}/include /usr/local/cuda/include)
   find_library(NCCL_LIBRARY nccl

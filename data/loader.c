@@ -1,6 +1,8 @@
 /* loader.c — stateful packing loader over memory-mapped token shards (see loader.h). */
 #include "data/loader.h"
 
+#include "data/crc32c.h"
+
 #include "data/shard.h"
 
 #include <limits.h>
@@ -162,7 +164,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
         seterr(err, errlen, "data loader: out of memory");
         goto fail;
     }
-    uint32_t fp = shard_crc32c(0, &ix.vocab_size, sizeof ix.vocab_size);
+    uint32_t fp = crc32c(0, &ix.vocab_size, sizeof ix.vocab_size);
     for (int i = 0; i < sp->n_shards; i++) {
         const shard_index_shard *e = &sp->shards[i];
         char *path = join(dir, e->file);
@@ -192,7 +194,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
         dl->n_shards = i + 1;
         dl->starts[i + 1] = dl->starts[i] + dl->shards[i].h.n_tokens;
         uint64_t rec[2] = {dl->shards[i].h.n_tokens, dl->shards[i].h.crc32c};
-        fp = shard_crc32c(fp, rec, sizeof rec);
+        fp = crc32c(fp, rec, sizeof rec);
     }
     dl->fingerprint = fp;
     dl->n_tokens = dl->starts[dl->n_shards];
@@ -329,7 +331,7 @@ int dl_state_save(const dl_loader *dl, void *buf, size_t n) {
     put32(p + 36, dl->fingerprint);
     put64(p + 40, dl->n_tokens);
     put64(p + 48, dl->W);
-    put32(p + 60, shard_crc32c(0, p, 60));
+    put32(p + 60, crc32c(0, p, 60));
     return 0;
 }
 
@@ -339,7 +341,7 @@ int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t er
         seterr(err, errlen, "data loader state: not a loader state (%zu bytes)", n);
         return -1;
     }
-    if (get32(p + 60) != shard_crc32c(0, p, 60)) {
+    if (get32(p + 60) != crc32c(0, p, 60)) {
         seterr(err, errlen, "data loader state: corrupt (checksum mismatch)");
         return -1;
     }

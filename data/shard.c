@@ -1,6 +1,8 @@
 /* shard.c — token shard files and index.json (format in shard.h). */
 #include "data/shard.h"
 
+#include "data/crc32c.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -14,88 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SHARD_HAVE_SSE42 1
-#include <nmmintrin.h>
-#endif
-
 static void seterr(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
-}
-
-/* ---- CRC-32C --------------------------------------------------------------- */
-
-static uint32_t crc_table[8][256];
-static int crc_have_hw;
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void) {
-#ifdef SHARD_HAVE_SSE42
-    crc_have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-#endif
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-}
-
-uint32_t shard_crc32c_sw(uint32_t crc, const void *data, size_t n) {
-    pthread_once(&crc_once, crc_init);
-    const unsigned char *p = data;
-    uint32_t c = ~crc;
-    while (n && ((uintptr_t)p & 7)) {
-        c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xFF];
-        n--;
-    }
-    while (n >= 8) {
-        uint32_t lo = c ^ ((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-                           ((uint32_t)p[3] << 24));
-        uint32_t hi = (uint32_t)p[4] | ((uint32_t)p[5] << 8) | ((uint32_t)p[6] << 16) |
-                      ((uint32_t)p[7] << 24);
-        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
-            crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
-            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xFF];
-    return ~c;
-}
-
-#ifdef SHARD_HAVE_SSE42
-__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const void *data, size_t n) {
-    const unsigned char *p = data;
-    uint64_t c = ~crc;
-    while (n && ((uintptr_t)p & 7)) {
-        c = _mm_crc32_u8((uint32_t)c, *p++);
-        n--;
-    }
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = _mm_crc32_u64(c, v);
-        p += 8;
-        n -= 8;
-    }
-    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
-    return ~(uint32_t)c;
-}
-#endif
-
-uint32_t shard_crc32c(uint32_t crc, const void *data, size_t n) {
-    pthread_once(&crc_once, crc_init);
-#ifdef SHARD_HAVE_SSE42
-    if (crc_have_hw) return crc32c_hw(crc, data, n);
-#endif
-    return shard_crc32c_sw(crc, data, n);
 }
 
 uint32_t shard_token_bytes_for_vocab(uint32_t vocab_size) { return vocab_size <= 65536u ? 2u : 4u; }
@@ -131,7 +57,7 @@ void shard_header_encode(const shard_header *h, unsigned char out[SHARD_HEADER_B
     put32(out + 32, h->crc32c);
     put32(out + 36, id_to_u32(h->bos_id));
     put32(out + 40, id_to_u32(h->eos_id));
-    put32(out + 60, shard_crc32c(0, out, 60));
+    put32(out + 60, crc32c(0, out, 60));
 }
 
 int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size, const char *path,
@@ -154,7 +80,7 @@ int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size
                version, SHARD_VERSION);
         return -1;
     }
-    if (get32(buf + 60) != shard_crc32c(0, buf, 60) || get32(buf + 12) != SHARD_HEADER_BYTES) {
+    if (get32(buf + 60) != crc32c(0, buf, 60) || get32(buf + 12) != SHARD_HEADER_BYTES) {
         seterr(err, errlen, "%s: corrupt shard header (header checksum mismatch)", path);
         return -1;
     }
@@ -290,7 +216,7 @@ fail:
 
 static int writer_flush(shard_writer *w, char *err, size_t errlen) {
     if (!w->used) return 0;
-    w->h.crc32c = shard_crc32c(w->h.crc32c, w->buf, w->used);
+    w->h.crc32c = crc32c(w->h.crc32c, w->buf, w->used);
     if (shard_write_all(w->fd, w->buf, w->used) != 0) {
         seterr(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         return -1;
@@ -408,7 +334,7 @@ int shard_open(shard_file *s, const char *path, int verify, char *err, size_t er
     if (shard_header_decode(s->map, size, size, path, &s->h, err, errlen) != 0) goto fail;
     s->tokens = s->map + SHARD_HEADER_BYTES;
     if (verify) {
-        uint32_t c = shard_crc32c(0, s->tokens, (size_t)(s->h.n_tokens * s->h.token_bytes));
+        uint32_t c = crc32c(0, s->tokens, (size_t)(s->h.n_tokens * s->h.token_bytes));
         if (c != s->h.crc32c) {
             seterr(err, errlen, "%s: checksum mismatch: payload CRC-32C is %08x, the header says %08x (corrupt shard)",
                    path, c, s->h.crc32c);

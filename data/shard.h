@@ -53,12 +53,6 @@
 #define SHARD_INDEX_FORMAT "tetra-token-shards"
 #define SHARD_INDEX_VERSION 1
 
-/* CRC-32C (Castagnoli, reflected, as in iSCSI/ext4): start with crc = 0 and
- * feed consecutive pieces; shard_crc32c(0, "123456789", 9) == 0xE3069283.
- * Uses the SSE4.2 instruction when the CPU has it. */
-uint32_t shard_crc32c(uint32_t crc, const void *data, size_t n);
-uint32_t shard_crc32c_sw(uint32_t crc, const void *data, size_t n); /* portable path */
-
 /* 2 when every id of a vocab of this size fits in uint16, else 4. */
 uint32_t shard_token_bytes_for_vocab(uint32_t vocab_size);
 

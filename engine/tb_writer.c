@@ -1,9 +1,8 @@
-/* tb_writer.c — TensorBoard event files: TFRecord framing, CRC-32C and the
+/* tb_writer.c — TensorBoard event files: TFRecord framing (masked CRC-32C) and the
  * few protobuf messages scalars need, encoded by hand (see tb_writer.h). */
 #include "engine/tb_writer.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,28 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- CRC-32C ------------------------------------------------------------ */
+#include "data/crc32c.h"
 
-static uint32_t crc_table[256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[i] = c;
-    }
-}
-
-uint32_t tb_crc32c_extend(uint32_t crc, const void *data, size_t n) {
-    pthread_once(&crc_once, crc_init);
-    const uint8_t *p = data;
-    uint32_t c = ~crc;
-    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
-    return ~c;
-}
-
-uint32_t tb_crc32c(const void *data, size_t n) { return tb_crc32c_extend(0, data, n); }
+/* ---- TFRecord CRC masking ------------------------------------------------- */
 
 uint32_t tb_crc32c_mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 
@@ -141,9 +121,9 @@ int tb_write_record(FILE *f, const void *data, size_t n) {
     uint8_t head[12], tail[4];
     uint64_t len = n;
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)(len >> (8 * i));
-    uint32_t lc = tb_crc32c_mask(tb_crc32c(head, 8));
+    uint32_t lc = tb_crc32c_mask(crc32c(0, head, 8));
     for (int i = 0; i < 4; i++) head[8 + i] = (uint8_t)(lc >> (8 * i));
-    uint32_t dc = tb_crc32c_mask(tb_crc32c(data, n));
+    uint32_t dc = tb_crc32c_mask(crc32c(0, data, n));
     for (int i = 0; i < 4; i++) tail[i] = (uint8_t)(dc >> (8 * i));
     if (fwrite(head, 1, 12, f) != 12) return -1;
     if (n && fwrite(data, 1, n, f) != n) return -1;

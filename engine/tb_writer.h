@@ -46,10 +46,7 @@ int tb_writer_close(tb_writer *w);
 /* ---- building blocks (exposed for tests) ------------------------------- */
 /* mkdir -p: 0, or -1 with errno set. */
 int tb_make_dirs(const char *dir);
-/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): tb_crc32c("123456789", 9) == 0xE3069283. */
-uint32_t tb_crc32c(const void *data, size_t n);
-/* Continue a CRC: tb_crc32c_extend(tb_crc32c(a), b) == tb_crc32c(a ++ b). */
-uint32_t tb_crc32c_extend(uint32_t crc, const void *data, size_t n);
+/* TFRecord's CRC mask over data/crc32c.h's CRC-32C, and its inverse. */
 uint32_t tb_crc32c_mask(uint32_t crc);
 uint32_t tb_crc32c_unmask(uint32_t masked);
 /* Protobuf base-128 varint of v into out (at least 10 bytes); returns its length. */

@@ -82,18 +82,6 @@ static void fmt_bytes(char *buf, size_t n, double bytes) {
     else snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
 }
 
-static int mkdir_p(const char *path) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(tmp, 0755);
-        *p = '/';
-    }
-    return (mkdir(tmp, 0755) == 0 || access(tmp, W_OK) == 0) ? 0 : -1;
-}
-
 /* The model driven unit by unit, so FSDP can gather each unit's parameters
  * before it runs and reduce its gradients right after (units: 0 embedding,
  * 1..L blocks, L+1 norm + output). With shard degree 1 the FSDP calls do no
@@ -783,8 +771,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
 
     metrics_logger *ml = NULL;
     if (rank == 0) {
-        mkdir_p(c->job.dump_folder);
-        /* a resumed run drops the records an earlier attempt wrote past its checkpoint */
+        /* metrics_open_at creates the dump folder; a resumed run drops the records an earlier attempt wrote past its checkpoint */
         ml = metrics_open_at(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
                              !c->metrics.disable_color_printing && isatty(STDOUT_FILENO), tc.step > 0 ? tc.step + 1 : 0,
                              err, sizeof err);

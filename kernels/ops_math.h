@@ -206,6 +206,26 @@ typedef struct {
     float decay, b1, omb1, b2, omb2, neg_step_size, bc2_sqrt, eps, grad_scale;
 } tetra_adamw_coef;
 
+// The coefficients of one step, derived on the host as torch does: Python doubles,
+// rounded to fp32 where they meet an fp32 tensor. Both backends take them from here,
+// which is what makes their updates bit-identical.
+static inline tetra_adamw_coef tetra_adamw_coefficients(double lr, double beta1, double beta2, double eps,
+                                                        double weight_decay, int step, float grad_scale) {
+    double bc1 = 1.0 - pow(beta1, (double)step);
+    double bc2 = 1.0 - pow(beta2, (double)step);
+    tetra_adamw_coef k;
+    k.decay = (float)(1.0 - lr * weight_decay);
+    k.b1 = (float)beta1;
+    k.omb1 = (float)(1.0 - beta1);
+    k.b2 = (float)beta2;
+    k.omb2 = (float)(1.0 - beta2);
+    k.neg_step_size = (float)(-(lr / bc1));
+    k.bc2_sqrt = (float)sqrt(bc2);
+    k.eps = (float)eps;
+    k.grad_scale = grad_scale;
+    return k;
+}
+
 TETRA_HD void tetra_adamw_update(float *p, float *m, float *v, float grad, const tetra_adamw_coef *k) {
     float g = grad * k->grad_scale;
     float pp = *p * k->decay;                            // param.mul_(1 - lr wd)

@@ -34,6 +34,10 @@
 
 #include "parallel/mesh.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { COMM_F32 = 0, COMM_F64, COMM_I32, COMM_I64, COMM_BF16, COMM_U8 } comm_dtype;
 typedef enum { COMM_SUM = 0, COMM_MAX, COMM_MIN, COMM_AVG } comm_redop;
 typedef enum { COMM_BACKEND_MPI = 0, COMM_BACKEND_NCCL } comm_backend;
@@ -110,5 +114,9 @@ int comm_test(comm_request *r);
 /* Scalar helpers (host values; blocking), for counts and metrics. */
 double comm_all_reduce_f64(comm_group *g, double x, comm_redop op);
 int64_t comm_all_reduce_i64(comm_group *g, int64_t x, comm_redop op);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

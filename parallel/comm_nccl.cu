@@ -85,18 +85,6 @@ ncclRedOp_t nccl_op(comm_redop op) {
     return ncclSum;
 }
 
-size_t type_size(comm_dtype t) {
-    switch (t) {
-    case COMM_F32: return 4;
-    case COMM_F64: return 8;
-    case COMM_I32: return 4;
-    case COMM_I64: return 8;
-    case COMM_BF16: return 2;
-    case COMM_U8: return 1;
-    }
-    return 1;
-}
-
 tnccl *wrap(ncclComm_t c, char *err, size_t errlen) {
     tnccl *t = new (std::nothrow) tnccl;
     if (!t) {
@@ -237,7 +225,7 @@ extern "C" int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const vo
     tnccl *c = (tnccl *)comm;
     cudaStream_t s = (cudaStream_t)stream;
     const ncclDataType_t dt = nccl_type(t);
-    const size_t es = type_size(t);
+    const size_t es = comm_dtype_size(t);
     /* The buffers were written by kernels on the compute stream (the ops backend runs
      * on the legacy default stream): the collective starts after them, while later
      * compute may run alongside it. */

@@ -211,20 +211,7 @@ CPU_SIMD static void adamw_k(float *restrict p, float *restrict m, float *restri
 void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
                     double beta1, double beta2, double eps, double weight_decay, int step,
                     float grad_scale) {
-    // Coefficients as torch computes them: Python doubles, rounded to fp32 when they meet
-    // an fp32 tensor.
-    double bc1 = 1.0 - pow(beta1, (double)step);
-    double bc2 = 1.0 - pow(beta2, (double)step);
-    tetra_adamw_coef k;
-    k.decay = (float)(1.0 - lr * weight_decay);
-    k.b1 = (float)beta1;
-    k.omb1 = (float)(1.0 - beta1);
-    k.b2 = (float)beta2;
-    k.omb2 = (float)(1.0 - beta2);
-    k.neg_step_size = (float)(-(lr / bc1));
-    k.bc2_sqrt = (float)sqrt(bc2);
-    k.eps = (float)eps;
-    k.grad_scale = grad_scale;
+    tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     int64_t nc = CHUNKS(n);
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {

@@ -390,26 +390,9 @@ extern "C" void cuda_fp8_scale_from_amax(float *scale, const float *amax, int n,
 }
 
 // ----------------------------------------------------------------------------
-// AdamW: tetra_adamw_update per element, coefficients derived on the host exactly as the
-// CPU backend does (double, then rounded to fp32). The explicit fmaf calls of the shared
-// update and IEEE division and square root make the GPU result equal the CPU's.
-
-static tetra_adamw_coef adamw_coef(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                   int step, float grad_scale) {
-    double bc1 = 1.0 - pow(beta1, (double)step);
-    double bc2 = 1.0 - pow(beta2, (double)step);
-    tetra_adamw_coef k;
-    k.decay = (float)(1.0 - lr * weight_decay);
-    k.b1 = (float)beta1;
-    k.omb1 = (float)(1.0 - beta1);
-    k.b2 = (float)beta2;
-    k.omb2 = (float)(1.0 - beta2);
-    k.neg_step_size = (float)(-(lr / bc1));
-    k.bc2_sqrt = (float)sqrt(bc2);
-    k.eps = (float)eps;
-    k.grad_scale = grad_scale;
-    return k;
-}
+// AdamW: tetra_adamw_update per element with tetra_adamw_coefficients, both shared with
+// the CPU backend. The explicit fmaf calls of the shared update and IEEE division and
+// square root make the GPU result equal the CPU's.
 
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n, tetra_adamw_coef k) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -427,7 +410,7 @@ extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *g
                                 double beta1, double beta2, double eps, double weight_decay, int step,
                                 float grad_scale) {
     if (!n) return;
-    tetra_adamw_coef k = adamw_coef(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(param, m, v, grad, NULL, n, k);
     CUDA_CHECK_LAUNCH();
 }
@@ -436,7 +419,7 @@ extern "C" void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *
                                      size_t n, double lr, double beta1, double beta2, double eps,
                                      double weight_decay, int step, float grad_scale) {
     if (!n) return;
-    tetra_adamw_coef k = adamw_coef(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(param, m, v, grad, param_bf16, n, k);
     CUDA_CHECK_LAUNCH();
 }

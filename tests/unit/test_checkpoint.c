@@ -15,6 +15,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/ckpt_format.h"
+#include "data/crc32c.h"
 #include "kernels/ops.h"
 #include "kernels/ops_math.h"
 
@@ -51,16 +52,16 @@ static uint32_t crc_bitwise(const unsigned char *p, size_t n) {
 }
 
 static void test_crc(void) {
-    CHECK(ck_crc32c(0, "123456789", 9) == 0xE3069283u, "check value %08x", ck_crc32c(0, "123456789", 9));
-    CHECK(ck_crc32c(0, "", 0) == 0, "empty");
+    CHECK(crc32c(0, "123456789", 9) == 0xE3069283u, "check value %08x", crc32c(0, "123456789", 9));
+    CHECK(crc32c(0, "", 0) == 0, "empty");
     unsigned char buf[4099];
     for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)rnd();
     uint32_t want = crc_bitwise(buf, sizeof buf);
-    CHECK(ck_crc32c(0, buf, sizeof buf) == want, "random 4099 bytes");
+    CHECK(crc32c(0, buf, sizeof buf) == want, "random 4099 bytes");
     int chain_ok = 1;
     for (size_t cut = 0; cut <= 17; cut++) {
-        uint32_t a = ck_crc32c(0, buf + 1, cut); /* unaligned start too */
-        chain_ok &= ck_crc32c(a, buf + 1 + cut, sizeof buf - 1 - cut) == crc_bitwise(buf + 1, sizeof buf - 1);
+        uint32_t a = crc32c(0, buf + 1, cut); /* unaligned start too */
+        chain_ok &= crc32c(a, buf + 1 + cut, sizeof buf - 1 - cut) == crc_bitwise(buf + 1, sizeof buf - 1);
     }
     CHECK(chain_ok, "chained pieces equal the whole");
 }
@@ -447,8 +448,8 @@ static void test_disk(const tetra_ops *ops) {
         int ti = ck_meta_tensor(&m, "model/a.weight", TETRA_F32, 2, shA);
         int f0 = ck_meta_file(&m, "rank_00000.bin"), f1 = ck_meta_file(&m, "rank_00001.bin");
         /* rank 1 holds [13, 30) at offset 64, rank 0 [0, 13) at offset 0 */
-        add_chunk(&m, ti, f1, 64, 13, 17, ck_crc32c(0, v + 13, 17 * 4));
-        add_chunk(&m, ti, f0, 0, 0, 13, ck_crc32c(0, v, 13 * 4));
+        add_chunk(&m, ti, f1, 64, 13, 17, crc32c(0, v + 13, 17 * 4));
+        add_chunk(&m, ti, f0, 0, 0, 13, crc32c(0, v, 13 * 4));
         unsigned char file1[64 + 68];
         memset(file1, 0, sizeof file1);
         memcpy(file1 + 64, v + 13, 68);

@@ -9,6 +9,7 @@
  * shard, wrong magic, checksum mismatch, vocab mismatch, missing index, missing
  * split, state mismatches. Also the text helpers of `tetra data prepare`.
  */
+#include "data/crc32c.h"
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/shard.h"
@@ -137,22 +138,22 @@ static void make_corpus(const char *dir_in, uint32_t vocab, const uint64_t *size
 }
 
 static void test_crc(void) {
-    CHECK(shard_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c known answer: %08x", shard_crc32c(0, "123456789", 9));
-    CHECK(shard_crc32c_sw(0, "123456789", 9) == 0xE3069283u, "software crc32c known answer");
-    CHECK(shard_crc32c(0, "", 0) == 0, "crc of nothing");
+    CHECK(crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c known answer: %08x", crc32c(0, "123456789", 9));
+    CHECK(crc32c_sw(0, "123456789", 9) == 0xE3069283u, "software crc32c known answer");
+    CHECK(crc32c(0, "", 0) == 0, "crc of nothing");
     unsigned char buf[4099];
     for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 131 + (i >> 3));
     for (size_t off = 0; off < 9; off++)
         for (size_t len = 0; len < 300; len += 7) {
-            uint32_t a = shard_crc32c(0, buf + off, len), b = shard_crc32c_sw(0, buf + off, len);
+            uint32_t a = crc32c(0, buf + off, len), b = crc32c_sw(0, buf + off, len);
             CHECK(a == b, "hw/sw crc differ at off %zu len %zu", off, len);
         }
-    uint32_t whole = shard_crc32c(0, buf, sizeof buf);
-    uint32_t part = shard_crc32c(shard_crc32c(0, buf, 1000), buf + 1000, sizeof buf - 1000);
+    uint32_t whole = crc32c(0, buf, sizeof buf);
+    uint32_t part = crc32c(crc32c(0, buf, 1000), buf + 1000, sizeof buf - 1000);
     CHECK(whole == part, "incremental crc");
     /* 32 zero bytes: RFC 3720 test vector */
     unsigned char z[32] = {0};
-    CHECK(shard_crc32c(0, z, 32) == 0x8A9136AAu, "crc32c of 32 zeros: %08x", shard_crc32c(0, z, 32));
+    CHECK(crc32c(0, z, 32) == 0x8A9136AAu, "crc32c of 32 zeros: %08x", crc32c(0, z, 32));
 }
 
 static void test_roundtrip(void) {
