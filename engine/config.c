@@ -854,6 +854,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 llama3_flavor_names());
         return -1;
     }
+    if (v->model.n_layers < 0) {
+        set_err(err, n, "%s: model.n_layers must be >= 0 (0 = the flavor's %d), got %" PRId64,
+                WHERE("model", "n_layers"), a.n_layers, v->model.n_layers);
+        return -1;
+    }
     if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
         set_err(err, n,
                 "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",

@@ -383,6 +383,12 @@ static void log_save(const ckpt_saver *sv, int async_done) {
                  rep.write_s > 0 ? (double)rep.total_bytes / rep.write_s / 1e6 : 0.0, rep.total_s);
 }
 
+/* Was section.key given in the TOML file or on the command line (not a default)? */
+static int key_is_set(const tetra_config *cfg, const char *section, const char *key) {
+    const cfg_key_desc *d = cfg_find_key(section, key);
+    return d && cfg->origin && cfg->origin[d - cfg_keys].kind != CFG_FROM_DEFAULT;
+}
+
 int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world) {
     const tetra_config_values *c = &cfg->v;
     char err[2048];
@@ -428,6 +434,19 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         return 1;
     }
 
+    /* ---- precision ----
+     * TorchTitan's default mixed_precision_param = bfloat16 applies on the GPU. The CPU
+     * backend computes in fp32 unless the key is set explicitly (bf16 there is for
+     * checking the mixed-precision path, not for speed). */
+    const int mixed = !strcmp(c->training.mixed_precision_param, "bfloat16") &&
+                      (strcmp(ops->name, "cpu") != 0 || key_is_set(cfg, "training", "mixed_precision_param"));
+    if (strcmp(c->training.mixed_precision_reduce, "float32") != 0) {
+        log_error("training.mixed_precision_reduce = \"%s\": gradients are computed, accumulated and reduced in "
+                  "float32 in this version (parameter gradients are fp32 in both precisions); set it to "
+                  "\"float32\"", c->training.mixed_precision_reduce);
+        return 1;
+    }
+
     /* ---- mesh and process groups ---- */
     mesh msh;
     if (mesh_init(&msh, world, dims->pp, dims->dp_replicate, dims->dp_shard, dims->cp, dims->tp, err, sizeof err)) {
@@ -458,12 +477,15 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     /* ---- model ---- */
     llama3_args args;
     llama3_flavor(c->model.flavor, &args);
+    if (c->model.n_layers > 0) args.n_layers = (int)c->model.n_layers;
     const int B = (int)c->training.local_batch_size, T = (int)c->training.seq_len;
     int max_t = T;
     if (c->validation.enable && c->validation.seq_len > max_t) max_t = (int)c->validation.seq_len;
     llama3_model model;
-    if (llama3_model_init(&model, &args, max_t, ops, err, sizeof err)) {
+    if (llama3_model_init(&model, &args, max_t, ops, err, sizeof err) ||
+        (mixed && llama3_model_set_compute_dtype(&model, TETRA_BF16, err, sizeof err))) {
         log_error("model: %s", err);
+        llama3_model_free(&model);
         comm_world_free(cw);
         return 1;
     }
@@ -495,6 +517,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     fc.pipeline_parallel = dims->pp > 1;
     fc.params = model.param_mem;
     fc.grads = model.grad_mem;
+    fc.compute_params = model.param_bf16;
     fc.total_numel = model.total_numel;
     fc.n_units = model.n_units;
     fc.unit_offset = model.unit_offset;
@@ -638,9 +661,10 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     int32_t *h_lab = malloc(sizeof(int32_t) * tok * (size_t)accum);
     size_t vtok = (size_t)VB * VT;
     int32_t *hv_in = val ? malloc(sizeof(int32_t) * vtok) : NULL, *hv_lab = val ? malloc(sizeof(int32_t) * vtok) : NULL;
-    /* AdamW moments for this rank's shard only */
-    float *adam_m = ops->alloc(local_numel * sizeof(float));
-    float *adam_v = ops->alloc(local_numel * sizeof(float));
+    /* AdamW moments for this rank's shard only, one allocation ("optimizer state") */
+    const size_t adam_stride = (local_numel + 15) & ~(size_t)15;
+    float *adam_m = ops->alloc(2 * adam_stride * sizeof(float));
+    float *adam_v = adam_m ? adam_m + adam_stride : NULL;
     llama3_acts *acts = llama3_acts_create(&model, B, T, err, sizeof err);
     llama3_acts *vacts = NULL;
     if (acts && val) vacts = (VB == B && VT == T) ? acts : llama3_acts_create(&model, VB, VT, err, sizeof err);
@@ -663,7 +687,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             if (rank == 0) log_error("%s", err);
             goto out_buffers;
         }
-        fsdp_params_updated(fs);
+        fsdp_master_changed(fs);
         if (rank == 0 && load_initial)
             log_info("checkpoint: started from checkpoint.initial_load_path %s%s", load_path,
                      load_model_only ? " (model weights only)" : "");
@@ -749,14 +773,18 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         fmt_bytes(ab, sizeof ab, (double)llama3_acts_bytes(&model, B, T));
         fmt_bytes(tb, sizeof tb, (double)(mr.gather_bytes + mr.reduce_bytes));
         fmt_bytes(ub, sizeof ub, (double)mr.unsharded_bytes);
+        const char *prec = mixed ? "bf16 compute: bf16 parameter copy and activations, fp32 master weights, "
+                                   "gradients and optimizer state"
+                                 : "fp32";
+        if (mixed) fmt_bytes(pb, sizeof pb, (double)(mr.param_bytes + mr.compute_bytes));
         if (S > 1)
-            log_info("memory rank %d (shard %d of %d, fp32): parameters %s, gradients %s, optimizer state %s "
+            log_info("memory rank %d (shard %d of %d, %s): parameters %s, gradients %s, optimizer state %s "
                      "persistent; transient: gathered units %s (all-gather + reduce-scatter staging), unsharded "
                      "working buffers %s; activations %s",
-                     rank, comm_group_rank(fc.shard), S, pb, gb, ob, tb, ub, ab);
+                     rank, comm_group_rank(fc.shard), S, prec, pb, gb, ob, tb, ub, ab);
         else
-            log_info("memory rank %d (fp32): parameters %s, gradients %s, optimizer state %s, activations %s", rank,
-                     pb, gb, ob, ab);
+            log_info("memory rank %d (%s): parameters %s, gradients %s, optimizer state %s, activations %s", rank,
+                     prec, pb, gb, ob, ab);
         if (S > 1)
             log_info("fsdp: %d units sharded over %s (%d ranks), reshard_after_forward = %s%s", model.n_units,
                      comm_group_name(fc.shard), S, c->parallelism.fsdp_reshard_after_forward,
@@ -778,6 +806,41 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         if (!ml) {
             log_error("metrics: %s", err);
             MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+
+    /* ---- all backend memory is taken now ----
+     * On the GPU one warm-up microbatch (forward and backward on the model alone, no
+     * communication, results discarded: every step starts by zeroing the gradients) lets
+     * the backend size its scratch and build its GEMM and attention plans before the
+     * freeze; from then on any allocation is an error that names its size and purpose. */
+    if (strcmp(ops->name, "cpu") != 0) {
+        int32_t *wt = calloc(tok > vtok ? tok : vtok, sizeof(int32_t));
+        if (!wt) {
+            log_error("out of host memory");
+            goto out_metrics;
+        }
+        llama3_forward(&model, acts, wt, wt, 0.0f, NULL);
+        llama3_backward(&model, acts);
+        if (vacts && vacts != acts) llama3_forward(&model, vacts, wt, wt, 0.0f, NULL);
+        ops->synchronize();
+        free(wt);
+    }
+    ops->memory_freeze(1);
+    const size_t allocs_at_start = ops->alloc_count();
+    {
+        char hb[32];
+        fmt_bytes(hb, sizeof hb, (double)ops->allocated_bytes());
+        size_t dfree = 0, dtotal = 0;
+        ops->device_memory(&dfree, &dtotal);
+        if (dtotal > 0) {
+            char fb[32], tb2[32];
+            fmt_bytes(fb, sizeof fb, (double)dfree);
+            fmt_bytes(tb2, sizeof tb2, (double)dtotal);
+            log_info("device memory: %s in %zu allocations taken at start-up; %s free of %s", hb, allocs_at_start,
+                     fb, tb2);
+        } else {
+            log_info("backend memory: %s in %zu allocations taken at start-up", hb, allocs_at_start);
         }
     }
 
@@ -830,8 +893,13 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         double lr = c->optimizer.lr * lr_factor(&sched, tc.lr_count);
         tc.lr_count++;
         tc.opt_step++;
-        ops->adamw_step(fsdp_master(fs), adam_m, adam_v, fsdp_grad(fs), local_numel, lr, c->optimizer.beta1,
-                        c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay, (int)tc.opt_step, clip);
+        if (mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
+            ops->adamw_step_bf16(fsdp_master(fs), fsdp_compute_shard(fs), adam_m, adam_v, fsdp_grad(fs), local_numel,
+                                 lr, c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
+                                 c->optimizer.weight_decay, (int)tc.opt_step, clip);
+        else
+            ops->adamw_step(fsdp_master(fs), adam_m, adam_v, fsdp_grad(fs), local_numel, lr, c->optimizer.beta1,
+                            c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay, (int)tc.opt_step, clip);
         ops->synchronize();
         fsdp_params_updated(fs);
 
@@ -946,9 +1014,12 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         if (world > 1)
             log_info("communication: %ld all-gathers, %ld reduce-scatters, %ld all-reduces; %.2f s waiting",
                      st.all_gathers, st.reduce_scatters, st.all_reduces, st.wait_s);
-        log_info("training done: %lld steps; peak resident memory %s", (long long)c->training.steps, rb);
+        log_info("training done: %lld steps; peak resident memory %s; %zu backend allocations during training",
+                 (long long)c->training.steps, rb, ops->alloc_count() - allocs_at_start);
     }
+out_metrics:
     if (ml) metrics_close(ml);
+    ops->memory_freeze(0);
 
 out_buffers:
     ckpt_saver_free(saver);
@@ -959,7 +1030,6 @@ out_buffers:
     free(hv_in);
     free(hv_lab);
     if (adam_m) ops->release(adam_m);
-    if (adam_v) ops->release(adam_v);
 out_loader:
     if (val) dl_close(val);
     dl_close(train);

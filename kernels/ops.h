@@ -13,9 +13,9 @@
 // - Pointers are backend memory (host memory on the CPU backend, device memory on
 //   CUDA); scalars that the GPU produces during a step (loss sums, amax, fp8 scales)
 //   are passed as pointers so no op forces a host sync.
-// - Activations and weights are fp32 on the CPU backend. The GPU backend will add bf16
-//   variants; the dtype is explicit wherever an op is already dtype-generic (gemm,
-//   casts).
+// - Activations and weights are fp32, or bf16 in the *_bf16 twins (mixed precision;
+//   both backends implement both); the dtype is explicit wherever an op is already
+//   dtype-generic (gemm, casts).
 // - Gradient semantics are stated per op. The rule: parameter gradients and gradients
 //   of tensors that fan out (residual stream, attention q/k/v for ring attention) are
 //   ACCUMULATED (+=); pure elementwise backward ops (rope, swiglu) and the fused
@@ -257,6 +257,70 @@ typedef struct tetra_ops {
                             float *v /*[n]*/, const float *grad /*[n]*/, size_t n, double lr,
                             double beta1, double beta2, double eps, double weight_decay, int step,
                             float grad_scale);
+
+    // ---- bf16 activations (mixed precision, training.mixed_precision_param = "bfloat16").
+    // Activations and the parameters' compute copies are bf16 (uint16_t bit patterns). Each
+    // op reads them, computes in fp32 with the per-element math of its fp32 twin above
+    // (kernels/ops_math.h) and rounds every output once, to nearest even. Statistics stay
+    // fp32 (rstd, lse). PARAMETER GRADIENTS ARE fp32 and accumulate (+=) exactly as in the
+    // fp32 ops, so they are summed, clipped and reduced in fp32. An accumulating bf16
+    // activation gradient (rmsnorm dx) is read, summed in fp32 and rounded once.
+    // Layouts, sizes and aliasing rules are those of the fp32 twin unless stated.
+    void (*embedding_forward_bf16)(uint16_t *out /*[N, C]*/, const int32_t *tokens /*[N]*/,
+                                   const uint16_t *wte /*[Vl, C]*/, int n, int c, int v_start, int v_local);
+    // dwte (fp32) += scatter(dout) (deterministic)
+    void (*embedding_backward_bf16)(float *dwte /*[Vl, C]*/, const uint16_t *dout /*[N, C]*/,
+                                    const int32_t *tokens /*[N]*/, int n, int c, int v_start, int v_local);
+    void (*rmsnorm_forward_bf16)(uint16_t *out /*[N, C]*/, float *rstd /*[N]*/, const uint16_t *x /*[N, C]*/,
+                                 const uint16_t *w /*[C]*/, int n, int c, float eps);
+    // dx = bf16(dx + d/dx) (accumulates into the residual gradient)
+    void (*rmsnorm_backward_input_bf16)(uint16_t *dx /*[N, C]*/, const uint16_t *dout /*[N, C]*/,
+                                        const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/,
+                                        const float *rstd /*[N]*/, int n, int c);
+    // dw (fp32) += sum_rows dout * x * rstd (deterministic column reduction)
+    void (*rmsnorm_backward_weight_bf16)(float *dw /*[C]*/, const uint16_t *dout /*[N, C]*/,
+                                         const uint16_t *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c);
+    void (*rope_forward_bf16)(uint16_t *out /*[B, S, nh, D]*/, const uint16_t *x /*[B, S, nh, D]*/,
+                              const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
+                              int pos_offset, int b, int s, int nh, int d);
+    void (*rope_backward_bf16)(uint16_t *dx /*[B, S, nh, D]*/, const uint16_t *dout /*[B, S, nh, D]*/,
+                               const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
+                               int pos_offset, int b, int s, int nh, int d);
+    void (*swiglu_forward_bf16)(uint16_t *out /*[n]*/, const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/,
+                                size_t n);
+    void (*swiglu_backward_bf16)(uint16_t *da /*[n]*/, uint16_t *dg /*[n]*/, const uint16_t *dout /*[n]*/,
+                                 const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/, size_t n);
+    // Attention on bf16 q/k/v with fp32 softmax statistics. The CUDA backend runs cuDNN's
+    // fused SDPA where it applies (causal with equal offsets, or non-causal) and its own
+    // kernel otherwise. The workspace (attention_workspace_size_bf16 bytes, or NULL to use
+    // the backend's reserved scratch) is O(B*H*Sq + B*S*(H+2KV)*D), never O(S^2).
+    size_t (*attention_workspace_size_bf16)(const ops_attn_shape *s);
+    void (*attention_forward_bf16)(uint16_t *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/,
+                                   const uint16_t *q /*[B, Sq, H, D]*/, const uint16_t *k /*[B, Sk, KV, D]*/,
+                                   const uint16_t *v /*[B, Sk, KV, D]*/, const ops_attn_shape *s,
+                                   void *workspace);
+    // Unlike the fp32 op, dq, dk and dv are WRITTEN (cuDNN's contract): a ring schedule
+    // sums the blocks' bf16 gradients itself (in fp32).
+    void (*attention_backward_bf16)(uint16_t *dq /*[B, Sq, H, D]*/, uint16_t *dk /*[B, Sk, KV, D]*/,
+                                    uint16_t *dv /*[B, Sk, KV, D]*/, const uint16_t *dout /*[B, Sq, H, D]*/,
+                                    const uint16_t *q /*[B, Sq, H, D]*/, const uint16_t *k /*[B, Sk, KV, D]*/,
+                                    const uint16_t *v /*[B, Sk, KV, D]*/, const uint16_t *out /*[B, Sq, H, D]*/,
+                                    const float *lse /*[B, H, Sq]*/, const ops_attn_shape *s, void *workspace);
+
+    // ---- memory accounting and streams.
+    // Successful alloc calls so far, and backend bytes held through alloc (plus the
+    // backend's own scratch). A training step adds none: everything is taken at start-up.
+    size_t (*alloc_count)(void);
+    size_t (*allocated_bytes)(void);
+    // After memory_freeze(1), any further device allocation (alloc, or growth of the
+    // backend's internal scratch) is reported with its size and purpose and fails: the
+    // trainer freezes after start-up and a warm-up microbatch. memory_freeze(0) thaws.
+    void (*memory_freeze)(int frozen);
+    // Device memory free and total (cudaMemGetInfo); the CPU backend reports 0, 0.
+    void (*device_memory)(size_t *free_bytes, size_t *total_bytes);
+    // The stream every op runs on (a cudaStream_t on CUDA; NULL on the CPU). Collectives
+    // order themselves after it with events; the backend's synchronize() waits for it.
+    void *(*compute_stream)(void);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

@@ -9,6 +9,16 @@
  *            reductions may be in flight while the next unit's backward runs
  * With shard degree 1 none of these exist: master/grad alias the model's
  * buffers and only the replicate all-reduce remains (DDP).
+ *
+ * Mixed precision (cfg.compute_params set): each rank also keeps a bf16 copy of
+ * its master shard (written by the optimizer's bf16 AdamW, or cast after the
+ * master changed otherwise); the all-gather moves bf16 into the model's bf16
+ * compute buffer, half the bytes of fp32. Gradients stay fp32 end to end, so
+ * the reductions are fp32 (mixed_precision_reduce = float32).
+ *
+ * Allocations, one per category: the master shard with its bf16 copy
+ * ("parameters"), the gradient shard ("gradients"), and the staging of both
+ * all-gather and reduce-scatter slots ("communication").
  */
 #include "parallel/fsdp.h"
 
@@ -33,7 +43,7 @@ typedef struct {
 } unit_state;
 
 typedef struct {
-    float *buf;
+    void *buf;                 /* padded unit, fp32 or bf16 (the gathered dtype) */
     comm_request *req;
     int unit;                  /* -1 = free */
     long ticket;               /* issue order, to complete the oldest first */
@@ -54,6 +64,8 @@ struct fsdp {
     unit_state *units;
     dt_tensor *tensors;
     float *master, *grad;
+    uint16_t *compute;         /* bf16 copy of the master shard, or NULL (fp32 compute) */
+    void *comm_mem;            /* the one staging allocation (S > 1) */
     size_t local_numel;
     size_t max_padded, max_shard;
     ag_slot ag[2];
@@ -174,28 +186,55 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
 
     /* storage */
     const tetra_ops *ops = f->ops;
+    const size_t esz = cfg->compute_params ? sizeof(uint16_t) : sizeof(float); /* gathered dtype */
     f->scalar = ops->alloc(sizeof(float));
     if (!f->scalar) goto oom;
     if (f->S == 1) {
         f->master = cfg->params;
         f->grad = cfg->grads;
+        f->compute = cfg->compute_params;
     } else {
-        f->master = ops->alloc(f->local_numel * sizeof(float));
+        const size_t master_bytes = align16(f->local_numel) * sizeof(float);
+        f->master = ops->alloc(master_bytes + (cfg->compute_params ? f->local_numel * sizeof(uint16_t) : 0));
+        if (!f->master) {
+            snprintf(err, errlen, "fsdp: cannot allocate the parameter shard (%.1f MiB)",
+                     (double)master_bytes / (1024.0 * 1024.0));
+            goto fail;
+        }
+        if (cfg->compute_params) f->compute = (uint16_t *)((char *)f->master + master_bytes);
         f->grad = ops->alloc(f->local_numel * sizeof(float));
-        if (!f->master || !f->grad) goto oom;
+        if (!f->grad) {
+            snprintf(err, errlen, "fsdp: cannot allocate the gradient shard (%.1f MiB)",
+                     (double)f->local_numel * 4.0 / (1024.0 * 1024.0));
+            goto fail;
+        }
         ops->fill(f->master, 0.0f, f->local_numel);
         ops->fill(f->grad, 0.0f, f->local_numel);
+        /* staging: 2 gather slots (padded unit, gathered dtype), 2 reduce-scatter slots
+         * (padded fp32 send + fp32 shard recv); 64-byte aligned views */
+        const size_t ag_b = (f->max_padded * esz + 63) & ~(size_t)63;
+        const size_t snd_b = (f->max_padded * sizeof(float) + 63) & ~(size_t)63;
+        const size_t rcv_b = (f->max_shard * sizeof(float) + 63) & ~(size_t)63;
+        f->comm_mem = ops->alloc(2 * (ag_b + snd_b + rcv_b));
+        if (!f->comm_mem) {
+            snprintf(err, errlen, "fsdp: cannot allocate the communication staging (%.1f MiB)",
+                     (double)(2 * (ag_b + snd_b + rcv_b)) / (1024.0 * 1024.0));
+            goto fail;
+        }
+        char *p = f->comm_mem;
         for (int i = 0; i < 2; i++) {
-            f->ag[i].buf = ops->alloc(f->max_padded * sizeof(float));
-            f->rs[i].send = ops->alloc(f->max_padded * sizeof(float));
-            f->rs[i].recv = ops->alloc(f->max_shard * sizeof(float));
-            if (!f->ag[i].buf || !f->rs[i].send || !f->rs[i].recv) goto oom;
+            f->ag[i].buf = p;
+            p += ag_b;
+            f->rs[i].send = (float *)p;
+            p += snd_b;
+            f->rs[i].recv = (float *)p;
+            p += rcv_b;
         }
     }
     return f;
 oom:
-    snprintf(err, errlen, "fsdp: cannot allocate the shards (%.1f MiB per buffer)",
-             (double)f->local_numel * 4.0 / (1024.0 * 1024.0));
+    snprintf(err, errlen, "fsdp: cannot allocate a 4-byte scalar");
+fail:
     fsdp_free(f);
     return NULL;
 }
@@ -216,11 +255,7 @@ void fsdp_free(fsdp *f) {
         if (f->S > 1) {
             if (f->master) ops->release(f->master);
             if (f->grad) ops->release(f->grad);
-            for (int i = 0; i < 2; i++) {
-                if (f->ag[i].buf) ops->release(f->ag[i].buf);
-                if (f->rs[i].send) ops->release(f->rs[i].send);
-                if (f->rs[i].recv) ops->release(f->rs[i].recv);
-            }
+            if (f->comm_mem) ops->release(f->comm_mem);
         }
         if (f->scalar) ops->release(f->scalar);
     }
@@ -233,6 +268,7 @@ int fsdp_shard_degree(const fsdp *f) { return f->S; }
 int fsdp_replicate_degree(const fsdp *f) { return f->R; }
 float *fsdp_master(fsdp *f) { return f->master; }
 float *fsdp_grad(fsdp *f) { return f->grad; }
+uint16_t *fsdp_compute_shard(fsdp *f) { return f->compute; }
 size_t fsdp_local_numel(const fsdp *f) { return f->local_numel; }
 const dt_tensor *fsdp_tensors(const fsdp *f) { return f->tensors; }
 
@@ -261,7 +297,10 @@ static void ag_complete(fsdp *f, int s) {
     if (slot->unit < 0) return;
     timed_wait(f, slot->req);
     unit_state *x = &f->units[slot->unit];
-    f->ops->copy(f->cfg.params + x->offset, slot->buf, x->numel * sizeof(float));
+    if (f->compute)
+        f->ops->copy(f->cfg.compute_params + x->offset, slot->buf, x->numel * sizeof(uint16_t));
+    else
+        f->ops->copy(f->cfg.params + x->offset, slot->buf, x->numel * sizeof(float));
     x->gathered = 1;
     x->ag_slot = -1;
     slot->unit = -1;
@@ -278,7 +317,10 @@ static void ag_start(fsdp *f, int u) {
         ag_complete(f, s);
     }
     ag_slot *slot = &f->ag[s];
-    comm_all_gather(f->cfg.shard, slot->buf, f->master + x->local_offset, x->shard, COMM_F32, &slot->req);
+    if (f->compute)
+        comm_all_gather(f->cfg.shard, slot->buf, f->compute + x->local_offset, x->shard, COMM_BF16, &slot->req);
+    else
+        comm_all_gather(f->cfg.shard, slot->buf, f->master + x->local_offset, x->shard, COMM_F32, &slot->req);
     slot->unit = u;
     slot->ticket = ++f->ticket;
     x->ag_slot = s;
@@ -417,6 +459,11 @@ void fsdp_params_updated(fsdp *f) {
     for (int u = 0; u < f->cfg.n_units; u++) f->units[u].gathered = 0;
 }
 
+void fsdp_master_changed(fsdp *f) {
+    if (f->compute) f->ops->cast_f32_to_bf16(f->compute, f->master, f->local_numel);
+    fsdp_params_updated(f);
+}
+
 void fsdp_reshard_all(fsdp *f) {
     for (int u = 0; u < f->cfg.n_units; u++) reshard(f, u);
 }
@@ -435,33 +482,39 @@ int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user) {
         }
     }
     free(host);
-    fsdp_params_updated(f);
+    fsdp_master_changed(f);
     return 0;
 }
 
 void fsdp_shard_from_unsharded(fsdp *f) {
-    if (f->S == 1) return;
+    if (f->S == 1) {
+        fsdp_master_changed(f);
+        return;
+    }
     for (int u = 0; u < f->cfg.n_units; u++) {
         unit_state *x = &f->units[u];
         if (x->valid)
             f->ops->copy(f->master + x->local_offset, f->cfg.params + x->offset + (size_t)f->k * x->shard,
                          x->valid * sizeof(float));
-        x->gathered = 1;
     }
+    /* the compute copy is gathered again from the shards before its next use */
+    fsdp_master_changed(f);
 }
 
 fsdp_memory fsdp_memory_report(const fsdp *f) {
     fsdp_memory m;
     memset(&m, 0, sizeof m);
     m.param_bytes = f->local_numel * sizeof(float);
+    m.compute_bytes = f->compute ? f->local_numel * sizeof(uint16_t) : 0;
     m.grad_bytes = f->local_numel * sizeof(float);
     m.optim_bytes = 2 * f->local_numel * sizeof(float);
     for (int u = 0; u < f->cfg.n_units; u++)
         if (f->units[u].numel * sizeof(float) > m.max_unit_bytes) m.max_unit_bytes = f->units[u].numel * sizeof(float);
     if (f->S > 1) {
-        m.gather_bytes = 2 * f->max_padded * sizeof(float);
+        m.gather_bytes = 2 * f->max_padded * (f->compute ? sizeof(uint16_t) : sizeof(float));
         m.reduce_bytes = 2 * (f->max_padded + f->max_shard) * sizeof(float);
-        m.unsharded_bytes = 2 * f->cfg.total_numel * sizeof(float);
+        m.unsharded_bytes = 2 * f->cfg.total_numel * sizeof(float) +
+                            (f->compute ? f->cfg.total_numel * sizeof(uint16_t) : 0);
     }
     return m;
 }

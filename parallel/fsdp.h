@@ -24,7 +24,8 @@
  *             microbatch all-reduce the shard over the replicate group: HSDP)
  * and per step fsdp_begin_step, fsdp_finish_grads (wait for every reduction),
  * fsdp_grad_sq_norm (global sum of squares, each shard counted once), the
- * optimizer on fsdp_master / fsdp_grad, then fsdp_params_updated.
+ * optimizer on fsdp_master / fsdp_grad (and fsdp_compute_shard), then
+ * fsdp_params_updated.
  *
  * Shard degree 1 is plain replicated data parallel: the master and gradient
  * "shards" are the unsharded buffers themselves, nothing is gathered, and each
@@ -55,6 +56,8 @@ typedef struct {
     fsdp_reshard_mode reshard;
     int pipeline_parallel;          /* "default" keeps units gathered after forward under PP */
     float *params, *grads;          /* unsharded buffers [total_numel] (backend memory) */
+    uint16_t *compute_params;       /* mixed precision: the model's unsharded bf16 compute copy
+                                       [total_numel], gathered in bf16; NULL: fp32 compute */
     size_t total_numel;
     int n_units;
     const size_t *unit_offset;      /* [n_units] */
@@ -65,6 +68,7 @@ typedef struct {
 
 typedef struct {
     size_t param_bytes;             /* persistent: fp32 master shard */
+    size_t compute_bytes;           /* persistent: its bf16 copy (mixed precision), else 0 */
     size_t grad_bytes;              /* persistent: fp32 gradient shard */
     size_t optim_bytes;             /* AdamW m and v for the shard (2 x param_bytes) */
     size_t gather_bytes;            /* transient: all-gather staging */
@@ -88,6 +92,9 @@ int fsdp_replicate_degree(const fsdp *f);
 /* Persistent local storage (backend memory), fsdp_local_numel elements each. */
 float *fsdp_master(fsdp *f);
 float *fsdp_grad(fsdp *f);
+/* Mixed precision: the bf16 copy of the master shard (fsdp_local_numel elements) that
+ * adamw_step_bf16 writes and the all-gather reads; NULL for fp32 compute. */
+uint16_t *fsdp_compute_shard(fsdp *f);
 size_t fsdp_local_numel(const fsdp *f);
 /* This rank's piece of every parameter, in the order of the declarations. */
 const dt_tensor *fsdp_tensors(const fsdp *f);
@@ -103,7 +110,7 @@ void fsdp_set_backward_needs_params(fsdp *f, int u, int needs);
 typedef void (*fsdp_fill_fn)(void *user, int param, size_t start, size_t count, float *host_out);
 int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user);
 /* Take the master shard from the unsharded parameter buffer (after a full
- * load into it), and mark every unit gathered. */
+ * load into it); then as fsdp_master_changed. */
 void fsdp_shard_from_unsharded(fsdp *f);
 
 void fsdp_begin_step(fsdp *f);
@@ -114,8 +121,12 @@ void fsdp_post_backward(fsdp *f, int u, int last_microbatch);
 void fsdp_finish_grads(fsdp *f);
 /* Sum of squares of the whole (global) gradient. */
 double fsdp_grad_sq_norm(fsdp *f);
-/* The master shard changed (optimizer step, load): gathered copies are stale. */
+/* The master shard changed in an optimizer step (which also wrote the bf16 copy
+ * under mixed precision): gathered copies are stale. */
 void fsdp_params_updated(fsdp *f);
+/* The master shard was written otherwise (init, checkpoint load): refresh the
+ * bf16 copy from it, then as fsdp_params_updated. */
+void fsdp_master_changed(fsdp *f);
 /* Free every gathered unit (e.g. before a long pause). */
 void fsdp_reshard_all(fsdp *f);
 

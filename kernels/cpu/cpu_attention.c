@@ -49,10 +49,13 @@ static size_t tile_floats(int d) {
     return fwd > bwd ? fwd : bwd;
 }
 
+// Tiles and a per-call workspace are temporaries of one call, taken from the C heap
+// rather than cpu_alloc: they are not backend buffers, so they stay out of the memory
+// accounting and keep working once memory is frozen.
 static float *tile_alloc(int d) {
-    float *p = (float *)cpu_alloc(tile_floats(d) * sizeof(float));
-    if (!p) abort();
-    return p;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, tile_floats(d) * sizeof(float)) != 0) abort();
+    return (float *)p;
 }
 
 // The workspace holds the backward's row term rowsum(dout * out), [B, H, Sq]: linear in
@@ -171,7 +174,7 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
             fwd_finish_k(out + ((size_t)(b * Sq + i0) * H + h) * D, ldq, lse + (size_t)(b * H + h) * Sq + i0, acc, m, l,
                          rows, D);
         }
-        cpu_release(S);
+        free(S);
     }
 }
 
@@ -287,7 +290,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     float *Dv = (float *)workspace;
     float *owned = NULL;
     if (!Dv) {
-        owned = (float *)cpu_alloc(cpu_attention_workspace_size(s));
+        owned = (float *)malloc(cpu_attention_workspace_size(s));
         if (!owned) abort();
         Dv = owned;
     }
@@ -337,7 +340,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                     }
                 }
             }
-            cpu_release(S);
+            free(S);
         }
     } else {
         // 2b. split, pass 1: dQ per (batch, head, query block), heaviest first
@@ -359,7 +362,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                     cpu_sgemm_serial(0, 0, rows, D, cols, s->scale, dP, BK, kblk, ldk, 1.0f, dqblk, ldq);
                 }
             }
-            cpu_release(S);
+            free(S);
         }
         // pass 2: dK, dV per (batch, kv head, key block), heaviest (earliest) first
         const long long nt2 = (long long)B * KV * nkb;
@@ -384,10 +387,10 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                     }
                 }
             }
-            cpu_release(S);
+            free(S);
         }
     }
-    cpu_release(owned);
+    free(owned);
 }
 
 // ----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-// kernels/cpu/cpu_backend.c — the CPU op table, plus the simple ops: memory, fills,
-// elementwise arithmetic, deterministic reductions, casts and AdamW.
+// kernels/cpu/cpu_backend.c — the CPU op table, plus the simple ops: memory and its
+// accounting, fills, elementwise arithmetic, deterministic reductions, casts and AdamW.
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,16 +11,70 @@
 #include "kernels/ops_math.h"
 
 // ----------------------------------------------------------------------------
-// memory
+// memory. Every block carries a 64-byte header in front of it (its size and a tag), so
+// release can keep allocated_bytes exact without a side table and the returned pointer
+// keeps the 64-byte alignment. Per-call temporaries inside the ops (attention tiles,
+// widened GEMM operands) use the C heap directly: they are not backend buffers and must
+// keep working after memory_freeze.
+
+#define CPU_HDR 64
+#define CPU_HDR_TAG 0x7465747261686470ull  // marks a live block from cpu_alloc
+
+typedef struct {
+    size_t bytes;
+    uint64_t tag;
+} cpu_block_hdr;
+
+static atomic_size_t mem_count = 0;  // successful cpu_alloc calls
+static atomic_size_t mem_bytes = 0;  // bytes currently held through cpu_alloc
+static atomic_int mem_frozen = 0;
 
 void *cpu_alloc(size_t bytes) {
-    void *p = NULL;
+    if (atomic_load_explicit(&mem_frozen, memory_order_relaxed)) {
+        // after start-up every buffer must already exist: a late allocation is a bug
+        fprintf(stderr, "cpu: allocation of %zu bytes requested after start-up (memory is frozen once training "
+                        "starts)\n", bytes);
+        return NULL;
+    }
+    if (bytes > SIZE_MAX - CPU_HDR) return NULL;
+    void *base = NULL;
     // 64-byte alignment: whole cache lines and aligned AVX-512 loads
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-    return p;
+    if (posix_memalign(&base, 64, CPU_HDR + (bytes ? bytes : 64)) != 0) return NULL;
+    cpu_block_hdr *h = (cpu_block_hdr *)base;
+    h->bytes = bytes;
+    h->tag = CPU_HDR_TAG;
+    atomic_fetch_add_explicit(&mem_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&mem_bytes, bytes, memory_order_relaxed);
+    return (char *)base + CPU_HDR;
 }
 
-void cpu_release(void *p) { free(p); }
+void cpu_release(void *p) {
+    if (!p) return;
+    cpu_block_hdr *h = (cpu_block_hdr *)((char *)p - CPU_HDR);
+    if (h->tag != CPU_HDR_TAG) {
+        // not from cpu_alloc (or released twice): freeing it would corrupt the heap
+        fprintf(stderr, "cpu: release of %p, which cpu_alloc did not return or was already released\n", p);
+        abort();
+    }
+    h->tag = 0;
+    atomic_fetch_sub_explicit(&mem_bytes, h->bytes, memory_order_relaxed);
+    free(h);
+}
+
+size_t cpu_alloc_count(void) { return atomic_load_explicit(&mem_count, memory_order_relaxed); }
+
+// The CPU backend keeps no scratch of its own between calls, so this is exactly the
+// bytes held through cpu_alloc.
+size_t cpu_allocated_bytes(void) { return atomic_load_explicit(&mem_bytes, memory_order_relaxed); }
+
+void cpu_memory_freeze(int frozen) { atomic_store_explicit(&mem_frozen, frozen ? 1 : 0, memory_order_relaxed); }
+
+void cpu_device_memory(size_t *free_bytes, size_t *total_bytes) {
+    if (free_bytes) *free_bytes = 0;
+    if (total_bytes) *total_bytes = 0;
+}
+
+void *cpu_compute_stream(void) { return NULL; }
 
 void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src) memcpy(dst, src, bytes);
@@ -272,6 +329,23 @@ static const tetra_ops cpu_table = {
     .ce_shard_finish = cpu_ce_shard_finish,
     .adamw_step = cpu_adamw_step,
     .adamw_step_bf16 = cpu_adamw_step_bf16,
+    .embedding_forward_bf16 = cpu_embedding_forward_bf16,
+    .embedding_backward_bf16 = cpu_embedding_backward_bf16,
+    .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,
+    .rmsnorm_backward_input_bf16 = cpu_rmsnorm_backward_input_bf16,
+    .rmsnorm_backward_weight_bf16 = cpu_rmsnorm_backward_weight_bf16,
+    .rope_forward_bf16 = cpu_rope_forward_bf16,
+    .rope_backward_bf16 = cpu_rope_backward_bf16,
+    .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
+    .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
+    .attention_workspace_size_bf16 = cpu_attention_workspace_size_bf16,
+    .attention_forward_bf16 = cpu_attention_forward_bf16,
+    .attention_backward_bf16 = cpu_attention_backward_bf16,
+    .alloc_count = cpu_alloc_count,
+    .allocated_bytes = cpu_allocated_bytes,
+    .memory_freeze = cpu_memory_freeze,
+    .device_memory = cpu_device_memory,
+    .compute_stream = cpu_compute_stream,
 };
 
 const tetra_ops *ops_cpu(void) {

@@ -1,12 +1,14 @@
 // kernels/cpu/cpu_gemm.c — every matmul of the CPU backend: OpenBLAS sgemm, threaded by
 // splitting C across OpenMP threads (OpenBLAS itself runs single-threaded, see
 // cpu_blas_init). bf16 and fp8 operands are widened to fp32 exactly and multiplied in
-// fp32; fp8 dequant scales are applied to the fp32 accumulator afterwards, as the
-// hardware does, so the CPU emulates an fp8 GEMM exactly up to summation order.
+// fp32 by the same threaded sgemm; fp8 dequant scales are applied to the fp32
+// accumulator afterwards, as the hardware does, so the CPU emulates an fp8 GEMM exactly
+// up to summation order. A bf16 C gets alpha AB + beta C in fp32, rounded once.
 #include <cblas.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops_math.h"
@@ -57,31 +59,58 @@ static void sgemm_parallel(int ta, int tb, int m, int n, int k, float alpha, con
     }
 }
 
+// Row kernels of the widening and the epilogues: CPU_SIMD so the bf16 shifts and the
+// fp32 -> bf16 rounding run on full vectors (these passes are O(m k + k n + m n) next to
+// the O(m n k) product, and must stay small for the debug model's thin GEMMs).
+CPU_SIMD static void widen_bf16_k(float *restrict o, const uint16_t *restrict x, int n) {
+    for (int j = 0; j < n; j++) o[j] = tetra_bf16_to_f32(x[j]);
+}
+CPU_SIMD static void widen_e4m3_k(float *restrict o, const uint8_t *restrict x, int n) {
+    for (int j = 0; j < n; j++) o[j] = tetra_e4m3_to_f32(x[j]);
+}
+CPU_SIMD static void widen_e5m2_k(float *restrict o, const uint8_t *restrict x, int n) {
+    for (int j = 0; j < n; j++) o[j] = tetra_e5m2_to_f32(x[j]);
+}
+CPU_SIMD static void round_bf16_k(uint16_t *restrict o, const float *restrict x, int n) {
+    for (int j = 0; j < n; j++) o[j] = tetra_f32_to_bf16(x[j]);
+}
+// rowwise-scaled epilogue of one row: r = (alpha sa) sb[j] acc[j] (+ beta C), as fp32
+CPU_SIMD static void epi_f32_k(float *restrict c, const float *restrict acc, float as, const float *restrict sb,
+                               float beta, int n) {
+    for (int j = 0; j < n; j++) {
+        float r = as * (sb ? sb[j] : 1.0f) * acc[j];
+        c[j] = beta != 0.0f ? r + beta * c[j] : r;  // beta == 0: C is not read
+    }
+}
+CPU_SIMD static void epi_bf16_k(uint16_t *restrict c, const float *restrict acc, float as, const float *restrict sb,
+                                float beta, int n) {
+    for (int j = 0; j < n; j++) {
+        float r = as * (sb ? sb[j] : 1.0f) * acc[j];
+        if (beta != 0.0f) r += beta * tetra_bf16_to_f32(c[j]);
+        c[j] = tetra_f32_to_bf16(r);
+    }
+}
+
 // Widen a stored operand [rows, cols] (leading dim ld) of any supported type to dense
 // fp32 [rows, cols]. fp8 is decoded without its scale (the scale goes to the epilogue).
+// A per-call host temporary (malloc, not cpu_alloc): outside the memory accounting.
 static float *widen(const void *x, tetra_dtype t, int rows, int cols, int ld) {
+    if (t != TETRA_F32 && t != TETRA_BF16 && t != TETRA_FP8_E4M3 && t != TETRA_FP8_E5M2)
+        abort();  // unsupported operand type (F16/I32): a programming error
     float *out = (float *)malloc((size_t)rows * (size_t)cols * sizeof(float) + 64);
     if (!out) abort();
 #pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
     for (int r = 0; r < rows; r++) {
         float *o = out + (size_t)r * cols;
         size_t base = (size_t)r * (size_t)ld;
-        switch (t) {
-        case TETRA_F32:
-            for (int j = 0; j < cols; j++) o[j] = ((const float *)x)[base + j];
-            break;
-        case TETRA_BF16:
-            for (int j = 0; j < cols; j++) o[j] = tetra_bf16_to_f32(((const uint16_t *)x)[base + j]);
-            break;
-        case TETRA_FP8_E4M3:
-            for (int j = 0; j < cols; j++) o[j] = tetra_e4m3_to_f32(((const uint8_t *)x)[base + j]);
-            break;
-        case TETRA_FP8_E5M2:
-            for (int j = 0; j < cols; j++) o[j] = tetra_e5m2_to_f32(((const uint8_t *)x)[base + j]);
-            break;
-        default:
-            abort();  // unsupported operand type (F16/I32): a programming error
-        }
+        if (t == TETRA_F32)
+            memcpy(o, (const float *)x + base, (size_t)cols * sizeof(float));
+        else if (t == TETRA_BF16)
+            widen_bf16_k(o, (const uint16_t *)x + base, cols);
+        else if (t == TETRA_FP8_E4M3)
+            widen_e4m3_k(o, (const uint8_t *)x + base, cols);
+        else
+            widen_e5m2_k(o, (const uint8_t *)x + base, cols);
     }
     return out;
 }
@@ -105,32 +134,41 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
     int lda = g->lda, ldb = g->ldb;
     if (!af) { a_tmp = widen(a, g->a_type, ar, ac, g->lda); af = a_tmp; lda = ac; }
     if (!bf) { b_tmp = widen(b, g->b_type, br, bc, g->ldb); bf = b_tmp; ldb = bc; }
+    const int par = (int64_t)m * n > CPU_CHUNK;
 
     int rowwise = g->scale_rowwise && (g->a_scale || g->b_scale);
-    if (!rowwise && g->c_type == TETRA_F32) {
+    if (!rowwise) {
         // tensorwise: one scalar, folded into alpha
         float s = g->alpha * (g->a_scale ? g->a_scale[0] : 1.0f) * (g->b_scale ? g->b_scale[0] : 1.0f);
-        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, (float *)c, g->ldc);
+        if (g->c_type == TETRA_F32) {
+            sgemm_parallel(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, (float *)c, g->ldc);
+        } else {
+            // bf16 C: s AB + beta C formed in an fp32 buffer by the sgemm itself, rounded once
+            uint16_t *cb = (uint16_t *)c;
+            float *acc = (float *)malloc((size_t)m * (size_t)n * sizeof(float) + 64);
+            if (!acc) abort();
+            if (g->beta != 0.0f) {
+#pragma omp parallel for schedule(static) if (par)
+                for (int i = 0; i < m; i++) widen_bf16_k(acc + (size_t)i * n, cb + (size_t)i * g->ldc, n);
+            }
+            sgemm_parallel(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, acc, n);
+#pragma omp parallel for schedule(static) if (par)
+            for (int i = 0; i < m; i++) round_bf16_k(cb + (size_t)i * g->ldc, acc + (size_t)i * n, n);
+            free(acc);
+        }
     } else {
+        // rowwise fp8 scales: the product unscaled, then per-row/per-column dequant
         float *acc = (float *)malloc((size_t)m * (size_t)n * sizeof(float) + 64);
         if (!acc) abort();
         sgemm_parallel(g->trans_a, g->trans_b, m, n, k, 1.0f, af, lda, bf, ldb, 0.0f, acc, n);
-#pragma omp parallel for schedule(static) if ((int64_t)m * n > CPU_CHUNK)
+#pragma omp parallel for schedule(static) if (par)
         for (int i = 0; i < m; i++) {
-            float sa = g->a_scale ? g->a_scale[rowwise ? i : 0] : 1.0f;
-            for (int j = 0; j < n; j++) {
-                float sb = g->b_scale ? g->b_scale[rowwise ? j : 0] : 1.0f;
-                float r = g->alpha * sa * sb * acc[(size_t)i * n + j];
-                size_t ci = (size_t)i * (size_t)g->ldc + (size_t)j;
-                if (g->c_type == TETRA_F32) {
-                    float *cf = (float *)c;
-                    cf[ci] = g->beta != 0.0f ? r + g->beta * cf[ci] : r;
-                } else {
-                    uint16_t *cb = (uint16_t *)c;
-                    if (g->beta != 0.0f) r += g->beta * tetra_bf16_to_f32(cb[ci]);
-                    cb[ci] = tetra_f32_to_bf16(r);
-                }
-            }
+            float as = g->alpha * (g->a_scale ? g->a_scale[i] : 1.0f);
+            size_t ci = (size_t)i * (size_t)g->ldc;
+            if (g->c_type == TETRA_F32)
+                epi_f32_k((float *)c + ci, acc + (size_t)i * n, as, g->b_scale, g->beta, n);
+            else
+                epi_bf16_k((uint16_t *)c + ci, acc + (size_t)i * n, as, g->b_scale, g->beta, n);
         }
         free(acc);
     }

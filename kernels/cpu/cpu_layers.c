@@ -1,6 +1,7 @@
 // kernels/cpu/cpu_layers.c — embedding, RMSNorm, RoPE, SwiGLU and the fused
 // cross-entropy of the CPU backend (fp32). Per-element math comes from ops_math.h so the
-// CUDA backend computes the same functions.
+// CUDA backend computes the same functions; the row kernels (cpu_*_k) are also what the
+// bf16 twins in cpu_bf16.c run on widened rows.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +52,8 @@ void cpu_embedding_backward(float *dwte, const float *dout, const int32_t *token
 // ----------------------------------------------------------------------------
 // RMSNorm
 
-CPU_SIMD static void rmsnorm_row_k(float *restrict out, float *restrict rstd, const float *restrict x,
-                                   const float *restrict w, int c, float eps) {
+CPU_SIMD void cpu_rmsnorm_row_k(float *restrict out, float *restrict rstd, const float *restrict x,
+                                const float *restrict w, int c, float eps) {
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
     for (int j = 0; j < c; j++) ss += x[j] * x[j];
@@ -64,11 +65,11 @@ CPU_SIMD static void rmsnorm_row_k(float *restrict out, float *restrict rstd, co
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c,
                          float eps) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
-    for (int i = 0; i < n; i++) rmsnorm_row_k(out + (size_t)i * c, rstd + i, x + (size_t)i * c, w, c, eps);
+    for (int i = 0; i < n; i++) cpu_rmsnorm_row_k(out + (size_t)i * c, rstd + i, x + (size_t)i * c, w, c, eps);
 }
 
-CPU_SIMD static void rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy,
-                                       const float *restrict x, const float *restrict w, float r, int c) {
+CPU_SIMD void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy,
+                                    const float *restrict x, const float *restrict w, float r, int c) {
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int j = 0; j < c; j++) dot += w[j] * dy[j] * x[j];
@@ -81,7 +82,7 @@ void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, co
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
     for (int i = 0; i < n; i++) {
         size_t o = (size_t)i * c;
-        rmsnorm_bwd_row_k(dx + o, dout + o, x + o, w, rstd[i], c);
+        cpu_rmsnorm_bwd_row_k(dx + o, dout + o, x + o, w, rstd[i], c);
     }
 }
 
@@ -111,7 +112,7 @@ void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, c
 // ----------------------------------------------------------------------------
 // RoPE
 
-CPU_SIMD static void rope_row_k(float *out, const float *x, const float *f, int nh, int d, int inverse) {
+CPU_SIMD void cpu_rope_row_k(float *out, const float *x, const float *f, int nh, int d, int inverse) {
     int half = d / 2;
     for (int h = 0; h < nh; h++) {
         const float *xh = x + (size_t)h * d;
@@ -134,7 +135,7 @@ static void rope_apply(float *out, const float *x, const float *freqs, const int
     for (int r = 0; r < rows; r++) {
         int si = r % s;
         int p = pos ? pos[si] : pos_offset + si;
-        rope_row_k(out + (size_t)r * row, x + (size_t)r * row, freqs + (size_t)p * d, nh, d, inverse);
+        cpu_rope_row_k(out + (size_t)r * row, x + (size_t)r * row, freqs + (size_t)p * d, nh, d, inverse);
     }
 }
 
@@ -151,12 +152,12 @@ void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const i
 // ----------------------------------------------------------------------------
 // SwiGLU
 
-CPU_SIMD static void swiglu_fwd_k(float *out, const float *a, const float *g, size_t n) {
+CPU_SIMD void cpu_swiglu_fwd_k(float *out, const float *a, const float *g, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = tetra_silu(a[i]) * g[i];
 }
 
-CPU_SIMD static void swiglu_bwd_k(float *da, float *dg, const float *dout, const float *a, const float *g,
-                                  size_t n) {
+CPU_SIMD void cpu_swiglu_bwd_k(float *da, float *dg, const float *dout, const float *a, const float *g,
+                               size_t n) {
     for (size_t i = 0; i < n; i++) {
         float ai = a[i], gi = g[i], d = dout[i];
         float dai = d * gi * tetra_dsilu(ai);
@@ -171,7 +172,7 @@ void cpu_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
         size_t lo = (size_t)(c * CPU_CHUNK), hi = lo + (size_t)CPU_CHUNK < n ? lo + (size_t)CPU_CHUNK : n;
-        swiglu_fwd_k(out + lo, a + lo, g + lo, hi - lo);
+        cpu_swiglu_fwd_k(out + lo, a + lo, g + lo, hi - lo);
     }
 }
 
@@ -180,7 +181,7 @@ void cpu_swiglu_backward(float *da, float *dg, const float *dout, const float *a
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
         size_t lo = (size_t)(c * CPU_CHUNK), hi = lo + (size_t)CPU_CHUNK < n ? lo + (size_t)CPU_CHUNK : n;
-        swiglu_bwd_k(da + lo, dg + lo, dout + lo, a + lo, g + lo, hi - lo);
+        cpu_swiglu_bwd_k(da + lo, dg + lo, dout + lo, a + lo, g + lo, hi - lo);
     }
 }
 

@@ -26,7 +26,7 @@
 // count) so that chunked reductions give the same bits with any number of threads.
 #define CPU_CHUNK ((int64_t)1 << 15)
 
-// ---- cpu_backend.c: memory, elementwise, reductions, casts, optimizer
+// ---- cpu_backend.c: memory, elementwise, reductions, casts, optimizer, the table
 void *cpu_alloc(size_t bytes);
 void cpu_release(void *p);
 void cpu_copy(void *dst, const void *src, size_t bytes);
@@ -49,6 +49,12 @@ void cpu_fp8_scale_from_amax(float *scale, const float *amax, int n, float fp8_m
 void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
                     double beta1, double beta2, double eps, double weight_decay, int step,
                     float grad_scale);
+// memory accounting (ops.h: alloc_count .. compute_stream)
+size_t cpu_alloc_count(void);
+size_t cpu_allocated_bytes(void);
+void cpu_memory_freeze(int frozen);
+void cpu_device_memory(size_t *free_bytes, size_t *total_bytes);
+void *cpu_compute_stream(void);
 
 // ---- cpu_gemm.c
 void cpu_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);
@@ -85,6 +91,42 @@ void cpu_ce_shard_sums(float *sum_exp, float *target_logit, const float *logits,
 void cpu_ce_shard_finish(float *dlogits, float *losses, const float *logits, const float *row_max,
                          const float *sum_exp, const float *target_logit, const int32_t *targets,
                          int n, int v_local, int v_start, float dloss_scale);
+// Row and element kernels of the ops above, shared with their bf16 twins (cpu_bf16.c),
+// which widen into fp32 buffers and call these, so both compute the same function.
+void cpu_rmsnorm_row_k(float *restrict out, float *restrict rstd, const float *restrict x,
+                       const float *restrict w, int c, float eps);
+// dx[0..c) += the RMSNorm input gradient of one row
+void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy, const float *restrict x,
+                           const float *restrict w, float r, int c);
+// one row of nh heads of d (rotation by the row's freqs; inverse: by the conjugate)
+void cpu_rope_row_k(float *out, const float *x, const float *f, int nh, int d, int inverse);
+void cpu_swiglu_fwd_k(float *out, const float *a, const float *g, size_t n);
+void cpu_swiglu_bwd_k(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n);
+
+// ---- cpu_bf16.c: the bf16 activation twins (ops.h), fp32 inside, one rounding per output
+void cpu_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c,
+                                int v_start, int v_local);
+void cpu_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c,
+                                 int v_start, int v_local);
+void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
+                              float eps);
+void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
+                                     const float *rstd, int n, int c);
+void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
+                                      int n, int c);
+void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
+                           int pos_offset, int b, int s, int nh, int d);
+void cpu_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
+                            int pos_offset, int b, int s, int nh, int d);
+void cpu_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n);
+void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
+                              const uint16_t *g, size_t n);
+size_t cpu_attention_workspace_size_bf16(const ops_attn_shape *s);
+void cpu_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                                const uint16_t *v, const ops_attn_shape *s, void *workspace);
+void cpu_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
+                                 const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *out,
+                                 const float *lse, const ops_attn_shape *s, void *workspace);
 
 // ---- cpu_attention.c
 // Tile sizes of the blockwise attention (queries x keys per score tile).

@@ -37,27 +37,36 @@ static int pidx_block(int layer, int which) { return 1 + layer * P_PER_BLOCK + w
 static int pidx_norm(const llama3_model *m) { return 1 + m->args.n_layers * P_PER_BLOCK; }
 static int pidx_output(const llama3_model *m) { return 2 + m->args.n_layers * P_PER_BLOCK; }
 
-static float *param_ptr(const llama3_model *m, int idx) { return m->param_mem + m->params[idx].offset; }
 static float *grad_ptr(const llama3_model *m, int idx) { return m->grad_mem + m->params[idx].offset; }
+
+/* The parameters the forward and backward read: the fp32 parameters, or their bf16
+ * compute copies under mixed precision. */
+static int mixed(const llama3_model *m) { return m->compute_dtype == TETRA_BF16; }
+static void *param_ptr(const llama3_model *m, int idx) {
+    return mixed(m) ? (void *)(m->param_bf16 + m->params[idx].offset) : (void *)(m->param_mem + m->params[idx].offset);
+}
+/* bytes of one activation element */
+static size_t act_size(const llama3_model *m) { return mixed(m) ? sizeof(uint16_t) : sizeof(float); }
+static void *act_at(const llama3_model *m, void *base, size_t elems) { return (char *)base + elems * act_size(m); }
 
 /* ----------------------------------------------------------------------------
  * activations of one microbatch */
 
 typedef struct {
-    float *xn1;    /* [N, C]   attention_norm output; after I: dL/dxn1 */
+    void *xn1;     /* [N, C]   attention_norm output; after I: dL/dxn1 */
     float *rstd1;  /* [N] */
-    float *q;      /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
-    float *k;      /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
-    float *v;      /* [N, KV*D] after I: dL/dv */
-    float *att;    /* [N, H*D]  attention output (input of wo) */
+    void *q;       /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
+    void *k;       /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
+    void *v;       /* [N, KV*D] after I: dL/dv */
+    void *att;     /* [N, H*D]  attention output (input of wo) */
     float *lse;    /* [B, H, T] log-sum-exp of the attention scores */
-    float *h;      /* [N, C]   residual after attention */
-    float *xn2;    /* [N, C]   ffn_norm output; after I: dL/dxn2 */
+    void *h;       /* [N, C]   residual after attention */
+    void *xn2;     /* [N, C]   ffn_norm output; after I: dL/dxn2 */
     float *rstd2;  /* [N] */
-    float *a;      /* [N, F]   xn2 W1^T; after I: dL/da */
-    float *g;      /* [N, F]   xn2 W3^T; after I: dL/dg */
-    float *s;      /* [N, F]   silu(a) * g (input of w2) */
-    float *dh;     /* [N, C]   dL/dh, kept from I for W (wo's weight gradient) */
+    void *a;       /* [N, F]   xn2 W1^T; after I: dL/da */
+    void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
+    void *s;       /* [N, F]   silu(a) * g (input of w2) */
+    void *dh;      /* [N, C]   dL/dh, kept from I for W (wo's weight gradient) */
 } layer_acts;
 
 struct llama3_acts {
@@ -68,14 +77,16 @@ struct llama3_acts {
     int32_t *inputs;     /* [N] backend copy of the token ids */
     int32_t *targets;    /* [N] */
     float *loss_sum;     /* [1] */
-    float **res;         /* [L+1] of [N, C]: r_0 .. r_L */
-    float **dres;        /* [L+1] of [N, C]: dL/dr_l */
+    void **res;          /* [L+1] of [N, C]: r_0 .. r_L (compute dtype, as every activation below
+                            unless marked fp32) */
+    void **dres;         /* [L+1] of [N, C]: dL/dr_l */
     layer_acts *layer;   /* [L] */
-    float *xnf;          /* [N, C]  final norm output */
+    void *xnf;           /* [N, C]  final norm output */
     float *rstdf;        /* [N] */
-    float *logits;       /* [N, V]  logits; after the forward with targets: dlogits */
+    float *logits;       /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
+    uint16_t *dlogits16; /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
     float *losses;       /* [N]     per-token cross-entropy */
-    float *scratch;      /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
+    void *scratch;       /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
     float *rstd_scratch; /* [N] */
     void *attn_ws;       /* attention workspace */
     float *logits_copy;  /* [N, V] or NULL (llama3_acts_keep_logits) */
@@ -124,7 +135,7 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
     const llama3_args *ar = &m->args;
     const size_t n = a->n, L = (size_t)ar->n_layers, c = (size_t)ar->dim, v = (size_t)ar->vocab_size;
     const size_t hd = (size_t)ar->n_heads * llama3_head_dim(ar), kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar);
-    const size_t f = (size_t)llama3_ffn_hidden(ar), fl = sizeof(float);
+    const size_t f = (size_t)llama3_ffn_hidden(ar), fl = sizeof(float), es = act_size(m);
     carver cv = {(char *)a->mem, 0};
     const int measuring = a->mem == NULL;
 
@@ -136,43 +147,47 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
     p = carve(&cv, fl);
     if (!measuring) a->loss_sum = p;
     for (size_t l = 0; l <= L; l++) {
-        p = carve(&cv, n * c * fl);
+        p = carve(&cv, n * c * es);
         if (!measuring) a->res[l] = p;
-        p = carve(&cv, n * c * fl);
+        p = carve(&cv, n * c * es);
         if (!measuring) a->dres[l] = p;
     }
     for (size_t l = 0; l < L; l++) {
         layer_acts t;
-        t.xn1 = carve(&cv, n * c * fl);
+        t.xn1 = carve(&cv, n * c * es);
         t.rstd1 = carve(&cv, n * fl);
-        t.q = carve(&cv, n * hd * fl);
-        t.k = carve(&cv, n * kvd * fl);
-        t.v = carve(&cv, n * kvd * fl);
-        t.att = carve(&cv, n * hd * fl);
+        t.q = carve(&cv, n * hd * es);
+        t.k = carve(&cv, n * kvd * es);
+        t.v = carve(&cv, n * kvd * es);
+        t.att = carve(&cv, n * hd * es);
         t.lse = carve(&cv, n * (size_t)ar->n_heads * fl);
-        t.h = carve(&cv, n * c * fl);
-        t.xn2 = carve(&cv, n * c * fl);
+        t.h = carve(&cv, n * c * es);
+        t.xn2 = carve(&cv, n * c * es);
         t.rstd2 = carve(&cv, n * fl);
-        t.a = carve(&cv, n * f * fl);
-        t.g = carve(&cv, n * f * fl);
-        t.s = carve(&cv, n * f * fl);
-        t.dh = carve(&cv, n * c * fl);
+        t.a = carve(&cv, n * f * es);
+        t.g = carve(&cv, n * f * es);
+        t.s = carve(&cv, n * f * es);
+        t.dh = carve(&cv, n * c * es);
         if (!measuring) a->layer[l] = t;
     }
-    p = carve(&cv, n * c * fl);
+    p = carve(&cv, n * c * es);
     if (!measuring) a->xnf = p;
     p = carve(&cv, n * fl);
     if (!measuring) a->rstdf = p;
     p = carve(&cv, n * v * fl);
     if (!measuring) a->logits = p;
+    if (mixed(m)) {
+        p = carve(&cv, n * v * sizeof(uint16_t));
+        if (!measuring) a->dlogits16 = p;
+    }
     p = carve(&cv, n * fl);
     if (!measuring) a->losses = p;
-    p = carve(&cv, n * scratch_cols(m) * fl);
+    p = carve(&cv, n * scratch_cols(m) * es);
     if (!measuring) a->scratch = p;
     p = carve(&cv, n * fl);
     if (!measuring) a->rstd_scratch = p;
     ops_attn_shape s = attn_shape(m, a->b, a->t);
-    size_t ws = m->ops->attention_workspace_size(&s);
+    size_t ws = mixed(m) ? m->ops->attention_workspace_size_bf16(&s) : m->ops->attention_workspace_size(&s);
     p = carve(&cv, ws);
     if (!measuring) a->attn_ws = ws ? p : NULL;
     return cv.off;
@@ -245,8 +260,8 @@ const float *llama3_logits(const llama3_acts *a) {
     return a->has_targets ? NULL : a->logits;
 }
 
-float *llama3_acts_residual(llama3_acts *a, int l) { return a->res[l]; }
-float *llama3_acts_residual_grad(llama3_acts *a, int l) { return a->dres[l]; }
+void *llama3_acts_residual(llama3_acts *a, int l) { return a->res[l]; }
+void *llama3_acts_residual_grad(llama3_acts *a, int l) { return a->dres[l]; }
 
 /* ----------------------------------------------------------------------------
  * parameters */
@@ -368,11 +383,37 @@ void llama3_model_free(llama3_model *m) {
         if (m->param_mem) m->ops->release(m->param_mem);
         if (m->grad_mem) m->ops->release(m->grad_mem);
         if (m->rope_table) m->ops->release(m->rope_table);
+        if (m->param_bf16) m->ops->release(m->param_bf16);
     }
     free(m->params);
     free(m->unit_offset);
     free(m->unit_numel);
     memset(m, 0, sizeof *m);
+}
+
+int llama3_model_set_compute_dtype(llama3_model *m, tetra_dtype t, char *err, size_t errlen) {
+    if (t != TETRA_F32 && t != TETRA_BF16) {
+        snprintf(err, errlen, "llama3: compute dtype %s is not supported (float32 or bfloat16)", ops_dtype_name(t));
+        return -1;
+    }
+    if (t == TETRA_BF16 && !m->param_bf16) {
+        m->param_bf16 = m->ops->alloc(m->total_numel * sizeof(uint16_t));
+        if (!m->param_bf16) {
+            snprintf(err, errlen, "llama3: cannot allocate %.2f GiB for the bf16 compute copy of the parameters",
+                     (double)(m->total_numel * sizeof(uint16_t)) / (1024.0 * 1024.0 * 1024.0));
+            return -1;
+        }
+    } else if (t == TETRA_F32 && m->param_bf16) {
+        m->ops->release(m->param_bf16);
+        m->param_bf16 = NULL;
+    }
+    m->compute_dtype = t;
+    llama3_sync_compute_params(m);
+    return 0;
+}
+
+void llama3_sync_compute_params(llama3_model *m) {
+    if (mixed(m)) m->ops->cast_f32_to_bf16(m->param_bf16, m->param_mem, m->total_numel);
 }
 
 const llama3_param *llama3_find_param(const llama3_model *m, const char *name) {
@@ -414,11 +455,12 @@ void llama3_init_weights(llama3_model *m, uint64_t seed) {
 /* ----------------------------------------------------------------------------
  * linear layers through the gemm op (weights [out, in] as nn.Linear) */
 
-static ops_gemm_desc gemm_f32(int trans_a, int trans_b, int mm, int nn, int kk, int lda, int ldb, int ldc,
-                              float beta) {
+static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int trans_b, int mm, int nn, int kk,
+                               int lda, int ldb, int ldc, float beta) {
     ops_gemm_desc g;
     memset(&g, 0, sizeof g);
-    g.a_type = g.b_type = g.c_type = TETRA_F32;
+    g.a_type = g.b_type = ab;
+    g.c_type = c;
     g.trans_a = trans_a;
     g.trans_b = trans_b;
     g.m = mm;
@@ -432,25 +474,71 @@ static ops_gemm_desc gemm_f32(int trans_a, int trans_b, int mm, int nn, int kk, 
     return g;
 }
 
+/* Activations and weights are in the compute dtype; outputs too, except where an fp32
+ * result is asked for (the logits). Weight gradients are always fp32. */
+
 /* y[N, out] = x[N, in] W[out, in]^T + beta y */
-static void linear_forward(const tetra_ops *ops, float *y, const float *x, const float *w, int n, int in, int out,
+static void linear_forward_to(const llama3_model *m, tetra_dtype yt, void *y, const void *x, const void *w, int n,
+                              int in, int out, float beta) {
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, yt, 0, 1, n, out, in, in, in, out, beta);
+    m->ops->gemm(y, x, w, &g);
+}
+static void linear_forward(const llama3_model *m, void *y, const void *x, const void *w, int n, int in, int out,
                            float beta) {
-    ops_gemm_desc g = gemm_f32(0, 1, n, out, in, in, in, out, beta);
-    ops->gemm(y, x, w, &g);
+    linear_forward_to(m, m->compute_dtype, y, x, w, n, in, out, beta);
 }
 
 /* dx[N, in] = dy[N, out] W[out, in] + beta dx */
-static void linear_backward_input(const tetra_ops *ops, float *dx, const float *dy, const float *w, int n, int in,
+static void linear_backward_input(const llama3_model *m, void *dx, const void *dy, const void *w, int n, int in,
                                   int out, float beta) {
-    ops_gemm_desc g = gemm_f32(0, 0, n, in, out, out, in, in, beta);
-    ops->gemm(dx, dy, w, &g);
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, m->compute_dtype, 0, 0, n, in, out, out, in, in, beta);
+    m->ops->gemm(dx, dy, w, &g);
 }
 
-/* dW[out, in] += dy[N, out]^T x[N, in] */
-static void linear_backward_weight(const tetra_ops *ops, float *dw, const float *dy, const float *x, int n, int in,
+/* dW[out, in] += dy[N, out]^T x[N, in]   (fp32 accumulation into the fp32 gradient) */
+static void linear_backward_weight(const llama3_model *m, float *dw, const void *dy, const void *x, int n, int in,
                                    int out) {
-    ops_gemm_desc g = gemm_f32(1, 0, out, in, n, out, in, in, 1.0f);
-    ops->gemm(dw, dy, x, &g);
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, out, in, n, out, in, in, 1.0f);
+    m->ops->gemm(dw, dy, x, &g);
+}
+
+/* The element-wise ops in the compute dtype: one body of forward and backward for
+ * both precisions (ops.h's *_bf16 twins compute the same functions). */
+static void rmsnorm_fwd(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n) {
+    const int c = m->args.dim;
+    const float eps = (float)m->args.norm_eps;
+    if (mixed(m))
+        m->ops->rmsnorm_forward_bf16(out, rstd, x, w, n, c, eps);
+    else
+        m->ops->rmsnorm_forward(out, rstd, x, w, n, c, eps);
+}
+static void rmsnorm_bwd_input(const llama3_model *m, void *dx, const void *dout, const void *x, const void *w,
+                              const float *rstd, int n) {
+    if (mixed(m))
+        m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim);
+    else
+        m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim);
+}
+static void rmsnorm_bwd_weight(const llama3_model *m, float *dw, const void *dout, const void *x, const float *rstd,
+                               int n) {
+    if (mixed(m))
+        m->ops->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, m->args.dim);
+    else
+        m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim);
+}
+static void rope_fwd(const llama3_model *m, void *x, int b, int t, int nh) {
+    const int d = llama3_head_dim(&m->args);
+    if (mixed(m))
+        m->ops->rope_forward_bf16(x, x, m->rope_table, NULL, 0, b, t, nh, d);
+    else
+        m->ops->rope_forward(x, x, m->rope_table, NULL, 0, b, t, nh, d);
+}
+static void rope_bwd(const llama3_model *m, void *dx, const void *dout, int b, int t, int nh) {
+    const int d = llama3_head_dim(&m->args);
+    if (mixed(m))
+        m->ops->rope_backward_bf16(dx, dout, m->rope_table, NULL, 0, b, t, nh, d);
+    else
+        m->ops->rope_backward(dx, dout, m->rope_table, NULL, 0, b, t, nh, d);
 }
 
 /* ----------------------------------------------------------------------------
@@ -459,8 +547,12 @@ static void linear_backward_weight(const tetra_ops *ops, float *dw, const float 
 void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *inputs) {
     const tetra_ops *ops = m->ops;
     ops->copy_h2d(a->inputs, inputs, a->n * sizeof(int32_t));
-    ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, P_EMBEDDING), (int)a->n, m->args.dim, 0,
-                           m->args.vocab_size);
+    if (mixed(m))
+        ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, P_EMBEDDING), (int)a->n, m->args.dim, 0,
+                                    m->args.vocab_size);
+    else
+        ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, P_EMBEDDING), (int)a->n, m->args.dim, 0,
+                               m->args.vocab_size);
 }
 
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int l) {
@@ -468,30 +560,36 @@ void llama3_block_forward(llama3_model *m, llama3_acts *a, int l) {
     const llama3_args *ar = &m->args;
     const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
     const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
-    const float eps = (float)ar->norm_eps;
+    const size_t es = act_size(m);
     layer_acts *t = &a->layer[l];
-    const float *x = a->res[l];
-    float *out = a->res[l + 1];
+    const void *x = a->res[l];
+    void *out = a->res[l + 1];
 
     /* attention: h = x + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)) */
-    ops->rmsnorm_forward(t->xn1, t->rstd1, x, param_ptr(m, pidx_block(l, P_ATTN_NORM)), n, C, eps);
-    linear_forward(ops, t->q, t->xn1, param_ptr(m, pidx_block(l, P_WQ)), n, C, HD, 0.0f);
-    linear_forward(ops, t->k, t->xn1, param_ptr(m, pidx_block(l, P_WK)), n, C, KVD, 0.0f);
-    linear_forward(ops, t->v, t->xn1, param_ptr(m, pidx_block(l, P_WV)), n, C, KVD, 0.0f);
-    ops->rope_forward(t->q, t->q, m->rope_table, NULL, 0, a->b, a->t, H, D);
-    ops->rope_forward(t->k, t->k, m->rope_table, NULL, 0, a->b, a->t, KV, D);
+    rmsnorm_fwd(m, t->xn1, t->rstd1, x, param_ptr(m, pidx_block(l, P_ATTN_NORM)), n);
+    linear_forward(m, t->q, t->xn1, param_ptr(m, pidx_block(l, P_WQ)), n, C, HD, 0.0f);
+    linear_forward(m, t->k, t->xn1, param_ptr(m, pidx_block(l, P_WK)), n, C, KVD, 0.0f);
+    linear_forward(m, t->v, t->xn1, param_ptr(m, pidx_block(l, P_WV)), n, C, KVD, 0.0f);
+    rope_fwd(m, t->q, a->b, a->t, H);
+    rope_fwd(m, t->k, a->b, a->t, KV);
     ops_attn_shape s = attn_shape(m, a->b, a->t);
-    ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, a->attn_ws);
-    ops->copy(t->h, x, a->n * (size_t)C * sizeof(float));
-    linear_forward(ops, t->h, t->att, param_ptr(m, pidx_block(l, P_WO)), n, HD, C, 1.0f);
+    if (mixed(m))
+        ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, a->attn_ws);
+    else
+        ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, a->attn_ws);
+    ops->copy(t->h, x, a->n * (size_t)C * es);
+    linear_forward(m, t->h, t->att, param_ptr(m, pidx_block(l, P_WO)), n, HD, C, 1.0f);
 
     /* feed-forward: out = h + w2(silu(w1 xn2) * w3 xn2) */
-    ops->rmsnorm_forward(t->xn2, t->rstd2, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), n, C, eps);
-    linear_forward(ops, t->a, t->xn2, param_ptr(m, pidx_block(l, P_W1)), n, C, F, 0.0f);
-    linear_forward(ops, t->g, t->xn2, param_ptr(m, pidx_block(l, P_W3)), n, C, F, 0.0f);
-    ops->swiglu_forward(t->s, t->a, t->g, a->n * (size_t)F);
-    ops->copy(out, t->h, a->n * (size_t)C * sizeof(float));
-    linear_forward(ops, out, t->s, param_ptr(m, pidx_block(l, P_W2)), n, F, C, 1.0f);
+    rmsnorm_fwd(m, t->xn2, t->rstd2, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), n);
+    linear_forward(m, t->a, t->xn2, param_ptr(m, pidx_block(l, P_W1)), n, C, F, 0.0f);
+    linear_forward(m, t->g, t->xn2, param_ptr(m, pidx_block(l, P_W3)), n, C, F, 0.0f);
+    if (mixed(m))
+        ops->swiglu_forward_bf16(t->s, t->a, t->g, a->n * (size_t)F);
+    else
+        ops->swiglu_forward(t->s, t->a, t->g, a->n * (size_t)F);
+    ops->copy(out, t->h, a->n * (size_t)C * es);
+    linear_forward(m, out, t->s, param_ptr(m, pidx_block(l, P_W2)), n, F, C, 1.0f);
 }
 
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
@@ -499,8 +597,9 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     const tetra_ops *ops = m->ops;
     const llama3_args *ar = &m->args;
     const int n = (int)a->n, C = ar->dim, V = ar->vocab_size, L = ar->n_layers;
-    ops->rmsnorm_forward(a->xnf, a->rstdf, a->res[L], param_ptr(m, pidx_norm(m)), n, C, (float)ar->norm_eps);
-    linear_forward(ops, a->logits, a->xnf, param_ptr(m, pidx_output(m)), n, C, V, 0.0f);
+    rmsnorm_fwd(m, a->xnf, a->rstdf, a->res[L], param_ptr(m, pidx_norm(m)), n);
+    /* the logits are fp32 in both precisions: the loss and its gradient need the range */
+    linear_forward_to(m, TETRA_F32, a->logits, a->xnf, param_ptr(m, pidx_output(m)), n, C, V, 0.0f);
     if (a->logits_copy) ops->copy(a->logits_copy, a->logits, a->n * (size_t)V * sizeof(float));
     if (!targets) {
         a->has_targets = 0;
@@ -513,6 +612,7 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     ops->copy_h2d(a->targets, targets, a->n * sizeof(int32_t));
     /* fused: per-token losses, and dlogits written over the logits */
     ops->cross_entropy(a->logits, a->losses, a->logits, a->targets, n, V, dloss_scale);
+    if (mixed(m)) ops->cast_f32_to_bf16(a->dlogits16, a->logits, a->n * (size_t)V);
     ops->sum(a->loss_sum, a->losses, a->n);
     float loss = 0.0f;
     ops->copy_d2h(&loss, a->loss_sum, sizeof loss);
@@ -539,14 +639,17 @@ void llama3_backward_head(llama3_model *m, llama3_acts *a) {
         fprintf(stderr, "llama3_backward: the last forward had no targets\n");
         abort();
     }
-    const float *dlogits = a->logits;
-    float *dxnf = a->scratch; /* [N, C] */
+    const void *dlogits = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
+    void *dxnf = a->scratch; /* [N, C] */
     /* W: dOutput += dlogits^T xnf; I: dxnf = dlogits Output */
-    linear_backward_weight(ops, grad_ptr(m, pidx_output(m)), dlogits, a->xnf, n, C, V);
-    linear_backward_input(ops, dxnf, dlogits, param_ptr(m, pidx_output(m)), n, C, V, 0.0f);
-    ops->rmsnorm_backward_weight(grad_ptr(m, pidx_norm(m)), dxnf, a->res[L], a->rstdf, n, C);
-    ops->fill(a->dres[L], 0.0f, a->n * (size_t)C);
-    ops->rmsnorm_backward_input(a->dres[L], dxnf, a->res[L], param_ptr(m, pidx_norm(m)), a->rstdf, n, C);
+    linear_backward_weight(m, grad_ptr(m, pidx_output(m)), dlogits, a->xnf, n, C, V);
+    linear_backward_input(m, dxnf, dlogits, param_ptr(m, pidx_output(m)), n, C, V, 0.0f);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_norm(m)), dxnf, a->res[L], a->rstdf, n);
+    if (mixed(m))
+        ops->fill(a->dres[L], 0.0f, a->n * (size_t)C / 2); /* bf16 zeros as fp32 zeros (C is even) */
+    else
+        ops->fill(a->dres[L], 0.0f, a->n * (size_t)C);
+    rmsnorm_bwd_input(m, a->dres[L], dxnf, a->res[L], param_ptr(m, pidx_norm(m)), a->rstdf, n);
 }
 
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
@@ -554,72 +657,81 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     const llama3_args *ar = &m->args;
     const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
     const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
-    const size_t nc = a->n * (size_t)C;
+    const size_t nc = a->n * (size_t)C, es = act_size(m);
     layer_acts *t = &a->layer[l];
-    const float *dout = a->dres[l + 1]; /* dL/dr_{l+1} */
+    const void *dout = a->dres[l + 1]; /* dL/dr_{l+1} */
 
     /* feed-forward: ds = dout W2; (da, dg) over (a, g); dxn2 = da W1 + dg W3 over xn2 */
-    float *ds = a->scratch; /* [N, F] */
-    linear_backward_input(ops, ds, dout, param_ptr(m, pidx_block(l, P_W2)), n, F, C, 0.0f);
-    ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
-    float *dxn2 = t->xn2;
-    linear_backward_input(ops, dxn2, t->a, param_ptr(m, pidx_block(l, P_W1)), n, C, F, 0.0f);
-    linear_backward_input(ops, dxn2, t->g, param_ptr(m, pidx_block(l, P_W3)), n, C, F, 1.0f);
+    void *ds = a->scratch; /* [N, F] */
+    linear_backward_input(m, ds, dout, param_ptr(m, pidx_block(l, P_W2)), n, F, C, 0.0f);
+    if (mixed(m))
+        ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
+    else
+        ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
+    void *dxn2 = t->xn2;
+    linear_backward_input(m, dxn2, t->a, param_ptr(m, pidx_block(l, P_W1)), n, C, F, 0.0f);
+    linear_backward_input(m, dxn2, t->g, param_ptr(m, pidx_block(l, P_W3)), n, C, F, 1.0f);
     /* dh = dout (residual) + d rmsnorm */
-    ops->copy(t->dh, dout, nc * sizeof(float));
-    ops->rmsnorm_backward_input(t->dh, dxn2, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), t->rstd2, n, C);
+    ops->copy(t->dh, dout, nc * es);
+    rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), t->rstd2, n);
 
-    /* attention: datt = dh Wo; attention backward into zeroed scratch (it accumulates,
-     * and reads q/k/v, so it cannot write over them); then un-rotate into the q/k slots */
-    float *datt = a->scratch;               /* [N, HD] */
-    float *dq = datt + a->n * (size_t)HD;   /* [N, HD] */
-    float *dk = dq + a->n * (size_t)HD;     /* [N, KVD] */
-    float *dv = dk + a->n * (size_t)KVD;    /* [N, KVD] */
-    linear_backward_input(ops, datt, t->dh, param_ptr(m, pidx_block(l, P_WO)), n, HD, C, 0.0f);
-    ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
+    /* attention: datt = dh Wo; attention backward into scratch (it reads q/k/v, so it
+     * cannot write over them; the fp32 op accumulates, so that scratch is zeroed); then
+     * un-rotate into the q/k slots */
+    void *datt = a->scratch;                       /* [N, HD] */
+    void *dq = act_at(m, datt, a->n * (size_t)HD); /* [N, HD] */
+    void *dk = act_at(m, dq, a->n * (size_t)HD);   /* [N, KVD] */
+    void *dv = act_at(m, dk, a->n * (size_t)KVD);  /* [N, KVD] */
+    linear_backward_input(m, datt, t->dh, param_ptr(m, pidx_block(l, P_WO)), n, HD, C, 0.0f);
     ops_attn_shape s = attn_shape(m, a->b, a->t);
-    ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, a->attn_ws);
-    ops->rope_backward(t->q, dq, m->rope_table, NULL, 0, a->b, a->t, H, D);
-    ops->rope_backward(t->k, dk, m->rope_table, NULL, 0, a->b, a->t, KV, D);
-    ops->copy(t->v, dv, a->n * (size_t)KVD * sizeof(float));
-    float *dxn1 = t->xn1;
-    linear_backward_input(ops, dxn1, t->q, param_ptr(m, pidx_block(l, P_WQ)), n, C, HD, 0.0f);
-    linear_backward_input(ops, dxn1, t->k, param_ptr(m, pidx_block(l, P_WK)), n, C, KVD, 1.0f);
-    linear_backward_input(ops, dxn1, t->v, param_ptr(m, pidx_block(l, P_WV)), n, C, KVD, 1.0f);
+    if (mixed(m)) {
+        ops->attention_backward_bf16(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, a->attn_ws);
+    } else {
+        ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
+        ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, a->attn_ws);
+    }
+    rope_bwd(m, t->q, dq, a->b, a->t, H);
+    rope_bwd(m, t->k, dk, a->b, a->t, KV);
+    ops->copy(t->v, dv, a->n * (size_t)KVD * es);
+    void *dxn1 = t->xn1;
+    linear_backward_input(m, dxn1, t->q, param_ptr(m, pidx_block(l, P_WQ)), n, C, HD, 0.0f);
+    linear_backward_input(m, dxn1, t->k, param_ptr(m, pidx_block(l, P_WK)), n, C, KVD, 1.0f);
+    linear_backward_input(m, dxn1, t->v, param_ptr(m, pidx_block(l, P_WV)), n, C, KVD, 1.0f);
     /* dr_l = dh (residual) + d rmsnorm */
-    ops->copy(a->dres[l], t->dh, nc * sizeof(float));
-    ops->rmsnorm_backward_input(a->dres[l], dxn1, a->res[l], param_ptr(m, pidx_block(l, P_ATTN_NORM)), t->rstd1,
-                                n, C);
+    ops->copy(a->dres[l], t->dh, nc * es);
+    rmsnorm_bwd_input(m, a->dres[l], dxn1, a->res[l], param_ptr(m, pidx_block(l, P_ATTN_NORM)), t->rstd1, n);
 }
 
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
-    const tetra_ops *ops = m->ops;
     const llama3_args *ar = &m->args;
     const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
     const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
-    const float eps = (float)ar->norm_eps;
     layer_acts *t = &a->layer[l];
-    float *xn = a->scratch; /* [N, C] the norm outputs, recomputed bit for bit */
+    void *xn = a->scratch; /* [N, C] the norm outputs, recomputed bit for bit */
 
     /* feed-forward */
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_W2)), a->dres[l + 1], t->s, n, F, C);
-    ops->rmsnorm_forward(xn, a->rstd_scratch, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), n, C, eps);
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_W1)), t->a, xn, n, C, F);
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_W3)), t->g, xn, n, C, F);
-    ops->rmsnorm_backward_weight(grad_ptr(m, pidx_block(l, P_FFN_NORM)), t->xn2, t->h, t->rstd2, n, C);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_W2)), a->dres[l + 1], t->s, n, F, C);
+    rmsnorm_fwd(m, xn, a->rstd_scratch, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), n);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_W1)), t->a, xn, n, C, F);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_W3)), t->g, xn, n, C, F);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(l, P_FFN_NORM)), t->xn2, t->h, t->rstd2, n);
 
     /* attention */
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_WO)), t->dh, t->att, n, HD, C);
-    ops->rmsnorm_forward(xn, a->rstd_scratch, a->res[l], param_ptr(m, pidx_block(l, P_ATTN_NORM)), n, C, eps);
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_WQ)), t->q, xn, n, C, HD);
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_WK)), t->k, xn, n, C, KVD);
-    linear_backward_weight(ops, grad_ptr(m, pidx_block(l, P_WV)), t->v, xn, n, C, KVD);
-    ops->rmsnorm_backward_weight(grad_ptr(m, pidx_block(l, P_ATTN_NORM)), t->xn1, a->res[l], t->rstd1, n, C);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WO)), t->dh, t->att, n, HD, C);
+    rmsnorm_fwd(m, xn, a->rstd_scratch, a->res[l], param_ptr(m, pidx_block(l, P_ATTN_NORM)), n);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WQ)), t->q, xn, n, C, HD);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WK)), t->k, xn, n, C, KVD);
+    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WV)), t->v, xn, n, C, KVD);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(l, P_ATTN_NORM)), t->xn1, a->res[l], t->rstd1, n);
 }
 
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
-    m->ops->embedding_backward(grad_ptr(m, P_EMBEDDING), a->dres[0], a->inputs, (int)a->n, m->args.dim, 0,
-                               m->args.vocab_size);
+    if (mixed(m))
+        m->ops->embedding_backward_bf16(grad_ptr(m, P_EMBEDDING), a->dres[0], a->inputs, (int)a->n, m->args.dim, 0,
+                                        m->args.vocab_size);
+    else
+        m->ops->embedding_backward(grad_ptr(m, P_EMBEDDING), a->dres[0], a->inputs, (int)a->n, m->args.dim, 0,
+                                   m->args.vocab_size);
 }
 
 void llama3_backward(llama3_model *m, llama3_acts *a) {

@@ -50,9 +50,15 @@ typedef struct {
     size_t *unit_numel;       /* [n_units] */
     size_t total_numel;
 
-    float *param_mem;         /* [total_numel] backend memory */
-    float *grad_mem;          /* [total_numel] backend memory */
+    float *param_mem;         /* [total_numel] backend memory: fp32 parameters */
+    float *grad_mem;          /* [total_numel] backend memory: fp32 gradients (both precisions) */
     float *rope_table;        /* [max_seq_len, head_dim/2, 2] backend memory */
+
+    /* Mixed precision (TorchTitan's mixed_precision_param = bfloat16): the forward and
+     * backward read bf16 compute copies of the parameters and keep bf16 activations;
+     * gradients stay fp32 and the fp32 parameters are the optimizer's master weights. */
+    tetra_dtype compute_dtype; /* TETRA_F32 (default) or TETRA_BF16 */
+    uint16_t *param_bf16;      /* [total_numel] backend memory, the compute copy (BF16 only) */
 } llama3_model;
 
 typedef struct llama3_acts llama3_acts;
@@ -61,6 +67,14 @@ typedef struct llama3_acts llama3_acts;
 int llama3_model_init(llama3_model *m, const llama3_args *a, int max_seq_len, const tetra_ops *ops, char *err,
                       size_t errlen);
 void llama3_model_free(llama3_model *m);
+
+/* Choose the compute precision (before creating activations): TETRA_BF16 allocates the
+ * bf16 compute copy and fills it from param_mem. */
+int llama3_model_set_compute_dtype(llama3_model *m, tetra_dtype t, char *err, size_t errlen);
+/* param_bf16 = bf16(param_mem) (round to nearest even) after the fp32 parameters were
+ * written outside an optimizer step; a no-op in fp32. (With FSDP the compute copy is
+ * gathered from the shards instead.) */
+void llama3_sync_compute_params(llama3_model *m);
 
 /* TorchTitan's init drawn from a counter-based RNG keyed by (seed, parameter
  * name, global element index): any sharding computes the same values. */
@@ -96,10 +110,10 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int layer);
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
                            int64_t *n_valid);
-/* Residual r_l [b*t, dim] and its gradient dL/dr_l (backend memory), l in [0, L]:
- * what pipeline stages send and receive. */
-float *llama3_acts_residual(llama3_acts *a, int l);
-float *llama3_acts_residual_grad(llama3_acts *a, int l);
+/* Residual r_l [b*t, dim] and its gradient dL/dr_l (backend memory, compute dtype),
+ * l in [0, L]: what pipeline stages send and receive. */
+void *llama3_acts_residual(llama3_acts *a, int l);
+void *llama3_acts_residual_grad(llama3_acts *a, int l);
 
 /* The logits of the last forward ([b*t, V], backend memory): the kept copy
  * (llama3_acts_keep_logits), or the logits buffer itself after a forward

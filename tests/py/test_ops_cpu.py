@@ -6,7 +6,7 @@ on fresh random inputs (the seed is printed; set TETRA_SEED to replay a run). Th
 references are written here from the definitions, in float64 unless the point is to
 reproduce an fp32 torch computation bit for bit (AdamW, the RoPE table, casts).
 
-Tolerances (fp32 ops against float64 references):
+Tolerances (fp32 ops against float64 references; the bf16 twins: see test_bf16_* below):
   losses      norm-relative error <= 1e-5
   values and gradients  norm-relative error ||a-b||/||b|| <= 1e-4, and
               max |a-b| <= 1e-3 * max |b|  (no single element far off)
@@ -121,6 +121,19 @@ cpu_attention_forward = sig("cpu_attention_forward", P, P, P, P, P, ctypes.POINT
 cpu_attention_backward = sig("cpu_attention_backward", P, P, P, P, P, P, P, P, P, ctypes.POINTER(AttnShape), P)
 cpu_attention_merge = sig("cpu_attention_merge", P, P, P, P, c_int, c_int, c_int, c_int)
 cpu_attention_set_backward_mode = sig("cpu_attention_set_backward_mode", c_int)
+cpu_embedding_forward_bf16 = sig("cpu_embedding_forward_bf16", P, P, P, c_int, c_int, c_int, c_int)
+cpu_embedding_backward_bf16 = sig("cpu_embedding_backward_bf16", P, P, P, c_int, c_int, c_int, c_int)
+cpu_rmsnorm_forward_bf16 = sig("cpu_rmsnorm_forward_bf16", P, P, P, P, c_int, c_int, c_float)
+cpu_rmsnorm_backward_input_bf16 = sig("cpu_rmsnorm_backward_input_bf16", P, P, P, P, P, c_int, c_int)
+cpu_rmsnorm_backward_weight_bf16 = sig("cpu_rmsnorm_backward_weight_bf16", P, P, P, P, c_int, c_int)
+cpu_rope_forward_bf16 = sig("cpu_rope_forward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
+cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
+cpu_swiglu_forward_bf16 = sig("cpu_swiglu_forward_bf16", P, P, P, c_size)
+cpu_swiglu_backward_bf16 = sig("cpu_swiglu_backward_bf16", P, P, P, P, P, c_size)
+cpu_attention_workspace_size_bf16 = sig("cpu_attention_workspace_size_bf16", ctypes.POINTER(AttnShape), ret=c_size)
+cpu_attention_forward_bf16 = sig("cpu_attention_forward_bf16", P, P, P, P, P, ctypes.POINTER(AttnShape), P)
+cpu_attention_backward_bf16 = sig("cpu_attention_backward_bf16", P, P, P, P, P, P, P, P, P,
+                                  ctypes.POINTER(AttnShape), P)
 ops_get = sig("ops_get", ctypes.c_char_p, ctypes.c_char_p, c_size, ret=c_void)
 ops_rope_table = sig("ops_rope_table", P, c_int, c_int, c_float, c_int, c_float, c_float, c_float, c_int)
 
@@ -183,6 +196,14 @@ def check(op, got, ref, rtol=1e-4, maxtol=None):
     maxtol = maxtol if maxtol is not None else 10 * rtol
     RESULTS.append((op, "rel", rel, rtol, rel <= rtol and mx <= maxtol))
     RESULTS.append((op, "maxabs/max|ref|", mx, maxtol, rel <= rtol and mx <= maxtol))
+
+
+def check_loss(op, got, ref, tol=1e-5):
+    """A summed loss: fp32 log-sum-exp is exact to a few ulps of its own O(1..10) size, so a
+    tiny loss (the target a clear argmax) is judged against max(|ref|, 1), not |ref|."""
+    got, ref = float(got), float(ref)
+    err = abs(got - ref) / max(abs(ref), 1.0) if math.isfinite(got) else float("inf")
+    record(op, "abs/max(|ref|,1)", err, tol)
 
 
 def check_bits(op, got_bits, ref_bits, nan_mask=None):
@@ -720,14 +741,14 @@ def test_cross_entropy():
         losses = torch.empty(N)
         dl = torch.empty(N, V)
         cpu_cross_entropy(ptr(dl), ptr(losses), ptr(logits), ptr(targets), N, V, scale)
-        check(f"cross_entropy loss N{N} V{V}", losses.double().sum().reshape(1), loss_ref.reshape(1), 1e-5)
+        check_loss(f"cross_entropy loss N{N} V{V}", losses.double().sum(), loss_ref)
         check(f"cross_entropy dlogits N{N} V{V}", dl, grad_ref, 1e-4)
         inplace = logits.clone()
         cpu_cross_entropy(ptr(inplace), ptr(losses), ptr(inplace), ptr(targets), N, V, scale)
         record(f"cross_entropy in-place N{N} V{V}", "differs from out-of-place", float((inplace != dl).sum()), 0)
         l2 = torch.empty(N)
         cpu_cross_entropy(None, ptr(l2), ptr(logits), ptr(targets), N, V, scale)
-        check(f"cross_entropy loss-only N{N} V{V}", l2.double().sum().reshape(1), loss_ref.reshape(1), 1e-5)
+        check_loss(f"cross_entropy loss-only N{N} V{V}", l2.double().sum(), loss_ref)
 
 
 def test_cross_entropy_sharded():
@@ -801,6 +822,314 @@ def test_adamw():
 
 
 # ----------------------------------------------------------------------------
+# bf16 twins (mixed precision). Inputs are random values rounded to bf16; each op is
+# checked three ways:
+#   1. against torch computing in fp32 from the same (exact) bf16 values, its outputs then
+#      rounded to bf16 with .to(torch.bfloat16): bf16 outputs within one bf16 ulp, i.e.
+#      norm-relative <= 8e-3 and max |diff| <= 1e-2 * max |ref| (one ulp is at most 2^-7
+#      = 7.8e-3 of a value; two fp32 computations that differ by a few fp32 ulps round to
+#      the same or to neighbouring bf16 values). fp32 outputs (parameter gradients,
+#      rstd, lse) are held to the fp32 ops' tolerances against float64: their inputs are
+#      exact, so the bf16 storage adds no error there.
+#   2. bit for bit against the fp32 twin run on the widened inputs and rounded once
+#      (the contract: same per-element math, one rounding per output).
+#   3. the accumulate/write semantics (rmsnorm dx accumulates in bf16; attention dq/dk/dv
+#      are written over garbage) and in-place use where the fp32 op allows it.
+
+BF_RTOL, BF_MAXTOL = 8e-3, 1e-2
+
+
+def bf(*shape, scale=1.0):
+    """random bf16 tensor (the values every reference starts from are these exact ones)"""
+    return f32(*shape, scale=scale).bfloat16()
+
+
+def bf_empty(*shape):
+    return torch.empty(*shape, dtype=torch.bfloat16)
+
+
+def round_bf16(x32):
+    """fp32 tensor -> bf16 with the C rounding (the fp32 twin's output, rounded once)"""
+    x32 = x32.float().contiguous()
+    out = bf_empty(*x32.shape)
+    cpu_cast_f32_to_bf16(ptr(out), ptr(x32), x32.numel())
+    return out
+
+
+def check_bf(op, got, ref32):
+    """bf16 output vs torch's fp32 result rounded to bf16 (.to(torch.bfloat16))"""
+    check(op, got.float(), ref32.float().to(torch.bfloat16).float(), BF_RTOL, BF_MAXTOL)
+
+
+def check_twin(op, got, twin):
+    """bit-exact against the fp32 twin's result (bf16 rounded once, or fp32 as is)"""
+    g, t = got.contiguous(), twin.contiguous()
+    dt = np.uint16 if g.dtype == torch.bfloat16 else np.uint32
+    check_bits(op + " == fp32 twin", t2np(g, dt).ravel(), t2np(t, dt).ravel())
+
+
+def test_bf16_embedding():
+    V, C, N = 103, 80, 301
+    wte = bf(V, C)
+    tok = torch.randint(0, V, (N,), dtype=torch.int32)
+    tok[:20] = 5  # repeated tokens accumulate
+    for v0, vl in ((0, V), (47, V - 47)):  # whole table, and the second of two vocab shards
+        tag = "" if v0 == 0 else " vocab shard"
+        w = wte[v0:v0 + vl].contiguous()
+        out = bf_empty(N, C)
+        cpu_embedding_forward_bf16(ptr(out), ptr(tok), ptr(w), N, C, v0, vl)
+        own = (tok >= v0) & (tok < v0 + vl)
+        ref = torch.where(own[:, None], F.embedding((tok.long() - v0) * own.long(), w.float()), torch.zeros(1))
+        check_bits(f"bf16 embedding fwd{tag} (a copy)", t2np(out, np.uint16).ravel(),
+                   t2np(ref.bfloat16(), np.uint16).ravel())
+        dout = bf(N, C)
+        d0 = f32(vl, C)
+        dw = d0.clone()
+        cpu_embedding_backward_bf16(ptr(dw), ptr(dout), ptr(tok), N, C, v0, vl)
+        idx = tok.long() - v0
+        keep = (idx >= 0) & (idx < vl)
+        refd = d0.double().index_add(0, idx[keep], dout.double()[keep])
+        check(f"bf16 embedding bwd{tag} (fp32 dwte, accumulate)", dw, refd, 1e-6)
+        twin, dout32 = d0.clone(), dout.float()  # (named: a temporary would be freed before the call)
+        cpu_embedding_backward(ptr(twin), ptr(dout32), ptr(tok), N, C, v0, vl)
+        check_twin(f"bf16 embedding bwd{tag}", dw, twin)
+
+
+def test_bf16_rmsnorm():
+    eps = 1e-5
+    for N, C in ((1, 7), (67, 256), (300, 1000)):
+        x = bf(N, C, scale=3.0)
+        w = (f32(C) * 0.2 + 1).bfloat16()
+        out, rstd = bf_empty(N, C), torch.empty(N)
+        cpu_rmsnorm_forward_bf16(ptr(out), ptr(rstd), ptr(x), ptr(w), N, C, eps)
+        xf = x.float().requires_grad_()
+        wf = w.float().requires_grad_()
+        yf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * wf  # torch in fp32
+        tag = f"{N}x{C}"
+        check_bf(f"bf16 rmsnorm fwd {tag}", out, yf.detach())
+        check(f"bf16 rmsnorm rstd {tag}", rstd, torch.rsqrt(x.double().pow(2).mean(-1) + eps), 1e-5)
+        o32, r32, x32, w32 = torch.empty(N, C), torch.empty(N), x.float(), w.float()
+        cpu_rmsnorm_forward(ptr(o32), ptr(r32), ptr(x32), ptr(w32), N, C, eps)
+        check_twin(f"bf16 rmsnorm fwd {tag}", out, round_bf16(o32))
+        check_twin(f"bf16 rmsnorm rstd {tag}", rstd, r32)
+
+        dout = bf(N, C)
+        yf.backward(dout.float())
+        dx0 = bf(N, C)  # the residual gradient so far: the op adds to it in fp32, rounds once
+        dx = dx0.clone()
+        cpu_rmsnorm_backward_input_bf16(ptr(dx), ptr(dout), ptr(x), ptr(w), ptr(rstd), N, C)
+        check_bf(f"bf16 rmsnorm bwd dx (accumulate) {tag}", dx, dx0.float() + xf.grad)
+        d32, dout32 = dx0.float(), dout.float()
+        cpu_rmsnorm_backward_input(ptr(d32), ptr(dout32), ptr(x32), ptr(w32), ptr(rstd), N, C)
+        check_twin(f"bf16 rmsnorm bwd dx {tag}", dx, round_bf16(d32))
+
+        dw0 = f32(C)
+        dw = dw0.clone()
+        cpu_rmsnorm_backward_weight_bf16(ptr(dw), ptr(dout), ptr(x), ptr(rstd), N, C)
+        refw = dw0.double() + (dout.double() * x.double() * rstd.double()[:, None]).sum(0)
+        check(f"bf16 rmsnorm bwd dw (fp32, accumulate) {tag}", dw, refw, 1e-5)
+        check(f"bf16 rmsnorm bwd dw vs torch fp32 autograd {tag}", dw.double() - dw0.double(), wf.grad.double(), 1e-4)
+        t32 = dw0.clone()
+        cpu_rmsnorm_backward_weight(ptr(t32), ptr(dout32), ptr(x32), ptr(rstd), N, C)
+        check_twin(f"bf16 rmsnorm bwd dw {tag}", dw, t32)
+
+
+def test_bf16_rope():
+    D, maxpos = 32, 512
+    table = torch.empty(maxpos, D // 2, 2)
+    ops_rope_table(ptr(table), D, maxpos, 500000.0, 1, 8.0, 1.0, 4.0, 8192)
+    fc = torch.view_as_complex(table)  # complex64: torch rotates in fp32
+    for B, S, NH, pos, off in ((2, 17, 8, None, 0), (3, 40, 2, None, 100),
+                               (2, 33, 4, torch.cat([torch.arange(0, 16), torch.arange(300, 317)]).int(), 0)):
+        x = bf(B, S, NH, D)
+        positions = pos.long() if pos is not None else torch.arange(off, off + S)
+        f = fc[positions].reshape(1, S, 1, D // 2)
+        tag = f"B{B} S{S} nh{NH}{' positions' if pos is not None else f' offset {off}'}"
+        out = bf_empty(B, S, NH, D)
+        cpu_rope_forward_bf16(ptr(out), ptr(x), ptr(table), ptr(pos), off, B, S, NH, D)
+        ref = torch.view_as_real(torch.view_as_complex(x.float().reshape(B, S, NH, D // 2, 2)) * f)
+        check_bf(f"bf16 rope fwd {tag}", out, ref.reshape(B, S, NH, D))
+        t32, x32 = torch.empty(B, S, NH, D), x.float()
+        cpu_rope_forward(ptr(t32), ptr(x32), ptr(table), ptr(pos), off, B, S, NH, D)
+        check_twin(f"bf16 rope fwd {tag}", out, round_bf16(t32))
+        dout = bf(B, S, NH, D)
+        dx = dout.clone()  # in place
+        cpu_rope_backward_bf16(ptr(dx), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D)
+        refb = torch.view_as_real(torch.view_as_complex(dout.float().reshape(B, S, NH, D // 2, 2)) * f.conj())
+        check_bf(f"bf16 rope bwd in-place {tag}", dx, refb.reshape(B, S, NH, D))
+        dout32 = dout.float()
+        cpu_rope_backward(ptr(t32), ptr(dout32), ptr(table), ptr(pos), off, B, S, NH, D)
+        check_twin(f"bf16 rope bwd {tag}", dx, round_bf16(t32))
+
+
+def test_bf16_swiglu():
+    n = 3 * 5 * 7770 + 11  # several CPU_CHUNK pieces and a ragged tail
+    a, g = bf(n, scale=4.0), bf(n)
+    a[:4] = torch.tensor([-100.0, 100.0, 0.0, -88.5])
+    out = bf_empty(n)
+    cpu_swiglu_forward_bf16(ptr(out), ptr(a), ptr(g), n)
+    af, gf = a.float().requires_grad_(), g.float().requires_grad_()
+    yf = F.silu(af) * gf
+    check_bf("bf16 swiglu fwd", out, yf.detach())
+    t32, a32, g32 = torch.empty(n), a.float(), g.float()
+    cpu_swiglu_forward(ptr(t32), ptr(a32), ptr(g32), n)
+    check_twin("bf16 swiglu fwd", out, round_bf16(t32))
+    dout = bf(n)
+    yf.backward(dout.float())
+    da, dg = bf_empty(n), bf_empty(n)
+    cpu_swiglu_backward_bf16(ptr(da), ptr(dg), ptr(dout), ptr(a), ptr(g), n)
+    check_bf("bf16 swiglu bwd da", da, af.grad)
+    check_bf("bf16 swiglu bwd dg", dg, gf.grad)
+    ta, tg, dout32 = torch.empty(n), torch.empty(n), dout.float()
+    cpu_swiglu_backward(ptr(ta), ptr(tg), ptr(dout32), ptr(a32), ptr(g32), n)
+    check_twin("bf16 swiglu bwd da", da, round_bf16(ta))
+    check_twin("bf16 swiglu bwd dg", dg, round_bf16(tg))
+    a2, g2 = a.clone(), g.clone()
+    cpu_swiglu_backward_bf16(ptr(a2), ptr(g2), ptr(dout), ptr(a2), ptr(g2), n)
+    bits = lambda t: t.view(torch.int16)  # noqa: E731
+    record("bf16 swiglu bwd in-place", "differs from out-of-place",
+           float((bits(a2) != bits(da)).sum() + (bits(g2) != bits(dg)).sum()), 0)
+
+
+def ref_attention_bwd(q, k, v, out, lse, dout, causal, q_off=0, k_off=0, scale=None):
+    """The backward as the op defines it, from the GIVEN out and lse (the bf16 forward's
+    results), in the dtype of the inputs: P = exp(S - lse) (masked), dS = P (dO V^T -
+    rowsum(dO * out)); dq = scale dS K, dk = scale dS^T Q, dv = P^T dO, GQA heads summed."""
+    B, Sq, H, D = q.shape
+    Sk, KV = k.shape[1], k.shape[2]
+    rep = H // KV
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    qh, oh, doh = (t.permute(0, 2, 1, 3) for t in (q, out, dout))
+    kh = k.permute(0, 2, 1, 3).repeat_interleave(rep, dim=1)
+    vh = v.permute(0, 2, 1, 3).repeat_interleave(rep, dim=1)
+    s = (qh @ kh.transpose(-1, -2)) * scale
+    p = torch.exp(s - lse[..., None])
+    if causal:
+        mask = (k_off + torch.arange(Sk))[None, :] > (q_off + torch.arange(Sq))[:, None]
+        p = p.masked_fill(mask, 0.0)
+    p = p.nan_to_num(0.0)  # rows that see no key (lse = -inf)
+    dvr = (doh * oh).sum(-1, keepdim=True)
+    ds = p * (doh @ vh.transpose(-1, -2) - dvr)
+    dq = (ds @ kh) * scale
+    dk = ((ds.transpose(-1, -2) @ qh) * scale).reshape(B, KV, rep, Sk, D).sum(2)
+    dv = (p.transpose(-1, -2) @ doh).reshape(B, KV, rep, Sk, D).sum(2)
+    return dq.permute(0, 2, 1, 3), dk.permute(0, 2, 1, 3), dv.permute(0, 2, 1, 3)
+
+
+def test_bf16_attention():
+    # (B, Sq, Sk, H, KV, D, causal, q_offset, k_offset): one-call shapes with GQA, causal
+    # and full, and ring-attention blocks: partly visible (some query rows see no key),
+    # fully visible, and fully masked
+    cases = ((2, 130, 130, 8, 2, 32, 1, 0, 0), (1, 200, 200, 4, 4, 64, 1, 0, 0), (2, 70, 70, 4, 1, 16, 0, 0, 0),
+             (1, 1, 1, 8, 2, 16, 1, 0, 0), (2, 50, 80, 8, 2, 16, 1, 40, 60), (1, 90, 130, 4, 2, 32, 1, 130, 0),
+             (2, 45, 190, 4, 2, 16, 0, 0, 0), (1, 30, 40, 4, 2, 16, 1, 0, 100))
+    for (B, Sq, Sk, H, KV, D, causal, qo, ko) in cases:
+        q, k, v = bf(B, Sq, H, D), bf(B, Sk, KV, D), bf(B, Sk, KV, D)
+        shp = attn_shape(B, Sq, Sk, H, KV, D, causal, qo, ko)
+        tag = f"B{B} Sq{Sq} Sk{Sk} H{H} KV{KV} D{D}{' causal' if causal else ' full'}" + \
+            (f" off {qo}/{ko}" if qo or ko else "")
+        masked = causal and qo + Sq - 1 < ko
+        use_ws = (Sq + Sk) % 3 != 0  # some calls let the op allocate its own workspace
+        ws = torch.empty(cpu_attention_workspace_size_bf16(ctypes.byref(shp)) // 4 + 16) if use_ws else None
+        out, lse = bf_empty(B, Sq, H, D), torch.empty(B, H, Sq)
+        cpu_attention_forward_bf16(ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), ctypes.byref(shp), ptr(ws))
+        of, lref = ref_attention(q.float(), k.float(), v.float(), causal, qo, ko)  # torch in fp32
+        check_bf(f"bf16 attention fwd {tag}", out, of)
+        lsed = ref_attention(q.double(), k.double(), v.double(), causal, qo, ko)[1]
+        seen = torch.isfinite(lsed)  # rows that see no key have lse = -inf
+        record(f"bf16 attention lse {tag}", "-inf rows differ", float(((lse == float("-inf")) != ~seen).sum()), 0)
+        if seen.any():
+            check(f"bf16 attention lse {tag}", lse[seen], lsed[seen], 1e-5)
+        o32, l32 = attn_fwd(q.float(), k.float(), v.float(), shp)
+        check_twin(f"bf16 attention fwd {tag}", out, round_bf16(o32))
+        check_twin(f"bf16 attention lse {tag}", lse, l32)
+
+        dout = bf(B, Sq, H, D)
+        dq, dk, dv = bf(B, Sq, H, D), bf(B, Sk, KV, D), bf(B, Sk, KV, D)  # garbage: the op WRITES
+        cpu_attention_backward_bf16(ptr(dq), ptr(dk), ptr(dv), ptr(dout), ptr(q), ptr(k), ptr(v), ptr(out),
+                                    ptr(lse), ctypes.byref(shp), ptr(ws))
+        rq, rk, rv = ref_attention_bwd(q.float(), k.float(), v.float(), out.float(), lse, dout.float(), causal, qo, ko)
+        for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+            if masked:
+                record(f"bf16 attention bwd {name} {tag}", "nonzero (fully masked)", float((got.float() != 0).sum()), 0)
+            elif Sk == 1 and name != "dv":  # softmax over one key is constant: dq = dk = 0 up to rounding noise
+                record(f"bf16 attention bwd {name} {tag}", "max abs (exact: 0)", got.float().abs().max().item(), 1e-5)
+            else:
+                check_bf(f"bf16 attention bwd {name} {tag}", got, ref)
+        tq, tk, tv = torch.zeros(B, Sq, H, D), torch.zeros(B, Sk, KV, D), torch.zeros(B, Sk, KV, D)
+        attn_bwd(tq, tk, tv, dout.float(), q.float(), k.float(), v.float(), out.float(), lse, shp)
+        check_twin(f"bf16 attention bwd dq {tag}", dq, round_bf16(tq))
+        check_twin(f"bf16 attention bwd dk {tag}", dk, round_bf16(tk))
+        check_twin(f"bf16 attention bwd dv {tag}", dv, round_bf16(tv))
+        if not masked:
+            # sanity: the same gradients by float64 autograd through the reference forward
+            # (which uses the exact, not the bf16-rounded, out): a few bf16 ulps apart
+            qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+            ref_attention(qd, kd, vd, causal, qo, ko)[0].backward(dout.double())
+            for name, got, ref in (("dq", dq, qd.grad), ("dk", dk, kd.grad), ("dv", dv, vd.grad)):
+                if Sk > 1 or name == "dv":
+                    check(f"bf16 attention bwd {name} {tag} vs f64 autograd", got.float(), ref, 2e-2, 5e-2)
+    # the workspace stays linear in the sequence
+    w1 = cpu_attention_workspace_size_bf16(ctypes.byref(attn_shape(1, 4096, 4096, 32, 8, 128, 1)))
+    w2 = cpu_attention_workspace_size_bf16(ctypes.byref(attn_shape(1, 8192, 8192, 32, 8, 128, 1)))
+    record("bf16 attention workspace S 4096 -> 8192", "growth factor", w2 / w1, 2.01)
+
+
+def test_bf16_gemm():
+    """bf16 A, B with an fp32 or a bf16 C, beta != 0: fp32 accumulation, then (bf16 C)
+    alpha AB + beta C rounded once. References in float64 from the exact bf16 values."""
+    I16 = torch.int16
+    for (m, n, k, ta, tb, alpha, beta) in ((70, 90, 110, 0, 1, 1.0, 0.0), (300, 257, 129, 0, 1, 0.5, 1.0),
+                                           (129, 513, 300, 1, 0, 1.0, 1.0), (64, 700, 256, 1, 1, -2.0, 0.25),
+                                           (1000, 96, 80, 0, 0, 1.0, 0.5)):
+        a = bf(k, m) if ta else bf(m, k)
+        b = bf(n, k) if tb else bf(k, n)
+        A = a.double().t() if ta else a.double()
+        B = b.double().t() if tb else b.double()
+        tag = f"{m}x{n}x{k} t{ta}{tb} alpha{alpha:g} beta{beta:g}"
+        c0 = f32(m, n)
+        c = c0.clone()
+        gemm_call(c, a.view(I16), b.view(I16), m, n, k, ta, tb, alpha=alpha, beta=beta, at=BF16, bt=BF16)
+        check(f"gemm bf16 in, f32 out {tag}", c, alpha * A @ B + beta * c0.double(), 1e-5)
+        cb0 = bf(m, n)
+        cb = cb0.clone()
+        gemm_call(cb.view(I16), a.view(I16), b.view(I16), m, n, k, ta, tb, alpha=alpha, beta=beta, at=BF16, bt=BF16,
+                  ct=BF16)
+        check_bf(f"gemm bf16 in, bf16 out {tag}", cb, alpha * A @ B + beta * cb0.double())
+    # bf16 C with ldc > n (the padding is not touched) and beta = 0 over NaN (C not read)
+    m, n, k = 50, 40, 30
+    a, b = bf(m, k), bf(k, n)
+    cb = torch.full((m, n + 6), float("nan")).bfloat16()
+    gemm_call(cb.view(I16), a.view(I16), b.view(I16), m, n, k, ldc=n + 6, at=BF16, bt=BF16, ct=BF16)
+    check_bf("gemm bf16 out, ldc > n, beta=0 over NaN", cb[:, :n].contiguous(), a.double() @ b.double())
+    record("gemm bf16 out, ldc > n", "pad touched", float((~torch.isnan(cb[:, n:].float())).sum()), 0)
+    # batched
+    bs, m, n, k = 3, 20, 24, 18
+    a, b, cb0 = bf(bs, m, k), bf(bs, k, n), bf(bs, m, n)
+    cb = cb0.clone()
+    gemm_call(cb.view(I16), a.view(I16), b.view(I16), m, n, k, beta=1.0, at=BF16, bt=BF16, ct=BF16, batch=bs,
+              sa=m * k, sb=k * n, sc=m * n)
+    check_bf("gemm bf16 out batched, beta=1", cb, a.double() @ b.double() + cb0.double())
+    # fp8 rowwise scales into a bf16 C with beta (the per-row/column epilogue)
+    m, n, k = 48, 80, 96
+    x = rng.standard_normal((m, k)).astype(np.float32) * 3
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    sa = (448.0 / np.abs(x).max(1)).astype(np.float32)
+    sb = (448.0 / np.abs(w).max(1)).astype(np.float32)
+    qa, qb = np.empty((m, k), dtype=np.uint8), np.empty((n, k), dtype=np.uint8)
+    cpu_cast_f32_to_fp8(ptr(qa), ptr(x), ptr(sa), 1, m, k, E4M3)
+    cpu_cast_f32_to_fp8(ptr(qb), ptr(w), ptr(sb), 1, n, k, E4M3)
+    ia, ib = (1.0 / sa).astype(np.float32), (1.0 / sb).astype(np.float32)
+    cb0 = bf(m, n)
+    cb = cb0.clone()
+    gemm_call(cb.view(I16), qa, qb, m, n, k, tb=1, beta=0.5, at=E4M3, bt=E4M3, ct=BF16, a_scale=ia, b_scale=ib,
+              rowwise=1)
+    Aq = np2t(fp8_table(E4M3)[qa]) * np2t(ia.astype(np.float64)).reshape(-1, 1)
+    Bq = np2t(fp8_table(E4M3)[qb]) * np2t(ib.astype(np.float64)).reshape(-1, 1)
+    check_bf("gemm fp8 e4m3 rowwise, bf16 out, beta=0.5", cb, Aq @ Bq.t() + 0.5 * cb0.double())
+
+
+# ----------------------------------------------------------------------------
 
 
 def test_select():
@@ -815,7 +1144,8 @@ def main():
     t0 = time.time()
     tests = [test_select, test_elementwise, test_casts, test_gemm, test_embedding, test_rmsnorm, test_rope,
              test_swiglu, test_attention, test_ring_attention, test_cross_entropy, test_cross_entropy_sharded,
-             test_adamw]
+             test_adamw, test_bf16_embedding, test_bf16_rmsnorm, test_bf16_rope, test_bf16_swiglu,
+             test_bf16_attention, test_bf16_gemm]
     for t in tests:
         t1 = time.time()
         t()

@@ -105,5 +105,22 @@ else
   bad "mpirun not found (install openmpi-bin)"
 fi
 
+# 7. the CPU quick start: no CONFIG_FILE and no GPU -> debug config at 512 x 4; an explicit
+#    CONFIG_FILE runs as written (TorchTitan's 2048 x 8); arguments override the quick start
+if [ "$("$TETRA" info --gpu-count 2>/dev/null)" = 0 ]; then
+  q="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny 2>&1)"
+  w="$(cd "$ROOT" && CONFIG_FILE=./configs/debug_model.toml ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny 2>&1)"
+  o="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny --training.seq_len 1024 2>&1)"
+  if grep -q "CPU quick start" <<<"$q" && grep -qx "seq_len = 512" <<<"$q" && grep -qx "local_batch_size = 4" <<<"$q" &&
+     ! grep -q "CPU quick start" <<<"$w" && grep -qx "seq_len = 2048" <<<"$w" && grep -qx "local_batch_size = 8" <<<"$w" &&
+     grep -qx "seq_len = 1024" <<<"$o"; then
+    ok "run_train.sh CPU quick start: 512 x 4 by default, the config as written with CONFIG_FILE, arguments override"
+  else bad "run_train.sh quick start:"; printf '%s
+' "$q" | head -5; printf '%s
+' "$w" | grep -n "seq_len\|local_batch"; fi
+else
+  ok "run_train.sh CPU quick start not checked: a GPU is visible"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

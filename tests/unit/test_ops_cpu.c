@@ -6,8 +6,12 @@
 //   saturation at 448 / 57344, inf, NaN, signed zero, subnormals) and decode round trips;
 // - accuracy of the shared exp;
 // - memory: the attention workspace grows linearly with the sequence, never as S^2;
+//   alloc_count / allocated_bytes track alloc and release (also from many threads), a
+//   frozen alloc fails while release and the ops' own temporaries keep working;
+// - the bf16 twins give the same bits on repeated calls and with any thread count;
 // - the op table is complete and selectable.
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -359,6 +363,11 @@ static void test_table(void) {
     SLOT(rope_forward); SLOT(rope_backward); SLOT(swiglu_forward); SLOT(swiglu_backward);
     SLOT(attention_workspace_size); SLOT(attention_forward); SLOT(attention_backward); SLOT(attention_merge);
     SLOT(cross_entropy); SLOT(ce_shard_max); SLOT(ce_shard_sums); SLOT(ce_shard_finish); SLOT(adamw_step);
+    SLOT(adamw_step_bf16); SLOT(embedding_forward_bf16); SLOT(embedding_backward_bf16);
+    SLOT(rmsnorm_forward_bf16); SLOT(rmsnorm_backward_input_bf16); SLOT(rmsnorm_backward_weight_bf16);
+    SLOT(rope_forward_bf16); SLOT(rope_backward_bf16); SLOT(swiglu_forward_bf16); SLOT(swiglu_backward_bf16);
+    SLOT(attention_workspace_size_bf16); SLOT(attention_forward_bf16); SLOT(attention_backward_bf16);
+    SLOT(alloc_count); SLOT(allocated_bytes); SLOT(memory_freeze); SLOT(device_memory); SLOT(compute_stream);
 #undef SLOT
     CHECK(ops_get("auto", err, sizeof err) != NULL, "ops_get(auto)");
     CHECK(ops_get("gpu0", err, sizeof err) == NULL && err[0], "ops_get(gpu0) should fail with a message");
@@ -379,8 +388,163 @@ static void test_table(void) {
     free(x), free(w), free(dy), free(y), free(r), free(dx1), free(dx2), free(dw1), free(dw2);
 }
 
+// ----------------------------------------------------------------------------
+// memory accounting and freeze
+
+static void test_memory(void) {
+    char err[256] = "";
+    const tetra_ops *o = ops_get("cpu", err, sizeof err);
+    if (!o) return;
+    size_t c0 = o->alloc_count(), b0 = o->allocated_bytes();
+    void *p = o->alloc(1000), *q = o->alloc(4099), *z = o->alloc(0);
+    CHECK(p && q && z, "alloc failed");
+    CHECK(((uintptr_t)p % 64) == 0 && ((uintptr_t)q % 64) == 0 && ((uintptr_t)z % 64) == 0, "alloc alignment");
+    memset(p, 0xab, 1000);  // the whole requested size is usable (the header sits in front)
+    memset(q, 0xcd, 4099);
+    CHECK(o->alloc_count() == c0 + 3, "alloc_count %zu, want %zu", o->alloc_count(), c0 + 3);
+    CHECK(o->allocated_bytes() == b0 + 5099, "allocated_bytes %zu, want %zu", o->allocated_bytes(), b0 + 5099);
+    o->release(p);
+    o->release(z);
+    o->release(NULL);
+    CHECK(o->allocated_bytes() == b0 + 4099, "after release: %zu, want %zu", o->allocated_bytes(), b0 + 4099);
+    CHECK(o->alloc_count() == c0 + 3, "release changed alloc_count");
+
+    // frozen: alloc fails (with a message on stderr) and changes no counter; release works,
+    // and ops that need temporaries (GEMM widening, attention tiles and workspace) still run
+    o->memory_freeze(1);
+    fprintf(stderr, "  (the next line is an expected refusal)\n");
+    void *r = o->alloc(123);
+    CHECK(r == NULL, "alloc succeeded while frozen");
+    CHECK(o->alloc_count() == c0 + 3 && o->allocated_bytes() == b0 + 4099, "frozen alloc changed the counters");
+    o->release(q);
+    CHECK(o->allocated_bytes() == b0, "release while frozen: %zu, want %zu", o->allocated_bytes(), b0);
+    {
+        ops_attn_shape s = shape(1, 70, 70, 4, 2, 16, 1, 0, 0);
+        size_t nq = 70 * 4 * 16, nk = 70 * 2 * 16;
+        float *x = randn_buf(nq, 1), *xk = randn_buf(nk, 1), *xv = randn_buf(nk, 1), *dq = zeros(nq);
+        float *dk = zeros(nk), *dv = zeros(nk), *out = zeros(nq), *lse = zeros(4 * 70);
+        uint16_t *hq = (uint16_t *)calloc(nq, 2), *hk = (uint16_t *)calloc(nk, 2), *hv = (uint16_t *)calloc(nk, 2);
+        uint16_t *ho = (uint16_t *)calloc(nq, 2), *hdq = (uint16_t *)calloc(nq, 2);
+        uint16_t *hdk = (uint16_t *)calloc(nk, 2), *hdv = (uint16_t *)calloc(nk, 2);
+        cpu_cast_f32_to_bf16(hq, x, nq);
+        cpu_cast_f32_to_bf16(hk, xk, nk);
+        cpu_cast_f32_to_bf16(hv, xv, nk);
+        o->attention_forward(out, lse, x, xk, xv, &s, NULL);
+        o->attention_backward(dq, dk, dv, x, x, xk, xv, out, lse, &s, NULL);
+        o->attention_forward_bf16(ho, lse, hq, hk, hv, &s, NULL);
+        o->attention_backward_bf16(hdq, hdk, hdv, hq, hq, hk, hv, ho, lse, &s, NULL);
+        ops_gemm_desc g = {0};
+        g.a_type = g.b_type = g.c_type = TETRA_BF16;
+        g.m = 70, g.n = 64, g.k = 32, g.lda = 32, g.ldb = 64, g.ldc = 64, g.alpha = 1.0f;
+        o->gemm(ho, hq, hk, &g);
+        int bad = 0;
+        for (size_t i = 0; i < nq; i++) bad += !isfinite(out[i]) || !isfinite(tetra_bf16_to_f32(ho[i]));
+        CHECK(!bad, "ops while frozen produced %d non-finite values", bad);
+        free(x), free(xk), free(xv), free(dq), free(dk), free(dv), free(out), free(lse);
+        free(hq), free(hk), free(hv), free(ho), free(hdq), free(hdk), free(hdv);
+    }
+    CHECK(o->alloc_count() == c0 + 3 && o->allocated_bytes() == b0, "ops allocated through alloc while frozen");
+    o->memory_freeze(0);
+    r = o->alloc(123);
+    CHECK(r != NULL, "alloc after thaw failed");
+    CHECK(o->alloc_count() == c0 + 4 && o->allocated_bytes() == b0 + 123, "counters after thaw");
+    o->release(r);
+
+    // concurrent alloc/release from many threads: the counters stay exact
+    const int nt = 64;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < nt; i++) {
+        void *a = o->alloc((size_t)(i + 1) * 100);
+        if (a) o->release(a);
+    }
+    CHECK(o->alloc_count() == c0 + 4 + (size_t)nt, "threaded alloc_count %zu, want %zu", o->alloc_count(),
+          c0 + 4 + (size_t)nt);
+    CHECK(o->allocated_bytes() == b0, "threaded allocated_bytes %zu, want %zu", o->allocated_bytes(), b0);
+
+    size_t fr = 1, tot = 1;
+    o->device_memory(&fr, &tot);
+    CHECK(fr == 0 && tot == 0, "device_memory on the CPU: %zu %zu", fr, tot);
+    CHECK(o->compute_stream() == NULL, "compute_stream on the CPU is not NULL");
+    printf("  memory: alloc_count %zu, allocated_bytes %zu after the checks\n", o->alloc_count(),
+           o->allocated_bytes());
+}
+
+// ----------------------------------------------------------------------------
+// bf16 twins: the same bits with one thread and with all of them (the reductions keep
+// fixed orders), and on a second call
+
+static uint16_t *bf16_buf(size_t n, float scale) {
+    float *f = randn_buf(n, scale);
+    uint16_t *h = (uint16_t *)malloc(n * sizeof(uint16_t));
+    cpu_cast_f32_to_bf16(h, f, n);
+    free(f);
+    return h;
+}
+
+typedef struct {
+    uint16_t *out, *dx, *rope, *sw, *da, *dg, *att;
+    float *rstd, *dw, *dwte, *lse;
+} bf16_results;
+
+static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, const uint16_t *dy, const int32_t *tok,
+                     const float *freqs, int n, int c, int v) {
+    const int S = 100, H = 4, KV = 2, D = 16, B = 2;  // rope/attention view x as [B, S, H, D] (n*c >= that)
+    ops_attn_shape s = shape(B, S, S, H, KV, D, 1, 0, 0);
+    size_t nx = (size_t)n * c;
+    r->out = (uint16_t *)malloc(nx * 2), r->dx = (uint16_t *)malloc(nx * 2), r->rope = (uint16_t *)malloc(nx * 2);
+    r->sw = (uint16_t *)malloc(nx * 2), r->da = (uint16_t *)malloc(nx * 2), r->dg = (uint16_t *)malloc(nx * 2);
+    r->att = (uint16_t *)malloc((size_t)B * S * H * D * 2);
+    r->rstd = zeros((size_t)n), r->dw = zeros((size_t)c), r->dwte = zeros((size_t)v * c), r->lse = zeros(B * H * S);
+    memcpy(r->dx, dy, nx * 2);
+    cpu_rmsnorm_forward_bf16(r->out, r->rstd, x, w, n, c, 1e-5f);
+    cpu_rmsnorm_backward_input_bf16(r->dx, dy, x, w, r->rstd, n, c);
+    cpu_rmsnorm_backward_weight_bf16(r->dw, dy, x, r->rstd, n, c);
+    cpu_embedding_backward_bf16(r->dwte, dy, tok, n, c, 0, v);
+    cpu_rope_forward_bf16(r->rope, x, freqs, NULL, 0, n / 4, 4, c / 16, 16);
+    cpu_swiglu_forward_bf16(r->sw, x, dy, nx);
+    cpu_swiglu_backward_bf16(r->da, r->dg, r->out, x, dy, nx);
+    cpu_attention_forward_bf16(r->att, r->lse, x, dy, x, &s, NULL);
+}
+
+static int bf16_same(const bf16_results *a, const bf16_results *b, int n, int c, int v) {
+    size_t nx = (size_t)n * c, na = (size_t)2 * 100 * 4 * 16;
+    return !memcmp(a->out, b->out, nx * 2) && !memcmp(a->dx, b->dx, nx * 2) && !memcmp(a->rope, b->rope, nx * 2) &&
+           !memcmp(a->sw, b->sw, nx * 2) && !memcmp(a->da, b->da, nx * 2) && !memcmp(a->dg, b->dg, nx * 2) &&
+           !memcmp(a->att, b->att, na * 2) && !memcmp(a->rstd, b->rstd, (size_t)n * 4) &&
+           !memcmp(a->dw, b->dw, (size_t)c * 4) && !memcmp(a->dwte, b->dwte, (size_t)v * c * 4) &&
+           !memcmp(a->lse, b->lse, (size_t)2 * 4 * 100 * 4);
+}
+
+static void bf16_free(bf16_results *r) {
+    free(r->out), free(r->dx), free(r->rope), free(r->sw), free(r->da), free(r->dg), free(r->att);
+    free(r->rstd), free(r->dw), free(r->dwte), free(r->lse);
+}
+
+static void test_bf16_determinism(void) {
+    const int n = 400, c = 256, v = 50;  // n*c well above CPU_CHUNK: the ops thread
+    uint16_t *x = bf16_buf((size_t)n * c, 1), *w = bf16_buf(c, 1), *dy = bf16_buf((size_t)n * c, 1);
+    int32_t *tok = (int32_t *)malloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) tok[i] = (i * 7) % v;  // every token repeats
+    float *freqs = zeros((size_t)n * 16);
+    ops_rope_table(freqs, 16, n, 500000.0f, 0, 8.0f, 1.0f, 4.0f, 8192);
+    bf16_results all, again, one;
+    int nt = omp_get_max_threads();
+    bf16_run(&all, x, w, dy, tok, freqs, n, c, v);
+    bf16_run(&again, x, w, dy, tok, freqs, n, c, v);
+    omp_set_num_threads(1);
+    bf16_run(&one, x, w, dy, tok, freqs, n, c, v);
+    omp_set_num_threads(nt);
+    CHECK(bf16_same(&all, &again, n, c, v), "bf16 ops: two calls differ");
+    CHECK(bf16_same(&all, &one, n, c, v), "bf16 ops: 1 thread and %d threads differ", nt);
+    printf("  bf16 twins: identical over repeated calls and with 1 vs %d threads\n", nt);
+    bf16_free(&all), bf16_free(&again), bf16_free(&one);
+    free(x), free(w), free(dy), free(tok), free(freqs);
+}
+
 int main(void) {
     test_table();
+    test_memory();
+    test_bf16_determinism();
     test_casts();
     test_exp();
     test_attention_fd();
