@@ -434,6 +434,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         return 1;
     }
 
+    ops->set_deterministic((int)c->training.deterministic);
+
     /* ---- precision ----
      * TorchTitan's default mixed_precision_param = bfloat16 applies on the GPU. The CPU
      * backend computes in fp32 unless the key is set explicitly (bf16 there is for

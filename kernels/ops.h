@@ -321,6 +321,11 @@ typedef struct tetra_ops {
     // The stream every op runs on (a cudaStream_t on CUDA; NULL on the CPU). Collectives
     // order themselves after it with events; the backend's synchronize() waits for it.
     void *(*compute_stream)(void);
+
+    // training.deterministic: every op gives the same bits on every run. The CPU backend
+    // always does; the CUDA backend then runs the bf16 attention backward on its own
+    // kernel (cuDNN's accumulates dQ with atomics).
+    void (*set_deterministic)(int on);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

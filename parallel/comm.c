@@ -350,7 +350,7 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
 #ifdef TETRA_HAVE_NCCL
             if (use_nccl(r)) {
                 char err[512];
-                /* on the compute (legacy default) stream: ordered with the kernels around it */
+                /* on the legacy default stream, which orders after the blocking compute stream */
                 if (tetra_nccl_copy(recv, send, bytes, NULL, err, sizeof err)) commi_fail(r, err);
                 r->event = tetra_nccl_event_record(NULL, err, sizeof err);
                 if (!r->event) commi_fail(r, err);

@@ -226,9 +226,10 @@ extern "C" int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const vo
     cudaStream_t s = (cudaStream_t)stream;
     const ncclDataType_t dt = nccl_type(t);
     const size_t es = comm_dtype_size(t);
-    /* The buffers were written by kernels on the compute stream (the ops backend runs
-     * on the legacy default stream): the collective starts after them, while later
-     * compute may run alongside it. */
+    /* The buffers were written by kernels on the ops backend's compute stream. That
+     * stream is a blocking one, so an event recorded on the legacy default stream
+     * completes only after its earlier work: the collective starts after them, while
+     * later compute may run alongside it. */
     cudaError_t ce = cudaEventRecord(c->dep, (cudaStream_t)0);
     if (ce == cudaSuccess) ce = cudaStreamWaitEvent(s, c->dep, 0);
     if (ce != cudaSuccess) {

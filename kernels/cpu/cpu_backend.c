@@ -75,6 +75,8 @@ void cpu_device_memory(size_t *free_bytes, size_t *total_bytes) {
 }
 
 void *cpu_compute_stream(void) { return NULL; }
+/* every CPU op is deterministic already (fixed reduction orders, any thread count) */
+void cpu_set_deterministic(int on) { (void)on; }
 
 void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src) memcpy(dst, src, bytes);
@@ -346,6 +348,7 @@ static const tetra_ops cpu_table = {
     .memory_freeze = cpu_memory_freeze,
     .device_memory = cpu_device_memory,
     .compute_stream = cpu_compute_stream,
+    .set_deterministic = cpu_set_deterministic,
 };
 
 const tetra_ops *ops_cpu(void) {

@@ -55,6 +55,7 @@ size_t cpu_allocated_bytes(void);
 void cpu_memory_freeze(int frozen);
 void cpu_device_memory(size_t *free_bytes, size_t *total_bytes);
 void *cpu_compute_stream(void);
+void cpu_set_deterministic(int on);
 
 // ---- cpu_gemm.c
 void cpu_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);

@@ -1,5 +1,5 @@
 // kernels/cuda/cuda_attention.cu — causal (or full) attention with grouped-query heads,
-// forward and backward, in the FlashAttention-2 manner on fp32 data: score tiles live in
+// forward and backward, in the FlashAttention-2 manner with fp32 arithmetic: score tiles live in
 // shared memory and registers only, the softmax is online, the forward saves only the
 // log-sum-exp per query row, and the backward recomputes each probability tile from it.
 // Nothing of size S x S ever reaches device memory.
@@ -27,9 +27,19 @@
 //   dq, dk, dv are added to (+=), so ring attention calls it once per key block.
 // Per-element math (exp) is ops_math.h's, as on the CPU. Head dims up to 256 (kernels
 // are instantiated for 16, 32, 64, 128 and 256 and zero-pad the rest).
+//
+// The kernels are templates on the storage type of q/k/v/out/dout and the gradients:
+// float for the fp32 ops, bf16 (uint16_t) for the built-in path of the *_bf16 ops. Tiles
+// are widened to fp32 in shared memory, so both compute the same fp32 arithmetic; bf16
+// outputs are rounded once, and bf16 gradients are WRITTEN (ops.h), each block owning
+// its rows. The bf16 ops prefer cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu) and use
+// these kernels where it does not apply (see the bf16 section at the end).
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops_math.h"
+
+#include <type_traits>
 
 #define ATT_THREADS 256
 
@@ -75,13 +85,18 @@ __device__ __forceinline__ bool key_visible(const attn_args &a, int qi, int kj) 
 
 // Load `rows` rows of D floats (row stride ld) into a [BR][LD] tile, zero-padding rows
 // >= rows and columns >= D.
-template <int BR, int DMAX, int LD>
-__device__ __forceinline__ void load_tile(float *dst, const float *src, size_t ld, int rows, int D) {
+template <int BR, int DMAX, int LD, typename T>
+__device__ __forceinline__ void load_tile(float *dst, const T *src, size_t ld, int rows, int D) {
     for (int idx = threadIdx.x; idx < BR * DMAX; idx += ATT_THREADS) {
         int r = idx / DMAX, dd = idx - r * DMAX;
-        dst[r * LD + dd] = (r < rows && dd < D) ? src[(size_t)r * ld + dd] : 0.0f;
+        dst[r * LD + dd] = (r < rows && dd < D) ? to_f32(src[(size_t)r * ld + dd]) : 0.0f;
     }
 }
+
+// Gradient stores: fp32 gradients accumulate (+=; ring attention adds key blocks in
+// place), bf16 gradients are written, rounded once (ops.h attention_backward_bf16).
+__device__ __forceinline__ void grad_out(float *p, float v) { *p += v; }
+__device__ __forceinline__ void grad_out(uint16_t *p, float v) { *p = tetra_f32_to_bf16(v); }
 
 // ----------------------------------------------------------------------------
 // forward
@@ -92,9 +107,9 @@ struct FwdCfg {
     static constexpr size_t smem_floats = (size_t)BQ * LD + (size_t)BK * LD + (size_t)BK * DMAX + (size_t)BQ * LDP + 3 * BQ;
 };
 
-template <int DMAX, int BQ, int BK>
-__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float *lse, const float *q, const float *k,
-                                                               const float *v, attn_args a, int nqb) {
+template <int DMAX, int BQ, int BK, typename T>
+__device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, const T *k, const T *v, attn_args a,
+                                              int nqb) {
     typedef FwdCfg<DMAX, BQ, BK> Cfg;
     constexpr int LD = Cfg::LD, LDP = Cfg::LDP, RI = BQ / 16, RJ = BK / 16, DJ = DMAX / 16, PER = BK / 32;
     static_assert(BQ % 16 == 0 && BK % 32 == 0 && DMAX % 16 == 0, "tile shapes");
@@ -115,7 +130,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float
     const int D = a.D;
     const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
 
-    load_tile<BQ, DMAX, LD>(sQ, q + ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D, ldq, rows, D);
+    load_tile<BQ, DMAX, LD, T>(sQ, q + ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D, ldq, rows, D);
     if (tid < BQ) {
         sM[tid] = -INFINITY;
         sL[tid] = 0.0f;
@@ -134,8 +149,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float
         for (int idx = tid; idx < BK * DMAX; idx += ATT_THREADS) {
             int c = idx / DMAX, dd = idx - c * DMAX;
             bool in = c < cols && dd < D;
-            sK[c * LD + dd] = in ? k[koff + (size_t)c * ldk + dd] : 0.0f;
-            sV[c * DMAX + dd] = in ? v[koff + (size_t)c * ldk + dd] : 0.0f;
+            sK[c * LD + dd] = in ? to_f32(k[koff + (size_t)c * ldk + dd]) : 0.0f;
+            sV[c * DMAX + dd] = in ? to_f32(v[koff + (size_t)c * ldk + dd]) : 0.0f;
         }
         __syncthreads();
 
@@ -227,11 +242,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float
         if (r >= rows) continue;
         float l = sL[r];
         float inv = l == 0.0f ? 0.0f : 1.0f / l;
-        float *orow = out + ((size_t)b * a.Sq + i0 + r) * ldq + (size_t)h * D;
+        T *orow = out + ((size_t)b * a.Sq + i0 + r) * ldq + (size_t)h * D;
 #pragma unroll
         for (int j = 0; j < DJ; j++) {
             int dd = tx + 16 * j;
-            if (dd < D) orow[dd] = l == 0.0f ? 0.0f : o[i][j] * inv;
+            if (dd < D) store_f32(orow + dd, l == 0.0f ? 0.0f : o[i][j] * inv);
         }
         if (tx == 0) lse[((size_t)b * a.H + h) * a.Sq + i0 + r] = l == 0.0f ? -INFINITY : sM[r] + logf(l);
     }
@@ -241,14 +256,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float
 // backward
 
 // Dv[b, h, i] = sum_d dout * out: one warp per (b, i, h) row
-__global__ void attn_rowdot_kernel(float *Dv, const float *dout, const float *out, int Sq, int H, int D,
-                                   long long nrows) {
+template <typename T>
+__global__ void attn_rowdot_kernel(float *Dv, const T *dout, const T *out, int Sq, int H, int D, long long nrows) {
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     for (long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < nrows; r += warps) {
-        const float *a = dout + (size_t)r * D, *o = out + (size_t)r * D;
+        const T *a = dout + (size_t)r * D, *o = out + (size_t)r * D;
         float acc = 0.0f;
-        for (int j = lane; j < D; j += 32) acc = fmaf(a[j], o[j], acc);
+        for (int j = lane; j < D; j += 32) acc = fmaf(to_f32(a[j]), to_f32(o[j]), acc);
         acc = warp_sum(acc);
         if (lane == 0) {
             int h = (int)(r % H);
@@ -314,10 +329,9 @@ __device__ __forceinline__ void bwd_scores(float *sP, float *sdS, const float *s
     }
 }
 
-template <int DMAX, int BQ, int BK>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout,
-                                                                    const float *q, const float *k, const float *v,
-                                                                    const float *lse, const float *Dv, attn_args a) {
+template <int DMAX, int BQ, int BK, typename T>
+__device__ __forceinline__ void attn_bwd_dkdv_body(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                                                   const float *lse, const float *Dv, attn_args a) {
     constexpr int LD = DMAX + 1, LDP = BK + 1, RK = BK / 16, DJ = DMAX / 16;
     extern __shared__ float sm[];
     float *sK = sm;
@@ -338,8 +352,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, f
     const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
     const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
 
-    load_tile<BK, DMAX, LD>(sK, k + koff, ldk, cols, D);
-    load_tile<BK, DMAX, LD>(sV, v + koff, ldk, cols, D);
+    load_tile<BK, DMAX, LD, T>(sK, k + koff, ldk, cols, D);
+    load_tile<BK, DMAX, LD, T>(sV, v + koff, ldk, cols, D);
     float dkacc[RK][DJ], dvacc[RK][DJ];
 #pragma unroll
     for (int i = 0; i < RK; i++)
@@ -353,8 +367,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, f
             const int rows = min(BQ, a.Sq - i0);
             __syncthreads();
             const size_t qoff = ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D;
-            load_tile<BQ, DMAX, LD>(sQ, q + qoff, ldq, rows, D);
-            load_tile<BQ, DMAX, LD>(sdO, dout + qoff, ldq, rows, D);
+            load_tile<BQ, DMAX, LD, T>(sQ, q + qoff, ldq, rows, D);
+            load_tile<BQ, DMAX, LD, T>(sdO, dout + qoff, ldq, rows, D);
             if (tid < BQ) {
                 size_t li = ((size_t)b * a.H + h) * a.Sq + i0 + tid;
                 sLse[tid] = tid < rows ? lse[li] : -INFINITY;
@@ -387,22 +401,21 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, f
     for (int i = 0; i < RK; i++) {
         int c = ty + 16 * i;
         if (c >= cols) continue;
-        float *dkrow = dk + koff + (size_t)c * ldk, *dvrow = dv + koff + (size_t)c * ldk;
+        T *dkrow = dk + koff + (size_t)c * ldk, *dvrow = dv + koff + (size_t)c * ldk;
 #pragma unroll
         for (int j = 0; j < DJ; j++) {
             int dd = tx + 16 * j;
             if (dd < D) {
-                dkrow[dd] += a.scale * dkacc[i][j];
-                dvrow[dd] += dvacc[i][j];
+                grad_out(dkrow + dd, a.scale * dkacc[i][j]);
+                grad_out(dvrow + dd, dvacc[i][j]);
             }
         }
     }
 }
 
-template <int DMAX, int BQ, int BK>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, const float *dout, const float *q,
-                                                                  const float *k, const float *v, const float *lse,
-                                                                  const float *Dv, attn_args a, int nqb) {
+template <int DMAX, int BQ, int BK, typename T>
+__device__ __forceinline__ void attn_bwd_dq_body(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                                                 const float *lse, const float *Dv, attn_args a, int nqb) {
     constexpr int LD = DMAX + 1, LDP = BK + 1, RI = BQ / 16, DJ = DMAX / 16;
     extern __shared__ float sm[];
     float *sK = sm;
@@ -423,8 +436,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, con
     const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
     const size_t qoff = ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D;
 
-    load_tile<BQ, DMAX, LD>(sQ, q + qoff, ldq, rows, D);
-    load_tile<BQ, DMAX, LD>(sdO, dout + qoff, ldq, rows, D);
+    load_tile<BQ, DMAX, LD, T>(sQ, q + qoff, ldq, rows, D);
+    load_tile<BQ, DMAX, LD, T>(sdO, dout + qoff, ldq, rows, D);
     if (tid < BQ) {
         size_t li = ((size_t)b * a.H + h) * a.Sq + i0 + tid;
         sLse[tid] = tid < rows ? lse[li] : -INFINITY;
@@ -441,8 +454,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, con
         const int cols = min(BK, kend - j0);
         __syncthreads();
         const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
-        load_tile<BK, DMAX, LD>(sK, k + koff, ldk, cols, D);
-        load_tile<BK, DMAX, LD>(sV, v + koff, ldk, cols, D);
+        load_tile<BK, DMAX, LD, T>(sK, k + koff, ldk, cols, D);
+        load_tile<BK, DMAX, LD, T>(sV, v + koff, ldk, cols, D);
         __syncthreads();
         bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, i0, rows, j0, cols);
         __syncthreads();
@@ -463,51 +476,112 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, con
     for (int i = 0; i < RI; i++) {
         int r = ty + 16 * i;
         if (r >= rows) continue;
-        float *dqrow = dq + qoff + (size_t)r * ldq;
+        T *dqrow = dq + qoff + (size_t)r * ldq;
 #pragma unroll
         for (int j = 0; j < DJ; j++) {
             int dd = tx + 16 * j;
-            if (dd < D) dqrow[dd] += a.scale * dqacc[i][j];
+            if (dd < D) grad_out(dqrow + dd, a.scale * dqacc[i][j]);
         }
     }
 }
 
 // ----------------------------------------------------------------------------
-// launchers
+// kernels: the bodies above as fp32 and bf16 entry points. The fp32 kernels keep ptxas's
+// own register budget. The bf16 ones name the occupancy their shared memory allows on
+// sm_80 (164 KiB per SM) as __launch_bounds__'s minimum blocks, so ptxas budgets
+// registers for it (left to guess, it spilled a few bytes in some bf16 variants).
+
+template <int DMAX>
+struct AttnOcc {
+    static constexpr int fwd = DMAX <= 32 ? 4 : (DMAX <= 64 ? 3 : 2);
+    static constexpr int bwd = DMAX <= 64 ? 3 : (DMAX <= 128 ? 2 : 1);
+};
 
 template <int DMAX, int BQ, int BK>
-static void launch_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const attn_args &a) {
-    static bool configured = false;
-    const size_t smem = FwdCfg<DMAX, BQ, BK>::smem_floats * sizeof(float);
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<DMAX, BQ, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-        configured = true;
-    }
-    const int nqb = (a.Sq + BQ - 1) / BQ;
-    const long long blocks = (long long)nqb * a.B * a.H;
-    attn_fwd_kernel<DMAX, BQ, BK><<<(unsigned)blocks, ATT_THREADS, smem>>>(out, lse, q, k, v, a, nqb);
-    CUDA_CHECK_LAUNCH();
+__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float *lse, const float *q, const float *k,
+                                                               const float *v, attn_args a, int nqb) {
+    attn_fwd_body<DMAX, BQ, BK, float>(out, lse, q, k, v, a, nqb);
 }
 
 template <int DMAX, int BQ, int BK>
-static void launch_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                       const float *v, const float *lse, const float *Dv, const attn_args &a) {
-    static bool configured = false;
-    const size_t smem = BwdCfg<DMAX, BQ, BK>::smem_floats * sizeof(float);
+__global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::fwd)
+    attn_fwd_kernel_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                         attn_args a, int nqb) {
+    attn_fwd_body<DMAX, BQ, BK, uint16_t>(out, lse, q, k, v, a, nqb);
+}
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout,
+                                                                    const float *q, const float *k, const float *v,
+                                                                    const float *lse, const float *Dv, attn_args a) {
+    attn_bwd_dkdv_body<DMAX, BQ, BK, float>(dk, dv, dout, q, k, v, lse, Dv, a);
+}
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::bwd)
+    attn_bwd_dkdv_kernel_bf16(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
+                              const uint16_t *v, const float *lse, const float *Dv, attn_args a) {
+    attn_bwd_dkdv_body<DMAX, BQ, BK, uint16_t>(dk, dv, dout, q, k, v, lse, Dv, a);
+}
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, const float *dout, const float *q,
+                                                                  const float *k, const float *v, const float *lse,
+                                                                  const float *Dv, attn_args a, int nqb) {
+    attn_bwd_dq_body<DMAX, BQ, BK, float>(dq, dout, q, k, v, lse, Dv, a, nqb);
+}
+
+template <int DMAX, int BQ, int BK>
+__global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::bwd)
+    attn_bwd_dq_kernel_bf16(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
+                            const uint16_t *v, const float *lse, const float *Dv, attn_args a, int nqb) {
+    attn_bwd_dq_body<DMAX, BQ, BK, uint16_t>(dq, dout, q, k, v, lse, Dv, a, nqb);
+}
+
+// ----------------------------------------------------------------------------
+// launchers (T: float for the fp32 ops, uint16_t for bf16)
+
+// Sets the kernel's dynamic shared memory limit on its first launch, then launches it.
+template <typename K, typename... Args>
+static void launch_attn(K kernel, bool &configured, size_t smem, long long blocks, Args... args) {
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<DMAX, BQ, BK>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<DMAX, BQ, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         configured = true;
     }
+    kernel<<<(unsigned)blocks, ATT_THREADS, smem, cuda_stream()>>>(args...);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int DMAX, int BQ, int BK, typename T>
+static void launch_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const attn_args &a) {
+    static bool configured = false;
+    const size_t smem = FwdCfg<DMAX, BQ, BK>::smem_floats * sizeof(float);
+    const int nqb = (a.Sq + BQ - 1) / BQ;
+    const long long blocks = (long long)nqb * a.B * a.H;
+    if constexpr (std::is_same<T, float>::value)
+        launch_attn(attn_fwd_kernel<DMAX, BQ, BK>, configured, smem, blocks, out, lse, q, k, v, a, nqb);
+    else
+        launch_attn(attn_fwd_kernel_bf16<DMAX, BQ, BK>, configured, smem, blocks, out, lse, q, k, v, a, nqb);
+}
+
+template <int DMAX, int BQ, int BK, typename T>
+static void launch_bwd(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+                       const float *Dv, const attn_args &a) {
+    static bool configured_kv = false, configured_q = false;
+    const size_t smem = BwdCfg<DMAX, BQ, BK>::smem_floats * sizeof(float);
     const int nkb = (a.Sk + BK - 1) / BK, nqb = (a.Sq + BQ - 1) / BQ;
     const long long blocks_kv = (long long)nkb * a.B * a.KV, blocks_q = (long long)nqb * a.B * a.H;
-    attn_bwd_dkdv_kernel<DMAX, BQ, BK><<<(unsigned)blocks_kv, ATT_THREADS, smem>>>(dk, dv, dout, q, k, v, lse, Dv, a);
-    CUDA_CHECK_LAUNCH();
-    attn_bwd_dq_kernel<DMAX, BQ, BK><<<(unsigned)blocks_q, ATT_THREADS, smem>>>(dq, dout, q, k, v, lse, Dv, a, nqb);
-    CUDA_CHECK_LAUNCH();
+    if constexpr (std::is_same<T, float>::value) {
+        launch_attn(attn_bwd_dkdv_kernel<DMAX, BQ, BK>, configured_kv, smem, blocks_kv, dk, dv, dout, q, k, v, lse,
+                    Dv, a);
+        launch_attn(attn_bwd_dq_kernel<DMAX, BQ, BK>, configured_q, smem, blocks_q, dq, dout, q, k, v, lse, Dv, a,
+                    nqb);
+    } else {
+        launch_attn(attn_bwd_dkdv_kernel_bf16<DMAX, BQ, BK>, configured_kv, smem, blocks_kv, dk, dv, dout, q, k, v,
+                    lse, Dv, a);
+        launch_attn(attn_bwd_dq_kernel_bf16<DMAX, BQ, BK>, configured_q, smem, blocks_q, dq, dout, q, k, v, lse, Dv,
+                    a, nqb);
+    }
 }
 
 static void check_shape(const ops_attn_shape *s) {
@@ -524,48 +598,200 @@ extern "C" size_t cuda_attention_workspace_size(const ops_attn_shape *s) {
     return ((size_t)s->b * (size_t)s->h * (size_t)s->sq + 64) * sizeof(float);
 }
 
+// The built-in forward: out (T) and lse; rows that see no key get out = 0, lse = -inf.
+template <typename T>
+static void builtin_forward(T *out, float *lse, const T *q, const T *k, const T *v, const ops_attn_shape *s) {
+    check_shape(s);
+    attn_args a = make_args(s);
+    if (s->d <= 16)
+        launch_fwd<16, 64, 32, T>(out, lse, q, k, v, a);
+    else if (s->d <= 32)
+        launch_fwd<32, 64, 32, T>(out, lse, q, k, v, a);
+    else if (s->d <= 64)
+        launch_fwd<64, 64, 32, T>(out, lse, q, k, v, a);
+    else if (s->d <= 128)
+        launch_fwd<128, 64, 32, T>(out, lse, q, k, v, a);
+    else
+        launch_fwd<256, 32, 32, T>(out, lse, q, k, v, a);
+}
+
+// The built-in backward (fp32: dq, dk, dv +=; bf16: written). Needs Dv, [B, H, Sq] floats.
+template <typename T>
+static void builtin_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
+                             const float *lse, const ops_attn_shape *s, float *Dv) {
+    check_shape(s);
+    attn_args a = make_args(s);
+    const long long nrows = (long long)s->b * s->sq * s->h;
+    long long nb = (nrows + 7) / 8;
+    if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
+    attn_rowdot_kernel<T><<<(unsigned)nb, 256, 0, cuda_stream()>>>(Dv, dout, out, s->sq, s->h, s->d, nrows);
+    CUDA_CHECK_LAUNCH();
+    if (s->d <= 16)
+        launch_bwd<16, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 32)
+        launch_bwd<32, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 64)
+        launch_bwd<64, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 128)
+        launch_bwd<128, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else
+        launch_bwd<256, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+}
+
 extern "C" void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                        const ops_attn_shape *s, void *workspace) {
     (void)workspace;
     if (s->b <= 0 || s->sq <= 0 || s->h <= 0) return;
-    check_shape(s);
-    attn_args a = make_args(s);
-    if (s->d <= 16)
-        launch_fwd<16, 64, 32>(out, lse, q, k, v, a);
-    else if (s->d <= 32)
-        launch_fwd<32, 64, 32>(out, lse, q, k, v, a);
-    else if (s->d <= 64)
-        launch_fwd<64, 64, 32>(out, lse, q, k, v, a);
-    else if (s->d <= 128)
-        launch_fwd<128, 64, 32>(out, lse, q, k, v, a);
-    else
-        launch_fwd<256, 32, 32>(out, lse, q, k, v, a);
+    builtin_forward(out, lse, q, k, v, s);
 }
 
 extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                         const float *k, const float *v, const float *out, const float *lse,
                                         const ops_attn_shape *s, void *workspace) {
     if (s->b <= 0 || s->sq <= 0 || s->sk <= 0 || s->h <= 0) return;
-    check_shape(s);
-    attn_args a = make_args(s);
-    if (a.causal && a.delta + a.Sq <= 0) return;  // fully masked block pair: adds nothing
+    if (s->causal && (long long)s->q_offset - s->k_offset + s->sq <= 0) return;  // fully masked pair: adds nothing
     float *Dv = (float *)workspace;
     if (!Dv) Dv = (float *)cuda_scratch(SCRATCH_ATTN, cuda_attention_workspace_size(s));
-    const long long nrows = (long long)s->b * s->sq * s->h;
-    long long nb = (nrows + 7) / 8;
-    if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
-    attn_rowdot_kernel<<<(unsigned)nb, 256>>>(Dv, dout, out, s->sq, s->h, s->d, nrows);
-    CUDA_CHECK_LAUNCH();
-    if (s->d <= 16)
-        launch_bwd<16, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else if (s->d <= 32)
-        launch_bwd<32, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else if (s->d <= 64)
-        launch_bwd<64, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else if (s->d <= 128)
-        launch_bwd<128, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else
-        launch_bwd<256, 32, 32>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    builtin_backward(dq, dk, dv, dout, q, k, v, out, lse, s, Dv);
+}
+
+// ----------------------------------------------------------------------------
+// bf16 attention: cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu) where it takes the
+// shape and has a plan, else the built-in kernels above instantiated for bf16 (tiles
+// widened to fp32 in shared memory, fp32 softmax and accumulation, outputs rounded once).
+// The workspace holds whichever of the two needs more: cuDNN's forward or backward
+// workspace, or the built-in backward's Dv. Each path (and each reason for falling back)
+// is logged once per direction to stderr.
+
+static const char *attn_bf16_path = "none";
+
+extern "C" const char *cuda_attention_bf16_last_path(void) { return attn_bf16_path; }
+
+enum { WHY_CUDNN = 0, WHY_NO_CUDNN, WHY_UNSUPPORTED, WHY_NO_PLAN, WHY_FAILED, WHY_DETERMINISTIC, WHY_N };
+
+// training.deterministic: cuDNN's SDPA backward accumulates dQ with atomics, so its bits
+// vary run to run; the built-in backward owns each output row and does not.
+static int attn_deterministic = 0;
+extern "C" void cuda_set_deterministic(int on) { attn_deterministic = on != 0; }
+
+static void log_path(int backward, int why, const ops_attn_shape *s, const char *detail) {
+    static int logged[2][WHY_N];
+    attn_bf16_path = why == WHY_CUDNN ? "cudnn" : "built-in";
+    if (logged[backward][why]) return;
+    logged[backward][why] = 1;
+    const char *dir = backward ? "backward" : "forward";
+    const int ver = cuda_cudnn_version();
+    char shape[160];
+    snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d kv%d d%d %s q@%d k@%d", s->b, s->sq, s->sk, s->h, s->kv, s->d,
+             s->causal ? "causal" : "full", s->q_offset, s->k_offset);
+    switch (why) {
+    case WHY_CUDNN:
+        fprintf(stderr, "cuda: attention bf16 %s via cuDNN %d.%d fused SDPA\n", dir, ver / 10000, (ver / 100) % 100);
+        break;
+    case WHY_NO_CUDNN:
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (this build has no cuDNN)\n", dir);
+        break;
+    case WHY_DETERMINISTIC:
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (training.deterministic: cuDNN's backward "
+                "accumulates with atomics)\n", dir);
+        break;
+    case WHY_UNSUPPORTED:
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (cuDNN %d.%d's fused SDPA does not take %s)\n",
+                dir, ver / 10000, (ver / 100) % 100, shape);
+        break;
+    case WHY_NO_PLAN:
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (cuDNN %d.%d has no SDPA plan for %s: %s)\n",
+                dir, ver / 10000, (ver / 100) % 100, shape, cuda_cudnn_last_error());
+        break;
+    default:
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (the cuDNN SDPA call failed for %s: %s)\n",
+                dir, shape, detail && detail[0] ? detail : "no message");
+        break;
+    }
+}
+
+// The cuDNN workspace this direction needs, or (size_t)-1 when cuDNN cannot run it
+// (*why says which reason).
+static size_t cudnn_need(const ops_attn_shape *s, int backward, int *why) {
+    if (!cuda_cudnn_version()) {
+        *why = WHY_NO_CUDNN;
+        return (size_t)-1;
+    }
+    if (!cuda_cudnn_sdpa_supported(s)) {
+        *why = WHY_UNSUPPORTED;
+        return (size_t)-1;
+    }
+    size_t w = cuda_cudnn_sdpa_workspace_size(s, backward);
+    if (w == (size_t)-1) *why = WHY_NO_PLAN;
+    return w;
+}
+
+extern "C" size_t cuda_attention_workspace_size_bf16(const ops_attn_shape *s) {
+    size_t w = cuda_attention_workspace_size(s);
+    int why;
+    for (int backward = 0; backward < 2; backward++) {
+        size_t c = cudnn_need(s, backward, &why);
+        if (c != (size_t)-1 && c > w) w = c;
+    }
+    return (w + 255) & ~(size_t)255;
+}
+
+// workspace and its size: the caller's (sized by attention_workspace_size_bf16) or scratch
+static void *bf16_workspace(const ops_attn_shape *s, void *workspace, size_t *bytes) {
+    *bytes = cuda_attention_workspace_size_bf16(s);
+    return workspace ? workspace : cuda_scratch(SCRATCH_ATTN, *bytes);
+}
+
+extern "C" void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                                            const uint16_t *v, const ops_attn_shape *s, void *workspace) {
+    if (s->b <= 0 || s->sq <= 0 || s->h <= 0) return;
+    int why = WHY_CUDNN;
+    char err[512] = "";
+    if (cudnn_need(s, 0, &why) != (size_t)-1) {
+        size_t bytes;
+        void *ws = bf16_workspace(s, workspace, &bytes);
+        if (cuda_cudnn_sdpa_forward(out, lse, q, k, v, s, ws, bytes, (void *)cuda_stream(), err, sizeof err) == 0) {
+            log_path(0, WHY_CUDNN, s, NULL);
+            return;
+        }
+        why = WHY_FAILED;
+    }
+    log_path(0, why, s, err);
+    builtin_forward(out, lse, q, k, v, s);
+}
+
+extern "C" void cuda_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
+                                             const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                             const uint16_t *out, const float *lse, const ops_attn_shape *s,
+                                             void *workspace) {
+    if (s->b <= 0 || s->h <= 0 || s->kv <= 0 || s->d <= 0) return;
+    const size_t nq = s->sq > 0 ? (size_t)s->b * s->sq * s->h * s->d : 0;
+    const size_t nk = s->sk > 0 ? (size_t)s->b * s->sk * s->kv * s->d : 0;
+    // no query sees a key: the written gradients are zero
+    if (!nq || !nk || (s->causal && (long long)s->q_offset - s->k_offset + s->sq <= 0)) {
+        cudaStream_t st = cuda_stream();
+        if (nq) CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * sizeof(uint16_t), st));
+        if (nk) CUDA_CHECK(cudaMemsetAsync(dk, 0, nk * sizeof(uint16_t), st));
+        if (nk) CUDA_CHECK(cudaMemsetAsync(dv, 0, nk * sizeof(uint16_t), st));
+        return;
+    }
+    int why = WHY_CUDNN;
+    char err[512] = "";
+    size_t bytes;
+    if (attn_deterministic) {
+        why = WHY_DETERMINISTIC;
+    } else if (cudnn_need(s, 1, &why) != (size_t)-1) {
+        void *ws = bf16_workspace(s, workspace, &bytes);
+        if (cuda_cudnn_sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, s, ws, bytes, (void *)cuda_stream(), err,
+                                     sizeof err) == 0) {
+            log_path(1, WHY_CUDNN, s, NULL);
+            return;
+        }
+        why = WHY_FAILED;
+    }
+    log_path(1, why, s, err);
+    float *Dv = (float *)bf16_workspace(s, workspace, &bytes);
+    builtin_backward(dq, dk, dv, dout, q, k, v, out, lse, s, Dv);
 }
 
 // ----------------------------------------------------------------------------
@@ -604,6 +830,6 @@ extern "C" void cuda_attention_merge(float *out, float *lse, const float *out_bl
     if (nrows <= 0) return;
     long long nb = (nrows + 7) / 8;
     if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
-    attn_merge_kernel<<<(unsigned)nb, 256>>>(out, lse, out_blk, lse_blk, sq, h, d, nrows);
+    attn_merge_kernel<<<(unsigned)nb, 256, 0, cuda_stream()>>>(out, lse, out_blk, lse_blk, sq, h, d, nrows);
     CUDA_CHECK_LAUNCH();
 }

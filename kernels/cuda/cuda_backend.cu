@@ -1,4 +1,5 @@
-// kernels/cuda/cuda_backend.cu — the CUDA op table, plus the simple ops: memory, fills,
+// kernels/cuda/cuda_backend.cu — the CUDA op table, backend init (the compute stream and
+// everything else made once), memory and its accounting, plus the simple ops: fills,
 // elementwise arithmetic, deterministic reductions, casts and AdamW. Per-element math
 // comes from kernels/ops_math.h, the CPU backend's own header, so both backends compute
 // the same functions.
@@ -6,78 +7,228 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops_math.h"
 
 // ----------------------------------------------------------------------------
+// backend state: the compute stream, memory accounting, freeze
+
+static cudaStream_t g_stream;
+static int g_device = -1;          // the device current at backend init
+static std::once_flag g_init_once;
+static float *g_one;
+
+static std::mutex g_mem_mutex;                          // guards the three below
+static std::unordered_map<void *, size_t> g_live;       // ops.alloc blocks: pointer -> bytes asked
+static size_t g_alloc_calls, g_alloc_bytes, g_internal_bytes;
+static std::atomic<int> g_frozen(0);
+
+static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+
+// "cuda: out of device memory: asked X MiB, free Y MiB of Z MiB" (ops.alloc's callers
+// add the category; the backend's own buffers name theirs here)
+static void report_oom(size_t bytes, const char *what) {
+    size_t fr = 0, tot = 0;
+    char tail[256] = "";
+    if (what) snprintf(tail, sizeof tail, " (%s)", what);
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "cuda: out of device memory: asked %.1f MiB%s (cudaMemGetInfo failed)\n", mib(bytes), tail);
+        return;
+    }
+    fprintf(stderr, "cuda: out of device memory: asked %.1f MiB, free %.1f MiB of %.1f MiB%s\n", mib(bytes), mib(fr),
+            mib(tot), tail);
+}
+
+static void report_frozen(size_t bytes, const char *what, const char *hint) {
+    fprintf(stderr, "cuda: device allocation of %zu bytes for %s requested during training (memory is taken at "
+                    "start-up; %s)\n", bytes, what, hint);
+}
+
+// Backend init, once per process, on the device current at the first alloc or op (the
+// trainer selects the rank's device before it allocates anything). Everything the ops
+// would otherwise create lazily is made here.
+static void backend_init(void) {
+    CUDA_CHECK(cudaGetDevice(&g_device));
+    // default flags: a blocking stream, ordered with the legacy default stream (see
+    // cuda_common.cuh), so synchronous cudaMemcpy elsewhere still sees finished results
+    CUDA_CHECK(cudaStreamCreate(&g_stream));
+    g_one = (float *)cuda_internal_alloc(sizeof(float), "the constant 1.0f (default fp8 scale)");
+    const float h = 1.0f;
+    CUDA_CHECK(cudaMemcpyAsync(g_one, &h, sizeof h, cudaMemcpyHostToDevice, g_stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    cuda_gemm_init();
+    (void)cuda_scratch(SCRATCH_REDUCE, 1024 * sizeof(double));  // fixed size: reserved now
+}
+
+static inline void ensure_init(void) { std::call_once(g_init_once, backend_init); }
+
+cudaStream_t cuda_stream(void) {
+    ensure_init();
+    return g_stream;
+}
+
+void *cuda_internal_alloc(size_t bytes, const char *what) {
+    if (g_frozen.load(std::memory_order_relaxed)) {
+        report_frozen(bytes, what, "the backend makes its own buffers at init and during the warm-up microbatch");
+        abort();
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        report_oom(bytes, what);
+        abort();
+    }
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_internal_bytes += bytes;
+    return p;
+}
+
+void cuda_internal_free(void *p, size_t bytes) {
+    if (!p) return;
+    CUDA_CHECK(cudaFree(p));
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_internal_bytes -= bytes;
+}
+
+// ----------------------------------------------------------------------------
 // scratch
 
 static void *scratch_ptr[SCRATCH_SLOTS];
 static size_t scratch_size[SCRATCH_SLOTS];
+static const char *const scratch_what[SCRATCH_SLOTS] = {
+    "scratch: reduction partials",
+    "scratch: GEMM operand A (converted/transposed)",
+    "scratch: GEMM operand B (converted/transposed)",
+    "scratch: GEMM fp32 accumulator",
+    "scratch: embedding backward sort",
+    "scratch: rmsnorm weight-gradient partials",
+    "scratch: attention workspace (the op was given workspace == NULL)",
+};
 
 void *cuda_scratch(int slot, size_t bytes) {
     if (bytes <= scratch_size[slot] && scratch_ptr[slot]) return scratch_ptr[slot];
     size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);  // whole MiB
     if (want < bytes) want = bytes;
+    if (g_frozen.load(std::memory_order_relaxed)) {  // before freeing: the message is the whole story
+        report_frozen(want, scratch_what[slot],
+                      "the backend's scratch grows during the warm-up microbatch, and this call needs more than it "
+                      "did: warm up with the largest shapes before memory_freeze");
+        abort();
+    }
     if (scratch_ptr[slot]) {
         // the old buffer may still be read by work in flight
         CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaFree(scratch_ptr[slot]));
+        cuda_internal_free(scratch_ptr[slot], scratch_size[slot]);
         scratch_ptr[slot] = NULL;
         scratch_size[slot] = 0;
     }
-    cudaError_t e = cudaMalloc(&scratch_ptr[slot], want);
-    if (e != cudaSuccess) {
-        fprintf(stderr, "[CUDA ERROR] scratch buffer %d: cannot allocate %zu bytes: %s\n", slot, want,
-                cudaGetErrorString(e));
-        abort();
-    }
+    scratch_ptr[slot] = cuda_internal_alloc(want, scratch_what[slot]);
     scratch_size[slot] = want;
     return scratch_ptr[slot];
 }
 
 const float *cuda_one(void) {
-    static float *one = NULL;
-    if (!one) {
-        const float h = 1.0f;
-        CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
-        CUDA_CHECK(cudaMemcpy(one, &h, sizeof h, cudaMemcpyHostToDevice));
-    }
-    return one;
+    ensure_init();
+    return g_one;
 }
 
 // ----------------------------------------------------------------------------
 // memory
 
 extern "C" void *cuda_alloc(size_t bytes) {
+    ensure_init();
+    if (g_frozen.load(std::memory_order_relaxed)) {
+        report_frozen(bytes, "a backend buffer (ops.alloc)", "allocate every buffer before training starts");
+        return NULL;
+    }
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != g_device) {
+        cudaGetLastError();
+        fprintf(stderr, "cuda: allocation on device %d, but the backend was initialised on device %d (select the "
+                        "rank's device before the first op)\n", dev, g_device);
+        return NULL;
+    }
     void *p = NULL;
     // cudaMalloc returns 256-byte aligned memory (the contract asks for 64)
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
         cudaGetLastError();  // clear the error: out of memory is reported as NULL
+        report_oom(bytes, NULL);
         return NULL;
     }
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_live[p] = bytes;
+    g_alloc_calls++;
+    g_alloc_bytes += bytes;
     return p;
 }
 
 extern "C" void cuda_release(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    {
+        std::lock_guard<std::mutex> lock(g_mem_mutex);
+        auto it = g_live.find(p);
+        if (it == g_live.end()) {
+            fprintf(stderr, "cuda: release of %p, which cuda_alloc did not return or was already released\n", p);
+            abort();
+        }
+        g_alloc_bytes -= it->second;
+        g_live.erase(it);
+    }
+    CUDA_CHECK(cudaFree(p));
 }
 
+extern "C" size_t cuda_alloc_count(void) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    return g_alloc_calls;
+}
+
+extern "C" size_t cuda_allocated_bytes(void) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    return g_alloc_bytes + g_internal_bytes;
+}
+
+extern "C" void cuda_memory_freeze(int frozen) { g_frozen.store(frozen ? 1 : 0, std::memory_order_relaxed); }
+
+extern "C" void cuda_device_memory(size_t *free_bytes, size_t *total_bytes) {
+    ensure_init();
+    size_t fr = 0, tot = 0;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    if (free_bytes) *free_bytes = fr;
+    if (total_bytes) *total_bytes = tot;
+}
+
+extern "C" void *cuda_compute_stream(void) { return (void *)cuda_stream(); }
+
+// Copies are issued on the compute stream, so they are ordered with the ops around them.
+// Host-side copies wait for completion (the host may reuse or read its buffer at once);
+// device-to-device copies do not.
 extern "C" void cuda_copy_h2d(void *dst, const void *src, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return;
+    cudaStream_t st = cuda_stream();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 extern "C" void cuda_copy_d2h(void *dst, const void *src, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (!bytes) return;
+    cudaStream_t st = cuda_stream();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 extern "C" void cuda_copy(void *dst, const void *src, size_t bytes) {
-    if (bytes && dst != src) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    if (bytes && dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
 }
 
-extern "C" void cuda_synchronize(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
+extern "C" void cuda_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
 // ----------------------------------------------------------------------------
 // elementwise. Grid-stride loops; float4 accesses when every pointer is 16-byte aligned
@@ -152,36 +303,36 @@ __global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
 extern "C" void cuda_fill(float *x, float value, size_t n) {
     if (!n) return;
     if (tetra_aligned16(x))
-        fill_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(x, value, n);
+        fill_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, value, n);
     else
-        fill_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(x, value, n);
+        fill_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, value, n);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_scale(float *x, float alpha, size_t n) {
     if (!n) return;
     if (tetra_aligned16(x))
-        scale_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(x, alpha, n);
+        scale_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, alpha, n);
     else
-        scale_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(x, alpha, n);
+        scale_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, alpha, n);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_axpy(float *y, const float *x, float alpha, size_t n) {
     if (!n) return;
     if (tetra_aligned16(x) && tetra_aligned16(y))
-        axpy_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(y, x, alpha, n);
+        axpy_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(y, x, alpha, n);
     else
-        axpy_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(y, x, alpha, n);
+        axpy_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(y, x, alpha, n);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_add(float *out, const float *a, const float *b, size_t n) {
     if (!n) return;
     if (tetra_aligned16(out) && tetra_aligned16(a) && tetra_aligned16(b))
-        add_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS>>>(out, a, b, n);
+        add_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
     else
-        add_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, a, b, n);
+        add_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -227,11 +378,11 @@ static void reduce_sum(float *out, const float *x, size_t n, int op, int accumul
     int parts = red_parts(n);
     double *part = (double *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
     if (op == RED_SUMSQ)
-        reduce_partial_kernel<RED_SUMSQ><<<parts, TETRA_THREADS>>>(part, x, n);
+        reduce_partial_kernel<RED_SUMSQ><<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
     else
-        reduce_partial_kernel<RED_SUM><<<parts, TETRA_THREADS>>>(part, x, n);
+        reduce_partial_kernel<RED_SUM><<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
     CUDA_CHECK_LAUNCH();
-    reduce_final_kernel<<<1, 1024>>>(out, part, parts, accumulate);
+    reduce_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -272,12 +423,12 @@ extern "C" void cuda_amax(float *out, const float *x, size_t n) {
     int parts = red_parts(n);
     float *part = (float *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
     if (n) {
-        amax_partial_kernel<<<parts, TETRA_THREADS>>>(part, x, n);
+        amax_partial_kernel<<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
         CUDA_CHECK_LAUNCH();
     } else {
         parts = 0;  // max over nothing is 0
     }
-    amax_final_kernel<<<1, 1024>>>(out, part, parts);
+    amax_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -297,7 +448,7 @@ extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) {
         cuda_fill(out, 0.0f, (size_t)rows);
         return;
     }
-    amax_rows_kernel<<<rows, TETRA_THREADS>>>(out, x, cols);
+    amax_rows_kernel<<<rows, TETRA_THREADS, 0, cuda_stream()>>>(out, x, cols);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -335,13 +486,13 @@ __global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_s
 
 extern "C" void cuda_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n) {
     if (!n) return;
-    to_bf16_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, x, n);
+    to_bf16_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, x, n);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n) {
     if (!n) return;
-    from_bf16_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, x, n);
+    from_bf16_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, x, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -351,9 +502,9 @@ extern "C" void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *
     if (!n) return;
     unsigned nb = tetra_blocks(n, TETRA_THREADS);
     if (fmt == TETRA_FP8_E5M2)
-        to_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS>>>(out, x, scale, rowwise, (size_t)cols, n);
+        to_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise, (size_t)cols, n);
     else
-        to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS>>>(out, x, scale, rowwise, (size_t)cols, n);
+        to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise, (size_t)cols, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -363,9 +514,11 @@ extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *
     if (!n) return;
     unsigned nb = tetra_blocks(n, TETRA_THREADS);
     if (fmt == TETRA_FP8_E5M2)
-        from_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
+        from_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise,
+                                                                                 (size_t)cols, n);
     else
-        from_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
+        from_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise,
+                                                                                 (size_t)cols, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -385,7 +538,8 @@ __global__ void fp8_scale_kernel(float *scale, const float *amax, int n, float f
 
 extern "C" void cuda_fp8_scale_from_amax(float *scale, const float *amax, int n, float fp8_max, int pow2) {
     if (n <= 0) return;
-    fp8_scale_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS>>>(scale, amax, n, fp8_max, pow2);
+    fp8_scale_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, cuda_stream()>>>(scale, amax, n,
+                                                                                                 fp8_max, pow2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -411,7 +565,7 @@ extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *g
                                 float grad_scale) {
     if (!n) return;
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(param, m, v, grad, NULL, n, k);
+    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, NULL, n, k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -420,7 +574,8 @@ extern "C" void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *
                                      double weight_decay, int step, float grad_scale) {
     if (!n) return;
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(param, m, v, grad, param_bf16, n, k);
+    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, param_bf16,
+                                                                                      n, k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -470,6 +625,24 @@ static tetra_ops make_table(void) {
     t.ce_shard_finish = cuda_ce_shard_finish;
     t.adamw_step = cuda_adamw_step;
     t.adamw_step_bf16 = cuda_adamw_step_bf16;
+    t.embedding_forward_bf16 = cuda_embedding_forward_bf16;
+    t.embedding_backward_bf16 = cuda_embedding_backward_bf16;
+    t.rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;
+    t.rmsnorm_backward_input_bf16 = cuda_rmsnorm_backward_input_bf16;
+    t.rmsnorm_backward_weight_bf16 = cuda_rmsnorm_backward_weight_bf16;
+    t.rope_forward_bf16 = cuda_rope_forward_bf16;
+    t.rope_backward_bf16 = cuda_rope_backward_bf16;
+    t.swiglu_forward_bf16 = cuda_swiglu_forward_bf16;
+    t.swiglu_backward_bf16 = cuda_swiglu_backward_bf16;
+    t.attention_workspace_size_bf16 = cuda_attention_workspace_size_bf16;
+    t.attention_forward_bf16 = cuda_attention_forward_bf16;
+    t.attention_backward_bf16 = cuda_attention_backward_bf16;
+    t.alloc_count = cuda_alloc_count;
+    t.allocated_bytes = cuda_allocated_bytes;
+    t.memory_freeze = cuda_memory_freeze;
+    t.device_memory = cuda_device_memory;
+    t.compute_stream = cuda_compute_stream;
+    t.set_deterministic = cuda_set_deterministic;
     return t;
 }
 

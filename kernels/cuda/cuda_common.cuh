@@ -1,10 +1,20 @@
 // kernels/cuda/cuda_common.cuh — what every translation unit of the CUDA backend shares:
-// error checks that abort with file:line, launch-size helpers, deterministic warp and
-// block reductions, and growable scratch buffers in device memory.
+// error checks that abort with file:line, launch-size helpers, the compute stream,
+// bf16/fp32 element access, deterministic warp and block reductions, and growable
+// scratch buffers in device memory.
 //
-// Streams: every op of this version runs on the legacy default stream (stream 0), so the
-// ops are ordered with each other and with the synchronous cudaMemcpy copies. The NCCL
-// work brings explicit streams.
+// Streams: every op runs on ONE compute stream, cuda_stream(), created at backend init
+// with cudaStreamCreate's default flags, i.e. a blocking stream: work issued to the legacy
+// default stream (synchronous cudaMemcpy, cudaEventRecord(ev, 0)) still waits for it and
+// it for that work, so code outside the backend that assumes "stream 0" stays ordered.
+// Kernel launches, cuBLASLt matmuls, CUB sorts, the cuDNN calls and the ops' copies are
+// all issued on it; synchronize() waits for it. Collectives order themselves after it
+// with events (ops.h compute_stream).
+//
+// Memory: device memory is taken at start-up. Backend init (the first alloc or op of the
+// process; see cuda_ops.h) creates the stream, the cuBLASLt handle and workspace and the
+// constant one; after that only ops.alloc and scratch growth allocate, both tracked
+// (alloc_count, allocated_bytes) and both refused after memory_freeze(1).
 #ifndef TETRA_KERNELS_CUDA_COMMON_CUH
 #define TETRA_KERNELS_CUDA_COMMON_CUH
 
@@ -14,6 +24,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "kernels/ops_math.h"
 
 // ----------------------------------------------------------------------------
 // error checks: print where and why, then abort (no error propagation, as llm.c)
@@ -44,6 +56,19 @@ static inline unsigned tetra_blocks(size_t n, int threads) {
 }
 
 static inline int tetra_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// The backend's compute stream (initialises the backend on first use). Every launch in
+// kernels/cuda passes it: k<<<grid, block, smem, cuda_stream()>>>(...).
+cudaStream_t cuda_stream(void);
+
+// ----------------------------------------------------------------------------
+// element access for the kernels templated on the activation type (fp32 or bf16 stored as
+// uint16_t): widen exactly on load, round once to nearest even on store (ops_math.h).
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(uint16_t x) { return tetra_bf16_to_f32(x); }
+__device__ __forceinline__ void store_f32(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_f32(uint16_t *p, float v) { *p = tetra_f32_to_bf16(v); }
 
 // ----------------------------------------------------------------------------
 // reductions. Shuffle-xor trees and a fixed warp order: the same inputs in the same
@@ -101,10 +126,12 @@ __device__ __forceinline__ float block_max(float v, float *shared) {
 // ----------------------------------------------------------------------------
 // scratch: growable device buffers, one per slot, reused across calls (all work is on
 // one stream, so a slot is free again once the op that used it has been enqueued and a
-// later op is enqueued after it). Growing synchronizes the device before freeing.
+// later op is enqueued after it). Growing synchronizes the device before freeing. Slots
+// grow during the warm-up microbatch; growth after memory_freeze(1) is a bug and aborts
+// with the size and the slot's purpose (its callers cannot fail).
 
 enum {
-    SCRATCH_REDUCE = 0,   // partial sums of the two-pass reductions
+    SCRATCH_REDUCE = 0,   // partial sums of the two-pass reductions (reserved at init)
     SCRATCH_GEMM_A,       // converted / transposed operand A
     SCRATCH_GEMM_B,       // converted / transposed operand B
     SCRATCH_GEMM_ACC,     // fp32 accumulator of the general GEMM path
@@ -115,7 +142,16 @@ enum {
 };
 
 void *cuda_scratch(int slot, size_t bytes);
-// A device float holding 1.0f (default dequant scale).
+// A device float holding 1.0f (default dequant scale), made at backend init.
 const float *cuda_one(void);
+
+// Backend-internal device memory (cuBLASLt workspace, the constant one, scratch): counted
+// in allocated_bytes; refused after memory_freeze(1) and on out-of-memory with a message
+// naming `what`, then abort (none of their callers can fail).
+void *cuda_internal_alloc(size_t bytes, const char *what);
+void cuda_internal_free(void *p, size_t bytes);
+
+// cuda_gemm.cu: the cuBLASLt handle and its workspace, created by backend init.
+void cuda_gemm_init(void);
 
 #endif  // TETRA_KERNELS_CUDA_COMMON_CUH

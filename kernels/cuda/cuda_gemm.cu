@@ -20,7 +20,8 @@
 //         with a bf16 C: the unscaled product in fp32 scratch, then
 //         C = alpha * sa[i] * sb[j] * acc + beta * C, as the CPU backend computes it.
 //
-// One cuBLASLt handle and one 32 MiB workspace per process; matmul descriptors,
+// One cuBLASLt handle and one 32 MiB workspace per process (made at backend init), every
+// matmul on the backend's compute stream; matmul descriptors,
 // layouts and the heuristic's algorithm are cached per (types, transposes, sizes,
 // leading dims, batch and strides, fast accumulation, scale mode, pointer alignment).
 #include <cublasLt.h>
@@ -48,10 +49,11 @@ static const char *last_path = "none";
 
 extern "C" const char *cuda_gemm_last_path(void) { return last_path; }
 
-static void lt_init(void) {
+// called once by backend init (cuda_backend.cu), before any GEMM
+void cuda_gemm_init(void) {
     if (lt_handle) return;
     CUBLAS_CHECK(cublasLtCreate(&lt_handle));
-    CUDA_CHECK(cudaMalloc(&lt_workspace, LT_WORKSPACE_BYTES));
+    lt_workspace = cuda_internal_alloc(LT_WORKSPACE_BYTES, "the cuBLASLt workspace");
 }
 
 // ----------------------------------------------------------------------------
@@ -148,9 +150,11 @@ static void pack_launch(void *dst, const void *src, int rows, int cols, int64_t 
     typedef typename Elem<OUT>::type TO;
     typedef typename Elem<IN>::type TI;
     if (trans)
-        pack_kernel<IN, OUT, true><<<grid, 256>>>((TO *)dst, (const TI *)src, rows, cols, ld, sstride, batch);
+        pack_kernel<IN, OUT, true><<<grid, 256, 0, cuda_stream()>>>((TO *)dst, (const TI *)src, rows, cols, ld, sstride,
+                                                                    batch);
     else
-        pack_kernel<IN, OUT, false><<<grid, 256>>>((TO *)dst, (const TI *)src, rows, cols, ld, sstride, batch);
+        pack_kernel<IN, OUT, false><<<grid, 256, 0, cuda_stream()>>>((TO *)dst, (const TI *)src, rows, cols, ld,
+                                                                     sstride, batch);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -336,7 +340,7 @@ typedef struct {
 // Runs the product; returns a non-success status (and runs nothing) when cuBLASLt has
 // no algorithm for this configuration or refuses it, so the caller can take another path.
 static cublasStatus_t lt_matmul(lt_call *c) {
-    lt_init();
+    cudaStream_t stream = cuda_stream();  // initialises the backend (and cuBLASLt) on first use
     lt_key *k = &c->key;
     k->align_a = align_of(c->a, k->sa * (int64_t)lt_elem_size((cudaDataType)k->ta), k->batch);
     k->align_b = align_of(c->b, k->sb * (int64_t)lt_elem_size((cudaDataType)k->tb), k->batch);
@@ -350,7 +354,7 @@ static cublasStatus_t lt_matmul(lt_call *c) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs));
     }
     cublasStatus_t s = cublasLtMatmul(lt_handle, p->desc, &c->alpha, c->a, p->la, c->b, p->lb, &c->beta, c->c, p->lc,
-                                      c->c, p->lc, &p->algo, lt_workspace, LT_WORKSPACE_BYTES, 0);
+                                      c->c, p->lc, &p->algo, lt_workspace, LT_WORKSPACE_BYTES, stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
         p->status = s;  // refused before running: remember, and let the caller take another path
         return s;
@@ -417,12 +421,13 @@ static void run_epilogue(void *c, const float *acc, const ops_gemm_desc *g, int 
                          const float *sb, int rowwise) {
     size_t total = (size_t)g->m * (size_t)g->n * (size_t)batch;
     unsigned nb = tetra_blocks(total, TETRA_THREADS);
+    cudaStream_t st = cuda_stream();
     if (g->c_type == TETRA_BF16)
-        epilogue_kernel<true><<<nb, TETRA_THREADS>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha, sa, sb,
-                                                     rowwise, g->beta);
+        epilogue_kernel<true><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha, sa,
+                                                             sb, rowwise, g->beta);
     else
-        epilogue_kernel<false><<<nb, TETRA_THREADS>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha, sa, sb,
-                                                      rowwise, g->beta);
+        epilogue_kernel<false><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha,
+                                                              sa, sb, rowwise, g->beta);
     CUDA_CHECK_LAUNCH();
 }
 

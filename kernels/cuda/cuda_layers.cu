@@ -1,7 +1,7 @@
-// kernels/cuda/cuda_layers.cu — embedding, RMSNorm, RoPE, SwiGLU and the fused
-// cross-entropy of the CUDA backend (fp32). Per-element math comes from ops_math.h, the
-// CPU backend's own header. Reductions that produce gradients are atomics-free and
-// deterministic (same inputs, same bits, on any GPU).
+// kernels/cuda/cuda_layers.cu — embedding, RMSNorm, RoPE, SwiGLU (fp32 and bf16
+// activations) and the fused cross-entropy (fp32) of the CUDA backend. Per-element math
+// comes from ops_math.h, the CPU backend's own header. Reductions that produce
+// gradients are atomics-free and deterministic (same inputs, same bits, on any GPU).
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -9,24 +9,41 @@
 #include "kernels/ops_math.h"
 
 // ----------------------------------------------------------------------------
+// The kernels below are templates on the activation type T: float (the fp32 ops) or
+// uint16_t holding bf16 (the *_bf16 ops). Both instantiations run the same fp32
+// arithmetic (to_f32 widens exactly, store_f32 rounds once to nearest even), so a bf16
+// op's result is its fp32 twin's, rounded. Parameter gradients (dwte, dw) stay fp32.
+
+// ----------------------------------------------------------------------------
 // embedding
 
-__global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *wte, int n, int c, int v_start,
+template <typename T>
+__global__ void embedding_fwd_kernel(T *out, const int32_t *tokens, const T *wte, int n, int c, int v_start,
                                      int v_local) {
     const size_t total = (size_t)n * (size_t)c, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
         size_t i = idx / (size_t)c, j = idx - i * (size_t)c;
         int t = tokens[i] - v_start;
-        out[idx] = (t >= 0 && t < v_local) ? wte[(size_t)t * (size_t)c + j] : 0.0f;  // other shard: zero row
+        out[idx] = (t >= 0 && t < v_local) ? wte[(size_t)t * (size_t)c + j] : (T)0;  // other shard: zero row
     }
+}
+
+template <typename T>
+static void embedding_forward(T *out, const int32_t *tokens, const T *wte, int n, int c, int v_start, int v_local) {
+    if (n <= 0 || c <= 0) return;
+    embedding_fwd_kernel<T><<<tetra_blocks((size_t)n * c, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(
+        out, tokens, wte, n, c, v_start, v_local);
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c, int v_start,
                                        int v_local) {
-    if (n <= 0 || c <= 0) return;
-    embedding_fwd_kernel<<<tetra_blocks((size_t)n * c, TETRA_THREADS), TETRA_THREADS>>>(out, tokens, wte, n, c, v_start,
-                                                                                         v_local);
-    CUDA_CHECK_LAUNCH();
+    embedding_forward(out, tokens, wte, n, c, v_start, v_local);
+}
+
+extern "C" void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c,
+                                            int v_start, int v_local) {
+    embedding_forward(out, tokens, wte, n, c, v_start, v_local);  // a bit copy: exact
 }
 
 // Backward without float atomics: the (token, position) pairs are sorted by token with a
@@ -42,7 +59,8 @@ __global__ void embedding_keys_kernel(uint32_t *keys, int32_t *vals, const int32
     vals[i] = i;
 }
 
-__global__ void embedding_bwd_kernel(float *dwte, const float *dout, const uint32_t *keys, const int32_t *vals, int n,
+template <typename T>
+__global__ void embedding_bwd_kernel(float *dwte, const T *dout, const uint32_t *keys, const int32_t *vals, int n,
                                      int c, int v_local) {
     const int p = blockIdx.x;
     const uint32_t key = keys[p];
@@ -51,81 +69,118 @@ __global__ void embedding_bwd_kernel(float *dwte, const float *dout, const uint3
     if (j >= c) return;
     float *row = dwte + (size_t)key * (size_t)c + j;
     float acc = *row;
-    for (int q = p; q < n && keys[q] == key; q++) acc += dout[(size_t)vals[q] * (size_t)c + j];
+    for (int q = p; q < n && keys[q] == key; q++) acc += to_f32(dout[(size_t)vals[q] * (size_t)c + j]);
     *row = acc;
 }
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-extern "C" void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c,
-                                        int v_start, int v_local) {
+template <typename T>
+static void embedding_backward(float *dwte, const T *dout, const int32_t *tokens, int n, int c, int v_start,
+                               int v_local) {
     if (n <= 0 || c <= 0 || v_local <= 0) return;
+    cudaStream_t st = cuda_stream();
     int end_bit = 0;
     while (end_bit < 31 && ((int64_t)1 << end_bit) <= (int64_t)v_local) end_bit++;  // keys in [0, v_local]
     size_t temp_bytes = 0;
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
-                                               (const int32_t *)NULL, (int32_t *)NULL, n, 0, end_bit, (cudaStream_t)0));
+                                               (const int32_t *)NULL, (int32_t *)NULL, n, 0, end_bit, st));
     size_t arr = align256((size_t)n * sizeof(int32_t));
     char *base = (char *)cuda_scratch(SCRATCH_SORT, 4 * arr + align256(temp_bytes));
     uint32_t *keys_in = (uint32_t *)base, *keys_out = (uint32_t *)(base + 2 * arr);
     int32_t *vals_in = (int32_t *)(base + arr), *vals_out = (int32_t *)(base + 3 * arr);
     void *temp = base + 4 * arr;
-    embedding_keys_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS>>>(keys_in, vals_in, tokens, n,
-                                                                                      v_start, v_local);
+    embedding_keys_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, st>>>(keys_in, vals_in, tokens,
+                                                                                            n, v_start, v_local);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out, n, 0, end_bit,
-                                               (cudaStream_t)0));
+                                               st));
     dim3 grid((unsigned)n, (unsigned)((c + TETRA_THREADS - 1) / TETRA_THREADS));
-    embedding_bwd_kernel<<<grid, TETRA_THREADS>>>(dwte, dout, keys_out, vals_out, n, c, v_local);
+    embedding_bwd_kernel<T><<<grid, TETRA_THREADS, 0, st>>>(dwte, dout, keys_out, vals_out, n, c, v_local);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c,
+                                        int v_start, int v_local) {
+    embedding_backward(dwte, dout, tokens, n, c, v_start, v_local);
+}
+
+extern "C" void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c,
+                                             int v_start, int v_local) {
+    embedding_backward(dwte, dout, tokens, n, c, v_start, v_local);
 }
 
 // ----------------------------------------------------------------------------
 // RMSNorm: one block per row
 
-__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_fwd_kernel(float *out, float *rstd, const float *x,
-                                                                    const float *w, int c, float eps) {
+template <typename T>
+__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w,
+                                                                    int c, float eps) {
     __shared__ float sh[32];
     const size_t o = (size_t)blockIdx.x * (size_t)c;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
-        float v = x[o + j];
+        float v = to_f32(x[o + j]);
         ss = fmaf(v, v, ss);
     }
     ss = block_sum(ss, sh);
     float r = tetra_rms_rstd(ss, c, eps);
-    for (int j = threadIdx.x; j < c; j += blockDim.x) out[o + j] = (x[o + j] * r) * w[j];
+    for (int j = threadIdx.x; j < c; j += blockDim.x) store_f32(out + o + j, (to_f32(x[o + j]) * r) * to_f32(w[j]));
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_bwd_input_kernel(float *dx, const float *dout, const float *x,
-                                                                          const float *w, const float *rstd, int c) {
+// dx = dx + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
+template <typename T>
+__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x,
+                                                                          const T *w, const float *rstd, int c) {
     __shared__ float sh[32];
     const size_t o = (size_t)blockIdx.x * (size_t)c;
     float dot = 0.0f;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) dot += (w[j] * dout[o + j]) * x[o + j];
+    for (int j = threadIdx.x; j < c; j += blockDim.x) dot += (to_f32(w[j]) * to_f32(dout[o + j])) * to_f32(x[o + j]);
     dot = block_sum(dot, sh);
     const float r = rstd[blockIdx.x], dot_c = dot / (float)c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) dx[o + j] += tetra_rms_dx(x[o + j], w[j], dout[o + j], r, dot_c);
+    for (int j = threadIdx.x; j < c; j += blockDim.x)
+        store_f32(dx + o + j, to_f32(dx[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r,
+                                                               dot_c));
+}
+
+template <typename T>
+static void rmsnorm_forward(T *out, float *rstd, const T *x, const T *w, int n, int c, float eps) {
+    if (n <= 0 || c <= 0) return;
+    rmsnorm_fwd_kernel<T><<<n, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, x, w, c, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+static void rmsnorm_backward_input(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int n, int c) {
+    if (n <= 0 || c <= 0) return;
+    rmsnorm_bwd_input_kernel<T><<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, c);
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps) {
-    if (n <= 0 || c <= 0) return;
-    rmsnorm_fwd_kernel<<<n, TETRA_THREADS>>>(out, rstd, x, w, c, eps);
-    CUDA_CHECK_LAUNCH();
+    rmsnorm_forward(out, rstd, x, w, n, c, eps);
+}
+
+extern "C" void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n,
+                                          int c, float eps) {
+    rmsnorm_forward(out, rstd, x, w, n, c, eps);
 }
 
 extern "C" void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
                                             const float *rstd, int n, int c) {
-    if (n <= 0 || c <= 0) return;
-    rmsnorm_bwd_input_kernel<<<n, TETRA_THREADS>>>(dx, dout, x, w, rstd, c);
-    CUDA_CHECK_LAUNCH();
+    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c);
+}
+
+extern "C" void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x,
+                                                 const uint16_t *w, const float *rstd, int n, int c) {
+    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c);
 }
 
 // Weight gradient: a column reduction over rows, deterministic in two passes. Pass 1:
 // the rows are cut into chunks (their number a function of n alone); block (column tile,
 // chunk) sums its rows in a fixed order, in double, into partial[chunk, col]. Pass 2
-// sums the chunks in order and adds to dw.
+// sums the chunks in order and adds to dw (fp32 for both activation types).
 #define RMS_DW_MAX_CHUNKS 256
 
 static int rms_rows_per_chunk(int n) {
@@ -133,7 +188,8 @@ static int rms_rows_per_chunk(int n) {
     return r < 64 ? 64 : r;
 }
 
-__global__ void __launch_bounds__(256) rmsnorm_dw_partial_kernel(double *partial, const float *dout, const float *x,
+template <typename T>
+__global__ void __launch_bounds__(256) rmsnorm_dw_partial_kernel(double *partial, const T *dout, const T *x,
                                                                  const float *rstd, int n, int c, int rows_per_chunk) {
     __shared__ double sh[8][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
@@ -144,7 +200,7 @@ __global__ void __launch_bounds__(256) rmsnorm_dw_partial_kernel(double *partial
     if (col < c) {
         for (int r = r0 + ty; r < r1; r += 8) {
             size_t o = (size_t)r * (size_t)c + col;
-            acc += (double)(dout[o] * (x[o] * rstd[r]));
+            acc += (double)(to_f32(dout[o]) * (to_f32(x[o]) * rstd[r]));
         }
     }
     sh[ty][tx] = acc;
@@ -165,25 +221,36 @@ __global__ void rmsnorm_dw_final_kernel(float *dw, const double *partial, int ch
     dw[col] += (float)s;
 }
 
-extern "C" void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n,
-                                             int c) {
+template <typename T>
+static void rmsnorm_backward_weight(float *dw, const T *dout, const T *x, const float *rstd, int n, int c) {
     if (n <= 0 || c <= 0) return;
     int rpc = rms_rows_per_chunk(n);
     int chunks = (n + rpc - 1) / rpc;
     double *partial = (double *)cuda_scratch(SCRATCH_RMS_DW, (size_t)chunks * (size_t)c * sizeof(double));
     dim3 grid((unsigned)((c + 31) / 32), (unsigned)chunks);
-    rmsnorm_dw_partial_kernel<<<grid, 256>>>(partial, dout, x, rstd, n, c, rpc);
+    cudaStream_t st = cuda_stream();
+    rmsnorm_dw_partial_kernel<T><<<grid, 256, 0, st>>>(partial, dout, x, rstd, n, c, rpc);
     CUDA_CHECK_LAUNCH();
-    rmsnorm_dw_final_kernel<<<(c + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS>>>(dw, partial, chunks, c);
+    rmsnorm_dw_final_kernel<<<(c + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, st>>>(dw, partial, chunks, c);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n,
+                                             int c) {
+    rmsnorm_backward_weight(dw, dout, x, rstd, n, c);
+}
+
+extern "C" void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
+                                                  int n, int c) {
+    rmsnorm_backward_weight(dw, dout, x, rstd, n, c);
 }
 
 // ----------------------------------------------------------------------------
 // RoPE: one thread per (row, head, pair); reads both values before writing (in place ok)
 
-template <bool INVERSE>
-__global__ void rope_kernel(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int s,
-                            int nh, int d, size_t total) {
+template <bool INVERSE, typename T>
+__global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int s, int nh,
+                            int d, size_t total) {
     const size_t half = (size_t)(d / 2);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += stride) {
@@ -193,25 +260,26 @@ __global__ void rope_kernel(float *out, const float *x, const float *freqs, cons
         int p = pos ? pos[si] : pos_offset + si;
         size_t o = rest * (size_t)d + 2 * i;
         const float *f = freqs + ((size_t)p * half + i) * 2;
-        float x0 = x[o], x1 = x[o + 1], y0, y1;
+        float x0 = to_f32(x[o]), x1 = to_f32(x[o + 1]), y0, y1;
         if constexpr (INVERSE)
             tetra_rope_unrotate(&y0, &y1, x0, x1, f[0], f[1]);
         else
             tetra_rope_rotate(&y0, &y1, x0, x1, f[0], f[1]);
-        out[o] = y0;
-        out[o + 1] = y1;
+        store_f32(out + o, y0);
+        store_f32(out + o + 1, y1);
     }
 }
 
-static void rope_launch(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b,
-                        int s, int nh, int d, int inverse) {
+template <typename T>
+static void rope_launch(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
+                        int nh, int d, int inverse) {
     if (b <= 0 || s <= 0 || nh <= 0 || d < 2) return;
     size_t total = (size_t)b * (size_t)s * (size_t)nh * (size_t)(d / 2);
     unsigned nb = tetra_blocks(total, TETRA_THREADS);
     if (inverse)
-        rope_kernel<true><<<nb, TETRA_THREADS>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
+        rope_kernel<true, T><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
     else
-        rope_kernel<false><<<nb, TETRA_THREADS>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
+        rope_kernel<false, T><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -225,35 +293,68 @@ extern "C" void cuda_rope_backward(float *dx, const float *dout, const float *fr
     rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
 }
 
+extern "C" void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
+                                       int pos_offset, int b, int s, int nh, int d) {
+    rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
+}
+
+extern "C" void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
+                                        int pos_offset, int b, int s, int nh, int d) {
+    rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+}
+
 // ----------------------------------------------------------------------------
 // SwiGLU
 
-__global__ void swiglu_fwd_kernel(float *out, const float *a, const float *g, size_t n) {
+template <typename T>
+__global__ void swiglu_fwd_kernel(T *out, const T *a, const T *g, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = tetra_silu(a[i]) * g[i];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        store_f32(out + i, tetra_silu(to_f32(a[i])) * to_f32(g[i]));
 }
 
-__global__ void swiglu_bwd_kernel(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n) {
+template <typename T>
+__global__ void swiglu_bwd_kernel(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float ai = a[i], gi = g[i], d = dout[i];
+        float ai = to_f32(a[i]), gi = to_f32(g[i]), d = to_f32(dout[i]);
         float dai = d * gi * tetra_dsilu(ai);
         float dgi = d * tetra_silu(ai);
-        da[i] = dai;  // both inputs read before either write: in place is safe
-        dg[i] = dgi;
+        store_f32(da + i, dai);  // both inputs read before either write: in place is safe
+        store_f32(dg + i, dgi);
     }
 }
 
-extern "C" void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
+template <typename T>
+static void swiglu_forward(T *out, const T *a, const T *g, size_t n) {
     if (!n) return;
-    swiglu_fwd_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(out, a, g, n);
+    swiglu_fwd_kernel<T><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, g, n);
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n) {
+template <typename T>
+static void swiglu_backward(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
     if (!n) return;
-    swiglu_bwd_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS>>>(da, dg, dout, a, g, n);
+    swiglu_bwd_kernel<T><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(da, dg, dout, a, g, n);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
+    swiglu_forward(out, a, g, n);
+}
+
+extern "C" void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g,
+                                     size_t n) {
+    swiglu_backward(da, dg, dout, a, g, n);
+}
+
+extern "C" void cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n) {
+    swiglu_forward(out, a, g, n);
+}
+
+extern "C" void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
+                                          const uint16_t *g, size_t n) {
+    swiglu_backward(da, dg, dout, a, g, n);
 }
 
 // ----------------------------------------------------------------------------
@@ -312,7 +413,7 @@ __global__ void __launch_bounds__(CE_THREADS) ce_fused_kernel(float *dlogits, fl
 extern "C" void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
                                    int v, float dloss_scale) {
     if (n <= 0) return;
-    ce_fused_kernel<<<n, CE_THREADS>>>(dlogits, losses, logits, targets, v, dloss_scale);
+    ce_fused_kernel<<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -363,14 +464,15 @@ __global__ void __launch_bounds__(CE_THREADS) ce_finish_kernel(float *dlogits, f
 
 extern "C" void cuda_ce_shard_max(float *row_max, const float *logits, int n, int v_local) {
     if (n <= 0) return;
-    ce_max_kernel<<<n, CE_THREADS>>>(row_max, logits, v_local);
+    ce_max_kernel<<<n, CE_THREADS, 0, cuda_stream()>>>(row_max, logits, v_local);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_ce_shard_sums(float *sum_exp, float *target_logit, const float *logits, const float *row_max,
                                    const int32_t *targets, int n, int v_local, int v_start) {
     if (n <= 0) return;
-    ce_sums_kernel<<<n, CE_THREADS>>>(sum_exp, target_logit, logits, row_max, targets, v_local, v_start);
+    ce_sums_kernel<<<n, CE_THREADS, 0, cuda_stream()>>>(sum_exp, target_logit, logits, row_max, targets, v_local,
+                                                        v_start);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -378,7 +480,7 @@ extern "C" void cuda_ce_shard_finish(float *dlogits, float *losses, const float 
                                      const float *sum_exp, const float *target_logit, const int32_t *targets, int n,
                                      int v_local, int v_start, float dloss_scale) {
     if (n <= 0) return;
-    ce_finish_kernel<<<n, CE_THREADS>>>(dlogits, losses, logits, row_max, sum_exp, target_logit, targets, v_local,
-                                        v_start, dloss_scale);
+    ce_finish_kernel<<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, row_max, sum_exp, target_logit,
+                                                          targets, v_local, v_start, dloss_scale);
     CUDA_CHECK_LAUNCH();
 }

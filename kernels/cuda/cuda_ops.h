@@ -2,9 +2,11 @@
 // (kernels/ops.h documents shapes and semantics there, once); exported with C linkage so
 // tests can call a single op by name. Pointers are device memory unless stated.
 //
-// Resources (the cuBLASLt handle, its 32 MiB workspace, scratch buffers) are created on
-// first use on the device that is current then: select the device (cudaSetDevice) before
-// the first op of a process.
+// Backend init creates the compute stream, the cuBLASLt handle and its 32 MiB workspace
+// and the constant one, once per process, at the first alloc or op (not in ops_cuda, so
+// that a multi-GPU rank can select its device after picking the backend), on the device
+// current then: select the device (cudaSetDevice) before the first alloc. After init only
+// alloc and the growable scratch buffers allocate device memory (cuda_common.cuh).
 #ifndef TETRA_KERNELS_CUDA_OPS_H
 #define TETRA_KERNELS_CUDA_OPS_H
 
@@ -17,9 +19,15 @@
 extern "C" {
 #endif
 
-// ---- cuda_backend.cu: memory, elementwise, reductions, casts, optimizer
+// ---- cuda_backend.cu: memory and streams, elementwise, reductions, casts, optimizer
 void *cuda_alloc(size_t bytes);
 void cuda_release(void *p);
+size_t cuda_alloc_count(void);
+size_t cuda_allocated_bytes(void);
+void cuda_memory_freeze(int frozen);
+void cuda_device_memory(size_t *free_bytes, size_t *total_bytes);
+void *cuda_compute_stream(void);
+void cuda_set_deterministic(int on);
 void cuda_copy_h2d(void *dst, const void *src, size_t bytes);
 void cuda_copy_d2h(void *dst, const void *src, size_t bytes);
 void cuda_copy(void *dst, const void *src, size_t bytes);
@@ -52,7 +60,7 @@ void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);
 // "fp8+rowwise", "fp8+epilogue", "bf16+epilogue", "f32+epilogue", "k=0".
 const char *cuda_gemm_last_path(void);
 
-// ---- cuda_layers.cu
+// ---- cuda_layers.cu (the *_bf16 ops: bf16 activations, fp32 math, fp32 parameter grads)
 void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c,
                             int v_start, int v_local);
 void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c,
@@ -70,6 +78,23 @@ void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const 
 void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n);
 void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g,
                           size_t n);
+void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c,
+                                 int v_start, int v_local);
+void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c,
+                                  int v_start, int v_local);
+void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
+                               float eps);
+void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
+                                      const float *rstd, int n, int c);
+void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
+                                       int n, int c);
+void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
+                            int pos_offset, int b, int s, int nh, int d);
+void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
+                             int pos_offset, int b, int s, int nh, int d);
+void cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n);
+void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
+                               const uint16_t *g, size_t n);
 void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets,
                         int n, int v, float dloss_scale);
 void cuda_ce_shard_max(float *row_max, const float *logits, int n, int v_local);
@@ -79,7 +104,7 @@ void cuda_ce_shard_finish(float *dlogits, float *losses, const float *logits, co
                           const float *sum_exp, const float *target_logit, const int32_t *targets,
                           int n, int v_local, int v_start, float dloss_scale);
 
-// ---- cuda_attention.cu (flash-attention-2 style kernels, fp32; head dim <= 256)
+// ---- cuda_attention.cu (flash-attention-2 style kernels, fp32 math; head dim <= 256)
 size_t cuda_attention_workspace_size(const ops_attn_shape *s);
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                             const ops_attn_shape *s, void *workspace);
@@ -88,6 +113,15 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                              const ops_attn_shape *s, void *workspace);
 void cuda_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b,
                           int sq, int h, int d);
+// bf16: cuDNN's fused SDPA where it applies, else the kernels above on bf16 storage
+size_t cuda_attention_workspace_size_bf16(const ops_attn_shape *s);
+void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const ops_attn_shape *s, void *workspace);
+void cuda_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
+                                  const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *out,
+                                  const float *lse, const ops_attn_shape *s, void *workspace);
+// Which path the last bf16 attention call took (tests print it): "cudnn", "built-in".
+const char *cuda_attention_bf16_last_path(void);
 
 #ifdef __cplusplus
 }

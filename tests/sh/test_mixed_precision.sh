@@ -55,8 +55,8 @@ run() {  # name ranks [args...]
 }
 
 run fp32 1 --training.local_batch_size 8 --training.mixed_precision_param float32
-run bf16 1 --training.local_batch_size 8 --training.mixed_precision_param bfloat16
-run bf16_again 1 --training.local_batch_size 8 --training.mixed_precision_param bfloat16
+run bf16 1 --training.local_batch_size 8 --training.mixed_precision_param bfloat16 --training.deterministic
+run bf16_again 1 --training.local_batch_size 8 --training.mixed_precision_param bfloat16 --training.deterministic
 FSDP=1
 if [ "$DEVICE" = cuda ] && [ "$gpus" -lt 2 ]; then
   echo "skip fsdp2: NCCL puts one rank per GPU and $gpus GPU(s) are visible"

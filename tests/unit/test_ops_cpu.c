@@ -368,6 +368,7 @@ static void test_table(void) {
     SLOT(rope_forward_bf16); SLOT(rope_backward_bf16); SLOT(swiglu_forward_bf16); SLOT(swiglu_backward_bf16);
     SLOT(attention_workspace_size_bf16); SLOT(attention_forward_bf16); SLOT(attention_backward_bf16);
     SLOT(alloc_count); SLOT(allocated_bytes); SLOT(memory_freeze); SLOT(device_memory); SLOT(compute_stream);
+    SLOT(set_deterministic);
 #undef SLOT
     CHECK(ops_get("auto", err, sizeof err) != NULL, "ops_get(auto)");
     CHECK(ops_get("gpu0", err, sizeof err) == NULL && err[0], "ops_get(gpu0) should fail with a message");

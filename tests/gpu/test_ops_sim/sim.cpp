@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <unordered_map>
 #include <vector>
 
 #include "cublasLt.h"
@@ -18,13 +19,36 @@
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// A simulated device of 16 GiB: a request beyond what is left fails as cudaMalloc would.
+static const size_t SIM_TOTAL = (size_t)16 << 30;
+static size_t sim_used;
+static std::unordered_map<void *, size_t> sim_sizes;
+
 cudaError_t sim_malloc(void **p, size_t n) {
+    *p = NULL;
     size_t r = (n + 255) / 256 * 256 + 256;
+    if (n > SIM_TOTAL || r > SIM_TOTAL - sim_used) return cudaErrorMemoryAllocation;
     *p = aligned_alloc(256, r);
+    if (!*p) return cudaErrorMemoryAllocation;
     memset(*p, 0xff, r);  // garbage (NaN) like fresh device memory
-    return *p ? cudaSuccess : 2;
+    sim_sizes[*p] = r;
+    sim_used += r;
+    return cudaSuccess;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaFree(void *p) {
+    auto it = sim_sizes.find(p);
+    if (it != sim_sizes.end()) {
+        sim_used -= it->second;
+        sim_sizes.erase(it);
+    }
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = SIM_TOTAL - sim_used;
+    *total_bytes = SIM_TOTAL;
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memmove(d, s, n); return cudaSuccess; }
 
 // ---- coroutine threads

@@ -1,15 +1,17 @@
 // tests/gpu/test_ops_sim/include/sim.h — a CPU simulator of the CUDA subset that
 // kernels/cuda/*.cu use, so their kernels run (slowly) on a machine without a GPU.
 //
-// transform.py rewrites each .cu into C++ for it: kernel launches `k<<<g, b, smem>>>(...)`
+// transform.py rewrites each .cu into C++ for it: kernel launches `k<<<g, b, smem, st>>>(...)`
 // become sim_launch(...) calls and `extern __shared__` arrays read sim_dyn_smem(). The
 // blocks of a launch run one after another; the threads of a block are coroutines that
 // switch at __syncthreads, __syncwarp and warp shuffles, so barriers, shared memory and
 // warp reductions behave as on the device (one block at a time: __shared__ is static).
 // Device memory is host memory, filled with 0xff bytes (NaN) when allocated so reads of
-// unwritten memory show. Fake cuBLASLt (sim.cpp) and CUB (cub/) stand in for the
-// libraries. What it cannot show: timing, data races between blocks, resource limits
-// beyond the shared-memory size, and the real libraries' numerics.
+// unwritten memory show, out of a simulated 16 GiB device (cudaMemGetInfo). Streams are
+// tokens: work runs when it is issued, so every wait returns at once. Fake cuBLASLt
+// (sim.cpp) and CUB (cub/) stand in for the libraries; cuDNN is absent. What it cannot
+// show: timing, data races between blocks or streams, resource limits beyond the
+// shared-memory size, and the real libraries' numerics.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -33,7 +35,7 @@ struct dim3 {
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 typedef int cudaError_t;
-enum { cudaSuccess = 0 };
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
 typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
@@ -50,6 +52,26 @@ cudaError_t cudaMalloc(T **p, size_t n) {
 }
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
+// Work runs when it is launched, so streams are tokens and every wait returns at once.
+// Device memory: a simulated 16 GiB, of which the live allocations are used.
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+    return cudaMemcpy(d, s, n, k);
+}
+inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+    memset(p, v, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    static int token;
+    *s = &token;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int *d) {
+    *d = 0;
+    return cudaSuccess;
+}
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char *cudaGetErrorString(cudaError_t) { return "simulator error"; }
