@@ -123,27 +123,9 @@ void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const u
     free(wf);
 }
 
-// the fp32 twin's per-element term and double accumulator, on bf16 loads
-CPU_SIMD static void rmsnorm_dw_bf16_k(double *restrict acc, const uint16_t *restrict dy, const uint16_t *restrict x,
-                                       float r, int w) {
-    for (int j = 0; j < w; j++)
-        acc[j] += (double)(tetra_bf16_to_f32(dy[j]) * (tetra_bf16_to_f32(x[j]) * r));
-}
-
 void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
                                       int n, int c) {
-    const int cb = 64;
-    int nblk = (c + cb - 1) / cb;
-#pragma omp parallel for schedule(static) if (row_parallel(n, c))
-    for (int blk = 0; blk < nblk; blk++) {
-        int j0 = blk * cb, w = c - j0 < cb ? c - j0 : cb;
-        double acc[64] = {0};
-        for (int i = 0; i < n; i++) {
-            size_t o = (size_t)i * c + j0;
-            rmsnorm_dw_bf16_k(acc, dout + o, x + o, rstd[i], w);
-        }
-        for (int j = 0; j < w; j++) dw[j0 + j] += (float)acc[j];
-    }
+    cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 1);
 }
 
 // ----------------------------------------------------------------------------

@@ -91,10 +91,18 @@ CPU_SIMD static void rmsnorm_dw_k(double *restrict acc, const float *restrict dy
     for (int j = 0; j < w; j++) acc[j] += (double)(dy[j] * (x[j] * r));
 }
 
+// the same term on bf16 loads (rmsnorm_backward_weight_bf16)
+CPU_SIMD static void rmsnorm_dw_bf16_k(double *restrict acc, const uint16_t *restrict dy,
+                                       const uint16_t *restrict x, float r, int w) {
+    for (int j = 0; j < w; j++)
+        acc[j] += (double)(tetra_bf16_to_f32(dy[j]) * (tetra_bf16_to_f32(x[j]) * r));
+}
+
 // Column blocks again: each thread reduces its columns over all rows in row order
-// (deterministic), accumulating in double.
-void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd,
-                                 int n, int c) {
+// (deterministic), accumulating in double. One loop for both element types, so the
+// bf16 op's fp32 gradient is summed exactly as the fp32 op's.
+void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c,
+                           int bf16) {
     const int cb = 64;
     int nblk = (c + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
@@ -103,10 +111,18 @@ void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, c
         double acc[64] = {0};
         for (int i = 0; i < n; i++) {
             size_t o = (size_t)i * c + j0;
-            rmsnorm_dw_k(acc, dout + o, x + o, rstd[i], w);
+            if (bf16)
+                rmsnorm_dw_bf16_k(acc, (const uint16_t *)dout + o, (const uint16_t *)x + o, rstd[i], w);
+            else
+                rmsnorm_dw_k(acc, (const float *)dout + o, (const float *)x + o, rstd[i], w);
         }
         for (int j = 0; j < w; j++) dw[j0 + j] += (float)acc[j];
     }
+}
+
+void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd,
+                                 int n, int c) {
+    cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 0);
 }
 
 // ----------------------------------------------------------------------------

@@ -99,6 +99,8 @@ void cpu_rmsnorm_row_k(float *restrict out, float *restrict rstd, const float *r
 // dx[0..c) += the RMSNorm input gradient of one row
 void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy, const float *restrict x,
                            const float *restrict w, float r, int c);
+// dw += column sums of dout * x * rstd over [n, c], fp32 (bf16 = 0) or bf16 inputs
+void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c, int bf16);
 // one row of nh heads of d (rotation by the row's freqs; inverse: by the conjugate)
 void cpu_rope_row_k(float *out, const float *x, const float *f, int nh, int d, int inverse);
 void cpu_swiglu_fwd_k(float *out, const float *a, const float *g, size_t n);

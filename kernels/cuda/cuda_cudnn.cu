@@ -20,7 +20,7 @@
 //   masked scores, [B, H, Sq, 1] fp32: exactly the lse of the ops ([B, H, Sq]).
 // - Nothing here is required: any shape cuDNN declines, or any failure at run time, is
 //   reported (a status, a message naming the call and cuDNN's status string) and the
-//   caller runs its own kernel. Built without cuDNN, everything is a "not supported" stub.
+//   caller runs its own kernel. Built without cuDNN, every entry point answers "not supported".
 #include "kernels/cuda/cuda_cudnn.h"
 
 #include <stdio.h>

@@ -5,8 +5,8 @@
  * the softmax denominator of the scaled scores. GQA reads key/value head h / (H / KV)
  * without copies. Pointers are device memory; `stream` is a cudaStream_t. Every call
  * that can fail returns non-zero (or (size_t)-1) and leaves the caller to run its own
- * kernel. Built without cuDNN (TETRA_HAVE_CUDNN undefined), every function is a "not
- * supported" stub.
+ * kernel. Built without cuDNN (TETRA_HAVE_CUDNN undefined), every function answers
+ * "not supported", and the caller's own kernel runs.
  */
 #ifndef TETRA_CUDA_CUDNN_H
 #define TETRA_CUDA_CUDNN_H
