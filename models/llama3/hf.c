@@ -135,13 +135,23 @@ static int read_full(int fd, void *buf, size_t n, uint64_t off) {
     return 0;
 }
 
+/* Where one parameter's tensor lies. */
 typedef struct {
-    llama3_model *m;
+    int file;              /* index into files, -1: not seen yet */
+    uint64_t data;         /* absolute file offset of its first byte */
+    st_dtype dtype;
+    size_t dsize;
+} hf_loc;
+
+struct llama3_hf_reader {
+    llama3_model full;     /* the whole model's declaration (names, global shapes), no storage */
     char (*hf)[128];       /* [n_params] HF names */
-    const char **source;   /* [n_params] file each tensor came from (NULL: not yet) */
-    unsigned char *bytes;  /* staging: raw block */
-    float *host;           /* staging: decoded block */
-} hf_loader;
+    hf_loc *loc;           /* [n_params] */
+    int n_files;
+    char **files;
+    int *fds;              /* [n_files] open while the reader is */
+    unsigned char *bytes;  /* staging: raw elements */
+};
 
 static int fmt_shape(char *out, size_t n, json_t *shape) {
     size_t used = (size_t)snprintf(out, n, "[");
@@ -152,9 +162,11 @@ static int fmt_shape(char *out, size_t n, json_t *shape) {
     return 0;
 }
 
-static int load_tensor(hf_loader *ld, int fd, const char *file, uint64_t data_start, uint64_t data_size,
-                       const char *name, json_t *info, char *err, size_t errlen) {
-    llama3_model *m = ld->m;
+/* Check one header entry against the model and record where its data is. */
+static int index_tensor(llama3_hf_reader *rd, int fi, uint64_t data_start, uint64_t data_size, const char *name,
+                        json_t *info, char *err, size_t errlen) {
+    const llama3_model *m = &rd->full;
+    const char *file = rd->files[fi];
     const char *dtype = json_string_value(json_object_get(info, "dtype"));
     json_t *shape = json_object_get(info, "shape"), *offs = json_object_get(info, "data_offsets");
     if (!dtype || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2) {
@@ -163,7 +175,7 @@ static int load_tensor(hf_loader *ld, int fd, const char *file, uint64_t data_st
     }
     int idx = -1;
     for (int i = 0; i < m->n_params; i++)
-        if (!strcmp(ld->hf[i], name)) {
+        if (!strcmp(rd->hf[i], name)) {
             idx = i;
             break;
         }
@@ -176,8 +188,8 @@ static int load_tensor(hf_loader *ld, int fd, const char *file, uint64_t data_st
         return -1;
     }
     const llama3_param *p = &m->params[idx];
-    if (ld->source[idx]) {
-        snprintf(err, errlen, "%s: tensor '%s' appears twice (also in %s)", file, name, ld->source[idx]);
+    if (rd->loc[idx].file >= 0) {
+        snprintf(err, errlen, "%s: tensor '%s' appears twice (also in %s)", file, name, rd->files[rd->loc[idx].file]);
         return -1;
     }
     st_dtype t;
@@ -214,41 +226,21 @@ static int load_tensor(hf_loader *ld, int fd, const char *file, uint64_t data_st
                  (unsigned long long)data_size);
         return -1;
     }
-
-    int64_t rows, cols;
-    param_rows_cols(p, &rows, &cols);
-    const int heads = permuted_heads(m, p);
-    const int64_t hd = heads ? rows / heads : 0;
-    const int64_t block_rows = (int64_t)HF_CHUNK_ELEMS / cols > 0 ? (int64_t)HF_CHUNK_ELEMS / cols : 1;
-    float *dst = m->param_mem + p->offset;
-    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-        int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
-        size_t ne = (size_t)nr * (size_t)cols;
-        errno = 0;
-        if (read_full(fd, ld->bytes, ne * ds, data_start + (uint64_t)b + (uint64_t)r0 * (uint64_t)cols * ds) != 0) {
-            snprintf(err, errlen, "%s: cannot read tensor '%s': %s", file, name,
-                     errno ? strerror(errno) : "file truncated");
-            return -1;
-        }
-        decode(ld->host, ld->bytes, ne, t);
-        if (!heads) {
-            m->ops->copy_h2d(dst + (size_t)r0 * (size_t)cols, ld->host, ne * sizeof(float));
-        } else {
-            for (int64_t r = 0; r < nr; r++)
-                m->ops->copy_h2d(dst + (size_t)meta_row(r0 + r, hd) * (size_t)cols, ld->host + (size_t)r * cols,
-                                 (size_t)cols * sizeof(float));
-        }
-    }
-    ld->source[idx] = file;
+    rd->loc[idx].file = fi;
+    rd->loc[idx].data = data_start + (uint64_t)b;
+    rd->loc[idx].dtype = t;
+    rd->loc[idx].dsize = ds;
     return 0;
 }
 
-static int load_file(hf_loader *ld, const char *file, char *err, size_t errlen) {
+static int index_file(llama3_hf_reader *rd, int fi, char *err, size_t errlen) {
+    const char *file = rd->files[fi];
     int fd = open(file, O_RDONLY);
     if (fd < 0) {
         snprintf(err, errlen, "cannot open '%s': %s", file, strerror(errno));
         return -1;
     }
+    rd->fds[fi] = fd;
     int rc = -1;
     json_t *root = NULL;
     char *hdr = NULL;
@@ -285,13 +277,12 @@ static int load_file(hf_loader *ld, const char *file, char *err, size_t errlen) 
             snprintf(err, errlen, "%s: tensor '%s' has a malformed header entry", file, key);
             goto done;
         }
-        if (load_tensor(ld, fd, file, data_start, data_size, key, val, err, errlen) != 0) goto done;
+        if (index_tensor(rd, fi, data_start, data_size, key, val, err, errlen) != 0) goto done;
     }
     rc = 0;
 done:
     json_decref(root);
     free(hdr);
-    close(fd);
     return rc;
 }
 
@@ -336,9 +327,9 @@ static int index_files(const char *index, const char *dir, char ***files, int *n
     return 0;
 }
 
-int llama3_load_hf(llama3_model *m, const char *path, char *err, size_t errlen) {
-    char **files = NULL;
-    int n_files = 0, rc = -1;
+/* The files a path names: a safetensors file, a folder with model.safetensors, or an
+ * index (a folder holding model.safetensors.index.json, or the index file itself). */
+static int list_files(const char *path, char ***files, int *n_files, char *err, size_t errlen) {
     struct stat st;
     if (stat(path, &st) != 0) {
         snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
@@ -347,59 +338,161 @@ int llama3_load_hf(llama3_model *m, const char *path, char *err, size_t errlen) 
     char buf[4096];
     if (S_ISDIR(st.st_mode)) {
         snprintf(buf, sizeof buf, "%s/model.safetensors.index.json", path);
-        if (stat(buf, &st) == 0) {
-            if (index_files(buf, path, &files, &n_files, err, errlen) != 0) return -1;
-        } else {
-            snprintf(buf, sizeof buf, "%s/model.safetensors", path);
-            if (stat(buf, &st) != 0) {
-                snprintf(err, errlen, "'%s' holds neither model.safetensors nor model.safetensors.index.json", path);
-                return -1;
-            }
-            files = calloc(1, sizeof *files);
-            files[0] = strdup(buf);
-            n_files = 1;
+        if (stat(buf, &st) == 0) return index_files(buf, path, files, n_files, err, errlen);
+        snprintf(buf, sizeof buf, "%s/model.safetensors", path);
+        if (stat(buf, &st) != 0) {
+            snprintf(err, errlen, "'%s' holds neither model.safetensors nor model.safetensors.index.json", path);
+            return -1;
         }
     } else if (ends_with(path, ".index.json")) {
         snprintf(buf, sizeof buf, "%s", path);
         char *slash = strrchr(buf, '/');
         if (slash) *slash = '\0';
         else snprintf(buf, sizeof buf, ".");
-        if (index_files(path, buf, &files, &n_files, err, errlen) != 0) return -1;
+        return index_files(path, buf, files, n_files, err, errlen);
     } else {
-        files = calloc(1, sizeof *files);
-        files[0] = strdup(path);
-        n_files = 1;
+        snprintf(buf, sizeof buf, "%s", path);
     }
+    *files = calloc(1, sizeof **files);
+    if (!*files) return -1;
+    (*files)[0] = strdup(buf);
+    *n_files = 1;
+    return 0;
+}
 
-    hf_loader ld;
-    memset(&ld, 0, sizeof ld);
-    ld.m = m;
-    ld.hf = calloc((size_t)m->n_params, sizeof *ld.hf);
-    ld.source = calloc((size_t)m->n_params, sizeof *ld.source);
-    ld.bytes = malloc(staging_elems(m) * sizeof(float));
-    ld.host = malloc(staging_elems(m) * sizeof(float));
-    if (!ld.hf || !ld.source || !ld.bytes || !ld.host) {
+void llama3_hf_close(llama3_hf_reader *rd) {
+    if (!rd) return;
+    for (int f = 0; f < rd->n_files; f++) {
+        if (rd->fds && rd->fds[f] >= 0) close(rd->fds[f]);
+        free(rd->files[f]);
+    }
+    free(rd->files);
+    free(rd->fds);
+    free(rd->hf);
+    free(rd->loc);
+    free(rd->bytes);
+    llama3_model_free(&rd->full);
+    free(rd);
+}
+
+llama3_hf_reader *llama3_hf_open(const llama3_args *a, const char *path, char *err, size_t errlen) {
+    llama3_hf_reader *rd = calloc(1, sizeof *rd);
+    if (!rd) {
         snprintf(err, errlen, "llama3 HF load: out of host memory");
-        goto done;
+        return NULL;
     }
-    for (int i = 0; i < m->n_params; i++) llama3_hf_name(m->params[i].name, ld.hf[i], sizeof ld.hf[i]);
-    for (int f = 0; f < n_files; f++)
-        if (load_file(&ld, files[f], err, errlen) != 0) goto done;
+    const tetra_ops *ops = ops_cpu();
+    llama3_layout full = llama3_layout_full(a);
+    if (llama3_model_init_layout(&rd->full, a, &full, LLAMA3_STORAGE_NONE, 1, ops, err, errlen) != 0) {
+        free(rd);
+        return NULL;
+    }
+    const llama3_model *m = &rd->full;
+    if (list_files(path, &rd->files, &rd->n_files, err, errlen) != 0) goto fail;
+    rd->fds = malloc((size_t)rd->n_files * sizeof *rd->fds);
+    rd->hf = calloc((size_t)m->n_params, sizeof *rd->hf);
+    rd->loc = calloc((size_t)m->n_params, sizeof *rd->loc);
+    rd->bytes = malloc(HF_CHUNK_ELEMS * sizeof(float));
+    if (!rd->fds || !rd->hf || !rd->loc || !rd->bytes) {
+        snprintf(err, errlen, "llama3 HF load: out of host memory");
+        goto fail;
+    }
+    for (int f = 0; f < rd->n_files; f++) rd->fds[f] = -1;
     for (int i = 0; i < m->n_params; i++) {
-        if (ld.source[i]) continue;
-        snprintf(err, errlen, "%s: missing tensor '%s' (%s of the %s model)%s", path, ld.hf[i], m->params[i].name,
-                 m->args.flavor ? m->args.flavor : "llama3",
-                 !strcmp(ld.hf[i], "lm_head.weight") ? "; tied embeddings are not supported" : "");
-        goto done;
+        llama3_hf_name(m->params[i].name, rd->hf[i], sizeof rd->hf[i]);
+        rd->loc[i].file = -1;
     }
-    rc = 0;
-done:
-    free(ld.hf);
-    free(ld.source);
-    free(ld.bytes);
-    free(ld.host);
-    for (int f = 0; f < n_files; f++) free(files[f]);
-    free(files);
+    for (int f = 0; f < rd->n_files; f++)
+        if (index_file(rd, f, err, errlen) != 0) goto fail;
+    for (int i = 0; i < m->n_params; i++) {
+        if (rd->loc[i].file >= 0) continue;
+        snprintf(err, errlen, "%s: missing tensor '%s' (%s of the %s model)%s", path, rd->hf[i], m->params[i].name,
+                 m->args.flavor ? m->args.flavor : "llama3",
+                 !strcmp(rd->hf[i], "lm_head.weight") ? "; tied embeddings are not supported" : "");
+        goto fail;
+    }
+    return rd;
+fail:
+    llama3_hf_close(rd);
+    return NULL;
+}
+
+/* HF (rotate-half) row of model (interleaved-pair) row r: the inverse of meta_row. */
+static int64_t hf_row(int64_t r, int64_t hd) {
+    int64_t h = r / hd, j = r % hd, half = hd / 2;
+    int64_t i = j / 2, t = j % 2;
+    return h * hd + t * half + i;
+}
+
+int llama3_hf_read(llama3_hf_reader *rd, const char *name, size_t start, size_t count, float *out, char *err,
+                   size_t errlen) {
+    const llama3_model *m = &rd->full;
+    const llama3_param *p = llama3_find_param(m, name);
+    if (!p || start > p->numel || count > p->numel - start) {
+        snprintf(err, errlen, "llama3 HF load: no elements [%zu, %zu) of '%s'", start, start + count, name);
+        return -1;
+    }
+    const int idx = (int)(p - m->params);
+    const hf_loc *loc = &rd->loc[idx];
+    const char *file = rd->files[loc->file];
+    const int fd = rd->fds[loc->file];
+    int64_t rows, cols;
+    param_rows_cols(p, &rows, &cols);
+    const int heads = permuted_heads(m, p);
+    const int64_t hd = heads ? rows / heads : 0;
+    size_t done = 0;
+    while (done < count) {
+        /* a run: contiguous in the file (up to a row end when rows are permuted) */
+        const size_t g = start + done;
+        size_t run = count - done;
+        uint64_t src = g;
+        if (heads) {
+            const size_t r = g / (size_t)cols, c = g % (size_t)cols;
+            if (run > (size_t)cols - c) run = (size_t)cols - c;
+            src = (uint64_t)hf_row((int64_t)r, hd) * (uint64_t)cols + c;
+        }
+        if (run > HF_CHUNK_ELEMS) run = HF_CHUNK_ELEMS;
+        errno = 0;
+        if (read_full(fd, rd->bytes, run * loc->dsize, loc->data + src * loc->dsize) != 0) {
+            snprintf(err, errlen, "%s: cannot read tensor '%s': %s", file, rd->hf[idx],
+                     errno ? strerror(errno) : "file truncated");
+            return -1;
+        }
+        decode(out + done, rd->bytes, run, loc->dtype);
+        done += run;
+    }
+    return 0;
+}
+
+int llama3_load_hf(llama3_model *m, const char *path, char *err, size_t errlen) {
+    if (!m->own_storage) {
+        snprintf(err, errlen, "llama3_load_hf: the model has no storage of its own (read pieces with llama3_hf_read)");
+        return -1;
+    }
+    llama3_hf_reader *rd = llama3_hf_open(&m->args, path, err, errlen);
+    if (!rd) return -1;
+    float *host = malloc(HF_CHUNK_ELEMS * sizeof(float));
+    int rc = host ? 0 : -1;
+    if (!host) snprintf(err, errlen, "llama3 HF load: out of host memory");
+    for (int i = 0; i < m->n_params && rc == 0; i++) {
+        const llama3_param *p = &m->params[i];
+        const size_t cols = p->ndim == 2 ? (size_t)p->shape[1] : 1, bcols = p->ndim == 2 ? (size_t)p->box_shape[1] : 1;
+        /* the rank's box, a run of rows at a time (whole rows: one run) */
+        const size_t runs = bcols == cols ? 1 : (size_t)p->box_shape[0];
+        const size_t run_len = bcols == cols ? p->numel : bcols;
+        for (size_t r = 0; r < runs && rc == 0; r++) {
+            const size_t g0 = bcols == cols ? (size_t)p->box_start[0] * cols
+                                            : ((size_t)p->box_start[0] + r) * cols + (size_t)p->box_start[1];
+            for (size_t s = 0; s < run_len && rc == 0; s += HF_CHUNK_ELEMS) {
+                size_t cnt = run_len - s < HF_CHUNK_ELEMS ? run_len - s : HF_CHUNK_ELEMS;
+                rc = llama3_hf_read(rd, p->name, g0 + s, cnt, host, err, errlen);
+                if (rc == 0) m->ops->copy_h2d(m->param_mem + p->offset + r * run_len + s, host, cnt * sizeof(float));
+            }
+        }
+    }
+    free(host);
+    llama3_hf_close(rd);
+    if (rc == 0) llama3_sync_compute_params(m);
     return rc;
 }
 
@@ -425,6 +518,11 @@ int llama3_save_hf_buffer(const llama3_model *m, const float *buf, const char *p
         return -1;
     }
     const size_t ds = bf16 ? 2 : 4;
+    if (!m->layout.has_embedding || !m->layout.has_head || m->layout.layer_start != 0 ||
+        m->layout.layer_end != m->args.n_layers || m->layout.tp_size != 1) {
+        snprintf(err, errlen, "llama3 HF save: needs the whole model, not a stage or tensor-parallel shard");
+        return -1;
+    }
     int rc = -1;
     char (*hf)[128] = calloc((size_t)m->n_params, sizeof *hf);
     name_idx *order = calloc((size_t)m->n_params, sizeof *order);

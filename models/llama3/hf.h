@@ -20,14 +20,27 @@
 /* HF name of a TorchTitan parameter name; 0, or -1 if it has none. */
 int llama3_hf_name(const char *name, char *out, size_t outlen);
 
-/* Load every parameter from a safetensors file, a folder holding model.safetensors,
- * or a folder (or index file) with model.safetensors.index.json and its shards.
- * F32, BF16 and F16 tensors are accepted. A missing, unexpected, duplicated or
- * wrongly shaped tensor is an error naming the tensor and the file. Returns 0 or -1. */
+/* A Hugging Face checkpoint opened for reading pieces: a safetensors file, a folder
+ * holding model.safetensors, or a folder (or index file) with
+ * model.safetensors.index.json and its shards. Opening reads every header and checks
+ * it against the whole model of these args: F32, BF16 and F16 tensors are accepted; a
+ * missing, unexpected, duplicated or wrongly shaped tensor is an error naming the
+ * tensor and the file. Then any rank reads just the elements it holds. */
+typedef struct llama3_hf_reader llama3_hf_reader;
+llama3_hf_reader *llama3_hf_open(const llama3_args *a, const char *path, char *err, size_t errlen);
+void llama3_hf_close(llama3_hf_reader *r);
+/* Elements [start, start + count) of the global row-major tensor of parameter `name`
+ * (TorchTitan name; q/k rows in the model's interleaved order), as fp32 into host
+ * memory. 0, or -1 with the file and tensor named. */
+int llama3_hf_read(llama3_hf_reader *r, const char *name, size_t start, size_t count, float *out, char *err,
+                   size_t errlen);
+
+/* Load every parameter of a model with its own storage (llama3_model_init). Returns 0 or -1. */
 int llama3_load_hf(llama3_model *m, const char *path, char *err, size_t errlen);
 
-/* Write the parameters to one safetensors file with HF names; dtype "float32" or
- * "bfloat16" (round to nearest even). Written to a temporary name, then renamed. */
+/* Write the parameters of a whole model with its own storage to one safetensors file
+ * with HF names; dtype "float32" or "bfloat16" (round to nearest even). Written to a
+ * temporary name, then renamed. */
 int llama3_save_hf(const llama3_model *m, const char *path, const char *dtype, char *err, size_t errlen);
 
 /* The same for any buffer in the parameter layout (backend memory, total_numel

@@ -1,6 +1,6 @@
-/* model.c — Llama 3 on the op table: parameter layout, init, activations,
- * forward, and backward split into I (input gradients) and W (weight
- * gradients).
+/* model.c — Llama 3 on the op table: a layout's parameters, init,
+ * activations with a save policy, forward, and backward split into I (input
+ * gradients) and W (weight gradients).
  *
  * The math (TorchTitan llama3, fp32):
  *   r_0     = tok_embeddings[inputs]
@@ -11,12 +11,13 @@
  *            r_{l+1} = h + (silu(xn2 W1^T) * (xn2 W3^T)) W2^T
  *   logits  = (rmsnorm(r_L) * norm) Output^T,  loss = sum CE * dloss_scale
  *
- * What one microbatch keeps (llama3_acts), per block: the residuals r_l and h,
- * xn1 and xn2, q/k/v after RoPE, the attention output and its log-sum-exp, the
- * SwiGLU inputs a = xn2 W1^T, g = xn2 W3^T and output s. Nothing is [t, t]:
- * attention is the blockwise op. The I pass writes what the W pass needs into
- * the slots of activations it has finished with (dq/dk/dv over q/k/v, da/dg
- * over a/g, dL/dxn over xn); W recomputes xn from (r, rstd) with the same
+ * What one block produces for its backward: xn1 and xn2 (with their rstd), q/k/v
+ * after RoPE, the attention output and its log-sum-exp, h, the SwiGLU inputs
+ * a = xn2 W1^T, g = xn2 W3^T and output s. Kept ones live in the microbatch's
+ * llama3_acts, the others in the workspace (recomputed in the I pass). Nothing is
+ * [t, t]: attention is the blockwise op. The I pass writes what the W pass needs
+ * into the slots of activations it has finished with (dq/dk/dv over q/k/v, da/dg
+ * over a/g, dL/dxn over xn) plus dh; W recomputes xn from (r, rstd) with the same
  * deterministic rmsnorm_forward, so I and W may run far apart (zero-bubble
  * pipelines) and still give the one-pass result bit for bit.
  */
@@ -29,431 +30,77 @@
 
 #include "models/llama3/init.h"
 
-/* parameter indices: 0 embedding, then 9 per block, then norm and output */
+/* parameter order in a block */
 enum { P_WQ, P_WK, P_WV, P_WO, P_W1, P_W2, P_W3, P_ATTN_NORM, P_FFN_NORM, P_PER_BLOCK };
-#define P_EMBEDDING 0
 
-static int pidx_block(int layer, int which) { return 1 + layer * P_PER_BLOCK + which; }
-static int pidx_norm(const llama3_model *m) { return 1 + m->args.n_layers * P_PER_BLOCK; }
-static int pidx_output(const llama3_model *m) { return 2 + m->args.n_layers * P_PER_BLOCK; }
+static int n_blocks(const llama3_model *m) { return m->layout.layer_end - m->layout.layer_start; }
 
-static float *grad_ptr(const llama3_model *m, int idx) { return m->grad_mem + m->params[idx].offset; }
-
-/* The parameters the forward and backward read: the fp32 parameters, or their bf16
- * compute copies under mixed precision. */
-static int mixed(const llama3_model *m) { return m->compute_dtype == TETRA_BF16; }
-static void *param_ptr(const llama3_model *m, int idx) {
-    return mixed(m) ? (void *)(m->param_bf16 + m->params[idx].offset) : (void *)(m->param_mem + m->params[idx].offset);
+/* local block index of global layer l (a caller passing a layer outside the layout is a bug) */
+static int local_block(const llama3_model *m, int l) {
+    int b = l - m->layout.layer_start;
+    if (b < 0 || b >= n_blocks(m)) {
+        fprintf(stderr, "llama3: block %d is not in this model's layout (blocks %d..%d)\n", l,
+                m->layout.layer_start, m->layout.layer_end - 1);
+        abort();
+    }
+    return b;
 }
-/* bytes of one activation element */
+
+static int pidx_embedding(const llama3_model *m) { return m->layout.has_embedding ? 0 : -1; }
+static int pidx_block(const llama3_model *m, int l, int which) {
+    return (m->layout.has_embedding ? 1 : 0) + local_block(m, l) * P_PER_BLOCK + which;
+}
+static int pidx_norm(const llama3_model *m) { return (m->layout.has_embedding ? 1 : 0) + n_blocks(m) * P_PER_BLOCK; }
+static int pidx_output(const llama3_model *m) { return pidx_norm(m) + 1; }
+
+int llama3_embedding_unit(const llama3_model *m) { return m->layout.has_embedding ? 0 : -1; }
+int llama3_head_unit(const llama3_model *m) { return m->layout.has_head ? m->n_units - 1 : -1; }
+int llama3_block_unit(const llama3_model *m, int layer) {
+    int b = layer - m->layout.layer_start;
+    if (b < 0 || b >= n_blocks(m)) return -1;
+    return (m->layout.has_embedding ? 1 : 0) + b;
+}
+
+static void need(const void *p, const llama3_model *m, int unit, const char *what) {
+    if (p) return;
+    fprintf(stderr, "llama3: unit %s was used while its %s are not bound (a schedule that skipped the unit's "
+                    "unshard, or a model without storage)\n", m->units[unit].name, what);
+    abort();
+}
+
+/* The mixed-precision model reads bf16 compute copies of the parameters and keeps bf16
+ * activations; gradients are fp32 in both precisions. */
+static int mixed(const llama3_model *m) { return m->compute_dtype == TETRA_BF16; }
 static size_t act_size(const llama3_model *m) { return mixed(m) ? sizeof(uint16_t) : sizeof(float); }
 static void *act_at(const llama3_model *m, void *base, size_t elems) { return (char *)base + elems * act_size(m); }
 
-/* ----------------------------------------------------------------------------
- * activations of one microbatch */
-
-typedef struct {
-    void *xn1;     /* [N, C]   attention_norm output; after I: dL/dxn1 */
-    float *rstd1;  /* [N] */
-    void *q;       /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
-    void *k;       /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
-    void *v;       /* [N, KV*D] after I: dL/dv */
-    void *att;     /* [N, H*D]  attention output (input of wo) */
-    float *lse;    /* [B, H, T] log-sum-exp of the attention scores */
-    void *h;       /* [N, C]   residual after attention */
-    void *xn2;     /* [N, C]   ffn_norm output; after I: dL/dxn2 */
-    float *rstd2;  /* [N] */
-    void *a;       /* [N, F]   xn2 W1^T; after I: dL/da */
-    void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
-    void *s;       /* [N, F]   silu(a) * g (input of w2) */
-    void *dh;      /* [N, C]   dL/dh, kept from I for W (wo's weight gradient) */
-} layer_acts;
-
-struct llama3_acts {
-    int b, t;
-    size_t n;            /* tokens b*t */
-    void *mem;           /* the one backend allocation; everything below is a view */
-    size_t bytes;
-    int32_t *inputs;     /* [N] backend copy of the token ids */
-    int32_t *targets;    /* [N] */
-    float *loss_sum;     /* [1] */
-    void **res;          /* [L+1] of [N, C]: r_0 .. r_L (compute dtype, as every activation below
-                            unless marked fp32) */
-    void **dres;         /* [L+1] of [N, C]: dL/dr_l */
-    layer_acts *layer;   /* [L] */
-    void *xnf;           /* [N, C]  final norm output */
-    float *rstdf;        /* [N] */
-    float *logits;       /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
-    uint16_t *dlogits16; /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
-    float *losses;       /* [N]     per-token cross-entropy */
-    void *scratch;       /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
-    float *rstd_scratch; /* [N] */
-    void *attn_ws;       /* attention workspace */
-    float *logits_copy;  /* [N, V] or NULL (llama3_acts_keep_logits) */
-    int has_targets;     /* the last forward computed the loss (dlogits are valid) */
-};
-
-/* Bump allocator over one region; with base == NULL it only measures. */
-typedef struct {
-    char *base;
-    size_t off;
-} carver;
-
-static void *carve(carver *c, size_t bytes) {
-    size_t o = (c->off + 63) & ~(size_t)63; /* 64-byte views: whole cache lines, aligned vectors */
-    c->off = o + bytes;
-    return c->base ? (void *)(c->base + o) : NULL;
+static void *param_ptr(const llama3_model *m, int idx) {
+    const llama3_param *p = &m->params[idx];
+    void *base = m->unit_params[p->unit];
+    need(base, m, p->unit, "parameters");
+    return (char *)base + (p->offset - m->unit_offset[p->unit]) * act_size(m);
+}
+static float *grad_ptr(const llama3_model *m, int idx) {
+    const llama3_param *p = &m->params[idx];
+    float *base = m->unit_grads[p->unit];
+    need(base, m, p->unit, "gradients");
+    return base + (p->offset - m->unit_offset[p->unit]);
 }
 
-static ops_attn_shape attn_shape(const llama3_model *m, int b, int t) {
-    const llama3_args *ar = &m->args;
-    ops_attn_shape s;
-    memset(&s, 0, sizeof s);
-    s.b = b;
-    s.sq = t;
-    s.sk = t;
-    s.h = ar->n_heads;
-    s.kv = ar->n_kv_heads;
-    s.d = llama3_head_dim(ar);
-    s.scale = (float)(1.0 / sqrt((double)s.d));
-    s.causal = 1;
-    return s;
-}
-
-static size_t scratch_cols(const llama3_model *m) {
-    const llama3_args *ar = &m->args;
-    size_t c = (size_t)ar->dim, hd = (size_t)ar->n_heads * llama3_head_dim(ar);
-    size_t kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar), f = (size_t)llama3_ffn_hidden(ar);
-    size_t s = f;
-    if (2 * hd + 2 * kvd > s) s = 2 * hd + 2 * kvd;
-    if (c > s) s = c;
-    return s;
-}
-
-/* Lay out (or measure, with a->mem == NULL) every view of one microbatch. */
-static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
-    const llama3_args *ar = &m->args;
-    const size_t n = a->n, L = (size_t)ar->n_layers, c = (size_t)ar->dim, v = (size_t)ar->vocab_size;
-    const size_t hd = (size_t)ar->n_heads * llama3_head_dim(ar), kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar);
-    const size_t f = (size_t)llama3_ffn_hidden(ar), fl = sizeof(float), es = act_size(m);
-    carver cv = {(char *)a->mem, 0};
-    const int measuring = a->mem == NULL;
-
-    void *p;
-    p = carve(&cv, n * sizeof(int32_t));
-    if (!measuring) a->inputs = p;
-    p = carve(&cv, n * sizeof(int32_t));
-    if (!measuring) a->targets = p;
-    p = carve(&cv, fl);
-    if (!measuring) a->loss_sum = p;
-    for (size_t l = 0; l <= L; l++) {
-        p = carve(&cv, n * c * es);
-        if (!measuring) a->res[l] = p;
-        p = carve(&cv, n * c * es);
-        if (!measuring) a->dres[l] = p;
-    }
-    for (size_t l = 0; l < L; l++) {
-        layer_acts t;
-        t.xn1 = carve(&cv, n * c * es);
-        t.rstd1 = carve(&cv, n * fl);
-        t.q = carve(&cv, n * hd * es);
-        t.k = carve(&cv, n * kvd * es);
-        t.v = carve(&cv, n * kvd * es);
-        t.att = carve(&cv, n * hd * es);
-        t.lse = carve(&cv, n * (size_t)ar->n_heads * fl);
-        t.h = carve(&cv, n * c * es);
-        t.xn2 = carve(&cv, n * c * es);
-        t.rstd2 = carve(&cv, n * fl);
-        t.a = carve(&cv, n * f * es);
-        t.g = carve(&cv, n * f * es);
-        t.s = carve(&cv, n * f * es);
-        t.dh = carve(&cv, n * c * es);
-        if (!measuring) a->layer[l] = t;
-    }
-    p = carve(&cv, n * c * es);
-    if (!measuring) a->xnf = p;
-    p = carve(&cv, n * fl);
-    if (!measuring) a->rstdf = p;
-    p = carve(&cv, n * v * fl);
-    if (!measuring) a->logits = p;
-    if (mixed(m)) {
-        p = carve(&cv, n * v * sizeof(uint16_t));
-        if (!measuring) a->dlogits16 = p;
-    }
-    p = carve(&cv, n * fl);
-    if (!measuring) a->losses = p;
-    p = carve(&cv, n * scratch_cols(m) * es);
-    if (!measuring) a->scratch = p;
-    p = carve(&cv, n * fl);
-    if (!measuring) a->rstd_scratch = p;
-    ops_attn_shape s = attn_shape(m, a->b, a->t);
-    size_t ws = mixed(m) ? m->ops->attention_workspace_size_bf16(&s) : m->ops->attention_workspace_size(&s);
-    p = carve(&cv, ws);
-    if (!measuring) a->attn_ws = ws ? p : NULL;
-    return cv.off;
-}
-
-size_t llama3_acts_bytes(const llama3_model *m, int b, int t) {
-    llama3_acts a;
-    memset(&a, 0, sizeof a);
-    a.b = b;
-    a.t = t;
-    a.n = (size_t)b * (size_t)t;
-    return acts_layout(m, &a);
-}
-
-llama3_acts *llama3_acts_create(const llama3_model *m, int b, int t, char *err, size_t errlen) {
-    if (b <= 0 || t <= 0 || t > m->max_seq_len) {
-        snprintf(err, errlen, "llama3 activations: batch %d x seq_len %d invalid (max_seq_len %d)", b, t,
-                 m->max_seq_len);
-        return NULL;
-    }
-    const int L = m->args.n_layers;
-    llama3_acts *a = calloc(1, sizeof *a);
-    if (!a) goto oom;
-    a->b = b;
-    a->t = t;
-    a->n = (size_t)b * (size_t)t;
-    a->res = calloc((size_t)L + 1, sizeof *a->res);
-    a->dres = calloc((size_t)L + 1, sizeof *a->dres);
-    a->layer = calloc((size_t)L, sizeof *a->layer);
-    if (!a->res || !a->dres || !a->layer) goto oom;
-    a->bytes = llama3_acts_bytes(m, b, t);
-    a->mem = m->ops->alloc(a->bytes);
-    if (!a->mem) {
-        snprintf(err, errlen, "llama3 activations: cannot allocate %.2f GiB for batch %d x seq_len %d",
-                 (double)a->bytes / (1024.0 * 1024.0 * 1024.0), b, t);
-        llama3_acts_free(m, a);
-        return NULL;
-    }
-    acts_layout(m, a);
-    return a;
-oom:
-    snprintf(err, errlen, "llama3 activations: out of host memory");
-    llama3_acts_free(m, a);
-    return NULL;
-}
-
-void llama3_acts_free(const llama3_model *m, llama3_acts *a) {
-    if (!a) return;
-    if (a->mem) m->ops->release(a->mem);
-    if (a->logits_copy) m->ops->release(a->logits_copy);
-    free(a->res);
-    free(a->dres);
-    free(a->layer);
-    free(a);
-}
-
-int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep) {
-    if (!keep) {
-        if (a->logits_copy) m->ops->release(a->logits_copy);
-        a->logits_copy = NULL;
-        return 0;
-    }
-    if (a->logits_copy) return 0;
-    a->logits_copy = m->ops->alloc(a->n * (size_t)m->args.vocab_size * sizeof(float));
-    return a->logits_copy ? 0 : -1;
-}
-
-const float *llama3_logits(const llama3_acts *a) {
-    if (a->logits_copy) return a->logits_copy;
-    return a->has_targets ? NULL : a->logits;
-}
-
-void *llama3_acts_residual(llama3_acts *a, int l) { return a->res[l]; }
-void *llama3_acts_residual_grad(llama3_acts *a, int l) { return a->dres[l]; }
-
-/* ----------------------------------------------------------------------------
- * parameters */
-
-static void add_param(llama3_model *m, size_t *off, const char *name, int unit, int64_t rows, int64_t cols,
-                      int ones, double std, double lo, double hi) {
-    llama3_param *p = &m->params[m->n_params++];
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->unit = unit;
-    p->ndim = cols > 0 ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols > 0 ? cols : 0;
-    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
-    p->offset = *off;
-    p->init_ones = ones;
-    p->init_std = std;
-    p->init_lo = lo;
-    p->init_hi = hi;
-    *off += p->numel;
-    m->unit_numel[unit] += p->numel;
-}
-
-int llama3_model_init(llama3_model *m, const llama3_args *a, int max_seq_len, const tetra_ops *ops, char *err,
-                      size_t errlen) {
-    memset(m, 0, sizeof *m);
-    if (a->dim <= 0 || a->n_layers <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->vocab_size <= 0 ||
-        a->dim % a->n_heads != 0 || a->n_heads % a->n_kv_heads != 0 || llama3_head_dim(a) % 2 != 0) {
-        snprintf(err, errlen,
-                 "llama3 %s: invalid shape (dim %d, n_heads %d, n_kv_heads %d): dim must divide into heads of "
-                 "even size and n_heads must be a multiple of n_kv_heads",
-                 a->flavor ? a->flavor : "model", a->dim, a->n_heads, a->n_kv_heads);
-        return -1;
-    }
-    if (max_seq_len <= 0) {
-        snprintf(err, errlen, "llama3: max_seq_len %d must be positive", max_seq_len);
-        return -1;
-    }
-    m->args = *a;
-    m->ops = ops;
-    m->max_seq_len = max_seq_len;
-
-    const int L = a->n_layers;
-    const int64_t C = a->dim, D = llama3_head_dim(a), HD = (int64_t)a->n_heads * D, KVD = (int64_t)a->n_kv_heads * D;
-    const int64_t F = llama3_ffn_hidden(a), V = a->vocab_size;
-    m->n_units = L + 2;
-    m->params = calloc((size_t)(3 + P_PER_BLOCK * L), sizeof *m->params);
-    m->unit_offset = calloc((size_t)m->n_units, sizeof *m->unit_offset);
-    m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel);
-    if (!m->params || !m->unit_offset || !m->unit_numel) {
-        snprintf(err, errlen, "llama3: out of host memory");
-        llama3_model_free(m);
-        return -1;
-    }
-
-    /* TorchTitan's init: std 0.02 truncated at the ABSOLUTE bounds +-2 for the input
-     * projections; depth-scaled std for the projections that write into the residual
-     * (wo, w2) and for w3; embedding plain N(0, 1); output N(0, dim^-0.5) cut at 3 sigma. */
-    const double inf = INFINITY, s02 = 0.02;
-    size_t off = 0;
-    char name[96];
-    m->unit_offset[0] = off;
-    add_param(m, &off, "tok_embeddings.weight", 0, V, C, 0, 1.0, -inf, inf);
-    for (int l = 0; l < L; l++) {
-        const int u = 1 + l;
-        const double sd = s02 / sqrt(2.0 * (l + 1));
-        m->unit_offset[u] = off;
-#define BLOCK_PARAM(suffix, rows, cols, ones, std)                        \
-    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);              \
-    add_param(m, &off, name, u, rows, cols, ones, std, -2.0, 2.0)
-        BLOCK_PARAM("attention.wq.weight", HD, C, 0, s02);
-        BLOCK_PARAM("attention.wk.weight", KVD, C, 0, s02);
-        BLOCK_PARAM("attention.wv.weight", KVD, C, 0, s02);
-        BLOCK_PARAM("attention.wo.weight", C, HD, 0, sd);
-        BLOCK_PARAM("feed_forward.w1.weight", F, C, 0, s02);
-        BLOCK_PARAM("feed_forward.w2.weight", C, F, 0, sd);
-        BLOCK_PARAM("feed_forward.w3.weight", F, C, 0, sd);
-        BLOCK_PARAM("attention_norm.weight", C, 0, 1, 0.0);
-        BLOCK_PARAM("ffn_norm.weight", C, 0, 1, 0.0);
-#undef BLOCK_PARAM
-    }
-    m->unit_offset[L + 1] = off;
-    add_param(m, &off, "norm.weight", L + 1, C, 0, 1, 0.0, 0.0, 0.0);
-    const double so = 1.0 / sqrt((double)C);
-    add_param(m, &off, "output.weight", L + 1, V, C, 0, so, -3.0 * so, 3.0 * so);
-    m->total_numel = off;
-
-    const size_t bytes = m->total_numel * sizeof(float);
-    m->param_mem = ops->alloc(bytes);
-    m->grad_mem = ops->alloc(bytes);
-    if (!m->param_mem || !m->grad_mem) {
-        snprintf(err, errlen, "llama3 %s: cannot allocate 2 x %.2f GiB for parameters and gradients",
-                 a->flavor ? a->flavor : "model", (double)bytes / (1024.0 * 1024.0 * 1024.0));
-        llama3_model_free(m);
-        return -1;
-    }
-    ops->fill(m->param_mem, 0.0f, m->total_numel);
-    ops->fill(m->grad_mem, 0.0f, m->total_numel);
-
-    /* RoPE table [max_seq_len, D/2, 2], as TorchTitan's precompute_freqs_cis */
-    const size_t rope_n = (size_t)max_seq_len * (size_t)D;
-    float *host = malloc(rope_n * sizeof(float));
-    m->rope_table = ops->alloc(rope_n * sizeof(float));
-    if (!host || !m->rope_table) {
-        free(host);
-        snprintf(err, errlen, "llama3: cannot allocate the RoPE table");
-        llama3_model_free(m);
-        return -1;
-    }
-    ops_rope_table(host, (int)D, max_seq_len, (float)a->rope_theta, a->rope_scaling_factor > 0.0,
-                   (float)a->rope_scaling_factor, (float)a->rope_low_freq_factor, (float)a->rope_high_freq_factor,
-                   a->rope_original_max_pos);
-    ops->copy_h2d(m->rope_table, host, rope_n * sizeof(float));
-    free(host);
-    return 0;
-}
-
-void llama3_model_free(llama3_model *m) {
-    if (m->ops) {
-        if (m->param_mem) m->ops->release(m->param_mem);
-        if (m->grad_mem) m->ops->release(m->grad_mem);
-        if (m->rope_table) m->ops->release(m->rope_table);
-        if (m->param_bf16) m->ops->release(m->param_bf16);
-    }
-    free(m->params);
-    free(m->unit_offset);
-    free(m->unit_numel);
-    memset(m, 0, sizeof *m);
-}
-
-int llama3_model_set_compute_dtype(llama3_model *m, tetra_dtype t, char *err, size_t errlen) {
-    if (t != TETRA_F32 && t != TETRA_BF16) {
-        snprintf(err, errlen, "llama3: compute dtype %s is not supported (float32 or bfloat16)", ops_dtype_name(t));
-        return -1;
-    }
-    if (t == TETRA_BF16 && !m->param_bf16) {
-        m->param_bf16 = m->ops->alloc(m->total_numel * sizeof(uint16_t));
-        if (!m->param_bf16) {
-            snprintf(err, errlen, "llama3: cannot allocate %.2f GiB for the bf16 compute copy of the parameters",
-                     (double)(m->total_numel * sizeof(uint16_t)) / (1024.0 * 1024.0 * 1024.0));
-            return -1;
-        }
-    } else if (t == TETRA_F32 && m->param_bf16) {
-        m->ops->release(m->param_bf16);
-        m->param_bf16 = NULL;
-    }
-    m->compute_dtype = t;
-    llama3_sync_compute_params(m);
-    return 0;
-}
-
-void llama3_sync_compute_params(llama3_model *m) {
-    if (mixed(m)) m->ops->cast_f32_to_bf16(m->param_bf16, m->param_mem, m->total_numel);
-}
-
-const llama3_param *llama3_find_param(const llama3_model *m, const char *name) {
-    for (int i = 0; i < m->n_params; i++)
-        if (!strcmp(m->params[i].name, name)) return &m->params[i];
-    return NULL;
-}
-
-void llama3_zero_grads(llama3_model *m) { m->ops->fill(m->grad_mem, 0.0f, m->total_numel); }
-
-void llama3_init_param_range(const llama3_param *p, uint64_t seed, size_t start, size_t count, float *host_out) {
-    if (p->init_ones) {
-        for (size_t j = 0; j < count; j++) host_out[j] = 1.0f;
-        return;
-    }
-    llama3_rng_trunc_normal_fill(host_out, seed, p->name, start, count, p->init_std, p->init_lo, p->init_hi);
-}
-
-void llama3_init_weights(llama3_model *m, uint64_t seed) {
-    /* Drawn on the host in chunks, then copied: the values are a function of
-     * (seed, name, index) only, so chunking changes nothing. */
-    const size_t chunk = (size_t)1 << 20;
-    float *host = malloc(chunk * sizeof(float));
-    if (!host) {
-        fprintf(stderr, "llama3_init_weights: out of host memory\n");
-        abort();
-    }
-    for (int i = 0; i < m->n_params; i++) {
-        const llama3_param *p = &m->params[i];
-        for (size_t s = 0; s < p->numel; s += chunk) {
-            size_t cnt = p->numel - s < chunk ? p->numel - s : chunk;
-            llama3_init_param_range(p, seed, s, cnt, host);
-            m->ops->copy_h2d(m->param_mem + p->offset + s, host, cnt * sizeof(float));
-        }
-    }
-    free(host);
+llama3_layout llama3_layout_full(const llama3_args *a) {
+    llama3_layout l;
+    memset(&l, 0, sizeof l);
+    l.layer_start = 0;
+    l.layer_end = a->n_layers;
+    l.has_embedding = 1;
+    l.has_head = 1;
+    l.tp_rank = 0;
+    l.tp_size = 1;
+    return l;
 }
 
 /* ----------------------------------------------------------------------------
- * linear layers through the gemm op (weights [out, in] as nn.Linear) */
+ * linear layers (weights [out, in] as nn.Linear) through the gemm op */
 
 static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int trans_b, int mm, int nn, int kk,
                                int lda, int ldb, int ldc, float beta) {
@@ -474,32 +121,44 @@ static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int t
     return g;
 }
 
-/* Activations and weights are in the compute dtype; outputs too, except where an fp32
- * result is asked for (the logits). Weight gradients are always fp32. */
-
 /* y[N, out] = x[N, in] W[out, in]^T + beta y */
-static void linear_forward_to(const llama3_model *m, tetra_dtype yt, void *y, const void *x, const void *w, int n,
-                              int in, int out, float beta) {
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, yt, 0, 1, n, out, in, in, in, out, beta);
+static void default_forward(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
+                            const void *w, int n, float beta) {
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, yt, 0, 1, n, l->out, l->in, l->in, l->in, l->out, beta);
     m->ops->gemm(y, x, w, &g);
 }
-static void linear_forward(const llama3_model *m, void *y, const void *x, const void *w, int n, int in, int out,
-                           float beta) {
-    linear_forward_to(m, m->compute_dtype, y, x, w, n, in, out, beta);
-}
-
 /* dx[N, in] = dy[N, out] W[out, in] + beta dx */
-static void linear_backward_input(const llama3_model *m, void *dx, const void *dy, const void *w, int n, int in,
-                                  int out, float beta) {
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, m->compute_dtype, 0, 0, n, in, out, out, in, in, beta);
+static void default_backward_input(const llama3_model *m, const llama3_linear *l, void *dx, const void *dy,
+                                   const void *w, int n, float beta) {
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, m->compute_dtype, 0, 0, n, l->in, l->out, l->out, l->in, l->in, beta);
     m->ops->gemm(dx, dy, w, &g);
 }
-
 /* dW[out, in] += dy[N, out]^T x[N, in]   (fp32 accumulation into the fp32 gradient) */
-static void linear_backward_weight(const llama3_model *m, float *dw, const void *dy, const void *x, int n, int in,
-                                   int out) {
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, out, in, n, out, in, in, 1.0f);
+static void default_backward_weight(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy,
+                                    const void *x, int n) {
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, l->out, l->in, n, l->out, l->in, l->in, 1.0f);
     m->ops->gemm(dw, dy, x, &g);
+}
+
+static const llama3_linear_impl default_linear = {"gemm", default_forward, default_backward_input,
+                                                  default_backward_weight};
+
+const llama3_linear_impl *llama3_linear_default(void) { return &default_linear; }
+
+static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, const void *x, int n, float beta) {
+    const llama3_linear *l = &m->linears[idx];
+    l->impl->forward(m, l, yt, y, x, param_ptr(m, idx), n, beta);
+}
+static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, float beta) {
+    lin_fwd_to(m, idx, m->compute_dtype, y, x, n, beta);
+}
+static void lin_bwd_input(const llama3_model *m, int idx, void *dx, const void *dy, int n, float beta) {
+    const llama3_linear *l = &m->linears[idx];
+    l->impl->backward_input(m, l, dx, dy, param_ptr(m, idx), n, beta);
+}
+static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const void *x, int n) {
+    const llama3_linear *l = &m->linears[idx];
+    l->impl->backward_weight(m, l, grad_ptr(m, idx), dy, x, n);
 }
 
 /* The element-wise ops in the compute dtype: one body of forward and backward for
@@ -540,66 +199,809 @@ static void rope_bwd(const llama3_model *m, void *dx, const void *dout, int b, i
     else
         m->ops->rope_backward(dx, dout, m->rope_table, NULL, 0, b, t, nh, d);
 }
+static void zero_acts(const llama3_model *m, void *x, size_t elems) {
+    if (mixed(m))
+        m->ops->fill(x, 0.0f, elems / 2); /* bf16 zeros as fp32 zeros (elems is even: a multiple of dim) */
+    else
+        m->ops->fill(x, 0.0f, elems);
+}
+
+/* ----------------------------------------------------------------------------
+ * activations: the workspace and one microbatch */
+
+/* One block's activations (compute dtype unless marked fp32). */
+typedef struct {
+    void *xn1;     /* [N, C]   attention_norm output; after I: dL/dxn1 */
+    float *rstd1;  /* [N] */
+    void *q;       /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
+    void *k;       /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
+    void *v;       /* [N, KV*D] after I: dL/dv */
+    void *att;     /* [N, H*D]  attention output (input of wo) */
+    float *lse;    /* [B, H, T] log-sum-exp of the attention scores */
+    void *h;       /* [N, C]   residual after attention */
+    void *xn2;     /* [N, C]   ffn_norm output; after I: dL/dxn2 */
+    float *rstd2;  /* [N] */
+    void *a;       /* [N, F]   xn2 W1^T; after I: dL/da */
+    void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
+    void *s;       /* [N, F]   silu(a) * g (input of w2) */
+    void *dh;      /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
+} layer_acts;
+
+struct llama3_workspace {
+    int max_b, max_t;
+    size_t max_n;
+    void *mem;            /* the one backend allocation; everything below is a view */
+    size_t bytes;
+    int has_fwd;          /* fwd and slots exist (recompute_slots > 0) */
+    layer_acts fwd;       /* unkept activations during a forward (no dh) */
+    int n_slots;
+    layer_acts *slot;     /* [n_slots] a recomputed block between its I and W passes */
+    const llama3_acts **slot_owner; /* [n_slots] */
+    int *slot_layer;      /* [n_slots] */
+    void *scratch;        /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
+    float *rstd_scratch;  /* [N] */
+    void *attn_ws;        /* attention workspace */
+};
+
+struct llama3_acts {
+    int b, t;
+    size_t n;             /* tokens b*t */
+    llama3_workspace *ws;
+    int own_ws;           /* created with a private workspace */
+    void *mem;            /* the one backend allocation; everything below is a view */
+    size_t bytes;
+    int32_t *inputs;      /* [N] backend copy of the token ids (embedding) */
+    int32_t *targets;     /* [N] (head) */
+    float *loss_sum;      /* [1] */
+    int nb;               /* local blocks */
+    int l0;               /* global index of the first block (res[0] is r_l0) */
+    void **res;           /* [nb+1] of [N, C]: r_{start} .. r_{end} (compute dtype) */
+    void **dres;          /* [nb+1] of [N, C]: dL/dr */
+    unsigned *keep;       /* [nb] save policy of each block */
+    layer_acts *kept;     /* [nb] the kept activations (NULL where not kept) */
+    int *slot;            /* [nb] recompute slot held between I and W, or -1 */
+    /* head */
+    void *xnf;            /* [N, C]  final norm output */
+    float *rstdf;         /* [N] */
+    void *dxnf;           /* [N, C]  dL/dxnf, from the head's I for its W */
+    float *logits;        /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
+    uint16_t *dlogits16;  /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
+    float *losses;        /* [N]     per-token cross-entropy */
+    float *logits_copy;   /* [N, V] or NULL (llama3_acts_keep_logits) */
+    int has_targets;      /* the last forward computed the loss (dlogits are valid) */
+};
+
+/* Bump allocator over one region; with base == NULL it only measures. */
+typedef struct {
+    char *base;
+    size_t off;
+} carver;
+
+static void *carve(carver *c, size_t bytes) {
+    size_t o = (c->off + 63) & ~(size_t)63; /* 64-byte views: whole cache lines, aligned vectors */
+    c->off = o + bytes;
+    return c->base ? (void *)(c->base + o) : NULL;
+}
+
+static ops_attn_shape attn_shape(const llama3_model *m, int b, int t) {
+    const llama3_args *ar = &m->args;
+    ops_attn_shape s;
+    memset(&s, 0, sizeof s);
+    s.b = b;
+    s.sq = t;
+    s.sk = t;
+    s.h = ar->n_heads;
+    s.kv = ar->n_kv_heads;
+    s.d = llama3_head_dim(ar);
+    s.scale = (float)(1.0 / sqrt((double)s.d));
+    s.causal = 1;
+    return s;
+}
+
+static size_t scratch_cols(const llama3_model *m) {
+    const llama3_args *ar = &m->args;
+    size_t c = (size_t)ar->dim, hd = (size_t)ar->n_heads * llama3_head_dim(ar);
+    size_t kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar), f = (size_t)llama3_ffn_hidden(ar);
+    size_t s = f;
+    if (2 * hd + 2 * kvd > s) s = 2 * hd + 2 * kvd;
+    if (c > s) s = c;
+    return s;
+}
+
+/* Carve the fields of one block's activations selected by mask (plus dh when with_dh). */
+static void carve_layer(const llama3_model *m, carver *cv, size_t n, unsigned mask, int with_dh, layer_acts *t) {
+    const llama3_args *ar = &m->args;
+    const size_t c = (size_t)ar->dim, hd = (size_t)ar->n_heads * llama3_head_dim(ar);
+    const size_t kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar), f = (size_t)llama3_ffn_hidden(ar);
+    const size_t fl = sizeof(float), es = act_size(m);
+    memset(t, 0, sizeof *t);
+    if (mask & LLAMA3_KEEP_XN1) {
+        t->xn1 = carve(cv, n * c * es);
+        t->rstd1 = carve(cv, n * fl);
+    }
+    if (mask & LLAMA3_KEEP_Q) t->q = carve(cv, n * hd * es);
+    if (mask & LLAMA3_KEEP_K) t->k = carve(cv, n * kvd * es);
+    if (mask & LLAMA3_KEEP_V) t->v = carve(cv, n * kvd * es);
+    if (mask & LLAMA3_KEEP_ATT) {
+        t->att = carve(cv, n * hd * es);
+        t->lse = carve(cv, n * (size_t)ar->n_heads * fl);
+    }
+    if (mask & LLAMA3_KEEP_H) t->h = carve(cv, n * c * es);
+    if (mask & LLAMA3_KEEP_XN2) {
+        t->xn2 = carve(cv, n * c * es);
+        t->rstd2 = carve(cv, n * fl);
+    }
+    if (mask & LLAMA3_KEEP_A) t->a = carve(cv, n * f * es);
+    if (mask & LLAMA3_KEEP_G) t->g = carve(cv, n * f * es);
+    if (mask & LLAMA3_KEEP_S) t->s = carve(cv, n * f * es);
+    if (with_dh) t->dh = carve(cv, n * c * es);
+}
+
+static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int slots) {
+    carver cv = {(char *)ws->mem, 0};
+    const size_t n = ws->max_n;
+    layer_acts tmp;
+    ws->has_fwd = slots > 0;
+    if (slots > 0) {
+        carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
+        for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
+    }
+    void *p = carve(&cv, n * scratch_cols(m) * act_size(m));
+    if (ws->mem) ws->scratch = p;
+    p = carve(&cv, n * sizeof(float));
+    if (ws->mem) ws->rstd_scratch = p;
+    ops_attn_shape s = attn_shape(m, ws->max_b, ws->max_t);
+    size_t wsb = mixed(m) ? m->ops->attention_workspace_size_bf16(&s) : m->ops->attention_workspace_size(&s);
+    p = carve(&cv, wsb);
+    if (ws->mem) ws->attn_ws = wsb ? p : NULL;
+    return cv.off;
+}
+
+size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int recompute_slots) {
+    llama3_workspace ws;
+    memset(&ws, 0, sizeof ws);
+    ws.max_b = max_b;
+    ws.max_t = max_t;
+    ws.max_n = (size_t)max_b * (size_t)max_t;
+    return workspace_layout(m, &ws, recompute_slots);
+}
+
+llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int recompute_slots,
+                                          char *err, size_t errlen) {
+    if (max_b <= 0 || max_t <= 0 || max_t > m->max_seq_len || recompute_slots < 0) {
+        snprintf(err, errlen, "llama3 workspace: batch %d x seq_len %d invalid (max_seq_len %d)", max_b, max_t,
+                 m->max_seq_len);
+        return NULL;
+    }
+    llama3_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws) goto oom;
+    ws->max_b = max_b;
+    ws->max_t = max_t;
+    ws->max_n = (size_t)max_b * (size_t)max_t;
+    ws->n_slots = recompute_slots;
+    if (recompute_slots > 0) {
+        ws->slot = calloc((size_t)recompute_slots, sizeof *ws->slot);
+        ws->slot_owner = calloc((size_t)recompute_slots, sizeof *ws->slot_owner);
+        ws->slot_layer = calloc((size_t)recompute_slots, sizeof *ws->slot_layer);
+        if (!ws->slot || !ws->slot_owner || !ws->slot_layer) goto oom;
+    }
+    ws->bytes = llama3_workspace_bytes(m, max_b, max_t, recompute_slots);
+    ws->mem = m->ops->alloc(ws->bytes);
+    if (!ws->mem) {
+        snprintf(err, errlen, "llama3 workspace: cannot allocate %.2f GiB for batch %d x seq_len %d",
+                 (double)ws->bytes / (1024.0 * 1024.0 * 1024.0), max_b, max_t);
+        llama3_workspace_free(m, ws);
+        return NULL;
+    }
+    workspace_layout(m, ws, recompute_slots);
+    return ws;
+oom:
+    snprintf(err, errlen, "llama3 workspace: out of host memory");
+    llama3_workspace_free(m, ws);
+    return NULL;
+}
+
+void llama3_workspace_free(const llama3_model *m, llama3_workspace *ws) {
+    if (!ws) return;
+    if (ws->mem) m->ops->release(ws->mem);
+    free(ws->slot);
+    free(ws->slot_owner);
+    free(ws->slot_layer);
+    free(ws);
+}
+
+/* Lay out (or measure, with a->mem == NULL) every view of one microbatch. */
+static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
+    const llama3_args *ar = &m->args;
+    const size_t n = a->n, c = (size_t)ar->dim, v = (size_t)ar->vocab_size, fl = sizeof(float), es = act_size(m);
+    carver cv = {(char *)a->mem, 0};
+    const int measuring = a->mem == NULL;
+    void *p;
+    if (m->layout.has_embedding) {
+        p = carve(&cv, n * sizeof(int32_t));
+        if (!measuring) a->inputs = p;
+    }
+    for (int i = 0; i <= a->nb; i++) {
+        p = carve(&cv, n * c * es);
+        if (!measuring) a->res[i] = p;
+        p = carve(&cv, n * c * es);
+        if (!measuring) a->dres[i] = p;
+    }
+    for (int i = 0; i < a->nb; i++) {
+        layer_acts t;
+        carve_layer(m, &cv, n, a->keep[i], a->keep[i] == LLAMA3_KEEP_ALL, &t);
+        if (!measuring) a->kept[i] = t;
+    }
+    if (m->layout.has_head) {
+        p = carve(&cv, n * sizeof(int32_t));
+        if (!measuring) a->targets = p;
+        p = carve(&cv, fl);
+        if (!measuring) a->loss_sum = p;
+        p = carve(&cv, n * c * es);
+        if (!measuring) a->xnf = p;
+        p = carve(&cv, n * fl);
+        if (!measuring) a->rstdf = p;
+        p = carve(&cv, n * c * es);
+        if (!measuring) a->dxnf = p;
+        p = carve(&cv, n * v * fl);
+        if (!measuring) a->logits = p;
+        if (mixed(m)) {
+            p = carve(&cv, n * v * sizeof(uint16_t));
+            if (!measuring) a->dlogits16 = p;
+        }
+        p = carve(&cv, n * fl);
+        if (!measuring) a->losses = p;
+    }
+    return cv.off;
+}
+
+size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int b, int t) {
+    llama3_acts a;
+    memset(&a, 0, sizeof a);
+    a.b = b;
+    a.t = t;
+    a.n = (size_t)b * (size_t)t;
+    a.nb = n_blocks(m);
+    unsigned *k = calloc((size_t)(a.nb > 0 ? a.nb : 1), sizeof *k);
+    if (!k) return 0;
+    for (int i = 0; i < a.nb; i++) k[i] = keep ? keep[i] & LLAMA3_KEEP_ALL : LLAMA3_KEEP_ALL;
+    a.keep = k;
+    size_t bytes = acts_layout(m, &a);
+    free(k);
+    return bytes;
+}
+
+size_t llama3_acts_bytes(const llama3_model *m, int b, int t) {
+    return llama3_acts_bytes_policy(m, NULL, b, t) + llama3_workspace_bytes(m, b, t, 0);
+}
+
+llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, const unsigned *keep, int b, int t,
+                                   char *err, size_t errlen) {
+    if (b <= 0 || t <= 0 || t > m->max_seq_len || !ws || (size_t)b * (size_t)t > ws->max_n || t > ws->max_t) {
+        snprintf(err, errlen, "llama3 activations: batch %d x seq_len %d invalid (max_seq_len %d, workspace for %d x %d)",
+                 b, t, m->max_seq_len, ws ? ws->max_b : 0, ws ? ws->max_t : 0);
+        return NULL;
+    }
+    llama3_acts *a = calloc(1, sizeof *a);
+    if (!a) goto oom;
+    a->b = b;
+    a->t = t;
+    a->n = (size_t)b * (size_t)t;
+    a->ws = ws;
+    a->nb = n_blocks(m);
+    a->l0 = m->layout.layer_start;
+    const size_t nb1 = (size_t)a->nb + 1;
+    a->res = calloc(nb1, sizeof *a->res);
+    a->dres = calloc(nb1, sizeof *a->dres);
+    a->kept = calloc(nb1, sizeof *a->kept);
+    a->keep = calloc(nb1, sizeof *a->keep);
+    a->slot = calloc(nb1, sizeof *a->slot);
+    if (!a->res || !a->dres || !a->kept || !a->keep || !a->slot) goto oom;
+    for (int i = 0; i < a->nb; i++) {
+        a->keep[i] = keep ? keep[i] & LLAMA3_KEEP_ALL : LLAMA3_KEEP_ALL;
+        a->slot[i] = -1;
+        if (a->keep[i] != LLAMA3_KEEP_ALL && !ws->has_fwd) {
+            snprintf(err, errlen, "llama3 activations: block %d recomputes activations but the workspace has no "
+                     "recompute slot", m->layout.layer_start + i);
+            llama3_acts_free(m, a);
+            return NULL;
+        }
+    }
+    a->bytes = acts_layout(m, a);
+    a->mem = m->ops->alloc(a->bytes);
+    if (!a->mem) {
+        snprintf(err, errlen, "llama3 activations: cannot allocate %.2f GiB for batch %d x seq_len %d",
+                 (double)a->bytes / (1024.0 * 1024.0 * 1024.0), b, t);
+        llama3_acts_free(m, a);
+        return NULL;
+    }
+    acts_layout(m, a);
+    return a;
+oom:
+    snprintf(err, errlen, "llama3 activations: out of host memory");
+    llama3_acts_free(m, a);
+    return NULL;
+}
+
+llama3_acts *llama3_acts_create(const llama3_model *m, int b, int t, char *err, size_t errlen) {
+    if (b <= 0 || t <= 0 || t > m->max_seq_len) {
+        snprintf(err, errlen, "llama3 activations: batch %d x seq_len %d invalid (max_seq_len %d)", b, t,
+                 m->max_seq_len);
+        return NULL;
+    }
+    llama3_workspace *ws = llama3_workspace_create(m, b, t, 0, err, errlen);
+    if (!ws) return NULL;
+    llama3_acts *a = llama3_acts_create_ws(m, ws, NULL, b, t, err, errlen);
+    if (!a) {
+        llama3_workspace_free(m, ws);
+        return NULL;
+    }
+    a->own_ws = 1;
+    return a;
+}
+
+void llama3_acts_free(const llama3_model *m, llama3_acts *a) {
+    if (!a) return;
+    if (a->ws && a->slot) /* a W pass that never ran must not leave its slot taken */
+        for (int i = 0; i < a->nb; i++)
+            if (a->slot[i] >= 0) a->ws->slot_owner[a->slot[i]] = NULL;
+    if (a->mem) m->ops->release(a->mem);
+    if (a->logits_copy) m->ops->release(a->logits_copy);
+    if (a->own_ws) llama3_workspace_free(m, a->ws);
+    free(a->res);
+    free(a->dres);
+    free(a->kept);
+    free(a->keep);
+    free(a->slot);
+    free(a);
+}
+
+int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep) {
+    if (!keep) {
+        if (a->logits_copy) m->ops->release(a->logits_copy);
+        a->logits_copy = NULL;
+        return 0;
+    }
+    if (a->logits_copy || !m->layout.has_head) return a->logits_copy ? 0 : -1;
+    a->logits_copy = m->ops->alloc(a->n * (size_t)m->args.vocab_size * sizeof(float));
+    return a->logits_copy ? 0 : -1;
+}
+
+const float *llama3_logits(const llama3_acts *a) {
+    if (a->logits_copy) return a->logits_copy;
+    return a->has_targets ? NULL : a->logits;
+}
+
+static int res_index(const llama3_acts *a, int l) {
+    int i = l - a->l0;
+    if (i < 0 || i > a->nb) {
+        fprintf(stderr, "llama3: residual r_%d is not held by these activations (r_%d..r_%d)\n", l, a->l0,
+                a->l0 + a->nb);
+        abort();
+    }
+    return i;
+}
+
+void *llama3_acts_residual(llama3_acts *a, int l) { return a->res[res_index(a, l)]; }
+void *llama3_acts_residual_grad(llama3_acts *a, int l) { return a->dres[res_index(a, l)]; }
+
+/* The view of block l: kept fields from the microbatch, the others from the forward
+ * scratch (forward) or the recompute slot (backward). */
+static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
+    const unsigned keep = a->keep[bl];
+    if (keep == LLAMA3_KEEP_ALL) return a->kept[bl];
+    const layer_acts *k = &a->kept[bl];
+    const layer_acts *o = backward ? &a->ws->slot[a->slot[bl]] : &a->ws->fwd;
+    layer_acts v;
+#define PICK(bit, f) v.f = (keep & (bit)) ? k->f : o->f
+    PICK(LLAMA3_KEEP_XN1, xn1);
+    PICK(LLAMA3_KEEP_XN1, rstd1);
+    PICK(LLAMA3_KEEP_Q, q);
+    PICK(LLAMA3_KEEP_K, k);
+    PICK(LLAMA3_KEEP_V, v);
+    PICK(LLAMA3_KEEP_ATT, att);
+    PICK(LLAMA3_KEEP_ATT, lse);
+    PICK(LLAMA3_KEEP_H, h);
+    PICK(LLAMA3_KEEP_XN2, xn2);
+    PICK(LLAMA3_KEEP_XN2, rstd2);
+    PICK(LLAMA3_KEEP_A, a);
+    PICK(LLAMA3_KEEP_G, g);
+    PICK(LLAMA3_KEEP_S, s);
+#undef PICK
+    v.dh = backward ? o->dh : NULL;
+    return v;
+}
+
+/* ----------------------------------------------------------------------------
+ * parameters */
+
+static void add_param(llama3_model *m, size_t *off, const char *name, int unit, int64_t rows, int64_t cols,
+                      int ones, double std, double lo, double hi, int linear) {
+    const int i = m->n_params++;
+    llama3_param *p = &m->params[i];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->unit = unit;
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 0;
+    p->box_start[0] = p->box_start[1] = 0;
+    p->box_shape[0] = p->shape[0];
+    p->box_shape[1] = p->shape[1];
+    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->offset = *off;
+    p->init_ones = ones;
+    p->init_std = std;
+    p->init_lo = lo;
+    p->init_hi = hi;
+    *off += p->numel;
+    llama3_unit *u = &m->units[unit];
+    if (u->n_params == 0) u->first_param = i;
+    u->n_params++;
+    u->numel += p->numel;
+    if (linear) {
+        m->is_linear[i] = 1;
+        m->linears[i].param = i;
+        m->linears[i].out = (int)p->box_shape[0];
+        m->linears[i].in = (int)p->box_shape[1];
+        m->linears[i].style = LLAMA3_LINEAR_REPLICATED;
+        m->linears[i].impl = &default_linear;
+    }
+}
+
+static void begin_unit(llama3_model *m, int u, llama3_unit_kind kind, int layer, size_t off) {
+    llama3_unit *x = &m->units[u];
+    x->kind = kind;
+    x->layer = layer;
+    x->offset = off;
+    if (kind == LLAMA3_UNIT_EMBEDDING) snprintf(x->name, sizeof x->name, "tok_embeddings");
+    else if (kind == LLAMA3_UNIT_HEAD) snprintf(x->name, sizeof x->name, "norm+output");
+    else snprintf(x->name, sizeof x->name, "layers.%d", layer);
+}
+
+static int alloc_own_storage(llama3_model *m, char *err, size_t errlen);
+
+int llama3_model_init(llama3_model *m, const llama3_args *a, int max_seq_len, const tetra_ops *ops, char *err,
+                      size_t errlen) {
+    llama3_layout l = llama3_layout_full(a);
+    return llama3_model_init_layout(m, a, &l, LLAMA3_STORAGE_OWN, max_seq_len, ops, err, errlen);
+}
+
+int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3_layout *layout,
+                             llama3_storage storage, int max_seq_len, const tetra_ops *ops, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    const char *fl = a->flavor ? a->flavor : "model";
+    if (a->dim <= 0 || a->n_layers <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->vocab_size <= 0 ||
+        a->dim % a->n_heads != 0 || a->n_heads % a->n_kv_heads != 0 || llama3_head_dim(a) % 2 != 0) {
+        snprintf(err, errlen,
+                 "llama3 %s: invalid shape (dim %d, n_heads %d, n_kv_heads %d): dim must divide into heads of "
+                 "even size and n_heads must be a multiple of n_kv_heads",
+                 fl, a->dim, a->n_heads, a->n_kv_heads);
+        return -1;
+    }
+    if (max_seq_len <= 0) {
+        snprintf(err, errlen, "llama3: max_seq_len %d must be positive", max_seq_len);
+        return -1;
+    }
+    if (layout->layer_start < 0 || layout->layer_end > a->n_layers || layout->layer_start > layout->layer_end ||
+        (layout->layer_start == layout->layer_end && !layout->has_embedding && !layout->has_head)) {
+        snprintf(err, errlen, "llama3 %s: layout blocks [%d, %d) outside the model's %d blocks, or empty", fl,
+                 layout->layer_start, layout->layer_end, a->n_layers);
+        return -1;
+    }
+    if (layout->tp_size != 1 || layout->tp_rank != 0) {
+        snprintf(err, errlen, "llama3 %s: tensor parallel layouts (tp %d) are not available in this version", fl,
+                 layout->tp_size);
+        return -1;
+    }
+    m->args = *a;
+    m->ops = ops;
+    m->max_seq_len = max_seq_len;
+    m->layout = *layout;
+    m->compute_dtype = TETRA_F32;
+
+    const int nb = layout->layer_end - layout->layer_start;
+    const int64_t C = a->dim, D = llama3_head_dim(a), HD = (int64_t)a->n_heads * D, KVD = (int64_t)a->n_kv_heads * D;
+    const int64_t F = llama3_ffn_hidden(a), V = a->vocab_size;
+    m->n_units = (layout->has_embedding ? 1 : 0) + nb + (layout->has_head ? 1 : 0);
+    const size_t np = (size_t)(2 + P_PER_BLOCK * nb + (layout->has_embedding ? 1 : 0));
+    m->params = calloc(np, sizeof *m->params);
+    m->linears = calloc(np, sizeof *m->linears);
+    m->is_linear = calloc(np, sizeof *m->is_linear);
+    m->units = calloc((size_t)m->n_units, sizeof *m->units);
+    m->unit_offset = calloc((size_t)m->n_units, sizeof *m->unit_offset);
+    m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel);
+    m->unit_params = calloc((size_t)m->n_units, sizeof *m->unit_params);
+    m->unit_grads = calloc((size_t)m->n_units, sizeof *m->unit_grads);
+    if (!m->params || !m->linears || !m->is_linear || !m->units || !m->unit_offset || !m->unit_numel ||
+        !m->unit_params || !m->unit_grads) {
+        snprintf(err, errlen, "llama3: out of host memory");
+        llama3_model_free(m);
+        return -1;
+    }
+
+    /* TorchTitan's init: std 0.02 truncated at the ABSOLUTE bounds +-2 for the input
+     * projections; depth-scaled std for the projections that write into the residual
+     * (wo, w2) and for w3; embedding plain N(0, 1); output N(0, dim^-0.5) cut at 3 sigma. */
+    const double inf = INFINITY, s02 = 0.02;
+    size_t off = 0;
+    char name[96];
+    int u = 0;
+    if (layout->has_embedding) {
+        begin_unit(m, u, LLAMA3_UNIT_EMBEDDING, -1, off);
+        add_param(m, &off, "tok_embeddings.weight", u, V, C, 0, 1.0, -inf, inf, 0);
+        u++;
+    }
+    for (int l = layout->layer_start; l < layout->layer_end; l++, u++) {
+        const double sd = s02 / sqrt(2.0 * (l + 1));
+        begin_unit(m, u, LLAMA3_UNIT_BLOCK, l, off);
+#define BLOCK_PARAM(suffix, rows, cols, ones, std, lin)                   \
+    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);              \
+    add_param(m, &off, name, u, rows, cols, ones, std, -2.0, 2.0, lin)
+        BLOCK_PARAM("attention.wq.weight", HD, C, 0, s02, 1);
+        BLOCK_PARAM("attention.wk.weight", KVD, C, 0, s02, 1);
+        BLOCK_PARAM("attention.wv.weight", KVD, C, 0, s02, 1);
+        BLOCK_PARAM("attention.wo.weight", C, HD, 0, sd, 1);
+        BLOCK_PARAM("feed_forward.w1.weight", F, C, 0, s02, 1);
+        BLOCK_PARAM("feed_forward.w2.weight", C, F, 0, sd, 1);
+        BLOCK_PARAM("feed_forward.w3.weight", F, C, 0, sd, 1);
+        BLOCK_PARAM("attention_norm.weight", C, 0, 1, 0.0, 0);
+        BLOCK_PARAM("ffn_norm.weight", C, 0, 1, 0.0, 0);
+#undef BLOCK_PARAM
+    }
+    if (layout->has_head) {
+        begin_unit(m, u, LLAMA3_UNIT_HEAD, -1, off);
+        add_param(m, &off, "norm.weight", u, C, 0, 1, 0.0, 0.0, 0.0, 0);
+        const double so = 1.0 / sqrt((double)C);
+        add_param(m, &off, "output.weight", u, V, C, 0, so, -3.0 * so, 3.0 * so, 1);
+        u++;
+    }
+    m->total_numel = off;
+    for (int i = 0; i < m->n_units; i++) {
+        m->unit_offset[i] = m->units[i].offset;
+        m->unit_numel[i] = m->units[i].numel;
+    }
+
+    if (storage == LLAMA3_STORAGE_NONE) return 0;
+    /* RoPE table [max_seq_len, D/2, 2], as TorchTitan's precompute_freqs_cis */
+    const size_t rope_n = (size_t)max_seq_len * (size_t)D;
+    float *host = malloc(rope_n * sizeof(float));
+    m->rope_table = ops->alloc(rope_n * sizeof(float));
+    if (!host || !m->rope_table) {
+        free(host);
+        snprintf(err, errlen, "llama3: cannot allocate the RoPE table");
+        llama3_model_free(m);
+        return -1;
+    }
+    ops_rope_table(host, (int)D, max_seq_len, (float)a->rope_theta, a->rope_scaling_factor > 0.0,
+                   (float)a->rope_scaling_factor, (float)a->rope_low_freq_factor, (float)a->rope_high_freq_factor,
+                   a->rope_original_max_pos);
+    ops->copy_h2d(m->rope_table, host, rope_n * sizeof(float));
+    free(host);
+
+    if (storage == LLAMA3_STORAGE_OWN && alloc_own_storage(m, err, errlen)) {
+        llama3_model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+static void bind_own_storage(llama3_model *m) {
+    for (int u = 0; u < m->n_units; u++) {
+        m->unit_params[u] = mixed(m) ? (void *)(m->param_bf16 + m->unit_offset[u])
+                                     : (void *)(m->param_mem + m->unit_offset[u]);
+        m->unit_grads[u] = m->grad_mem + m->unit_offset[u];
+    }
+}
+
+static int alloc_own_storage(llama3_model *m, char *err, size_t errlen) {
+    const size_t bytes = m->total_numel * sizeof(float);
+    m->own_storage = 1;
+    m->param_mem = m->ops->alloc(bytes);
+    m->grad_mem = m->ops->alloc(bytes);
+    if (!m->param_mem || !m->grad_mem) {
+        snprintf(err, errlen, "llama3 %s: cannot allocate 2 x %.2f GiB for parameters and gradients",
+                 m->args.flavor ? m->args.flavor : "model", (double)bytes / (1024.0 * 1024.0 * 1024.0));
+        return -1;
+    }
+    m->ops->fill(m->param_mem, 0.0f, m->total_numel);
+    m->ops->fill(m->grad_mem, 0.0f, m->total_numel);
+    bind_own_storage(m);
+    return 0;
+}
+
+void llama3_model_free(llama3_model *m) {
+    if (m->ops) {
+        if (m->param_mem) m->ops->release(m->param_mem);
+        if (m->grad_mem) m->ops->release(m->grad_mem);
+        if (m->rope_table) m->ops->release(m->rope_table);
+        if (m->param_bf16) m->ops->release(m->param_bf16);
+    }
+    free(m->params);
+    free(m->linears);
+    free(m->is_linear);
+    free(m->units);
+    free(m->unit_offset);
+    free(m->unit_numel);
+    free(m->unit_params);
+    free(m->unit_grads);
+    memset(m, 0, sizeof *m);
+}
+
+int llama3_model_set_compute_dtype(llama3_model *m, tetra_dtype t, char *err, size_t errlen) {
+    if (t != TETRA_F32 && t != TETRA_BF16) {
+        snprintf(err, errlen, "llama3: compute dtype %s is not supported (float32 or bfloat16)", ops_dtype_name(t));
+        return -1;
+    }
+    if (m->own_storage) {
+        if (t == TETRA_BF16 && !m->param_bf16) {
+            m->param_bf16 = m->ops->alloc(m->total_numel * sizeof(uint16_t));
+            if (!m->param_bf16) {
+                snprintf(err, errlen, "llama3: cannot allocate %.2f GiB for the bf16 compute copy of the parameters",
+                         (double)(m->total_numel * sizeof(uint16_t)) / (1024.0 * 1024.0 * 1024.0));
+                return -1;
+            }
+        } else if (t == TETRA_F32 && m->param_bf16) {
+            m->ops->release(m->param_bf16);
+            m->param_bf16 = NULL;
+        }
+    }
+    m->compute_dtype = t;
+    if (m->own_storage) {
+        bind_own_storage(m);
+        llama3_sync_compute_params(m);
+    }
+    return 0;
+}
+
+void llama3_sync_compute_params(llama3_model *m) {
+    if (m->own_storage && mixed(m)) m->ops->cast_f32_to_bf16(m->param_bf16, m->param_mem, m->total_numel);
+}
+
+const llama3_param *llama3_find_param(const llama3_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) return &m->params[i];
+    return NULL;
+}
+
+void llama3_zero_grads(llama3_model *m) {
+    if (m->grad_mem) m->ops->fill(m->grad_mem, 0.0f, m->total_numel);
+}
+
+void llama3_init_param_range(const llama3_param *p, uint64_t seed, size_t start, size_t count, float *host_out) {
+    if (p->init_ones) {
+        for (size_t j = 0; j < count; j++) host_out[j] = 1.0f;
+        return;
+    }
+    llama3_rng_trunc_normal_fill(host_out, seed, p->name, start, count, p->init_std, p->init_lo, p->init_hi);
+}
+
+void llama3_init_weights(llama3_model *m, uint64_t seed) {
+    if (!m->own_storage) {
+        fprintf(stderr, "llama3_init_weights: the model has no storage of its own (initialise the shards)\n");
+        abort();
+    }
+    /* Drawn on the host in chunks of rows of the rank's box, then copied: the values
+     * are a function of (seed, name, global index) only, so chunking changes nothing. */
+    const size_t chunk = (size_t)1 << 20;
+    float *host = malloc(chunk * sizeof(float));
+    if (!host) {
+        fprintf(stderr, "llama3_init_weights: out of host memory\n");
+        abort();
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        const llama3_param *p = &m->params[i];
+        const size_t cols = p->ndim == 2 ? (size_t)p->shape[1] : 1, bcols = p->ndim == 2 ? (size_t)p->box_shape[1] : 1;
+        const size_t brows = (size_t)p->box_shape[0];
+        if (bcols == cols) { /* whole rows: one run of the global row-major order */
+            const size_t g0 = (size_t)p->box_start[0] * cols;
+            for (size_t s = 0; s < p->numel; s += chunk) {
+                size_t cnt = p->numel - s < chunk ? p->numel - s : chunk;
+                llama3_init_param_range(p, seed, g0 + s, cnt, host);
+                m->ops->copy_h2d(m->param_mem + p->offset + s, host, cnt * sizeof(float));
+            }
+        } else { /* a column block: one run per row */
+            for (size_t r = 0; r < brows; r++) {
+                const size_t g0 = ((size_t)p->box_start[0] + r) * cols + (size_t)p->box_start[1];
+                for (size_t s = 0; s < bcols; s += chunk) {
+                    size_t cnt = bcols - s < chunk ? bcols - s : chunk;
+                    llama3_init_param_range(p, seed, g0 + s, cnt, host);
+                    m->ops->copy_h2d(m->param_mem + p->offset + r * bcols + s, host, cnt * sizeof(float));
+                }
+            }
+        }
+    }
+    free(host);
+    llama3_sync_compute_params(m);
+}
 
 /* ----------------------------------------------------------------------------
  * forward */
 
 void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *inputs) {
     const tetra_ops *ops = m->ops;
+    const int pe = pidx_embedding(m);
+    if (pe < 0) {
+        fprintf(stderr, "llama3_forward_embedding: this layout holds no embedding\n");
+        abort();
+    }
+    const llama3_param *p = &m->params[pe];
+    const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0];
     ops->copy_h2d(a->inputs, inputs, a->n * sizeof(int32_t));
     if (mixed(m))
-        ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, P_EMBEDDING), (int)a->n, m->args.dim, 0,
-                                    m->args.vocab_size);
+        ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, pe), (int)a->n, m->args.dim, v0, vl);
     else
-        ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, P_EMBEDDING), (int)a->n, m->args.dim, 0,
-                               m->args.vocab_size);
+        ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, pe), (int)a->n, m->args.dim, v0, vl);
+}
+
+/* The ops of block l's forward whose outputs are in `compute` (LLAMA3_KEEP_* bits), into
+ * the view t; with `output` also r_{l+1}. The forward computes everything; the I pass
+ * of a block that did not keep everything recomputes the rest, bit for bit. */
+static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const layer_acts *t, unsigned compute,
+                              int output) {
+    const tetra_ops *ops = m->ops;
+    const llama3_args *ar = &m->args;
+    const int n = (int)a->n, H = ar->n_heads, KV = ar->n_kv_heads, F = (int)llama3_ffn_hidden(ar);
+    const size_t es = act_size(m), nc = a->n * (size_t)ar->dim;
+    const int bl = local_block(m, l);
+    const void *x = a->res[bl];
+
+    /* attention: h = x + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)) */
+    if (compute & LLAMA3_KEEP_XN1) rmsnorm_fwd(m, t->xn1, t->rstd1, x, param_ptr(m, pidx_block(m, l, P_ATTN_NORM)), n);
+    if (compute & LLAMA3_KEEP_Q) {
+        lin_fwd(m, pidx_block(m, l, P_WQ), t->q, t->xn1, n, 0.0f);
+        rope_fwd(m, t->q, a->b, a->t, H);
+    }
+    if (compute & LLAMA3_KEEP_K) {
+        lin_fwd(m, pidx_block(m, l, P_WK), t->k, t->xn1, n, 0.0f);
+        rope_fwd(m, t->k, a->b, a->t, KV);
+    }
+    if (compute & LLAMA3_KEEP_V) lin_fwd(m, pidx_block(m, l, P_WV), t->v, t->xn1, n, 0.0f);
+    if (compute & LLAMA3_KEEP_ATT) {
+        ops_attn_shape s = attn_shape(m, a->b, a->t);
+        if (mixed(m))
+            ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, a->ws->attn_ws);
+        else
+            ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, a->ws->attn_ws);
+    }
+    if (compute & LLAMA3_KEEP_H) {
+        ops->copy(t->h, x, nc * es);
+        lin_fwd(m, pidx_block(m, l, P_WO), t->h, t->att, n, 1.0f);
+    }
+
+    /* feed-forward: out = h + w2(silu(w1 xn2) * w3 xn2) */
+    if (compute & LLAMA3_KEEP_XN2) rmsnorm_fwd(m, t->xn2, t->rstd2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), n);
+    if (compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), t->a, t->xn2, n, 0.0f);
+    if (compute & LLAMA3_KEEP_G) lin_fwd(m, pidx_block(m, l, P_W3), t->g, t->xn2, n, 0.0f);
+    if (compute & LLAMA3_KEEP_S) {
+        if (mixed(m))
+            ops->swiglu_forward_bf16(t->s, t->a, t->g, a->n * (size_t)F);
+        else
+            ops->swiglu_forward(t->s, t->a, t->g, a->n * (size_t)F);
+    }
+    if (output) {
+        void *out = a->res[bl + 1];
+        ops->copy(out, t->h, nc * es);
+        lin_fwd(m, pidx_block(m, l, P_W2), out, t->s, n, 1.0f);
+    }
 }
 
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int l) {
-    const tetra_ops *ops = m->ops;
-    const llama3_args *ar = &m->args;
-    const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
-    const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
-    const size_t es = act_size(m);
-    layer_acts *t = &a->layer[l];
-    const void *x = a->res[l];
-    void *out = a->res[l + 1];
-
-    /* attention: h = x + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)) */
-    rmsnorm_fwd(m, t->xn1, t->rstd1, x, param_ptr(m, pidx_block(l, P_ATTN_NORM)), n);
-    linear_forward(m, t->q, t->xn1, param_ptr(m, pidx_block(l, P_WQ)), n, C, HD, 0.0f);
-    linear_forward(m, t->k, t->xn1, param_ptr(m, pidx_block(l, P_WK)), n, C, KVD, 0.0f);
-    linear_forward(m, t->v, t->xn1, param_ptr(m, pidx_block(l, P_WV)), n, C, KVD, 0.0f);
-    rope_fwd(m, t->q, a->b, a->t, H);
-    rope_fwd(m, t->k, a->b, a->t, KV);
-    ops_attn_shape s = attn_shape(m, a->b, a->t);
-    if (mixed(m))
-        ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, a->attn_ws);
-    else
-        ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, a->attn_ws);
-    ops->copy(t->h, x, a->n * (size_t)C * es);
-    linear_forward(m, t->h, t->att, param_ptr(m, pidx_block(l, P_WO)), n, HD, C, 1.0f);
-
-    /* feed-forward: out = h + w2(silu(w1 xn2) * w3 xn2) */
-    rmsnorm_fwd(m, t->xn2, t->rstd2, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), n);
-    linear_forward(m, t->a, t->xn2, param_ptr(m, pidx_block(l, P_W1)), n, C, F, 0.0f);
-    linear_forward(m, t->g, t->xn2, param_ptr(m, pidx_block(l, P_W3)), n, C, F, 0.0f);
-    if (mixed(m))
-        ops->swiglu_forward_bf16(t->s, t->a, t->g, a->n * (size_t)F);
-    else
-        ops->swiglu_forward(t->s, t->a, t->g, a->n * (size_t)F);
-    ops->copy(out, t->h, a->n * (size_t)C * es);
-    linear_forward(m, out, t->s, param_ptr(m, pidx_block(l, P_W2)), n, F, C, 1.0f);
+    const int bl = local_block(m, l);
+    layer_acts t = block_view(a, bl, 0);
+    block_forward_ops(m, a, l, &t, LLAMA3_KEEP_ALL, 1);
 }
 
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
                            int64_t *n_valid) {
     const tetra_ops *ops = m->ops;
-    const llama3_args *ar = &m->args;
-    const int n = (int)a->n, C = ar->dim, V = ar->vocab_size, L = ar->n_layers;
-    rmsnorm_fwd(m, a->xnf, a->rstdf, a->res[L], param_ptr(m, pidx_norm(m)), n);
+    if (!m->layout.has_head) {
+        fprintf(stderr, "llama3_forward_head: this layout holds no head\n");
+        abort();
+    }
+    const int n = (int)a->n, V = m->args.vocab_size;
+    rmsnorm_fwd(m, a->xnf, a->rstdf, a->res[a->nb], param_ptr(m, pidx_norm(m)), n);
     /* the logits are fp32 in both precisions: the loss and its gradient need the range */
-    linear_forward_to(m, TETRA_F32, a->logits, a->xnf, param_ptr(m, pidx_output(m)), n, C, V, 0.0f);
+    lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits, a->xnf, n, 0.0f);
     if (a->logits_copy) ops->copy(a->logits_copy, a->logits, a->n * (size_t)V * sizeof(float));
     if (!targets) {
         a->has_targets = 0;
@@ -620,8 +1022,19 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     return (double)loss;
 }
 
+static void need_full(const llama3_model *m, const char *what) {
+    if (m->layout.has_embedding && m->layout.has_head && m->layout.layer_start == 0 &&
+        m->layout.layer_end == m->args.n_layers)
+        return;
+    fprintf(stderr, "%s: needs the whole model; this layout is a stage (blocks %d..%d%s%s)\n", what,
+            m->layout.layer_start, m->layout.layer_end - 1, m->layout.has_embedding ? ", embedding" : "",
+            m->layout.has_head ? ", head" : "");
+    abort();
+}
+
 double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, const int32_t *targets,
                       float dloss_scale, int64_t *n_valid) {
+    need_full(m, "llama3_forward");
     llama3_forward_embedding(m, a, inputs);
     for (int l = 0; l < m->args.n_layers; l++) llama3_block_forward(m, a, l);
     return llama3_forward_head(m, a, targets, dloss_scale, n_valid);
@@ -630,26 +1043,37 @@ double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, co
 /* ----------------------------------------------------------------------------
  * backward */
 
-void llama3_backward_head(llama3_model *m, llama3_acts *a) {
-    const tetra_ops *ops = m->ops;
-    const llama3_args *ar = &m->args;
-    const int n = (int)a->n, C = ar->dim, V = ar->vocab_size, L = ar->n_layers;
+static void need_dlogits(const llama3_acts *a) {
     if (!a->has_targets) {
         /* a programming error: without targets the buffer holds logits, not dlogits */
         fprintf(stderr, "llama3_backward: the last forward had no targets\n");
         abort();
     }
+}
+
+void llama3_backward_head_input(llama3_model *m, llama3_acts *a) {
+    need_dlogits(a);
+    const int n = (int)a->n;
     const void *dlogits = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
-    void *dxnf = a->scratch; /* [N, C] */
-    /* W: dOutput += dlogits^T xnf; I: dxnf = dlogits Output */
-    linear_backward_weight(m, grad_ptr(m, pidx_output(m)), dlogits, a->xnf, n, C, V);
-    linear_backward_input(m, dxnf, dlogits, param_ptr(m, pidx_output(m)), n, C, V, 0.0f);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_norm(m)), dxnf, a->res[L], a->rstdf, n);
-    if (mixed(m))
-        ops->fill(a->dres[L], 0.0f, a->n * (size_t)C / 2); /* bf16 zeros as fp32 zeros (C is even) */
-    else
-        ops->fill(a->dres[L], 0.0f, a->n * (size_t)C);
-    rmsnorm_bwd_input(m, a->dres[L], dxnf, a->res[L], param_ptr(m, pidx_norm(m)), a->rstdf, n);
+    void *dres = a->dres[a->nb];
+    /* dxnf = dlogits Output; dr_L = d rmsnorm (the residual stream starts here) */
+    lin_bwd_input(m, pidx_output(m), a->dxnf, dlogits, n, 0.0f);
+    zero_acts(m, dres, a->n * (size_t)m->args.dim);
+    rmsnorm_bwd_input(m, dres, a->dxnf, a->res[a->nb], param_ptr(m, pidx_norm(m)), a->rstdf, n);
+}
+
+void llama3_backward_head_weight(llama3_model *m, llama3_acts *a) {
+    need_dlogits(a);
+    const int n = (int)a->n;
+    const void *dlogits = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
+    (void)param_ptr(m, pidx_norm(m)); /* W runs where the unit's parameters are gathered, as for blocks */
+    lin_bwd_weight(m, pidx_output(m), dlogits, a->xnf, n);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_norm(m)), a->dxnf, a->res[a->nb], a->rstdf, n);
+}
+
+void llama3_backward_head(llama3_model *m, llama3_acts *a) {
+    llama3_backward_head_input(m, a);
+    llama3_backward_head_weight(m, a);
 }
 
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
@@ -658,83 +1082,123 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
     const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
     const size_t nc = a->n * (size_t)C, es = act_size(m);
-    layer_acts *t = &a->layer[l];
-    const void *dout = a->dres[l + 1]; /* dL/dr_{l+1} */
+    const int bl = local_block(m, l);
+    llama3_workspace *ws = a->ws;
+
+    /* a block that did not keep everything takes a recompute slot until its W pass and
+     * recomputes what it dropped */
+    if (a->keep[bl] != LLAMA3_KEEP_ALL) {
+        if (a->slot[bl] < 0) {
+            int s = -1;
+            for (int i = 0; i < ws->n_slots && s < 0; i++)
+                if (!ws->slot_owner[i]) s = i;
+            if (s < 0) {
+                fprintf(stderr, "llama3: block %d needs a recompute slot but all %d are held by blocks waiting for "
+                                "their W pass (the schedule defers more W passes than the workspace was sized for)\n",
+                        l, ws->n_slots);
+                abort();
+            }
+            ws->slot_owner[s] = a;
+            ws->slot_layer[s] = l;
+            a->slot[bl] = s;
+        }
+        layer_acts r = block_view(a, bl, 1);
+        block_forward_ops(m, a, l, &r, ~a->keep[bl] & LLAMA3_KEEP_ALL, 0);
+    }
+    layer_acts tv = block_view(a, bl, 1);
+    const layer_acts *t = &tv;
+    const void *dout = a->dres[bl + 1]; /* dL/dr_{l+1} */
 
     /* feed-forward: ds = dout W2; (da, dg) over (a, g); dxn2 = da W1 + dg W3 over xn2 */
-    void *ds = a->scratch; /* [N, F] */
-    linear_backward_input(m, ds, dout, param_ptr(m, pidx_block(l, P_W2)), n, F, C, 0.0f);
+    void *ds = ws->scratch; /* [N, F] */
+    lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, 0.0f);
     if (mixed(m))
         ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
     else
         ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
     void *dxn2 = t->xn2;
-    linear_backward_input(m, dxn2, t->a, param_ptr(m, pidx_block(l, P_W1)), n, C, F, 0.0f);
-    linear_backward_input(m, dxn2, t->g, param_ptr(m, pidx_block(l, P_W3)), n, C, F, 1.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, 0.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, 1.0f);
     /* dh = dout (residual) + d rmsnorm */
     ops->copy(t->dh, dout, nc * es);
-    rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), t->rstd2, n);
+    rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n);
 
     /* attention: datt = dh Wo; attention backward into scratch (it reads q/k/v, so it
      * cannot write over them; the fp32 op accumulates, so that scratch is zeroed); then
      * un-rotate into the q/k slots */
-    void *datt = a->scratch;                       /* [N, HD] */
+    void *datt = ws->scratch;                      /* [N, HD] */
     void *dq = act_at(m, datt, a->n * (size_t)HD); /* [N, HD] */
     void *dk = act_at(m, dq, a->n * (size_t)HD);   /* [N, KVD] */
     void *dv = act_at(m, dk, a->n * (size_t)KVD);  /* [N, KVD] */
-    linear_backward_input(m, datt, t->dh, param_ptr(m, pidx_block(l, P_WO)), n, HD, C, 0.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WO), datt, t->dh, n, 0.0f);
     ops_attn_shape s = attn_shape(m, a->b, a->t);
     if (mixed(m)) {
-        ops->attention_backward_bf16(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, a->attn_ws);
+        ops->attention_backward_bf16(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     } else {
         ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
-        ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, a->attn_ws);
+        ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     }
     rope_bwd(m, t->q, dq, a->b, a->t, H);
     rope_bwd(m, t->k, dk, a->b, a->t, KV);
     ops->copy(t->v, dv, a->n * (size_t)KVD * es);
     void *dxn1 = t->xn1;
-    linear_backward_input(m, dxn1, t->q, param_ptr(m, pidx_block(l, P_WQ)), n, C, HD, 0.0f);
-    linear_backward_input(m, dxn1, t->k, param_ptr(m, pidx_block(l, P_WK)), n, C, KVD, 1.0f);
-    linear_backward_input(m, dxn1, t->v, param_ptr(m, pidx_block(l, P_WV)), n, C, KVD, 1.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, 0.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, 1.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, 1.0f);
     /* dr_l = dh (residual) + d rmsnorm */
-    ops->copy(a->dres[l], t->dh, nc * es);
-    rmsnorm_bwd_input(m, a->dres[l], dxn1, a->res[l], param_ptr(m, pidx_block(l, P_ATTN_NORM)), t->rstd1, n);
+    ops->copy(a->dres[bl], t->dh, nc * es);
+    rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], param_ptr(m, pidx_block(m, l, P_ATTN_NORM)), t->rstd1, n);
 }
 
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
-    const llama3_args *ar = &m->args;
-    const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
-    const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
-    layer_acts *t = &a->layer[l];
-    void *xn = a->scratch; /* [N, C] the norm outputs, recomputed bit for bit */
+    const int n = (int)a->n;
+    const int bl = local_block(m, l);
+    llama3_workspace *ws = a->ws;
+    if (a->keep[bl] != LLAMA3_KEEP_ALL && a->slot[bl] < 0) {
+        fprintf(stderr, "llama3: W pass of block %d before its I pass\n", l);
+        abort();
+    }
+    layer_acts tv = block_view(a, bl, 1);
+    const layer_acts *t = &tv;
+    void *xn = ws->scratch; /* [N, C] the norm outputs, recomputed bit for bit */
 
     /* feed-forward */
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_W2)), a->dres[l + 1], t->s, n, F, C);
-    rmsnorm_fwd(m, xn, a->rstd_scratch, t->h, param_ptr(m, pidx_block(l, P_FFN_NORM)), n);
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_W1)), t->a, xn, n, C, F);
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_W3)), t->g, xn, n, C, F);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(l, P_FFN_NORM)), t->xn2, t->h, t->rstd2, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_W2), a->dres[bl + 1], t->s, n);
+    rmsnorm_fwd(m, xn, ws->rstd_scratch, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), n);
+    lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, xn, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, xn, n);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->xn2, t->h, t->rstd2, n);
 
     /* attention */
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WO)), t->dh, t->att, n, HD, C);
-    rmsnorm_fwd(m, xn, a->rstd_scratch, a->res[l], param_ptr(m, pidx_block(l, P_ATTN_NORM)), n);
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WQ)), t->q, xn, n, C, HD);
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WK)), t->k, xn, n, C, KVD);
-    linear_backward_weight(m, grad_ptr(m, pidx_block(l, P_WV)), t->v, xn, n, C, KVD);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(l, P_ATTN_NORM)), t->xn1, a->res[l], t->rstd1, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WO), t->dh, t->att, n);
+    rmsnorm_fwd(m, xn, ws->rstd_scratch, a->res[bl], param_ptr(m, pidx_block(m, l, P_ATTN_NORM)), n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, xn, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, xn, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, xn, n);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_ATTN_NORM)), t->xn1, a->res[bl], t->rstd1, n);
+
+    if (a->slot[bl] >= 0) { /* the recomputed activations are spent */
+        ws->slot_owner[a->slot[bl]] = NULL;
+        a->slot[bl] = -1;
+    }
 }
 
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
+    const int pe = pidx_embedding(m);
+    if (pe < 0) {
+        fprintf(stderr, "llama3_backward_embedding: this layout holds no embedding\n");
+        abort();
+    }
+    const llama3_param *p = &m->params[pe];
+    const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0];
     if (mixed(m))
-        m->ops->embedding_backward_bf16(grad_ptr(m, P_EMBEDDING), a->dres[0], a->inputs, (int)a->n, m->args.dim, 0,
-                                        m->args.vocab_size);
+        m->ops->embedding_backward_bf16(grad_ptr(m, pe), a->dres[0], a->inputs, (int)a->n, m->args.dim, v0, vl);
     else
-        m->ops->embedding_backward(grad_ptr(m, P_EMBEDDING), a->dres[0], a->inputs, (int)a->n, m->args.dim, 0,
-                                   m->args.vocab_size);
+        m->ops->embedding_backward(grad_ptr(m, pe), a->dres[0], a->inputs, (int)a->n, m->args.dim, v0, vl);
 }
 
 void llama3_backward(llama3_model *m, llama3_acts *a) {
+    need_full(m, "llama3_backward");
     llama3_backward_head(m, a);
     for (int l = m->args.n_layers - 1; l >= 0; l--) {
         llama3_block_backward_input(m, a, l);

@@ -1,20 +1,44 @@
-/* model.h — Llama 3 on the backend op table: parameters, init, forward and
- * the two halves of backward.
+/* model.h — Llama 3 on the backend op table: a layout-aware parameter
+ * declaration, init, forward and the two halves of backward.
  *
- * Parameters live in per-unit contiguous ranges of one allocation (units:
- * 0 = embedding, 1..L = transformer blocks, L+1 = final norm + output), each
- * parameter recorded with its TorchTitan name, global shape and offset, so
- * FSDP can shard a unit as one flat range and checkpoints can name every
- * element by global coordinates. Gradients mirror the same layout.
+ * A model is built for a layout (llama3_layout): the range of blocks this rank
+ * runs (a pipeline stage), whether it holds the embedding and the head (final
+ * norm + output), and its tensor-parallel rank and size. It declares only the
+ * parameters of that layout, each with its global shape and the block of the
+ * global tensor this rank holds (the tensor-parallel box; the whole tensor at
+ * tp 1), so FSDP and checkpoints can name every element by global
+ * coordinates. Parameters are grouped into units — the embedding, each block,
+ * the head — laid out as contiguous ranges of one flat index space.
  *
- * Backward is split as the zero-bubble schedules need it: for each block,
- * backward_input ("I": every input-gradient GEMM plus attention, norm and
- * activation backward) and backward_weight ("W": weight-gradient GEMMs and
- * norm-weight reductions). I then W equals the one-pass backward bit for bit.
- * Parameter gradients accumulate (+=), so microbatches accumulate naturally.
+ * Storage is not the model's business. Each unit's parameters (compute dtype)
+ * and fp32 gradients are found through two pointer tables, unit_params and
+ * unit_grads, that the owner of the storage fills: FSDP binds a unit's gathered
+ * working buffer between its all-gather and its reshard, and its gradient
+ * buffer while the unit's W pass runs. A pass that reads an unbound unit stops
+ * with a message naming the unit (a schedule bug, never silent garbage). For
+ * tests and tools, llama3_model_init gives the whole model its own flat
+ * buffers (param_mem, grad_mem, param_bf16) and binds them once.
  *
- * Activations for one microbatch live in a llama3_acts owned by the caller,
- * so several microbatches can be in flight.
+ * Every projection goes through a linear descriptor (llama3_linear): its
+ * weight, its sizes, its tensor-parallel style and an implementation slot
+ * (default: the compute-dtype GEMM). A model converter such as Float8 swaps
+ * the implementation of chosen linears without touching the forward code.
+ *
+ * Backward is split as the zero-bubble schedules need it: per block and for
+ * the head, backward_input ("I": every input-gradient GEMM plus attention,
+ * norm and activation backward) and backward_weight ("W": weight-gradient GEMMs
+ * and norm-weight reductions). I then W equals the one-pass backward bit for
+ * bit. Parameter gradients accumulate (+=), so microbatches accumulate
+ * naturally. I reads the unit's parameters; so does W (it recomputes the norm
+ * outputs with the norm weights); only W writes gradients.
+ *
+ * Activations for one microbatch live in a llama3_acts owned by the caller, so
+ * several microbatches can be in flight. Each block has a save policy: a mask
+ * of the activations it keeps for backward (LLAMA3_KEEP_*). What it does not
+ * keep goes to the stage's shared workspace (llama3_workspace) in the forward
+ * and is recomputed at the start of the block's I pass into a recompute slot
+ * of the workspace, which the W pass releases. A microbatch therefore costs
+ * only what its blocks keep; the workspace is paid once per stage.
  */
 #ifndef TETRA_LLAMA3_MODEL_H
 #define TETRA_LLAMA3_MODEL_H
@@ -24,14 +48,29 @@
 
 #include "kernels/ops.h"
 #include "models/llama3/llama3_args.h"
+#include "parallel/comm.h"
+
+/* What this rank's model holds. */
+typedef struct {
+    int layer_start, layer_end; /* global blocks [layer_start, layer_end) */
+    int has_embedding;          /* tok_embeddings (the first stage) */
+    int has_head;               /* norm + output and the loss (the last stage) */
+    int tp_rank, tp_size;       /* tensor parallel (tp_size 1 in this version) */
+} llama3_layout;
+
+/* Every block, the embedding and the head, tp 1: the single-rank model. */
+llama3_layout llama3_layout_full(const llama3_args *a);
+
+typedef enum { LLAMA3_UNIT_EMBEDDING = 0, LLAMA3_UNIT_BLOCK, LLAMA3_UNIT_HEAD } llama3_unit_kind;
 
 typedef struct {
     char name[96];      /* TorchTitan FQN, e.g. "layers.3.attention.wq.weight" */
-    int unit;           /* 0 embedding, 1..L block l-1, L+1 norm + output */
+    int unit;           /* local unit index */
     int ndim;           /* 1 or 2 */
     int64_t shape[2];   /* global shape (row-major) */
-    size_t numel;
-    size_t offset;      /* elements from the start of the whole parameter buffer */
+    int64_t box_start[2], box_shape[2]; /* the block of the global tensor this rank holds */
+    size_t numel;       /* elements held (of the box) */
+    size_t offset;      /* elements from the start of the rank's flat layout */
     /* init: all ones (norm weights), or a truncated normal N(0, init_std) cut to
      * [init_lo, init_hi] (absolute bounds; +-inf for a plain normal) */
     int init_ones;
@@ -39,79 +78,190 @@ typedef struct {
 } llama3_param;
 
 typedef struct {
+    llama3_unit_kind kind;
+    int layer;          /* global block index (blocks), -1 otherwise */
+    size_t offset;      /* first element in the flat layout */
+    size_t numel;
+    int first_param, n_params;
+    char name[32];      /* "tok_embeddings", "layers.3", "norm+output" */
+} llama3_unit;
+
+/* ---- linear layers ----
+ * y[N, out] = x[N, in] W[out, in]^T. The default implementation runs the gemm op in
+ * the compute dtype with fp32 weight gradients; a converter installs another. */
+typedef struct llama3_model llama3_model;
+typedef struct llama3_linear llama3_linear;
+
+typedef enum { LLAMA3_LINEAR_REPLICATED = 0, LLAMA3_LINEAR_COLWISE, LLAMA3_LINEAR_ROWWISE } llama3_linear_style;
+
+typedef struct {
+    const char *name;
+    /* y = x W^T + beta y, y of type y_type (compute dtype, or F32 for the logits) */
+    void (*forward)(const llama3_model *m, const llama3_linear *l, tetra_dtype y_type, void *y, const void *x,
+                    const void *w, int n, float beta);
+    /* dx = dy W + beta dx (compute dtype) */
+    void (*backward_input)(const llama3_model *m, const llama3_linear *l, void *dx, const void *dy, const void *w,
+                           int n, float beta);
+    /* dW += dy^T x (fp32) */
+    void (*backward_weight)(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
+                            int n);
+} llama3_linear_impl;
+
+struct llama3_linear {
+    int param;                       /* the weight: index into params */
+    int in, out;                     /* local sizes (this rank's box) */
+    llama3_linear_style style;       /* how tensor parallel splits it */
+    const llama3_linear_impl *impl;  /* never NULL: llama3_linear_default() unless a converter set one */
+    void *impl_state;                /* the converter's per-linear state */
+};
+
+const llama3_linear_impl *llama3_linear_default(void);
+
+/* The process groups a layout computes over (NULL: degree 1, nothing to talk to). */
+typedef struct {
+    comm_group *tp;
+    comm_group *cp;
+} llama3_ctx;
+
+struct llama3_model {
     llama3_args args;
     const tetra_ops *ops;
     int max_seq_len;
+    llama3_layout layout;
+    llama3_ctx ctx;
 
     int n_params;
     llama3_param *params;     /* [n_params], in unit order */
-    int n_units;              /* L + 2 */
-    size_t *unit_offset;      /* [n_units] element offset of each unit */
+    llama3_linear *linears;   /* [n_params]: linears[i] describes params[i] when is_linear[i]
+                                 (the projections; not the embedding or the norms) */
+    unsigned char *is_linear; /* [n_params] */
+    int n_units;
+    llama3_unit *units;       /* [n_units] */
+    size_t *unit_offset;      /* [n_units] element offset of each unit (= units[u].offset) */
     size_t *unit_numel;       /* [n_units] */
-    size_t total_numel;
+    size_t total_numel;       /* elements of this rank's layout */
 
-    float *param_mem;         /* [total_numel] backend memory: fp32 parameters */
-    float *grad_mem;          /* [total_numel] backend memory: fp32 gradients (both precisions) */
+    /* Where each unit's parameters (compute dtype) and fp32 gradients are now; NULL
+     * while not available. Filled by the owner of the storage. */
+    void **unit_params;       /* [n_units] */
+    float **unit_grads;       /* [n_units] */
+
     float *rope_table;        /* [max_seq_len, head_dim/2, 2] backend memory */
 
     /* Mixed precision (TorchTitan's mixed_precision_param = bfloat16): the forward and
      * backward read bf16 compute copies of the parameters and keep bf16 activations;
      * gradients stay fp32 and the fp32 parameters are the optimizer's master weights. */
     tetra_dtype compute_dtype; /* TETRA_F32 (default) or TETRA_BF16 */
-    uint16_t *param_bf16;      /* [total_numel] backend memory, the compute copy (BF16 only) */
-} llama3_model;
+
+    /* Own storage (llama3_model_init): the whole layout's fp32 parameters, gradients
+     * and, under mixed precision, the bf16 compute copy. NULL with external storage. */
+    int own_storage;
+    float *param_mem;         /* [total_numel] */
+    float *grad_mem;          /* [total_numel] */
+    uint16_t *param_bf16;     /* [total_numel] (BF16 only) */
+};
 
 typedef struct llama3_acts llama3_acts;
+typedef struct llama3_workspace llama3_workspace;
 
-/* Lay out parameters and allocate params, grads and the RoPE table. */
+/* The single-rank model with its own storage: params and grads allocated and bound,
+ * plus the RoPE table. */
 int llama3_model_init(llama3_model *m, const llama3_args *a, int max_seq_len, const tetra_ops *ops, char *err,
                       size_t errlen);
+/* Storage of a model built for a layout. */
+typedef enum {
+    LLAMA3_STORAGE_EXTERNAL = 0, /* unit_params / unit_grads are the caller's (FSDP) */
+    LLAMA3_STORAGE_OWN,          /* the layout's buffers, allocated and bound (as llama3_model_init) */
+    LLAMA3_STORAGE_NONE          /* a declaration only (planning): no backend memory, nothing may run */
+} llama3_storage;
+int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3_layout *layout,
+                             llama3_storage storage, int max_seq_len, const tetra_ops *ops, char *err, size_t errlen);
 void llama3_model_free(llama3_model *m);
 
-/* Choose the compute precision (before creating activations): TETRA_BF16 allocates the
- * bf16 compute copy and fills it from param_mem. */
+/* Choose the compute precision (before creating activations). With own storage,
+ * TETRA_BF16 allocates the bf16 compute copy and fills it from param_mem. */
 int llama3_model_set_compute_dtype(llama3_model *m, tetra_dtype t, char *err, size_t errlen);
-/* param_bf16 = bf16(param_mem) (round to nearest even) after the fp32 parameters were
- * written outside an optimizer step; a no-op in fp32. (With FSDP the compute copy is
- * gathered from the shards instead.) */
+/* Own storage: param_bf16 = bf16(param_mem) (round to nearest even) after the fp32
+ * parameters were written outside an optimizer step; a no-op in fp32. */
 void llama3_sync_compute_params(llama3_model *m);
 
-/* TorchTitan's init drawn from a counter-based RNG keyed by (seed, parameter
- * name, global element index): any sharding computes the same values. */
+/* Own storage: TorchTitan's init drawn from a counter-based RNG keyed by (seed,
+ * parameter name, global element index): any sharding computes the same values. */
 void llama3_init_weights(llama3_model *m, uint64_t seed);
 
-/* Elements [start, start + count) of one parameter's row-major init, into host
- * memory: what a shard owner calls to initialise only its own range. */
+/* Elements [start, start + count) of one parameter's GLOBAL row-major init, into
+ * host memory: what a shard owner calls to initialise only its own range. */
 void llama3_init_param_range(const llama3_param *p, uint64_t seed, size_t start, size_t count, float *host_out);
 
 const llama3_param *llama3_find_param(const llama3_model *m, const char *name);
+/* Own storage: zero every gradient. */
 void llama3_zero_grads(llama3_model *m);
 
-/* Activations of one microbatch of b sequences of t tokens (t <= max_seq_len). */
+/* Local units: the block's unit, the embedding's, the head's; -1 when not held. */
+int llama3_block_unit(const llama3_model *m, int layer);
+int llama3_embedding_unit(const llama3_model *m);
+int llama3_head_unit(const llama3_model *m);
+
+/* ---- activations ---- */
+
+/* What a block keeps for backward: one bit per activation (the op that makes it).
+ * A block keeps the residual stream (its input and output) always. */
+enum {
+    LLAMA3_KEEP_XN1 = 1u << 0,  /* attention_norm output and its rstd */
+    LLAMA3_KEEP_Q = 1u << 1,    /* xn1 Wq^T after RoPE */
+    LLAMA3_KEEP_K = 1u << 2,    /* xn1 Wk^T after RoPE */
+    LLAMA3_KEEP_V = 1u << 3,    /* xn1 Wv^T */
+    LLAMA3_KEEP_ATT = 1u << 4,  /* attention output and its log-sum-exp */
+    LLAMA3_KEEP_H = 1u << 5,    /* residual after attention */
+    LLAMA3_KEEP_XN2 = 1u << 6,  /* ffn_norm output and its rstd */
+    LLAMA3_KEEP_A = 1u << 7,    /* xn2 W1^T */
+    LLAMA3_KEEP_G = 1u << 8,    /* xn2 W3^T */
+    LLAMA3_KEEP_S = 1u << 9,    /* silu(a) * g */
+    LLAMA3_KEEP_ALL = (1u << 10) - 1u,
+    LLAMA3_KEEP_NONE = 0u       /* only the block's input: the backward recomputes the block */
+};
+
+/* The stage's shared scratch: room for one block's unkept activations in the forward,
+ * `recompute_slots` blocks recomputed between their I and W passes, and the per-pass
+ * scratch (GEMM outputs, attention workspace), for microbatches of up to max_b x max_t. */
+llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int recompute_slots,
+                                          char *err, size_t errlen);
+void llama3_workspace_free(const llama3_model *m, llama3_workspace *ws);
+size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int recompute_slots);
+
+/* Activations of one microbatch of b sequences of t tokens on workspace ws (b t <= its
+ * max_b max_t); keep[i] is the mask of local block i (NULL: keep everything). */
+llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, const unsigned *keep, int b, int t,
+                                   char *err, size_t errlen);
+/* The same with a private workspace, every activation kept (tests, tools). */
 llama3_acts *llama3_acts_create(const llama3_model *m, int b, int t, char *err, size_t errlen);
 void llama3_acts_free(const llama3_model *m, llama3_acts *a);
-/* Bytes held by one llama3_acts of this size (for memory reports). */
+/* Bytes one llama3_acts of this size and policy holds (NULL keep: everything),
+ * without the workspace. */
+size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int b, int t);
+/* Bytes of llama3_acts_create(m, b, t): everything kept, plus its private workspace. */
 size_t llama3_acts_bytes(const llama3_model *m, int b, int t);
 
 /* Keep a copy of the logits before the fused cross-entropy overwrites them with
  * dlogits (tests; costs one more [b*t, V] buffer). Returns 0, or -1 when out of memory. */
 int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep);
 
-/* Forward over inputs/targets [b, t] (host memory) (targets may hold OPS_IGNORE_INDEX).
- * Returns the SUM of token losses; *n_valid gets the count of valid targets.
- * The fused cross-entropy also leaves dlogits = dloss_scale * dL/dlogits in
- * the activations, so pass dloss_scale = 1 / (global valid tokens). */
+/* Forward of the whole layout over inputs/targets [b, t] (host memory) (targets may
+ * hold OPS_IGNORE_INDEX). Needs the embedding and the head. Returns the SUM of token
+ * losses; *n_valid gets the count of valid targets. The fused cross-entropy also
+ * leaves dlogits = dloss_scale * dL/dlogits in the activations, so pass
+ * dloss_scale = 1 / (global valid tokens). With targets == NULL the forward stops at
+ * the logits (no loss, no backward) and returns 0. */
 double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, const int32_t *targets,
                       float dloss_scale, int64_t *n_valid);
-/* With targets == NULL the forward stops at the logits (no loss, no backward)
- * and returns 0. The pieces, for pipeline stages (residual r_0 is the embedding
- * output, block l maps r_l to r_{l+1}, the head reads r_L): */
+/* The pieces, per unit (residual r_0 is the embedding output, block l maps r_l to
+ * r_{l+1}, the head reads r_L; l is the global block index): */
 void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *inputs);
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int layer);
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
                            int64_t *n_valid);
 /* Residual r_l [b*t, dim] and its gradient dL/dr_l (backend memory, compute dtype),
- * l in [0, L]: what pipeline stages send and receive. */
+ * l in [layer_start, layer_end]: what pipeline stages send and receive. */
 void *llama3_acts_residual(llama3_acts *a, int l);
 void *llama3_acts_residual_grad(llama3_acts *a, int l);
 
@@ -120,15 +270,20 @@ void *llama3_acts_residual_grad(llama3_acts *a, int l);
  * without targets; NULL otherwise (the buffer then holds dlogits). */
 const float *llama3_logits(const llama3_acts *a);
 
-/* Full backward of the last forward; accumulates into grad_mem. */
+/* Full backward of the last forward (embedding and head needed); accumulates into
+ * the gradients. */
 void llama3_backward(llama3_model *m, llama3_acts *a);
 
-/* The pieces, for schedules that run them apart (pipeline parallel). I of block l
- * reads dL/dr_{l+1} (from the head or from I of block l+1) and writes dL/dr_l; W of
- * block l may run any time after I of block l and before this llama3_acts' next
- * forward (I leaves what W needs in the activations). The one-pass llama3_backward
- * runs head, then I and W per block from the last, then the embedding. */
-void llama3_backward_head(llama3_model *m, llama3_acts *a);              /* output + final norm, I and W */
+/* The pieces, for schedules that run them apart. I of block l reads dL/dr_{l+1}
+ * (from the head's I or I of block l+1) and writes dL/dr_l; W of block l may run any
+ * time after I of block l and before this llama3_acts' next forward (I leaves what W
+ * needs in the activations or a recompute slot). The head's I reads the dlogits of
+ * its forward and writes dL/dr_L; its W needs only what its forward and I left. The
+ * one-pass llama3_backward runs the head's I and W, then I and W per block from the
+ * last, then the embedding (a W pass: it has no input gradient). */
+void llama3_backward_head_input(llama3_model *m, llama3_acts *a);
+void llama3_backward_head_weight(llama3_model *m, llama3_acts *a);
+void llama3_backward_head(llama3_model *m, llama3_acts *a); /* I then W */
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int layer);
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int layer);
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a);

@@ -1,8 +1,10 @@
 /* Llama 3 model: counter-based init (known answers, determinism, slices,
  * statistics), backward split into I and W equal to the one-pass backward bit
  * for bit, independent microbatch activations, gradients against finite
- * differences, and Hugging Face safetensors save/load (round trip, the q/k
- * rotary permutation, sharded folders, F16/BF16 inputs, error messages). */
+ * differences, Hugging Face safetensors save/load (round trip, the q/k rotary
+ * permutation, sharded folders, F16/BF16 inputs, error messages), stage-local
+ * layouts against the full model, save policies (recompute) against keeping
+ * everything, and the linear descriptors' implementation slot. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -585,6 +587,252 @@ static void test_hf(void) {
     llama3_model_free(&m2);
 }
 
+/* ---------------------------------------------------------------------------- layouts */
+
+static void make_stage(llama3_model *m, const char *flavor, int max_seq, int l0, int l1, int emb, int head) {
+    llama3_args a;
+    char err[512];
+    llama3_flavor(flavor, &a);
+    llama3_layout lay = llama3_layout_full(&a);
+    lay.layer_start = l0;
+    lay.layer_end = l1;
+    lay.has_embedding = emb;
+    lay.has_head = head;
+    if (llama3_model_init_layout(m, &a, &lay, LLAMA3_STORAGE_OWN, max_seq, ops_cpu(), err, sizeof err) != 0) {
+        fprintf(stderr, "cannot build a stage of %s: %s\n", flavor, err);
+        exit(1);
+    }
+}
+
+/* A stage holds exactly its blocks' parameters, initialised to the full model's values,
+ * and a chain of stages passing residuals computes the full model's loss and gradients
+ * bit for bit. */
+static void test_stage_local(void) {
+    llama3_model full, st[3];
+    char err[256];
+    make_model(&full, "debugmodel", 64);
+    llama3_init_weights(&full, 7);
+    make_stage(&st[0], "debugmodel", 64, 0, 2, 1, 0);
+    make_stage(&st[1], "debugmodel", 64, 2, 4, 0, 0);
+    make_stage(&st[2], "debugmodel", 64, 4, 6, 0, 1);
+    for (int i = 0; i < 3; i++) llama3_init_weights(&st[i], 7);
+
+    /* layers 2-3 of 6, no embedding: 18 parameters in 2 units */
+    const llama3_model *mid = &st[1];
+    CHECK(mid->n_params == 18 && mid->n_units == 2, "stage 1: %d params in %d units", mid->n_params, mid->n_units);
+    CHECK(!llama3_find_param(mid, "tok_embeddings.weight") && !llama3_find_param(mid, "output.weight") &&
+              !llama3_find_param(mid, "layers.1.attention.wq.weight") &&
+              !llama3_find_param(mid, "layers.4.attention.wq.weight"),
+          "stage 1 holds nothing outside layers 2-3");
+    CHECK(llama3_embedding_unit(mid) < 0 && llama3_head_unit(mid) < 0 && llama3_block_unit(mid, 2) == 0 &&
+              llama3_block_unit(mid, 3) == 1 && llama3_block_unit(mid, 4) < 0,
+          "stage 1 units");
+    size_t held = 0;
+    int same = 1;
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; k < st[i].n_params; k++) {
+            const llama3_param *p = &st[i].params[k];
+            const llama3_param *q = llama3_find_param(&full, p->name);
+            same &= q && q->numel == p->numel && q->shape[0] == p->shape[0] && q->shape[1] == p->shape[1] &&
+                    !memcmp(st[i].param_mem + p->offset, full.param_mem + q->offset, p->numel * sizeof(float));
+            held += p->numel;
+        }
+    }
+    CHECK(same, "every stage parameter equals the full model's slice");
+    CHECK(held == full.total_numel, "the stages together hold %zu of %zu elements", held, full.total_numel);
+    CHECK(mid->total_numel < full.total_numel / 3, "stage 1 holds %zu of %zu", mid->total_numel, full.total_numel);
+
+    const int b = 2, t = 32, n = b * t;
+    int32_t in[64], tg[64];
+    make_batch(in, tg, n, full.args.vocab_size, 5);
+    llama3_acts *af = llama3_acts_create(&full, b, t, err, sizeof err);
+    llama3_acts *a[3];
+    for (int i = 0; i < 3; i++) a[i] = llama3_acts_create(&st[i], b, t, err, sizeof err);
+    CHECK(af && a[0] && a[1] && a[2], "%s", err);
+    const size_t rbytes = (size_t)n * full.args.dim * sizeof(float);
+    CHECK(llama3_acts_bytes(&st[1], b, t) < llama3_acts_bytes(&full, b, t) / 2, "a middle stage keeps less");
+
+    llama3_zero_grads(&full);
+    double lf = llama3_forward(&full, af, in, tg, 0.02f, NULL);
+    llama3_backward(&full, af);
+
+    for (int i = 0; i < 3; i++) llama3_zero_grads(&st[i]);
+    llama3_forward_embedding(&st[0], a[0], in);
+    for (int l = 0; l < 6; l++) {
+        int s = l / 2;
+        if (l % 2 == 0 && s > 0) memcpy(llama3_acts_residual(a[s], l), llama3_acts_residual(a[s - 1], l), rbytes);
+        llama3_block_forward(&st[s], a[s], l);
+    }
+    double ls = llama3_forward_head(&st[2], a[2], tg, 0.02f, NULL);
+    CHECK(ls == lf, "stage chain loss %.9g vs full %.9g", ls, lf);
+    llama3_backward_head(&st[2], a[2]);
+    for (int l = 5; l >= 0; l--) {
+        int s = l / 2;
+        if (l % 2 == 1 && s < 2)
+            memcpy(llama3_acts_residual_grad(a[s], l + 1), llama3_acts_residual_grad(a[s + 1], l + 1), rbytes);
+        llama3_block_backward_input(&st[s], a[s], l);
+        llama3_block_backward_weight(&st[s], a[s], l);
+    }
+    llama3_backward_embedding(&st[0], a[0]);
+    same = 1;
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < st[i].n_params; k++) {
+            const llama3_param *p = &st[i].params[k];
+            const llama3_param *q = llama3_find_param(&full, p->name);
+            int eq = !memcmp(st[i].grad_mem + p->offset, full.grad_mem + q->offset, p->numel * sizeof(float));
+            if (!eq) fprintf(stderr, "  gradient of %s differs\n", p->name);
+            same &= eq;
+        }
+    CHECK(same, "stage gradients equal the full model's bit for bit");
+
+    llama3_acts_free(&full, af);
+    for (int i = 0; i < 3; i++) {
+        llama3_acts_free(&st[i], a[i]);
+        llama3_model_free(&st[i]);
+    }
+    llama3_model_free(&full);
+}
+
+/* ---------------------------------------------------------------------------- save policy */
+
+/* Blocks that keep less recompute the rest in their I pass: the loss and every gradient
+ * equal keeping everything, bit for bit, for any mask and any I/W order the workspace
+ * has slots for; the microbatch costs only what it keeps. */
+static void test_keep_policy(void) {
+    llama3_model m;
+    char err[256];
+    make_model(&m, "debugmodel", 64);
+    llama3_init_weights(&m, 11);
+    const int b = 2, t = 32, n = b * t, L = m.args.n_layers;
+    int32_t in[64], tg[64];
+    make_batch(in, tg, n, m.args.vocab_size, 9);
+    const size_t bytes = m.total_numel * sizeof(float);
+    float *g_ref = malloc(bytes);
+
+    llama3_acts *ar = llama3_acts_create(&m, b, t, err, sizeof err);
+    llama3_zero_grads(&m);
+    double l_ref = llama3_forward(&m, ar, in, tg, 1.0f / 50.0f, NULL);
+    llama3_backward(&m, ar);
+    memcpy(g_ref, m.grad_mem, bytes);
+    llama3_acts_free(&m, ar);
+
+    unsigned masks[4][6];
+    for (int l = 0; l < L; l++) {
+        masks[0][l] = LLAMA3_KEEP_NONE;                                      /* full AC */
+        masks[1][l] = l % 2 ? LLAMA3_KEEP_ALL : LLAMA3_KEEP_NONE;            /* every 2nd block */
+        masks[2][l] = LLAMA3_KEEP_ATT | LLAMA3_KEEP_Q | LLAMA3_KEEP_V | LLAMA3_KEEP_A; /* op-level style */
+        masks[3][l] = (unsigned)(l * 173 + 5) & LLAMA3_KEEP_ALL;             /* arbitrary */
+    }
+    const char *names[4] = {"keep none", "every other block", "attention + every other matmul", "arbitrary"};
+    const size_t all_bytes = llama3_acts_bytes_policy(&m, NULL, b, t);
+    for (int k = 0; k < 4; k++) {
+        for (int order = 0; order < 2; order++) {
+            /* order 0: I then W per block (one slot); 1: every I, then every W (L slots) */
+            llama3_workspace *ws = llama3_workspace_create(&m, b, t, order ? L : 1, err, sizeof err);
+            llama3_acts *a = ws ? llama3_acts_create_ws(&m, ws, masks[k], b, t, err, sizeof err) : NULL;
+            CHECK(a != NULL, "%s", err);
+            if (!a) continue;
+            llama3_zero_grads(&m);
+            double l2 = llama3_forward(&m, a, in, tg, 1.0f / 50.0f, NULL);
+            llama3_backward_head(&m, a);
+            if (order == 0) {
+                for (int l = L - 1; l >= 0; l--) {
+                    llama3_block_backward_input(&m, a, l);
+                    llama3_block_backward_weight(&m, a, l);
+                }
+            } else {
+                for (int l = L - 1; l >= 0; l--) llama3_block_backward_input(&m, a, l);
+                for (int l = 0; l < L; l++) llama3_block_backward_weight(&m, a, l);
+            }
+            llama3_backward_embedding(&m, a);
+            CHECK(l2 == l_ref, "%s: loss %.9g vs %.9g", names[k], l2, l_ref);
+            CHECK(!memcmp(g_ref, m.grad_mem, bytes), "%s (%s): gradients equal keeping everything bit for bit",
+                  names[k], order ? "all I then all W" : "I then W");
+            llama3_acts_free(&m, a);
+            llama3_workspace_free(&m, ws);
+        }
+        size_t kb = llama3_acts_bytes_policy(&m, masks[k], b, t);
+        CHECK(kb < all_bytes, "%s keeps %zu bytes of %zu", names[k], kb, all_bytes);
+        if (k == 0) printf("test_model: debugmodel 2 x 32: keep-all %zu bytes, keep-none %zu bytes per microbatch\n",
+                           all_bytes, kb);
+    }
+    /* a block that keeps nothing holds only the residual stream: (L + 1) x 2 x [N, C] plus the head */
+    const size_t none = llama3_acts_bytes_policy(&m, masks[0], b, t);
+    const size_t resid = (size_t)(L + 1) * 2 * (size_t)n * m.args.dim * sizeof(float);
+    CHECK(none < resid + (size_t)n * (m.args.vocab_size + 3 * m.args.dim + 8) * sizeof(float) + 4096,
+          "keep-none microbatch %zu bytes, residual stream %zu", none, resid);
+    free(g_ref);
+    llama3_model_free(&m);
+}
+
+/* ---------------------------------------------------------------------------- linear descriptors */
+
+static int lin_calls[3];
+static void count_fwd(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
+                      const void *w, int n, float beta) {
+    lin_calls[0]++;
+    llama3_linear_default()->forward(m, l, yt, y, x, w, n, beta);
+}
+static void count_bwd_in(const llama3_model *m, const llama3_linear *l, void *dx, const void *dy, const void *w,
+                         int n, float beta) {
+    lin_calls[1]++;
+    llama3_linear_default()->backward_input(m, l, dx, dy, w, n, beta);
+}
+static void count_bwd_w(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
+                        int n) {
+    lin_calls[2]++;
+    *(int *)l->impl_state += 1;
+    llama3_linear_default()->backward_weight(m, l, dw, dy, x, n);
+}
+
+/* Every projection runs through its descriptor: a replacement implementation (what a
+ * converter installs) sees every call with the linear's sizes, and delegating gives the
+ * same numbers. */
+static void test_linear_impl(void) {
+    llama3_model m;
+    char err[256];
+    make_model(&m, "tiny", 32);
+    llama3_init_weights(&m, 3);
+    const int b = 1, t = 16, L = m.args.n_layers;
+    int32_t in[16], tg[16];
+    make_batch(in, tg, b * t, m.args.vocab_size, 0);
+    llama3_acts *a = llama3_acts_create(&m, b, t, err, sizeof err);
+    const size_t bytes = m.total_numel * sizeof(float);
+    float *g_ref = malloc(bytes);
+    llama3_zero_grads(&m);
+    double l_ref = llama3_forward(&m, a, in, tg, 0.1f, NULL);
+    llama3_backward(&m, a);
+    memcpy(g_ref, m.grad_mem, bytes);
+
+    static const llama3_linear_impl counting = {"counting", count_fwd, count_bwd_in, count_bwd_w};
+    int n_lin = 0, *per = calloc((size_t)m.n_params, sizeof *per);
+    for (int i = 0; i < m.n_params; i++) {
+        if (!m.is_linear[i]) continue;
+        n_lin++;
+        const llama3_param *p = &m.params[i];
+        CHECK(m.linears[i].out == p->shape[0] && m.linears[i].in == p->shape[1] &&
+                  m.linears[i].impl == llama3_linear_default(),
+              "%s: linear %d x %d", p->name, m.linears[i].in, m.linears[i].out);
+        m.linears[i].impl = &counting;
+        m.linears[i].impl_state = &per[i];
+    }
+    CHECK(n_lin == 7 * L + 1 && !m.is_linear[0], "%d projections (embedding is a lookup)", n_lin);
+    memset(lin_calls, 0, sizeof lin_calls);
+    llama3_zero_grads(&m);
+    double l2 = llama3_forward(&m, a, in, tg, 0.1f, NULL);
+    llama3_backward(&m, a);
+    CHECK(lin_calls[0] == n_lin && lin_calls[1] == n_lin && lin_calls[2] == n_lin, "calls %d %d %d of %d",
+          lin_calls[0], lin_calls[1], lin_calls[2], n_lin);
+    int each = 1;
+    for (int i = 0; i < m.n_params; i++) each &= !m.is_linear[i] || per[i] == 1;
+    CHECK(each, "each linear's state saw its own weight-gradient call");
+    CHECK(l2 == l_ref && !memcmp(g_ref, m.grad_mem, bytes), "a delegating implementation changes nothing");
+    free(per);
+    free(g_ref);
+    llama3_acts_free(&m, a);
+    llama3_model_free(&m);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/tetra_test_model_XXXXXX", base && *base ? base : "/tmp");
@@ -598,6 +846,9 @@ int main(void) {
     test_acts_memory();
     test_gradcheck();
     test_hf();
+    test_stage_local();
+    test_keep_policy();
+    test_linear_impl();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
