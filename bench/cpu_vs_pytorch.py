@@ -1,9 +1,10 @@
 """tetra's CPU backend vs PyTorch eager: same Llama 3 model, batch, weights and
 thread count, fp32, measured one after the other in one process.
 
-A step is forward + backward + gradient clipping + AdamW. tetra runs through its
-C API (libtetra.so); PyTorch runs tests/py/llama3_ref.py, a plain eager Llama 3,
-with torch.optim.AdamW. Reported: median step time after warm-up, tokens/s,
+A step is forward + backward + gradient clipping + AdamW. tetra runs its trainer's
+own step through the C API (libtetra.so: trainer_capi_*, the `tetra train` step fed
+this batch); PyTorch runs tests/py/llama3_ref.py, a plain eager Llama 3, with
+torch.optim.AdamW. Reported: median step time after warm-up, tokens/s,
 TFLOP/s and MFU with TorchTitan's FLOPs-per-token count, against the best
 fp32 GEMM rate measured here with the same threads (the peak this machine can
 reach, since no vendor table applies to a CPU).
@@ -59,16 +60,12 @@ def sig(name, restype, *argtypes):
 
 
 c_void, c_size = ctypes.c_void_p, ctypes.c_size_t
-capi_create = sig("llama3_capi_create", c_void, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, c_size)
-capi_free = sig("llama3_capi_free", None, c_void)
-capi_init = sig("llama3_capi_init_weights", None, c_void, ctypes.c_uint64)
-capi_fwd_bwd = sig("llama3_capi_forward_backward", ctypes.c_double, c_void, ctypes.c_int, ctypes.c_int, c_void,
-                   c_void, c_void)
-capi_optim = sig("llama3_capi_optim_step", ctypes.c_double, c_void, ctypes.c_double, ctypes.c_double,
-                 ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double)
-capi_save = sig("llama3_capi_save_hf", ctypes.c_int, c_void, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
-                ctypes.c_char_p, c_size)
-capi_acts_bytes = sig("llama3_capi_acts_bytes", c_size, c_void, ctypes.c_int, ctypes.c_int)
+trainer_create = sig("trainer_capi_create", c_void, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_char_p,
+                     c_size)
+trainer_free = sig("trainer_capi_free", None, c_void)
+trainer_step = sig("trainer_capi_step", ctypes.c_double, c_void, c_void, c_void, ctypes.POINTER(ctypes.c_double),
+                   ctypes.POINTER(ctypes.c_double))
+trainer_save = sig("trainer_capi_save_hf", ctypes.c_int, c_void, ctypes.c_char_p, ctypes.c_char_p, c_size)
 lib.openblas_set_num_threads.argtypes = [ctypes.c_int]
 lib.openblas_set_num_threads(args.threads)
 
@@ -129,22 +126,29 @@ def worker_tetra(spec, weights_out):
     cfg = ref.Config(**DEBUG)
     b, t = spec["batch"], spec["seq_len"]
     inputs, targets = make_batch(cfg, b, t)
-    err = ctypes.create_string_buffer(1024)
-    h = capi_create(spec["flavor"].encode(), t, err, 1024)
+    err = ctypes.create_string_buffer(2048)
+    # a constant learning rate (no warm-up or decay), as the PyTorch side
+    argv = ["train", "--model.flavor", spec["flavor"], "--training.device", "cpu", "--training.seed", "42",
+            "--training.seq_len", str(t), "--training.local_batch_size", str(b), "--training.global_batch_size",
+            str(b), "--training.steps", "1000000", "--training.threads", str(args.threads),
+            "--training.max_norm", str(MAX_NORM), "--optimizer.lr", str(LR), "--optimizer.beta1", str(BETAS[0]),
+            "--optimizer.beta2", str(BETAS[1]), "--optimizer.eps", str(EPS), "--optimizer.weight_decay", str(WD),
+            "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay_ratio", "0"]
+    arr = (ctypes.c_char_p * len(argv))(*[a.encode() for a in argv])
+    h = trainer_create(len(argv), arr, err, 2048)
     if not h:
         raise SystemExit(f"tetra: {err.value.decode()}")
-    capi_init(h, 42)
-    if capi_save(h, weights_out.encode(), b"float32", 0, err, 1024) != 0:
+    if trainer_save(h, weights_out.encode(), err, 2048) != 0:
         raise SystemExit(f"tetra: {err.value.decode()}")
     inp32, tgt32 = inputs.to(torch.int32).contiguous(), targets.to(torch.int32).contiguous()
     losses = []
+    gn, lr = ctypes.c_double(), ctypes.c_double()
 
     def step():
-        losses.append(capi_fwd_bwd(h, b, t, inp32.data_ptr(), tgt32.data_ptr(), None))
-        capi_optim(h, LR, BETAS[0], BETAS[1], EPS, WD, MAX_NORM)
+        losses.append(trainer_step(h, inp32.data_ptr(), tgt32.data_ptr(), ctypes.byref(gn), ctypes.byref(lr)))
 
     dt = time_steps(step, args.warmup, args.steps)
-    capi_free(h)
+    trainer_free(h)
     print(f"{dt!r} {losses[0]!r}")
 
 

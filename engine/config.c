@@ -549,12 +549,17 @@ int cfg_set_string(tetra_config *c, const char *full, const char *value, char *e
 
 static void print_help_usage(FILE *out) {
     fprintf(out,
-            "usage: tetra train [--job.config_file FILE] [--section.key VALUE ...]\n"
+            "usage: tetra train [--dry-run] [--job.config_file FILE] [--section.key VALUE ...]\n"
             "\n"
             "Trains a Llama 3 model. Values come from the defaults below, then the TOML\n"
             "file, then the command line (last wins). Forms: --section.key VALUE,\n"
             "--section.key=VALUE, --section.flag / --section.no_flag for booleans,\n"
-            "comma-separated lists (--model.converters float8).\n\n");
+            "comma-separated lists (--model.converters float8).\n"
+            "\n"
+            "--dry-run lays out the run (model, FSDP shards and working buffers, optimizer\n"
+            "state, activations) for the world it is launched with, prints every rank's\n"
+            "memory by category, and exits without allocating device memory or reading\n"
+            "data; training.device = \"cuda\" plans for the GPU on a machine without one.\n\n");
 }
 
 int cfg_parse_args(tetra_config *c, int argc, char **argv, FILE *out, char *err, size_t n) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/config.h"
@@ -46,6 +47,16 @@ int train_main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     log_init(rank, world);
 
+    /* --dry-run is an action, not a config key: taken out before the keys are parsed */
+    trainer_options topt;
+    memset(&topt, 0, sizeof topt);
+    int kept = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && (!strcmp(argv[i], "--dry-run") || !strcmp(argv[i], "--dry_run"))) topt.dry_run = 1;
+        else argv[kept++] = argv[i];
+    }
+    argc = kept;
+
     tetra_config cfg;
     cfg_init(&cfg);
     char err[2048];
@@ -77,9 +88,18 @@ int train_main(int argc, char **argv) {
              "gradient accumulation %d",
              cfg.v.job.description, dims.world, dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp,
              (long long)dims.global_batch_size, dims.grad_accum_steps);
-    rc = trainer_run(&cfg, &dims, rank, world);
+    rc = trainer_run(&cfg, &dims, rank, world, &topt);
     cfg_free(&cfg);
-    if (rc != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, rc); /* a failing rank must not leave the others waiting */
+    if (rc != 0 && world > 1) {
+        /* A failing rank must not leave the others waiting. mpirun forwards each rank's
+         * output through its daemon, and an abort can overtake the error line on its way:
+         * give it a moment to drain first. */
+        fflush(stdout);
+        fflush(stderr);
+        struct timespec pause = {0, 300000000};
+        nanosleep(&pause, NULL);
+        MPI_Abort(MPI_COMM_WORLD, rc);
+    }
     MPI_Finalize();
     return rc;
 }

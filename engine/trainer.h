@@ -1,35 +1,56 @@
-/* trainer.h — the training loop: data, model, loss, AdamW, schedule, metrics.
+/* trainer.h — the training job: setup, the step loop, teardown.
  *
  * The ranks form the mesh pp x dp_replicate x dp_shard x cp x tp
- * (parallel/mesh.h) with a communicator per group (parallel/comm.h); the
- * model's units (embedding, blocks, norm + output) are sharded over
- * dp_shard x cp and replicated over dp_replicate (parallel/fsdp.h: FSDP,
- * HSDP, or DDP when the shard degree is 1).
+ * (parallel/mesh.h) with a communicator per group (parallel/comm.h). Each rank
+ * builds the model for its layout (models/llama3/model.h) without storage of its
+ * own; FSDP (parallel/fsdp.h: FSDP, HSDP, or DDP when the shard degree is 1)
+ * owns the parameter, gradient and working buffers and binds each unit to the
+ * model while it computes.
  *
- * One optimizer step: fetch every microbatch of the step (each rank of the
- * batch group reads its own windows), count the valid target tokens and
- * all-reduce the count over the loss group, run forward + backward per
- * microbatch unit by unit with dloss_scale = 1 / global valid tokens (so
- * accumulation and data parallel give the global-token mean gradient),
- * all-gathering each unit's parameters before it runs and reduce-scattering
- * its gradient after its W pass; clip to training.max_norm with the global
- * norm of the sharded gradient; step AdamW on the local shard at
- * lr * schedule(step); log the loss summed over the loss group.
+ * One optimizer step (train_step): each rank of the batch group reads its own
+ * microbatches; the valid target tokens are counted and all-reduced over the
+ * loss group; then the rank's list of schedule actions runs (parallel/pp:
+ * forward / backward-input / backward-weight / full backward of a stage and
+ * microbatch — gradient accumulation is the degenerate schedule F0 B0 F1 B1 ...)
+ * with dloss_scale = 1 / global valid tokens, so accumulation and data parallel
+ * give the global-token mean gradient; FSDP gathers each unit before it runs and
+ * reduce-scatters its gradient after its W pass; then the gradient is clipped to
+ * training.max_norm with the global norm of the sharded gradient and AdamW steps
+ * the local shard at lr * schedule(step); the loss is summed over the loss group.
  *
  * Checkpoints (checkpoint/checkpoint.h, docs/checkpoint.md): with
  * checkpoint.enable the run resumes from the newest complete checkpoint in
  * <dump_folder>/<folder> (or load_step), under any data-parallel layout, and
- * continues at its step + 1; otherwise it may start from initial_load_path.
- * It saves after every interval-th step and the last one (sync, or staged to
- * host memory and written by a background thread in async mode; an async
- * save is finalised at a later step boundary once every rank's writer is
- * done). create_seed_checkpoint writes step-0 and exits. */
+ * continues at its step + 1; otherwise it may start from initial_load_path
+ * (a tetra checkpoint, or Hugging Face safetensors read piece by piece). It
+ * saves after every interval-th step and the last one (sync, or staged to host
+ * memory and written by a background thread in async mode). create_seed_checkpoint
+ * writes step-0 and exits.
+ *
+ * A dry run lays out everything — model, FSDP shards and working buffers,
+ * activations, workspace, optimizer state — prints each rank's start-up memory
+ * lines and returns without allocating backend memory or reading data.
+ */
 #ifndef TETRA_TRAINER_H
 #define TETRA_TRAINER_H
 
 #include "engine/config.h"
 
+typedef struct trainer trainer;
+
+typedef struct {
+    int dry_run;          /* plan and print memory per rank; allocate nothing */
+    int external_batches; /* no data loader: the caller supplies every step's batches */
+} trainer_options;
+
+/* Collective over MPI_COMM_WORLD. 0 with *out set, or an exit code (the error is
+ * logged). A dry run returns 0 with *out NULL after printing its plan. */
+int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
+                  const trainer_options *opt);
+void trainer_teardown(trainer *t);
+
 /* Runs the whole job on this rank (MPI is initialised). Returns the exit code. */
-int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world);
+int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
+                const trainer_options *opt);
 
 #endif

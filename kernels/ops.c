@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef TETRA_HAVE_CUDA
@@ -60,6 +61,60 @@ const tetra_ops *ops_get(const char *device, char *err, size_t errlen) {
         }
         return ops_cuda(err, errlen);
 #else
+        set_err(err, errlen,
+                "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
+        return NULL;
+#endif
+    }
+    if (err && errlen) snprintf(err, errlen, "unknown device \"%s\" (expected cpu, cuda or auto)", device);
+    return NULL;
+}
+
+// ---- the planning table (dry runs): sizes only; any memory or compute call is a bug
+// in the caller and stops with a message.
+
+static void *plan_alloc(size_t bytes) {
+    fprintf(stderr, "dry run: a backend allocation of %zu bytes was attempted (planning allocates nothing)\n",
+            bytes);
+    abort();
+}
+
+#ifdef TETRA_HAVE_CUDA
+size_t cuda_attention_workspace_size(const ops_attn_shape *s);
+#endif
+
+const tetra_ops *ops_plan(const char *device, char *err, size_t errlen) {
+    static tetra_ops cpu, cuda;
+    if (!device || !strcmp(device, "auto")) {
+#ifdef TETRA_HAVE_CUDA
+        device = cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+        device = "cpu";
+#endif
+    }
+    if (!strcmp(device, "cpu")) {
+        if (!cpu.name) {
+            const tetra_ops *c = ops_cpu();
+            cpu.name = "cpu";
+            cpu.alloc = plan_alloc;
+            cpu.attention_workspace_size = c->attention_workspace_size;
+            cpu.attention_workspace_size_bf16 = c->attention_workspace_size_bf16;
+        }
+        return &cpu;
+    }
+    if (!strcmp(device, "cuda")) {
+#ifdef TETRA_HAVE_CUDA
+        if (!cuda.name) {
+            /* the built-in kernels' workspace: cuDNN's plan-dependent workspace is known only
+             * on a device (it is of the same order) */
+            cuda.name = "cuda";
+            cuda.alloc = plan_alloc;
+            cuda.attention_workspace_size = cuda_attention_workspace_size;
+            cuda.attention_workspace_size_bf16 = cuda_attention_workspace_size;
+        }
+        return &cuda;
+#else
+        (void)cuda;
         set_err(err, errlen,
                 "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
         return NULL;

@@ -332,6 +332,12 @@ typedef struct tetra_ops {
 // else cpu). Returns NULL and writes a message into err on failure.
 const tetra_ops *ops_get(const char *device, char *err, size_t errlen);
 
+// A table for planning (dry runs) as if on `device` ("cpu", "cuda", "auto"), usable
+// without the device: its name and the workspace-size functions only (for CUDA the
+// built-in attention kernels' workspace); alloc reports a bug and aborts, every other
+// member is NULL.
+const tetra_ops *ops_plan(const char *device, char *err, size_t errlen);
+
 // The CPU table (always built). It threads with OpenMP (omp_get_max_threads(), i.e.
 // OMP_NUM_THREADS) and switches OpenBLAS to one thread, so one pool runs everything.
 const tetra_ops *ops_cpu(void);

@@ -28,6 +28,18 @@ size_t dt_piece_global_index(const dt_tensor *t, size_t k) {
     return g;
 }
 
+size_t dt_piece_global_run(const dt_tensor *t, size_t k, size_t *run) {
+    size_t left = t->piece.count - k;
+    /* the innermost dimensions the box spans completely are contiguous in both orders */
+    size_t span = 1;
+    int d = t->ndim - 1;
+    for (; d >= 0 && t->box_shape[d] == t->shape[d]; d--) span *= (size_t)t->box_shape[d];
+    if (d >= 0) span *= (size_t)t->box_shape[d]; /* the first partial dimension: one run per row of it */
+    size_t in_row = span - (t->piece.start + k) % span;
+    *run = left < in_row ? left : in_row;
+    return dt_piece_global_index(t, k);
+}
+
 void dt_describe(const dt_tensor *t, char *buf, size_t n) {
     char shape[96] = "";
     size_t o = 0;

@@ -23,14 +23,16 @@
 #define DT_MAX_DIMS 4
 #define DT_NAME_MAX 96
 
-/* A parameter as a model declares it: the unsharded layout. */
+/* A parameter as a model declares it: this rank's unsharded layout. */
 typedef struct {
     const char *name;
     int unit;                  /* FSDP unit (communication group of parameters) */
     int ndim;
-    int64_t shape[DT_MAX_DIMS];
-    size_t numel;
-    size_t offset;             /* elements from the start of the flat unsharded buffer */
+    int64_t shape[DT_MAX_DIMS];     /* global shape */
+    int64_t box_start[DT_MAX_DIMS]; /* the block of the global tensor this rank holds (tensor */
+    int64_t box_shape[DT_MAX_DIMS]; /* parallel); box_shape[0] == 0 means the whole tensor */
+    size_t numel;              /* elements of the box */
+    size_t offset;             /* elements from the start of the flat unsharded index space */
 } dt_param_decl;
 
 typedef struct {
@@ -58,6 +60,10 @@ size_t dt_box_numel(const dt_tensor *t);
 void dt_piece_coords(const dt_tensor *t, size_t k, int64_t coord[DT_MAX_DIMS]);
 /* Global row-major index of element k of the piece. */
 size_t dt_piece_global_index(const dt_tensor *t, size_t k);
+/* The same, and in *run how many piece elements from k on are consecutive in the
+ * global row-major order (to the end of the piece or of a box row narrower than the
+ * tensor). */
+size_t dt_piece_global_run(const dt_tensor *t, size_t k, size_t *run);
 /* "layers.0.attention.wq.weight [256, 256] float32: elements [0, 16384) of 65536 at local 0" */
 void dt_describe(const dt_tensor *t, char *buf, size_t n);
 

@@ -1,24 +1,24 @@
 /* fsdp.c — sharded data parallel over units of parameters (see fsdp.h).
  *
- * Buffers per rank:
- *   master[local_numel], grad[local_numel]  persistent shards (each unit's
- *       s_u elements at a 16-element aligned local offset; padding stays 0)
- *   ag[2]    all-gather staging, padded unit size each: the prefetched unit
- *            lands here, then is copied into the unsharded parameter range
- *   rs[2]    reduce-scatter staging (padded send + shard recv): two gradient
- *            reductions may be in flight while the next unit's backward runs
- * With shard degree 1 none of these exist: master/grad alias the model's
- * buffers and only the replicate all-reduce remains (DDP).
+ * Buffers per rank, one allocation per category:
+ *   "parameters"  master[local] fp32 shard and, under mixed precision, its bf16
+ *                 copy compute[local] (each unit's s_u elements at a 16-element
+ *                 aligned local offset; padding stays 0)
+ *   "gradients"   grad[local] fp32 shard
+ *   "working parameters"  each resident unit's padded buffer, then two rotating
+ *                 slots of the largest transient unit (compute dtype)
+ *   "working gradients"   two rotating padded fp32 buffers of the largest unit,
+ *                 or (reduce_at_last_microbatch) one padded buffer per unit
+ *   "reduce staging"      two shard-sized fp32 receive buffers: a reduce-scatter
+ *                 into a shard that already holds this step's gradient lands
+ *                 there and is added
+ * With shard degree 1 there are no working buffers: master, its bf16 copy and
+ * grad cover the whole layout and stay bound; only the replicate all-reduce
+ * remains (DDP).
  *
- * Mixed precision (cfg.compute_params set): each rank also keeps a bf16 copy of
- * its master shard (written by the optimizer's bf16 AdamW, or cast after the
- * master changed otherwise); the all-gather moves bf16 into the model's bf16
- * compute buffer, half the bytes of fp32. Gradients stay fp32 end to end, so
- * the reductions are fp32 (mixed_precision_reduce = float32).
- *
- * Allocations, one per category: the master shard with its bf16 copy
- * ("parameters"), the gradient shard ("gradients"), and the staging of both
- * all-gather and reduce-scatter slots ("communication").
+ * Every decision (which slot, whether to prefetch) depends only on the sequence
+ * of hook calls, which is the same on every rank of the shard group, so all
+ * ranks issue the same collectives in the same order.
  */
 #include "parallel/fsdp.h"
 
@@ -29,50 +29,69 @@
 /* commi_now is the comm module's clock; declared here to keep comm.h public-only */
 double commi_now(void);
 
+#define N_PSLOTS 2
+#define N_GSLOTS 2
+#define N_RS 2
+
 typedef struct {
-    size_t offset, numel;      /* range in the unsharded buffers */
+    size_t offset, numel;      /* range in the flat index space */
     size_t shard;              /* s_u = ceil(numel / S) */
     size_t padded;             /* S * s_u */
     size_t local_offset;       /* in master / grad */
     size_t valid;              /* elements of the shard that are real (not padding) */
-    int gathered;              /* the unsharded range holds the current parameters */
-    int ag_slot;               /* staging slot of an all-gather in flight, or -1 */
+    int resident;              /* own working parameter buffer (kept gathered after forward) */
+    void *own_params;          /* resident: [padded] compute dtype */
+    float *own_grads;          /* reduce_at_last_microbatch: [padded] fp32 */
+    int pslot;                 /* transient: the parameter slot holding it, or -1 */
+    int gathered;              /* unit_params[u] holds the current parameters */
+    comm_request *ag;          /* all-gather in flight into its buffer */
+    int pinned;                /* between a pre-hook and its post-hook: its slot may not be taken */
+    int gslot;                 /* gradient slot bound (rotating mode), or -1 */
+    int grads_bound;           /* unit_grads[u] set */
+    int grad_fresh;            /* nothing reduced into the shard yet this step */
     int needs_params_bwd;
-    int grad_fresh;            /* no gradient reduced into the shard yet this step */
     comm_request *ar;          /* replicate all-reduce in flight */
 } unit_state;
 
 typedef struct {
-    void *buf;                 /* padded unit, fp32 or bf16 (the gathered dtype) */
-    comm_request *req;
+    void *buf;                 /* [max padded transient unit], compute dtype */
     int unit;                  /* -1 = free */
-    long ticket;               /* issue order, to complete the oldest first */
-} ag_slot;
+    long used;                 /* last time it was bound, to evict the least recent */
+} pslot;
 
 typedef struct {
-    float *send, *recv;
+    float *buf;                /* [max padded unit] fp32 */
+    int unit;                  /* -1 = free (a unit whose reduce-scatter is in flight still holds it) */
+} gslot;
+
+typedef struct {
+    float *recv;               /* [max shard] */
     comm_request *req;
     int unit;                  /* -1 = free */
     int direct;                /* received straight into the shard (no accumulate) */
     int last;                  /* last microbatch: all-reduce over the replicate group afterwards */
+    long ticket;
 } rs_slot;
 
 struct fsdp {
     fsdp_config cfg;
     const tetra_ops *ops;
     int S, R, k;               /* shard degree, replicate degree, index in the shard group */
+    size_t esz;                /* bytes of a gathered element */
     unit_state *units;
     dt_tensor *tensors;
     float *master, *grad;
-    uint16_t *compute;         /* bf16 copy of the master shard, or NULL (fp32 compute) */
-    void *comm_mem;            /* the one staging allocation (S > 1) */
+    uint16_t *compute;         /* bf16 copy of the master shard (or the whole layout at S = 1), or NULL */
+    void *param_mem, *work_param_mem, *work_grad_mem; /* the allocations */
+    float *grad_mem, *rs_mem;
     size_t local_numel;
-    size_t max_padded, max_shard;
-    ag_slot ag[2];
-    rs_slot rs[2];
-    int rs_next;
-    long ticket;
+    size_t max_padded, max_transient_padded, max_shard;
+    pslot ps[N_PSLOTS];
+    gslot gs[N_GSLOTS];
+    rs_slot rs[N_RS];
+    long clock, ticket;
     float *scalar;             /* [1] backend memory for norms */
+    fsdp_memory mem;
     fsdp_stats st;
 };
 
@@ -86,12 +105,35 @@ int fsdp_parse_reshard(const char *s, fsdp_reshard_mode *out) {
 }
 
 static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+static size_t align64b(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 static void timed_wait(fsdp *f, comm_request *r) {
     if (!r) return;
     double t0 = commi_now();
     comm_wait(r);
     f->st.wait_s += commi_now() - t0;
+}
+
+static int reshards_after_forward(const fsdp_config *c, int S, int u) {
+    if (S == 1) return 0;
+    switch (c->reshard) {
+    case FSDP_RESHARD_ALWAYS: return 1;
+    case FSDP_RESHARD_NEVER: return 0;
+    case FSDP_RESHARD_DEFAULT:
+        /* TorchTitan: reshard unless pipeline parallel; the last unit (norm + output)
+         * never, since backward would gather it again at once */
+        return !c->pipeline_parallel && u != c->n_units - 1;
+    }
+    return 1;
+}
+
+int fsdp_reshards_after_forward(const fsdp *f, int u) { return reshards_after_forward(&f->cfg, f->S, u); }
+
+static void *unit_buf_params(const fsdp *f, int u) {
+    const unit_state *x = &f->units[u];
+    if (f->S == 1)
+        return f->compute ? (void *)(f->compute + x->offset) : (void *)(f->master + x->offset);
+    return x->resident ? x->own_params : x->pslot >= 0 ? f->ps[x->pslot].buf : NULL;
 }
 
 fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
@@ -105,49 +147,47 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
     f->S = comm_group_size(cfg->shard);
     f->R = comm_group_size(cfg->replicate);
     f->k = comm_group_rank(cfg->shard);
-    f->units = calloc((size_t)cfg->n_units, sizeof *f->units);
+    const int mixed = cfg->compute_dtype == TETRA_BF16;
+    f->esz = mixed ? sizeof(uint16_t) : sizeof(float);
+    f->units = calloc((size_t)(cfg->n_units > 0 ? cfg->n_units : 1), sizeof *f->units);
     f->tensors = calloc((size_t)(cfg->n_params > 0 ? cfg->n_params : 1), sizeof *f->tensors);
     if (!f->units || !f->tensors) {
         snprintf(err, errlen, "fsdp: out of host memory");
         fsdp_free(f);
         return NULL;
     }
-    for (int i = 0; i < 2; i++) {
-        f->ag[i].unit = -1;
-        f->rs[i].unit = -1;
-    }
+    for (int i = 0; i < N_PSLOTS; i++) f->ps[i].unit = -1;
+    for (int i = 0; i < N_GSLOTS; i++) f->gs[i].unit = -1;
+    for (int i = 0; i < N_RS; i++) f->rs[i].unit = -1;
 
     /* unit layout */
-    size_t local = 0;
+    size_t local = 0, total = 0;
     for (int u = 0; u < cfg->n_units; u++) {
         unit_state *x = &f->units[u];
         x->offset = cfg->unit_offset[u];
         x->numel = cfg->unit_numel[u];
-        if (x->offset + x->numel > cfg->total_numel) {
-            snprintf(err, errlen, "fsdp: unit %d [%zu, %zu) lies outside the %zu-element buffer", u, x->offset,
-                     x->offset + x->numel, cfg->total_numel);
-            fsdp_free(f);
-            return NULL;
-        }
+        if (x->offset + x->numel > total) total = x->offset + x->numel;
         x->shard = (x->numel + (size_t)f->S - 1) / (size_t)f->S;
         x->padded = x->shard * (size_t)f->S;
         size_t lo = (size_t)f->k * x->shard;
         x->valid = lo >= x->numel ? 0 : (x->numel - lo < x->shard ? x->numel - lo : x->shard);
         if (f->S == 1) {
-            x->local_offset = x->offset; /* the unsharded buffers are the shards */
+            x->local_offset = x->offset; /* the whole layout is the shard */
         } else {
             x->local_offset = local;
             local = align16(local + x->shard);
         }
-        x->ag_slot = -1;
+        x->pslot = -1;
+        x->gslot = -1;
         x->needs_params_bwd = 1;
-        x->gathered = f->S == 1;
+        x->resident = f->S > 1 && !reshards_after_forward(cfg, f->S, u);
         if (x->padded > f->max_padded) f->max_padded = x->padded;
+        if (!x->resident && x->padded > f->max_transient_padded) f->max_transient_padded = x->padded;
         if (x->shard > f->max_shard) f->max_shard = x->shard;
     }
-    f->local_numel = f->S == 1 ? cfg->total_numel : local;
+    f->local_numel = f->S == 1 ? total : local;
 
-    /* each parameter's piece */
+    /* each parameter's piece: the part of its box that falls in this rank's shard */
     for (int i = 0; i < cfg->n_params; i++) {
         const dt_param_decl *d = &cfg->params_decl[i];
         dt_tensor *t = &f->tensors[i];
@@ -166,12 +206,21 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
         snprintf(t->name, sizeof t->name, "%s", d->name);
         t->dtype = TETRA_F32;
         t->ndim = d->ndim;
-        t->numel = d->numel;
         t->unit = d->unit;
+        size_t numel = 1, box = 1;
         for (int j = 0; j < d->ndim; j++) {
             t->shape[j] = d->shape[j];
-            t->box_start[j] = 0;
-            t->box_shape[j] = d->shape[j];
+            t->box_start[j] = d->box_shape[0] ? d->box_start[j] : 0;
+            t->box_shape[j] = d->box_shape[0] ? d->box_shape[j] : d->shape[j];
+            numel *= (size_t)d->shape[j];
+            box *= (size_t)t->box_shape[j];
+        }
+        t->numel = numel;
+        if (box != d->numel) {
+            snprintf(err, errlen, "fsdp: parameter %s: its box holds %zu elements but %zu are declared", d->name, box,
+                     d->numel);
+            fsdp_free(f);
+            return NULL;
         }
         const size_t rel = d->offset - x->offset; /* parameter start inside the unit */
         const size_t s_lo = (size_t)f->k * x->shard, s_hi = s_lo + x->valid;
@@ -184,56 +233,103 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
         }
     }
 
+    /* memory plan */
+    fsdp_memory *mr = &f->mem;
+    mr->param_bytes = f->local_numel * sizeof(float);
+    mr->compute_bytes = mixed ? f->local_numel * sizeof(uint16_t) : 0;
+    mr->grad_bytes = f->local_numel * sizeof(float);
+    mr->optim_bytes = 2 * f->local_numel * sizeof(float);
+    for (int u = 0; u < cfg->n_units; u++) {
+        const unit_state *x = &f->units[u];
+        if (x->numel * sizeof(float) > mr->max_unit_bytes) mr->max_unit_bytes = x->numel * sizeof(float);
+    }
+    size_t work_p = 0, work_g = 0;
+    if (f->S > 1) {
+        for (int u = 0; u < cfg->n_units; u++) {
+            const unit_state *x = &f->units[u];
+            if (x->resident) {
+                work_p += align64b(x->padded * f->esz);
+                mr->resident_units++;
+            }
+            if (cfg->reduce_at_last_microbatch) work_g += align64b(x->padded * sizeof(float));
+        }
+        if (f->max_transient_padded) work_p += N_PSLOTS * align64b(f->max_transient_padded * f->esz);
+        if (!cfg->reduce_at_last_microbatch) work_g += N_GSLOTS * align64b(f->max_padded * sizeof(float));
+        mr->work_param_bytes = work_p;
+        mr->work_grad_bytes = work_g;
+        mr->reduce_bytes = N_RS * align64b(f->max_shard * sizeof(float));
+    }
+    if (cfg->plan_only) return f;
+
     /* storage */
     const tetra_ops *ops = f->ops;
-    const size_t esz = cfg->compute_params ? sizeof(uint16_t) : sizeof(float); /* gathered dtype */
     f->scalar = ops->alloc(sizeof(float));
-    if (!f->scalar) goto oom;
-    if (f->S == 1) {
-        f->master = cfg->params;
-        f->grad = cfg->grads;
-        f->compute = cfg->compute_params;
-    } else {
-        const size_t master_bytes = align16(f->local_numel) * sizeof(float);
-        f->master = ops->alloc(master_bytes + (cfg->compute_params ? f->local_numel * sizeof(uint16_t) : 0));
-        if (!f->master) {
-            snprintf(err, errlen, "fsdp: cannot allocate the parameter shard (%.1f MiB)",
-                     (double)master_bytes / (1024.0 * 1024.0));
+    if (!f->scalar) {
+        snprintf(err, errlen, "fsdp: cannot allocate a 4-byte scalar");
+        goto fail;
+    }
+    const size_t master_b = align64b(f->local_numel * sizeof(float));
+    f->param_mem = ops->alloc(master_b + mr->compute_bytes);
+    f->grad_mem = ops->alloc(f->local_numel * sizeof(float) + 4);
+    if (!f->param_mem || !f->grad_mem) {
+        snprintf(err, errlen, "fsdp: cannot allocate the parameter and gradient %s (%.1f MiB each)",
+                 f->S > 1 ? "shards" : "buffers", (double)f->local_numel * 4.0 / (1024.0 * 1024.0));
+        goto fail;
+    }
+    f->master = f->param_mem;
+    if (mixed) f->compute = (uint16_t *)((char *)f->param_mem + master_b);
+    f->grad = f->grad_mem;
+    ops->fill(f->master, 0.0f, f->local_numel);
+    ops->fill(f->grad, 0.0f, f->local_numel);
+    if (f->S > 1) {
+        f->work_param_mem = work_p ? ops->alloc(work_p) : NULL;
+        f->work_grad_mem = work_g ? ops->alloc(work_g) : NULL;
+        f->rs_mem = ops->alloc(mr->reduce_bytes);
+        if ((work_p && !f->work_param_mem) || (work_g && !f->work_grad_mem) || !f->rs_mem) {
+            snprintf(err, errlen, "fsdp: cannot allocate the working buffers (%.1f MiB parameters, %.1f MiB "
+                     "gradients, %.1f MiB staging)", (double)work_p / 1048576.0, (double)work_g / 1048576.0,
+                     (double)mr->reduce_bytes / 1048576.0);
             goto fail;
         }
-        if (cfg->compute_params) f->compute = (uint16_t *)((char *)f->master + master_bytes);
-        f->grad = ops->alloc(f->local_numel * sizeof(float));
-        if (!f->grad) {
-            snprintf(err, errlen, "fsdp: cannot allocate the gradient shard (%.1f MiB)",
-                     (double)f->local_numel * 4.0 / (1024.0 * 1024.0));
-            goto fail;
+        char *p = f->work_param_mem;
+        for (int u = 0; u < cfg->n_units; u++) {
+            unit_state *x = &f->units[u];
+            if (!x->resident) continue;
+            x->own_params = p;
+            p += align64b(x->padded * f->esz);
         }
-        ops->fill(f->master, 0.0f, f->local_numel);
-        ops->fill(f->grad, 0.0f, f->local_numel);
-        /* staging: 2 gather slots (padded unit, gathered dtype), 2 reduce-scatter slots
-         * (padded fp32 send + fp32 shard recv); 64-byte aligned views */
-        const size_t ag_b = (f->max_padded * esz + 63) & ~(size_t)63;
-        const size_t snd_b = (f->max_padded * sizeof(float) + 63) & ~(size_t)63;
-        const size_t rcv_b = (f->max_shard * sizeof(float) + 63) & ~(size_t)63;
-        f->comm_mem = ops->alloc(2 * (ag_b + snd_b + rcv_b));
-        if (!f->comm_mem) {
-            snprintf(err, errlen, "fsdp: cannot allocate the communication staging (%.1f MiB)",
-                     (double)(2 * (ag_b + snd_b + rcv_b)) / (1024.0 * 1024.0));
-            goto fail;
+        if (f->max_transient_padded)
+            for (int i = 0; i < N_PSLOTS; i++) {
+                f->ps[i].buf = p;
+                p += align64b(f->max_transient_padded * f->esz);
+            }
+        char *g = f->work_grad_mem;
+        if (cfg->reduce_at_last_microbatch) {
+            for (int u = 0; u < cfg->n_units; u++) {
+                f->units[u].own_grads = (float *)g;
+                ops->fill(f->units[u].own_grads, 0.0f, f->units[u].padded);
+                g += align64b(f->units[u].padded * sizeof(float));
+            }
+        } else {
+            for (int i = 0; i < N_GSLOTS; i++) {
+                f->gs[i].buf = (float *)g;
+                g += align64b(f->max_padded * sizeof(float));
+            }
         }
-        char *p = f->comm_mem;
-        for (int i = 0; i < 2; i++) {
-            f->ag[i].buf = p;
-            p += ag_b;
-            f->rs[i].send = (float *)p;
-            p += snd_b;
-            f->rs[i].recv = (float *)p;
-            p += rcv_b;
+        char *r = (char *)f->rs_mem;
+        for (int i = 0; i < N_RS; i++) {
+            f->rs[i].recv = (float *)r;
+            r += align64b(f->max_shard * sizeof(float));
         }
     }
+    /* the caller's tables: nothing gathered yet (S > 1), or bound for good (S = 1) */
+    for (int u = 0; u < cfg->n_units; u++) {
+        f->units[u].gathered = f->S == 1;
+        cfg->unit_params[u] = f->S == 1 ? unit_buf_params(f, u) : NULL;
+        cfg->unit_grads[u] = f->S == 1 ? f->grad + f->units[u].offset : NULL;
+        f->units[u].grads_bound = f->S == 1;
+    }
     return f;
-oom:
-    snprintf(err, errlen, "fsdp: cannot allocate a 4-byte scalar");
 fail:
     fsdp_free(f);
     return NULL;
@@ -242,21 +338,21 @@ fail:
 void fsdp_free(fsdp *f) {
     if (!f) return;
     /* nothing may still be writing into the buffers (e.g. a prefetch nobody used) */
-    if (f->units) {
-        for (int i = 0; i < 2; i++) {
-            if (f->ag[i].unit >= 0) comm_wait(f->ag[i].req);
-            if (f->rs[i].unit >= 0) comm_wait(f->rs[i].req);
-        }
-        for (int u = 0; u < f->cfg.n_units; u++)
+    if (f->units && !f->cfg.plan_only) {
+        for (int u = 0; u < f->cfg.n_units; u++) {
+            if (f->units[u].ag) comm_wait(f->units[u].ag);
             if (f->units[u].ar) comm_wait(f->units[u].ar);
+        }
+        for (int i = 0; i < N_RS; i++)
+            if (f->rs[i].unit >= 0) comm_wait(f->rs[i].req);
     }
     const tetra_ops *ops = f->ops;
     if (ops) {
-        if (f->S > 1) {
-            if (f->master) ops->release(f->master);
-            if (f->grad) ops->release(f->grad);
-            if (f->comm_mem) ops->release(f->comm_mem);
-        }
+        if (f->param_mem) ops->release(f->param_mem);
+        if (f->grad_mem) ops->release(f->grad_mem);
+        if (f->work_param_mem) ops->release(f->work_param_mem);
+        if (f->work_grad_mem) ops->release(f->work_grad_mem);
+        if (f->rs_mem) ops->release(f->rs_mem);
         if (f->scalar) ops->release(f->scalar);
     }
     free(f->units);
@@ -272,85 +368,99 @@ uint16_t *fsdp_compute_shard(fsdp *f) { return f->compute; }
 size_t fsdp_local_numel(const fsdp *f) { return f->local_numel; }
 const dt_tensor *fsdp_tensors(const fsdp *f) { return f->tensors; }
 
-int fsdp_reshards_after_forward(const fsdp *f, int u) {
-    if (f->S == 1) return 0;
-    switch (f->cfg.reshard) {
-    case FSDP_RESHARD_ALWAYS: return 1;
-    case FSDP_RESHARD_NEVER: return 0;
-    case FSDP_RESHARD_DEFAULT:
-        /* TorchTitan: reshard unless pipeline parallel; the last unit (norm + output)
-         * never, since backward would gather it again at once */
-        return !f->cfg.pipeline_parallel && u != f->cfg.n_units - 1;
-    }
-    return 1;
-}
-
 void fsdp_set_backward_needs_params(fsdp *f, int u, int needs) {
     if (u >= 0 && u < f->cfg.n_units) f->units[u].needs_params_bwd = needs != 0;
 }
 
 /* ----------------------------------------------------------------------------
- * all-gather */
+ * all-gather into working buffers */
 
-static void ag_complete(fsdp *f, int s) {
-    ag_slot *slot = &f->ag[s];
-    if (slot->unit < 0) return;
-    timed_wait(f, slot->req);
-    unit_state *x = &f->units[slot->unit];
-    if (f->compute)
-        f->ops->copy(f->cfg.compute_params + x->offset, slot->buf, x->numel * sizeof(uint16_t));
-    else
-        f->ops->copy(f->cfg.params + x->offset, slot->buf, x->numel * sizeof(float));
-    x->gathered = 1;
-    x->ag_slot = -1;
-    slot->unit = -1;
-    slot->req = NULL;
+static void unbind_params(fsdp *f, int u) {
+    unit_state *x = &f->units[u];
+    if (x->ag) timed_wait(f, x->ag); /* a gather in flight still writes the buffer */
+    x->ag = NULL;
+    x->gathered = 0;
+    f->cfg.unit_params[u] = NULL;
+    if (x->pslot >= 0) {
+        f->ps[x->pslot].unit = -1;
+        x->pslot = -1;
+    }
 }
 
-static void ag_start(fsdp *f, int u) {
-    if (u < 0 || u >= f->cfg.n_units || f->S == 1) return;
-    unit_state *x = &f->units[u];
-    if (x->gathered || x->ag_slot >= 0) return;
-    int s = f->ag[0].unit < 0 ? 0 : f->ag[1].unit < 0 ? 1 : -1;
-    if (s < 0) {
-        s = f->ag[0].ticket < f->ag[1].ticket ? 0 : 1; /* both busy: finish the older */
-        ag_complete(f, s);
+/* A parameter slot for transient unit u: a free one, else (evict) the least recently
+ * used one whose unit is not pinned; -1 when none may be taken. */
+static int take_pslot(fsdp *f, int u, int evict) {
+    int best = -1;
+    for (int i = 0; i < N_PSLOTS; i++)
+        if (f->ps[i].unit < 0) {
+            best = i;
+            break;
+        }
+    if (best < 0 && evict) {
+        for (int i = 0; i < N_PSLOTS; i++) {
+            const int v = f->ps[i].unit;
+            if (f->units[v].pinned) continue;
+            if (best < 0 || f->ps[i].used < f->ps[best].used) best = i;
+        }
+        if (best >= 0) unbind_params(f, f->ps[best].unit);
     }
-    ag_slot *slot = &f->ag[s];
+    if (best >= 0) {
+        f->ps[best].unit = u;
+        f->ps[best].used = ++f->clock;
+        f->units[u].pslot = best;
+    }
+    return best;
+}
+
+/* Start gathering unit u (no-op if gathered or in flight). blocking: may evict a slot;
+ * returns 0 when the gather was not started (no slot free: prefetch only). */
+static int ag_start(fsdp *f, int u, int blocking) {
+    if (u < 0 || u >= f->cfg.n_units || f->S == 1) return 1;
+    unit_state *x = &f->units[u];
+    if (x->gathered || x->ag) return 1;
+    if (!x->resident && x->pslot < 0 && take_pslot(f, u, blocking) < 0) {
+        if (!blocking) return 0;
+        fprintf(stderr, "fsdp: unit %d needs its parameters but both working slots hold units in use (a schedule "
+                        "with more than two transient units in flight at once)\n", u);
+        abort();
+    }
+    void *buf = unit_buf_params(f, u);
     if (f->compute)
-        comm_all_gather(f->cfg.shard, slot->buf, f->compute + x->local_offset, x->shard, COMM_BF16, &slot->req);
+        comm_all_gather(f->cfg.shard, buf, f->compute + x->local_offset, x->shard, COMM_BF16, &x->ag);
     else
-        comm_all_gather(f->cfg.shard, slot->buf, f->master + x->local_offset, x->shard, COMM_F32, &slot->req);
-    slot->unit = u;
-    slot->ticket = ++f->ticket;
-    x->ag_slot = s;
+        comm_all_gather(f->cfg.shard, buf, f->master + x->local_offset, x->shard, COMM_F32, &x->ag);
     f->st.all_gathers++;
+    return 1;
 }
 
 static void unshard(fsdp *f, int u) {
     unit_state *x = &f->units[u];
-    if (f->S == 1 || x->gathered) return;
-    if (x->ag_slot < 0) ag_start(f, u);
-    ag_complete(f, x->ag_slot);
+    if (f->S == 1 || x->gathered) {
+        if (x->pslot >= 0) f->ps[x->pslot].used = ++f->clock;
+        return;
+    }
+    ag_start(f, u, 1);
+    timed_wait(f, x->ag);
+    x->ag = NULL;
+    x->gathered = 1;
+    f->cfg.unit_params[u] = unit_buf_params(f, u);
 }
 
 static void reshard(fsdp *f, int u) {
     if (f->S == 1) return;
-    unit_state *x = &f->units[u];
-    if (x->ag_slot >= 0) ag_complete(f, x->ag_slot);
-    x->gathered = 0;
+    unbind_params(f, u);
 }
 
 /* Let MPI move the operations in flight along (it progresses only inside calls). */
 static void progress(fsdp *f) {
-    for (int i = 0; i < 2; i++) {
-        if (f->ag[i].unit >= 0) comm_test(f->ag[i].req);
+    for (int u = 0; u < f->cfg.n_units; u++)
+        if (f->units[u].ag) comm_test(f->units[u].ag);
+    for (int i = 0; i < N_RS; i++)
         if (f->rs[i].unit >= 0) comm_test(f->rs[i].req);
-    }
 }
 
 /* ----------------------------------------------------------------------------
- * reduce-scatter and the replicate all-reduce */
+ * gradients: reduce-scatter and the replicate all-reduce */
 
 static void replicate_all_reduce(fsdp *f, int u) {
     unit_state *x = &f->units[u];
@@ -366,19 +476,86 @@ static void rs_complete(fsdp *f, int s) {
     rs_slot *slot = &f->rs[s];
     if (slot->unit < 0) return;
     timed_wait(f, slot->req);
-    unit_state *x = &f->units[slot->unit];
+    const int u = slot->unit;
+    unit_state *x = &f->units[u];
     if (!slot->direct) f->ops->axpy(f->grad + x->local_offset, slot->recv, 1.0f, x->shard);
-    if (slot->last) replicate_all_reduce(f, slot->unit);
+    if (slot->last) replicate_all_reduce(f, u);
+    if (x->gslot >= 0) { /* the rotating gradient buffer is free again */
+        f->gs[x->gslot].unit = -1;
+        x->gslot = -1;
+        x->grads_bound = 0;
+        f->cfg.unit_grads[u] = NULL;
+    }
     slot->unit = -1;
     slot->req = NULL;
 }
 
+static int oldest_rs(const fsdp *f) {
+    int best = -1;
+    for (int i = 0; i < N_RS; i++)
+        if (f->rs[i].unit >= 0 && (best < 0 || f->rs[i].ticket < f->rs[best].ticket)) best = i;
+    return best;
+}
+
+static void rs_start(fsdp *f, int u, int last) {
+    unit_state *x = &f->units[u];
+    int s = -1;
+    for (int i = 0; i < N_RS && s < 0; i++)
+        if (f->rs[i].unit < 0) s = i;
+    if (s < 0) {
+        s = oldest_rs(f);
+        rs_complete(f, s);
+    }
+    rs_slot *slot = &f->rs[s];
+    float *send = f->cfg.unit_grads[u]; /* padded; the padding is zero */
+    slot->direct = x->grad_fresh;
+    x->grad_fresh = 0;
+    float *recv = slot->direct ? f->grad + x->local_offset : slot->recv;
+    comm_reduce_scatter(f->cfg.shard, recv, send, x->shard, COMM_F32, COMM_SUM, &slot->req);
+    slot->unit = u;
+    slot->last = last;
+    slot->ticket = ++f->ticket;
+    f->st.reduce_scatters++;
+}
+
+/* Bind a zeroed gradient buffer for unit u's W pass. */
+static void bind_grads(fsdp *f, int u) {
+    unit_state *x = &f->units[u];
+    if (f->S == 1 || x->grads_bound) return;
+    if (f->cfg.reduce_at_last_microbatch) {
+        x->grads_bound = 1;
+        f->cfg.unit_grads[u] = x->own_grads;
+        return;
+    }
+    int s = -1;
+    for (;;) {
+        for (int i = 0; i < N_GSLOTS && s < 0; i++)
+            if (f->gs[i].unit < 0) s = i;
+        if (s >= 0) break;
+        int r = oldest_rs(f);
+        if (r < 0) {
+            fprintf(stderr, "fsdp: unit %d needs a gradient buffer but both are bound to units whose W pass has "
+                            "not finished\n", u);
+            abort();
+        }
+        rs_complete(f, r);
+    }
+    f->gs[s].unit = u;
+    x->gslot = s;
+    x->grads_bound = 1;
+    f->ops->fill(f->gs[s].buf, 0.0f, x->padded); /* the model accumulates (+=); the padding is sent */
+    f->cfg.unit_grads[u] = f->gs[s].buf;
+}
+
+/* ----------------------------------------------------------------------------
+ * the hooks */
+
 void fsdp_begin_step(fsdp *f) {
-    if (f->S == 1) {
-        f->ops->fill(f->grad, 0.0f, f->local_numel);
-    } else {
-        f->ops->fill(f->grad, 0.0f, f->local_numel);
-        for (int u = 0; u < f->cfg.n_units; u++) f->units[u].grad_fresh = 1;
+    f->ops->fill(f->grad, 0.0f, f->local_numel);
+    for (int u = 0; u < f->cfg.n_units; u++) {
+        unit_state *x = &f->units[u];
+        x->grad_fresh = 1;
+        if (f->S > 1 && f->cfg.reduce_at_last_microbatch) f->ops->fill(x->own_grads, 0.0f, x->padded);
     }
 }
 
@@ -386,60 +563,66 @@ void fsdp_pre_forward(fsdp *f, int u) {
     if (f->S == 1) return;
     progress(f);
     unshard(f, u);
-    ag_start(f, u + 1); /* prefetch: runs while unit u computes */
+    f->units[u].pinned = 1;
+    ag_start(f, u + 1, 0); /* prefetch: runs while unit u computes */
 }
 
 void fsdp_post_forward(fsdp *f, int u) {
-    if (fsdp_reshards_after_forward(f, u)) reshard(f, u);
+    if (f->S == 1) return;
+    f->units[u].pinned = 0;
+    if (reshards_after_forward(&f->cfg, f->S, u)) reshard(f, u);
 }
 
 void fsdp_pre_backward(fsdp *f, int u) {
     if (f->S == 1) return;
     progress(f);
     unit_state *x = &f->units[u];
-    if (x->needs_params_bwd) unshard(f, u);
+    if (x->needs_params_bwd) {
+        unshard(f, u);
+        x->pinned = 1;
+    }
     for (int v = u - 1; v >= 0; v--) { /* prefetch the next unit backward that reads its parameters */
         if (f->units[v].needs_params_bwd) {
-            ag_start(f, v);
+            ag_start(f, v, 0);
             break;
         }
     }
-    f->ops->fill(f->cfg.grads + x->offset, 0.0f, x->numel); /* the model accumulates (+=) */
 }
 
-void fsdp_post_backward(fsdp *f, int u, int last_microbatch) {
+void fsdp_pre_backward_weight(fsdp *f, int u) {
+    if (f->S == 1) return;
+    unit_state *x = &f->units[u];
+    if (x->needs_params_bwd) {
+        unshard(f, u);
+        x->pinned = 1;
+    }
+    bind_grads(f, u);
+}
+
+void fsdp_post_backward_weight(fsdp *f, int u, int last_microbatch) {
     unit_state *x = &f->units[u];
     if (f->S == 1) {
         if (last_microbatch) replicate_all_reduce(f, u);
         return;
     }
-    const int s = f->rs_next;
-    f->rs_next ^= 1;
-    rs_slot *slot = &f->rs[s];
-    rs_complete(f, s);
-    const tetra_ops *ops = f->ops;
-    ops->copy(slot->send, f->cfg.grads + x->offset, x->numel * sizeof(float));
-    if (x->padded > x->numel) ops->fill(slot->send + x->numel, 0.0f, x->padded - x->numel);
-    slot->direct = x->grad_fresh;
-    x->grad_fresh = 0;
-    float *recv = slot->direct ? f->grad + x->local_offset : slot->recv;
-    comm_reduce_scatter(f->cfg.shard, recv, slot->send, x->shard, COMM_F32, COMM_SUM, &slot->req);
-    slot->unit = u;
-    slot->last = last_microbatch;
-    f->st.reduce_scatters++;
-    reshard(f, u); /* parameters are not needed again this step */
+    x->pinned = 0;
+    if (!f->cfg.reduce_at_last_microbatch || last_microbatch) rs_start(f, u, last_microbatch);
+    /* parameters are not needed again this microbatch; under pipeline parallel they stay
+     * gathered for the step's other microbatches */
+    if (!f->cfg.pipeline_parallel || last_microbatch) reshard(f, u);
 }
 
 void fsdp_finish_grads(fsdp *f) {
-    if (f->S > 1) {
-        /* oldest first */
-        rs_complete(f, f->rs_next);
-        rs_complete(f, f->rs_next ^ 1);
-    }
+    if (f->S > 1)
+        for (int s; (s = oldest_rs(f)) >= 0;) rs_complete(f, s);
     for (int u = 0; u < f->cfg.n_units; u++) {
         unit_state *x = &f->units[u];
         if (x->ar) timed_wait(f, x->ar);
         x->ar = NULL;
+        if (f->S > 1 && f->cfg.reduce_at_last_microbatch && x->grads_bound) {
+            x->grads_bound = 0;
+            f->cfg.unit_grads[u] = NULL;
+        }
     }
 }
 
@@ -455,13 +638,21 @@ double fsdp_grad_sq_norm(fsdp *f) {
 
 void fsdp_params_updated(fsdp *f) {
     if (f->S == 1) return;
-    for (int i = 0; i < 2; i++) ag_complete(f, i); /* a gather in flight carries old values */
-    for (int u = 0; u < f->cfg.n_units; u++) f->units[u].gathered = 0;
+    for (int u = 0; u < f->cfg.n_units; u++) { /* a gather in flight carries old values */
+        f->units[u].pinned = 0;
+        reshard(f, u);
+    }
 }
 
 void fsdp_master_changed(fsdp *f) {
     if (f->compute) f->ops->cast_f32_to_bf16(f->compute, f->master, f->local_numel);
     fsdp_params_updated(f);
+}
+
+void fsdp_prefetch(fsdp *f, int u) {
+    if (f->S == 1) return;
+    progress(f);
+    ag_start(f, u, 0);
 }
 
 void fsdp_reshard_all(fsdp *f) {
@@ -472,51 +663,24 @@ int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user) {
     const size_t chunk = (size_t)1 << 20;
     float *host = malloc(chunk * sizeof(float));
     if (!host) return -1;
-    for (int i = 0; i < f->cfg.n_params; i++) {
+    int rc = 0;
+    for (int i = 0; i < f->cfg.n_params && rc == 0; i++) {
         const dt_tensor *t = &f->tensors[i];
         if (!t->n_pieces) continue;
-        for (size_t c = 0; c < t->piece.count; c += chunk) {
-            size_t cnt = t->piece.count - c < chunk ? t->piece.count - c : chunk;
-            fill(user, i, t->piece.start + c, cnt, host);
-            f->ops->copy_h2d(f->master + t->piece.local_offset + c, host, cnt * sizeof(float));
+        for (size_t k = 0; k < t->piece.count && rc == 0;) {
+            size_t run = 0;
+            size_t g = dt_piece_global_run(t, k, &run);
+            if (run > chunk) run = chunk;
+            rc = fill(user, i, g, run, host) != 0 ? -1 : 0;
+            if (rc == 0) f->ops->copy_h2d(f->master + t->piece.local_offset + k, host, run * sizeof(float));
+            k += run;
         }
     }
     free(host);
     fsdp_master_changed(f);
-    return 0;
+    return rc;
 }
 
-void fsdp_shard_from_unsharded(fsdp *f) {
-    if (f->S == 1) {
-        fsdp_master_changed(f);
-        return;
-    }
-    for (int u = 0; u < f->cfg.n_units; u++) {
-        unit_state *x = &f->units[u];
-        if (x->valid)
-            f->ops->copy(f->master + x->local_offset, f->cfg.params + x->offset + (size_t)f->k * x->shard,
-                         x->valid * sizeof(float));
-    }
-    /* the compute copy is gathered again from the shards before its next use */
-    fsdp_master_changed(f);
-}
-
-fsdp_memory fsdp_memory_report(const fsdp *f) {
-    fsdp_memory m;
-    memset(&m, 0, sizeof m);
-    m.param_bytes = f->local_numel * sizeof(float);
-    m.compute_bytes = f->compute ? f->local_numel * sizeof(uint16_t) : 0;
-    m.grad_bytes = f->local_numel * sizeof(float);
-    m.optim_bytes = 2 * f->local_numel * sizeof(float);
-    for (int u = 0; u < f->cfg.n_units; u++)
-        if (f->units[u].numel * sizeof(float) > m.max_unit_bytes) m.max_unit_bytes = f->units[u].numel * sizeof(float);
-    if (f->S > 1) {
-        m.gather_bytes = 2 * f->max_padded * (f->compute ? sizeof(uint16_t) : sizeof(float));
-        m.reduce_bytes = 2 * (f->max_padded + f->max_shard) * sizeof(float);
-        m.unsharded_bytes = 2 * f->cfg.total_numel * sizeof(float) +
-                            (f->compute ? f->cfg.total_numel * sizeof(uint16_t) : 0);
-    }
-    return m;
-}
+fsdp_memory fsdp_memory_report(const fsdp *f) { return f->mem; }
 
 fsdp_stats fsdp_get_stats(const fsdp *f) { return f->st; }

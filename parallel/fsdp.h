@@ -1,36 +1,53 @@
 /* fsdp.h — fully sharded data parallel (ZeRO-3), HSDP and DDP over units of
- * parameters.
+ * parameters, with per-unit working buffers.
  *
- * A model hands over its unsharded parameter and gradient buffers (one flat
- * allocation each), the element range of every unit (embedding, each block,
- * final norm + output) and its parameter records. Each unit is sharded over
- * the shard group (dp_shard x cp) as one flat range padded to a multiple of
- * the group size S, as FSDP's flat parameter: rank k of the group owns unit
- * elements [k s_u, (k+1) s_u), s_u = ceil(numel_u / S); the tail of the last
- * rank's range is zero padding. What stays on a rank between steps is that
- * shard: fp32 master parameters and fp32 gradients (the optimizer state is
- * the caller's, sized fsdp_local_numel). The unsharded buffers are working
- * space: a unit's range holds its full parameters only between an all-gather
- * and the next reshard, and its full gradients only until they are
- * reduce-scattered.
+ * A model declares its parameters (dt_param_decl: name, global shape, the box of
+ * the global tensor this rank holds, unit, offset in a flat index space) and the
+ * element range of every unit (embedding, each block, the head). Each unit is
+ * sharded over the shard group (dp_shard x cp) as one flat range padded to a
+ * multiple of the group size S, as FSDP's flat parameter: rank k of the group
+ * owns unit elements [k s_u, (k+1) s_u), s_u = ceil(numel_u / S); the tail of the
+ * last rank's range is zero padding. What stays on a rank between steps is that
+ * shard: fp32 master parameters (plus their bf16 copy under mixed precision) and
+ * fp32 gradients; the optimizer state is the caller's, sized fsdp_local_numel.
  *
- * Per unit and microbatch:
- *   forward:  fsdp_pre_forward (all-gather if needed, prefetch the next unit),
- *             the unit's forward, fsdp_post_forward (reshard per policy)
- *   backward: fsdp_pre_backward (re-gather if resharded, prefetch the previous
- *             unit, zero the unit's gradient range), the unit's I and W passes,
- *             fsdp_post_backward (reduce-scatter the gradient in fp32 into the
- *             shard, overlapping the next unit's backward; reshard; on the last
- *             microbatch all-reduce the shard over the replicate group: HSDP)
+ * A unit's full parameters exist only between its all-gather and its reshard,
+ * in a working buffer: a unit the reshard policy keeps gathered after forward
+ * ("resident": the head by default, every unit under `never` or pipeline
+ * parallel) has its own; the others share two rotating slots, so at most two of
+ * them are unsharded at a time (the one computing and the prefetched next). The
+ * all-gather lands directly in the working buffer (the gathered padded unit IS
+ * the unit's row-major parameters followed by padding). FSDP tells the model
+ * where a unit's parameters are by writing the caller's table unit_params[u]
+ * (NULL while resharded), and where its gradient accumulates through
+ * unit_grads[u].
+ *
+ * Gradients: by default a unit's gradient buffer is taken (zeroed) when its W
+ * pass starts and reduce-scattered in fp32 into the shard right after it, while
+ * the next unit computes; two rotating buffers. With reduce_at_last_microbatch
+ * (pipeline parallel) each unit has its own gradient buffer that accumulates
+ * over the step's microbatches and is reduce-scattered after the unit's last W
+ * pass, so a schedule may defer W passes across microbatches. HSDP: once a
+ * unit's reduce-scatter of the last microbatch is done, its shard is
+ * all-reduced over the replicate group.
+ *
+ * Per unit and microbatch (the hooks; u is the unit index):
+ *   forward:  fsdp_pre_forward (gather if needed, prefetch the next unit), the
+ *             unit's forward, fsdp_post_forward (reshard per policy)
+ *   backward: fsdp_pre_backward (gather if resharded, prefetch the previous unit
+ *             that reads parameters), the unit's I pass; fsdp_pre_backward_weight
+ *             (gather if needed, bind a gradient buffer), the unit's W pass,
+ *             fsdp_post_backward_weight (start the reduction when due; reshard)
  * and per step fsdp_begin_step, fsdp_finish_grads (wait for every reduction),
  * fsdp_grad_sq_norm (global sum of squares, each shard counted once), the
  * optimizer on fsdp_master / fsdp_grad (and fsdp_compute_shard), then
  * fsdp_params_updated.
  *
  * Shard degree 1 is plain replicated data parallel: the master and gradient
- * "shards" are the unsharded buffers themselves, nothing is gathered, and each
- * unit's gradient is all-reduced over the replicate group after its backward
- * on the last microbatch (DDP). World size 1 does no communication at all.
+ * "shards" are whole-layout buffers, bound to the model for good, nothing is
+ * gathered, and each unit's gradient is all-reduced over the replicate group
+ * after its W pass on the last microbatch (DDP). World size 1 does no
+ * communication at all.
  *
  * Gradients are SUMMED (no division): the loss is already normalised by the
  * global token count, as TorchTitan sets FSDP's gradient divide factor to 1.
@@ -55,15 +72,16 @@ typedef struct {
     comm_group *replicate;          /* gradients are all-reduced over it (dp_replicate) */
     fsdp_reshard_mode reshard;
     int pipeline_parallel;          /* "default" keeps units gathered after forward under PP */
-    float *params, *grads;          /* unsharded buffers [total_numel] (backend memory) */
-    uint16_t *compute_params;       /* mixed precision: the model's unsharded bf16 compute copy
-                                       [total_numel], gathered in bf16; NULL: fp32 compute */
-    size_t total_numel;
+    int reduce_at_last_microbatch;  /* gradients accumulate unsharded until a unit's last W pass */
+    tetra_dtype compute_dtype;      /* F32 or BF16: the dtype of the gathered parameters */
     int n_units;
-    const size_t *unit_offset;      /* [n_units] */
+    const size_t *unit_offset;      /* [n_units] each unit's range in the flat index space */
     const size_t *unit_numel;       /* [n_units] */
     int n_params;
     const dt_param_decl *params_decl; /* [n_params] */
+    void **unit_params;             /* [n_units] written by FSDP: each unit's gathered parameters or NULL */
+    float **unit_grads;             /* [n_units] written by FSDP: each unit's gradient buffer or NULL */
+    int plan_only;                  /* lay out and report memory; allocate nothing (dry run) */
 } fsdp_config;
 
 typedef struct {
@@ -71,10 +89,11 @@ typedef struct {
     size_t compute_bytes;           /* persistent: its bf16 copy (mixed precision), else 0 */
     size_t grad_bytes;              /* persistent: fp32 gradient shard */
     size_t optim_bytes;             /* AdamW m and v for the shard (2 x param_bytes) */
-    size_t gather_bytes;            /* transient: all-gather staging */
-    size_t reduce_bytes;            /* transient: reduce-scatter staging */
-    size_t unsharded_bytes;         /* the unsharded parameter + gradient working buffers */
+    size_t work_param_bytes;        /* working: gathered parameters (resident units + 2 slots) */
+    size_t work_grad_bytes;         /* working: unsharded gradient buffers */
+    size_t reduce_bytes;            /* working: reduce-scatter receive staging */
     size_t max_unit_bytes;          /* largest unit, unsharded fp32 */
+    int resident_units;             /* units with their own gathered buffer */
 } fsdp_memory;
 
 typedef struct {
@@ -98,26 +117,27 @@ uint16_t *fsdp_compute_shard(fsdp *f);
 size_t fsdp_local_numel(const fsdp *f);
 /* This rank's piece of every parameter, in the order of the declarations. */
 const dt_tensor *fsdp_tensors(const fsdp *f);
-/* Reshards unit u after forward under the configured policy? */
+/* Does unit u stay gathered after its forward (resident)? */
 int fsdp_reshards_after_forward(const fsdp *f, int u);
 /* A unit whose backward reads no parameters (e.g. an embedding lookup) is not
  * gathered for backward. */
 void fsdp_set_backward_needs_params(fsdp *f, int u, int needs);
 
-/* Fill the master shard: fill(user, param index, start, count, host_out)
- * writes elements [start, start + count) of that parameter's row-major values
- * (count <= 1 << 20 per call). */
-typedef void (*fsdp_fill_fn)(void *user, int param, size_t start, size_t count, float *host_out);
+/* Fill the master shard: fill(user, param index, start, count, host_out) writes
+ * elements [start, start + count) of that parameter's GLOBAL row-major tensor
+ * (count <= 1 << 20 per call; a call never crosses a row of the rank's box that is
+ * not contiguous in the global tensor). 0, or -1 when fill fails (it returns
+ * nonzero) or host memory runs out. */
+typedef int (*fsdp_fill_fn)(void *user, int param, size_t start, size_t count, float *host_out);
 int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user);
-/* Take the master shard from the unsharded parameter buffer (after a full
- * load into it); then as fsdp_master_changed. */
-void fsdp_shard_from_unsharded(fsdp *f);
 
 void fsdp_begin_step(fsdp *f);
 void fsdp_pre_forward(fsdp *f, int u);
 void fsdp_post_forward(fsdp *f, int u);
 void fsdp_pre_backward(fsdp *f, int u);
-void fsdp_post_backward(fsdp *f, int u, int last_microbatch);
+void fsdp_pre_backward_weight(fsdp *f, int u);
+/* last_microbatch: this was the unit's last W pass of the step. */
+void fsdp_post_backward_weight(fsdp *f, int u, int last_microbatch);
 void fsdp_finish_grads(fsdp *f);
 /* Sum of squares of the whole (global) gradient. */
 double fsdp_grad_sq_norm(fsdp *f);
@@ -127,7 +147,11 @@ void fsdp_params_updated(fsdp *f);
 /* The master shard was written otherwise (init, checkpoint load): refresh the
  * bf16 copy from it, then as fsdp_params_updated. */
 void fsdp_master_changed(fsdp *f);
-/* Free every gathered unit (e.g. before a long pause). */
+/* Start gathering unit u without waiting, when a buffer is free for it (resident
+ * units always; transient ones while a slot is free): the UNSHARD action. The next
+ * pre-hook of the unit waits for it. */
+void fsdp_prefetch(fsdp *f, int u);
+/* Free every gathered unit (e.g. before a long pause): the RESHARD action. */
 void fsdp_reshard_all(fsdp *f);
 
 fsdp_memory fsdp_memory_report(const fsdp *f);

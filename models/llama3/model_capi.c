@@ -1,7 +1,8 @@
 /* model_capi.c — flat entry points over the model for the Python reference tests
  * (ctypes on libtetra.so): plain ints, doubles and host arrays, no structs. A
- * handle owns a model on the CPU backend, one activation buffer and the AdamW
- * moments, which is all a test needs to run training steps. */
+ * handle owns a model on the CPU backend and one activation buffer: forward,
+ * backward, weights and gradients in and out. Training steps (clipping, AdamW, the
+ * LR schedule) are the trainer's own, through engine/trainer_capi.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +23,6 @@ int llama3_capi_set(void *h, const char *name, const float *in);
 size_t llama3_capi_acts_bytes(void *h, int b, int t);
 double llama3_capi_forward_backward(void *h, int b, int t, const int32_t *inputs, const int32_t *targets,
                                     float *logits_out);
-double llama3_capi_optim_step(void *h, double lr, double beta1, double beta2, double eps, double weight_decay,
-                              double max_norm);
 int llama3_capi_save_hf(void *h, const char *path, const char *dtype, int grad, char *err, size_t errlen);
 int llama3_capi_load_hf(void *h, const char *path, char *err, size_t errlen);
 
@@ -31,9 +30,6 @@ typedef struct {
     llama3_model m;
     llama3_acts *acts;
     int b, t;
-    float *adam_m, *adam_v; /* [total_numel] each, allocated at the first step */
-    float *scalar;          /* [1] backend scalar for the grad norm */
-    int step;
 } capi;
 
 void *llama3_capi_create(const char *flavor, int max_seq_len, char *err, size_t errlen) {
@@ -50,18 +46,13 @@ void *llama3_capi_create(const char *flavor, int max_seq_len, char *err, size_t 
         free(c);
         return NULL;
     }
-    c->scalar = ops->alloc(sizeof(float));
     return c;
 }
 
 void llama3_capi_free(void *h) {
     capi *c = h;
     if (!c) return;
-    const tetra_ops *ops = c->m.ops;
     llama3_acts_free(&c->m, c->acts);
-    if (c->adam_m) ops->release(c->adam_m);
-    if (c->adam_v) ops->release(c->adam_v);
-    if (c->scalar) ops->release(c->scalar);
     llama3_model_free(&c->m);
     free(c);
 }
@@ -124,40 +115,6 @@ double llama3_capi_forward_backward(void *h, int b, int t, const int32_t *inputs
                            (size_t)b * (size_t)t * (size_t)c->m.args.vocab_size * sizeof(float));
     llama3_backward(&c->m, c->acts);
     return sum / (double)valid;
-}
-
-/* Clip to max_norm (torch.nn.utils.clip_grad_norm_: coefficient
- * max_norm / (norm + 1e-6), capped at 1; max_norm <= 0: no clipping), then one
- * AdamW step per parameter. Returns the gradient norm before clipping. */
-double llama3_capi_optim_step(void *h, double lr, double beta1, double beta2, double eps, double weight_decay,
-                              double max_norm) {
-    capi *c = h;
-    const tetra_ops *ops = c->m.ops;
-    const size_t bytes = c->m.total_numel * sizeof(float);
-    if (!c->adam_m) {
-        c->adam_m = ops->alloc(bytes);
-        c->adam_v = ops->alloc(bytes);
-        if (!c->adam_m || !c->adam_v) return NAN;
-        ops->fill(c->adam_m, 0.0f, c->m.total_numel);
-        ops->fill(c->adam_v, 0.0f, c->m.total_numel);
-    }
-    float sq = 0.0f;
-    ops->fill(c->scalar, 0.0f, 1);
-    ops->sum_squares(c->scalar, c->m.grad_mem, c->m.total_numel);
-    ops->copy_d2h(&sq, c->scalar, sizeof sq);
-    const float norm = sqrtf(sq);
-    float scale = 1.0f;
-    if (max_norm > 0) {
-        float coef = (float)max_norm / (norm + 1e-6f);
-        scale = coef < 1.0f ? coef : 1.0f;
-    }
-    c->step++;
-    for (int i = 0; i < c->m.n_params; i++) {
-        const llama3_param *p = &c->m.params[i];
-        ops->adamw_step(c->m.param_mem + p->offset, c->adam_m + p->offset, c->adam_v + p->offset,
-                        c->m.grad_mem + p->offset, p->numel, lr, beta1, beta2, eps, weight_decay, c->step, scale);
-    }
-    return (double)norm;
 }
 
 int llama3_capi_save_hf(void *h, const char *path, const char *dtype, int grad, char *err, size_t errlen) {

@@ -230,13 +230,15 @@ for mode in truncated flipped no_metadata; do
   mkdir -p "$D" && cp -r "$SRC/checkpoint" "$D/"
   corrupt "$mode" "$D"
   run "corrupt_$mode" 2 "$D" "${FSDP2[@]}" --training.steps 30 && bad "$mode: the resume did not refuse"
-  msg=$(grep -m1 "ERROR" "$T/corrupt_$mode.log" | sed 's/.* - ERROR - //')
-  echo "  $mode: $msg"
   case $mode in
     truncated) want="rank_00001.bin is truncated" ;;
     flipped) want="checksum mismatch in $D/checkpoint/step-20/rank_00002.bin, tensor '" ;;
     no_metadata) want="$D/checkpoint/step-20/metadata.json is missing" ;;
   esac
+  # the error line that names the file (mpirun's own abort banner may come first)
+  msg=$(grep "ERROR" "$T/corrupt_$mode.log" | grep -m1 -F -- "$want" | sed 's/.* - ERROR - //')
+  [ -n "$msg" ] || msg=$(grep -m1 "ERROR" "$T/corrupt_$mode.log" | sed 's/.* - ERROR - //')
+  echo "  $mode: $msg"
   case "$msg" in *"$want"*) ;; *) bad "$mode: the error does not name the file: $msg" ;; esac
   if [ "$mode" != no_metadata ]; then
     case "$msg" in *"tensor '"*) ;; *) bad "$mode: the error does not name the tensor" ;; esac

@@ -186,69 +186,97 @@ static void toy_init(toy *t) {
 
 static float toy_value(size_t global_flat) { return 0.25f * (float)(global_flat % 97) - 3.0f; }
 
-static void toy_fill(void *user, int param, size_t start, size_t count, float *out) {
+static int toy_fill(void *user, int param, size_t start, size_t count, float *out) {
     const toy *t = user;
     for (size_t j = 0; j < count; j++) out[j] = toy_value(t->decl[param].offset + start + j);
+    return 0;
 }
 
-static void test_fsdp(comm_world *w, const char *mname, fsdp_reshard_mode mode) {
+/* Units whose parameters are gathered now, beyond the ones the policy keeps. */
+static int transient_gathered(void *const *up, const fsdp *f, int n_units) {
+    int n = 0;
+    for (int u = 0; u < n_units; u++) n += up[u] != NULL && fsdp_reshards_after_forward(f, u);
+    return n;
+}
+
+/* accumulate = 1: gradients stay unsharded over the microbatches (pipeline parallel's
+ * mode) and are reduce-scattered after each unit's last W pass. */
+static void test_fsdp(comm_world *w, const char *mname, fsdp_reshard_mode mode, int accumulate) {
     const tetra_ops *ops = ops_cpu();
     toy t;
     toy_init(&t);
-    float *params = calloc(t.total, sizeof(float)), *grads = calloc(t.total, sizeof(float));
+    void *up[4] = {0};
+    float *ug[4] = {0};
     fsdp_config c;
     memset(&c, 0, sizeof c);
     c.ops = ops;
     c.shard = comm_get(w, MESH_G_FSDP);
     c.replicate = comm_get(w, MESH_G_DP_REPLICATE);
     c.reshard = mode;
-    c.params = params;
-    c.grads = grads;
-    c.total_numel = t.total;
+    c.reduce_at_last_microbatch = accumulate;
+    c.pipeline_parallel = accumulate;
+    c.compute_dtype = TETRA_F32;
     c.n_units = t.n_units;
     c.unit_offset = t.unit_offset;
     c.unit_numel = t.unit_numel;
     c.n_params = t.n_params;
     c.params_decl = t.decl;
+    c.unit_params = up;
+    c.unit_grads = ug;
     char err[256];
     fsdp *f = fsdp_create(&c, err, sizeof err);
     CHECK(f != NULL, "%s", err);
     if (!f) return;
     const int S = fsdp_shard_degree(f), R = fsdp_replicate_degree(f);
     const int batch_rank = comm_group_rank(comm_get(w, MESH_G_BATCH));
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s reshard %d%s", mname, (int)mode, accumulate ? " accumulate" : "");
 
     /* the pieces tile every parameter exactly once across the shard group */
     const dt_tensor *ts = fsdp_tensors(f);
     for (int i = 0; i < t.n_params; i++) {
         double mine = ts[i].n_pieces ? (double)ts[i].piece.count : 0.0;
         double total = comm_all_reduce_f64(c.shard, mine, COMM_SUM);
-        CHECK(total == (double)t.decl[i].numel, "%s %s: pieces cover %g of %zu", mname, t.decl[i].name, total,
+        CHECK(total == (double)t.decl[i].numel, "%s %s: pieces cover %g of %zu", tag, t.decl[i].name, total,
               t.decl[i].numel);
     }
     CHECK(fsdp_init_shards(f, toy_fill, &t) == 0, "init");
     size_t local = fsdp_local_numel(f);
-    CHECK(S == 1 ? local == t.total : local < t.total, "%s local %zu of %zu", mname, local, t.total);
+    CHECK(S == 1 ? local == t.total : local < t.total, "%s local %zu of %zu", tag, local, t.total);
+    for (int u = 0; u < t.n_units && S > 1; u++)
+        CHECK(up[u] == NULL && ug[u] == NULL, "%s unit %d bound before any gather", tag, u);
 
-    /* forward: every unit gathered equals the full init */
+    /* forward: every unit gathered equals the full init; never more than two transient
+     * units gathered at once */
+    int worst = 0;
     fsdp_begin_step(f);
     for (int u = 0; u < t.n_units; u++) {
         fsdp_pre_forward(f, u);
+        CHECK(up[u] != NULL, "%s unit %d bound in forward", tag, u);
         int bad = 0;
-        for (size_t j = 0; j < t.unit_numel[u]; j++)
-            bad += params[t.unit_offset[u] + j] != toy_value(t.unit_offset[u] + j);
-        CHECK(!bad, "%s unit %d gathered: %d wrong", mname, u, bad);
+        for (size_t j = 0; up[u] && j < t.unit_numel[u]; j++)
+            bad += ((float *)up[u])[j] != toy_value(t.unit_offset[u] + j);
+        CHECK(!bad, "%s unit %d gathered: %d wrong", tag, u, bad);
+        int g = transient_gathered(up, f, t.n_units);
+        if (g > worst) worst = g;
         fsdp_post_forward(f, u);
+        if (S > 1 && fsdp_reshards_after_forward(f, u)) CHECK(up[u] == NULL, "%s unit %d resharded", tag, u);
     }
     /* backward: grads of batch rank b are (b + 1) * value; two microbatches */
     for (int mb = 0; mb < 2; mb++) {
         for (int u = t.n_units - 1; u >= 0; u--) {
             fsdp_pre_backward(f, u);
-            for (size_t j = 0; j < t.unit_numel[u]; j++)
-                grads[t.unit_offset[u] + j] += (float)(batch_rank + 1) * toy_value(t.unit_offset[u] + j);
-            fsdp_post_backward(f, u, mb == 1);
+            fsdp_pre_backward_weight(f, u);
+            CHECK(up[u] != NULL && ug[u] != NULL, "%s unit %d bound in backward", tag, u);
+            int g = transient_gathered(up, f, t.n_units);
+            if (g > worst) worst = g;
+            for (size_t j = 0; ug[u] && j < t.unit_numel[u]; j++)
+                ug[u][j] += (float)(batch_rank + 1) * toy_value(t.unit_offset[u] + j);
+            fsdp_post_backward_weight(f, u, mb == 1);
         }
     }
     fsdp_finish_grads(f);
+    CHECK(worst <= 2, "%s %d transient units gathered at once", tag, worst);
     /* the global gradient: 2 microbatches x sum over batch ranks (b + 1) */
     const int nb = S * R;
     const float factor = 2.0f * (float)(nb * (nb + 1) / 2);
@@ -263,9 +291,9 @@ static void test_fsdp(comm_world *w, const char *mname, fsdp_reshard_mode mode) 
         }
     }
     for (size_t j = 0; j < t.total; j++) sq += (double)(factor * toy_value(j)) * (double)(factor * toy_value(j));
-    CHECK(!bad, "%s reduced gradient: %d wrong", mname, bad);
+    CHECK(!bad, "%s reduced gradient: %d wrong", tag, bad);
     double norm2 = fsdp_grad_sq_norm(f);
-    CHECK(fabs(norm2 - sq) <= 1e-6 * sq, "%s grad norm^2 %.9g want %.9g", mname, norm2, sq);
+    CHECK(fabs(norm2 - sq) <= 1e-6 * sq, "%s grad norm^2 %.9g want %.9g", tag, norm2, sq);
 
     /* an update of the master shard reaches the gathered copy */
     float *m = fsdp_master(f);
@@ -274,16 +302,36 @@ static void test_fsdp(comm_world *w, const char *mname, fsdp_reshard_mode mode) 
     fsdp_pre_forward(f, 2);
     bad = 0;
     for (size_t j = 0; j < t.unit_numel[2]; j++)
-        bad += params[t.unit_offset[2] + j] != 2.0f * toy_value(t.unit_offset[2] + j);
-    CHECK(!bad, "%s regathered after update: %d wrong", mname, bad);
+        bad += ((float *)up[2])[j] != 2.0f * toy_value(t.unit_offset[2] + j);
+    CHECK(!bad, "%s regathered after update: %d wrong", tag, bad);
     fsdp_post_forward(f, 2);
     CHECK(fsdp_reshards_after_forward(f, t.n_units - 1) == (S > 1 && mode == FSDP_RESHARD_ALWAYS),
-          "%s last unit reshard rule", mname);
+          "%s last unit reshard rule", tag);
+
+    /* memory: the working parameters are the resident units plus two slots of the
+     * largest transient unit, never the whole model (unless every unit is resident) */
     fsdp_memory mr = fsdp_memory_report(f);
     CHECK(mr.param_bytes == local * sizeof(float) && mr.optim_bytes == 2 * mr.param_bytes, "memory report");
+    if (S > 1) {
+        size_t resident = 0, max_transient = 0;
+        int n_resident = 0;
+        for (int u = 0; u < t.n_units; u++) {
+            size_t padded = (t.unit_numel[u] + (size_t)S - 1) / (size_t)S * (size_t)S * sizeof(float);
+            if (!fsdp_reshards_after_forward(f, u)) {
+                resident += (padded + 63) & ~(size_t)63;
+                n_resident++;
+            } else if (padded > max_transient) {
+                max_transient = padded;
+            }
+        }
+        size_t want = resident + 2 * ((max_transient + 63) & ~(size_t)63) * (max_transient > 0);
+        CHECK(mr.work_param_bytes == want && mr.resident_units == n_resident,
+              "%s working parameters %zu bytes (%d resident), want %zu (%d)", tag, mr.work_param_bytes,
+              mr.resident_units, want, n_resident);
+    } else {
+        CHECK(mr.work_param_bytes == 0 && mr.work_grad_bytes == 0, "%s no working buffers at shard degree 1", tag);
+    }
     fsdp_free(f);
-    free(params);
-    free(grads);
 }
 
 static void run_mesh(int world, int rep, int shard, int cp, int tp, const char *mname) {
@@ -303,9 +351,11 @@ static void run_mesh(int world, int rep, int shard, int cp, int tp, const char *
     if (!w) return;
     for (int g = 0; g < MESH_N_GROUPS; g++) test_group(comm_get(w, (mesh_group_id)g), mname);
     if (cp == 1 && tp == 1) {
-        test_fsdp(w, mname, FSDP_RESHARD_DEFAULT);
-        test_fsdp(w, mname, FSDP_RESHARD_ALWAYS);
-        test_fsdp(w, mname, FSDP_RESHARD_NEVER);
+        test_fsdp(w, mname, FSDP_RESHARD_DEFAULT, 0);
+        test_fsdp(w, mname, FSDP_RESHARD_ALWAYS, 0);
+        test_fsdp(w, mname, FSDP_RESHARD_NEVER, 0);
+        test_fsdp(w, mname, FSDP_RESHARD_DEFAULT, 1);
+        test_fsdp(w, mname, FSDP_RESHARD_ALWAYS, 1);
     }
     comm_world_free(w);
 }

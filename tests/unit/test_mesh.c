@@ -157,6 +157,20 @@ static void test_dtensor(void) {
     char buf[256];
     dt_describe(&t, buf, sizeof buf);
     CHECK(strstr(buf, "w [6, 4] float32") != NULL, "%s", buf);
+
+    /* runs contiguous in the global order: a box of whole rows is one run ... */
+    size_t run = 0;
+    CHECK(dt_piece_global_run(&t, 0, &run) == 17 && run == 5, "whole rows: one run of 5, got %zu", run);
+    /* ... a column block is one run per box row: columns 1..2 of rows 3..5 */
+    t.box_start[1] = 1;
+    t.box_shape[1] = 2;
+    t.piece.start = 1; /* box elements 1..4: (3,2) | (4,1) (4,2) | (5,1) */
+    t.piece.count = 4;
+    size_t want_g[] = {14, 17, 18, 21}, want_run[] = {1, 2, 1, 1};
+    for (size_t k = 0; k < 4; k++) {
+        size_t g = dt_piece_global_run(&t, k, &run);
+        CHECK(g == want_g[k] && run == want_run[k], "column block element %zu: global %zu run %zu", k, g, run);
+    }
 }
 
 int main(void) {

@@ -1,0 +1,115 @@
+/* trainer_capi.c — the training job's own step for the Python reference tests and
+ * benchmarks (ctypes on libtetra.so): plain ints, doubles and host arrays, no structs.
+ *
+ * A handle is a whole trainer of one rank, set up from `tetra train` arguments exactly
+ * as the command line does (config file, keys, validation), with no data loader: each
+ * call of trainer_capi_step hands it one step's batches and runs train_step — the
+ * schedule, FSDP hooks, gradient clipping, AdamW and the LR schedule of a real run. MPI
+ * is initialised as a singleton on first use and finalised at exit. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/log.h"
+#include "engine/trainer_internal.h"
+#include "models/llama3/hf.h"
+
+/* Exported helpers (not in a header: only ctypes calls them). */
+void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen);
+void trainer_capi_free(void *h);
+int trainer_capi_batch_tokens(void *h);
+double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr);
+int trainer_capi_save_hf(void *h, const char *path, char *err, size_t errlen);
+
+typedef struct {
+    tetra_config cfg;
+    trainer *t;
+} capi;
+
+static void finalize_mpi(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        atexit(finalize_mpi);
+    }
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != 1) {
+        snprintf(err, errlen, "trainer_capi: one rank only (world %d)", world);
+        return NULL;
+    }
+    log_init(0, 1);
+    capi *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "trainer_capi: out of host memory");
+        return NULL;
+    }
+    cfg_init(&c->cfg);
+    cfg_parallel_dims dims;
+    int rc = cfg_parse_args(&c->cfg, argc, argv, stdout, err, errlen);
+    if (rc == 0) rc = cfg_validate(&c->cfg, 1, &dims, err, errlen);
+    if (rc != 0) {
+        cfg_free(&c->cfg);
+        free(c);
+        return NULL;
+    }
+    trainer_options o;
+    memset(&o, 0, sizeof o);
+    o.external_batches = 1;
+    if (trainer_setup(&c->t, &c->cfg, &dims, 0, 1, &o) != 0 || !c->t) {
+        snprintf(err, errlen, "trainer_capi: setup failed (see the log)");
+        cfg_free(&c->cfg);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void trainer_capi_free(void *h) {
+    capi *c = h;
+    if (!c) return;
+    trainer_teardown(c->t);
+    cfg_free(&c->cfg);
+    free(c);
+}
+
+/* Tokens of one step's batch on this rank: gradient accumulation x local batch x seq. */
+int trainer_capi_batch_tokens(void *h) {
+    const trainer *t = ((capi *)h)->t;
+    return (int)((size_t)t->accum * t->tok);
+}
+
+/* One optimizer step on inputs/labels [accum * local_batch * seq_len] (int32, labels may
+ * hold -100). Returns the loss (global mean over valid tokens); the gradient norm before
+ * clipping and the learning rate used go to *grad_norm, *lr. */
+double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr) {
+    trainer *t = ((capi *)h)->t;
+    const size_t n = (size_t)t->accum * t->tok;
+    memcpy(t->h_in, inputs, n * sizeof(int32_t));
+    memcpy(t->h_lab, labels, n * sizeof(int32_t));
+    step_result r;
+    train_step(t, &r);
+    t->tc.step++;
+    if (grad_norm) *grad_norm = r.grad_norm;
+    if (lr) *lr = r.lr;
+    return r.loss;
+}
+
+/* The trainer's current weights (its fp32 master parameters) as Hugging Face safetensors. */
+int trainer_capi_save_hf(void *h, const char *path, char *err, size_t errlen) {
+    trainer *t = ((capi *)h)->t;
+    if (fsdp_shard_degree(t->fs) != 1) {
+        snprintf(err, errlen, "trainer_capi: HF export needs the whole model on this rank");
+        return -1;
+    }
+    return llama3_save_hf_buffer(&t->model, fsdp_master(t->fs), path, "float32", err, errlen);
+}

@@ -1,0 +1,122 @@
+/* trainer_internal.h — the state of a training job, shared by its parts:
+ *   trainer.c       setup, the step loop (data, metrics, saves, validation), teardown
+ *   train_step.c    one optimizer step: the schedule's actions on the model and FSDP,
+ *                   gradient clipping, AdamW and the LR schedule
+ *   train_ckpt.c    checkpoint state: what is saved, finding and loading a checkpoint
+ *   trainer_capi.c  entry points for the Python reference tests
+ * Nothing here is part of the public contract (trainer.h).
+ */
+#ifndef TETRA_TRAINER_INTERNAL_H
+#define TETRA_TRAINER_INTERNAL_H
+
+#include <stdint.h>
+
+#include "checkpoint/checkpoint.h"
+#include "data/loader.h"
+#include "engine/config.h"
+#include "engine/lr_schedule.h"
+#include "engine/metrics.h"
+#include "engine/trainer.h"
+#include "kernels/ops.h"
+#include "models/llama3/model.h"
+#include "parallel/comm.h"
+#include "parallel/fsdp.h"
+#include "parallel/mesh.h"
+#include "parallel/pp/schedule.h"
+
+enum { G_MODEL = 0, G_EXP_AVG, G_EXP_AVG_SQ, N_GROUPS };
+
+typedef struct {
+    int64_t step;        /* last completed training step */
+    int64_t tokens_seen;
+    int64_t lr_count;    /* scheduler steps taken (the LambdaLR count) */
+    int64_t opt_step;    /* AdamW steps taken (bias correction) */
+} train_counters;
+
+/* What one optimizer step reports. */
+typedef struct {
+    double loss;          /* global mean over valid tokens */
+    double max_loss;      /* largest per-rank mean */
+    double loss_sum;      /* this rank's summed token losses */
+    int64_t local_valid, global_valid;
+    double grad_norm;     /* before clipping */
+    double lr;
+} step_result;
+
+struct trainer {
+    const tetra_config *cfg;
+    const tetra_config_values *c;
+    cfg_parallel_dims dims;
+    trainer_options opt;
+    int rank, world, threads;
+
+    const tetra_ops *ops;
+    int mixed;                 /* bf16 compute */
+    mesh msh;
+    comm_world *cw;
+    comm_group *g_world, *g_loss;
+
+    llama3_args args;
+    llama3_model model;
+    int model_ready;
+    dt_param_decl *decl;       /* [model.n_params] the model's parameters for FSDP */
+    fsdp *fs;
+
+    /* the step: microbatches of B sequences of T tokens, accum per step */
+    int B, T, accum;
+    size_t tok;                /* B * T */
+    pp_schedule *sched;
+    int n_acts;                /* microbatch activation buffers (the schedule's peak in flight) */
+    llama3_workspace *ws;
+    llama3_acts **acts;        /* [n_acts] */
+    int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */
+    int VB, VT;
+    llama3_workspace *vws;     /* validation, when its shape differs */
+    llama3_acts *vacts;
+
+    /* data */
+    char data_dir[4096];
+    dl_loader *train, *val;
+    int32_t *h_in, *h_lab;     /* [accum * tok] this step's microbatches (host) */
+    int32_t *hv_in, *hv_lab;   /* [VB * VT] */
+
+    /* optimizer */
+    float *adam_m, *adam_v;    /* [local] each, one allocation */
+    lr_schedule lrs;
+    train_counters tc;
+
+    /* checkpoints and logs */
+    char ckpt_dir[4096];
+    ckpt_group groups[N_GROUPS];
+    ckpt_saver *saver;
+    metrics_logger *ml;
+    double n_params, flops_per_token, peak;
+    const char *peak_src;
+    size_t allocs_at_start;
+
+    /* during a step: what the stage callbacks need */
+    float dloss_scale;
+    double step_loss_sum;
+    int64_t step_valid;
+};
+
+/* train_step.c */
+int train_build_schedule(trainer *t, char *err, size_t errlen);
+/* One optimizer step over t->h_in / t->h_lab (accum microbatches of this rank). */
+void train_step(trainer *t, step_result *r);
+/* Forward of every unit of the stage under FSDP (validation, warm-up): the summed loss. */
+double train_forward_only(trainer *t, llama3_acts *a, const int32_t *in, const int32_t *lab, float dloss_scale,
+                          int64_t *n_valid);
+/* Forward and backward of one microbatch without an optimizer step (warm-up). */
+void train_warmup(trainer *t);
+
+/* train_ckpt.c */
+int train_ckpt_excluded(const tetra_config_values *c, const char *what);
+int train_find_checkpoint(trainer *t, char *load_path, size_t n, int *model_only, int *initial, char *err,
+                          size_t errlen);
+int train_load_checkpoint(trainer *t, const char *path, int model_only, char *err, size_t errlen);
+/* Save after `step` (model_only: the last save's model-only or HF form). 0 or -1. */
+int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, char *err, size_t errlen);
+void train_log_save(const ckpt_saver *sv, int async_done);
+
+#endif
