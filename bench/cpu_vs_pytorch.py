@@ -133,7 +133,8 @@ def worker_tetra(spec, weights_out):
             str(b), "--training.steps", "1000000", "--training.threads", str(args.threads),
             "--training.max_norm", str(MAX_NORM), "--optimizer.lr", str(LR), "--optimizer.beta1", str(BETAS[0]),
             "--optimizer.beta2", str(BETAS[1]), "--optimizer.eps", str(EPS), "--optimizer.weight_decay", str(WD),
-            "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay_ratio", "0"]
+            "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay_ratio", "0",
+            "--activation_checkpoint.mode", "none"]  # PyTorch keeps every activation too
     arr = (ctypes.c_char_p * len(argv))(*[a.encode() for a in argv])
     h = trainer_create(len(argv), arr, err, 2048)
     if not h:

@@ -20,7 +20,8 @@ if(TARGET tetra_cuda)
     add_executable(${name} ${src})
     set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
     target_compile_options(${name} PRIVATE ${TETRA_C_WARNINGS})
-    target_link_libraries(${name} PRIVATE tetra_lib)
+    # the test calls into the CUDA library directly, besides loading it as the backend
+    target_link_libraries(${name} PRIVATE tetra_lib tetra_cuda)
     add_test(NAME gpu/${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(gpu/${name} PROPERTIES
       ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE"
@@ -58,7 +59,8 @@ if(TETRA_CUDA_SIM)
     CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
   set_source_files_properties(${TETRA_SIM_SOURCES} ${TETRA_SIM_DIR}/sim.cpp PROPERTIES OBJECT_DEPENDS "${TETRA_SIM_HEADERS}")
   target_include_directories(test_ops_cuda_sim BEFORE PRIVATE ${TETRA_SIM_DIR}/include)
-  target_compile_definitions(test_ops_cuda_sim PRIVATE TETRA_HAVE_CUDA=1)
+  # the simulated kernels are linked in: ops.c takes their table from the symbols
+  target_compile_definitions(test_ops_cuda_sim PRIVATE TETRA_HAVE_CUDA=1 TETRA_CUDA_LINKED=1)
   # C: the project's warnings; C++ (generated): the simulator header first, no FMA
   # contraction (the device's explicit __fmul_rn/__fadd_rn become plain operations),
   # and no cuDNN (its headers would bring the real CUDA runtime's)
@@ -69,4 +71,12 @@ if(TETRA_CUDA_SIM)
   add_test(NAME gpu/test_ops_cuda_sim COMMAND test_ops_cuda_sim WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_ops_cuda_sim PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+  # the trainer on the simulated kernels under FSDP over two MPI ranks: per-unit working
+  # buffers, bf16 all-gathers and reduce-scatters of device buffers
+  add_test(NAME gpu/test_ops_cuda_sim_fsdp
+    COMMAND ${MPIEXEC_EXECUTABLE} -np 2 --oversubscribe --bind-to none $<TARGET_FILE:test_ops_cuda_sim> --trainer
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(gpu/test_ops_cuda_sim_fsdp PROPERTIES
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none"
+    TIMEOUT 1800)
 endif()

@@ -26,7 +26,7 @@ if(TARGET tetra_cuda AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND EXISTS ${CMAKE_SO
   add_executable(test_comm_nccl ${CMAKE_SOURCE_DIR}/tests/gpu/test_comm_nccl.c)
   set_target_properties(test_comm_nccl PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   target_compile_options(test_comm_nccl PRIVATE ${TETRA_C_WARNINGS})
-  target_link_libraries(test_comm_nccl PRIVATE tetra_lib CUDA::cudart)
+  target_link_libraries(test_comm_nccl PRIVATE tetra_lib tetra_cuda CUDA::cudart)
   enable_testing()
   add_test(NAME gpu/test_comm_nccl COMMAND test_comm_nccl WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_comm_nccl PROPERTIES TIMEOUT 300 ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE"

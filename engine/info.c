@@ -7,20 +7,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef TETRA_HAVE_CUDA
-#include "kernels/cuda/cuda_device.h"
-#endif
+#include "kernels/cuda_plugin.h"
 
 /* OpenBLAS-specific introspection; declared here so the generic cblas.h suffices. */
 char *openblas_get_config(void);
 int openblas_get_num_threads(void);
 
 int info_gpu_count(void) {
-#ifdef TETRA_HAVE_CUDA
-    return cuda_device_count();
-#else
-    return 0;
-#endif
+    if (cuda_driver_device_count() <= 0) return 0; /* no driver, no device: the CUDA library stays unloaded */
+    const cuda_kernels_api *k = cuda_kernels(NULL, 0);
+    return k ? k->device_count() : 0;
 }
 
 int info_main(int argc, char **argv) {
@@ -43,12 +39,19 @@ int info_main(int argc, char **argv) {
     printf("  blas:                %s\n", openblas_get_config());
     printf("  mpi:                 %s\n", mpi_version);
 #ifdef TETRA_HAVE_CUDA
-    int n = info_gpu_count();
-    printf("  cuda backend:        built (sm_90a)\n");
+    char why[2048];
+    const cuda_kernels_api *k = cuda_kernels(why, sizeof why);
+    if (!k) {
+        printf("  cuda backend:        built, not loadable: %s\n", why);
+        return 0;
+    }
+    int n = k->device_count();
+    printf("  cuda backend:        built (sm_80, sm_90a), lib/libtetra_cuda.so loaded\n");
+    if (k->cudnn_version()) printf("  cudnn:               %d\n", k->cudnn_version());
     printf("  visible gpus:        %d\n", n);
     for (int i = 0; i < n; i++) {
         char buf[256];
-        cuda_device_describe(i, buf, sizeof buf);
+        k->device_describe(i, buf, sizeof buf);
         printf("    [%d] %s\n", i, buf);
     }
 #else

@@ -110,6 +110,23 @@ static int hf_fill(void *user, int param, size_t start, size_t count, float *hos
 /* ----------------------------------------------------------------------------
  * what this run is, and its memory per rank */
 
+/* Validation runs forward only: its activations keep nothing beyond the residual
+ * stream and the head, on a workspace of its own shape. */
+static unsigned *keep_none(const trainer *t) {
+    const int nb = t->model.layout.layer_end - t->model.layout.layer_start;
+    unsigned *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof *k); /* LLAMA3_KEEP_NONE is 0 */
+    return k;
+}
+
+static size_t validation_bytes(const trainer *t) {
+    unsigned *none = keep_none(t);
+    size_t b = none ? llama3_acts_bytes_policy(&t->model, none, t->VB, t->VT) +
+                          llama3_workspace_bytes(&t->model, t->VB, t->VT, 1, 0)
+                    : 0;
+    free(none);
+    return b;
+}
+
 static void log_plan(trainer *t) {
     const tetra_config_values *c = t->c;
     const int S = fsdp_shard_degree(t->fs), R = fsdp_replicate_degree(t->fs);
@@ -129,11 +146,11 @@ static void log_plan(trainer *t) {
                  "per rank (%s)", t->ops->name, t->threads, mdesc, mode, comm_backend_name(comm_world_backend(t->cw)),
                  t->accum, t->peak / 1e9, t->peak_src);
     fsdp_memory mr = fsdp_memory_report(t->fs);
-    const size_t acts1 = llama3_acts_bytes_policy(&t->model, NULL, t->B, t->T);
-    const size_t wsb = llama3_workspace_bytes(&t->model, t->B, t->T, 0);
+    const size_t acts1 = llama3_acts_bytes_policy(&t->model, t->keep, t->B, t->T);
+    const size_t wsb = llama3_workspace_bytes(&t->model, t->B, t->T, t->n_dropping > 0, t->recompute_slots);
     size_t vb = 0;
     if (c->validation.enable && (t->VB != t->B || t->VT != t->T))
-        vb = llama3_acts_bytes_policy(&t->model, NULL, t->VB, t->VT) + llama3_workspace_bytes(&t->model, t->VB, t->VT, 0);
+        vb = validation_bytes(t);
     const size_t persistent = mr.param_bytes + mr.compute_bytes + mr.grad_bytes + mr.optim_bytes;
     const size_t working = mr.work_param_bytes + mr.work_grad_bytes + mr.reduce_bytes;
     const size_t acts = (size_t)t->n_acts * acts1 + wsb + vb;
@@ -167,6 +184,16 @@ static void log_plan(trainer *t) {
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; activations %s "
                  "(%d microbatch%s x %s + workspace %s%s); total %s",
                  t->rank, who, pb, gb, ob, ab, t->n_acts, t->n_acts == 1 ? "" : "es", a1, wb, vpart, tot);
+    if (t->n_dropping > 0) {
+        char full[32];
+        fmt_bytes(full, sizeof full, (double)llama3_acts_bytes_policy(&t->model, NULL, t->B, t->T));
+        log_info("activation checkpointing: mode %s%s%s: %d of %d blocks recompute in backward; %s per microbatch "
+                 "instead of %s, %d recompute slot%s in the workspace", c->activation_checkpoint.mode,
+                 strcmp(c->activation_checkpoint.mode, "selective") ? "" : ", option ",
+                 strcmp(c->activation_checkpoint.mode, "selective") ? "" : c->activation_checkpoint.selective_ac_option,
+                 t->n_dropping, t->model.layout.layer_end - t->model.layout.layer_start, a1, full, t->recompute_slots,
+                 t->recompute_slots == 1 ? "" : "s");
+    }
     if (S > 1)
         log_info("fsdp: %d units sharded over %s (%d ranks), reshard_after_forward = %s%s", t->model.n_units,
                  comm_group_name(comm_get(t->cw, MESH_G_FSDP)), S, c->parallelism.fsdp_reshard_after_forward,
@@ -190,6 +217,7 @@ void trainer_teardown(trainer *t) {
     }
     free(t->acts);
     free(t->acts_mb);
+    free(t->keep);
     free(t->h_in);
     free(t->h_lab);
     free(t->hv_in);
@@ -290,7 +318,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     comm_options copt;
     memset(&copt, 0, sizeof copt);
     copt.backend = COMM_BACKEND_MPI; /* a dry run communicates nothing on the device */
-    if (!dry && !strcmp(ops->name, "cuda") && world > 1) {
+    if (!dry && !ops->host_memory && world > 1) {
         if (!comm_backend_available(COMM_BACKEND_NCCL)) {
             log_error("training.device = cuda with %d ranks needs the NCCL backend, which this build lacks "
                       "(build with libnccl, see docs/parallelism.md)", world);
@@ -382,6 +410,21 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     if (train_build_schedule(t, err, sizeof err)) {
         log_error("%s", err);
         goto fail;
+    }
+    /* ---- activation checkpointing: what each block keeps ---- */
+    const int nb = m->layout.layer_end - m->layout.layer_start;
+    t->keep = calloc((size_t)(nb > 0 ? nb : 1), sizeof *t->keep);
+    if (!t->keep || llama3_ac_policy(m, c->activation_checkpoint.mode, c->activation_checkpoint.selective_ac_option,
+                                     t->keep, err, sizeof err)) {
+        log_error("%s", t->keep ? err : "out of host memory");
+        goto fail;
+    }
+    for (int i = 0; i < nb; i++) t->n_dropping += t->keep[i] != LLAMA3_KEEP_ALL;
+    if (t->n_dropping > 0) {
+        /* a block holds a slot from its I pass to its W pass: one when every W follows its I,
+         * else every dropping block of each microbatch whose W the schedule defers */
+        const int deferred = pp_schedule_max_deferred_w(t->sched);
+        t->recompute_slots = deferred > 0 ? deferred * t->n_dropping : 1;
     }
     if (dry) {
         log_plan(t);
@@ -483,10 +526,10 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     ops->fill(t->adam_m, 0.0f, local_numel);
     ops->fill(t->adam_v, 0.0f, local_numel);
-    t->ws = llama3_workspace_create(m, t->B, t->T, 0, err, sizeof err);
+    t->ws = llama3_workspace_create(m, t->B, t->T, t->n_dropping > 0, t->recompute_slots, err, sizeof err);
     for (int i = 0; t->ws && i < t->n_acts; i++) {
         t->acts_mb[i] = -1;
-        t->acts[i] = llama3_acts_create_ws(m, t->ws, NULL, t->B, t->T, err, sizeof err);
+        t->acts[i] = llama3_acts_create_ws(m, t->ws, t->keep, t->B, t->T, err, sizeof err);
         if (!t->acts[i]) break;
     }
     if (!t->ws || !t->acts[t->n_acts - 1]) {
@@ -497,8 +540,10 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         if (t->VB == t->B && t->VT == t->T) {
             t->vacts = t->acts[0];
         } else {
-            t->vws = llama3_workspace_create(m, t->VB, t->VT, 0, err, sizeof err);
-            t->vacts = t->vws ? llama3_acts_create_ws(m, t->vws, NULL, t->VB, t->VT, err, sizeof err) : NULL;
+            unsigned *none = keep_none(t);
+            t->vws = none ? llama3_workspace_create(m, t->VB, t->VT, 1, 0, err, sizeof err) : NULL;
+            t->vacts = t->vws ? llama3_acts_create_ws(m, t->vws, none, t->VB, t->VT, err, sizeof err) : NULL;
+            free(none);
             if (!t->vacts) {
                 log_error("out of memory allocating validation activations: %s", err);
                 goto fail;
@@ -598,9 +643,6 @@ static int prepare_run(trainer *t) {
         t->peak_src = "measured fp32 GEMM";
     }
     log_plan(t);
-    if (strcmp(c->activation_checkpoint.mode, "none") != 0)
-        log_warn("activation_checkpoint.mode = \"%s\": activations are kept in full in this version "
-                 "(no recomputation)", c->activation_checkpoint.mode);
     log_info("training %lld steps, global batch %lld x %d tokens, dataset %s (%llu tokens, %llu steps/epoch)",
                  (long long)c->training.steps, (long long)t->dims.global_batch_size, t->T, t->data_dir,
                  t->train ? (unsigned long long)dl_num_tokens(t->train) : 0ull,

@@ -1,11 +1,12 @@
 /* trainer_capi.c — the training job's own step for the Python reference tests and
  * benchmarks (ctypes on libtetra.so): plain ints, doubles and host arrays, no structs.
  *
- * A handle is a whole trainer of one rank, set up from `tetra train` arguments exactly
- * as the command line does (config file, keys, validation), with no data loader: each
- * call of trainer_capi_step hands it one step's batches and runs train_step — the
- * schedule, FSDP hooks, gradient clipping, AdamW and the LR schedule of a real run. MPI
- * is initialised as a singleton on first use and finalised at exit. */
+ * A handle is this rank's trainer, set up from `tetra train` arguments exactly as the
+ * command line does (config file, keys, validation), with no data loader: each call of
+ * trainer_capi_step hands it this rank's batches of one step and runs train_step — the
+ * schedule, FSDP hooks, gradient clipping, AdamW and the LR schedule of a real run
+ * (collective: every rank calls it). MPI is initialised on first use (a singleton
+ * outside mpirun) and finalised at exit. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen);
 void trainer_capi_free(void *h);
 int trainer_capi_batch_tokens(void *h);
+const char *trainer_capi_backend(void *h);
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr);
 int trainer_capi_save_hf(void *h, const char *path, char *err, size_t errlen);
 
@@ -41,13 +43,10 @@ void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
         MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
         atexit(finalize_mpi);
     }
-    int world = 1;
+    int rank = 0, world = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world != 1) {
-        snprintf(err, errlen, "trainer_capi: one rank only (world %d)", world);
-        return NULL;
-    }
-    log_init(0, 1);
+    log_init(rank, world);
     capi *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "trainer_capi: out of host memory");
@@ -56,7 +55,7 @@ void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
     cfg_init(&c->cfg);
     cfg_parallel_dims dims;
     int rc = cfg_parse_args(&c->cfg, argc, argv, stdout, err, errlen);
-    if (rc == 0) rc = cfg_validate(&c->cfg, 1, &dims, err, errlen);
+    if (rc == 0) rc = cfg_validate(&c->cfg, world, &dims, err, errlen);
     if (rc != 0) {
         cfg_free(&c->cfg);
         free(c);
@@ -65,7 +64,7 @@ void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
     trainer_options o;
     memset(&o, 0, sizeof o);
     o.external_batches = 1;
-    if (trainer_setup(&c->t, &c->cfg, &dims, 0, 1, &o) != 0 || !c->t) {
+    if (trainer_setup(&c->t, &c->cfg, &dims, rank, world, &o) != 0 || !c->t) {
         snprintf(err, errlen, "trainer_capi: setup failed (see the log)");
         cfg_free(&c->cfg);
         free(c);
@@ -81,6 +80,9 @@ void trainer_capi_free(void *h) {
     cfg_free(&c->cfg);
     free(c);
 }
+
+/* The backend it computes on: "cpu" or "cuda". */
+const char *trainer_capi_backend(void *h) { return ((capi *)h)->t->ops->name; }
 
 /* Tokens of one step's batch on this rank: gradient accumulation x local batch x seq. */
 int trainer_capi_batch_tokens(void *h) {

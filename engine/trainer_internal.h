@@ -67,6 +67,9 @@ struct trainer {
     size_t tok;                /* B * T */
     pp_schedule *sched;
     int n_acts;                /* microbatch activation buffers (the schedule's peak in flight) */
+    unsigned *keep;            /* [local blocks] what each block keeps for backward (activation checkpointing) */
+    int n_dropping;            /* blocks that keep less than everything */
+    int recompute_slots;       /* workspace slots for blocks between their I and W passes */
     llama3_workspace *ws;
     llama3_acts **acts;        /* [n_acts] */
     int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */

@@ -6,35 +6,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef TETRA_HAVE_CUDA
-// Built with the CUDA backend: ops_cuda (kernels/cuda/cuda_backend.cu) is referenced
-// strongly, so the static executables always link it in.
+#include "kernels/cuda_plugin.h"
+
+#if defined(TETRA_HAVE_CUDA) && defined(TETRA_CUDA_LINKED)
+// The CUDA kernels are linked into this program (the kernel simulator's test): their
+// table is built from the symbols instead of loading lib/libtetra_cuda.so, and their
+// "device" memory is host memory (MPI can move it).
 #include "kernels/cuda/cuda_device.h"
+size_t cuda_attention_workspace_size(const ops_attn_shape *s);
+static const tetra_ops *linked_ops(char *err, size_t errlen) {
+    static tetra_ops t;
+    if (!t.name) {
+        const tetra_ops *o = ops_cuda(err, errlen);
+        if (!o) return NULL;
+        t = *o;
+        t.host_memory = 1;
+    }
+    return &t;
+}
+static const cuda_kernels_api *kernels_api(char *err, size_t errlen) {
+    (void)err;
+    (void)errlen;
+    static const cuda_kernels_api a = {CUDA_PLUGIN_ABI, linked_ops, cuda_device_count, cuda_device_describe,
+                                       cuda_cudnn_version, cuda_attention_workspace_size};
+    return &a;
+}
+static int gpu_maybe_present(void) { return 1; }
+#elif defined(TETRA_HAVE_CUDA)
+static const cuda_kernels_api *kernels_api(char *err, size_t errlen) { return cuda_kernels(err, errlen); }
+/* "auto" loads the CUDA library only where the driver reports a device */
+static int gpu_maybe_present(void) { return cuda_driver_device_count() > 0; }
 #endif
-
-size_t ops_dtype_size(tetra_dtype t) {
-    switch (t) {
-    case TETRA_F32: return 4;
-    case TETRA_BF16: return 2;
-    case TETRA_F16: return 2;
-    case TETRA_FP8_E4M3: return 1;
-    case TETRA_FP8_E5M2: return 1;
-    case TETRA_I32: return 4;
-    }
-    return 0;
-}
-
-const char *ops_dtype_name(tetra_dtype t) {
-    switch (t) {
-    case TETRA_F32: return "float32";
-    case TETRA_BF16: return "bfloat16";
-    case TETRA_F16: return "float16";
-    case TETRA_FP8_E4M3: return "float8_e4m3fn";
-    case TETRA_FP8_E5M2: return "float8_e5m2";
-    case TETRA_I32: return "int32";
-    }
-    return "?";
-}
 
 static void set_err(char *err, size_t errlen, const char *msg) {
     if (err && errlen) snprintf(err, errlen, "%s", msg);
@@ -43,8 +45,9 @@ static void set_err(char *err, size_t errlen, const char *msg) {
 const tetra_ops *ops_get(const char *device, char *err, size_t errlen) {
     if (!device || !strcmp(device, "auto")) {
 #ifdef TETRA_HAVE_CUDA
-        if (cuda_device_count() > 0) {
-            const tetra_ops *t = ops_cuda(err, errlen);
+        const cuda_kernels_api *k = gpu_maybe_present() ? kernels_api(NULL, 0) : NULL;
+        if (k && k->device_count() > 0) {
+            const tetra_ops *t = k->ops(err, errlen);
             if (t) return t;
         }
 #endif
@@ -53,13 +56,19 @@ const tetra_ops *ops_get(const char *device, char *err, size_t errlen) {
     if (!strcmp(device, "cpu")) return ops_cpu();
     if (!strcmp(device, "cuda")) {
 #ifdef TETRA_HAVE_CUDA
-        if (cuda_device_count() <= 0) {
+        char why[2048];
+        const cuda_kernels_api *k = kernels_api(why, sizeof why);
+        if (!k) {
+            if (err && errlen) snprintf(err, errlen, "device \"cuda\": %s", why);
+            return NULL;
+        }
+        if (k->device_count() <= 0) {
             set_err(err, errlen,
                     "device \"cuda\": no CUDA device is visible (cudaGetDeviceCount = 0); "
                     "use training.device = \"cpu\" or \"auto\"");
             return NULL;
         }
-        return ops_cuda(err, errlen);
+        return k->ops(err, errlen);
 #else
         set_err(err, errlen,
                 "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
@@ -79,15 +88,12 @@ static void *plan_alloc(size_t bytes) {
     abort();
 }
 
-#ifdef TETRA_HAVE_CUDA
-size_t cuda_attention_workspace_size(const ops_attn_shape *s);
-#endif
-
 const tetra_ops *ops_plan(const char *device, char *err, size_t errlen) {
     static tetra_ops cpu, cuda;
     if (!device || !strcmp(device, "auto")) {
 #ifdef TETRA_HAVE_CUDA
-        device = cuda_device_count() > 0 ? "cuda" : "cpu";
+        const cuda_kernels_api *k = gpu_maybe_present() ? kernels_api(NULL, 0) : NULL;
+        device = k && k->device_count() > 0 ? "cuda" : "cpu";
 #else
         device = "cpu";
 #endif
@@ -107,10 +113,16 @@ const tetra_ops *ops_plan(const char *device, char *err, size_t errlen) {
         if (!cuda.name) {
             /* the built-in kernels' workspace: cuDNN's plan-dependent workspace is known only
              * on a device (it is of the same order) */
-            cuda.name = "cuda";
+            char why[2048];
+            const cuda_kernels_api *k = kernels_api(why, sizeof why);
+            if (!k) {
+                if (err && errlen) snprintf(err, errlen, "device \"cuda\": %s", why);
+                return NULL;
+            }
             cuda.alloc = plan_alloc;
-            cuda.attention_workspace_size = cuda_attention_workspace_size;
-            cuda.attention_workspace_size_bf16 = cuda_attention_workspace_size;
+            cuda.attention_workspace_size = k->attention_workspace_size;
+            cuda.attention_workspace_size_bf16 = k->attention_workspace_size;
+            cuda.name = "cuda";
         }
         return &cuda;
 #else

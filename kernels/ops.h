@@ -326,6 +326,10 @@ typedef struct tetra_ops {
     // always does; the CUDA backend then runs the bf16 attention backward on its own
     // kernel (cuDNN's accumulates dQ with atomics).
     void (*set_deterministic)(int on);
+
+    // 1 when backend memory is ordinary host memory (the CPU backend, and the CUDA kernels
+    // on the CPU simulator), so MPI can move it; 0 on a GPU, where NCCL does.
+    int host_memory;
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

@@ -7,38 +7,33 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/cuda_plugin.h"
 #include "parallel/comm_internal.h"
 
-size_t comm_dtype_size(comm_dtype t) {
-    switch (t) {
-    case COMM_F32: return 4;
-    case COMM_F64: return 8;
-    case COMM_I32: return 4;
-    case COMM_I64: return 8;
-    case COMM_BF16: return 2;
-    case COMM_U8: return 1;
-    }
-    return 1;
-}
-
-const char *comm_dtype_name(comm_dtype t) {
-    switch (t) {
-    case COMM_F32: return "float32";
-    case COMM_F64: return "float64";
-    case COMM_I32: return "int32";
-    case COMM_I64: return "int64";
-    case COMM_BF16: return "bfloat16";
-    case COMM_U8: return "uint8";
-    }
-    return "?";
-}
-
 const char *comm_backend_name(comm_backend b) { return b == COMM_BACKEND_NCCL ? "nccl" : "mpi"; }
+
+#ifdef TETRA_HAVE_NCCL
+/* The NCCL backend lives in lib/libtetra_cuda.so, loaded on first use. Only this
+ * table is called, and only after comm_backend_available said it is there. */
+static const tetra_nccl_api *nccl_api(void) {
+    static const tetra_nccl_api *api;
+    static int tried;
+    if (!tried) {
+        tried = 1;
+        const tetra_nccl_api *(*get)(void) =
+            (const tetra_nccl_api *(*)(void))cuda_plugin_symbol("tetra_cuda_nccl_v1", NULL, 0);
+        const tetra_nccl_api *a = get ? get() : NULL;
+        api = a && a->abi == TETRA_NCCL_ABI && a->built() ? a : NULL;
+    }
+    return api;
+}
+#define NCCL (nccl_api())
+#endif
 
 int comm_backend_available(comm_backend b) {
     if (b == COMM_BACKEND_MPI) return 1;
 #ifdef TETRA_HAVE_NCCL
-    return tetra_nccl_built();
+    return nccl_api() != NULL;
 #else
     return 0;
 #endif
@@ -74,8 +69,8 @@ static void abort_job(comm_world *w) {
     /* NCCL kernels may be spinning on the device: abort the communicators first */
     if (w && w->opt.backend == COMM_BACKEND_NCCL) {
         for (int i = 0; i < MESH_N_GROUPS; i++)
-            if (w->groups[i].nccl) tetra_nccl_comm_abort(w->groups[i].nccl);
-        if (w->nccl_world) tetra_nccl_comm_abort(w->nccl_world);
+            if (w->groups[i].nccl) NCCL->comm_abort(w->groups[i].nccl);
+        if (w->nccl_world) NCCL->comm_abort(w->nccl_world);
     }
 #else
     (void)w;
@@ -164,8 +159,13 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
             return NULL;
         }
 #ifdef TETRA_HAVE_NCCL
+    if (opt->backend == COMM_BACKEND_NCCL && !nccl_api()) {
+        snprintf(err, errlen, "comm: the NCCL backend is not available (lib/libtetra_cuda.so not loadable)");
+        comm_world_free(w);
+        return NULL;
+    }
     if (opt->backend == COMM_BACKEND_NCCL) {
-        int ndev = tetra_nccl_device_count();
+        int ndev = NCCL->device_count();
         int dev = opt->cuda_device;
         if (dev < 0) {
             MPI_Comm node;
@@ -175,12 +175,12 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
             MPI_Comm_free(&node);
             dev = ndev > 0 ? local % ndev : 0;
         }
-        int ok = ndev > 0 && tetra_nccl_set_device(dev, err, errlen) == 0;
+        int ok = ndev > 0 && NCCL->set_device(dev, err, errlen) == 0;
         if (ndev <= 0) snprintf(err, errlen, "comm: the NCCL backend needs a GPU, and rank %d sees none", rank);
         unsigned char id[TETRA_NCCL_ID_BYTES];
         memset(id, 0, sizeof id);
         int any_bad = !ok;
-        if (rank == 0 && ok && tetra_nccl_get_unique_id(id, err, errlen)) any_bad = 1;
+        if (rank == 0 && ok && NCCL->get_unique_id(id, err, errlen)) any_bad = 1;
         /* every rank learns whether start-up failed anywhere, so none waits on NCCL alone */
         MPI_Allreduce(MPI_IN_PLACE, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (any_bad) {
@@ -189,17 +189,17 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
             return NULL;
         }
         MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-        w->stream = tetra_nccl_stream_create(err, errlen);
+        w->stream = NCCL->stream_create(err, errlen);
         int bad = w->stream == NULL;
         if (!bad) {
-            w->nccl_world = tetra_nccl_comm_init(id, m->world, rank, w->timeout_s, err, errlen);
+            w->nccl_world = NCCL->comm_init(id, m->world, rank, w->timeout_s, err, errlen);
             bad = w->nccl_world == NULL;
         }
         for (int i = 0; i < MESH_N_GROUPS && !bad; i++) {
             comm_group *g = &w->groups[i];
             if (g->size == 1) continue; /* the same on every rank: every rank skips the split alike */
             const unsigned dims = mesh_group_dims(g->id);
-            g->nccl = tetra_nccl_comm_split(w->nccl_world, mesh_group_color(m, dims, rank), g->rank, w->timeout_s,
+            g->nccl = NCCL->comm_split(w->nccl_world, mesh_group_color(m, dims, rank), g->rank, w->timeout_s,
                                             err, errlen);
             bad = g->nccl == NULL;
         }
@@ -218,13 +218,13 @@ void comm_world_free(comm_world *w) {
     if (!w) return;
     for (int i = 0; i < MESH_N_GROUPS; i++) {
 #ifdef TETRA_HAVE_NCCL
-        if (w->groups[i].nccl) tetra_nccl_comm_destroy(w->groups[i].nccl);
+        if (w->groups[i].nccl) NCCL->comm_destroy(w->groups[i].nccl);
 #endif
         commi_mpi_group_free(&w->groups[i]);
     }
 #ifdef TETRA_HAVE_NCCL
-    if (w->nccl_world) tetra_nccl_comm_destroy(w->nccl_world);
-    if (w->stream) tetra_nccl_stream_destroy(w->stream);
+    if (w->nccl_world) NCCL->comm_destroy(w->nccl_world);
+    if (w->stream) NCCL->stream_destroy(w->stream);
 #endif
     free(w);
 }
@@ -268,7 +268,7 @@ static int backend_test(comm_request *r) {
     if (use_nccl(r)) {
         if (!r->event) return 1;
         char err[512];
-        int s = tetra_nccl_poll(r->g->nccl ? r->g->nccl : r->g->w->nccl_world, r->event, err, sizeof err);
+        int s = NCCL->poll(r->g->nccl ? r->g->nccl : r->g->w->nccl_world, r->event, err, sizeof err);
         if (s < 0) commi_fail(r, err);
         return s;
     }
@@ -290,7 +290,7 @@ static void finish(comm_request *r) {
         }
     }
 #ifdef TETRA_HAVE_NCCL
-    if (r->event) tetra_nccl_event_destroy(r->event);
+    if (r->event) NCCL->event_destroy(r->event);
     r->event = NULL;
 #endif
     r->done = 1;
@@ -351,8 +351,8 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
             if (use_nccl(r)) {
                 char err[512];
                 /* on the legacy default stream, which orders after the blocking compute stream */
-                if (tetra_nccl_copy(recv, send, bytes, NULL, err, sizeof err)) commi_fail(r, err);
-                r->event = tetra_nccl_event_record(NULL, err, sizeof err);
+                if (NCCL->copy(recv, send, bytes, NULL, err, sizeof err)) commi_fail(r, err);
+                r->event = NCCL->event_record(NULL, err, sizeof err);
                 if (!r->event) commi_fail(r, err);
             } else
 #endif
@@ -362,10 +362,10 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
 #ifdef TETRA_HAVE_NCCL
         if (use_nccl(r)) {
             char err[512];
-            if (tetra_nccl_start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, g->size, g->w->stream,
+            if (NCCL->start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, g->size, g->w->stream,
                                  err, sizeof err))
                 commi_fail(r, err);
-            r->event = tetra_nccl_event_record(g->w->stream, err, sizeof err);
+            r->event = NCCL->event_record(g->w->stream, err, sizeof err);
             if (!r->event) commi_fail(r, err);
         } else
 #endif

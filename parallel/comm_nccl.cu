@@ -307,9 +307,32 @@ extern "C" void tetra_nccl_event_destroy(void *event) {
     if (event) cudaEventDestroy((cudaEvent_t)event);
 }
 
+// The library's entry point for comm.c.
+extern "C" __attribute__((visibility("default"))) const tetra_nccl_api *tetra_cuda_nccl_v1(void) {
+    static const tetra_nccl_api api = {TETRA_NCCL_ABI,
+                                       tetra_nccl_built,
+                                       tetra_nccl_device_count,
+                                       tetra_nccl_set_device,
+                                       tetra_nccl_get_unique_id,
+                                       tetra_nccl_stream_create,
+                                       tetra_nccl_stream_destroy,
+                                       tetra_nccl_comm_init,
+                                       tetra_nccl_comm_split,
+                                       tetra_nccl_comm_destroy,
+                                       tetra_nccl_comm_abort,
+                                       tetra_nccl_start,
+                                       tetra_nccl_copy,
+                                       tetra_nccl_event_record,
+                                       tetra_nccl_poll,
+                                       tetra_nccl_event_destroy};
+    return &api;
+}
+
 #else
 
 /* Built without NCCL: comm.c never calls into this file (TETRA_HAVE_NCCL is unset). */
 extern "C" int tetra_nccl_built(void) { return 0; }
+
+extern "C" __attribute__((visibility("default"))) const tetra_nccl_api *tetra_cuda_nccl_v1(void) { return NULL; }
 
 #endif

@@ -58,6 +58,32 @@ void *tetra_nccl_event_record(void *stream, char *err, size_t errlen);
 int tetra_nccl_poll(void *comm, void *event, char *err, size_t errlen);
 void tetra_nccl_event_destroy(void *event);
 
+/* The same functions as a table: what lib/libtetra_cuda.so exports (as
+ * tetra_cuda_nccl_v1) for comm.c, which loads it on first use
+ * (kernels/cuda_plugin.h). */
+#define TETRA_NCCL_ABI 1
+typedef struct {
+    int abi; /* TETRA_NCCL_ABI */
+    int (*built)(void);
+    int (*device_count)(void);
+    int (*set_device)(int device, char *err, size_t errlen);
+    int (*get_unique_id)(void *id, char *err, size_t errlen);
+    void *(*stream_create)(char *err, size_t errlen);
+    void (*stream_destroy)(void *stream);
+    void *(*comm_init)(const void *id, int nranks, int rank, double timeout_s, char *err, size_t errlen);
+    void *(*comm_split)(void *parent, int color, int key, double timeout_s, char *err, size_t errlen);
+    void (*comm_destroy)(void *comm);
+    void (*comm_abort)(void *comm);
+    int (*start)(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
+                 comm_redop op, int peer, int nranks, void *stream, char *err, size_t errlen);
+    int (*copy)(void *dst, const void *src, size_t bytes, void *stream, char *err, size_t errlen);
+    void *(*event_record)(void *stream, char *err, size_t errlen);
+    int (*poll)(void *comm, void *event, char *err, size_t errlen);
+    void (*event_destroy)(void *event);
+} tetra_nccl_api;
+
+const tetra_nccl_api *tetra_cuda_nccl_v1(void);
+
 #ifdef __cplusplus
 }
 #endif

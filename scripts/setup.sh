@@ -67,6 +67,8 @@ fi
 
 CMAKE_ARGS=(-DTETRA_CUDA="${TETRA_CUDA:-AUTO}")
 if [ "${CI:-}" = true ]; then CMAKE_ARGS+=(-DTETRA_WERROR=ON); fi
+# The test suite runs every CUDA kernel on the CPU simulator too (cmake/gpu_tests.cmake).
+if [ "$WITH_TESTS" = 1 ]; then CMAKE_ARGS+=(-DTETRA_CUDA_SIM=ON); fi
 # shellcheck disable=SC2206
 CMAKE_ARGS+=(${TETRA_CMAKE_ARGS:-})
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then

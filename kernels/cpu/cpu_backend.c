@@ -349,6 +349,7 @@ static const tetra_ops cpu_table = {
     .device_memory = cpu_device_memory,
     .compute_stream = cpu_compute_stream,
     .set_deterministic = cpu_set_deterministic,
+    .host_memory = 1,
 };
 
 const tetra_ops *ops_cpu(void) {

@@ -643,6 +643,7 @@ static tetra_ops make_table(void) {
     t.device_memory = cuda_device_memory;
     t.compute_stream = cuda_compute_stream;
     t.set_deterministic = cuda_set_deterministic;
+    t.host_memory = 0;  // device memory: collectives go through NCCL
     return t;
 }
 

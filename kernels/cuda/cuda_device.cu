@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda_plugin.h"
+
 extern "C" int cuda_device_count(void) {
     int n = 0;
     /* No driver or no device is a normal answer on CPU hosts, not an error. */
@@ -23,4 +26,11 @@ extern "C" int cuda_device_describe(int i, char *buf, int n) {
     snprintf(buf, (size_t)n, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     return 0;
+}
+
+// The library's entry point for the C side (kernels/cuda_plugin.h).
+extern "C" __attribute__((visibility("default"))) const cuda_kernels_api *tetra_cuda_kernels_v1(void) {
+    static const cuda_kernels_api api = {CUDA_PLUGIN_ABI,        ops_cuda,           cuda_device_count,
+                                         cuda_device_describe,   cuda_cudnn_version, cuda_attention_workspace_size};
+    return &api;
 }

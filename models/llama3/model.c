@@ -337,15 +337,13 @@ static void carve_layer(const llama3_model *m, carver *cv, size_t n, unsigned ma
     if (with_dh) t->dh = carve(cv, n * c * es);
 }
 
-static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int slots) {
+static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int fwd, int slots) {
     carver cv = {(char *)ws->mem, 0};
     const size_t n = ws->max_n;
     layer_acts tmp;
-    ws->has_fwd = slots > 0;
-    if (slots > 0) {
-        carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
-        for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
-    }
+    ws->has_fwd = fwd;
+    if (fwd) carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
+    for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
     void *p = carve(&cv, n * scratch_cols(m) * act_size(m));
     if (ws->mem) ws->scratch = p;
     p = carve(&cv, n * sizeof(float));
@@ -357,17 +355,17 @@ static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int 
     return cv.off;
 }
 
-size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int recompute_slots) {
+size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int forward_scratch, int recompute_slots) {
     llama3_workspace ws;
     memset(&ws, 0, sizeof ws);
     ws.max_b = max_b;
     ws.max_t = max_t;
     ws.max_n = (size_t)max_b * (size_t)max_t;
-    return workspace_layout(m, &ws, recompute_slots);
+    return workspace_layout(m, &ws, forward_scratch != 0, recompute_slots);
 }
 
-llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int recompute_slots,
-                                          char *err, size_t errlen) {
+llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int forward_scratch,
+                                          int recompute_slots, char *err, size_t errlen) {
     if (max_b <= 0 || max_t <= 0 || max_t > m->max_seq_len || recompute_slots < 0) {
         snprintf(err, errlen, "llama3 workspace: batch %d x seq_len %d invalid (max_seq_len %d)", max_b, max_t,
                  m->max_seq_len);
@@ -385,7 +383,7 @@ llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int 
         ws->slot_layer = calloc((size_t)recompute_slots, sizeof *ws->slot_layer);
         if (!ws->slot || !ws->slot_owner || !ws->slot_layer) goto oom;
     }
-    ws->bytes = llama3_workspace_bytes(m, max_b, max_t, recompute_slots);
+    ws->bytes = llama3_workspace_bytes(m, max_b, max_t, forward_scratch, recompute_slots);
     ws->mem = m->ops->alloc(ws->bytes);
     if (!ws->mem) {
         snprintf(err, errlen, "llama3 workspace: cannot allocate %.2f GiB for batch %d x seq_len %d",
@@ -393,7 +391,7 @@ llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int 
         llama3_workspace_free(m, ws);
         return NULL;
     }
-    workspace_layout(m, ws, recompute_slots);
+    workspace_layout(m, ws, forward_scratch != 0, recompute_slots);
     return ws;
 oom:
     snprintf(err, errlen, "llama3 workspace: out of host memory");
@@ -472,7 +470,7 @@ size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int
 }
 
 size_t llama3_acts_bytes(const llama3_model *m, int b, int t) {
-    return llama3_acts_bytes_policy(m, NULL, b, t) + llama3_workspace_bytes(m, b, t, 0);
+    return llama3_acts_bytes_policy(m, NULL, b, t) + llama3_workspace_bytes(m, b, t, 0, 0);
 }
 
 llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, const unsigned *keep, int b, int t,
@@ -501,8 +499,8 @@ llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, 
         a->keep[i] = keep ? keep[i] & LLAMA3_KEEP_ALL : LLAMA3_KEEP_ALL;
         a->slot[i] = -1;
         if (a->keep[i] != LLAMA3_KEEP_ALL && !ws->has_fwd) {
-            snprintf(err, errlen, "llama3 activations: block %d recomputes activations but the workspace has no "
-                     "recompute slot", m->layout.layer_start + i);
+            snprintf(err, errlen, "llama3 activations: block %d keeps less than everything but the workspace has no "
+                     "forward scratch", m->layout.layer_start + i);
             llama3_acts_free(m, a);
             return NULL;
         }
@@ -529,7 +527,7 @@ llama3_acts *llama3_acts_create(const llama3_model *m, int b, int t, char *err, 
                  m->max_seq_len);
         return NULL;
     }
-    llama3_workspace *ws = llama3_workspace_create(m, b, t, 0, err, errlen);
+    llama3_workspace *ws = llama3_workspace_create(m, b, t, 0, 0, err, errlen);
     if (!ws) return NULL;
     llama3_acts *a = llama3_acts_create_ws(m, ws, NULL, b, t, err, errlen);
     if (!a) {
@@ -1093,8 +1091,8 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
             for (int i = 0; i < ws->n_slots && s < 0; i++)
                 if (!ws->slot_owner[i]) s = i;
             if (s < 0) {
-                fprintf(stderr, "llama3: block %d needs a recompute slot but all %d are held by blocks waiting for "
-                                "their W pass (the schedule defers more W passes than the workspace was sized for)\n",
+                fprintf(stderr, "llama3: block %d needs a recompute slot but the workspace's %d are all held by blocks "
+                                "waiting for their W pass (the schedule defers more W passes than it was sized for)\n",
                         l, ws->n_slots);
                 abort();
             }

@@ -221,13 +221,24 @@ enum {
     LLAMA3_KEEP_NONE = 0u       /* only the block's input: the backward recomputes the block */
 };
 
-/* The stage's shared scratch: room for one block's unkept activations in the forward,
- * `recompute_slots` blocks recomputed between their I and W passes, and the per-pass
- * scratch (GEMM outputs, attention workspace), for microbatches of up to max_b x max_t. */
-llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int recompute_slots,
-                                          char *err, size_t errlen);
+/* The stage's shared scratch for microbatches of up to max_b x max_t: the per-pass
+ * scratch (GEMM outputs, attention workspace); with forward_scratch, room for one
+ * block's unkept activations in the forward (needed as soon as a block keeps less
+ * than everything); and `recompute_slots` blocks recomputed between their I and W
+ * passes (1 when every W follows its I; more when a schedule defers W passes). */
+llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int forward_scratch,
+                                          int recompute_slots, char *err, size_t errlen);
 void llama3_workspace_free(const llama3_model *m, llama3_workspace *ws);
-size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int recompute_slots);
+size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int forward_scratch, int recompute_slots);
+
+/* Activation checkpointing as TorchTitan configures it: the keep mask of each local
+ * block for mode "none" (keep everything), "full" (keep only the block's input),
+ * "selective" with option "N" (blocks whose 1-based global index is a multiple of N
+ * keep only their input) or "op" (keep the attention output and every other matmul
+ * output in forward order: wq, wv, w1, w2; recompute the norms, wk, wo, w3 and SwiGLU).
+ * 0, or -1 with the key and value named. */
+int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option, unsigned *keep /*[blocks]*/,
+                     char *err, size_t errlen);
 
 /* Activations of one microbatch of b sequences of t tokens on workspace ws (b t <= its
  * max_b max_t); keep[i] is the mask of local block i (NULL: keep everything). */

@@ -728,7 +728,7 @@ static void test_keep_policy(void) {
     for (int k = 0; k < 4; k++) {
         for (int order = 0; order < 2; order++) {
             /* order 0: I then W per block (one slot); 1: every I, then every W (L slots) */
-            llama3_workspace *ws = llama3_workspace_create(&m, b, t, order ? L : 1, err, sizeof err);
+            llama3_workspace *ws = llama3_workspace_create(&m, b, t, 1, order ? L : 1, err, sizeof err);
             llama3_acts *a = ws ? llama3_acts_create_ws(&m, ws, masks[k], b, t, err, sizeof err) : NULL;
             CHECK(a != NULL, "%s", err);
             if (!a) continue;

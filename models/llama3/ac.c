@@ -1,0 +1,38 @@
+/* ac.c — activation checkpointing policies as keep masks per block (model.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/llama3/model.h"
+
+/* TorchTitan's op-level SAC saves the attention output and every other matmul output
+ * in forward order (the 1st, 3rd, 5th and 7th of wq, wk, wv, wo, w1, w3, w2); w2's
+ * output is the block's output, which the residual stream keeps anyway. */
+#define KEEP_OP (LLAMA3_KEEP_Q | LLAMA3_KEEP_V | LLAMA3_KEEP_ATT | LLAMA3_KEEP_A)
+
+int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option, unsigned *keep, char *err,
+                     size_t errlen) {
+    const int l0 = m->layout.layer_start, nb = m->layout.layer_end - l0;
+    if (!strcmp(mode, "none") || !strcmp(mode, "full")) {
+        for (int i = 0; i < nb; i++) keep[i] = !strcmp(mode, "none") ? LLAMA3_KEEP_ALL : LLAMA3_KEEP_NONE;
+        return 0;
+    }
+    if (strcmp(mode, "selective") != 0) {
+        snprintf(err, errlen, "activation_checkpoint.mode = \"%s\": expected none, selective or full", mode);
+        return -1;
+    }
+    if (option && !strcmp(option, "op")) {
+        for (int i = 0; i < nb; i++) keep[i] = KEEP_OP;
+        return 0;
+    }
+    char *end = NULL;
+    long every = option ? strtol(option, &end, 10) : 0;
+    if (!option || end == option || *end || every < 1) {
+        snprintf(err, errlen, "activation_checkpoint.selective_ac_option = \"%s\": expected \"op\" or a positive "
+                 "integer N (every N-th block)", option ? option : "");
+        return -1;
+    }
+    /* TorchTitan counts blocks from 1 and checkpoints those whose count divides by N */
+    for (int i = 0; i < nb; i++) keep[i] = ((long)(l0 + i + 1) % every == 0) ? LLAMA3_KEEP_NONE : LLAMA3_KEEP_ALL;
+    return 0;
+}
