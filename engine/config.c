@@ -870,6 +870,13 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
         return -1;
     }
+    if (tp > 1 && (a.vocab_size % tp != 0 || llama3_ffn_hidden(&a) % tp != 0)) {
+        set_err(err, n,
+                "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's vocab_size (%d) and FFN hidden size "
+                "(%lld): each rank holds a whole share of the vocabulary and of the hidden units",
+                WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.vocab_size, (long long)llama3_ffn_hidden(&a));
+        return -1;
+    }
     int64_t seq = v->training.seq_len;
     if (seq < 1) {
         set_err(err, n, "%s: training.seq_len must be >= 1 (got %" PRId64 ")", WHERE("training", "seq_len"), seq);
@@ -885,6 +892,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (tp > 1 && seq % tp != 0) {
         set_err(err, n, "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
                 " (sequence parallel)", WHERE("training", "seq_len"), seq, tp);
+        return -1;
+    }
+    if (tp > 1 && v->validation.enable && v->validation.seq_len % tp != 0) {
+        set_err(err, n, "%s: validation.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
+                " (sequence parallel)", WHERE("validation", "seq_len"), v->validation.seq_len, tp);
         return -1;
     }
     if (v->training.local_batch_size < 1) {

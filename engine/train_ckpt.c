@@ -225,13 +225,13 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
         for (int i = 0; i < m->n_files; i++) bytes += m->files[i].size;
         double dt = now_s() - t0;
         log_info("checkpoint: loaded %s (step %" PRId64 ", %s) in %.2f s: %.1f MiB, %.0f MB/s; saved under world "
-                 "%" PRId64 " (dp_replicate %" PRId64 " x dp_shard %" PRId64 "), now world %d (dp_replicate %d x "
-                 "dp_shard %d)",
+                 "%" PRId64 " (dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64 "), now world %d "
+                 "(dp_replicate %d x dp_shard %d x tp %d)",
                  path, m->step, rest ? "full state" : "model weights", dt, (double)bytes / (1024.0 * 1024.0),
                  dt > 0 ? (double)bytes / dt / 1e6 : 0.0,
                  state_int(m, "parallelism", "world", -1),
                  state_int(m, "parallelism", "dp_replicate", -1), state_int(m, "parallelism", "dp_shard", -1),
-                 dims->world, dims->dp_replicate, dims->dp_shard);
+                 state_int(m, "parallelism", "tp", 1), dims->world, dims->dp_replicate, dims->dp_shard, dims->tp);
     }
     ckpt_reader_close(r);
     fsdp_master_changed(t->fs);
@@ -301,7 +301,7 @@ int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, ch
     ckpt_save_request rq;
     memset(&rq, 0, sizeof rq);
     rq.step = step;
-    rq.groups = t->groups;
+    rq.groups = t->save_groups;
     rq.n_groups = model_only ? 1 : N_GROUPS;
     rq.dtype = model_only && !(last && c->checkpoint.last_save_in_hf) && step > 0 ? edt : TETRA_F32;
     rq.model_only = model_only;

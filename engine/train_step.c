@@ -120,11 +120,16 @@ static void stage_backward(trainer *t, llama3_acts *a, int what, int last) {
         }
     }
     u = llama3_embedding_unit(m);
-    if (u >= 0 && (what & 2)) { /* a W pass only: the embedding has no input gradient */
-        fsdp_pre_backward(fs, u);
-        fsdp_pre_backward_weight(fs, u);
-        llama3_backward_embedding(m, a);
-        fsdp_post_backward_weight(fs, u, last);
+    if (u >= 0) { /* no input gradient: the I pass only gathers dL/dr_0 under tensor parallel */
+        if (what & 1) {
+            fsdp_pre_backward(fs, u);
+            llama3_backward_embedding_input(m, a);
+        }
+        if (what & 2) {
+            fsdp_pre_backward_weight(fs, u);
+            llama3_backward_embedding(m, a);
+            fsdp_post_backward_weight(fs, u, last);
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 #include "engine/log.h"
 #include "engine/trainer_internal.h"
 #include "models/llama3/hf.h"
+#include "parallel/tp.h"
 
 /* OpenBLAS' own thread control; declared here to keep to the generic cblas.h. */
 void openblas_set_num_threads(int num_threads);
@@ -169,9 +170,12 @@ static void log_plan(trainer *t) {
     const char *prec = t->mixed ? "bf16 compute: parameters include their bf16 copy; fp32 master weights, gradients "
                                   "and optimizer state"
                                 : "fp32";
-    char who[192];
-    if (S > 1) snprintf(who, sizeof who, "shard %d of %d, %s", comm_group_rank(comm_get(t->cw, MESH_G_FSDP)), S, prec);
-    else snprintf(who, sizeof who, "%s", prec);
+    char who[256], tpw[48] = "";
+    if (t->model.layout.tp_size > 1)
+        snprintf(tpw, sizeof tpw, "tp %d of %d, ", t->model.layout.tp_rank, t->model.layout.tp_size);
+    if (S > 1)
+        snprintf(who, sizeof who, "%sshard %d of %d, %s", tpw, comm_group_rank(comm_get(t->cw, MESH_G_FSDP)), S, prec);
+    else snprintf(who, sizeof who, "%s%s", tpw, prec);
     char vpart[80] = "";
     if (vb) snprintf(vpart, sizeof vpart, " + validation %s", vbs);
     if (S > 1)
@@ -184,6 +188,16 @@ static void log_plan(trainer *t) {
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; activations %s "
                  "(%d microbatch%s x %s + workspace %s%s); total %s",
                  t->rank, who, pb, gb, ob, ab, t->n_acts, t->n_acts == 1 ? "" : "es", a1, wb, vpart, tot);
+    {
+        /* what this rank sends per step, by parallelism */
+        fsdp_traffic ft = fsdp_step_traffic(t->fs, t->accum);
+        const double tpb = (double)t->accum * llama3_tp_traffic_bytes(&t->model, t->keep, t->B, t->T);
+        const double mib = 1024.0 * 1024.0;
+        if (S > 1 || R > 1 || tpb > 0)
+            log_info("communication per step, rank %d sends: fsdp all-gather %.1f MiB, reduce-scatter %.1f MiB, "
+                     "replicate all-reduce %.1f MiB; tensor parallel %.1f MiB", t->rank, ft.all_gather / mib,
+                     ft.reduce_scatter / mib, ft.all_reduce / mib, tpb / mib);
+    }
     if (t->n_dropping > 0) {
         char full[32];
         fmt_bytes(full, sizeof full, (double)llama3_acts_bytes_policy(&t->model, NULL, t->B, t->T));
@@ -218,6 +232,7 @@ void trainer_teardown(trainer *t) {
     free(t->acts);
     free(t->acts_mb);
     free(t->keep);
+    free(t->save_tensors);
     free(t->h_in);
     free(t->h_lab);
     free(t->hv_in);
@@ -236,10 +251,9 @@ void trainer_teardown(trainer *t) {
 /* Refusals before anything is built: features of later versions, bad values. */
 static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dims, int world) {
     const tetra_config_values *c = &cfg->v;
-    if (dims->tp > 1 || dims->pp > 1 || dims->cp > 1) {
-        log_error("parallelism: tensor, pipeline and context parallel degrees must be 1 in this version "
-                  "(got tp %d, pp %d, cp %d); data parallel (FSDP, HSDP, DDP) is supported",
-                  dims->tp, dims->pp, dims->cp);
+    if (dims->pp > 1 || dims->cp > 1) {
+        log_error("parallelism: pipeline and context parallel degrees must be 1 in this version (got pp %d, cp %d); "
+                  "data parallel (FSDP, HSDP, DDP) and tensor parallel are supported", dims->pp, dims->cp);
         return 1;
     }
     if (c->model.converters.n > 0) {
@@ -347,6 +361,12 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     int max_t = t->T;
     if (c->validation.enable && t->VT > max_t) max_t = t->VT;
     llama3_layout layout = llama3_layout_full(&t->args);
+    {
+        int coord[MESH_NDIMS];
+        mesh_coords(&t->msh, rank, coord);
+        layout.tp_rank = coord[MESH_TP];
+        layout.tp_size = t->msh.size[MESH_TP];
+    }
     if (llama3_model_init_layout(&t->model, &t->args, &layout, dry ? LLAMA3_STORAGE_NONE : LLAMA3_STORAGE_EXTERNAL,
                                  max_t, ops, err, sizeof err) ||
         (t->mixed && llama3_model_set_compute_dtype(&t->model, TETRA_BF16, err, sizeof err))) {
@@ -355,6 +375,18 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         goto fail;
     }
     t->model_ready = 1;
+    /* the groups the layout computes over (degree 1: none) */
+    t->model.ctx.tp = t->msh.size[MESH_TP] > 1 ? comm_get(t->cw, MESH_G_TP) : NULL;
+    t->model.ctx.cp = t->msh.size[MESH_CP] > 1 ? comm_get(t->cw, MESH_G_CP) : NULL;
+    t->model.tp_gather_logits = c->parallelism.disable_loss_parallel;
+    t->model.tp_async = c->parallelism.enable_async_tensor_parallel;
+    if (t->model.tp_async && !ops->host_memory && !dry) {
+        /* the overlapped blocks travel as separate point-to-point messages, which NCCL would
+         * have to group (and then deliver together) */
+        log_error("parallelism.enable_async_tensor_parallel: async tensor parallel runs on the CPU backend (MPI) "
+                  "in this version, not on %s; set it to false", ops->name);
+        goto fail;
+    }
     t->n_params = (double)llama3_num_params(&t->args);
     t->flops_per_token = llama3_flops_per_token(&t->args, t->T);
 
@@ -378,12 +410,14 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         }
         d->numel = p->numel;
         d->offset = p->offset;
+        d->replicated = p->tp_replicated;
     }
     fsdp_config fc;
     memset(&fc, 0, sizeof fc);
     fc.ops = ops;
     fc.shard = comm_get(t->cw, MESH_G_FSDP);
     fc.replicate = comm_get(t->cw, MESH_G_DP_REPLICATE);
+    fc.tp = t->model.ctx.tp;
     fsdp_parse_reshard(c->parallelism.fsdp_reshard_after_forward, &fc.reshard);
     fc.pipeline_parallel = dims->pp > 1;
     fc.reduce_at_last_microbatch = dims->pp > 1;
@@ -556,6 +590,19 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     t->groups[G_MODEL] = (ckpt_group){"model/", pieces, m->n_params, fsdp_master(t->fs)};
     t->groups[G_EXP_AVG] = (ckpt_group){"optimizer/exp_avg/", pieces, m->n_params, t->adam_m};
     t->groups[G_EXP_AVG_SQ] = (ckpt_group){"optimizer/exp_avg_sq/", pieces, m->n_params, t->adam_v};
+    /* every tensor-parallel rank holds the replicated parameters (the norms): one writes them */
+    t->save_tensors = malloc((size_t)m->n_params * sizeof *t->save_tensors);
+    if (!t->save_tensors) {
+        log_error("out of host memory");
+        goto fail;
+    }
+    memcpy(t->save_tensors, pieces, (size_t)m->n_params * sizeof *t->save_tensors);
+    for (int i = 0; i < m->n_params; i++)
+        if (t->decl[i].replicated && m->layout.tp_rank != 0) t->save_tensors[i].n_pieces = 0;
+    for (int g = 0; g < N_GROUPS; g++) {
+        t->save_groups[g] = t->groups[g];
+        t->save_groups[g].tensors = t->save_tensors;
+    }
     if (load_found) {
         if (train_load_checkpoint(t, load_path, load_model_only, err, sizeof err)) {
             if (rank == 0) log_error("%s", err);
@@ -800,6 +847,11 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         if (world > 1)
             log_info("communication: %ld all-gathers, %ld reduce-scatters, %ld all-reduces; %.2f s waiting",
                      st.all_gathers, st.reduce_scatters, st.all_reduces, st.wait_s);
+        if (t->msh.size[MESH_TP] > 1) {
+            tp_stats ts = tp_get_stats();
+            log_info("tensor parallel%s: %ld sequence-parallel collectives, %.1f MiB sent; %.2f s waiting",
+                     t->model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0), ts.wait_s);
+        }
         log_info("training done: %lld steps; peak resident memory %s; %zu backend allocations during training",
                  (long long)c->training.steps, rb, ops->alloc_count() - t->allocs_at_start);
     }

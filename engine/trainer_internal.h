@@ -90,7 +90,9 @@ struct trainer {
 
     /* checkpoints and logs */
     char ckpt_dir[4096];
-    ckpt_group groups[N_GROUPS];
+    ckpt_group groups[N_GROUPS];      /* what this rank loads */
+    ckpt_group save_groups[N_GROUPS]; /* what it writes: replicated pieces from one tp rank only */
+    dt_tensor *save_tensors;
     ckpt_saver *saver;
     metrics_logger *ml;
     double n_params, flops_per_token, peak;

@@ -33,6 +33,9 @@ typedef struct {
     int64_t box_shape[DT_MAX_DIMS]; /* parallel); box_shape[0] == 0 means the whole tensor */
     size_t numel;              /* elements of the box */
     size_t offset;             /* elements from the start of the flat unsharded index space */
+    int replicated;            /* every rank of the tensor-parallel group holds this same box: its
+                                  gradient is a partial sum over that group, and checkpoints take it
+                                  from the group's first rank */
 } dt_param_decl;
 
 typedef struct {

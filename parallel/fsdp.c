@@ -77,6 +77,7 @@ struct fsdp {
     fsdp_config cfg;
     const tetra_ops *ops;
     int S, R, k;               /* shard degree, replicate degree, index in the shard group */
+    int T, tr;                 /* tensor-parallel degree and rank */
     size_t esz;                /* bytes of a gathered element */
     unit_state *units;
     dt_tensor *tensors;
@@ -147,6 +148,8 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
     f->S = comm_group_size(cfg->shard);
     f->R = comm_group_size(cfg->replicate);
     f->k = comm_group_rank(cfg->shard);
+    f->T = cfg->tp ? comm_group_size(cfg->tp) : 1;
+    f->tr = cfg->tp ? comm_group_rank(cfg->tp) : 0;
     const int mixed = cfg->compute_dtype == TETRA_BF16;
     f->esz = mixed ? sizeof(uint16_t) : sizeof(float);
     f->units = calloc((size_t)(cfg->n_units > 0 ? cfg->n_units : 1), sizeof *f->units);
@@ -472,6 +475,21 @@ static void replicate_all_reduce(fsdp *f, int u) {
     f->st.all_reduces++;
 }
 
+/* The partial gradients of the unit's replicated parameters, summed over tensor parallel:
+ * the pieces of the shard (or, at shard degree 1, the whole parameters). */
+static void tp_reduce_replicated(fsdp *f, int u) {
+    if (f->T == 1) return;
+    for (int i = 0; i < f->cfg.n_params; i++) {
+        const dt_param_decl *d = &f->cfg.params_decl[i];
+        if (d->unit != u || !d->replicated) continue;
+        const dt_tensor *t = &f->tensors[i];
+        if (f->S == 1) comm_all_reduce(f->cfg.tp, f->grad + d->offset, d->numel, COMM_F32, COMM_SUM, NULL);
+        else if (t->n_pieces)
+            comm_all_reduce(f->cfg.tp, f->grad + t->piece.local_offset, t->piece.count, COMM_F32, COMM_SUM, NULL);
+        f->st.all_reduces++;
+    }
+}
+
 static void rs_complete(fsdp *f, int s) {
     rs_slot *slot = &f->rs[s];
     if (slot->unit < 0) return;
@@ -479,7 +497,10 @@ static void rs_complete(fsdp *f, int s) {
     const int u = slot->unit;
     unit_state *x = &f->units[u];
     if (!slot->direct) f->ops->axpy(f->grad + x->local_offset, slot->recv, 1.0f, x->shard);
-    if (slot->last) replicate_all_reduce(f, u);
+    if (slot->last) {
+        tp_reduce_replicated(f, u);
+        replicate_all_reduce(f, u);
+    }
     if (x->gslot >= 0) { /* the rotating gradient buffer is free again */
         f->gs[x->gslot].unit = -1;
         x->gslot = -1;
@@ -602,7 +623,10 @@ void fsdp_pre_backward_weight(fsdp *f, int u) {
 void fsdp_post_backward_weight(fsdp *f, int u, int last_microbatch) {
     unit_state *x = &f->units[u];
     if (f->S == 1) {
-        if (last_microbatch) replicate_all_reduce(f, u);
+        if (last_microbatch) {
+            tp_reduce_replicated(f, u);
+            replicate_all_reduce(f, u);
+        }
         return;
     }
     x->pinned = 0;
@@ -629,11 +653,24 @@ void fsdp_finish_grads(fsdp *f) {
 double fsdp_grad_sq_norm(fsdp *f) {
     float local = 0.0f;
     f->ops->fill(f->scalar, 0.0f, 1);
-    f->ops->sum_squares(f->scalar, f->grad, f->local_numel);
+    if (f->T == 1) {
+        f->ops->sum_squares(f->scalar, f->grad, f->local_numel);
+    } else {
+        /* tensor parallel: each rank's boxes once, the replicated parameters from one rank */
+        for (int i = 0; i < f->cfg.n_params; i++) {
+            const dt_param_decl *d = &f->cfg.params_decl[i];
+            const dt_tensor *t = &f->tensors[i];
+            if (d->replicated && f->tr != 0) continue;
+            if (f->S == 1) f->ops->sum_squares(f->scalar, f->grad + d->offset, d->numel);
+            else if (t->n_pieces) f->ops->sum_squares(f->scalar, f->grad + t->piece.local_offset, t->piece.count);
+        }
+    }
     f->ops->copy_d2h(&local, f->scalar, sizeof local);
     /* replicas hold identical shards after the all-reduce: count each shard once */
-    if (f->S == 1) return (double)local;
-    return comm_all_reduce_f64(f->cfg.shard, (double)local, COMM_SUM);
+    double sq = (double)local;
+    if (f->S > 1) sq = comm_all_reduce_f64(f->cfg.shard, sq, COMM_SUM);
+    if (f->T > 1) sq = comm_all_reduce_f64(f->cfg.tp, sq, COMM_SUM);
+    return sq;
 }
 
 void fsdp_params_updated(fsdp *f) {
@@ -679,6 +716,24 @@ int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user) {
     free(host);
     fsdp_master_changed(f);
     return rc;
+}
+
+fsdp_traffic fsdp_step_traffic(const fsdp *f, int microbatches) {
+    fsdp_traffic t = {0, 0, 0};
+    for (int u = 0; u < f->cfg.n_units; u++) {
+        const unit_state *x = &f->units[u];
+        if (f->S > 1) {
+            const double ag = (double)(f->S - 1) * (double)x->shard * (double)f->esz;
+            const int gathers = 1 + (x->needs_params_bwd && reshards_after_forward(&f->cfg, f->S, u));
+            t.all_gather += (double)microbatches * gathers * ag;
+            const int rs = f->cfg.reduce_at_last_microbatch ? 1 : microbatches;
+            t.reduce_scatter += (double)rs * (double)(f->S - 1) * (double)x->shard * sizeof(float);
+        }
+        /* ring all-reduce: each rank sends 2 (R - 1) / R of the buffer */
+        const double n = f->S > 1 ? (double)x->shard : (double)x->numel;
+        if (f->R > 1) t.all_reduce += 2.0 * (double)(f->R - 1) / (double)f->R * n * sizeof(float);
+    }
+    return t;
 }
 
 fsdp_memory fsdp_memory_report(const fsdp *f) { return f->mem; }

@@ -43,6 +43,11 @@
  * optimizer on fsdp_master / fsdp_grad (and fsdp_compute_shard), then
  * fsdp_params_updated.
  *
+ * Under tensor parallel each rank of the tp group shards its own boxes (the flat layouts
+ * have the same length and place the replicated parameters, the norms, at the same
+ * offsets); the partial gradients of replicated parameters are all-reduced over tp
+ * once a unit's last reduce-scatter is done, and the gradient norm counts them once.
+ *
  * Shard degree 1 is plain replicated data parallel: the master and gradient
  * "shards" are whole-layout buffers, bound to the model for good, nothing is
  * gathered, and each unit's gradient is all-reduced over the replicate group
@@ -70,6 +75,9 @@ typedef struct {
     const tetra_ops *ops;
     comm_group *shard;              /* parameters are sharded over it (dp_shard x cp) */
     comm_group *replicate;          /* gradients are all-reduced over it (dp_replicate) */
+    comm_group *tp;                 /* tensor parallel (NULL: none): the gradients of parameters declared
+                                       `replicated` are summed over it; every other parameter is a
+                                       different box on each of its ranks */
     fsdp_reshard_mode reshard;
     int pipeline_parallel;          /* "default" keeps units gathered after forward under PP */
     int reduce_at_last_microbatch;  /* gradients accumulate unsharded until a unit's last W pass */
@@ -153,6 +161,15 @@ void fsdp_master_changed(fsdp *f);
 void fsdp_prefetch(fsdp *f, int u);
 /* Free every gathered unit (e.g. before a long pause): the RESHARD action. */
 void fsdp_reshard_all(fsdp *f);
+
+/* Bytes this rank sends per optimizer step of `microbatches` microbatches, by collective
+ * (the schedule of gradient accumulation: every unit gathered for its forward, gathered
+ * again for its backward when the policy resharded it and its backward reads parameters,
+ * one reduce-scatter per unit and microbatch, the replicate all-reduce once per step). */
+typedef struct {
+    double all_gather, reduce_scatter, all_reduce;
+} fsdp_traffic;
+fsdp_traffic fsdp_step_traffic(const fsdp *f, int microbatches);
 
 fsdp_memory fsdp_memory_report(const fsdp *f);
 fsdp_stats fsdp_get_stats(const fsdp *f);

@@ -29,11 +29,14 @@
 #include <string.h>
 
 #include "models/llama3/init.h"
+#include "parallel/tp.h"
 
 /* parameter order in a block */
 enum { P_WQ, P_WK, P_WV, P_WO, P_W1, P_W2, P_W3, P_ATTN_NORM, P_FFN_NORM, P_PER_BLOCK };
 
 static int n_blocks(const llama3_model *m) { return m->layout.layer_end - m->layout.layer_start; }
+/* tensor-parallel degree: 1 runs the single-rank arithmetic unchanged */
+static int tpn(const llama3_model *m) { return m->layout.tp_size; }
 
 /* local block index of global layer l (a caller passing a layer outside the layout is a bug) */
 static int local_block(const llama3_model *m, int l) {
@@ -73,6 +76,14 @@ static void need(const void *p, const llama3_model *m, int unit, const char *wha
 static int mixed(const llama3_model *m) { return m->compute_dtype == TETRA_BF16; }
 static size_t act_size(const llama3_model *m) { return mixed(m) ? sizeof(uint16_t) : sizeof(float); }
 static void *act_at(const llama3_model *m, void *base, size_t elems) { return (char *)base + elems * act_size(m); }
+
+/* this rank's share of the heads, hidden units and vocabulary */
+static int heads_l(const llama3_model *m) { return m->args.n_heads / tpn(m); }
+static int kv_l(const llama3_model *m) { return m->args.n_kv_heads / tpn(m); }
+static size_t hd_l(const llama3_model *m) { return (size_t)heads_l(m) * llama3_head_dim(&m->args); }
+static size_t kvd_l(const llama3_model *m) { return (size_t)kv_l(m) * llama3_head_dim(&m->args); }
+static size_t ffn_l(const llama3_model *m) { return (size_t)llama3_ffn_hidden(&m->args) / (size_t)tpn(m); }
+static size_t vocab_l(const llama3_model *m) { return (size_t)m->args.vocab_size / (size_t)tpn(m); }
 
 static void *param_ptr(const llama3_model *m, int idx) {
     const llama3_param *p = &m->params[idx];
@@ -128,9 +139,9 @@ static void default_forward(const llama3_model *m, const llama3_linear *l, tetra
     m->ops->gemm(y, x, w, &g);
 }
 /* dx[N, in] = dy[N, out] W[out, in] + beta dx */
-static void default_backward_input(const llama3_model *m, const llama3_linear *l, void *dx, const void *dy,
-                                   const void *w, int n, float beta) {
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, m->compute_dtype, 0, 0, n, l->in, l->out, l->out, l->in, l->in, beta);
+static void default_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx,
+                                   const void *dy, const void *w, int n, float beta) {
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, dxt, 0, 0, n, l->in, l->out, l->out, l->in, l->in, beta);
     m->ops->gemm(dx, dy, w, &g);
 }
 /* dW[out, in] += dy[N, out]^T x[N, in]   (fp32 accumulation into the fp32 gradient) */
@@ -152,9 +163,13 @@ static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, 
 static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, float beta) {
     lin_fwd_to(m, idx, m->compute_dtype, y, x, n, beta);
 }
-static void lin_bwd_input(const llama3_model *m, int idx, void *dx, const void *dy, int n, float beta) {
+static void lin_bwd_input_to(const llama3_model *m, int idx, tetra_dtype dxt, void *dx, const void *dy, int n,
+                             float beta) {
     const llama3_linear *l = &m->linears[idx];
-    l->impl->backward_input(m, l, dx, dy, param_ptr(m, idx), n, beta);
+    l->impl->backward_input(m, l, dxt, dx, dy, param_ptr(m, idx), n, beta);
+}
+static void lin_bwd_input(const llama3_model *m, int idx, void *dx, const void *dy, int n, float beta) {
+    lin_bwd_input_to(m, idx, m->compute_dtype, dx, dy, n, beta);
 }
 static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const void *x, int n) {
     const llama3_linear *l = &m->linears[idx];
@@ -225,6 +240,12 @@ typedef struct {
     void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
     void *s;       /* [N, F]   silu(a) * g (input of w2) */
     void *dh;      /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
+    /* tensor parallel (P > 1): q/k/v/att/a/g/s hold the local heads and hidden units;
+     * xn1/xn2 are the all-gathered norm outputs [N, C] (kept for W), h and the rstds
+     * this rank's N/P rows, dh the all-gathered dL/dh; and from I for W: */
+    void *dxn1l;   /* [N/P, C] dL/dxn1 of this rank's rows (attention_norm's weight gradient) */
+    void *dxn2l;   /* [N/P, C] dL/dxn2 of this rank's rows */
+    void *dop;     /* [N, C]   dL/dr_{l+1} all-gathered (w2's weight gradient) */
 } layer_acts;
 
 struct llama3_workspace {
@@ -241,6 +262,13 @@ struct llama3_workspace {
     void *scratch;        /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
     float *rstd_scratch;  /* [N] */
     void *attn_ws;        /* attention workspace */
+    /* tensor parallel (P > 1) */
+    float *tp_full;       /* [N, C] fp32: a row-parallel partial sum before its reduce-scatter */
+    float *tp_stage;      /* [N, C] fp32: the reduce-scatter's blocks; then a residual in fp32 */
+    float *tp_local;      /* [N/P, C] fp32: the reduced rows */
+    void *xn_local;       /* [N/P, C] a norm's output on this rank's rows, before the all-gather */
+    float *lg_full;       /* [N, V] fp32: the gathered logits (loss parallel off), or NULL */
+    float *lg_stage;      /* [N, V] fp32 */
 };
 
 struct llama3_acts {
@@ -253,20 +281,23 @@ struct llama3_acts {
     int32_t *inputs;      /* [N] backend copy of the token ids (embedding) */
     int32_t *targets;     /* [N] (head) */
     float *loss_sum;      /* [1] */
+    size_t nl;            /* rows of the residual stream on this rank: N / P */
     int nb;               /* local blocks */
     int l0;               /* global index of the first block (res[0] is r_l0) */
-    void **res;           /* [nb+1] of [N, C]: r_{start} .. r_{end} (compute dtype) */
-    void **dres;          /* [nb+1] of [N, C]: dL/dr */
+    void **res;           /* [nb+1] of [N/P, C]: r_{start} .. r_{end} (compute dtype) */
+    void **dres;          /* [nb+1] of [N/P, C]: dL/dr */
+    void *dres0_full;     /* [N, C] dL/dr_0 of every row (embedding, P > 1): the embedding's I output */
     unsigned *keep;       /* [nb] save policy of each block */
     layer_acts *kept;     /* [nb] the kept activations (NULL where not kept) */
     int *slot;            /* [nb] recompute slot held between I and W, or -1 */
-    /* head */
+    /* head (P > 1: V is the local vocabulary V/P, xnf the all-gathered norm output) */
     void *xnf;            /* [N, C]  final norm output */
-    float *rstdf;         /* [N] */
-    void *dxnf;           /* [N, C]  dL/dxnf, from the head's I for its W */
+    float *rstdf;         /* [N/P] */
+    void *dxnf;           /* [N/P, C]  dL/dxnf of this rank's rows, from the head's I for its W */
     float *logits;        /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
     uint16_t *dlogits16;  /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
     float *losses;        /* [N]     per-token cross-entropy */
+    float *ce_stats;      /* [3, N]  vocab-parallel softmax statistics (P > 1) */
     float *logits_copy;   /* [N, V] or NULL (llama3_acts_keep_logits) */
     int has_targets;      /* the last forward computed the loss (dlogits are valid) */
 };
@@ -290,8 +321,8 @@ static ops_attn_shape attn_shape(const llama3_model *m, int b, int t) {
     s.b = b;
     s.sq = t;
     s.sk = t;
-    s.h = ar->n_heads;
-    s.kv = ar->n_kv_heads;
+    s.h = heads_l(m);
+    s.kv = kv_l(m);
     s.d = llama3_head_dim(ar);
     s.scale = (float)(1.0 / sqrt((double)s.d));
     s.causal = 1;
@@ -299,51 +330,73 @@ static ops_attn_shape attn_shape(const llama3_model *m, int b, int t) {
 }
 
 static size_t scratch_cols(const llama3_model *m) {
-    const llama3_args *ar = &m->args;
-    size_t c = (size_t)ar->dim, hd = (size_t)ar->n_heads * llama3_head_dim(ar);
-    size_t kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar), f = (size_t)llama3_ffn_hidden(ar);
+    size_t c = (size_t)m->args.dim, hd = hd_l(m), kvd = kvd_l(m), f = ffn_l(m);
     size_t s = f;
     if (2 * hd + 2 * kvd > s) s = 2 * hd + 2 * kvd;
     if (c > s) s = c;
     return s;
 }
 
-/* Carve the fields of one block's activations selected by mask (plus dh when with_dh). */
-static void carve_layer(const llama3_model *m, carver *cv, size_t n, unsigned mask, int with_dh, layer_acts *t) {
-    const llama3_args *ar = &m->args;
-    const size_t c = (size_t)ar->dim, hd = (size_t)ar->n_heads * llama3_head_dim(ar);
-    const size_t kvd = (size_t)ar->n_kv_heads * llama3_head_dim(ar), f = (size_t)llama3_ffn_hidden(ar);
+/* Carve the fields of one block's activations selected by mask (plus the I-to-W ones
+ * when with_dh) for n tokens, nl of them this rank's rows. */
+static void carve_layer(const llama3_model *m, carver *cv, size_t n, size_t nl, unsigned mask, int with_dh,
+                        layer_acts *t) {
+    const size_t c = (size_t)m->args.dim, hd = hd_l(m), kvd = kvd_l(m), f = ffn_l(m);
     const size_t fl = sizeof(float), es = act_size(m);
     memset(t, 0, sizeof *t);
     if (mask & LLAMA3_KEEP_XN1) {
         t->xn1 = carve(cv, n * c * es);
-        t->rstd1 = carve(cv, n * fl);
+        t->rstd1 = carve(cv, nl * fl);
     }
     if (mask & LLAMA3_KEEP_Q) t->q = carve(cv, n * hd * es);
     if (mask & LLAMA3_KEEP_K) t->k = carve(cv, n * kvd * es);
     if (mask & LLAMA3_KEEP_V) t->v = carve(cv, n * kvd * es);
     if (mask & LLAMA3_KEEP_ATT) {
         t->att = carve(cv, n * hd * es);
-        t->lse = carve(cv, n * (size_t)ar->n_heads * fl);
+        t->lse = carve(cv, n * (size_t)heads_l(m) * fl);
     }
-    if (mask & LLAMA3_KEEP_H) t->h = carve(cv, n * c * es);
+    if (mask & LLAMA3_KEEP_H) t->h = carve(cv, nl * c * es);
     if (mask & LLAMA3_KEEP_XN2) {
         t->xn2 = carve(cv, n * c * es);
-        t->rstd2 = carve(cv, n * fl);
+        t->rstd2 = carve(cv, nl * fl);
     }
     if (mask & LLAMA3_KEEP_A) t->a = carve(cv, n * f * es);
     if (mask & LLAMA3_KEEP_G) t->g = carve(cv, n * f * es);
     if (mask & LLAMA3_KEEP_S) t->s = carve(cv, n * f * es);
-    if (with_dh) t->dh = carve(cv, n * c * es);
+    if (with_dh) {
+        t->dh = carve(cv, n * c * es);
+        if (tpn(m) > 1) {
+            t->dxn1l = carve(cv, nl * c * es);
+            t->dxn2l = carve(cv, nl * c * es);
+            t->dop = carve(cv, n * c * es);
+        }
+    }
 }
 
 static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int fwd, int slots) {
     carver cv = {(char *)ws->mem, 0};
-    const size_t n = ws->max_n;
+    const size_t n = ws->max_n, nl = n / (size_t)tpn(m), c = (size_t)m->args.dim;
     layer_acts tmp;
     ws->has_fwd = fwd;
-    if (fwd) carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
-    for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
+    if (fwd) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
+    for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
+    if (tpn(m) > 1) {
+        void *p = carve(&cv, n * c * sizeof(float));
+        if (ws->mem) ws->tp_full = p;
+        p = carve(&cv, n * c * sizeof(float));
+        if (ws->mem) ws->tp_stage = p;
+        p = carve(&cv, nl * c * sizeof(float));
+        if (ws->mem) ws->tp_local = p;
+        p = carve(&cv, nl * c * act_size(m));
+        if (ws->mem) ws->xn_local = p;
+        if (m->layout.has_head && m->tp_gather_logits) {
+            const size_t v = (size_t)m->args.vocab_size;
+            p = carve(&cv, n * v * sizeof(float));
+            if (ws->mem) ws->lg_full = p;
+            p = carve(&cv, n * v * sizeof(float));
+            if (ws->mem) ws->lg_stage = p;
+        }
+    }
     void *p = carve(&cv, n * scratch_cols(m) * act_size(m));
     if (ws->mem) ws->scratch = p;
     p = carve(&cv, n * sizeof(float));
@@ -410,24 +463,27 @@ void llama3_workspace_free(const llama3_model *m, llama3_workspace *ws) {
 
 /* Lay out (or measure, with a->mem == NULL) every view of one microbatch. */
 static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
-    const llama3_args *ar = &m->args;
-    const size_t n = a->n, c = (size_t)ar->dim, v = (size_t)ar->vocab_size, fl = sizeof(float), es = act_size(m);
+    const size_t n = a->n, nl = a->nl, c = (size_t)m->args.dim, v = vocab_l(m), fl = sizeof(float), es = act_size(m);
     carver cv = {(char *)a->mem, 0};
     const int measuring = a->mem == NULL;
     void *p;
     if (m->layout.has_embedding) {
         p = carve(&cv, n * sizeof(int32_t));
         if (!measuring) a->inputs = p;
+        if (tpn(m) > 1) {
+            p = carve(&cv, n * c * es);
+            if (!measuring) a->dres0_full = p;
+        }
     }
     for (int i = 0; i <= a->nb; i++) {
-        p = carve(&cv, n * c * es);
+        p = carve(&cv, nl * c * es);
         if (!measuring) a->res[i] = p;
-        p = carve(&cv, n * c * es);
+        p = carve(&cv, nl * c * es);
         if (!measuring) a->dres[i] = p;
     }
     for (int i = 0; i < a->nb; i++) {
         layer_acts t;
-        carve_layer(m, &cv, n, a->keep[i], a->keep[i] == LLAMA3_KEEP_ALL, &t);
+        carve_layer(m, &cv, n, nl, a->keep[i], a->keep[i] == LLAMA3_KEEP_ALL, &t);
         if (!measuring) a->kept[i] = t;
     }
     if (m->layout.has_head) {
@@ -437,9 +493,9 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
         if (!measuring) a->loss_sum = p;
         p = carve(&cv, n * c * es);
         if (!measuring) a->xnf = p;
-        p = carve(&cv, n * fl);
+        p = carve(&cv, nl * fl);
         if (!measuring) a->rstdf = p;
-        p = carve(&cv, n * c * es);
+        p = carve(&cv, nl * c * es);
         if (!measuring) a->dxnf = p;
         p = carve(&cv, n * v * fl);
         if (!measuring) a->logits = p;
@@ -449,6 +505,10 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
         }
         p = carve(&cv, n * fl);
         if (!measuring) a->losses = p;
+        if (tpn(m) > 1) {
+            p = carve(&cv, 3 * n * fl);
+            if (!measuring) a->ce_stats = p;
+        }
     }
     return cv.off;
 }
@@ -459,6 +519,7 @@ size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int
     a.b = b;
     a.t = t;
     a.n = (size_t)b * (size_t)t;
+    a.nl = a.n / (size_t)tpn(m);
     a.nb = n_blocks(m);
     unsigned *k = calloc((size_t)(a.nb > 0 ? a.nb : 1), sizeof *k);
     if (!k) return 0;
@@ -480,11 +541,17 @@ llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, 
                  b, t, m->max_seq_len, ws ? ws->max_b : 0, ws ? ws->max_t : 0);
         return NULL;
     }
+    if (t % tpn(m) != 0) {
+        snprintf(err, errlen, "llama3 activations: seq_len %d does not divide by the tensor-parallel degree %d "
+                 "(sequence parallel splits every sequence's tokens over its ranks)", t, tpn(m));
+        return NULL;
+    }
     llama3_acts *a = calloc(1, sizeof *a);
     if (!a) goto oom;
     a->b = b;
     a->t = t;
     a->n = (size_t)b * (size_t)t;
+    a->nl = a->n / (size_t)tpn(m);
     a->ws = ws;
     a->nb = n_blocks(m);
     a->l0 = m->layout.layer_start;
@@ -554,6 +621,26 @@ void llama3_acts_free(const llama3_model *m, llama3_acts *a) {
     free(a);
 }
 
+double llama3_tp_traffic_bytes(const llama3_model *m, const unsigned *keep, int b, int t) {
+    const int P = tpn(m);
+    if (P == 1) return 0.0;
+    const double rows = (double)b * (double)t / P, c = m->args.dim;
+    const double ag = (P - 1) * rows * c * (double)act_size(m), rs = (P - 1) * rows * c * sizeof(float);
+    double bytes = 0.0;
+    for (int i = 0; i < n_blocks(m); i++) {
+        const unsigned k = keep ? keep[i] : LLAMA3_KEEP_ALL;
+        /* forward: gather xn1 and xn2, reduce wo's and w2's sums; backward: gather dL/dr and
+         * dL/dh, reduce dL/dxn2 and dL/dxn1; recomputing a norm output or h repeats its own */
+        bytes += 2 * ag + 2 * rs + 2 * ag + 2 * rs;
+        if (!(k & LLAMA3_KEEP_XN1)) bytes += ag;
+        if (!(k & LLAMA3_KEEP_H)) bytes += rs;
+        if (!(k & LLAMA3_KEEP_XN2)) bytes += ag;
+    }
+    if (m->layout.has_embedding) bytes += rs + ag; /* the lookup's sums; dL/dr_0 for its W */
+    if (m->layout.has_head) bytes += ag + rs;      /* the final norm's output; dL/dxnf */
+    return bytes;
+}
+
 int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep) {
     if (!keep) {
         if (a->logits_copy) m->ops->release(a->logits_copy);
@@ -561,7 +648,7 @@ int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep) {
         return 0;
     }
     if (a->logits_copy || !m->layout.has_head) return a->logits_copy ? 0 : -1;
-    a->logits_copy = m->ops->alloc(a->n * (size_t)m->args.vocab_size * sizeof(float));
+    a->logits_copy = m->ops->alloc(a->n * vocab_l(m) * sizeof(float));
     return a->logits_copy ? 0 : -1;
 }
 
@@ -607,15 +694,24 @@ static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
     PICK(LLAMA3_KEEP_S, s);
 #undef PICK
     v.dh = backward ? o->dh : NULL;
+    v.dxn1l = backward ? o->dxn1l : NULL;
+    v.dxn2l = backward ? o->dxn2l : NULL;
+    v.dop = backward ? o->dop : NULL;
     return v;
 }
 
 /* ----------------------------------------------------------------------------
  * parameters */
 
+/* How tensor parallel splits a parameter: not at all (every rank holds it), by rows
+ * (column-parallel linears, the vocabulary of the embedding and the output), or by
+ * columns (row-parallel linears). */
+enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS };
+
 static void add_param(llama3_model *m, size_t *off, const char *name, int unit, int64_t rows, int64_t cols,
-                      int ones, double std, double lo, double hi, int linear) {
+                      int ones, double std, double lo, double hi, int linear, int split) {
     const int i = m->n_params++;
+    const int64_t P = m->layout.tp_size, r = m->layout.tp_rank;
     llama3_param *p = &m->params[i];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->unit = unit;
@@ -625,7 +721,15 @@ static void add_param(llama3_model *m, size_t *off, const char *name, int unit, 
     p->box_start[0] = p->box_start[1] = 0;
     p->box_shape[0] = p->shape[0];
     p->box_shape[1] = p->shape[1];
-    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    if (split == SPLIT_ROWS) {
+        p->box_shape[0] = rows / P;
+        p->box_start[0] = r * p->box_shape[0];
+    } else if (split == SPLIT_COLS) {
+        p->box_shape[1] = cols / P;
+        p->box_start[1] = r * p->box_shape[1];
+    }
+    p->tp_replicated = split == SPLIT_NONE;
+    p->numel = (size_t)p->box_shape[0] * (size_t)(cols > 0 ? p->box_shape[1] : 1);
     p->offset = *off;
     p->init_ones = ones;
     p->init_std = std;
@@ -641,7 +745,9 @@ static void add_param(llama3_model *m, size_t *off, const char *name, int unit, 
         m->linears[i].param = i;
         m->linears[i].out = (int)p->box_shape[0];
         m->linears[i].in = (int)p->box_shape[1];
-        m->linears[i].style = LLAMA3_LINEAR_REPLICATED;
+        m->linears[i].style = split == SPLIT_ROWS   ? LLAMA3_LINEAR_COLWISE
+                              : split == SPLIT_COLS ? LLAMA3_LINEAR_ROWWISE
+                                                    : LLAMA3_LINEAR_REPLICATED;
         m->linears[i].impl = &default_linear;
     }
 }
@@ -686,9 +792,16 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
                  layout->layer_start, layout->layer_end, a->n_layers);
         return -1;
     }
-    if (layout->tp_size != 1 || layout->tp_rank != 0) {
-        snprintf(err, errlen, "llama3 %s: tensor parallel layouts (tp %d) are not available in this version", fl,
-                 layout->tp_size);
+    const int P = layout->tp_size;
+    if (P < 1 || layout->tp_rank < 0 || layout->tp_rank >= P) {
+        snprintf(err, errlen, "llama3 %s: tensor-parallel rank %d of %d", fl, layout->tp_rank, P);
+        return -1;
+    }
+    if (a->n_heads % P || a->n_kv_heads % P || a->vocab_size % P || llama3_ffn_hidden(a) % P) {
+        snprintf(err, errlen,
+                 "llama3 %s: tensor parallel degree %d must divide n_heads %d, n_kv_heads %d, vocab_size %d and the "
+                 "FFN hidden size %lld (each rank holds a whole share of the heads, the vocabulary and the hidden units)",
+                 fl, P, a->n_heads, a->n_kv_heads, a->vocab_size, (long long)llama3_ffn_hidden(a));
         return -1;
     }
     m->args = *a;
@@ -726,31 +839,31 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
     int u = 0;
     if (layout->has_embedding) {
         begin_unit(m, u, LLAMA3_UNIT_EMBEDDING, -1, off);
-        add_param(m, &off, "tok_embeddings.weight", u, V, C, 0, 1.0, -inf, inf, 0);
+        add_param(m, &off, "tok_embeddings.weight", u, V, C, 0, 1.0, -inf, inf, 0, SPLIT_ROWS);
         u++;
     }
     for (int l = layout->layer_start; l < layout->layer_end; l++, u++) {
         const double sd = s02 / sqrt(2.0 * (l + 1));
         begin_unit(m, u, LLAMA3_UNIT_BLOCK, l, off);
-#define BLOCK_PARAM(suffix, rows, cols, ones, std, lin)                   \
+#define BLOCK_PARAM(suffix, rows, cols, ones, std, lin, split)            \
     snprintf(name, sizeof name, "layers.%d.%s", l, suffix);              \
-    add_param(m, &off, name, u, rows, cols, ones, std, -2.0, 2.0, lin)
-        BLOCK_PARAM("attention.wq.weight", HD, C, 0, s02, 1);
-        BLOCK_PARAM("attention.wk.weight", KVD, C, 0, s02, 1);
-        BLOCK_PARAM("attention.wv.weight", KVD, C, 0, s02, 1);
-        BLOCK_PARAM("attention.wo.weight", C, HD, 0, sd, 1);
-        BLOCK_PARAM("feed_forward.w1.weight", F, C, 0, s02, 1);
-        BLOCK_PARAM("feed_forward.w2.weight", C, F, 0, sd, 1);
-        BLOCK_PARAM("feed_forward.w3.weight", F, C, 0, sd, 1);
-        BLOCK_PARAM("attention_norm.weight", C, 0, 1, 0.0, 0);
-        BLOCK_PARAM("ffn_norm.weight", C, 0, 1, 0.0, 0);
+    add_param(m, &off, name, u, rows, cols, ones, std, -2.0, 2.0, lin, split)
+        BLOCK_PARAM("attention.wq.weight", HD, C, 0, s02, 1, SPLIT_ROWS);
+        BLOCK_PARAM("attention.wk.weight", KVD, C, 0, s02, 1, SPLIT_ROWS);
+        BLOCK_PARAM("attention.wv.weight", KVD, C, 0, s02, 1, SPLIT_ROWS);
+        BLOCK_PARAM("attention.wo.weight", C, HD, 0, sd, 1, SPLIT_COLS);
+        BLOCK_PARAM("feed_forward.w1.weight", F, C, 0, s02, 1, SPLIT_ROWS);
+        BLOCK_PARAM("feed_forward.w2.weight", C, F, 0, sd, 1, SPLIT_COLS);
+        BLOCK_PARAM("feed_forward.w3.weight", F, C, 0, sd, 1, SPLIT_ROWS);
+        BLOCK_PARAM("attention_norm.weight", C, 0, 1, 0.0, 0, SPLIT_NONE);
+        BLOCK_PARAM("ffn_norm.weight", C, 0, 1, 0.0, 0, SPLIT_NONE);
 #undef BLOCK_PARAM
     }
     if (layout->has_head) {
         begin_unit(m, u, LLAMA3_UNIT_HEAD, -1, off);
-        add_param(m, &off, "norm.weight", u, C, 0, 1, 0.0, 0.0, 0.0, 0);
+        add_param(m, &off, "norm.weight", u, C, 0, 1, 0.0, 0.0, 0.0, 0, SPLIT_NONE);
         const double so = 1.0 / sqrt((double)C);
-        add_param(m, &off, "output.weight", u, V, C, 0, so, -3.0 * so, 3.0 * so, 1);
+        add_param(m, &off, "output.weight", u, V, C, 0, so, -3.0 * so, 3.0 * so, 1, SPLIT_ROWS);
         u++;
     }
     m->total_numel = off;
@@ -913,6 +1026,144 @@ void llama3_init_weights(llama3_model *m, uint64_t seed) {
 }
 
 /* ----------------------------------------------------------------------------
+ * sequence parallel (P > 1): entering and leaving the parallel regions */
+
+/* The GEMMs next to a sequence-parallel collective, for a block of rows: what an
+ * all-gathered activation feeds, or what produces a partial sum to reduce-scatter. They
+ * run once per rank's block of rows, in both modes: after the collective (sync) or as
+ * the blocks arrive and before they leave (async TP, m->tp_async; parallel/tp.h). The
+ * same calls on the same shapes give the same bits in any order; one call over every
+ * row would not always (BLAS libraries pick other kernels for other sizes). */
+enum {
+    ROWS_QKV,        /* q, k, v = xn1 W^T (the projections in `compute`) */
+    ROWS_WO,         /* tp_full = att Wo^T */
+    ROWS_W13,        /* a, g = xn2 W1^T, xn2 W3^T (those in `compute`) */
+    ROWS_W2,         /* tp_full = s W2^T */
+    ROWS_DS,         /* scratch = dop W2 */
+    ROWS_DXN2,       /* tp_full = da W1 + dg W3 */
+    ROWS_DATT,       /* scratch = dh Wo */
+    ROWS_DXN1,       /* tp_full = dq Wq + dk Wk + dv Wv */
+    ROWS_LOGITS,     /* logits = xnf Output^T */
+    ROWS_DXNF,       /* tp_full = dlogits Output */
+    ROWS_EMBEDDING   /* tp_full = this rank's vocabulary rows of the embedding (zeros elsewhere) */
+};
+
+typedef struct {
+    llama3_model *m;
+    llama3_acts *a;
+    int l, what;
+    const layer_acts *t;
+    unsigned compute;
+} rows_job;
+
+static void rows_run(void *user, size_t r0, size_t rows) {
+    const rows_job *j = user;
+    llama3_model *m = j->m;
+    llama3_acts *a = j->a;
+    const layer_acts *t = j->t;
+    const int l = j->l, n = (int)rows;
+    const size_t C = (size_t)m->args.dim, HD = hd_l(m), KVD = kvd_l(m), F = ffn_l(m), V = vocab_l(m);
+#define AT(p, cols) act_at(m, (void *)(p), r0 *(cols))
+    float *tpf = a->ws->tp_full + r0 * C;
+    switch (j->what) {
+    case ROWS_QKV:
+        if (j->compute & LLAMA3_KEEP_Q) lin_fwd(m, pidx_block(m, l, P_WQ), AT(t->q, HD), AT(t->xn1, C), n, 0.0f);
+        if (j->compute & LLAMA3_KEEP_K) lin_fwd(m, pidx_block(m, l, P_WK), AT(t->k, KVD), AT(t->xn1, C), n, 0.0f);
+        if (j->compute & LLAMA3_KEEP_V) lin_fwd(m, pidx_block(m, l, P_WV), AT(t->v, KVD), AT(t->xn1, C), n, 0.0f);
+        break;
+    case ROWS_WO: lin_fwd_to(m, pidx_block(m, l, P_WO), TETRA_F32, tpf, AT(t->att, HD), n, 0.0f); break;
+    case ROWS_W13:
+        if (j->compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), AT(t->a, F), AT(t->xn2, C), n, 0.0f);
+        if (j->compute & LLAMA3_KEEP_G) lin_fwd(m, pidx_block(m, l, P_W3), AT(t->g, F), AT(t->xn2, C), n, 0.0f);
+        break;
+    case ROWS_W2: lin_fwd_to(m, pidx_block(m, l, P_W2), TETRA_F32, tpf, AT(t->s, F), n, 0.0f); break;
+    case ROWS_DS: lin_bwd_input(m, pidx_block(m, l, P_W2), AT(a->ws->scratch, F), AT(t->dop, C), n, 0.0f); break;
+    case ROWS_DXN2:
+        lin_bwd_input_to(m, pidx_block(m, l, P_W1), TETRA_F32, tpf, AT(t->a, F), n, 0.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_W3), TETRA_F32, tpf, AT(t->g, F), n, 1.0f);
+        break;
+    case ROWS_DATT: lin_bwd_input(m, pidx_block(m, l, P_WO), AT(a->ws->scratch, HD), AT(t->dh, C), n, 0.0f); break;
+    case ROWS_DXN1:
+        lin_bwd_input_to(m, pidx_block(m, l, P_WQ), TETRA_F32, tpf, AT(t->q, HD), n, 0.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_WK), TETRA_F32, tpf, AT(t->k, KVD), n, 1.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_WV), TETRA_F32, tpf, AT(t->v, KVD), n, 1.0f);
+        break;
+    case ROWS_LOGITS: lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits + r0 * V, AT(a->xnf, C), n, 0.0f); break;
+    case ROWS_DXNF: {
+        const void *dl = mixed(m) ? (const void *)(a->dlogits16 + r0 * V) : (const void *)(a->logits + r0 * V);
+        lin_bwd_input_to(m, pidx_output(m), TETRA_F32, tpf, dl, n, 0.0f);
+        break;
+    }
+    case ROWS_EMBEDDING: {
+        const llama3_param *p = &m->params[pidx_embedding(m)];
+        const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0];
+        if (mixed(m)) { /* bf16 rows, exact in fp32 */
+            void *tmp = AT(a->ws->scratch, C);
+            m->ops->embedding_forward_bf16(tmp, a->inputs + r0, param_ptr(m, pidx_embedding(m)), n, (int)C, v0, vl);
+            m->ops->cast_bf16_to_f32(tpf, tmp, rows * C);
+        } else {
+            m->ops->embedding_forward(tpf, a->inputs + r0, param_ptr(m, pidx_embedding(m)), n, (int)C, v0, vl);
+        }
+        break;
+    }
+    }
+#undef AT
+}
+
+/* job over every row: one call at tp 1, one per rank's block of rows under tensor
+ * parallel (the shapes the collectives' paths use, so recomputation gives the same bits) */
+static void rows_all(llama3_model *m, llama3_acts *a, rows_job *job) {
+    if (tpn(m) == 1) {
+        rows_run(job, 0, a->n);
+        return;
+    }
+    for (int q = 0; q < tpn(m); q++) rows_run(job, (size_t)q * a->nl, a->nl);
+}
+
+/* full[N, C] = every rank's rows local[N/P, C] (compute dtype), then job over every row */
+static void sp_gather_then(llama3_model *m, llama3_acts *a, void *full, const void *local, rows_job *job) {
+    if (m->tp_async) {
+        tp_all_gather_rows_overlap(m->ops, m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype,
+                                   rows_run, job);
+        return;
+    }
+    tp_all_gather_rows(m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype);
+    rows_all(m, a, job);
+}
+
+static void sp_gather(llama3_model *m, llama3_acts *a, void *full, const void *local) {
+    tp_all_gather_rows(m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype);
+}
+
+/* job writes the partial sums ws->tp_full[N, C] (fp32); out_l[N/P, C] = this rank's rows of
+ * them reduced over the group, with res_l plus that residual, rounded once to the compute
+ * dtype */
+static void sp_exit(llama3_model *m, llama3_acts *a, rows_job *job, void *out_l, const void *res_l) {
+    const tetra_ops *ops = m->ops;
+    llama3_workspace *ws = a->ws;
+    const size_t nc = a->nl * (size_t)m->args.dim;
+    if (m->tp_async) {
+        tp_reduce_scatter_rows_overlap(ops, m->ctx.tp, ws->tp_local, ws->tp_full, ws->tp_stage, a->nl,
+                                       (size_t)m->args.dim, rows_run, job);
+    } else {
+        rows_all(m, a, job);
+        tp_reduce_scatter_rows(ops, m->ctx.tp, ws->tp_local, ws->tp_full, ws->tp_stage, a->nl, (size_t)m->args.dim);
+    }
+    if (!mixed(m)) {
+        if (res_l) ops->add(out_l, res_l, ws->tp_local, nc);
+        else ops->copy(out_l, ws->tp_local, nc * sizeof(float));
+        return;
+    }
+    if (res_l) {
+        ops->cast_bf16_to_f32(ws->tp_stage, res_l, nc);
+        ops->add(ws->tp_stage, ws->tp_stage, ws->tp_local, nc);
+        ops->cast_f32_to_bf16(out_l, ws->tp_stage, nc);
+    } else {
+        ops->cast_f32_to_bf16(out_l, ws->tp_local, nc);
+    }
+}
+
+/* ----------------------------------------------------------------------------
  * forward */
 
 void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *inputs) {
@@ -923,63 +1174,95 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
         abort();
     }
     const llama3_param *p = &m->params[pe];
-    const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0];
+    const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0], n = (int)a->n, C = m->args.dim;
     ops->copy_h2d(a->inputs, inputs, a->n * sizeof(int32_t));
+    if (tpn(m) > 1) {
+        /* vocab parallel: a token's row comes from its owner, zeros from the others, so the
+         * reduce-scatter to this rank's rows sums exactly */
+        rows_job job = {m, a, -1, ROWS_EMBEDDING, NULL, 0};
+        sp_exit(m, a, &job, a->res[0], NULL);
+        return;
+    }
     if (mixed(m))
-        ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, pe), (int)a->n, m->args.dim, v0, vl);
+        ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, pe), n, C, v0, vl);
     else
-        ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, pe), (int)a->n, m->args.dim, v0, vl);
+        ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, pe), n, C, v0, vl);
 }
 
 /* The ops of block l's forward whose outputs are in `compute` (LLAMA3_KEEP_* bits), into
  * the view t; with `output` also r_{l+1}. The forward computes everything; the I pass
- * of a block that did not keep everything recomputes the rest, bit for bit. */
+ * of a block that did not keep everything recomputes the rest, bit for bit. Under
+ * tensor parallel the norms run on this rank's rows and are all-gathered; wo and w2 give
+ * partial sums, reduce-scattered back to the rows and added to the residual. */
 static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const layer_acts *t, unsigned compute,
                               int output) {
     const tetra_ops *ops = m->ops;
-    const llama3_args *ar = &m->args;
-    const int n = (int)a->n, H = ar->n_heads, KV = ar->n_kv_heads, F = (int)llama3_ffn_hidden(ar);
-    const size_t es = act_size(m), nc = a->n * (size_t)ar->dim;
+    const int n = (int)a->n, nl = (int)a->nl, H = heads_l(m), KV = kv_l(m), tp = tpn(m) > 1;
+    const size_t es = act_size(m), nc = a->n * (size_t)m->args.dim, ff = a->n * ffn_l(m);
     const int bl = local_block(m, l);
+    llama3_workspace *ws = a->ws;
     const void *x = a->res[bl];
 
     /* attention: h = x + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)) */
-    if (compute & LLAMA3_KEEP_XN1) rmsnorm_fwd(m, t->xn1, t->rstd1, x, param_ptr(m, pidx_block(m, l, P_ATTN_NORM)), n);
-    if (compute & LLAMA3_KEEP_Q) {
-        lin_fwd(m, pidx_block(m, l, P_WQ), t->q, t->xn1, n, 0.0f);
-        rope_fwd(m, t->q, a->b, a->t, H);
+    rows_job qkv = {m, a, l, ROWS_QKV, t, compute & (LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V)};
+    if (compute & LLAMA3_KEEP_XN1) {
+        const void *w = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
+        if (tp) { /* the projections run on the gathered rows as they arrive */
+            rmsnorm_fwd(m, ws->xn_local, t->rstd1, x, w, nl);
+            sp_gather_then(m, a, t->xn1, ws->xn_local, &qkv);
+            qkv.compute = 0;
+        } else {
+            rmsnorm_fwd(m, t->xn1, t->rstd1, x, w, n);
+        }
     }
-    if (compute & LLAMA3_KEEP_K) {
-        lin_fwd(m, pidx_block(m, l, P_WK), t->k, t->xn1, n, 0.0f);
-        rope_fwd(m, t->k, a->b, a->t, KV);
-    }
-    if (compute & LLAMA3_KEEP_V) lin_fwd(m, pidx_block(m, l, P_WV), t->v, t->xn1, n, 0.0f);
+    if (qkv.compute) rows_all(m, a, &qkv); /* projections whose input was kept (not gathered now) */
+    if (compute & LLAMA3_KEEP_Q) rope_fwd(m, t->q, a->b, a->t, H);
+    if (compute & LLAMA3_KEEP_K) rope_fwd(m, t->k, a->b, a->t, KV);
     if (compute & LLAMA3_KEEP_ATT) {
         ops_attn_shape s = attn_shape(m, a->b, a->t);
         if (mixed(m))
-            ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, a->ws->attn_ws);
+            ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
         else
-            ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, a->ws->attn_ws);
+            ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
     }
     if (compute & LLAMA3_KEEP_H) {
-        ops->copy(t->h, x, nc * es);
-        lin_fwd(m, pidx_block(m, l, P_WO), t->h, t->att, n, 1.0f);
+        if (tp) {
+            rows_job wo = {m, a, l, ROWS_WO, t, 0};
+            sp_exit(m, a, &wo, t->h, x);
+        } else {
+            ops->copy(t->h, x, nc * es);
+            lin_fwd(m, pidx_block(m, l, P_WO), t->h, t->att, n, 1.0f);
+        }
     }
 
     /* feed-forward: out = h + w2(silu(w1 xn2) * w3 xn2) */
-    if (compute & LLAMA3_KEEP_XN2) rmsnorm_fwd(m, t->xn2, t->rstd2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), n);
-    if (compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), t->a, t->xn2, n, 0.0f);
-    if (compute & LLAMA3_KEEP_G) lin_fwd(m, pidx_block(m, l, P_W3), t->g, t->xn2, n, 0.0f);
+    rows_job w13 = {m, a, l, ROWS_W13, t, compute & (LLAMA3_KEEP_A | LLAMA3_KEEP_G)};
+    if (compute & LLAMA3_KEEP_XN2) {
+        const void *w = param_ptr(m, pidx_block(m, l, P_FFN_NORM));
+        if (tp) {
+            rmsnorm_fwd(m, ws->xn_local, t->rstd2, t->h, w, nl);
+            sp_gather_then(m, a, t->xn2, ws->xn_local, &w13);
+            w13.compute = 0;
+        } else {
+            rmsnorm_fwd(m, t->xn2, t->rstd2, t->h, w, n);
+        }
+    }
+    if (w13.compute) rows_all(m, a, &w13);
     if (compute & LLAMA3_KEEP_S) {
         if (mixed(m))
-            ops->swiglu_forward_bf16(t->s, t->a, t->g, a->n * (size_t)F);
+            ops->swiglu_forward_bf16(t->s, t->a, t->g, ff);
         else
-            ops->swiglu_forward(t->s, t->a, t->g, a->n * (size_t)F);
+            ops->swiglu_forward(t->s, t->a, t->g, ff);
     }
     if (output) {
         void *out = a->res[bl + 1];
-        ops->copy(out, t->h, nc * es);
-        lin_fwd(m, pidx_block(m, l, P_W2), out, t->s, n, 1.0f);
+        if (tp) {
+            rows_job w2 = {m, a, l, ROWS_W2, t, 0};
+            sp_exit(m, a, &w2, out, t->h);
+        } else {
+            ops->copy(out, t->h, nc * es);
+            lin_fwd(m, pidx_block(m, l, P_W2), out, t->s, n, 1.0f);
+        }
     }
 }
 
@@ -996,11 +1279,18 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
         fprintf(stderr, "llama3_forward_head: this layout holds no head\n");
         abort();
     }
-    const int n = (int)a->n, V = m->args.vocab_size;
-    rmsnorm_fwd(m, a->xnf, a->rstdf, a->res[a->nb], param_ptr(m, pidx_norm(m)), n);
+    const int n = (int)a->n, Vl = (int)vocab_l(m);
+    const void *w = param_ptr(m, pidx_norm(m));
     /* the logits are fp32 in both precisions: the loss and its gradient need the range */
-    lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits, a->xnf, n, 0.0f);
-    if (a->logits_copy) ops->copy(a->logits_copy, a->logits, a->n * (size_t)V * sizeof(float));
+    rows_job lg = {m, a, -1, ROWS_LOGITS, NULL, 0};
+    if (tpn(m) > 1) {
+        rmsnorm_fwd(m, a->ws->xn_local, a->rstdf, a->res[a->nb], w, (int)a->nl);
+        sp_gather_then(m, a, a->xnf, a->ws->xn_local, &lg);
+    } else {
+        rmsnorm_fwd(m, a->xnf, a->rstdf, a->res[a->nb], w, n);
+        rows_all(m, a, &lg);
+    }
+    if (a->logits_copy) ops->copy(a->logits_copy, a->logits, a->n * (size_t)Vl * sizeof(float));
     if (!targets) {
         a->has_targets = 0;
         if (n_valid) *n_valid = 0;
@@ -1011,8 +1301,21 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     if (n_valid) *n_valid = valid;
     ops->copy_h2d(a->targets, targets, a->n * sizeof(int32_t));
     /* fused: per-token losses, and dlogits written over the logits */
-    ops->cross_entropy(a->logits, a->losses, a->logits, a->targets, n, V, dloss_scale);
-    if (mixed(m)) ops->cast_f32_to_bf16(a->dlogits16, a->logits, a->n * (size_t)V);
+    if (tpn(m) == 1) {
+        ops->cross_entropy(a->logits, a->losses, a->logits, a->targets, n, Vl, dloss_scale);
+    } else if (m->tp_gather_logits) {
+        /* loss parallel off: every rank gathers the whole logits and takes its own columns
+         * of the gradient back */
+        llama3_workspace *ws = a->ws;
+        tp_all_gather_cols(ops, m->ctx.tp, ws->lg_full, a->logits, ws->lg_stage, n, Vl);
+        ops->cross_entropy(ws->lg_full, a->losses, ws->lg_full, a->targets, n, m->args.vocab_size, dloss_scale);
+        tp_take_cols(ops, m->ctx.tp, a->logits, ws->lg_full, n, Vl);
+    } else {
+        const int v0 = (int)m->params[pidx_output(m)].box_start[0];
+        tp_vocab_cross_entropy(ops, m->ctx.tp, a->logits, a->losses, a->logits, a->targets, n, Vl, v0, dloss_scale,
+                               a->ce_stats);
+    }
+    if (mixed(m)) ops->cast_f32_to_bf16(a->dlogits16, a->logits, a->n * (size_t)Vl);
     ops->sum(a->loss_sum, a->losses, a->n);
     float loss = 0.0f;
     ops->copy_d2h(&loss, a->loss_sum, sizeof loss);
@@ -1051,22 +1354,28 @@ static void need_dlogits(const llama3_acts *a) {
 
 void llama3_backward_head_input(llama3_model *m, llama3_acts *a) {
     need_dlogits(a);
-    const int n = (int)a->n;
+    const int n = (int)a->n, nl = (int)a->nl;
     const void *dlogits = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
     void *dres = a->dres[a->nb];
-    /* dxnf = dlogits Output; dr_L = d rmsnorm (the residual stream starts here) */
-    lin_bwd_input(m, pidx_output(m), a->dxnf, dlogits, n, 0.0f);
-    zero_acts(m, dres, a->n * (size_t)m->args.dim);
-    rmsnorm_bwd_input(m, dres, a->dxnf, a->res[a->nb], param_ptr(m, pidx_norm(m)), a->rstdf, n);
+    /* dxnf = dlogits Output (a partial sum over the vocabulary shards under tensor parallel);
+     * dr_L = d rmsnorm (the residual stream starts here) */
+    if (tpn(m) > 1) {
+        rows_job dx = {m, a, -1, ROWS_DXNF, NULL, 0};
+        sp_exit(m, a, &dx, a->dxnf, NULL);
+    } else {
+        lin_bwd_input(m, pidx_output(m), a->dxnf, dlogits, n, 0.0f);
+    }
+    zero_acts(m, dres, a->nl * (size_t)m->args.dim);
+    rmsnorm_bwd_input(m, dres, a->dxnf, a->res[a->nb], param_ptr(m, pidx_norm(m)), a->rstdf, nl);
 }
 
 void llama3_backward_head_weight(llama3_model *m, llama3_acts *a) {
     need_dlogits(a);
-    const int n = (int)a->n;
+    const int n = (int)a->n, nl = (int)a->nl;
     const void *dlogits = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
     (void)param_ptr(m, pidx_norm(m)); /* W runs where the unit's parameters are gathered, as for blocks */
     lin_bwd_weight(m, pidx_output(m), dlogits, a->xnf, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_norm(m)), a->dxnf, a->res[a->nb], a->rstdf, n);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_norm(m)), a->dxnf, a->res[a->nb], a->rstdf, nl);
 }
 
 void llama3_backward_head(llama3_model *m, llama3_acts *a) {
@@ -1076,9 +1385,8 @@ void llama3_backward_head(llama3_model *m, llama3_acts *a) {
 
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     const tetra_ops *ops = m->ops;
-    const llama3_args *ar = &m->args;
-    const int n = (int)a->n, C = ar->dim, D = llama3_head_dim(ar), H = ar->n_heads, KV = ar->n_kv_heads;
-    const int HD = H * D, KVD = KV * D, F = (int)llama3_ffn_hidden(ar);
+    const int n = (int)a->n, C = m->args.dim, H = heads_l(m), KV = kv_l(m);
+    const int HD = (int)hd_l(m), KVD = (int)kvd_l(m), F = (int)ffn_l(m);
     const size_t nc = a->n * (size_t)C, es = act_size(m);
     const int bl = local_block(m, l);
     llama3_workspace *ws = a->ws;
@@ -1105,30 +1413,51 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     }
     layer_acts tv = block_view(a, bl, 1);
     const layer_acts *t = &tv;
-    const void *dout = a->dres[bl + 1]; /* dL/dr_{l+1} */
+    const int tp = tpn(m) > 1;
+    const void *dout = a->dres[bl + 1]; /* dL/dr_{l+1}: this rank's rows */
 
-    /* feed-forward: ds = dout W2; (da, dg) over (a, g); dxn2 = da W1 + dg W3 over xn2 */
+    /* feed-forward: ds = dout W2; (da, dg) over (a, g); dxn2 = da W1 + dg W3 (over xn2 at
+     * tp 1; under tensor parallel a partial sum, reduce-scattered to this rank's rows) */
     void *ds = ws->scratch; /* [N, F] */
-    lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, 0.0f);
+    if (tp) { /* w2 is row-parallel: its output gradient for every row */
+        rows_job job = {m, a, l, ROWS_DS, t, 0};
+        sp_gather_then(m, a, t->dop, dout, &job);
+    } else {
+        lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, 0.0f);
+    }
     if (mixed(m))
         ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
     else
         ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
-    void *dxn2 = t->xn2;
-    lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, 0.0f);
-    lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, 1.0f);
-    /* dh = dout (residual) + d rmsnorm */
-    ops->copy(t->dh, dout, nc * es);
-    rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n);
+    void *dh_full = t->dh; /* dL/dh of every row: wo's input gradient reads it, W keeps it */
+    void *datt = ws->scratch; /* [N, HD] */
+    if (tp) {
+        rows_job job = {m, a, l, ROWS_DXN2, t, 0};
+        sp_exit(m, a, &job, t->dxn2l, NULL);
+        /* dh = dout (residual) + d rmsnorm, on this rank's rows (kept in dr_l, which the
+         * attention part then adds to), gathered for wo, whose input gradient runs on the
+         * rows as they arrive */
+        ops->copy(a->dres[bl], a->dres[bl + 1], a->nl * (size_t)C * es);
+        rmsnorm_bwd_input(m, a->dres[bl], t->dxn2l, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2,
+                          (int)a->nl);
+        rows_job dj = {m, a, l, ROWS_DATT, t, 0};
+        sp_gather_then(m, a, dh_full, a->dres[bl], &dj);
+    } else {
+        void *dxn2 = t->xn2;
+        lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, 0.0f);
+        lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, 1.0f);
+        /* dh = dout (residual) + d rmsnorm */
+        ops->copy(t->dh, dout, nc * es);
+        rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n);
+    }
 
     /* attention: datt = dh Wo; attention backward into scratch (it reads q/k/v, so it
      * cannot write over them; the fp32 op accumulates, so that scratch is zeroed); then
      * un-rotate into the q/k slots */
-    void *datt = ws->scratch;                      /* [N, HD] */
     void *dq = act_at(m, datt, a->n * (size_t)HD); /* [N, HD] */
     void *dk = act_at(m, dq, a->n * (size_t)HD);   /* [N, KVD] */
     void *dv = act_at(m, dk, a->n * (size_t)KVD);  /* [N, KVD] */
-    lin_bwd_input(m, pidx_block(m, l, P_WO), datt, t->dh, n, 0.0f);
+    if (!tp) lin_bwd_input(m, pidx_block(m, l, P_WO), datt, dh_full, n, 0.0f);
     ops_attn_shape s = attn_shape(m, a->b, a->t);
     if (mixed(m)) {
         ops->attention_backward_bf16(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
@@ -1139,17 +1468,25 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     rope_bwd(m, t->q, dq, a->b, a->t, H);
     rope_bwd(m, t->k, dk, a->b, a->t, KV);
     ops->copy(t->v, dv, a->n * (size_t)KVD * es);
+    const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
+    if (tp) {
+        rows_job job = {m, a, l, ROWS_DXN1, t, 0};
+        sp_exit(m, a, &job, t->dxn1l, NULL);
+        /* dr_l = dh (already there) + d rmsnorm */
+        rmsnorm_bwd_input(m, a->dres[bl], t->dxn1l, a->res[bl], w_attn_norm, t->rstd1, (int)a->nl);
+        return;
+    }
     void *dxn1 = t->xn1;
     lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, 0.0f);
     lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, 1.0f);
     lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, 1.0f);
     /* dr_l = dh (residual) + d rmsnorm */
     ops->copy(a->dres[bl], t->dh, nc * es);
-    rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], param_ptr(m, pidx_block(m, l, P_ATTN_NORM)), t->rstd1, n);
+    rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], w_attn_norm, t->rstd1, n);
 }
 
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
-    const int n = (int)a->n;
+    const int n = (int)a->n, nl = (int)a->nl;
     const int bl = local_block(m, l);
     llama3_workspace *ws = a->ws;
     if (a->keep[bl] != LLAMA3_KEEP_ALL && a->slot[bl] < 0) {
@@ -1158,27 +1495,41 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     }
     layer_acts tv = block_view(a, bl, 1);
     const layer_acts *t = &tv;
-    void *xn = ws->scratch; /* [N, C] the norm outputs, recomputed bit for bit */
+    const int tp = tpn(m) > 1;
+    /* the norm outputs: kept whole under tensor parallel; at tp 1 their slots hold dL/dxn
+     * and W recomputes them (bit for bit) */
+    void *xn = ws->scratch; /* [N, C] */
+    const void *w_ffn_norm = param_ptr(m, pidx_block(m, l, P_FFN_NORM));
+    const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
 
     /* feed-forward */
-    lin_bwd_weight(m, pidx_block(m, l, P_W2), a->dres[bl + 1], t->s, n);
-    rmsnorm_fwd(m, xn, ws->rstd_scratch, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), n);
-    lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, xn, n);
-    lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, xn, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->xn2, t->h, t->rstd2, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_W2), tp ? t->dop : a->dres[bl + 1], t->s, n);
+    if (!tp) rmsnorm_fwd(m, xn, ws->rstd_scratch, t->h, w_ffn_norm, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, tp ? t->xn2 : xn, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_FFN_NORM)), tp ? t->dxn2l : t->xn2, t->h, t->rstd2, nl);
 
     /* attention */
     lin_bwd_weight(m, pidx_block(m, l, P_WO), t->dh, t->att, n);
-    rmsnorm_fwd(m, xn, ws->rstd_scratch, a->res[bl], param_ptr(m, pidx_block(m, l, P_ATTN_NORM)), n);
-    lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, xn, n);
-    lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, xn, n);
-    lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, xn, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_ATTN_NORM)), t->xn1, a->res[bl], t->rstd1, n);
+    if (!tp) rmsnorm_fwd(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
+    lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_ATTN_NORM)), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1,
+                       nl);
 
     if (a->slot[bl] >= 0) { /* the recomputed activations are spent */
         ws->slot_owner[a->slot[bl]] = NULL;
         a->slot[bl] = -1;
     }
+}
+
+void llama3_backward_embedding_input(llama3_model *m, llama3_acts *a) {
+    if (pidx_embedding(m) < 0) {
+        fprintf(stderr, "llama3_backward_embedding_input: this layout holds no embedding\n");
+        abort();
+    }
+    if (tpn(m) > 1) sp_gather(m, a, a->dres0_full, a->dres[0]);
 }
 
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
@@ -1189,10 +1540,11 @@ void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
     }
     const llama3_param *p = &m->params[pe];
     const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0];
+    const void *dout = tpn(m) > 1 ? a->dres0_full : a->dres[0]; /* every token's row */
     if (mixed(m))
-        m->ops->embedding_backward_bf16(grad_ptr(m, pe), a->dres[0], a->inputs, (int)a->n, m->args.dim, v0, vl);
+        m->ops->embedding_backward_bf16(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
     else
-        m->ops->embedding_backward(grad_ptr(m, pe), a->dres[0], a->inputs, (int)a->n, m->args.dim, v0, vl);
+        m->ops->embedding_backward(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
 }
 
 void llama3_backward(llama3_model *m, llama3_acts *a) {
@@ -1202,5 +1554,6 @@ void llama3_backward(llama3_model *m, llama3_acts *a) {
         llama3_block_backward_input(m, a, l);
         llama3_block_backward_weight(m, a, l);
     }
+    llama3_backward_embedding_input(m, a);
     llama3_backward_embedding(m, a);
 }

@@ -24,6 +24,21 @@
  * (default: the compute-dtype GEMM). A model converter such as Float8 swaps
  * the implementation of chosen linears without touching the forward code.
  *
+ * Tensor parallel (tp_size P > 1; the Llama plan of TorchTitan's parallelize_llama,
+ * Megatron layout, with sequence and loss parallel): wq/wk/wv/w1/w3 are
+ * column-parallel (rank p holds n_heads/P query heads, n_kv_heads/P kv heads, F/P
+ * hidden units), wo/w2 row-parallel, the embedding and the output projection
+ * vocabulary-parallel, the norms replicated. Between the parallel regions the
+ * residual stream is split by rows (sequence parallel: of the N tokens of a
+ * microbatch, rank p holds rows [p N/P, (p+1) N/P)): the norms run on the local
+ * rows, their outputs are all-gathered before the column-parallel projections,
+ * and the partial sums of the row-parallel ones are reduce-scattered back
+ * (parallel/tp.h, over ctx.tp). The loss is computed on vocabulary-sharded logits.
+ * Every collective of a backward runs in the I pass; W passes read what I and the
+ * forward kept (the gathered norm outputs, the gathered output gradients) and
+ * communicate nothing. Norm-weight gradients are partial sums over the group
+ * (tp_replicated): the owner of the gradients sums them.
+ *
  * Backward is split as the zero-bubble schedules need it: per block and for
  * the head, backward_input ("I": every input-gradient GEMM plus attention,
  * norm and activation backward) and backward_weight ("W": weight-gradient GEMMs
@@ -55,7 +70,7 @@ typedef struct {
     int layer_start, layer_end; /* global blocks [layer_start, layer_end) */
     int has_embedding;          /* tok_embeddings (the first stage) */
     int has_head;               /* norm + output and the loss (the last stage) */
-    int tp_rank, tp_size;       /* tensor parallel (tp_size 1 in this version) */
+    int tp_rank, tp_size;       /* tensor parallel: this rank's part of every projection */
 } llama3_layout;
 
 /* Every block, the embedding and the head, tp 1: the single-rank model. */
@@ -70,6 +85,8 @@ typedef struct {
     int64_t shape[2];   /* global shape (row-major) */
     int64_t box_start[2], box_shape[2]; /* the block of the global tensor this rank holds */
     size_t numel;       /* elements held (of the box) */
+    int tp_replicated;  /* every tensor-parallel rank holds all of it (the norms): its gradient
+                           is a partial sum over the tensor-parallel group */
     size_t offset;      /* elements from the start of the rank's flat layout */
     /* init: all ones (norm weights), or a truncated normal N(0, init_std) cut to
      * [init_lo, init_hi] (absolute bounds; +-inf for a plain normal) */
@@ -99,9 +116,10 @@ typedef struct {
     /* y = x W^T + beta y, y of type y_type (compute dtype, or F32 for the logits) */
     void (*forward)(const llama3_model *m, const llama3_linear *l, tetra_dtype y_type, void *y, const void *x,
                     const void *w, int n, float beta);
-    /* dx = dy W + beta dx (compute dtype) */
-    void (*backward_input)(const llama3_model *m, const llama3_linear *l, void *dx, const void *dy, const void *w,
-                           int n, float beta);
+    /* dx = dy W + beta dx, dx of type dx_type (compute dtype, or F32 for a tensor-parallel
+     * partial sum) */
+    void (*backward_input)(const llama3_model *m, const llama3_linear *l, tetra_dtype dx_type, void *dx,
+                           const void *dy, const void *w, int n, float beta);
     /* dW += dy^T x (fp32) */
     void (*backward_weight)(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
                             int n);
@@ -152,6 +170,15 @@ struct llama3_model {
      * backward read bf16 compute copies of the parameters and keep bf16 activations;
      * gradients stay fp32 and the fp32 parameters are the optimizer's master weights. */
     tetra_dtype compute_dtype; /* TETRA_F32 (default) or TETRA_BF16 */
+
+    /* Tensor parallel without loss parallel (parallelism.disable_loss_parallel): the logits
+     * are gathered over the group and every rank computes the whole cross-entropy. Set
+     * before creating activations. */
+    int tp_gather_logits;
+    /* Async tensor parallel (parallelism.enable_async_tensor_parallel): every all-gather and
+     * reduce-scatter moves one rank's block of rows at a time, overlapped with the GEMMs on
+     * the blocks already there (parallel/tp.h); the same numbers as the synchronous path. */
+    int tp_async;
 
     /* Own storage (llama3_model_init): the whole layout's fp32 parameters, gradients
      * and, under mixed precision, the bf16 compute copy. NULL with external storage. */
@@ -253,6 +280,10 @@ size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int
 /* Bytes of llama3_acts_create(m, b, t): everything kept, plus its private workspace. */
 size_t llama3_acts_bytes(const llama3_model *m, int b, int t);
 
+/* Bytes this rank sends in the sequence-parallel all-gathers and reduce-scatters of one
+ * microbatch's forward and backward (recomputation included); 0 at tp 1. */
+double llama3_tp_traffic_bytes(const llama3_model *m, const unsigned *keep, int b, int t);
+
 /* Keep a copy of the logits before the fused cross-entropy overwrites them with
  * dlogits (tests; costs one more [b*t, V] buffer). Returns 0, or -1 when out of memory. */
 int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep);
@@ -271,8 +302,9 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int layer);
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
                            int64_t *n_valid);
-/* Residual r_l [b*t, dim] and its gradient dL/dr_l (backend memory, compute dtype),
- * l in [layer_start, layer_end]: what pipeline stages send and receive. */
+/* Residual r_l and its gradient dL/dr_l (backend memory, compute dtype, [b*t/P, dim]:
+ * this rank's rows under tensor parallel), l in [layer_start, layer_end]: what
+ * pipeline stages send and receive. */
 void *llama3_acts_residual(llama3_acts *a, int l);
 void *llama3_acts_residual_grad(llama3_acts *a, int l);
 
@@ -297,6 +329,9 @@ void llama3_backward_head_weight(llama3_model *m, llama3_acts *a);
 void llama3_backward_head(llama3_model *m, llama3_acts *a); /* I then W */
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int layer);
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int layer);
+/* The embedding's input-gradient step: under tensor parallel its W pass reads the
+ * gradient of every token, so the I pass gathers dL/dr_0 over the group (a no-op at tp 1). */
+void llama3_backward_embedding_input(llama3_model *m, llama3_acts *a);
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a);
 
 #endif

@@ -773,10 +773,10 @@ static void count_fwd(const llama3_model *m, const llama3_linear *l, tetra_dtype
     lin_calls[0]++;
     llama3_linear_default()->forward(m, l, yt, y, x, w, n, beta);
 }
-static void count_bwd_in(const llama3_model *m, const llama3_linear *l, void *dx, const void *dy, const void *w,
-                         int n, float beta) {
+static void count_bwd_in(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx, const void *dy,
+                         const void *w, int n, float beta) {
     lin_calls[1]++;
-    llama3_linear_default()->backward_input(m, l, dx, dy, w, n, beta);
+    llama3_linear_default()->backward_input(m, l, dxt, dx, dy, w, n, beta);
 }
 static void count_bwd_w(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
                         int n) {

@@ -1,0 +1,209 @@
+/* tp.c — tensor-parallel primitives (see tp.h). */
+#include "parallel/tp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* commi_now is the comm module's clock */
+double commi_now(void);
+
+static tp_stats totals;
+
+tp_stats tp_get_stats(void) { return totals; }
+
+static void timed_wait(comm_request *r) {
+    double t0 = commi_now();
+    comm_wait(r);
+    totals.wait_s += commi_now() - t0;
+}
+
+static size_t type_size(tetra_dtype dt) { return dt == TETRA_BF16 ? 2 : 4; }
+
+struct tp_pending {
+    comm_request *req;
+    float *staging;
+    size_t rows, cols;
+    int size;
+};
+
+static comm_dtype comm_type(tetra_dtype dt) { return dt == TETRA_BF16 ? COMM_BF16 : COMM_F32; }
+
+void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
+                        tetra_dtype dt) {
+    const int size = comm_group_size(g);
+    if (size > 1) {
+        totals.collectives++;
+        totals.bytes += (double)(size - 1) * (double)(rows_local * cols * type_size(dt));
+    }
+    comm_request *r = NULL;
+    comm_all_gather(g, full, local, rows_local * cols, comm_type(dt), size > 1 ? &r : NULL);
+    if (r) timed_wait(r);
+}
+
+/* out = staging[0] + staging[1] + ... + staging[P-1], left to right */
+static void ordered_sum(const tetra_ops *ops, float *out, const float *staging, int size, size_t n) {
+    if (size == 1) {
+        ops->copy(out, staging, n * sizeof(float));
+        return;
+    }
+    ops->add(out, staging, staging + n, n);
+    for (int q = 2; q < size; q++) ops->add(out, out, staging + (size_t)q * n, n);
+}
+
+void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_local, const float *full,
+                            float *staging, size_t rows_local, size_t cols) {
+    const int size = comm_group_size(g);
+    const size_t n = rows_local * cols;
+    if (size == 1) {
+        ops->copy(out_local, full, n * sizeof(float));
+        return;
+    }
+    totals.collectives++;
+    totals.bytes += (double)(size - 1) * (double)(n * sizeof(float));
+    comm_request *r = NULL;
+    comm_all_to_all(g, staging, full, n, COMM_F32, &r);
+    timed_wait(r);
+    ordered_sum(ops, out_local, staging, size, n);
+}
+
+void tp_all_gather_rows_overlap(const tetra_ops *ops, comm_group *g, void *full, const void *local, size_t rows_local,
+                                size_t cols, tetra_dtype dt, tp_rows_fn consume, void *user) {
+    const int size = comm_group_size(g), p = comm_group_rank(g);
+    const size_t es = type_size(dt), blk = rows_local * cols * es;
+    if (size == 1) {
+        if (full != local) ops->copy(full, local, blk);
+        consume(user, 0, rows_local);
+        return;
+    }
+    totals.collectives++;
+    totals.bytes += (double)(size - 1) * (double)blk;
+    comm_request **rq = calloc((size_t)(2 * size), sizeof *rq);
+    if (!rq) {
+        fprintf(stderr, "tp: out of host memory\n");
+        abort();
+    }
+    for (int j = 1; j < size; j++) { /* receives posted before the sends */
+        const int q = (p + j) % size;
+        comm_recv(g, (char *)full + (size_t)q * blk, rows_local * cols, comm_type(dt), q, &rq[q]);
+    }
+    for (int j = 1; j < size; j++) {
+        const int q = (p + size - j) % size;
+        comm_send(g, local, rows_local * cols, comm_type(dt), q, &rq[size + q]);
+    }
+    ops->copy((char *)full + (size_t)p * blk, local, blk);
+    consume(user, (size_t)p * rows_local, rows_local); /* this rank's rows while the others travel */
+    for (int j = 1; j < size; j++) {
+        const int q = (p + j) % size;
+        timed_wait(rq[q]);
+        consume(user, (size_t)q * rows_local, rows_local);
+    }
+    for (int q = 0; q < size; q++)
+        if (rq[size + q]) timed_wait(rq[size + q]);
+    free(rq);
+}
+
+void tp_reduce_scatter_rows_overlap(const tetra_ops *ops, comm_group *g, float *out_local, float *full,
+                                    float *staging, size_t rows_local, size_t cols, tp_rows_fn produce, void *user) {
+    const int size = comm_group_size(g), p = comm_group_rank(g);
+    const size_t n = rows_local * cols;
+    if (size == 1) {
+        produce(user, 0, rows_local);
+        ops->copy(out_local, full, n * sizeof(float));
+        return;
+    }
+    totals.collectives++;
+    totals.bytes += (double)(size - 1) * (double)(n * sizeof(float));
+    comm_request **rq = calloc((size_t)(2 * size), sizeof *rq);
+    if (!rq) {
+        fprintf(stderr, "tp: out of host memory\n");
+        abort();
+    }
+    for (int j = 1; j < size; j++) { /* the others' partial sums of this rank's rows */
+        const int q = (p + j) % size;
+        comm_recv(g, staging + (size_t)q * n, n, COMM_F32, q, &rq[q]);
+    }
+    for (int j = 1; j < size; j++) { /* the next ranks' blocks first: they leave while the rest computes */
+        const int q = (p + j) % size;
+        produce(user, (size_t)q * rows_local, rows_local);
+        comm_send(g, full + (size_t)q * n, n, COMM_F32, q, &rq[size + q]);
+        for (int k = 1; k < size; k++) /* MPI moves messages only inside its calls */
+            if (rq[(p + k) % size]) comm_test(rq[(p + k) % size]);
+    }
+    produce(user, (size_t)p * rows_local, rows_local);
+    ops->copy(staging + (size_t)p * n, full + (size_t)p * n, n * sizeof(float));
+    for (int q = 0; q < size; q++)
+        if (q != p) {
+            timed_wait(rq[q]);
+            timed_wait(rq[size + q]);
+        }
+    free(rq);
+    ordered_sum(ops, out_local, staging, size, n);
+}
+
+tp_pending *tp_reduce_scatter_rows_start(comm_group *g, const float *full, float *staging, size_t rows_local,
+                                         size_t cols) {
+    tp_pending *p = calloc(1, sizeof *p);
+    if (!p) {
+        fprintf(stderr, "tp: out of host memory\n");
+        abort();
+    }
+    p->staging = staging;
+    p->rows = rows_local;
+    p->cols = cols;
+    p->size = comm_group_size(g);
+    comm_all_to_all(g, staging, full, rows_local * cols, COMM_F32, &p->req);
+    return p;
+}
+
+void tp_reduce_scatter_rows_finish(const tetra_ops *ops, tp_pending *p, float *out_local) {
+    comm_wait(p->req);
+    ordered_sum(ops, out_local, p->staging, p->size, p->rows * p->cols);
+    free(p);
+}
+
+tp_pending *tp_all_gather_rows_start(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
+                                     tetra_dtype dt) {
+    tp_pending *p = calloc(1, sizeof *p);
+    if (!p) {
+        fprintf(stderr, "tp: out of host memory\n");
+        abort();
+    }
+    comm_all_gather(g, full, local, rows_local * cols, comm_type(dt), &p->req);
+    return p;
+}
+
+void tp_all_gather_rows_finish(tp_pending *p) {
+    comm_wait(p->req);
+    free(p);
+}
+
+void tp_vocab_cross_entropy(const tetra_ops *ops, comm_group *g, float *dlogits, float *losses, const float *logits,
+                            const int32_t *targets, int n, int v_local, int v_start, float dloss_scale,
+                            float *stats) {
+    float *row_max = stats, *sum_exp = stats + n, *target_logit = stats + 2 * (size_t)n;
+    ops->ce_shard_max(row_max, logits, n, v_local);
+    comm_all_reduce(g, row_max, (size_t)n, COMM_F32, COMM_MAX, NULL);
+    ops->ce_shard_sums(sum_exp, target_logit, logits, row_max, targets, n, v_local, v_start);
+    /* sum_exp and target_logit are adjacent: one all-reduce moves both */
+    comm_all_reduce(g, sum_exp, 2 * (size_t)n, COMM_F32, COMM_SUM, NULL);
+    ops->ce_shard_finish(dlogits, losses, logits, row_max, sum_exp, target_logit, targets, n, v_local, v_start,
+                         dloss_scale);
+}
+
+void tp_all_gather_cols(const tetra_ops *ops, comm_group *g, float *full, const float *local, float *staging, int n,
+                        int v_local) {
+    const int size = comm_group_size(g);
+    const size_t vl = (size_t)v_local, row = (size_t)size * vl;
+    comm_all_gather(g, staging, local, (size_t)n * vl, COMM_F32, NULL);
+    for (int q = 0; q < size; q++)
+        for (int i = 0; i < n; i++)
+            ops->copy(full + (size_t)i * row + (size_t)q * vl, staging + ((size_t)q * n + (size_t)i) * vl,
+                      vl * sizeof(float));
+}
+
+void tp_take_cols(const tetra_ops *ops, comm_group *g, float *local, const float *full, int n, int v_local) {
+    const int size = comm_group_size(g), p = comm_group_rank(g);
+    const size_t vl = (size_t)v_local, row = (size_t)size * vl;
+    for (int i = 0; i < n; i++)
+        ops->copy(local + (size_t)i * vl, full + (size_t)i * row + (size_t)p * vl, vl * sizeof(float));
+}
