@@ -380,13 +380,6 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     t->model.ctx.cp = t->msh.size[MESH_CP] > 1 ? comm_get(t->cw, MESH_G_CP) : NULL;
     t->model.tp_gather_logits = c->parallelism.disable_loss_parallel;
     t->model.tp_async = c->parallelism.enable_async_tensor_parallel;
-    if (t->model.tp_async && !ops->host_memory && !dry) {
-        /* the overlapped blocks travel as separate point-to-point messages, which NCCL would
-         * have to group (and then deliver together) */
-        log_error("parallelism.enable_async_tensor_parallel: async tensor parallel runs on the CPU backend (MPI) "
-                  "in this version, not on %s; set it to false", ops->name);
-        goto fail;
-    }
     t->n_params = (double)llama3_num_params(&t->args);
     t->flops_per_token = llama3_flops_per_token(&t->args, t->T);
 

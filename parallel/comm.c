@@ -49,6 +49,7 @@ const char *commi_kind_name(comm_kind k) {
     case COMMK_SEND: return "send";
     case COMMK_RECV: return "recv";
     case COMMK_BARRIER: return "barrier";
+    case COMMK_SENDRECV: return "sendrecv";
     }
     return "?";
 }
@@ -341,7 +342,8 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
         switch (r->kind) {
         case COMMK_REDUCE_SCATTER:
         case COMMK_ALL_GATHER:
-        case COMMK_ALL_TO_ALL: bytes = r->count * es; break;
+        case COMMK_ALL_TO_ALL:
+        case COMMK_SENDRECV: bytes = r->count * es; break;
         case COMMK_SEND:
         case COMMK_RECV: commi_fail(r, "a rank cannot send to itself");
         default: break;
@@ -362,8 +364,8 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
 #ifdef TETRA_HAVE_NCCL
         if (use_nccl(r)) {
             char err[512];
-            if (NCCL->start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, g->size, g->w->stream,
-                                 err, sizeof err))
+            if (NCCL->start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, r->peer2, g->size,
+                            g->w->stream, err, sizeof err))
                 commi_fail(r, err);
             r->event = NCCL->event_record(g->w->stream, err, sizeof err);
             if (!r->event) commi_fail(r, err);
@@ -442,6 +444,16 @@ void comm_recv(comm_group *g, void *buf, size_t count, comm_dtype t, int peer, c
     request_init(&r, g, COMMK_RECV, count, t);
     if (g->size > 1) check_peer(&r, peer);
     run(&r, req, buf, NULL, COMM_SUM, peer);
+}
+
+void comm_sendrecv(comm_group *g, void *recv, int from, const void *send, int to, size_t count, comm_dtype t,
+                   comm_request **req) {
+    comm_request r;
+    request_init(&r, g, COMMK_SENDRECV, count, t);
+    check_peer(&r, to);
+    check_peer(&r, from);
+    r.peer2 = from;
+    run(&r, req, recv, send, COMM_SUM, to);
 }
 
 void comm_barrier(comm_group *g, comm_request **req) {

@@ -103,6 +103,11 @@ void comm_all_to_all(comm_group *g, void *recv, const void *send, size_t count, 
 /* Point to point inside the group (peer is a group rank, not itself). */
 void comm_send(comm_group *g, const void *buf, size_t count, comm_dtype t, int peer, comm_request **req);
 void comm_recv(comm_group *g, void *buf, size_t count, comm_dtype t, int peer, comm_request **req);
+/* Send send[count] to group rank `to` and receive recv[count] from `from` as one
+ * operation (NCCL: grouped), so ranks exchanging in a permutation (a ring step) never
+ * wait on each other's order. A group of one copies. */
+void comm_sendrecv(comm_group *g, void *recv, int from, const void *send, int to, size_t count, comm_dtype t,
+                   comm_request **req);
 void comm_barrier(comm_group *g, comm_request **req);
 
 /* Finish the operation (deadline as above) and free the handle. NULL is a no-op. */

@@ -38,6 +38,7 @@ struct comm_request {
     comm_kind kind;
     size_t count;
     comm_dtype dtype;
+    int peer2;           /* SENDRECV: the rank received from */
     double t_start;      /* seconds, monotonic */
     int64_t step;
     uint64_t seq;

@@ -154,6 +154,13 @@ void commi_mpi_start(comm_request *r, void *recv, const void *send, comm_redop o
         MPI_CHECK(r, MPI_Ibarrier(c, &q[0]));
         break;
     }
+    case COMMK_SENDRECV: {
+        int cnt = check_int_count(r, r->count);
+        MPI_Request *q = reserve(r, 2);
+        MPI_CHECK(r, MPI_Irecv(recv, cnt, t, r->peer2, 0, c, &q[0]));
+        MPI_CHECK(r, MPI_Isend(send, cnt, t, peer, 0, c, &q[1]));
+        break;
+    }
     }
 }
 

@@ -221,7 +221,8 @@ extern "C" void tetra_nccl_comm_abort(void *comm) {
 }
 
 extern "C" int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
-                                comm_redop op, int peer, int nranks, void *stream, char *err, size_t errlen) {
+                                comm_redop op, int peer, int peer2, int nranks, void *stream, char *err,
+                                size_t errlen) {
     tnccl *c = (tnccl *)comm;
     cudaStream_t s = (cudaStream_t)stream;
     const ncclDataType_t dt = nccl_type(t);
@@ -245,6 +246,14 @@ extern "C" int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const vo
     case COMMK_SEND: r = ncclSend(send, count, dt, peer, c->comm, s); break;
     case COMMK_RECV: r = ncclRecv(recv, count, dt, peer, c->comm, s); break;
     case COMMK_BARRIER: r = ncclAllReduce(c->scratch, c->scratch, 1, ncclFloat32, ncclSum, c->comm, s); break;
+    case COMMK_SENDRECV: { /* grouped, so ranks exchanging in a permutation never wait on each other's order */
+        r = ncclGroupStart();
+        if (r == ncclSuccess) r = ncclSend(send, count, dt, peer, c->comm, s);
+        if (r == ncclSuccess) r = ncclRecv(recv, count, dt, peer2, c->comm, s);
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess) r = e;
+        break;
+    }
     case COMMK_ALL_TO_ALL: {
         r = ncclGroupStart();
         for (int p = 0; p < nranks && r == ncclSuccess; p++) {

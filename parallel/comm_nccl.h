@@ -23,7 +23,8 @@ typedef enum {
     COMMK_ALL_TO_ALL,
     COMMK_SEND,
     COMMK_RECV,
-    COMMK_BARRIER
+    COMMK_BARRIER,
+    COMMK_SENDRECV /* send to `peer`, receive from `peer2`, as one grouped operation */
 } comm_kind;
 
 #define TETRA_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
@@ -48,7 +49,7 @@ void tetra_nccl_comm_abort(void *comm);
  * backend runs). For COMMK_BARRIER the communicator's own one-element scratch
  * buffer is reduced. */
 int tetra_nccl_start(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
-                     comm_redop op, int peer, int nranks, void *stream, char *err, size_t errlen);
+                     comm_redop op, int peer, int peer2, int nranks, void *stream, char *err, size_t errlen);
 /* Device-to-device copy on stream (NULL: the legacy default stream); groups of one rank. */
 int tetra_nccl_copy(void *dst, const void *src, size_t bytes, void *stream, char *err, size_t errlen);
 /* An event recorded on stream (NULL: the legacy default stream) after the operations enqueued so far. */
@@ -61,7 +62,7 @@ void tetra_nccl_event_destroy(void *event);
 /* The same functions as a table: what lib/libtetra_cuda.so exports (as
  * tetra_cuda_nccl_v1) for comm.c, which loads it on first use
  * (kernels/cuda_plugin.h). */
-#define TETRA_NCCL_ABI 1
+#define TETRA_NCCL_ABI 2
 typedef struct {
     int abi; /* TETRA_NCCL_ABI */
     int (*built)(void);
@@ -75,7 +76,7 @@ typedef struct {
     void (*comm_destroy)(void *comm);
     void (*comm_abort)(void *comm);
     int (*start)(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
-                 comm_redop op, int peer, int nranks, void *stream, char *err, size_t errlen);
+                 comm_redop op, int peer, int peer2, int nranks, void *stream, char *err, size_t errlen);
     int (*copy)(void *dst, const void *src, size_t bytes, void *stream, char *err, size_t errlen);
     void *(*event_record)(void *stream, char *err, size_t errlen);
     int (*poll)(void *comm, void *event, char *err, size_t errlen);

@@ -19,13 +19,6 @@ static void timed_wait(comm_request *r) {
 
 static size_t type_size(tetra_dtype dt) { return dt == TETRA_BF16 ? 2 : 4; }
 
-struct tp_pending {
-    comm_request *req;
-    float *staging;
-    size_t rows, cols;
-    int size;
-};
-
 static comm_dtype comm_type(tetra_dtype dt) { return dt == TETRA_BF16 ? COMM_BF16 : COMM_F32; }
 
 void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
@@ -66,115 +59,62 @@ void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_loca
     ordered_sum(ops, out_local, staging, size, n);
 }
 
-void tp_all_gather_rows_overlap(const tetra_ops *ops, comm_group *g, void *full, const void *local, size_t rows_local,
-                                size_t cols, tetra_dtype dt, tp_rows_fn consume, void *user) {
+void tp_column_parallel_in(const tetra_ops *ops, comm_group *g, void *full, const void *local, size_t rows_local,
+                           size_t cols, tetra_dtype dt, int async, tp_rows_fn consume, void *user) {
     const int size = comm_group_size(g), p = comm_group_rank(g);
-    const size_t es = type_size(dt), blk = rows_local * cols * es;
-    if (size == 1) {
-        if (full != local) ops->copy(full, local, blk);
-        consume(user, 0, rows_local);
+    if (!async || size == 1) {
+        tp_all_gather_rows(g, full, local, rows_local, cols, dt);
+        for (int q = 0; q < size; q++) consume(user, (size_t)q * rows_local, rows_local);
         return;
     }
+    const size_t blk = rows_local * cols * type_size(dt);
     totals.collectives++;
     totals.bytes += (double)(size - 1) * (double)blk;
-    comm_request **rq = calloc((size_t)(2 * size), sizeof *rq);
+    comm_request **rq = calloc((size_t)size, sizeof *rq);
     if (!rq) {
         fprintf(stderr, "tp: out of host memory\n");
         abort();
     }
-    for (int j = 1; j < size; j++) { /* receives posted before the sends */
-        const int q = (p + j) % size;
-        comm_recv(g, (char *)full + (size_t)q * blk, rows_local * cols, comm_type(dt), q, &rq[q]);
-    }
-    for (int j = 1; j < size; j++) {
-        const int q = (p + size - j) % size;
-        comm_send(g, local, rows_local * cols, comm_type(dt), q, &rq[size + q]);
+    for (int j = 1; j < size; j++) { /* ring step j: to p - j, from p + j */
+        const int to = (p - j + size) % size, from = (p + j) % size;
+        comm_sendrecv(g, (char *)full + (size_t)from * blk, from, local, to, rows_local * cols, comm_type(dt), &rq[j]);
     }
     ops->copy((char *)full + (size_t)p * blk, local, blk);
     consume(user, (size_t)p * rows_local, rows_local); /* this rank's rows while the others travel */
     for (int j = 1; j < size; j++) {
-        const int q = (p + j) % size;
-        timed_wait(rq[q]);
-        consume(user, (size_t)q * rows_local, rows_local);
+        timed_wait(rq[j]);
+        consume(user, (size_t)((p + j) % size) * rows_local, rows_local);
     }
-    for (int q = 0; q < size; q++)
-        if (rq[size + q]) timed_wait(rq[size + q]);
     free(rq);
 }
 
-void tp_reduce_scatter_rows_overlap(const tetra_ops *ops, comm_group *g, float *out_local, float *full,
-                                    float *staging, size_t rows_local, size_t cols, tp_rows_fn produce, void *user) {
+void tp_row_parallel_out(const tetra_ops *ops, comm_group *g, float *out_local, float *full, float *staging,
+                         size_t rows_local, size_t cols, int async, tp_rows_fn produce, void *user) {
     const int size = comm_group_size(g), p = comm_group_rank(g);
     const size_t n = rows_local * cols;
-    if (size == 1) {
-        produce(user, 0, rows_local);
-        ops->copy(out_local, full, n * sizeof(float));
+    if (!async || size == 1) {
+        for (int q = 0; q < size; q++) produce(user, (size_t)q * rows_local, rows_local);
+        tp_reduce_scatter_rows(ops, g, out_local, full, staging, rows_local, cols);
         return;
     }
     totals.collectives++;
     totals.bytes += (double)(size - 1) * (double)(n * sizeof(float));
-    comm_request **rq = calloc((size_t)(2 * size), sizeof *rq);
+    comm_request **rq = calloc((size_t)size, sizeof *rq);
     if (!rq) {
         fprintf(stderr, "tp: out of host memory\n");
         abort();
     }
-    for (int j = 1; j < size; j++) { /* the others' partial sums of this rank's rows */
-        const int q = (p + j) % size;
-        comm_recv(g, staging + (size_t)q * n, n, COMM_F32, q, &rq[q]);
-    }
-    for (int j = 1; j < size; j++) { /* the next ranks' blocks first: they leave while the rest computes */
-        const int q = (p + j) % size;
-        produce(user, (size_t)q * rows_local, rows_local);
-        comm_send(g, full + (size_t)q * n, n, COMM_F32, q, &rq[size + q]);
-        for (int k = 1; k < size; k++) /* MPI moves messages only inside its calls */
-            if (rq[(p + k) % size]) comm_test(rq[(p + k) % size]);
+    for (int j = 1; j < size; j++) { /* ring step j: block of p + j out, p - j's partial of ours in */
+        const int to = (p + j) % size, from = (p - j + size) % size;
+        produce(user, (size_t)to * rows_local, rows_local);
+        comm_sendrecv(g, staging + (size_t)from * n, from, full + (size_t)to * n, to, n, COMM_F32, &rq[j]);
+        for (int k = 1; k < j; k++) comm_test(rq[k]); /* MPI moves messages only inside its calls */
     }
     produce(user, (size_t)p * rows_local, rows_local);
     ops->copy(staging + (size_t)p * n, full + (size_t)p * n, n * sizeof(float));
-    for (int q = 0; q < size; q++)
-        if (q != p) {
-            timed_wait(rq[q]);
-            timed_wait(rq[size + q]);
-        }
+    for (int j = 1; j < size; j++) timed_wait(rq[j]);
     free(rq);
     ordered_sum(ops, out_local, staging, size, n);
-}
-
-tp_pending *tp_reduce_scatter_rows_start(comm_group *g, const float *full, float *staging, size_t rows_local,
-                                         size_t cols) {
-    tp_pending *p = calloc(1, sizeof *p);
-    if (!p) {
-        fprintf(stderr, "tp: out of host memory\n");
-        abort();
-    }
-    p->staging = staging;
-    p->rows = rows_local;
-    p->cols = cols;
-    p->size = comm_group_size(g);
-    comm_all_to_all(g, staging, full, rows_local * cols, COMM_F32, &p->req);
-    return p;
-}
-
-void tp_reduce_scatter_rows_finish(const tetra_ops *ops, tp_pending *p, float *out_local) {
-    comm_wait(p->req);
-    ordered_sum(ops, out_local, p->staging, p->size, p->rows * p->cols);
-    free(p);
-}
-
-tp_pending *tp_all_gather_rows_start(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
-                                     tetra_dtype dt) {
-    tp_pending *p = calloc(1, sizeof *p);
-    if (!p) {
-        fprintf(stderr, "tp: out of host memory\n");
-        abort();
-    }
-    comm_all_gather(g, full, local, rows_local * cols, comm_type(dt), &p->req);
-    return p;
-}
-
-void tp_all_gather_rows_finish(tp_pending *p) {
-    comm_wait(p->req);
-    free(p);
 }
 
 void tp_vocab_cross_entropy(const tetra_ops *ops, comm_group *g, float *dlogits, float *losses, const float *logits,

@@ -40,39 +40,31 @@ void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t row
 void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_local, const float *full,
                             float *staging, size_t rows_local, size_t cols);
 
-/* The same with asynchronous pieces, for overlap with compute (async tensor parallel):
- * start moving the blocks, compute, then finish. Between start and finish `full` and
- * `staging` must not be touched. */
-typedef struct tp_pending tp_pending;
-tp_pending *tp_reduce_scatter_rows_start(comm_group *g, const float *full, float *staging, size_t rows_local,
-                                         size_t cols);
-void tp_reduce_scatter_rows_finish(const tetra_ops *ops, tp_pending *p, float *out_local);
-tp_pending *tp_all_gather_rows_start(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
-                                     tetra_dtype dt);
-void tp_all_gather_rows_finish(tp_pending *p);
-
-/* Async tensor parallel: the same collectives in blocks of rows, overlapped with the
- * computation that consumes or produces them. A callback computes rows [row0, row0 +
- * rows) of its GEMMs; called once per rank's block of rows, it gives the numbers of one
- * call over every row wherever each output row depends only on its input row (a GEMM).
+/* The column-parallel and row-parallel linears with their collectives. A callback
+ * computes rows [row0, row0 + rows) of the linear's GEMMs (whatever implementation the
+ * caller's linear has); it is called once per rank's block of rows, in both modes, so
+ * they give the same bits (the same calls on the same shapes, in another order).
  *
- * tp_all_gather_rows_overlap: full = every rank's rows (as tp_all_gather_rows); consume
- *   runs on this rank's block at once, then on each other block as it arrives.
- * tp_reduce_scatter_rows_overlap: produce writes rows of the partial sum `full`; the
- *   other ranks' blocks are produced first and each leaves for its owner as soon as it
- *   is written, this rank's own block last; out_local = the rank-order sum, bit for bit
- *   tp_reduce_scatter_rows. */
+ * tp_column_parallel_in: full = every rank's rows of `local` (all-gather, as
+ *   tp_all_gather_rows), then consume on every block. async: the blocks travel in P - 1
+ *   ring steps (step j: send to p - j, receive from p + j, one grouped exchange) and
+ *   consume runs on this rank's block at once, then on each block as it arrives.
+ * tp_row_parallel_out: produce writes every block of rows of the partial sum `full`
+ *   (fp32), then out_local = this rank's rows summed over the group in rank order (as
+ *   tp_reduce_scatter_rows). async: the other ranks' blocks are produced first, each
+ *   leaving for its owner in a ring step as soon as it is written; this rank's last. */
 typedef void (*tp_rows_fn)(void *user, size_t row0, size_t rows);
-void tp_all_gather_rows_overlap(const tetra_ops *ops, comm_group *g, void *full, const void *local, size_t rows_local,
-                                size_t cols, tetra_dtype dt, tp_rows_fn consume, void *user);
-void tp_reduce_scatter_rows_overlap(const tetra_ops *ops, comm_group *g, float *out_local, float *full,
-                                    float *staging, size_t rows_local, size_t cols, tp_rows_fn produce, void *user);
+void tp_column_parallel_in(const tetra_ops *ops, comm_group *g, void *full, const void *local, size_t rows_local,
+                           size_t cols, tetra_dtype dt, int async, tp_rows_fn consume, void *user);
+void tp_row_parallel_out(const tetra_ops *ops, comm_group *g, float *out_local, float *full, float *staging,
+                         size_t rows_local, size_t cols, int async, tp_rows_fn produce, void *user);
 
-/* Time the host spent waiting for tensor-parallel collectives and their count, since start. */
+/* Time the host spent waiting for tensor-parallel collectives, their count and the
+ * bytes this rank sent in them, since start. */
 typedef struct {
     double wait_s;
     long collectives;
-    double bytes; /* sent by this rank */
+    double bytes;
 } tp_stats;
 tp_stats tp_get_stats(void);
 

@@ -1120,35 +1120,26 @@ static void rows_all(llama3_model *m, llama3_acts *a, rows_job *job) {
     for (int q = 0; q < tpn(m); q++) rows_run(job, (size_t)q * a->nl, a->nl);
 }
 
-/* full[N, C] = every rank's rows local[N/P, C] (compute dtype), then job over every row */
+/* full[N, C] = every rank's rows local[N/P, C] (compute dtype), then job over every block
+ * of rows (the column-parallel linears after the collective) */
 static void sp_gather_then(llama3_model *m, llama3_acts *a, void *full, const void *local, rows_job *job) {
-    if (m->tp_async) {
-        tp_all_gather_rows_overlap(m->ops, m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype,
-                                   rows_run, job);
-        return;
-    }
-    tp_all_gather_rows(m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype);
-    rows_all(m, a, job);
+    tp_column_parallel_in(m->ops, m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype, m->tp_async,
+                          rows_run, job);
 }
 
 static void sp_gather(llama3_model *m, llama3_acts *a, void *full, const void *local) {
     tp_all_gather_rows(m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype);
 }
 
-/* job writes the partial sums ws->tp_full[N, C] (fp32); out_l[N/P, C] = this rank's rows of
- * them reduced over the group, with res_l plus that residual, rounded once to the compute
- * dtype */
+/* job writes the partial sums ws->tp_full[N, C] (fp32) block by block (the row-parallel
+ * linears before the collective); out_l[N/P, C] = this rank's rows of them reduced over the
+ * group, with res_l plus that residual, rounded once to the compute dtype */
 static void sp_exit(llama3_model *m, llama3_acts *a, rows_job *job, void *out_l, const void *res_l) {
     const tetra_ops *ops = m->ops;
     llama3_workspace *ws = a->ws;
     const size_t nc = a->nl * (size_t)m->args.dim;
-    if (m->tp_async) {
-        tp_reduce_scatter_rows_overlap(ops, m->ctx.tp, ws->tp_local, ws->tp_full, ws->tp_stage, a->nl,
-                                       (size_t)m->args.dim, rows_run, job);
-    } else {
-        rows_all(m, a, job);
-        tp_reduce_scatter_rows(ops, m->ctx.tp, ws->tp_local, ws->tp_full, ws->tp_stage, a->nl, (size_t)m->args.dim);
-    }
+    tp_row_parallel_out(ops, m->ctx.tp, ws->tp_local, ws->tp_full, ws->tp_stage, a->nl, (size_t)m->args.dim,
+                        m->tp_async, rows_run, job);
     if (!mixed(m)) {
         if (res_l) ops->add(out_l, res_l, ws->tp_local, nc);
         else ops->copy(out_l, ws->tp_local, nc * sizeof(float));

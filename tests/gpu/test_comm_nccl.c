@@ -63,12 +63,13 @@ static void test_single_rank_nccl(void) {
     for (size_t i = 0; i < n; i++) h[i] = val(0, i);
     up(a, h, n);
     const comm_kind kinds[] = {COMMK_ALL_REDUCE, COMMK_REDUCE_SCATTER, COMMK_ALL_GATHER, COMMK_BROADCAST,
-                               COMMK_ALL_TO_ALL, COMMK_BARRIER};
+                               COMMK_ALL_TO_ALL, COMMK_SENDRECV, COMMK_BARRIER};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         cudaMemset(b, 0, n * sizeof(float));
         const int inplace = kinds[k] == COMMK_ALL_REDUCE || kinds[k] == COMMK_BROADCAST;
         if (inplace) cudaMemcpy(b, a, n * sizeof(float), cudaMemcpyDeviceToDevice);
-        CHECK(tetra_nccl_start(c, kinds[k], b, inplace ? b : a, n, COMM_F32, COMM_SUM, 0, 1, s, err, sizeof err) == 0,
+        CHECK(tetra_nccl_start(c, kinds[k], b, inplace ? b : a, n, COMM_F32, COMM_SUM, 0, 0, 1, s, err, sizeof err) ==
+                  0,
               "kind %d: %s", (int)kinds[k], err);
         void *ev = tetra_nccl_event_record(s, err, sizeof err);
         int st = 0;
@@ -82,7 +83,7 @@ static void test_single_rank_nccl(void) {
         }
     }
     /* AVG on one rank is the identity */
-    CHECK(tetra_nccl_start(c, COMMK_ALL_REDUCE, a, a, n, COMM_F32, COMM_AVG, 0, 1, s, err, sizeof err) == 0, "%s",
+    CHECK(tetra_nccl_start(c, COMMK_ALL_REDUCE, a, a, n, COMM_F32, COMM_AVG, 0, 0, 1, s, err, sizeof err) == 0, "%s",
           err);
     cudaStreamSynchronize((cudaStream_t)s);
     down(h, a, n);

@@ -82,6 +82,29 @@ static ops_gemm_desc gemm(int m, int n, int k, int trans_a, int trans_b, int lda
 
 /* ---------------------------------------------------------------------------- primitives */
 
+/* a callback over blocks of rows: fills the partial sums of the rank (the same values as
+ * fill_rand(full, N*C, 100 + rank)) for the rows it is given, or checks gathered rows arrived */
+typedef struct {
+    float *full;
+    int cols, rank, rows_seen;
+} prim_job;
+
+static void prim_produce(void *user, size_t r0, size_t rows) {
+    prim_job *j = user;
+    const size_t total = (r0 + rows) * (size_t)j->cols;
+    float *tmp = malloc(total * sizeof *tmp); /* the rank's partial up to these rows */
+    fill_rand(tmp, total, 100 + (uint64_t)j->rank);
+    memcpy(j->full + r0 * (size_t)j->cols, tmp + r0 * (size_t)j->cols, rows * (size_t)j->cols * 4);
+    free(tmp);
+    j->rows_seen += (int)rows;
+}
+
+static void prim_consume(void *user, size_t r0, size_t rows) {
+    prim_job *j = user;
+    (void)r0;
+    j->rows_seen += (int)rows;
+}
+
 static void test_primitives(comm_group *g) {
     const tetra_ops *ops = ops_cpu();
     const int P = comm_group_size(g), p = comm_group_rank(g);
@@ -114,15 +137,34 @@ static void test_primitives(comm_group *g) {
             for (int i = 0; i < NL * C; i++) stage[i] = stage[i] + want[(size_t)p * NL * C + i];
     }
     CHECK(!memcmp(local, stage, (size_t)NL * C * 4), "reduce-scatter rows = the rank-order sum, bit for bit");
-    /* the asynchronous form gives the same bits */
-    float *full2 = malloc((size_t)N * C * 4), *stage2 = malloc((size_t)N * C * 4), *local2 = malloc((size_t)NL * C * 4);
-    fill_rand(full2, (size_t)N * C, 100 + (uint64_t)p);
-    tp_pending *pend = tp_reduce_scatter_rows_start(g, full2, stage2, (size_t)NL, (size_t)C);
-    tp_reduce_scatter_rows_finish(ops, pend, local2);
-    CHECK(!memcmp(local2, local, (size_t)NL * C * 4), "asynchronous reduce-scatter: the same bits");
-    free(full2);
-    free(stage2);
-    free(local2);
+    /* the row-parallel and column-parallel primitives, sync and async (ring steps): the
+     * callback sees every block once, and the two modes give the same bits */
+    {
+        float *f1 = malloc((size_t)N * C * 4), *f2 = malloc((size_t)N * C * 4), *o1 = malloc((size_t)NL * C * 4);
+        float *o2 = malloc((size_t)NL * C * 4);
+        for (int async = 0; async < 2; async++) {
+            prim_job pj = {async ? f2 : f1, C, p, 0};
+            tp_row_parallel_out(ops, g, async ? o2 : o1, pj.full, stage, (size_t)NL, (size_t)C, async, prim_produce, &pj);
+            CHECK(pj.rows_seen == N, "row-parallel out (async %d): produce saw %d of %d rows", async, pj.rows_seen, N);
+        }
+        CHECK(!memcmp(o1, o2, (size_t)NL * C * 4) && !memcmp(o1, local, (size_t)NL * C * 4),
+              "row-parallel out: sync and async equal the reduce-scatter, bit for bit");
+        for (int async = 0; async < 2; async++) {
+            for (int i = 0; i < NL * C; i++) o1[i] = (float)(7 * p + i);
+            prim_job pj = {async ? f2 : f1, C, p, 0};
+            memset(pj.full, 0, (size_t)N * C * 4);
+            tp_column_parallel_in(ops, g, pj.full, o1, (size_t)NL, (size_t)C, TETRA_F32, async, prim_consume, &pj);
+            int wrong = 0;
+            for (int q = 0; q < P; q++)
+                for (int i = 0; i < NL * C; i++) wrong += pj.full[(size_t)q * NL * C + i] != (float)(7 * q + i);
+            CHECK(!wrong && pj.rows_seen == N, "column-parallel in (async %d): %d wrong, consume saw %d of %d rows",
+                  async, wrong, pj.rows_seen, N);
+        }
+        free(f1);
+        free(f2);
+        free(o1);
+        free(o2);
+    }
 
     /* column-parallel linear: y = x W^T, rank p holds rows [p O/P, (p+1) O/P) of W and
      * computes those columns of y; its input gradient is a partial sum */
