@@ -5,6 +5,7 @@
 #include "checkpoint/ckpt_cli.h"
 #include "data/data_cli.h"
 #include "engine/info.h"
+#include "engine/plan.h"
 #include "engine/train.h"
 
 #define TETRA_VERSION "0.1.0"
@@ -19,6 +20,7 @@ static void usage(FILE *f) {
             "  train    train a model from a TOML config (tetra train --help lists every key)\n"
             "  data     tokenizers and token shards (encode, decode, train-tokenizer, prepare)\n"
             "  checkpoint  inspect checkpoints, export/import Hugging Face safetensors\n"
+            "  plan     simulate a parallel layout before running it (pp: pipeline schedules)\n"
             "  info     build configuration and visible devices\n"
             "\n"
             "Most runs start from ./run_train.sh, which builds, picks the rank count\n"
@@ -39,6 +41,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return train_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return data_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "checkpoint")) return ckpt_cli_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return plan_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return info_main(argc - 1, argv + 1);
     fprintf(stderr, "tetra: unknown command '%s'\n\n", cmd);
     usage(stderr);
