@@ -923,6 +923,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 per_step);
         return -1;
     }
+    if (v->parallelism.pipeline_parallel_microbatch_size < 1) {
+        set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
+                WHERE(par, "pipeline_parallel_microbatch_size"));
+        return -1;
+    }
     if (pp > 1 && v->training.local_batch_size % v->parallelism.pipeline_parallel_microbatch_size != 0) {
         set_err(err, n, "%s: training.local_batch_size %" PRId64 " must be divisible by "
                 "parallelism.pipeline_parallel_microbatch_size %" PRId64,
@@ -930,9 +935,22 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 v->parallelism.pipeline_parallel_microbatch_size);
         return -1;
     }
-    if (v->parallelism.pipeline_parallel_microbatch_size < 1) {
-        set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
-                WHERE(par, "pipeline_parallel_microbatch_size"));
+    if (v->parallelism.module_fqns_per_model_part.n > 0) {
+        set_err(err, n, "%s: parallelism.module_fqns_per_model_part (a split by module names) is not supported; "
+                "tetra splits Llama by pipeline_parallel_layers_per_stage and "
+                "pipeline_parallel_first/last_stage_less_layers", WHERE(par, "module_fqns_per_model_part"));
+        return -1;
+    }
+    if (v->parallelism.pipeline_parallel_first_stage_less_layers < 0 ||
+        v->parallelism.pipeline_parallel_last_stage_less_layers < 0 ||
+        v->parallelism.pipeline_parallel_layers_per_stage < 0) {
+        set_err(err, n, "%s: parallelism.pipeline_parallel_first_stage_less_layers, _last_stage_less_layers and "
+                "_layers_per_stage must be >= 0", WHERE(par, "pipeline_parallel_layers_per_stage"));
+        return -1;
+    }
+    if (pp == 1 && v->parallelism.pipeline_parallel_schedule_csv && v->parallelism.pipeline_parallel_schedule_csv[0]) {
+        set_err(err, n, "%s: parallelism.pipeline_parallel_schedule_csv is set but pipeline_parallel_degree is 1: "
+                "a pipeline schedule needs at least 2 pipeline ranks", WHERE(par, "pipeline_parallel_schedule_csv"));
         return -1;
     }
     if (v->lr_scheduler.warmup_steps < 0) {

@@ -94,7 +94,7 @@ static json_t *state_json(const trainer *t, int model_only) {
     const llama3_args *args = &t->args;
     const train_counters *tc = &t->tc;
     const dl_loader *train = t->train;
-    const int T = t->T, B = t->B, accum = t->accum;
+    const int T = t->T, B = (int)c->training.local_batch_size, accum = t->accum;
     json_t *st = json_object(), *o;
     o = json_object();
     json_object_set_new(o, "step", json_integer(tc->step));
@@ -181,11 +181,15 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
         log_warn("checkpoint %s holds model weights only (a final model-only save): the optimizer, LR schedule, "
                  "data position and step start fresh", path);
     int failed = 0;
-    if (!train_ckpt_excluded(c, "model")) failed = ckpt_reader_load(r, &groups[G_MODEL], ops, err, errlen) != 0;
+    const int nl = t->n_local;
+    if (!train_ckpt_excluded(c, "model"))
+        for (int i = 0; i < nl && !failed; i++)
+            failed = ckpt_reader_load(r, &groups[G_MODEL * nl + i], ops, err, errlen) != 0;
     if (ckpt_agree(failed, err, errlen)) goto fail;
     if (rest && !train_ckpt_excluded(c, "optimizer")) {
-        failed = ckpt_reader_load(r, &groups[G_EXP_AVG], ops, err, errlen) != 0 ||
-                 ckpt_reader_load(r, &groups[G_EXP_AVG_SQ], ops, err, errlen) != 0;
+        for (int i = 0; i < nl && !failed; i++)
+            failed = ckpt_reader_load(r, &groups[G_EXP_AVG * nl + i], ops, err, errlen) != 0 ||
+                     ckpt_reader_load(r, &groups[G_EXP_AVG_SQ * nl + i], ops, err, errlen) != 0;
         if (ckpt_agree(failed, err, errlen)) goto fail;
         tc->opt_step = state_int(m, "optimizer", "step", 0);
     }
@@ -225,16 +229,18 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
         for (int i = 0; i < m->n_files; i++) bytes += m->files[i].size;
         double dt = now_s() - t0;
         log_info("checkpoint: loaded %s (step %" PRId64 ", %s) in %.2f s: %.1f MiB, %.0f MB/s; saved under world "
-                 "%" PRId64 " (dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64 "), now world %d "
-                 "(dp_replicate %d x dp_shard %d x tp %d)",
+                 "%" PRId64 " (pp %" PRId64 " x dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64
+                 "), now world %d "
+                 "(pp %d x dp_replicate %d x dp_shard %d x tp %d)",
                  path, m->step, rest ? "full state" : "model weights", dt, (double)bytes / (1024.0 * 1024.0),
                  dt > 0 ? (double)bytes / dt / 1e6 : 0.0,
-                 state_int(m, "parallelism", "world", -1),
+                 state_int(m, "parallelism", "world", -1), state_int(m, "parallelism", "pp", 1),
                  state_int(m, "parallelism", "dp_replicate", -1), state_int(m, "parallelism", "dp_shard", -1),
-                 state_int(m, "parallelism", "tp", 1), dims->world, dims->dp_replicate, dims->dp_shard, dims->tp);
+                 state_int(m, "parallelism", "tp", 1), dims->world, dims->pp, dims->dp_replicate, dims->dp_shard,
+                 dims->tp);
     }
     ckpt_reader_close(r);
-    fsdp_master_changed(t->fs);
+    for (int i = 0; i < nl; i++) fsdp_master_changed(t->st[i].fs);
     return 0;
 fail:
     ckpt_reader_close(r);
@@ -302,7 +308,7 @@ int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, ch
     memset(&rq, 0, sizeof rq);
     rq.step = step;
     rq.groups = t->save_groups;
-    rq.n_groups = model_only ? 1 : N_GROUPS;
+    rq.n_groups = (model_only ? 1 : N_GROUPS) * t->n_local;
     rq.dtype = model_only && !(last && c->checkpoint.last_save_in_hf) && step > 0 ? edt : TETRA_F32;
     rq.model_only = model_only;
     rq.state = st;

@@ -1,74 +1,269 @@
-/* train_step.c — one optimizer step as a schedule of actions on the model and
- * FSDP, then clipping, AdamW and the LR schedule (see trainer.h).
+/* train_step.c — one optimizer step as a schedule of actions on the stages this rank
+ * runs and their FSDP, then clipping, AdamW and the LR schedule (see trainer.h).
  *
  * The schedule (parallel/pp/schedule.h) says which stage and microbatch runs
- * forward, backward-input, backward-weight or a full backward; the callbacks
- * below turn each action into the unit-by-unit calls of the model, each bracketed
- * by its FSDP hooks:
+ * forward, backward-input, backward-weight or a full backward; without pipeline
+ * parallel it is gradient accumulation on one stage, with it one of the pipeline
+ * schedules (parallel/pp/generate.h, or a CSV), lowered (parallel/pp/lower.h) so
+ * that it also holds the sends and receives between stages and the FSDP actions.
+ * The runtime (parallel/pp/runtime.h) walks it; the callbacks below turn each
+ * action into the unit-by-unit calls of the stage's model, each bracketed by its
+ * FSDP hooks:
  *   F  for each unit in order: pre_forward, the unit's forward, post_forward
  *   I  for each unit in reverse: pre_backward, the unit's I pass
  *   W  for each unit in reverse: pre_backward_weight, the unit's W pass,
  *      post_backward_weight (starts the gradient reduction when due)
  *   B  for each unit in reverse: I then W (so a unit's reduce-scatter overlaps the
  *      next unit's backward)
- * The embedding has no I pass; the head's I starts the residual gradient. Each
- * microbatch's activations come from a pool sized by the schedule's peak number of
- * microbatches in flight and go back after its last backward action.
+ * The embedding has no I pass; the head's I starts the residual gradient. A stage
+ * without the embedding reads its input residual from what RECV_F put in its
+ * activations (or what the stage before it on this rank handed over); one without
+ * the head starts its backward from the residual gradient RECV_B brought.
+ *
+ * Each (stage, microbatch) has an activation buffer from the moment its input
+ * arrives until its backward is done and, when the stage before it is on another
+ * rank, the input gradient has been sent. Buffers come from a pool per stage sized
+ * by running those same rules over the schedule before the first step.
+ *
+ * Gradient accumulation under pipeline parallel repeats the schedule (one round per
+ * accumulation step, TorchTitan's loop around the pipeline's step); FSDP reduces
+ * the gradients in the last round.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/trainer_internal.h"
+#include "parallel/pp/csv.h"
+#include "parallel/pp/generate.h"
+#include "parallel/pp/lower.h"
 #include "parallel/pp/runtime.h"
 
-int train_build_schedule(trainer *t, char *err, size_t errlen) {
-    t->sched = pp_schedule_accumulate(t->accum);
-    if (!t->sched) {
-        snprintf(err, errlen, "schedule: out of host memory");
-        return -1;
-    }
-    if (pp_schedule_validate(t->sched, err, errlen)) return -1;
-    t->n_acts = pp_schedule_max_in_flight(t->sched);
-    return 0;
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* what still holds an activation buffer */
+enum { ACTS_BACKWARD = 1, ACTS_SEND_B = 2 };
+
+static int local_of(const trainer *t, int stage) {
+    for (int i = 0; i < t->n_local; i++)
+        if (t->st[i].index == stage) return i;
+    fprintf(stderr, "train_step: stage %d does not run on pipeline rank %d\n", stage, t->pp_rank);
+    abort();
 }
 
 /* ----------------------------------------------------------------------------
- * activation buffers per microbatch */
+ * the schedule and the activation pools it needs */
 
-static llama3_acts *acts_take(trainer *t, int mb) {
-    for (int i = 0; i < t->n_acts; i++)
-        if (t->acts_mb[i] == mb) return t->acts[i];
-    for (int i = 0; i < t->n_acts; i++)
-        if (t->acts_mb[i] < 0) {
-            t->acts_mb[i] = mb;
-            return t->acts[i];
+/* Replays the buffer rules over a rank's list: the most buffers each local stage
+ * holds at once (peak[i] for st[i]). */
+static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *peak, char *err, size_t errlen) {
+    const int S = s->n_stages, M = s->n_microbatches;
+    unsigned char *state = calloc((size_t)S * (size_t)M, 1);
+    int *live = calloc((size_t)t->n_local, sizeof *live);
+    if (!state || !live) {
+        free(state);
+        free(live);
+        snprintf(err, errlen, "schedule: out of host memory");
+        return -1;
+    }
+    for (int i = 0; i < t->n_local; i++) peak[i] = 0;
+#define ST(stage, mb) state[(size_t)(stage) * (size_t)M + (size_t)(mb)]
+#define TAKE(li, stage, mb)                                                                                           \
+    do {                                                                                                              \
+        if (!ST(stage, mb)) {                                                                                         \
+            ST(stage, mb) = ACTS_BACKWARD | (t->st[li].remote_prev ? ACTS_SEND_B : 0);                                \
+            if (++live[li] > peak[li]) peak[li] = live[li];                                                           \
+        }                                                                                                             \
+    } while (0)
+#define CLEAR(li, stage, mb, bit)                                                                                     \
+    do {                                                                                                              \
+        if (ST(stage, mb) & (bit)) {                                                                                  \
+            ST(stage, mb) &= (unsigned char)~(bit);                                                                   \
+            if (!ST(stage, mb)) live[li]--;                                                                           \
+        }                                                                                                             \
+    } while (0)
+    for (int i = 0; i < s->len[rank]; i++) {
+        const pp_action *a = &s->acts[rank][i];
+        pp_op ops_[PP_MAX_SUB];
+        int n = 0;
+        if (a->type == PP_OVERLAP_F_B) {
+            for (int k = 0; k < a->n_sub; k++) ops_[n++] = a->sub[k];
+        } else {
+            ops_[0] = (pp_op){a->type, a->stage, a->mb};
+            n = 1;
         }
-    /* the pool is sized by the validated schedule: running out is a bug */
-    fprintf(stderr, "train_step: no activation buffer free for microbatch %d (%d in flight)\n", mb, t->n_acts);
+        for (int k = 0; k < n; k++) {
+            const pp_op *o = &ops_[k];
+            if (o->stage < 0 || o->stage >= S || o->mb < 0 || o->mb >= M) continue;
+            const int li = local_of(t, o->stage);
+            switch (o->type) {
+            case PP_RECV_F: TAKE(li, o->stage, o->mb); break;
+            case PP_F: {
+                TAKE(li, o->stage, o->mb);
+                const int nx = t->st[li].local_next;
+                if (nx >= 0) TAKE(nx, o->stage + 1, o->mb);
+                break;
+            }
+            case PP_W:
+            case PP_B: CLEAR(li, o->stage, o->mb, ACTS_BACKWARD); break;
+            case PP_WAIT_SEND_B: CLEAR(li, o->stage, o->mb, ACTS_SEND_B); break;
+            default: break;
+            }
+        }
+    }
+#undef ST
+#undef TAKE
+#undef CLEAR
+    free(state);
+    free(live);
+    for (int i = 0; i < t->n_local; i++)
+        if (peak[i] < 1) peak[i] = 1;
+    return 0;
+}
+
+int train_build_schedule(trainer *t, char *err, size_t errlen) {
+    const tetra_config_values *c = t->c;
+    if (t->pp_size == 1) {
+        t->sched = pp_schedule_accumulate(t->n_mb);
+        if (!t->sched) {
+            snprintf(err, errlen, "schedule: out of host memory");
+            return -1;
+        }
+        if (pp_schedule_validate(t->sched, err, errlen)) return -1;
+        t->run_sched = t->sched;
+    } else {
+        const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
+        if (csv && csv[0]) {
+            pp_csv_format fmt;
+            char why[1536];
+            pp_schedule *s = pp_csv_load(csv, t->pp_size, t->n_mb, &fmt, why, sizeof why);
+            if (!s) {
+                snprintf(err, errlen, "parallelism.pipeline_parallel_schedule_csv: %s", why);
+                return -1;
+            }
+            if (s->n_stages != t->n_stages) {
+                snprintf(err, errlen,
+                         "parallelism.pipeline_parallel_schedule_csv %s: the schedule has %d stages, the model is cut "
+                         "into %d (pipeline_parallel_degree %d x %d stages per rank)", csv, s->n_stages, t->n_stages,
+                         t->pp_size, t->n_stages / t->pp_size);
+                pp_schedule_free(s);
+                return -1;
+            }
+            if (fmt == PP_CSV_COMPUTE_COMMS) {
+                t->run_sched = s;
+                if (pp_schedule_check_lowered(s, NULL, why, sizeof why)) {
+                    snprintf(err, errlen, "parallelism.pipeline_parallel_schedule_csv %s: %s", csv, why);
+                    return -1;
+                }
+            } else {
+                t->sched = s;
+            }
+        } else {
+            pp_schedule_kind k;
+            if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &k)) {
+                snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\" is unknown (schedules: %s)",
+                         c->parallelism.pipeline_parallel_schedule, pp_schedule_kind_list());
+                return -1;
+            }
+            char why[1024];
+            t->sched = pp_schedule_generate(k, t->pp_size, t->n_stages / t->pp_size, t->n_mb, why, sizeof why);
+            if (!t->sched) {
+                snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\": %s",
+                         c->parallelism.pipeline_parallel_schedule, why);
+                return -1;
+            }
+        }
+        if (!t->run_sched) {
+            pp_lower_options lo = {3};
+            char why[1024];
+            t->run_sched = pp_schedule_lower(t->sched, &lo, why, sizeof why);
+            if (!t->run_sched || pp_schedule_check_lowered(t->run_sched, NULL, why, sizeof why)) {
+                snprintf(err, errlen, "pipeline schedule: %s", why);
+                return -1;
+            }
+        }
+    }
+    /* the stages this rank runs must be the ones the schedule gives it */
+    const pp_schedule *rs = t->run_sched;
+    for (int i = 0; i < t->n_local; i++) {
+        const int st = t->st[i].index;
+        if (st >= rs->n_stages || !rs->stage_rank || rs->stage_rank[st] != t->pp_rank) {
+            snprintf(err, errlen,
+                     "pipeline schedule: stage %d runs on pipeline rank %d in the schedule, but the %s placement puts "
+                     "it on rank %d", st, st < rs->n_stages && rs->stage_rank ? rs->stage_rank[st] : -1,
+                     t->n_local == 2 && t->st[1].index == 2 * t->pp_size - 1 - t->pp_rank ? "V" : "loop", t->pp_rank);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The activation buffers each local stage needs: after the stages' links are known. */
+int train_plan_pools(trainer *t, int *peak, char *err, size_t errlen) {
+    return plan_pools(t, t->run_sched, t->pp_rank, peak, err, errlen);
+}
+
+/* ----------------------------------------------------------------------------
+ * activation buffers per (stage, microbatch) */
+
+static llama3_acts *acts_find(train_stage *s, int mb) {
+    for (int i = 0; i < s->n_acts; i++)
+        if (s->acts_mb[i] == mb) return s->acts[i];
+    return NULL;
+}
+
+static llama3_acts *acts_take(train_stage *s, int mb) {
+    llama3_acts *a = acts_find(s, mb);
+    if (a) return a;
+    for (int i = 0; i < s->n_acts; i++)
+        if (s->acts_mb[i] < 0) {
+            s->acts_mb[i] = mb;
+            s->acts_state[i] = (unsigned char)(ACTS_BACKWARD | (s->remote_prev ? ACTS_SEND_B : 0));
+            return s->acts[i];
+        }
+    /* the pool is sized by replaying the schedule: running out is a bug */
+    fprintf(stderr, "train_step: stage %d has no activation buffer free for microbatch %d (%d in use)\n", s->index,
+            mb, s->n_acts);
     abort();
 }
 
-static llama3_acts *acts_of(trainer *t, int mb) {
-    for (int i = 0; i < t->n_acts; i++)
-        if (t->acts_mb[i] == mb) return t->acts[i];
-    fprintf(stderr, "train_step: backward of microbatch %d without its forward\n", mb);
-    abort();
+static llama3_acts *acts_of(train_stage *s, int mb) {
+    llama3_acts *a = acts_find(s, mb);
+    if (!a) {
+        fprintf(stderr, "train_step: stage %d: microbatch %d has no activations (backward before forward)\n",
+                s->index, mb);
+        abort();
+    }
+    return a;
 }
 
-static void acts_release(trainer *t, int mb) {
-    for (int i = 0; i < t->n_acts; i++)
-        if (t->acts_mb[i] == mb) t->acts_mb[i] = -1;
+static void acts_clear(train_stage *s, int mb, unsigned bit) {
+    for (int i = 0; i < s->n_acts; i++)
+        if (s->acts_mb[i] == mb) {
+            s->acts_state[i] &= (unsigned char)~bit;
+            if (!s->acts_state[i]) s->acts_mb[i] = -1;
+        }
+}
+
+/* Bytes of one microbatch's residual (or its gradient) on this rank. */
+static size_t residual_bytes(const trainer *t, const train_stage *s) {
+    const llama3_model *m = &s->model;
+    return (size_t)t->tok / (size_t)m->layout.tp_size * (size_t)m->args.dim * ops_dtype_size(m->compute_dtype);
 }
 
 /* ----------------------------------------------------------------------------
  * a stage, unit by unit */
 
-static double stage_forward(trainer *t, llama3_acts *a, const int32_t *in, const int32_t *lab, float dloss_scale,
-                            int64_t *n_valid) {
-    llama3_model *m = &t->model;
-    fsdp *fs = t->fs;
+static double stage_forward(trainer *t, train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab,
+                            float dloss_scale, int64_t *n_valid) {
+    llama3_model *m = &s->model;
+    fsdp *fs = s->fs;
     double loss = 0.0;
     int u = llama3_embedding_unit(m);
     if (u >= 0) {
@@ -81,6 +276,7 @@ static double stage_forward(trainer *t, llama3_acts *a, const int32_t *in, const
         fsdp_pre_forward(fs, u);
         llama3_block_forward(m, a, l);
         fsdp_post_forward(fs, u);
+        pp_progress();
     }
     u = llama3_head_unit(m);
     if (u >= 0) {
@@ -88,13 +284,14 @@ static double stage_forward(trainer *t, llama3_acts *a, const int32_t *in, const
         loss = llama3_forward_head(m, a, lab, dloss_scale, n_valid);
         fsdp_post_forward(fs, u);
     }
+    (void)t;
     return loss;
 }
 
 /* what = 1: I passes, 2: W passes, 3: both per unit (full backward) */
-static void stage_backward(trainer *t, llama3_acts *a, int what, int last) {
-    llama3_model *m = &t->model;
-    fsdp *fs = t->fs;
+static void stage_backward(train_stage *s, llama3_acts *a, int what, int last) {
+    llama3_model *m = &s->model;
+    fsdp *fs = s->fs;
     int u = llama3_head_unit(m);
     if (u >= 0) {
         if (what & 1) {
@@ -118,6 +315,7 @@ static void stage_backward(trainer *t, llama3_acts *a, int what, int last) {
             llama3_block_backward_weight(m, a, l);
             fsdp_post_backward_weight(fs, u, last);
         }
+        pp_progress();
     }
     u = llama3_embedding_unit(m);
     if (u >= 0) { /* no input gradient: the I pass only gathers dL/dr_0 under tensor parallel */
@@ -134,60 +332,164 @@ static void stage_backward(trainer *t, llama3_acts *a, int what, int last) {
 }
 
 /* ----------------------------------------------------------------------------
- * the schedule's callbacks (stage 0 of a single-stage schedule in this version) */
+ * the schedule's callbacks */
+
+static size_t mb_offset(const trainer *t, int mb) { return ((size_t)t->round * (size_t)t->n_mb + (size_t)mb) * t->tok; }
 
 static void cb_forward(void *user, int stage, int mb) {
     trainer *t = user;
-    (void)stage;
-    llama3_acts *a = acts_take(t, mb);
+    train_stage *s = &t->st[local_of(t, stage)];
+    llama3_acts *a = acts_take(s, mb);
     int64_t nv = 0;
-    t->step_loss_sum += stage_forward(t, a, t->h_in + (size_t)mb * t->tok, t->h_lab + (size_t)mb * t->tok,
+    t->step_loss_sum += stage_forward(t, s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb),
                                       t->dloss_scale, &nv);
     t->step_valid += nv;
+    if (s->local_next >= 0) { /* the next stage runs here: hand the residual over */
+        train_stage *nx = &t->st[s->local_next];
+        const int l = s->model.layout.layer_end;
+        t->ops->copy(llama3_acts_residual(acts_take(nx, mb), l), llama3_acts_residual(a, l), residual_bytes(t, s));
+    }
 }
+
+/* After the I half: the stage before, when it runs here, gets the input gradient. */
+static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
+    if (s->local_prev < 0) return;
+    train_stage *pv = &t->st[s->local_prev];
+    const int l = s->model.layout.layer_start;
+    t->ops->copy(llama3_acts_residual_grad(acts_of(pv, mb), l), llama3_acts_residual_grad(a, l),
+                 residual_bytes(t, s));
+}
+
+/* Rounds of the schedule per step: the accumulation steps under pipeline parallel;
+ * without it the accumulation is the schedule itself. */
+static int n_rounds(const trainer *t) { return t->pp_size > 1 ? t->accum : 1; }
+static int last_round(const trainer *t) { return t->round == n_rounds(t) - 1; }
 
 static void cb_backward_input(void *user, int stage, int mb) {
     trainer *t = user;
-    (void)stage;
-    stage_backward(t, acts_of(t, mb), 1, 0);
+    train_stage *s = &t->st[local_of(t, stage)];
+    llama3_acts *a = acts_of(s, mb);
+    stage_backward(s, a, 1, 0);
+    hand_back(t, s, a, mb);
 }
 
 static void cb_backward_weight(void *user, int stage, int mb, int last) {
     trainer *t = user;
-    (void)stage;
-    stage_backward(t, acts_of(t, mb), 2, last);
-    acts_release(t, mb);
+    train_stage *s = &t->st[local_of(t, stage)];
+    stage_backward(s, acts_of(s, mb), 2, last && last_round(t));
+    acts_clear(s, mb, ACTS_BACKWARD);
 }
 
 static void cb_backward(void *user, int stage, int mb, int last) {
     trainer *t = user;
-    (void)stage;
-    stage_backward(t, acts_of(t, mb), 3, last);
-    acts_release(t, mb);
+    train_stage *s = &t->st[local_of(t, stage)];
+    llama3_acts *a = acts_of(s, mb);
+    stage_backward(s, a, 3, last && last_round(t));
+    hand_back(t, s, a, mb);
+    acts_clear(s, mb, ACTS_BACKWARD);
 }
 
 static void cb_unshard(void *user, int stage) {
     trainer *t = user;
-    (void)stage;
-    for (int u = 0; u < t->model.n_units; u++) fsdp_prefetch(t->fs, u);
+    train_stage *s = &t->st[local_of(t, stage)];
+    for (int u = 0; u < s->model.n_units; u++) fsdp_prefetch(s->fs, u);
 }
 
 static void cb_reshard(void *user, int stage) {
     trainer *t = user;
-    (void)stage;
-    fsdp_reshard_all(t->fs);
+    fsdp_reshard_all(t->st[local_of(t, stage)].fs);
 }
 
+/* Reductions start at each unit's last W pass (fsdp_post_backward_weight); the wait
+ * belongs to the step's last round, earlier rounds keep accumulating. */
 static void cb_reduce_grad(void *user, int stage) {
-    trainer *t = user;
+    (void)user;
     (void)stage;
-    fsdp_finish_grads(t->fs);
+}
+
+static void cb_wait_reduce_grad(void *user, int stage) {
+    trainer *t = user;
+    if (last_round(t)) fsdp_finish_grads(t->st[local_of(t, stage)].fs);
+}
+
+static void *cb_buffer(void *user, int stage, int mb, pp_buffer which) {
+    trainer *t = user;
+    train_stage *s = &t->st[local_of(t, stage)];
+    const llama3_layout *L = &s->model.layout;
+    switch (which) {
+    case PP_BUF_ACT_IN: return llama3_acts_residual(acts_take(s, mb), L->layer_start);
+    case PP_BUF_ACT_OUT: return llama3_acts_residual(acts_of(s, mb), L->layer_end);
+    case PP_BUF_GRAD_IN: return llama3_acts_residual_grad(acts_of(s, mb), L->layer_start);
+    default: return llama3_acts_residual_grad(acts_of(s, mb), L->layer_end);
+    }
+}
+
+static void cb_sent(void *user, int stage, int mb, pp_buffer which) {
+    trainer *t = user;
+    if (which == PP_BUF_GRAD_IN) acts_clear(&t->st[local_of(t, stage)], mb, ACTS_SEND_B);
 }
 
 static pp_stage_ops stage_ops(trainer *t) {
-    pp_stage_ops o = {t, cb_forward, cb_backward_input, cb_backward_weight, cb_backward,
-                      cb_unshard, cb_reshard, cb_reduce_grad};
+    pp_stage_ops o;
+    memset(&o, 0, sizeof o);
+    o.user = t;
+    o.forward = cb_forward;
+    o.backward_input = cb_backward_input;
+    o.backward_weight = cb_backward_weight;
+    o.backward = cb_backward;
+    o.unshard = cb_unshard;
+    o.reshard = cb_reshard;
+    o.reduce_grad = cb_reduce_grad;
+    o.wait_reduce_grad = cb_wait_reduce_grad;
+    o.buffer = cb_buffer;
+    o.sent = cb_sent;
     return o;
+}
+
+static pp_p2p stage_p2p(const trainer *t) {
+    const llama3_model *m = &t->st[0].model;
+    pp_p2p p;
+    p.group = t->g_pp;
+    p.count = t->tok / (size_t)m->layout.tp_size * (size_t)m->args.dim;
+    p.dtype = m->compute_dtype == TETRA_BF16 ? COMM_BF16 : COMM_F32;
+    return p;
+}
+
+/* Run the schedule once per accumulation round. */
+static void run_rounds(trainer *t) {
+    pp_stage_ops so = stage_ops(t);
+    pp_p2p p2p = stage_p2p(t);
+    char err[1024];
+    memset(&t->pp_stats, 0, sizeof t->pp_stats);
+    const int rounds = n_rounds(t);
+    double t0 = now_s();
+    for (t->round = 0; t->round < rounds; t->round++) {
+        pp_run_stats rs;
+        if (pp_run_rank(t->run_sched, t->pp_rank, &so, &p2p, &rs, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err); /* validated before the first step: a bug */
+            abort();
+        }
+        t->pp_stats.compute_s += rs.compute_s;
+        t->pp_stats.fsdp_s += rs.fsdp_s;
+        t->pp_stats.recv_wait_s += rs.recv_wait_s;
+        t->pp_stats.send_wait_s += rs.send_wait_s;
+        t->pp_stats.total_s += rs.total_s;
+        for (int k = 0; k < 4; k++) {
+            t->pp_stats.type_s[k] += rs.type_s[k];
+            t->pp_stats.type_n[k] += rs.type_n[k];
+        }
+        t->pp_stats.sends += rs.sends;
+        t->pp_stats.recvs += rs.recvs;
+        for (int i = 0; i < t->n_local; i++)
+            for (int k = 0; k < t->st[i].n_acts; k++)
+                if (t->st[i].acts_mb[k] >= 0) {
+                    fprintf(stderr, "train_step: stage %d still holds microbatch %d after the schedule\n",
+                            t->st[i].index, t->st[i].acts_mb[k]);
+                    abort();
+                }
+    }
+    t->round = rounds - 1;
+    t->pp_step_s = now_s() - t0;
 }
 
 /* ----------------------------------------------------------------------------
@@ -197,7 +499,8 @@ void train_step(trainer *t, step_result *r) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
     memset(r, 0, sizeof *r);
-    for (size_t i = 0; i < (size_t)t->accum * t->tok; i++) r->local_valid += t->h_lab[i] != OPS_IGNORE_INDEX;
+    const size_t ntok = (size_t)n_rounds(t) * (size_t)t->n_mb * t->tok;
+    for (size_t i = 0; i < ntok; i++) r->local_valid += t->h_lab[i] != OPS_IGNORE_INDEX;
     /* the loss is the sum over every valid token of the global batch divided by their
      * global count, so each rank's gradient is already its share of the global mean */
     r->global_valid = comm_all_reduce_i64(t->g_loss, r->local_valid, COMM_SUM);
@@ -205,54 +508,97 @@ void train_step(trainer *t, step_result *r) {
     t->step_loss_sum = 0.0;
     t->step_valid = 0;
 
-    fsdp_begin_step(t->fs);
-    pp_stage_ops so = stage_ops(t);
-    char err[512];
-    if (pp_run_rank(t->sched, 0, &so, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err); /* validated before the first step: a bug */
-        abort();
+    for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
+    run_rounds(t);
+    double sq = 0.0;
+    for (int i = 0; i < t->n_local; i++) {
+        fsdp_finish_grads(t->st[i].fs);
+        sq += fsdp_grad_sq_norm(t->st[i].fs);
     }
-    fsdp_finish_grads(t->fs);
-    r->grad_norm = sqrt(fsdp_grad_sq_norm(t->fs));
+    /* each stage's norm is over its parameters: the pipeline ranks add theirs up */
+    if (t->pp_size > 1) sq = comm_all_reduce_f64(t->g_pp, sq, COMM_SUM);
+    r->grad_norm = sqrt(sq);
     /* torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1 */
     float clip = (float)(c->training.max_norm / (r->grad_norm + 1e-6));
     if (clip > 1.0f) clip = 1.0f;
     r->lr = c->optimizer.lr * lr_factor(&t->lrs, t->tc.lr_count);
     t->tc.lr_count++;
     t->tc.opt_step++;
-    const size_t local = fsdp_local_numel(t->fs);
-    if (t->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
-        ops->adamw_step_bf16(fsdp_master(t->fs), fsdp_compute_shard(t->fs), t->adam_m, t->adam_v, fsdp_grad(t->fs),
-                             local, r->lr, c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
-                             c->optimizer.weight_decay, (int)t->tc.opt_step, clip);
-    else
-        ops->adamw_step(fsdp_master(t->fs), t->adam_m, t->adam_v, fsdp_grad(t->fs), local, r->lr, c->optimizer.beta1,
-                        c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay, (int)t->tc.opt_step, clip);
+    for (int i = 0; i < t->n_local; i++) {
+        train_stage *s = &t->st[i];
+        const size_t local = fsdp_local_numel(s->fs);
+        if (t->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
+            ops->adamw_step_bf16(fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v,
+                                 fsdp_grad(s->fs), local, r->lr, c->optimizer.beta1, c->optimizer.beta2,
+                                 c->optimizer.eps, c->optimizer.weight_decay, (int)t->tc.opt_step, clip);
+        else
+            ops->adamw_step(fsdp_master(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs), local, r->lr,
+                            c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay,
+                            (int)t->tc.opt_step, clip);
+    }
     ops->synchronize();
-    fsdp_params_updated(t->fs);
+    for (int i = 0; i < t->n_local; i++) fsdp_params_updated(t->st[i].fs);
 
-    r->loss_sum = t->step_loss_sum;
+    /* the loss is computed on the last stage: every pipeline rank learns it */
+    r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;
     double local_avg = r->local_valid > 0 ? r->loss_sum / (double)r->local_valid : 0.0;
     double global_sum = comm_all_reduce_f64(t->g_loss, r->loss_sum, COMM_SUM);
     r->max_loss = comm_all_reduce_f64(t->g_loss, local_avg, COMM_MAX);
     r->loss = r->global_valid > 0 ? global_sum / (double)r->global_valid : 0.0;
 }
 
-double train_forward_only(trainer *t, llama3_acts *a, const int32_t *in, const int32_t *lab, float dloss_scale,
-                          int64_t *n_valid) {
-    return stage_forward(t, a, in, lab, dloss_scale, n_valid);
+double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
+                          float dloss_scale, int64_t *n_valid) {
+    double loss = 0.0;
+    int64_t nv = 0;
+    /* stages in ascending order: each rank receives a stage's input just as the rank
+     * before it sends it, so the blocking chain cannot deadlock */
+    for (int i = 0; i < t->n_local; i++) {
+        train_stage *s = &t->st[i];
+        const llama3_layout *L = &s->model.layout;
+        const size_t cnt = ntok / (size_t)L->tp_size * (size_t)s->model.args.dim;
+        const size_t bytes = cnt * ops_dtype_size(s->model.compute_dtype);
+        const comm_dtype dt = s->model.compute_dtype == TETRA_BF16 ? COMM_BF16 : COMM_F32;
+        if (s->remote_prev)
+            comm_recv(t->g_pp, llama3_acts_residual(acts[i], L->layer_start), cnt, dt,
+                      t->run_sched->stage_rank[s->index - 1], NULL);
+        int64_t n = 0;
+        loss += stage_forward(t, s, acts[i], in, lab, dloss_scale, &n);
+        nv += n;
+        if (s->local_next >= 0)
+            t->ops->copy(llama3_acts_residual(acts[s->local_next], L->layer_end),
+                         llama3_acts_residual(acts[i], L->layer_end), bytes);
+        if (s->remote_next)
+            comm_send(t->g_pp, llama3_acts_residual(acts[i], L->layer_end), cnt, dt,
+                      t->run_sched->stage_rank[s->index + 1], NULL);
+    }
+    if (t->pp_size > 1) {
+        loss = comm_all_reduce_f64(t->g_pp, loss, COMM_SUM);
+        nv = comm_all_reduce_i64(t->g_pp, nv, COMM_SUM);
+    }
+    if (n_valid) *n_valid = nv;
+    return loss;
 }
 
 void train_warmup(trainer *t) {
     /* token 0 everywhere, dloss_scale 0: the gradients it leaves are zeroed by the next
      * step's fsdp_begin_step, and the parameters do not change */
-    memset(t->h_in, 0, t->tok * sizeof(int32_t));
-    memset(t->h_lab, 0, t->tok * sizeof(int32_t));
+    const size_t n = (size_t)t->n_mb * t->tok;
+    memset(t->h_in, 0, n * sizeof(int32_t));
+    memset(t->h_lab, 0, n * sizeof(int32_t));
     t->dloss_scale = 0.0f;
-    fsdp_begin_step(t->fs);
-    cb_forward(t, 0, 0);
-    cb_backward(t, 0, 0, 1);
-    fsdp_finish_grads(t->fs);
+    for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
+    if (t->pp_size == 1) {
+        t->round = 0;
+        cb_forward(t, t->st[0].index, 0);
+        cb_backward(t, t->st[0].index, 0, 1);
+    } else {
+        const int accum = t->accum;
+        t->accum = 1; /* one round, the last */
+        run_rounds(t);
+        t->accum = accum;
+    }
+    for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
     t->step_loss_sum = 0.0;
     t->step_valid = 0;
 }

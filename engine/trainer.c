@@ -16,6 +16,8 @@
 #include "engine/log.h"
 #include "engine/trainer_internal.h"
 #include "models/llama3/hf.h"
+#include "models/llama3/pipeline.h"
+#include "parallel/pp/generate.h"
 #include "parallel/tp.h"
 
 /* OpenBLAS' own thread control; declared here to keep to the generic cblas.h. */
@@ -113,25 +115,38 @@ static int hf_fill(void *user, int param, size_t start, size_t count, float *hos
 
 /* Validation runs forward only: its activations keep nothing beyond the residual
  * stream and the head, on a workspace of its own shape. */
-static unsigned *keep_none(const trainer *t) {
-    const int nb = t->model.layout.layer_end - t->model.layout.layer_start;
+static unsigned *keep_none(const train_stage *s) {
+    const int nb = s->model.layout.layer_end - s->model.layout.layer_start;
     unsigned *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof *k); /* LLAMA3_KEEP_NONE is 0 */
     return k;
 }
 
-static size_t validation_bytes(const trainer *t) {
-    unsigned *none = keep_none(t);
-    size_t b = none ? llama3_acts_bytes_policy(&t->model, none, t->VB, t->VT) +
-                          llama3_workspace_bytes(&t->model, t->VB, t->VT, 1, 0)
+static size_t validation_bytes(const trainer *t, const train_stage *s) {
+    unsigned *none = keep_none(s);
+    size_t b = none ? llama3_acts_bytes_policy(&s->model, none, t->VB, t->VT) +
+                          llama3_workspace_bytes(&s->model, t->VB, t->VT, 1, 0)
                     : 0;
     free(none);
     return b;
 }
 
+/* "layers 0-3 + embedding" */
+static void describe_stage(const train_stage *s, char *buf, size_t n) {
+    const llama3_layout *L = &s->model.layout;
+    if (L->layer_end > L->layer_start)
+        snprintf(buf, n, "stage %d: blocks %d-%d%s%s", s->index, L->layer_start, L->layer_end - 1,
+                 L->has_embedding ? " + embedding" : "", L->has_head ? " + norm/output" : "");
+    else
+        snprintf(buf, n, "stage %d: no blocks%s%s", s->index, L->has_embedding ? ", embedding" : "",
+                 L->has_head ? ", norm/output" : "");
+}
+
 static void log_plan(trainer *t) {
     const tetra_config_values *c = t->c;
-    const int S = fsdp_shard_degree(t->fs), R = fsdp_replicate_degree(t->fs);
+    const train_stage *s0 = &t->st[0];
+    const int S = fsdp_shard_degree(s0->fs), R = fsdp_replicate_degree(s0->fs);
     const char *mode = t->world == 1 ? "single rank"
+                       : S == 1 && R == 1 ? "no data parallel"
                        : S == 1      ? "DDP (replicated)"
                        : R == 1      ? "FSDP (sharded)"
                                      : "HSDP (sharded x replicated)";
@@ -146,16 +161,51 @@ static void log_plan(trainer *t) {
         log_info("backend %s, %d threads per rank; %s: %s, comm %s; gradient accumulation %d; peak %.1f GFLOP/s "
                  "per rank (%s)", t->ops->name, t->threads, mdesc, mode, comm_backend_name(comm_world_backend(t->cw)),
                  t->accum, t->peak / 1e9, t->peak_src);
-    fsdp_memory mr = fsdp_memory_report(t->fs);
-    const size_t acts1 = llama3_acts_bytes_policy(&t->model, t->keep, t->B, t->T);
-    const size_t wsb = llama3_workspace_bytes(&t->model, t->B, t->T, t->n_dropping > 0, t->recompute_slots);
-    size_t vb = 0;
-    if (c->validation.enable && (t->VB != t->B || t->VT != t->T))
-        vb = validation_bytes(t);
+    if (t->pp_size > 1) {
+        const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
+        char stages[512] = "";
+        for (int i = 0; i < t->n_local; i++) {
+            char d[128];
+            describe_stage(&t->st[i], d, sizeof d);
+            snprintf(stages + strlen(stages), sizeof stages - strlen(stages), "%s%s", i ? "; " : "", d);
+        }
+        log_info("pipeline: schedule %s%s%s, %d stages (%d per rank), %d microbatch%s of %d sequence%s per round, "
+                 "%d round%s per step; pipeline rank %d runs %s", c->parallelism.pipeline_parallel_schedule,
+                 csv && csv[0] ? " from " : "", csv && csv[0] ? csv : "", t->n_stages, t->n_local, t->n_mb,
+                 t->n_mb == 1 ? "" : "es", t->B, t->B == 1 ? "" : "s", t->accum, t->accum == 1 ? "" : "s", t->pp_rank,
+                 stages);
+    }
+    fsdp_memory mr;
+    memset(&mr, 0, sizeof mr);
+    size_t acts = 0, acts1 = 0, wsb = 0, vb = 0, full1 = 0;
+    int n_acts = 0, n_dropping = 0, nblocks = 0, slots = 0;
+    for (int i = 0; i < t->n_local; i++) {
+        const train_stage *s = &t->st[i];
+        fsdp_memory m = fsdp_memory_report(s->fs);
+        mr.param_bytes += m.param_bytes;
+        mr.compute_bytes += m.compute_bytes;
+        mr.grad_bytes += m.grad_bytes;
+        mr.optim_bytes += m.optim_bytes;
+        mr.work_param_bytes += m.work_param_bytes;
+        mr.work_grad_bytes += m.work_grad_bytes;
+        mr.reduce_bytes += m.reduce_bytes;
+        mr.resident_units += m.resident_units;
+        const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->T);
+        const size_t w = llama3_workspace_bytes(&s->model, t->B, t->T, s->n_dropping > 0, s->recompute_slots);
+        acts += (size_t)s->n_acts * a1 + w;
+        acts1 += a1;
+        wsb += w;
+        full1 += llama3_acts_bytes_policy(&s->model, NULL, t->B, t->T);
+        n_acts += s->n_acts;
+        n_dropping += s->n_dropping;
+        nblocks += s->model.layout.layer_end - s->model.layout.layer_start;
+        slots += s->recompute_slots;
+        if (c->validation.enable && (t->VB != t->B || t->VT != t->T)) vb += validation_bytes(t, s);
+    }
+    acts += vb;
     const size_t persistent = mr.param_bytes + mr.compute_bytes + mr.grad_bytes + mr.optim_bytes;
     const size_t working = mr.work_param_bytes + mr.work_grad_bytes + mr.reduce_bytes;
-    const size_t acts = (size_t)t->n_acts * acts1 + wsb + vb;
-    char pb[32], gb[32], ob[32], wpb[32], wgb[32], rb[32], ab[32], a1[32], wb[32], vbs[32], tot[32];
+    char pb[32], gb[32], ob[32], wpb[32], wgb[32], rb[32], ab[32], a1s[32], wb[32], vbs[32], tot[32];
     fmt_bytes(pb, sizeof pb, (double)(mr.param_bytes + mr.compute_bytes));
     fmt_bytes(gb, sizeof gb, (double)mr.grad_bytes);
     fmt_bytes(ob, sizeof ob, (double)mr.optim_bytes);
@@ -163,53 +213,75 @@ static void log_plan(trainer *t) {
     fmt_bytes(wgb, sizeof wgb, (double)mr.work_grad_bytes);
     fmt_bytes(rb, sizeof rb, (double)mr.reduce_bytes);
     fmt_bytes(ab, sizeof ab, (double)acts);
-    fmt_bytes(a1, sizeof a1, (double)acts1);
+    fmt_bytes(a1s, sizeof a1s, (double)acts1);
     fmt_bytes(wb, sizeof wb, (double)wsb);
     fmt_bytes(vbs, sizeof vbs, (double)vb);
     fmt_bytes(tot, sizeof tot, (double)(persistent + working + acts));
     const char *prec = t->mixed ? "bf16 compute: parameters include their bf16 copy; fp32 master weights, gradients "
                                   "and optimizer state"
                                 : "fp32";
-    char who[256], tpw[48] = "";
-    if (t->model.layout.tp_size > 1)
-        snprintf(tpw, sizeof tpw, "tp %d of %d, ", t->model.layout.tp_rank, t->model.layout.tp_size);
+    char who[300], tpw[48] = "", ppw[48] = "";
+    if (s0->model.layout.tp_size > 1)
+        snprintf(tpw, sizeof tpw, "tp %d of %d, ", s0->model.layout.tp_rank, s0->model.layout.tp_size);
+    if (t->pp_size > 1) snprintf(ppw, sizeof ppw, "pp %d of %d, ", t->pp_rank, t->pp_size);
     if (S > 1)
-        snprintf(who, sizeof who, "%sshard %d of %d, %s", tpw, comm_group_rank(comm_get(t->cw, MESH_G_FSDP)), S, prec);
-    else snprintf(who, sizeof who, "%s%s", tpw, prec);
-    char vpart[80] = "";
+        snprintf(who, sizeof who, "%s%sshard %d of %d, %s", ppw, tpw, comm_group_rank(comm_get(t->cw, MESH_G_FSDP)),
+                 S, prec);
+    else snprintf(who, sizeof who, "%s%s%s", ppw, tpw, prec);
+    char vpart[80] = "", mbpart[96];
     if (vb) snprintf(vpart, sizeof vpart, " + validation %s", vbs);
+    if (t->n_local == 1)
+        snprintf(mbpart, sizeof mbpart, "%d microbatch%s x %s", n_acts, n_acts == 1 ? "" : "es", a1s);
+    else
+        snprintf(mbpart, sizeof mbpart, "%d stage-microbatches, %s per microbatch of all %d stages", n_acts, a1s,
+                 t->n_local);
     if (S > 1)
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; working: gathered "
-                 "parameters %s (%d resident unit%s + 2 slots), unsharded gradients %s, reduce staging %s; "
-                 "activations %s (%d microbatch%s x %s + workspace %s%s); total %s",
-                 t->rank, who, pb, gb, ob, wpb, mr.resident_units, mr.resident_units == 1 ? "" : "s", wgb, rb, ab,
-                 t->n_acts, t->n_acts == 1 ? "" : "es", a1, wb, vpart, tot);
+                 "parameters %s (%d resident unit%s + 2 slots%s), unsharded gradients %s, reduce staging %s; "
+                 "activations %s (%s + workspace %s%s); total %s",
+                 t->rank, who, pb, gb, ob, wpb, mr.resident_units, mr.resident_units == 1 ? "" : "s",
+                 t->n_local > 1 ? " per stage" : "", wgb, rb, ab, mbpart, wb, vpart, tot);
     else
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; activations %s "
-                 "(%d microbatch%s x %s + workspace %s%s); total %s",
-                 t->rank, who, pb, gb, ob, ab, t->n_acts, t->n_acts == 1 ? "" : "es", a1, wb, vpart, tot);
+                 "(%s + workspace %s%s); total %s",
+                 t->rank, who, pb, gb, ob, ab, mbpart, wb, vpart, tot);
     {
         /* what this rank sends per step, by parallelism */
-        fsdp_traffic ft = fsdp_step_traffic(t->fs, t->accum);
-        const double tpb = (double)t->accum * llama3_tp_traffic_bytes(&t->model, t->keep, t->B, t->T);
+        fsdp_traffic ft;
+        memset(&ft, 0, sizeof ft);
+        double tpb = 0.0;
+        const int mbs = t->n_mb * (t->pp_size > 1 ? t->accum : 1);
+        for (int i = 0; i < t->n_local; i++) {
+            fsdp_traffic x = fsdp_step_traffic(t->st[i].fs, mbs);
+            ft.all_gather += x.all_gather;
+            ft.reduce_scatter += x.reduce_scatter;
+            ft.all_reduce += x.all_reduce;
+            tpb += (double)mbs * llama3_tp_traffic_bytes(&t->st[i].model, t->st[i].keep, t->B, t->T);
+        }
+        double ppb = 0.0;
+        if (t->pp_size > 1) {
+            const double msg = (double)t->tok / s0->model.layout.tp_size * s0->model.args.dim *
+                               (double)ops_dtype_size(s0->model.compute_dtype);
+            for (int i = 0; i < t->n_local; i++)
+                ppb += (double)mbs * msg * (t->st[i].remote_next + t->st[i].remote_prev);
+        }
         const double mib = 1024.0 * 1024.0;
-        if (S > 1 || R > 1 || tpb > 0)
+        if (S > 1 || R > 1 || tpb > 0 || ppb > 0)
             log_info("communication per step, rank %d sends: fsdp all-gather %.1f MiB, reduce-scatter %.1f MiB, "
-                     "replicate all-reduce %.1f MiB; tensor parallel %.1f MiB", t->rank, ft.all_gather / mib,
-                     ft.reduce_scatter / mib, ft.all_reduce / mib, tpb / mib);
+                     "replicate all-reduce %.1f MiB; tensor parallel %.1f MiB; pipeline %.1f MiB", t->rank,
+                     ft.all_gather / mib, ft.reduce_scatter / mib, ft.all_reduce / mib, tpb / mib, ppb / mib);
     }
-    if (t->n_dropping > 0) {
+    if (n_dropping > 0) {
         char full[32];
-        fmt_bytes(full, sizeof full, (double)llama3_acts_bytes_policy(&t->model, NULL, t->B, t->T));
+        fmt_bytes(full, sizeof full, (double)full1);
         log_info("activation checkpointing: mode %s%s%s: %d of %d blocks recompute in backward; %s per microbatch "
                  "instead of %s, %d recompute slot%s in the workspace", c->activation_checkpoint.mode,
                  strcmp(c->activation_checkpoint.mode, "selective") ? "" : ", option ",
                  strcmp(c->activation_checkpoint.mode, "selective") ? "" : c->activation_checkpoint.selective_ac_option,
-                 t->n_dropping, t->model.layout.layer_end - t->model.layout.layer_start, a1, full, t->recompute_slots,
-                 t->recompute_slots == 1 ? "" : "s");
+                 n_dropping, nblocks, a1s, full, slots, slots == 1 ? "" : "s");
     }
     if (S > 1)
-        log_info("fsdp: %d units sharded over %s (%d ranks), reshard_after_forward = %s%s", t->model.n_units,
+        log_info("fsdp: %d units sharded over %s (%d ranks), reshard_after_forward = %s%s", s0->model.n_units,
                  comm_group_name(comm_get(t->cw, MESH_G_FSDP)), S, c->parallelism.fsdp_reshard_after_forward,
                  R > 1 ? ", gradients all-reduced over dp_replicate" : "");
 }
@@ -217,33 +289,47 @@ static void log_plan(trainer *t) {
 /* ----------------------------------------------------------------------------
  * setup and teardown */
 
+static void stage_free(const tetra_ops *ops, train_stage *s) {
+    if (s->model_ready) {
+        for (int i = 0; i < s->n_acts && s->acts; i++) llama3_acts_free(&s->model, s->acts[i]);
+        llama3_workspace_free(&s->model, s->ws);
+    }
+    free(s->acts);
+    free(s->acts_mb);
+    free(s->acts_state);
+    free(s->keep);
+    free(s->save_tensors);
+    if (s->adam_m) ops->release(s->adam_m);
+    fsdp_free(s->fs);
+    free(s->decl);
+    if (s->model_ready) llama3_model_free(&s->model);
+}
+
 void trainer_teardown(trainer *t) {
     if (!t) return;
     const tetra_ops *ops = t->ops;
     if (t->ml) metrics_close(t->ml);
     if (ops && ops->memory_freeze) ops->memory_freeze(0);
     ckpt_saver_free(t->saver);
-    if (t->model_ready) {
-        if (t->vacts && (t->n_acts < 1 || t->vacts != t->acts[0])) llama3_acts_free(&t->model, t->vacts);
-        for (int i = 0; i < t->n_acts && t->acts; i++) llama3_acts_free(&t->model, t->acts[i]);
-        llama3_workspace_free(&t->model, t->vws);
-        llama3_workspace_free(&t->model, t->ws);
+    for (int i = 0; i < t->n_local && t->st; i++) {
+        train_stage *s = &t->st[i];
+        if (t->vacts_own && t->vacts && t->vacts[i] && s->model_ready) llama3_acts_free(&s->model, t->vacts[i]);
+        if (t->vws && t->vws[i] && s->model_ready) llama3_workspace_free(&s->model, t->vws[i]);
     }
-    free(t->acts);
-    free(t->acts_mb);
-    free(t->keep);
-    free(t->save_tensors);
+    free(t->vacts);
+    free(t->vws);
+    for (int i = 0; i < t->n_local && t->st; i++) stage_free(ops, &t->st[i]);
+    free(t->st);
+    free(t->groups);
+    free(t->save_groups);
     free(t->h_in);
     free(t->h_lab);
     free(t->hv_in);
     free(t->hv_lab);
-    if (t->adam_m) ops->release(t->adam_m);
     if (t->val) dl_close(t->val);
     if (t->train) dl_close(t->train);
+    if (t->run_sched != t->sched) pp_schedule_free(t->run_sched);
     pp_schedule_free(t->sched);
-    fsdp_free(t->fs);
-    free(t->decl);
-    if (t->model_ready) llama3_model_free(&t->model);
     comm_world_free(t->cw);
     free(t);
 }
@@ -251,9 +337,9 @@ void trainer_teardown(trainer *t) {
 /* Refusals before anything is built: features of later versions, bad values. */
 static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dims, int world) {
     const tetra_config_values *c = &cfg->v;
-    if (dims->pp > 1 || dims->cp > 1) {
-        log_error("parallelism: pipeline and context parallel degrees must be 1 in this version (got pp %d, cp %d); "
-                  "data parallel (FSDP, HSDP, DDP) and tensor parallel are supported", dims->pp, dims->cp);
+    if (dims->cp > 1) {
+        log_error("parallelism: context_parallel_degree must be 1 in this version (got %d); data parallel (FSDP, "
+                  "HSDP, DDP), tensor and pipeline parallel are supported", dims->cp);
         return 1;
     }
     if (c->model.converters.n > 0) {
@@ -277,6 +363,159 @@ static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dim
                   "float32 in this version (parameter gradients are fp32 in both precisions); set it to "
                   "\"float32\"", c->training.mixed_precision_reduce);
         return 1;
+    }
+    return 0;
+}
+
+/* The pipeline: how many stages, which this rank runs, their layouts, models and FSDP.
+ * Without pipeline parallel: one stage, the whole model. */
+static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
+    const tetra_config_values *c = t->c;
+    const int dry = t->opt.dry_run;
+    int coord[MESH_NDIMS];
+    mesh_coords(&t->msh, t->rank, coord);
+    t->pp_rank = coord[MESH_PP];
+    t->pp_size = t->msh.size[MESH_PP];
+    const int L = t->args.n_layers;
+    pp_schedule_kind kind = PP_SCHED_1F1B;
+    int start[256], end[256];
+    if (t->pp_size == 1) {
+        t->n_stages = 1;
+        start[0] = 0;
+        end[0] = L;
+        t->B = (int)c->training.local_batch_size;
+        t->n_mb = t->accum;
+    } else {
+        /* the schedule key decides stages per rank and their placement, also when a CSV
+         * gives the order (as TorchTitan) */
+        if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &kind)) {
+            snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\" is unknown (schedules: %s)",
+                     c->parallelism.pipeline_parallel_schedule, pp_schedule_kind_list());
+            return -1;
+        }
+        const int iw = (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
+                  ow = (int)c->parallelism.pipeline_parallel_last_stage_less_layers;
+        if (llama3_pp_num_stages(L, t->pp_size, (int)c->parallelism.pipeline_parallel_layers_per_stage, iw, ow,
+                                 pp_schedule_kind_single_stage(kind), &t->n_stages, err, errlen))
+            return -1;
+        if (pp_schedule_kind_v(kind) && t->n_stages != 2 * t->pp_size) {
+            snprintf(err, errlen,
+                     "parallelism.pipeline_parallel_schedule %s places exactly 2 stages per rank (V), but "
+                     "pipeline_parallel_layers_per_stage %lld gives %d stages for %d ranks",
+                     pp_schedule_kind_name(kind), (long long)c->parallelism.pipeline_parallel_layers_per_stage,
+                     t->n_stages, t->pp_size);
+            return -1;
+        }
+        if (t->n_stages > 256) {
+            snprintf(err, errlen, "pipeline: %d stages; at most 256 are supported", t->n_stages);
+            return -1;
+        }
+        if (llama3_pp_split(L, t->n_stages, iw, ow, start, end, err, errlen)) return -1;
+        t->B = (int)c->parallelism.pipeline_parallel_microbatch_size;
+        t->n_mb = (int)(c->training.local_batch_size / c->parallelism.pipeline_parallel_microbatch_size);
+    }
+    t->tok = (size_t)t->B * (size_t)t->T;
+    int rank_of[256];
+    t->n_local = 0;
+    for (int s = 0; s < t->n_stages; s++) {
+        rank_of[s] = t->pp_size == 1 ? 0 : pp_stage_to_rank(kind, t->pp_size, t->n_stages, s);
+        t->n_local += rank_of[s] == t->pp_rank;
+    }
+    t->st = calloc((size_t)t->n_local, sizeof *t->st);
+    if (!t->st) {
+        snprintf(err, errlen, "out of host memory");
+        return -1;
+    }
+    t->first_local = t->last_local = -1;
+    int k = 0;
+    for (int s = 0; s < t->n_stages; s++) {
+        if (rank_of[s] != t->pp_rank) continue;
+        train_stage *st = &t->st[k];
+        st->index = s;
+        st->remote_prev = s > 0 && rank_of[s - 1] != t->pp_rank;
+        st->remote_next = s < t->n_stages - 1 && rank_of[s + 1] != t->pp_rank;
+        st->local_prev = s > 0 && rank_of[s - 1] == t->pp_rank ? k - 1 : -1;
+        st->local_next = s < t->n_stages - 1 && rank_of[s + 1] == t->pp_rank ? k + 1 : -1;
+        if (s == 0) t->first_local = k;
+        if (s == t->n_stages - 1) t->last_local = k;
+        k++;
+    }
+    for (int i = 0; i < t->n_local; i++) {
+        train_stage *st = &t->st[i];
+        llama3_layout layout = llama3_layout_full(&t->args);
+        layout.layer_start = start[st->index];
+        layout.layer_end = end[st->index];
+        layout.has_embedding = st->index == 0;
+        layout.has_head = st->index == t->n_stages - 1;
+        layout.tp_rank = 0;
+        layout.tp_size = t->msh.size[MESH_TP];
+        {
+            int co[MESH_NDIMS];
+            mesh_coords(&t->msh, t->rank, co);
+            layout.tp_rank = co[MESH_TP];
+        }
+        llama3_model *m = &st->model;
+        char why[1024];
+        if (llama3_model_init_layout(m, &t->args, &layout, dry ? LLAMA3_STORAGE_NONE : LLAMA3_STORAGE_EXTERNAL,
+                                     max_t, t->ops, why, sizeof why) ||
+            (t->mixed && llama3_model_set_compute_dtype(m, TETRA_BF16, why, sizeof why))) {
+            snprintf(err, errlen, "model (stage %d): %s", st->index, why);
+            if (m->params) st->model_ready = 1;
+            return -1;
+        }
+        st->model_ready = 1;
+        /* the groups the layout computes over (degree 1: none) */
+        m->ctx.tp = t->msh.size[MESH_TP] > 1 ? comm_get(t->cw, MESH_G_TP) : NULL;
+        m->ctx.cp = t->msh.size[MESH_CP] > 1 ? comm_get(t->cw, MESH_G_CP) : NULL;
+        m->tp_gather_logits = c->parallelism.disable_loss_parallel;
+        m->tp_async = c->parallelism.enable_async_tensor_parallel;
+
+        /* ---- FSDP / HSDP / DDP over the stage's units ---- */
+        st->decl = calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *st->decl);
+        if (!st->decl) {
+            snprintf(err, errlen, "out of host memory");
+            return -1;
+        }
+        for (int p = 0; p < m->n_params; p++) {
+            const llama3_param *q = &m->params[p];
+            dt_param_decl *d = &st->decl[p];
+            d->name = q->name;
+            d->unit = q->unit;
+            d->ndim = q->ndim;
+            for (int j = 0; j < q->ndim; j++) {
+                d->shape[j] = q->shape[j];
+                d->box_start[j] = q->box_start[j];
+                d->box_shape[j] = q->box_shape[j];
+            }
+            d->numel = q->numel;
+            d->offset = q->offset;
+            d->replicated = q->tp_replicated;
+        }
+        fsdp_config fc;
+        memset(&fc, 0, sizeof fc);
+        fc.ops = t->ops;
+        fc.shard = comm_get(t->cw, MESH_G_FSDP);
+        fc.replicate = comm_get(t->cw, MESH_G_DP_REPLICATE);
+        fc.tp = m->ctx.tp;
+        fsdp_parse_reshard(c->parallelism.fsdp_reshard_after_forward, &fc.reshard);
+        fc.pipeline_parallel = t->pp_size > 1;
+        fc.reduce_at_last_microbatch = t->pp_size > 1;
+        fc.compute_dtype = m->compute_dtype;
+        fc.n_units = m->n_units;
+        fc.unit_offset = m->unit_offset;
+        fc.unit_numel = m->unit_numel;
+        fc.n_params = m->n_params;
+        fc.params_decl = st->decl;
+        fc.unit_params = m->unit_params;
+        fc.unit_grads = m->unit_grads;
+        fc.plan_only = dry;
+        st->fs = fsdp_create(&fc, why, sizeof why);
+        if (!st->fs) {
+            snprintf(err, errlen, "%s", why);
+            return -1;
+        }
+        /* the embedding's backward is a scatter: it reads no weights */
+        if (llama3_embedding_unit(m) >= 0) fsdp_set_backward_needs_params(st->fs, llama3_embedding_unit(m), 0);
     }
     return 0;
 }
@@ -351,107 +590,55 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     t->g_world = comm_get(t->cw, MESH_G_WORLD);
     t->g_loss = comm_get(t->cw, MESH_G_LOSS);
 
-    /* ---- the model for this rank's layout, without storage: FSDP provides it ---- */
+    t->g_pp = comm_get(t->cw, MESH_G_PP);
+
+    /* ---- the stages this rank runs, each a model for its layout without storage
+     * (FSDP provides it) ---- */
     llama3_flavor(c->model.flavor, &t->args);
     if (c->model.n_layers > 0) t->args.n_layers = (int)c->model.n_layers;
-    t->B = (int)c->training.local_batch_size;
     t->T = (int)c->training.seq_len;
     t->VB = (int)c->validation.local_batch_size;
     t->VT = (int)c->validation.seq_len;
     int max_t = t->T;
     if (c->validation.enable && t->VT > max_t) max_t = t->VT;
-    llama3_layout layout = llama3_layout_full(&t->args);
-    {
-        int coord[MESH_NDIMS];
-        mesh_coords(&t->msh, rank, coord);
-        layout.tp_rank = coord[MESH_TP];
-        layout.tp_size = t->msh.size[MESH_TP];
-    }
-    if (llama3_model_init_layout(&t->model, &t->args, &layout, dry ? LLAMA3_STORAGE_NONE : LLAMA3_STORAGE_EXTERNAL,
-                                 max_t, ops, err, sizeof err) ||
-        (t->mixed && llama3_model_set_compute_dtype(&t->model, TETRA_BF16, err, sizeof err))) {
-        log_error("model: %s", err);
-        if (t->model.params) t->model_ready = 1;
-        goto fail;
-    }
-    t->model_ready = 1;
-    /* the groups the layout computes over (degree 1: none) */
-    t->model.ctx.tp = t->msh.size[MESH_TP] > 1 ? comm_get(t->cw, MESH_G_TP) : NULL;
-    t->model.ctx.cp = t->msh.size[MESH_CP] > 1 ? comm_get(t->cw, MESH_G_CP) : NULL;
-    t->model.tp_gather_logits = c->parallelism.disable_loss_parallel;
-    t->model.tp_async = c->parallelism.enable_async_tensor_parallel;
-    t->n_params = (double)llama3_num_params(&t->args);
-    t->flops_per_token = llama3_flops_per_token(&t->args, t->T);
-
-    /* ---- FSDP / HSDP / DDP over the model's units ---- */
-    llama3_model *m = &t->model;
-    t->decl = calloc((size_t)m->n_params, sizeof *t->decl);
-    if (!t->decl) {
-        log_error("out of host memory");
-        goto fail;
-    }
-    for (int i = 0; i < m->n_params; i++) {
-        const llama3_param *p = &m->params[i];
-        dt_param_decl *d = &t->decl[i];
-        d->name = p->name;
-        d->unit = p->unit;
-        d->ndim = p->ndim;
-        for (int j = 0; j < p->ndim; j++) {
-            d->shape[j] = p->shape[j];
-            d->box_start[j] = p->box_start[j];
-            d->box_shape[j] = p->box_shape[j];
-        }
-        d->numel = p->numel;
-        d->offset = p->offset;
-        d->replicated = p->tp_replicated;
-    }
-    fsdp_config fc;
-    memset(&fc, 0, sizeof fc);
-    fc.ops = ops;
-    fc.shard = comm_get(t->cw, MESH_G_FSDP);
-    fc.replicate = comm_get(t->cw, MESH_G_DP_REPLICATE);
-    fc.tp = t->model.ctx.tp;
-    fsdp_parse_reshard(c->parallelism.fsdp_reshard_after_forward, &fc.reshard);
-    fc.pipeline_parallel = dims->pp > 1;
-    fc.reduce_at_last_microbatch = dims->pp > 1;
-    fc.compute_dtype = m->compute_dtype;
-    fc.n_units = m->n_units;
-    fc.unit_offset = m->unit_offset;
-    fc.unit_numel = m->unit_numel;
-    fc.n_params = m->n_params;
-    fc.params_decl = t->decl;
-    fc.unit_params = m->unit_params;
-    fc.unit_grads = m->unit_grads;
-    fc.plan_only = dry;
-    t->fs = fsdp_create(&fc, err, sizeof err);
-    if (!t->fs) {
+    t->accum = dims->grad_accum_steps;
+    if (setup_stages(t, max_t, err, sizeof err)) {
         log_error("%s", err);
         goto fail;
     }
-    /* the embedding's backward is a scatter: it reads no weights */
-    fsdp_set_backward_needs_params(t->fs, llama3_embedding_unit(m), 0);
+    t->n_params = (double)llama3_num_params(&t->args);
+    t->flops_per_token = llama3_flops_per_token(&t->args, t->T);
 
-    /* ---- the step's schedule ---- */
-    t->accum = dims->grad_accum_steps;
-    t->tok = (size_t)t->B * (size_t)t->T;
+    /* ---- the step's schedule, then what each stage keeps and how many microbatches
+     * it holds at once ---- */
     if (train_build_schedule(t, err, sizeof err)) {
         log_error("%s", err);
         goto fail;
     }
-    /* ---- activation checkpointing: what each block keeps ---- */
-    const int nb = m->layout.layer_end - m->layout.layer_start;
-    t->keep = calloc((size_t)(nb > 0 ? nb : 1), sizeof *t->keep);
-    if (!t->keep || llama3_ac_policy(m, c->activation_checkpoint.mode, c->activation_checkpoint.selective_ac_option,
-                                     t->keep, err, sizeof err)) {
-        log_error("%s", t->keep ? err : "out of host memory");
-        goto fail;
-    }
-    for (int i = 0; i < nb; i++) t->n_dropping += t->keep[i] != LLAMA3_KEEP_ALL;
-    if (t->n_dropping > 0) {
-        /* a block holds a slot from its I pass to its W pass: one when every W follows its I,
-         * else every dropping block of each microbatch whose W the schedule defers */
-        const int deferred = pp_schedule_max_deferred_w(t->sched);
-        t->recompute_slots = deferred > 0 ? deferred * t->n_dropping : 1;
+    {
+        int peak[64];
+        if (t->n_local > 64 || train_plan_pools(t, peak, err, sizeof err)) {
+            log_error("%s", t->n_local > 64 ? "pipeline: more than 64 stages on one rank" : err);
+            goto fail;
+        }
+        /* activation checkpointing: a block holds a recompute slot from its I pass to its W
+         * pass: one when every W follows its I, else every dropping block of each
+         * microbatch whose W the schedule defers */
+        const int deferred = pp_schedule_max_deferred_w(t->run_sched);
+        for (int i = 0; i < t->n_local; i++) {
+            train_stage *st = &t->st[i];
+            st->n_acts = peak[i];
+            const int nb = st->model.layout.layer_end - st->model.layout.layer_start;
+            st->keep = calloc((size_t)(nb > 0 ? nb : 1), sizeof *st->keep);
+            if (!st->keep || llama3_ac_policy(&st->model, c->activation_checkpoint.mode,
+                                              c->activation_checkpoint.selective_ac_option, st->keep, err,
+                                              sizeof err)) {
+                log_error("%s", st->keep ? err : "out of host memory");
+                goto fail;
+            }
+            for (int k = 0; k < nb; k++) st->n_dropping += st->keep[k] != LLAMA3_KEEP_ALL;
+            if (st->n_dropping > 0) st->recompute_slots = deferred > 0 ? deferred * st->n_dropping : 1;
+        }
     }
     if (dry) {
         log_plan(t);
@@ -479,9 +666,12 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                !(c->checkpoint.enable && load_found)) {
         hf_ctx hc;
         memset(&hc, 0, sizeof hc);
-        hc.m = m;
         hc.rd = llama3_hf_open(&t->args, c->checkpoint.initial_load_path, hc.err, sizeof hc.err);
-        int bad = !hc.rd || fsdp_init_shards(t->fs, hf_fill, &hc) != 0;
+        int bad = !hc.rd;
+        for (int i = 0; i < t->n_local && !bad; i++) {
+            hc.m = &t->st[i].model;
+            bad = fsdp_init_shards(t->st[i].fs, hf_fill, &hc) != 0;
+        }
         llama3_hf_close(hc.rd);
         if (ckpt_agree(bad, hc.err, sizeof hc.err)) {
             log_error("checkpoint.initial_load_path: %s", hc.err);
@@ -489,10 +679,12 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         }
         log_info("loaded Hugging Face weights from %s", c->checkpoint.initial_load_path);
     } else {
-        init_ctx ic = {m, (uint64_t)c->training.seed};
-        if (fsdp_init_shards(t->fs, init_fill, &ic)) {
-            log_error("out of host memory initialising the weights");
-            goto fail;
+        for (int i = 0; i < t->n_local; i++) {
+            init_ctx ic = {&t->st[i].model, (uint64_t)c->training.seed};
+            if (fsdp_init_shards(t->st[i].fs, init_fill, &ic)) {
+                log_error("out of host memory initialising the weights");
+                goto fail;
+            }
         }
     }
 
@@ -504,7 +696,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             log_error("training.dataset: %s", err);
             goto fail;
         }
-        t->train = dl_open(t->data_dir, "train", t->T, t->B, dp_rank, dp, 0, (uint64_t)c->training.seed,
+        t->train = dl_open(t->data_dir, "train", t->T, (int)c->training.local_batch_size, dp_rank, dp, 0, (uint64_t)c->training.seed,
                            (uint32_t)t->args.vocab_size, err, sizeof err);
         if (!t->train) {
             log_error("training data: %s", err);
@@ -533,68 +725,100 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
 
     /* ---- buffers ---- */
-    const size_t local_numel = fsdp_local_numel(t->fs);
-    t->h_in = malloc(sizeof(int32_t) * t->tok * (size_t)t->accum);
-    t->h_lab = malloc(sizeof(int32_t) * t->tok * (size_t)t->accum);
+    const size_t step_tok = (size_t)t->accum * (size_t)c->training.local_batch_size * (size_t)t->T;
+    t->h_in = malloc(sizeof(int32_t) * step_tok);
+    t->h_lab = malloc(sizeof(int32_t) * step_tok);
     const size_t vtok = (size_t)t->VB * (size_t)t->VT;
     if (t->val) {
         t->hv_in = malloc(sizeof(int32_t) * vtok);
         t->hv_lab = malloc(sizeof(int32_t) * vtok);
     }
-    /* AdamW moments for this rank's shard only, one allocation ("optimizer state") */
-    const size_t adam_stride = (local_numel + 15) & ~(size_t)15;
-    t->adam_m = ops->alloc(2 * adam_stride * sizeof(float));
-    t->adam_v = t->adam_m ? t->adam_m + adam_stride : NULL;
-    t->acts = calloc((size_t)t->n_acts, sizeof *t->acts);
-    t->acts_mb = malloc((size_t)t->n_acts * sizeof *t->acts_mb);
-    if (!t->h_in || !t->h_lab || !t->adam_m || !t->acts || !t->acts_mb || (t->val && (!t->hv_in || !t->hv_lab))) {
+    if (!t->h_in || !t->h_lab || (t->val && (!t->hv_in || !t->hv_lab))) {
         log_error("out of memory allocating training buffers");
         goto fail;
     }
-    ops->fill(t->adam_m, 0.0f, local_numel);
-    ops->fill(t->adam_v, 0.0f, local_numel);
-    t->ws = llama3_workspace_create(m, t->B, t->T, t->n_dropping > 0, t->recompute_slots, err, sizeof err);
-    for (int i = 0; t->ws && i < t->n_acts; i++) {
-        t->acts_mb[i] = -1;
-        t->acts[i] = llama3_acts_create_ws(m, t->ws, t->keep, t->B, t->T, err, sizeof err);
-        if (!t->acts[i]) break;
-    }
-    if (!t->ws || !t->acts[t->n_acts - 1]) {
-        log_error("out of memory allocating activations: %s", err);
-        goto fail;
+    for (int i = 0; i < t->n_local; i++) {
+        train_stage *st = &t->st[i];
+        const size_t local_numel = fsdp_local_numel(st->fs);
+        /* AdamW moments for this rank's shard only, one allocation ("optimizer state") */
+        const size_t adam_stride = (local_numel + 15) & ~(size_t)15;
+        st->adam_m = ops->alloc(2 * adam_stride * sizeof(float));
+        st->adam_v = st->adam_m ? st->adam_m + adam_stride : NULL;
+        st->acts = calloc((size_t)st->n_acts, sizeof *st->acts);
+        st->acts_mb = malloc((size_t)st->n_acts * sizeof *st->acts_mb);
+        st->acts_state = calloc((size_t)st->n_acts, 1);
+        if (!st->adam_m || !st->acts || !st->acts_mb || !st->acts_state) {
+            log_error("out of memory allocating training buffers");
+            goto fail;
+        }
+        ops->fill(st->adam_m, 0.0f, local_numel);
+        ops->fill(st->adam_v, 0.0f, local_numel);
+        st->ws = llama3_workspace_create(&st->model, t->B, t->T, st->n_dropping > 0, st->recompute_slots, err,
+                                         sizeof err);
+        for (int k = 0; st->ws && k < st->n_acts; k++) {
+            st->acts_mb[k] = -1;
+            st->acts[k] = llama3_acts_create_ws(&st->model, st->ws, st->keep, t->B, t->T, err, sizeof err);
+            if (!st->acts[k]) break;
+        }
+        if (!st->ws || !st->acts[st->n_acts - 1]) {
+            log_error("out of memory allocating activations: %s", err);
+            goto fail;
+        }
     }
     if (t->val) {
-        if (t->VB == t->B && t->VT == t->T) {
-            t->vacts = t->acts[0];
-        } else {
-            unsigned *none = keep_none(t);
-            t->vws = none ? llama3_workspace_create(m, t->VB, t->VT, 1, 0, err, sizeof err) : NULL;
-            t->vacts = t->vws ? llama3_acts_create_ws(m, t->vws, none, t->VB, t->VT, err, sizeof err) : NULL;
+        t->vacts = calloc((size_t)t->n_local, sizeof *t->vacts);
+        t->vws = calloc((size_t)t->n_local, sizeof *t->vws);
+        if (!t->vacts || !t->vws) {
+            log_error("out of host memory");
+            goto fail;
+        }
+        t->vacts_own = t->VB != t->B || t->VT != t->T;
+        for (int i = 0; i < t->n_local; i++) {
+            train_stage *st = &t->st[i];
+            if (!t->vacts_own) {
+                t->vacts[i] = st->acts[0];
+                continue;
+            }
+            unsigned *none = keep_none(st);
+            t->vws[i] = none ? llama3_workspace_create(&st->model, t->VB, t->VT, 1, 0, err, sizeof err) : NULL;
+            t->vacts[i] = t->vws[i] ? llama3_acts_create_ws(&st->model, t->vws[i], none, t->VB, t->VT, err, sizeof err)
+                                    : NULL;
             free(none);
-            if (!t->vacts) {
+            if (!t->vacts[i]) {
                 log_error("out of memory allocating validation activations: %s", err);
                 goto fail;
             }
         }
     }
 
-    /* ---- checkpoint groups, resume, seed checkpoint ---- */
-    const dt_tensor *pieces = fsdp_tensors(t->fs);
-    t->groups[G_MODEL] = (ckpt_group){"model/", pieces, m->n_params, fsdp_master(t->fs)};
-    t->groups[G_EXP_AVG] = (ckpt_group){"optimizer/exp_avg/", pieces, m->n_params, t->adam_m};
-    t->groups[G_EXP_AVG_SQ] = (ckpt_group){"optimizer/exp_avg_sq/", pieces, m->n_params, t->adam_v};
-    /* every tensor-parallel rank holds the replicated parameters (the norms): one writes them */
-    t->save_tensors = malloc((size_t)m->n_params * sizeof *t->save_tensors);
-    if (!t->save_tensors) {
+    /* ---- checkpoint groups (by group, then stage), resume, seed checkpoint ---- */
+    t->groups = calloc((size_t)(N_GROUPS * t->n_local), sizeof *t->groups);
+    t->save_groups = calloc((size_t)(N_GROUPS * t->n_local), sizeof *t->save_groups);
+    if (!t->groups || !t->save_groups) {
         log_error("out of host memory");
         goto fail;
     }
-    memcpy(t->save_tensors, pieces, (size_t)m->n_params * sizeof *t->save_tensors);
-    for (int i = 0; i < m->n_params; i++)
-        if (t->decl[i].replicated && m->layout.tp_rank != 0) t->save_tensors[i].n_pieces = 0;
-    for (int g = 0; g < N_GROUPS; g++) {
-        t->save_groups[g] = t->groups[g];
-        t->save_groups[g].tensors = t->save_tensors;
+    for (int i = 0; i < t->n_local; i++) {
+        train_stage *st = &t->st[i];
+        const llama3_model *sm = &st->model;
+        const dt_tensor *pieces = fsdp_tensors(st->fs);
+        t->groups[G_MODEL * t->n_local + i] = (ckpt_group){"model/", pieces, sm->n_params, fsdp_master(st->fs)};
+        t->groups[G_EXP_AVG * t->n_local + i] = (ckpt_group){"optimizer/exp_avg/", pieces, sm->n_params, st->adam_m};
+        t->groups[G_EXP_AVG_SQ * t->n_local + i] =
+            (ckpt_group){"optimizer/exp_avg_sq/", pieces, sm->n_params, st->adam_v};
+        /* every tensor-parallel rank holds the replicated parameters (the norms): one writes them */
+        st->save_tensors = malloc((size_t)sm->n_params * sizeof *st->save_tensors);
+        if (!st->save_tensors) {
+            log_error("out of host memory");
+            goto fail;
+        }
+        memcpy(st->save_tensors, pieces, (size_t)sm->n_params * sizeof *st->save_tensors);
+        for (int k = 0; k < sm->n_params; k++)
+            if (st->decl[k].replicated && sm->layout.tp_rank != 0) st->save_tensors[k].n_pieces = 0;
+        for (int g = 0; g < N_GROUPS; g++) {
+            t->save_groups[g * t->n_local + i] = t->groups[g * t->n_local + i];
+            t->save_groups[g * t->n_local + i].tensors = st->save_tensors;
+        }
     }
     if (load_found) {
         if (train_load_checkpoint(t, load_path, load_model_only, err, sizeof err)) {
@@ -626,7 +850,7 @@ static void run_validation(trainer *t, int64_t step) {
     for (int64_t s = 0; t->c->validation.steps < 0 || s < t->c->validation.steps; s++) {
         if (!dl_next(t->val, t->hv_in, t->hv_lab)) break;
         int64_t nv = 0;
-        loss_sum += train_forward_only(t, t->vacts, t->hv_in, t->hv_lab, 0.0f, &nv);
+        loss_sum += train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VT, t->hv_in, t->hv_lab, 0.0f, &nv);
         tokens += nv;
     }
     double vsum = comm_all_reduce_f64(t->g_loss, loss_sum, COMM_SUM);
@@ -707,10 +931,10 @@ static int prepare_run(trainer *t) {
      * allocation is an error that names its size and purpose. */
     if (strcmp(ops->name, "cpu") != 0) {
         train_warmup(t);
-        if (t->vacts && t->vacts != t->acts[0]) {
+        if (t->vacts && t->vacts_own) {
             memset(t->hv_in, 0, (size_t)t->VB * (size_t)t->VT * sizeof(int32_t));
             memset(t->hv_lab, 0, (size_t)t->VB * (size_t)t->VT * sizeof(int32_t));
-            train_forward_only(t, t->vacts, t->hv_in, t->hv_lab, 0.0f, NULL);
+            train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VT, t->hv_in, t->hv_lab, 0.0f, NULL);
         }
         ops->synchronize();
     }
@@ -732,6 +956,15 @@ static int prepare_run(trainer *t) {
     return 0;
 }
 
+/* "3, 4" */
+static const char *pp_stage_list(const trainer *t) {
+    static char buf[256];
+    buf[0] = '\0';
+    for (int i = 0; i < t->n_local; i++)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%d", i ? ", " : "", t->st[i].index);
+    return buf;
+}
+
 int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
                 const trainer_options *opt) {
     trainer *t = NULL;
@@ -746,7 +979,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         return rc == 2 ? 0 : rc;
     }
 
-    double log_t0 = now_s(), log_data = 0.0;
+    double log_t0 = now_s(), log_data = 0.0, pp_busy = 0.0, pp_total = 0.0, pp_recv = 0.0, pp_type_s[4] = {0};
+    long pp_type_n[4] = {0};
     int64_t log_steps = 0;
     const int64_t first_step = t->tc.step + 1;
     for (int64_t step = first_step; step <= c->training.steps; step++) {
@@ -761,13 +995,23 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             if (pr > 0 && rank == 0) train_log_save(t->saver, 1);
         }
         double t_data = now_s();
+        const size_t stride = (size_t)c->training.local_batch_size * (size_t)t->T;
         for (int a = 0; a < t->accum; a++)
-            dl_next(t->train, t->h_in + (size_t)a * t->tok, t->h_lab + (size_t)a * t->tok);
+            dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride);
         log_data += now_s() - t_data;
 
         step_result r;
         train_step(t, &r);
-        t->tc.tokens_seen += (int64_t)t->tok * t->accum * t->dims.dp;
+        t->tc.tokens_seen += c->training.local_batch_size * (int64_t)t->T * t->accum * t->dims.dp;
+        if (step > first_step) { /* the first step warms caches and plans: not counted */
+            pp_busy += t->pp_stats.compute_s;
+            pp_total += t->pp_step_s;
+            pp_recv += t->pp_stats.recv_wait_s;
+            for (int k = 0; k < 4; k++) {
+                pp_type_s[k] += t->pp_stats.type_s[k];
+                pp_type_n[k] += t->pp_stats.type_n[k];
+            }
+        }
         t->tc.step = step;
         log_steps++;
         if (step == first_step) {
@@ -792,7 +1036,10 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                 s.max_loss = r.max_loss;
                 s.grad_norm = r.grad_norm;
                 s.lr = r.lr;
-                s.tps = (double)t->tok * t->accum / dt;
+                /* TorchTitan's tps is per device: the data-parallel rank's tokens over the
+                 * ranks that share them (tensor, pipeline and context parallel) */
+                s.tps = (double)c->training.local_batch_size * t->T * t->accum / dt /
+                        (double)(t->msh.size[MESH_TP] * t->msh.size[MESH_PP] * t->msh.size[MESH_CP]);
                 s.tflops = t->flops_per_token * s.tps / 1e12;
                 s.mfu = 100.0 * t->flops_per_token * s.tps / t->peak;
                 s.mem_gib = (double)metrics_peak_rss_bytes() / (1024.0 * 1024 * 1024);
@@ -836,14 +1083,38 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     if (rc == 0) {
         char rb[32];
         fmt_bytes(rb, sizeof rb, (double)metrics_peak_rss_bytes());
-        fsdp_stats st = fsdp_get_stats(t->fs);
+        fsdp_stats st;
+        memset(&st, 0, sizeof st);
+        for (int i = 0; i < t->n_local; i++) {
+            fsdp_stats x = fsdp_get_stats(t->st[i].fs);
+            st.all_gathers += x.all_gathers;
+            st.reduce_scatters += x.reduce_scatters;
+            st.all_reduces += x.all_reduces;
+            st.wait_s += x.wait_s;
+        }
         if (world > 1)
             log_info("communication: %ld all-gathers, %ld reduce-scatters, %ld all-reduces; %.2f s waiting",
                      st.all_gathers, st.reduce_scatters, st.all_reduces, st.wait_s);
+        if (t->pp_size > 1 && pp_total > 0) {
+            /* every pipeline rank reports, so the bubble of each can be read off */
+            log_info("pipeline rank %d (stage%s %s): computing %.1f%% of the schedule's time, idle %.1f%% "
+                         "(%.3f s of %.3f s per step; %.3f s waiting for receives) over steps 2-%lld",
+                         t->pp_rank, t->n_local > 1 ? "s" : "", pp_stage_list(t), 100.0 * pp_busy / pp_total,
+                         100.0 * (1.0 - pp_busy / pp_total), pp_busy / (double)(c->training.steps - first_step),
+                         pp_total / (double)(c->training.steps - first_step),
+                         pp_recv / (double)(c->training.steps - first_step), (long long)c->training.steps);
+            char per[160] = "";
+            static const char *const names[4] = {"F", "I", "W", "B"};
+            for (int k = 0; k < 4; k++)
+                if (pp_type_n[k] > 0)
+                    snprintf(per + strlen(per), sizeof per - strlen(per), "%s%s %.2f ms", per[0] ? ", " : "",
+                             names[k], 1e3 * pp_type_s[k] / (double)pp_type_n[k]);
+            log_info("pipeline rank %d: mean time per stage action: %s", t->pp_rank, per);
+        }
         if (t->msh.size[MESH_TP] > 1) {
             tp_stats ts = tp_get_stats();
             log_info("tensor parallel%s: %ld sequence-parallel collectives, %.1f MiB sent; %.2f s waiting",
-                     t->model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0), ts.wait_s);
+                     t->st[0].model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0), ts.wait_s);
         }
         log_info("training done: %lld steps; peak resident memory %s; %zu backend allocations during training",
                  (long long)c->training.steps, rb, ops->alloc_count() - t->allocs_at_start);

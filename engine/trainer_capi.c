@@ -87,7 +87,7 @@ const char *trainer_capi_backend(void *h) { return ((capi *)h)->t->ops->name; }
 /* Tokens of one step's batch on this rank: gradient accumulation x local batch x seq. */
 int trainer_capi_batch_tokens(void *h) {
     const trainer *t = ((capi *)h)->t;
-    return (int)((size_t)t->accum * t->tok);
+    return (int)((size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T);
 }
 
 /* One optimizer step on inputs/labels [accum * local_batch * seq_len] (int32, labels may
@@ -95,7 +95,7 @@ int trainer_capi_batch_tokens(void *h) {
  * clipping and the learning rate used go to *grad_norm, *lr. */
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr) {
     trainer *t = ((capi *)h)->t;
-    const size_t n = (size_t)t->accum * t->tok;
+    const size_t n = (size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T;
     memcpy(t->h_in, inputs, n * sizeof(int32_t));
     memcpy(t->h_lab, labels, n * sizeof(int32_t));
     step_result r;
@@ -109,9 +109,9 @@ double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, 
 /* The trainer's current weights (its fp32 master parameters) as Hugging Face safetensors. */
 int trainer_capi_save_hf(void *h, const char *path, char *err, size_t errlen) {
     trainer *t = ((capi *)h)->t;
-    if (fsdp_shard_degree(t->fs) != 1) {
+    if (t->n_local != 1 || t->pp_size != 1 || fsdp_shard_degree(t->st[0].fs) != 1) {
         snprintf(err, errlen, "trainer_capi: HF export needs the whole model on this rank");
         return -1;
     }
-    return llama3_save_hf_buffer(&t->model, fsdp_master(t->fs), path, "float32", err, errlen);
+    return llama3_save_hf_buffer(&t->st[0].model, fsdp_master(t->st[0].fs), path, "float32", err, errlen);
 }

@@ -22,6 +22,7 @@
 #include "parallel/comm.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "parallel/pp/runtime.h"
 #include "parallel/pp/schedule.h"
 
 enum { G_MODEL = 0, G_EXP_AVG, G_EXP_AVG_SQ, N_GROUPS };
@@ -43,6 +44,30 @@ typedef struct {
     double lr;
 } step_result;
 
+/* One pipeline stage this rank runs: its part of the model, FSDP over it, its optimizer
+ * state and its microbatches' activations. A rank runs one stage without pipeline
+ * parallel (the whole model) and one or more with it (several for the looped and V
+ * schedules). */
+typedef struct {
+    int index;                 /* global stage index */
+    llama3_model model;
+    int model_ready;
+    dt_param_decl *decl;       /* [model.n_params] the stage's parameters for FSDP */
+    fsdp *fs;
+    unsigned *keep;            /* [local blocks] what each block keeps for backward (activation checkpointing) */
+    int n_dropping;            /* blocks that keep less than everything */
+    int recompute_slots;       /* workspace slots for blocks between their I and W passes */
+    llama3_workspace *ws;
+    int n_acts;                /* microbatch activation buffers (the schedule's peak alive on this stage) */
+    llama3_acts **acts;        /* [n_acts] */
+    int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */
+    unsigned char *acts_state; /* [n_acts] ACTS_* bits: what still holds the buffer */
+    float *adam_m, *adam_v;    /* [local] each, one allocation */
+    dt_tensor *save_tensors;   /* [model.n_params] what this rank writes of the stage */
+    int remote_prev, remote_next; /* the neighbouring stage runs on another rank */
+    int local_prev, local_next;   /* ... or on this one: index into trainer.st, else -1 */
+} train_stage;
+
 struct trainer {
     const tetra_config *cfg;
     const tetra_config_values *c;
@@ -54,45 +79,41 @@ struct trainer {
     int mixed;                 /* bf16 compute */
     mesh msh;
     comm_world *cw;
-    comm_group *g_world, *g_loss;
+    comm_group *g_world, *g_loss, *g_pp;
 
     llama3_args args;
-    llama3_model model;
-    int model_ready;
-    dt_param_decl *decl;       /* [model.n_params] the model's parameters for FSDP */
-    fsdp *fs;
+    /* pipeline: n_stages in all; this rank runs n_local of them (st[0..n_local-1],
+     * ascending stage index) at pipeline rank pp_rank of pp_size */
+    int n_stages, n_local, pp_rank, pp_size;
+    train_stage *st;
+    int first_local, last_local; /* index into st of the stage with the embedding / the head, or -1 */
 
-    /* the step: microbatches of B sequences of T tokens, accum per step */
-    int B, T, accum;
+    /* the step: accum rounds of the schedule, each over n_mb microbatches of B
+     * sequences of T tokens */
+    int B, T, accum, n_mb;
     size_t tok;                /* B * T */
-    pp_schedule *sched;
-    int n_acts;                /* microbatch activation buffers (the schedule's peak in flight) */
-    unsigned *keep;            /* [local blocks] what each block keeps for backward (activation checkpointing) */
-    int n_dropping;            /* blocks that keep less than everything */
-    int recompute_slots;       /* workspace slots for blocks between their I and W passes */
-    llama3_workspace *ws;
-    llama3_acts **acts;        /* [n_acts] */
-    int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */
+    pp_schedule *sched;        /* compute-only */
+    pp_schedule *run_sched;    /* what this rank runs (lowered under pipeline parallel) */
+    int round;                 /* the schedule round running now (gradient accumulation) */
     int VB, VT;
-    llama3_workspace *vws;     /* validation, when its shape differs */
-    llama3_acts *vacts;
+    llama3_workspace **vws;    /* [n_local] validation workspaces, when its shape differs */
+    llama3_acts **vacts;       /* [n_local] */
+    int vacts_own;             /* vacts were allocated for validation (else acts[0] of each stage) */
 
     /* data */
     char data_dir[4096];
     dl_loader *train, *val;
-    int32_t *h_in, *h_lab;     /* [accum * tok] this step's microbatches (host) */
+    int32_t *h_in, *h_lab;     /* [accum * n_mb * tok] this step's microbatches (host) */
     int32_t *hv_in, *hv_lab;   /* [VB * VT] */
 
     /* optimizer */
-    float *adam_m, *adam_v;    /* [local] each, one allocation */
     lr_schedule lrs;
     train_counters tc;
 
     /* checkpoints and logs */
     char ckpt_dir[4096];
-    ckpt_group groups[N_GROUPS];      /* what this rank loads */
-    ckpt_group save_groups[N_GROUPS]; /* what it writes: replicated pieces from one tp rank only */
-    dt_tensor *save_tensors;
+    ckpt_group *groups;        /* [N_GROUPS * n_local] what this rank loads, by group then stage */
+    ckpt_group *save_groups;   /* what it writes: replicated pieces from one tp rank only */
     ckpt_saver *saver;
     metrics_logger *ml;
     double n_params, flops_per_token, peak;
@@ -103,15 +124,24 @@ struct trainer {
     float dloss_scale;
     double step_loss_sum;
     int64_t step_valid;
+    pp_run_stats pp_stats;     /* the last step's runtime times (summed over rounds) */
+    double pp_step_s;          /* the last step's wall time inside the schedule */
 };
 
 /* train_step.c */
+/* The step's schedule: accumulation on one stage, or the pipeline schedule (generated
+ * or from the CSV), lowered and checked; the stages this rank runs must be set. */
 int train_build_schedule(trainer *t, char *err, size_t errlen);
+/* The activation buffers each local stage needs (peak[i] for st[i]), by replaying the
+ * schedule this rank runs. */
+int train_plan_pools(trainer *t, int *peak, char *err, size_t errlen);
 /* One optimizer step over t->h_in / t->h_lab (accum microbatches of this rank). */
 void train_step(trainer *t, step_result *r);
-/* Forward of every unit of the stage under FSDP (validation, warm-up): the summed loss. */
-double train_forward_only(trainer *t, llama3_acts *a, const int32_t *in, const int32_t *lab, float dloss_scale,
-                          int64_t *n_valid);
+/* Forward of every stage of this rank over one batch (validation, warm-up), passing
+ * activations along the pipeline; acts[i] serves st[i], each of ntok tokens. The summed loss of the batch
+ * on every rank (0 with no valid token). */
+double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
+                          float dloss_scale, int64_t *n_valid);
 /* Forward and backward of one microbatch without an optimizer step (warm-up). */
 void train_warmup(trainer *t);
 
