@@ -71,8 +71,9 @@ if(TETRA_CUDA_SIM)
   add_test(NAME gpu/test_ops_cuda_sim COMMAND test_ops_cuda_sim WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_ops_cuda_sim PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
-  # the trainer on the simulated kernels over two MPI ranks, FSDP then tensor parallel:
-  # per-unit working buffers, bf16 all-gathers, reduce-scatters of device buffers
+  # the trainer on the simulated kernels over two MPI ranks, FSDP, tensor parallel, then
+  # pipeline parallel: per-unit working buffers, bf16 all-gathers, reduce-scatters and
+  # point-to-point messages of device buffers
   add_test(NAME gpu/test_ops_cuda_sim_fsdp
     COMMAND ${MPIEXEC_EXECUTABLE} -np 2 --oversubscribe --bind-to none $<TARGET_FILE:test_ops_cuda_sim> --trainer
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})

@@ -61,8 +61,11 @@ static int local_of(const trainer *t, int stage) {
  * the schedule and the activation pools it needs */
 
 /* Replays the buffer rules over a rank's list: the most buffers each local stage
- * holds at once (peak[i] for st[i]). */
-static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *peak, char *err, size_t errlen) {
+ * holds at once (peak[i] for st[i]), and the most of its microbatches between an I
+ * and its W at once (open_iw[i]: each holds a recompute slot per block that drops
+ * activations). */
+static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *peak, int *open_iw, char *err,
+                      size_t errlen) {
     const int S = s->n_stages, M = s->n_microbatches;
     unsigned char *state = calloc((size_t)S * (size_t)M, 1);
     int *live = calloc((size_t)t->n_local, sizeof *live);
@@ -72,7 +75,14 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
         snprintf(err, errlen, "schedule: out of host memory");
         return -1;
     }
-    for (int i = 0; i < t->n_local; i++) peak[i] = 0;
+    int *open = calloc((size_t)t->n_local, sizeof *open);
+    if (!open) {
+        free(state);
+        free(live);
+        snprintf(err, errlen, "schedule: out of host memory");
+        return -1;
+    }
+    for (int i = 0; i < t->n_local; i++) peak[i] = open_iw[i] = 0;
 #define ST(stage, mb) state[(size_t)(stage) * (size_t)M + (size_t)(mb)]
 #define TAKE(li, stage, mb)                                                                                           \
     do {                                                                                                              \
@@ -110,7 +120,13 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
                 if (nx >= 0) TAKE(nx, o->stage + 1, o->mb);
                 break;
             }
+            case PP_I:
+                if (++open[li] > open_iw[li]) open_iw[li] = open[li];
+                break;
             case PP_W:
+                open[li]--;
+                CLEAR(li, o->stage, o->mb, ACTS_BACKWARD);
+                break;
             case PP_B: CLEAR(li, o->stage, o->mb, ACTS_BACKWARD); break;
             case PP_WAIT_SEND_B: CLEAR(li, o->stage, o->mb, ACTS_SEND_B); break;
             default: break;
@@ -120,6 +136,7 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
 #undef ST
 #undef TAKE
 #undef CLEAR
+    free(open);
     free(state);
     free(live);
     for (int i = 0; i < t->n_local; i++)
@@ -205,8 +222,8 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
 }
 
 /* The activation buffers each local stage needs: after the stages' links are known. */
-int train_plan_pools(trainer *t, int *peak, char *err, size_t errlen) {
-    return plan_pools(t, t->run_sched, t->pp_rank, peak, err, errlen);
+int train_plan_pools(trainer *t, int *peak, int *open_iw, char *err, size_t errlen) {
+    return plan_pools(t, t->run_sched, t->pp_rank, peak, open_iw, err, errlen);
 }
 
 /* ----------------------------------------------------------------------------

@@ -616,15 +616,14 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         goto fail;
     }
     {
-        int peak[64];
-        if (t->n_local > 64 || train_plan_pools(t, peak, err, sizeof err)) {
+        int peak[64], open_iw[64];
+        if (t->n_local > 64 || train_plan_pools(t, peak, open_iw, err, sizeof err)) {
             log_error("%s", t->n_local > 64 ? "pipeline: more than 64 stages on one rank" : err);
             goto fail;
         }
         /* activation checkpointing: a block holds a recompute slot from its I pass to its W
-         * pass: one when every W follows its I, else every dropping block of each
-         * microbatch whose W the schedule defers */
-        const int deferred = pp_schedule_max_deferred_w(t->run_sched);
+         * pass: one when every backward is a full one (each unit's I then W), else every
+         * dropping block of each microbatch of the stage between its I and its W */
         for (int i = 0; i < t->n_local; i++) {
             train_stage *st = &t->st[i];
             st->n_acts = peak[i];
@@ -637,7 +636,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 goto fail;
             }
             for (int k = 0; k < nb; k++) st->n_dropping += st->keep[k] != LLAMA3_KEEP_ALL;
-            if (st->n_dropping > 0) st->recompute_slots = deferred > 0 ? deferred * st->n_dropping : 1;
+            if (st->n_dropping > 0) st->recompute_slots = open_iw[i] > 0 ? open_iw[i] * st->n_dropping : 1;
         }
     }
     if (dry) {

@@ -132,9 +132,10 @@ struct trainer {
 /* The step's schedule: accumulation on one stage, or the pipeline schedule (generated
  * or from the CSV), lowered and checked; the stages this rank runs must be set. */
 int train_build_schedule(trainer *t, char *err, size_t errlen);
-/* The activation buffers each local stage needs (peak[i] for st[i]), by replaying the
- * schedule this rank runs. */
-int train_plan_pools(trainer *t, int *peak, char *err, size_t errlen);
+/* The activation buffers each local stage needs (peak[i] for st[i]) and the most of
+ * its microbatches between an I pass and their W at once (open_iw[i]), by replaying
+ * the schedule this rank runs. */
+int train_plan_pools(trainer *t, int *peak, int *open_iw, char *err, size_t errlen);
 /* One optimizer step over t->h_in / t->h_lab (accum microbatches of this rank). */
 void train_step(trainer *t, step_result *r);
 /* Forward of every stage of this rank over one batch (validation, warm-up), passing

@@ -1454,20 +1454,22 @@ static void test_full_step(tetra_dtype dt) {
 // under mixed precision), activation checkpointing (op-level: recompute in the I pass),
 // clipping and AdamW, through trainer_capi (engine/trainer_capi.c), against the same
 // trainer on the CPU. Under mpirun with memory MPI can move (the simulator), FSDP
-// shards over the ranks (the per-unit working-buffer paths on the CUDA kernels), and
-// then tensor parallel splits the model over them.
+// shards over the ranks (the per-unit working-buffer paths on the CUDA kernels), then
+// tensor parallel splits the model over them, then pipeline parallel (ZBV: two stages
+// per rank, point-to-point messages of device buffers, the V's turn as a device copy).
 
 void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen);
 void trainer_capi_free(void *h);
 const char *trainer_capi_backend(void *h);
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr);
 
-static int run_trainer(const char *device, int bf16, int world, int rank, int tp, double *loss, double *gnorm,
-                       int steps) {
-    char gb[16], tps[16], *argv[44];
+static int run_trainer(const char *device, int bf16, int world, int rank, int tp, int pp, double *loss,
+                       double *gnorm, int steps) {
+    char gb[16], tps[16], pps[16], *argv[52];
     int argc = 0;
-    snprintf(gb, sizeof gb, "%d", 2 * world / tp);
+    snprintf(gb, sizeof gb, "%d", 2 * world / tp / pp);
     snprintf(tps, sizeof tps, "%d", tp);
+    snprintf(pps, sizeof pps, "%d", pp);
     const char *fixed[] = {"train", "--model.flavor", "tiny", "--training.seq_len", "32",
                            "--training.local_batch_size", "2", "--training.steps", "10", "--training.seed", "5",
                            "--training.threads", "1", "--activation_checkpoint.mode", "selective",
@@ -1481,6 +1483,10 @@ static int run_trainer(const char *device, int bf16, int world, int rank, int tp
     argv[argc++] = (char *)(bf16 ? "bfloat16" : "float32");
     argv[argc++] = (char *)"--parallelism.tensor_parallel_degree";
     argv[argc++] = tps;
+    argv[argc++] = (char *)"--parallelism.pipeline_parallel_degree";
+    argv[argc++] = pps;
+    argv[argc++] = (char *)"--parallelism.pipeline_parallel_schedule";
+    argv[argc++] = (char *)"ZBVZeroBubble";
     char err[2048];
     void *h = trainer_capi_create(argc, argv, err, sizeof err);
     if (!h) {
@@ -1514,7 +1520,7 @@ static void finalize_mpi(void) {
     if (!fin) MPI_Finalize();
 }
 
-static void test_trainer(int bf16, int tp) {
+static void test_trainer(int bf16, int tp, int pp) {
     int world = 1, rank = 0, inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -1527,19 +1533,20 @@ static void test_trainer(int bf16, int tp) {
     enum { STEPS = 3 };
     double lc[STEPS], gc[STEPS], lg[STEPS], gg[STEPS];
     char name[64], shape[160];
-    if (world % tp) return;
-    snprintf(name, sizeof name, "trainer %s%s", bf16 ? "bf16" : "fp32", tp > 1 ? " tp" : "");
+    if (world % (tp * pp)) return;
+    snprintf(name, sizeof name, "trainer %s%s", bf16 ? "bf16" : "fp32", tp > 1 ? " tp" : pp > 1 ? " pp" : "");
     /* "auto" is the device here (the configuration refuses "cuda" in a build whose library
      * has no CUDA backend of its own, as the simulator's) */
-    if (run_trainer("cpu", bf16, world, rank, tp, lc, gc, STEPS) ||
-        run_trainer("auto", bf16, world, rank, tp, lg, gg, STEPS)) {
+    if (run_trainer("cpu", bf16, world, rank, tp, pp, lc, gc, STEPS) ||
+        run_trainer("auto", bf16, world, rank, tp, pp, lg, gg, STEPS)) {
         report(name, "setup failed", 0, 0, 0);
         return;
     }
     for (int s = 0; s < STEPS; s++) {
         float fc[2] = {(float)lc[s], (float)gc[s]}, fg[2] = {(float)lg[s], (float)gg[s]};
         snprintf(shape, sizeof shape, "tiny, %s %d, AC op, step %d: loss, grad norm",
-                 tp > 1 ? "tp" : world > 1 ? "fsdp" : "ranks", tp > 1 ? tp : world, s + 1);
+                 tp > 1 ? "tp" : pp > 1 ? "pp (ZBV)" : world > 1 ? "fsdp" : "ranks", tp > 1 ? tp : pp > 1 ? pp : world,
+                 s + 1);
         check_close(name, shape, fg, fc, 2, bf16 ? (s ? 2e-2 : 5e-3) : (s ? 1e-4 : 1e-5));
     }
 }
@@ -1575,10 +1582,12 @@ int main(int argc, char **argv) {
     printf("%-30s %-46s %11s %9s  %s\n", "op", "shape", "error", "tol", "result");
 
     if (trainer_only) {
-        test_trainer(0, 1);
-        test_trainer(1, 1);
-        test_trainer(0, 2); /* with two ranks: tensor parallel on the device's kernels */
-        test_trainer(1, 2);
+        test_trainer(0, 1, 1);
+        test_trainer(1, 1, 1);
+        test_trainer(0, 2, 1); /* with two ranks: tensor parallel on the device's kernels */
+        test_trainer(1, 2, 1);
+        test_trainer(0, 1, 2); /* and pipeline parallel */
+        test_trainer(1, 1, 2);
         printf("%d checks, %d failed\n", checks, failures);
         return failures ? EXIT_FAILURE : EXIT_SUCCESS;
     }
@@ -1607,8 +1616,8 @@ int main(int argc, char **argv) {
         test_full_step(TETRA_BF16);
     else
         printf("full step bf16: skipped (the CPU backend has no bf16 ops yet)\n");
-    test_trainer(0, 1);
-    test_trainer(1, 1);
+    test_trainer(0, 1, 1);
+    test_trainer(1, 1, 1);
 
     printf("%d checks, %d failed\n", checks, failures);
     return failures ? EXIT_FAILURE : EXIT_SUCCESS;
