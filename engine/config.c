@@ -889,6 +889,13 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 WHERE("training", "seq_len"), seq, 2 * cp * tp);
         return -1;
     }
+    if (cp > 1 && v->validation.enable && v->validation.seq_len % (2 * cp * tp) != 0) {
+        set_err(err, n,
+                "%s: validation.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
+                "tensor_parallel_degree = %" PRId64, WHERE("validation", "seq_len"), v->validation.seq_len,
+                2 * cp * tp);
+        return -1;
+    }
     if (tp > 1 && seq % tp != 0) {
         set_err(err, n, "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
                 " (sequence parallel)", WHERE("training", "seq_len"), seq, tp);

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "engine/trainer_internal.h"
+#include "parallel/cp.h"
 #include "parallel/pp/csv.h"
 #include "parallel/pp/generate.h"
 #include "parallel/pp/lower.h"
@@ -618,4 +619,10 @@ void train_warmup(trainer *t) {
     for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
     t->step_loss_sum = 0.0;
     t->step_valid = 0;
+}
+
+void train_shard_batch(const trainer *t, int32_t *in, int32_t *lab, const int32_t *full_in, const int32_t *full_lab,
+                       int n, int T) {
+    cp_shard_tokens(t->cp_size, t->cp_balanced, t->cp_rank, in, full_in, n, T);
+    cp_shard_tokens(t->cp_size, t->cp_balanced, t->cp_rank, lab, full_lab, n, T);
 }

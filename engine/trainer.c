@@ -17,6 +17,7 @@
 #include "engine/trainer_internal.h"
 #include "models/llama3/hf.h"
 #include "models/llama3/pipeline.h"
+#include "parallel/cp.h"
 #include "parallel/pp/generate.h"
 #include "parallel/tp.h"
 
@@ -123,8 +124,8 @@ static unsigned *keep_none(const train_stage *s) {
 
 static size_t validation_bytes(const trainer *t, const train_stage *s) {
     unsigned *none = keep_none(s);
-    size_t b = none ? llama3_acts_bytes_policy(&s->model, none, t->VB, t->VT) +
-                          llama3_workspace_bytes(&s->model, t->VB, t->VT, 1, 0)
+    size_t b = none ? llama3_acts_bytes_policy(&s->model, none, t->VB, t->VTl) +
+                          llama3_workspace_bytes(&s->model, t->VB, t->VTl, 1, 0)
                     : 0;
     free(none);
     return b;
@@ -190,17 +191,17 @@ static void log_plan(trainer *t) {
         mr.work_grad_bytes += m.work_grad_bytes;
         mr.reduce_bytes += m.reduce_bytes;
         mr.resident_units += m.resident_units;
-        const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->T);
-        const size_t w = llama3_workspace_bytes(&s->model, t->B, t->T, s->n_dropping > 0, s->recompute_slots);
+        const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->Tl);
+        const size_t w = llama3_workspace_bytes(&s->model, t->B, t->Tl, s->n_dropping > 0, s->recompute_slots);
         acts += (size_t)s->n_acts * a1 + w;
         acts1 += a1;
         wsb += w;
-        full1 += llama3_acts_bytes_policy(&s->model, NULL, t->B, t->T);
+        full1 += llama3_acts_bytes_policy(&s->model, NULL, t->B, t->Tl);
         n_acts += s->n_acts;
         n_dropping += s->n_dropping;
         nblocks += s->model.layout.layer_end - s->model.layout.layer_start;
         slots += s->recompute_slots;
-        if (c->validation.enable && (t->VB != t->B || t->VT != t->T)) vb += validation_bytes(t, s);
+        if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl)) vb += validation_bytes(t, s);
     }
     acts += vb;
     const size_t persistent = mr.param_bytes + mr.compute_bytes + mr.grad_bytes + mr.optim_bytes;
@@ -256,7 +257,7 @@ static void log_plan(trainer *t) {
             ft.all_gather += x.all_gather;
             ft.reduce_scatter += x.reduce_scatter;
             ft.all_reduce += x.all_reduce;
-            tpb += (double)mbs * llama3_tp_traffic_bytes(&t->st[i].model, t->st[i].keep, t->B, t->T);
+            tpb += (double)mbs * llama3_tp_traffic_bytes(&t->st[i].model, t->st[i].keep, t->B, t->Tl);
         }
         double ppb = 0.0;
         if (t->pp_size > 1) {
@@ -326,6 +327,10 @@ void trainer_teardown(trainer *t) {
     free(t->h_lab);
     free(t->hv_in);
     free(t->hv_lab);
+    free(t->hf_in);
+    free(t->hf_lab);
+    free(t->hvf_in);
+    free(t->hvf_lab);
     if (t->val) dl_close(t->val);
     if (t->train) dl_close(t->train);
     if (t->run_sched != t->sched) pp_schedule_free(t->run_sched);
@@ -337,11 +342,6 @@ void trainer_teardown(trainer *t) {
 /* Refusals before anything is built: features of later versions, bad values. */
 static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dims, int world) {
     const tetra_config_values *c = &cfg->v;
-    if (dims->cp > 1) {
-        log_error("parallelism: context_parallel_degree must be 1 in this version (got %d); data parallel (FSDP, "
-                  "HSDP, DDP), tensor and pipeline parallel are supported", dims->cp);
-        return 1;
-    }
     if (c->model.converters.n > 0) {
         log_error("%s: model.converters = [\"%s\"]: the Float8 converter is not available in this version",
                   cfg->file ? cfg->file : "command line", c->model.converters.items[0]);
@@ -414,7 +414,7 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         t->B = (int)c->parallelism.pipeline_parallel_microbatch_size;
         t->n_mb = (int)(c->training.local_batch_size / c->parallelism.pipeline_parallel_microbatch_size);
     }
-    t->tok = (size_t)t->B * (size_t)t->T;
+    t->tok = (size_t)t->B * (size_t)t->Tl;
     int rank_of[256];
     t->n_local = 0;
     for (int s = 0; s < t->n_stages; s++) {
@@ -453,7 +453,9 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
             int co[MESH_NDIMS];
             mesh_coords(&t->msh, t->rank, co);
             layout.tp_rank = co[MESH_TP];
+            layout.cp_rank = co[MESH_CP];
         }
+        layout.cp_size = t->cp_size;
         llama3_model *m = &st->model;
         char why[1024];
         if (llama3_model_init_layout(m, &t->args, &layout, dry ? LLAMA3_STORAGE_NONE : LLAMA3_STORAGE_EXTERNAL,
@@ -469,6 +471,10 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         m->ctx.cp = t->msh.size[MESH_CP] > 1 ? comm_get(t->cw, MESH_G_CP) : NULL;
         m->tp_gather_logits = c->parallelism.disable_loss_parallel;
         m->tp_async = c->parallelism.enable_async_tensor_parallel;
+        cp_rotate rot = CP_ROTATE_ALLGATHER;
+        cp_parse_rotate(c->parallelism.context_parallel_rotate_method, &rot);
+        m->cp_ring = rot == CP_ROTATE_ALLTOALL;
+        m->cp_balanced = t->cp_balanced;
 
         /* ---- FSDP / HSDP / DDP over the stage's units ---- */
         st->decl = calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *st->decl);
@@ -599,6 +605,15 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     t->T = (int)c->training.seq_len;
     t->VB = (int)c->validation.local_batch_size;
     t->VT = (int)c->validation.seq_len;
+    {
+        int co[MESH_NDIMS];
+        mesh_coords(&t->msh, rank, co);
+        t->cp_rank = co[MESH_CP];
+        t->cp_size = t->msh.size[MESH_CP];
+        cp_parse_balancer(c->parallelism.context_parallel_load_balancer, &t->cp_balanced);
+        t->Tl = t->T / t->cp_size;
+        t->VTl = t->VT / t->cp_size;
+    }
     int max_t = t->T;
     if (c->validation.enable && t->VT > max_t) max_t = t->VT;
     t->accum = dims->grad_accum_steps;
@@ -724,15 +739,26 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
 
     /* ---- buffers ---- */
-    const size_t step_tok = (size_t)t->accum * (size_t)c->training.local_batch_size * (size_t)t->T;
+    const size_t step_tok = (size_t)t->accum * (size_t)c->training.local_batch_size * (size_t)t->Tl;
     t->h_in = malloc(sizeof(int32_t) * step_tok);
     t->h_lab = malloc(sizeof(int32_t) * step_tok);
-    const size_t vtok = (size_t)t->VB * (size_t)t->VT;
+    const size_t vtok = (size_t)t->VB * (size_t)t->VTl;
     if (t->val) {
         t->hv_in = malloc(sizeof(int32_t) * vtok);
         t->hv_lab = malloc(sizeof(int32_t) * vtok);
     }
-    if (!t->h_in || !t->h_lab || (t->val && (!t->hv_in || !t->hv_lab))) {
+    int cp_oom = 0;
+    if (t->cp_size > 1) { /* whole sequences as loaded, before this rank takes its rows */
+        t->hf_in = malloc(sizeof(int32_t) * step_tok * (size_t)t->cp_size);
+        t->hf_lab = malloc(sizeof(int32_t) * step_tok * (size_t)t->cp_size);
+        cp_oom = !t->hf_in || !t->hf_lab;
+        if (t->val) {
+            t->hvf_in = malloc(sizeof(int32_t) * vtok * (size_t)t->cp_size);
+            t->hvf_lab = malloc(sizeof(int32_t) * vtok * (size_t)t->cp_size);
+            cp_oom |= !t->hvf_in || !t->hvf_lab;
+        }
+    }
+    if (!t->h_in || !t->h_lab || (t->val && (!t->hv_in || !t->hv_lab)) || cp_oom) {
         log_error("out of memory allocating training buffers");
         goto fail;
     }
@@ -752,11 +778,11 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         }
         ops->fill(st->adam_m, 0.0f, local_numel);
         ops->fill(st->adam_v, 0.0f, local_numel);
-        st->ws = llama3_workspace_create(&st->model, t->B, t->T, st->n_dropping > 0, st->recompute_slots, err,
+        st->ws = llama3_workspace_create(&st->model, t->B, t->Tl, st->n_dropping > 0, st->recompute_slots, err,
                                          sizeof err);
         for (int k = 0; st->ws && k < st->n_acts; k++) {
             st->acts_mb[k] = -1;
-            st->acts[k] = llama3_acts_create_ws(&st->model, st->ws, st->keep, t->B, t->T, err, sizeof err);
+            st->acts[k] = llama3_acts_create_ws(&st->model, st->ws, st->keep, t->B, t->Tl, err, sizeof err);
             if (!st->acts[k]) break;
         }
         if (!st->ws || !st->acts[st->n_acts - 1]) {
@@ -771,7 +797,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             log_error("out of host memory");
             goto fail;
         }
-        t->vacts_own = t->VB != t->B || t->VT != t->T;
+        t->vacts_own = t->VB != t->B || t->VTl != t->Tl;
         for (int i = 0; i < t->n_local; i++) {
             train_stage *st = &t->st[i];
             if (!t->vacts_own) {
@@ -779,8 +805,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 continue;
             }
             unsigned *none = keep_none(st);
-            t->vws[i] = none ? llama3_workspace_create(&st->model, t->VB, t->VT, 1, 0, err, sizeof err) : NULL;
-            t->vacts[i] = t->vws[i] ? llama3_acts_create_ws(&st->model, t->vws[i], none, t->VB, t->VT, err, sizeof err)
+            t->vws[i] = none ? llama3_workspace_create(&st->model, t->VB, t->VTl, 1, 0, err, sizeof err) : NULL;
+            t->vacts[i] = t->vws[i] ? llama3_acts_create_ws(&st->model, t->vws[i], none, t->VB, t->VTl, err, sizeof err)
                                     : NULL;
             free(none);
             if (!t->vacts[i]) {
@@ -847,9 +873,14 @@ static void run_validation(trainer *t, int64_t step) {
     int64_t tokens = 0;
     dl_rewind(t->val);
     for (int64_t s = 0; t->c->validation.steps < 0 || s < t->c->validation.steps; s++) {
-        if (!dl_next(t->val, t->hv_in, t->hv_lab)) break;
+        if (t->cp_size > 1) {
+            if (!dl_next(t->val, t->hvf_in, t->hvf_lab)) break;
+            train_shard_batch(t, t->hv_in, t->hv_lab, t->hvf_in, t->hvf_lab, t->VB, t->VT);
+        } else if (!dl_next(t->val, t->hv_in, t->hv_lab)) {
+            break;
+        }
         int64_t nv = 0;
-        loss_sum += train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VT, t->hv_in, t->hv_lab, 0.0f, &nv);
+        loss_sum += train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, &nv);
         tokens += nv;
     }
     double vsum = comm_all_reduce_f64(t->g_loss, loss_sum, COMM_SUM);
@@ -931,9 +962,9 @@ static int prepare_run(trainer *t) {
     if (strcmp(ops->name, "cpu") != 0) {
         train_warmup(t);
         if (t->vacts && t->vacts_own) {
-            memset(t->hv_in, 0, (size_t)t->VB * (size_t)t->VT * sizeof(int32_t));
-            memset(t->hv_lab, 0, (size_t)t->VB * (size_t)t->VT * sizeof(int32_t));
-            train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VT, t->hv_in, t->hv_lab, 0.0f, NULL);
+            memset(t->hv_in, 0, (size_t)t->VB * (size_t)t->VTl * sizeof(int32_t));
+            memset(t->hv_lab, 0, (size_t)t->VB * (size_t)t->VTl * sizeof(int32_t));
+            train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, NULL);
         }
         ops->synchronize();
     }
@@ -995,8 +1026,15 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         }
         double t_data = now_s();
         const size_t stride = (size_t)c->training.local_batch_size * (size_t)t->T;
-        for (int a = 0; a < t->accum; a++)
-            dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride);
+        if (t->cp_size > 1) {
+            for (int a = 0; a < t->accum; a++)
+                dl_next(t->train, t->hf_in + (size_t)a * stride, t->hf_lab + (size_t)a * stride);
+            train_shard_batch(t, t->h_in, t->h_lab, t->hf_in, t->hf_lab, (int)c->training.local_batch_size * t->accum,
+                              t->T);
+        } else {
+            for (int a = 0; a < t->accum; a++)
+                dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride);
+        }
         log_data += now_s() - t_data;
 
         step_result r;

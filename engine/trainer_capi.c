@@ -96,8 +96,12 @@ int trainer_capi_batch_tokens(void *h) {
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr) {
     trainer *t = ((capi *)h)->t;
     const size_t n = (size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T;
-    memcpy(t->h_in, inputs, n * sizeof(int32_t));
-    memcpy(t->h_lab, labels, n * sizeof(int32_t));
+    if (t->cp_size > 1) { /* whole sequences in, this rank's rows kept */
+        train_shard_batch(t, t->h_in, t->h_lab, inputs, labels, (int)(n / (size_t)t->T), t->T);
+    } else {
+        memcpy(t->h_in, inputs, n * sizeof(int32_t));
+        memcpy(t->h_lab, labels, n * sizeof(int32_t));
+    }
     step_result r;
     train_step(t, &r);
     t->tc.step++;

@@ -91,7 +91,9 @@ struct trainer {
     /* the step: accum rounds of the schedule, each over n_mb microbatches of B
      * sequences of T tokens */
     int B, T, accum, n_mb;
-    size_t tok;                /* B * T */
+    int Tl, VTl;               /* this rank's rows of a sequence: T / cp (context parallel) */
+    int cp_rank, cp_size, cp_balanced;
+    size_t tok;                /* B * Tl: tokens of one microbatch on this rank */
     pp_schedule *sched;        /* compute-only */
     pp_schedule *run_sched;    /* what this rank runs (lowered under pipeline parallel) */
     int round;                 /* the schedule round running now (gradient accumulation) */
@@ -103,8 +105,10 @@ struct trainer {
     /* data */
     char data_dir[4096];
     dl_loader *train, *val;
-    int32_t *h_in, *h_lab;     /* [accum * n_mb * tok] this step's microbatches (host) */
-    int32_t *hv_in, *hv_lab;   /* [VB * VT] */
+    int32_t *h_in, *h_lab;     /* [accum * n_mb * tok] this step's microbatches (host), this rank's rows */
+    int32_t *hv_in, *hv_lab;   /* [VB * VTl] */
+    int32_t *hf_in, *hf_lab;   /* context parallel: [accum * local_batch * T] whole sequences as loaded */
+    int32_t *hvf_in, *hvf_lab; /* [VB * VT] */
 
     /* optimizer */
     lr_schedule lrs;
@@ -145,6 +149,10 @@ double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int
                           float dloss_scale, int64_t *n_valid);
 /* Forward and backward of one microbatch without an optimizer step (warm-up). */
 void train_warmup(trainer *t);
+
+/* Context parallel: this rank's rows (train_step.c) of n whole sequences of T tokens. */
+void train_shard_batch(const trainer *t, int32_t *in, int32_t *lab, const int32_t *full_in, const int32_t *full_lab,
+                       int n, int T);
 
 /* train_ckpt.c */
 int train_ckpt_excluded(const tetra_config_values *c, const char *what);

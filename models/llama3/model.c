@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "models/llama3/init.h"
+#include "parallel/cp.h"
 #include "parallel/tp.h"
 
 /* parameter order in a block */
@@ -37,6 +38,7 @@ enum { P_WQ, P_WK, P_WV, P_WO, P_W1, P_W2, P_W3, P_ATTN_NORM, P_FFN_NORM, P_PER_
 static int n_blocks(const llama3_model *m) { return m->layout.layer_end - m->layout.layer_start; }
 /* tensor-parallel degree: 1 runs the single-rank arithmetic unchanged */
 static int tpn(const llama3_model *m) { return m->layout.tp_size; }
+static int cpn(const llama3_model *m) { return m->layout.cp_size; }
 
 /* local block index of global layer l (a caller passing a layer outside the layout is a bug) */
 static int local_block(const llama3_model *m, int l) {
@@ -107,6 +109,8 @@ llama3_layout llama3_layout_full(const llama3_args *a) {
     l.has_head = 1;
     l.tp_rank = 0;
     l.tp_size = 1;
+    l.cp_rank = 0;
+    l.cp_size = 1;
     return l;
 }
 
@@ -200,19 +204,20 @@ static void rmsnorm_bwd_weight(const llama3_model *m, float *dw, const void *dou
     else
         m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim);
 }
-static void rope_fwd(const llama3_model *m, void *x, int b, int t, int nh) {
+/* pos: the rows' global positions under context parallel, NULL for 0..t-1 */
+static void rope_fwd(const llama3_model *m, void *x, const int32_t *pos, int b, int t, int nh) {
     const int d = llama3_head_dim(&m->args);
     if (mixed(m))
-        m->ops->rope_forward_bf16(x, x, m->rope_table, NULL, 0, b, t, nh, d);
+        m->ops->rope_forward_bf16(x, x, m->rope_table, pos, 0, b, t, nh, d);
     else
-        m->ops->rope_forward(x, x, m->rope_table, NULL, 0, b, t, nh, d);
+        m->ops->rope_forward(x, x, m->rope_table, pos, 0, b, t, nh, d);
 }
-static void rope_bwd(const llama3_model *m, void *dx, const void *dout, int b, int t, int nh) {
+static void rope_bwd(const llama3_model *m, void *dx, const void *dout, const int32_t *pos, int b, int t, int nh) {
     const int d = llama3_head_dim(&m->args);
     if (mixed(m))
-        m->ops->rope_backward_bf16(dx, dout, m->rope_table, NULL, 0, b, t, nh, d);
+        m->ops->rope_backward_bf16(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
     else
-        m->ops->rope_backward(dx, dout, m->rope_table, NULL, 0, b, t, nh, d);
+        m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
 }
 static void zero_acts(const llama3_model *m, void *x, size_t elems) {
     if (mixed(m))
@@ -262,6 +267,7 @@ struct llama3_workspace {
     void *scratch;        /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
     float *rstd_scratch;  /* [N] */
     void *attn_ws;        /* attention workspace */
+    void *cp_ws;          /* context parallel attention (parallel/cp.h) */
     /* tensor parallel (P > 1) */
     float *tp_full;       /* [N, C] fp32: a row-parallel partial sum before its reduce-scatter */
     float *tp_stage;      /* [N, C] fp32: the reduce-scatter's blocks; then a residual in fp32 */
@@ -279,6 +285,7 @@ struct llama3_acts {
     void *mem;            /* the one backend allocation; everything below is a view */
     size_t bytes;
     int32_t *inputs;      /* [N] backend copy of the token ids (embedding) */
+    int32_t *pos;         /* [t] global positions of the rows (context parallel), else NULL */
     int32_t *targets;     /* [N] (head) */
     float *loss_sum;      /* [1] */
     size_t nl;            /* rows of the residual stream on this rank: N / P */
@@ -327,6 +334,20 @@ static ops_attn_shape attn_shape(const llama3_model *m, int b, int t) {
     s.scale = (float)(1.0 / sqrt((double)s.d));
     s.causal = 1;
     return s;
+}
+
+static cp_ctx cp_of(const llama3_model *m) {
+    cp_ctx c;
+    c.g = m->ctx.cp;
+    c.rotate = m->cp_ring ? CP_ROTATE_ALLTOALL : CP_ROTATE_ALLGATHER;
+    c.balanced = m->cp_balanced;
+    return c;
+}
+
+static cp_attn_dims cp_dims(const llama3_model *m, int b, int t) {
+    ops_attn_shape s = attn_shape(m, b, t);
+    cp_attn_dims d = {b, t, s.h, s.kv, s.d, s.scale};
+    return d;
 }
 
 static size_t scratch_cols(const llama3_model *m) {
@@ -405,6 +426,13 @@ static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int 
     size_t wsb = mixed(m) ? m->ops->attention_workspace_size_bf16(&s) : m->ops->attention_workspace_size(&s);
     p = carve(&cv, wsb);
     if (ws->mem) ws->attn_ws = wsb ? p : NULL;
+    if (cpn(m) > 1) {
+        cp_ctx cc = cp_of(m);
+        cp_attn_dims dim = cp_dims(m, ws->max_b, ws->max_t);
+        size_t cb = cp_workspace_bytes(&cc, m->ops, &dim, mixed(m));
+        p = carve(&cv, cb);
+        if (ws->mem) ws->cp_ws = p;
+    }
     return cv.off;
 }
 
@@ -467,6 +495,10 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
     carver cv = {(char *)a->mem, 0};
     const int measuring = a->mem == NULL;
     void *p;
+    if (cpn(m) > 1) {
+        p = carve(&cv, (size_t)a->t * sizeof(int32_t));
+        if (!measuring) a->pos = p;
+    }
     if (m->layout.has_embedding) {
         p = carve(&cv, n * sizeof(int32_t));
         if (!measuring) a->inputs = p;
@@ -581,6 +613,13 @@ llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, 
         return NULL;
     }
     acts_layout(m, a);
+    if (a->pos) { /* the rows' global positions, for RoPE */
+        int32_t *h = malloc((size_t)t * sizeof *h);
+        if (!h) goto oom;
+        cp_positions(cpn(m), m->cp_balanced, m->layout.cp_rank, t * cpn(m), h);
+        m->ops->copy_h2d(a->pos, h, (size_t)t * sizeof *h);
+        free(h);
+    }
     return a;
 oom:
     snprintf(err, errlen, "llama3 activations: out of host memory");
@@ -1207,9 +1246,13 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
         }
     }
     if (qkv.compute) rows_all(m, a, &qkv); /* projections whose input was kept (not gathered now) */
-    if (compute & LLAMA3_KEEP_Q) rope_fwd(m, t->q, a->b, a->t, H);
-    if (compute & LLAMA3_KEEP_K) rope_fwd(m, t->k, a->b, a->t, KV);
-    if (compute & LLAMA3_KEEP_ATT) {
+    if (compute & LLAMA3_KEEP_Q) rope_fwd(m, t->q, a->pos, a->b, a->t, H);
+    if (compute & LLAMA3_KEEP_K) rope_fwd(m, t->k, a->pos, a->b, a->t, KV);
+    if ((compute & LLAMA3_KEEP_ATT) && cpn(m) > 1) {
+        cp_ctx cc = cp_of(m);
+        cp_attn_dims dim = cp_dims(m, a->b, a->t);
+        cp_attention_forward(&cc, ops, mixed(m), t->att, t->lse, t->q, t->k, t->v, &dim, ws->cp_ws);
+    } else if (compute & LLAMA3_KEEP_ATT) {
         ops_attn_shape s = attn_shape(m, a->b, a->t);
         if (mixed(m))
             ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
@@ -1450,14 +1493,18 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     void *dv = act_at(m, dk, a->n * (size_t)KVD);  /* [N, KVD] */
     if (!tp) lin_bwd_input(m, pidx_block(m, l, P_WO), datt, dh_full, n, 0.0f);
     ops_attn_shape s = attn_shape(m, a->b, a->t);
-    if (mixed(m)) {
+    if (cpn(m) > 1) {
+        cp_ctx cc = cp_of(m);
+        cp_attn_dims dim = cp_dims(m, a->b, a->t);
+        cp_attention_backward(&cc, ops, mixed(m), dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &dim, ws->cp_ws);
+    } else if (mixed(m)) {
         ops->attention_backward_bf16(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     } else {
         ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
         ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     }
-    rope_bwd(m, t->q, dq, a->b, a->t, H);
-    rope_bwd(m, t->k, dk, a->b, a->t, KV);
+    rope_bwd(m, t->q, dq, a->pos, a->b, a->t, H);
+    rope_bwd(m, t->k, dk, a->pos, a->b, a->t, KV);
     ops->copy(t->v, dv, a->n * (size_t)KVD * es);
     const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
     if (tp) {

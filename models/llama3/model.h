@@ -47,6 +47,12 @@
  * naturally. I reads the unit's parameters; so does W (it recomputes the norm
  * outputs with the norm weights); only W writes gradients.
  *
+ * Context parallel (cp_size > 1): the model runs on this rank's rows of each sequence
+ * (its chunks: activations are created with the local length t = T / cp), with RoPE at
+ * the rows' global positions and attention over the whole sequence (parallel/cp.h);
+ * every other op is per token. Attention's collectives run in the forward and the I
+ * pass, none in W.
+ *
  * Activations for one microbatch live in a llama3_acts owned by the caller, so
  * several microbatches can be in flight. Each block has a save policy: a mask
  * of the activations it keeps for backward (LLAMA3_KEEP_*). What it does not
@@ -71,6 +77,7 @@ typedef struct {
     int has_embedding;          /* tok_embeddings (the first stage) */
     int has_head;               /* norm + output and the loss (the last stage) */
     int tp_rank, tp_size;       /* tensor parallel: this rank's part of every projection */
+    int cp_rank, cp_size;       /* context parallel: this rank's chunks of every sequence */
 } llama3_layout;
 
 /* Every block, the embedding and the head, tp 1: the single-rank model. */
@@ -179,6 +186,13 @@ struct llama3_model {
      * reduce-scatter moves one rank's block of rows at a time, overlapped with the GEMMs on
      * the blocks already there (parallel/tp.h); the same numbers as the synchronous path. */
     int tp_async;
+    /* Context parallel (cp_size > 1, over ctx.cp; parallel/cp.h): a microbatch's t rows per
+     * sequence are this rank's chunks of sequences of t * cp_size tokens (load-balanced
+     * "headtail" chunks unless cp_balanced is 0), RoPE uses their global positions and
+     * attention sees the whole sequence through the ring (cp_ring) or an all-gather of
+     * K/V. Set before creating workspaces and activations. */
+    int cp_ring;
+    int cp_balanced;
 
     /* Own storage (llama3_model_init): the whole layout's fp32 parameters, gradients
      * and, under mixed precision, the bf16 compute copy. NULL with external storage. */

@@ -1456,18 +1456,20 @@ static void test_full_step(tetra_dtype dt) {
 // trainer on the CPU. Under mpirun with memory MPI can move (the simulator), FSDP
 // shards over the ranks (the per-unit working-buffer paths on the CUDA kernels), then
 // tensor parallel splits the model over them, then pipeline parallel (ZBV: two stages
-// per rank, point-to-point messages of device buffers, the V's turn as a device copy).
+// per rank, point-to-point messages of device buffers, the V's turn as a device copy),
+// then context parallel (attention on blocks at global offsets, all-gather and ring).
 
 void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen);
 void trainer_capi_free(void *h);
 const char *trainer_capi_backend(void *h);
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr);
 
-static int run_trainer(const char *device, int bf16, int world, int rank, int tp, int pp, double *loss,
+static int run_trainer(const char *device, int bf16, int world, int rank, int tp, int pp, int cp, double *loss,
                        double *gnorm, int steps) {
-    char gb[16], tps[16], pps[16], *argv[52];
+    char gb[16], tps[16], pps[16], cps[16], *argv[56];
     int argc = 0;
-    snprintf(gb, sizeof gb, "%d", 2 * world / tp / pp);
+    snprintf(gb, sizeof gb, "%d", 2 * world / tp / pp / cp);
+    snprintf(cps, sizeof cps, "%d", cp);
     snprintf(tps, sizeof tps, "%d", tp);
     snprintf(pps, sizeof pps, "%d", pp);
     const char *fixed[] = {"train", "--model.flavor", "tiny", "--training.seq_len", "32",
@@ -1487,6 +1489,10 @@ static int run_trainer(const char *device, int bf16, int world, int rank, int tp
     argv[argc++] = pps;
     argv[argc++] = (char *)"--parallelism.pipeline_parallel_schedule";
     argv[argc++] = (char *)"ZBVZeroBubble";
+    argv[argc++] = (char *)"--parallelism.context_parallel_degree";
+    argv[argc++] = cps;
+    argv[argc++] = (char *)"--parallelism.context_parallel_rotate_method";
+    argv[argc++] = (char *)(bf16 ? "alltoall" : "allgather");
     char err[2048];
     void *h = trainer_capi_create(argc, argv, err, sizeof err);
     if (!h) {
@@ -1520,7 +1526,7 @@ static void finalize_mpi(void) {
     if (!fin) MPI_Finalize();
 }
 
-static void test_trainer(int bf16, int tp, int pp) {
+static void test_trainer(int bf16, int tp, int pp, int cp) {
     int world = 1, rank = 0, inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -1533,20 +1539,22 @@ static void test_trainer(int bf16, int tp, int pp) {
     enum { STEPS = 3 };
     double lc[STEPS], gc[STEPS], lg[STEPS], gg[STEPS];
     char name[64], shape[160];
-    if (world % (tp * pp)) return;
-    snprintf(name, sizeof name, "trainer %s%s", bf16 ? "bf16" : "fp32", tp > 1 ? " tp" : pp > 1 ? " pp" : "");
+    if (world % (tp * pp * cp)) return;
+    snprintf(name, sizeof name, "trainer %s%s", bf16 ? "bf16" : "fp32",
+             tp > 1 ? " tp" : pp > 1 ? " pp" : cp > 1 ? " cp" : "");
     /* "auto" is the device here (the configuration refuses "cuda" in a build whose library
      * has no CUDA backend of its own, as the simulator's) */
-    if (run_trainer("cpu", bf16, world, rank, tp, pp, lc, gc, STEPS) ||
-        run_trainer("auto", bf16, world, rank, tp, pp, lg, gg, STEPS)) {
+    if (run_trainer("cpu", bf16, world, rank, tp, pp, cp, lc, gc, STEPS) ||
+        run_trainer("auto", bf16, world, rank, tp, pp, cp, lg, gg, STEPS)) {
         report(name, "setup failed", 0, 0, 0);
         return;
     }
     for (int s = 0; s < STEPS; s++) {
         float fc[2] = {(float)lc[s], (float)gc[s]}, fg[2] = {(float)lg[s], (float)gg[s]};
         snprintf(shape, sizeof shape, "tiny, %s %d, AC op, step %d: loss, grad norm",
-                 tp > 1 ? "tp" : pp > 1 ? "pp (ZBV)" : world > 1 ? "fsdp" : "ranks", tp > 1 ? tp : pp > 1 ? pp : world,
-                 s + 1);
+                 tp > 1 ? "tp" : pp > 1 ? "pp (ZBV)" : cp > 1 ? (bf16 ? "cp ring" : "cp allgather")
+                               : world > 1 ? "fsdp" : "ranks",
+                 tp > 1 ? tp : pp > 1 ? pp : cp > 1 ? cp : world, s + 1);
         check_close(name, shape, fg, fc, 2, bf16 ? (s ? 2e-2 : 5e-3) : (s ? 1e-4 : 1e-5));
     }
 }
@@ -1582,12 +1590,14 @@ int main(int argc, char **argv) {
     printf("%-30s %-46s %11s %9s  %s\n", "op", "shape", "error", "tol", "result");
 
     if (trainer_only) {
-        test_trainer(0, 1, 1);
-        test_trainer(1, 1, 1);
-        test_trainer(0, 2, 1); /* with two ranks: tensor parallel on the device's kernels */
-        test_trainer(1, 2, 1);
-        test_trainer(0, 1, 2); /* and pipeline parallel */
-        test_trainer(1, 1, 2);
+        test_trainer(0, 1, 1, 1);
+        test_trainer(1, 1, 1, 1);
+        test_trainer(0, 2, 1, 1); /* with two ranks: tensor parallel on the device's kernels */
+        test_trainer(1, 2, 1, 1);
+        test_trainer(0, 1, 2, 1); /* pipeline parallel */
+        test_trainer(1, 1, 2, 1);
+        test_trainer(0, 1, 1, 2); /* context parallel: attention blocks at global offsets */
+        test_trainer(1, 1, 1, 2);
         printf("%d checks, %d failed\n", checks, failures);
         return failures ? EXIT_FAILURE : EXIT_SUCCESS;
     }
@@ -1616,8 +1626,8 @@ int main(int argc, char **argv) {
         test_full_step(TETRA_BF16);
     else
         printf("full step bf16: skipped (the CPU backend has no bf16 ops yet)\n");
-    test_trainer(0, 1, 1);
-    test_trainer(1, 1, 1);
+    test_trainer(0, 1, 1, 1);
+    test_trainer(1, 1, 1, 1);
 
     printf("%d checks, %d failed\n", checks, failures);
     return failures ? EXIT_FAILURE : EXIT_SUCCESS;
