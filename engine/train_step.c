@@ -213,9 +213,10 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
         const int st = t->st[i].index;
         if (st >= rs->n_stages || !rs->stage_rank || rs->stage_rank[st] != t->pp_rank) {
             snprintf(err, errlen,
-                     "pipeline schedule: stage %d runs on pipeline rank %d in the schedule, but the %s placement puts "
-                     "it on rank %d", st, st < rs->n_stages && rs->stage_rank ? rs->stage_rank[st] : -1,
-                     t->n_local == 2 && t->st[1].index == 2 * t->pp_size - 1 - t->pp_rank ? "V" : "loop", t->pp_rank);
+                     "pipeline schedule: stage %d runs on pipeline rank %d in the schedule, but the placement of "
+                     "pipeline_parallel_schedule \"%s\" puts it on rank %d", st,
+                     st < rs->n_stages && rs->stage_rank ? rs->stage_rank[st] : -1,
+                     c->parallelism.pipeline_parallel_schedule, t->pp_rank);
             return -1;
         }
     }
@@ -269,17 +270,23 @@ static void acts_clear(train_stage *s, int mb, unsigned bit) {
         }
 }
 
-/* Bytes of one microbatch's residual (or its gradient) on this rank. */
-static size_t residual_bytes(const trainer *t, const train_stage *s) {
-    const llama3_model *m = &s->model;
-    return (size_t)t->tok / (size_t)m->layout.tp_size * (size_t)m->args.dim * ops_dtype_size(m->compute_dtype);
+/* Elements of the residual (or its gradient) of ntok tokens on this rank: what a
+ * stage hands on, sends and receives. */
+static size_t residual_elems(const train_stage *s, size_t ntok) {
+    return ntok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim;
+}
+static size_t residual_bytes(const train_stage *s, size_t ntok) {
+    return residual_elems(s, ntok) * ops_dtype_size(s->model.compute_dtype);
+}
+static comm_dtype residual_comm_dtype(const train_stage *s) {
+    return s->model.compute_dtype == TETRA_BF16 ? COMM_BF16 : COMM_F32;
 }
 
 /* ----------------------------------------------------------------------------
  * a stage, unit by unit */
 
-static double stage_forward(trainer *t, train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab,
-                            float dloss_scale, int64_t *n_valid) {
+static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab, float dloss_scale,
+                            int64_t *n_valid) {
     llama3_model *m = &s->model;
     fsdp *fs = s->fs;
     double loss = 0.0;
@@ -302,7 +309,6 @@ static double stage_forward(trainer *t, train_stage *s, llama3_acts *a, const in
         loss = llama3_forward_head(m, a, lab, dloss_scale, n_valid);
         fsdp_post_forward(fs, u);
     }
-    (void)t;
     return loss;
 }
 
@@ -359,13 +365,13 @@ static void cb_forward(void *user, int stage, int mb) {
     train_stage *s = &t->st[local_of(t, stage)];
     llama3_acts *a = acts_take(s, mb);
     int64_t nv = 0;
-    t->step_loss_sum += stage_forward(t, s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb),
+    t->step_loss_sum += stage_forward(s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb),
                                       t->dloss_scale, &nv);
     t->step_valid += nv;
     if (s->local_next >= 0) { /* the next stage runs here: hand the residual over */
         train_stage *nx = &t->st[s->local_next];
         const int l = s->model.layout.layer_end;
-        t->ops->copy(llama3_acts_residual(acts_take(nx, mb), l), llama3_acts_residual(a, l), residual_bytes(t, s));
+        t->ops->copy(llama3_acts_residual(acts_take(nx, mb), l), llama3_acts_residual(a, l), residual_bytes(s, t->tok));
     }
 }
 
@@ -375,7 +381,7 @@ static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
     train_stage *pv = &t->st[s->local_prev];
     const int l = s->model.layout.layer_start;
     t->ops->copy(llama3_acts_residual_grad(acts_of(pv, mb), l), llama3_acts_residual_grad(a, l),
-                 residual_bytes(t, s));
+                 residual_bytes(s, t->tok));
 }
 
 /* Rounds of the schedule per step: the accumulation steps under pipeline parallel;
@@ -465,11 +471,10 @@ static pp_stage_ops stage_ops(trainer *t) {
 }
 
 static pp_p2p stage_p2p(const trainer *t) {
-    const llama3_model *m = &t->st[0].model;
     pp_p2p p;
     p.group = t->g_pp;
-    p.count = t->tok / (size_t)m->layout.tp_size * (size_t)m->args.dim;
-    p.dtype = m->compute_dtype == TETRA_BF16 ? COMM_BF16 : COMM_F32;
+    p.count = residual_elems(&t->st[0], t->tok);
+    p.dtype = residual_comm_dtype(&t->st[0]);
     return p;
 }
 
@@ -574,14 +579,13 @@ double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int
     for (int i = 0; i < t->n_local; i++) {
         train_stage *s = &t->st[i];
         const llama3_layout *L = &s->model.layout;
-        const size_t cnt = ntok / (size_t)L->tp_size * (size_t)s->model.args.dim;
-        const size_t bytes = cnt * ops_dtype_size(s->model.compute_dtype);
-        const comm_dtype dt = s->model.compute_dtype == TETRA_BF16 ? COMM_BF16 : COMM_F32;
+        const size_t cnt = residual_elems(s, ntok), bytes = residual_bytes(s, ntok);
+        const comm_dtype dt = residual_comm_dtype(s);
         if (s->remote_prev)
             comm_recv(t->g_pp, llama3_acts_residual(acts[i], L->layer_start), cnt, dt,
                       t->run_sched->stage_rank[s->index - 1], NULL);
         int64_t n = 0;
-        loss += stage_forward(t, s, acts[i], in, lab, dloss_scale, &n);
+        loss += stage_forward(s, acts[i], in, lab, dloss_scale, &n);
         nv += n;
         if (s->local_next >= 0)
             t->ops->copy(llama3_acts_residual(acts[s->local_next], L->layer_end),

@@ -426,7 +426,6 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         snprintf(err, errlen, "out of host memory");
         return -1;
     }
-    t->first_local = t->last_local = -1;
     int k = 0;
     for (int s = 0; s < t->n_stages; s++) {
         if (rank_of[s] != t->pp_rank) continue;
@@ -436,8 +435,6 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         st->remote_next = s < t->n_stages - 1 && rank_of[s + 1] != t->pp_rank;
         st->local_prev = s > 0 && rank_of[s - 1] == t->pp_rank ? k - 1 : -1;
         st->local_next = s < t->n_stages - 1 && rank_of[s + 1] == t->pp_rank ? k + 1 : -1;
-        if (s == 0) t->first_local = k;
-        if (s == t->n_stages - 1) t->last_local = k;
         k++;
     }
     for (int i = 0; i < t->n_local; i++) {
@@ -447,14 +444,9 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         layout.layer_end = end[st->index];
         layout.has_embedding = st->index == 0;
         layout.has_head = st->index == t->n_stages - 1;
-        layout.tp_rank = 0;
+        layout.tp_rank = coord[MESH_TP];
         layout.tp_size = t->msh.size[MESH_TP];
-        {
-            int co[MESH_NDIMS];
-            mesh_coords(&t->msh, t->rank, co);
-            layout.tp_rank = co[MESH_TP];
-            layout.cp_rank = co[MESH_CP];
-        }
+        layout.cp_rank = t->cp_rank;
         layout.cp_size = t->cp_size;
         llama3_model *m = &st->model;
         char why[1024];
@@ -631,9 +623,10 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         goto fail;
     }
     {
-        int peak[64], open_iw[64];
-        if (t->n_local > 64 || train_plan_pools(t, peak, open_iw, err, sizeof err)) {
-            log_error("%s", t->n_local > 64 ? "pipeline: more than 64 stages on one rank" : err);
+        int *peak = calloc(2 * (size_t)t->n_local, sizeof *peak), *open_iw = peak ? peak + t->n_local : NULL;
+        if (!peak || train_plan_pools(t, peak, open_iw, err, sizeof err)) {
+            log_error("%s", peak ? err : "out of host memory");
+            free(peak);
             goto fail;
         }
         /* activation checkpointing: a block holds a recompute slot from its I pass to its W
@@ -648,11 +641,13 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                                               c->activation_checkpoint.selective_ac_option, st->keep, err,
                                               sizeof err)) {
                 log_error("%s", st->keep ? err : "out of host memory");
+                free(peak);
                 goto fail;
             }
             for (int k = 0; k < nb; k++) st->n_dropping += st->keep[k] != LLAMA3_KEEP_ALL;
             if (st->n_dropping > 0) st->recompute_slots = open_iw[i] > 0 ? open_iw[i] * st->n_dropping : 1;
         }
+        free(peak);
     }
     if (dry) {
         log_plan(t);

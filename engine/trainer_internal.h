@@ -86,7 +86,6 @@ struct trainer {
      * ascending stage index) at pipeline rank pp_rank of pp_size */
     int n_stages, n_local, pp_rank, pp_size;
     train_stage *st;
-    int first_local, last_local; /* index into st of the stage with the embedding / the head, or -1 */
 
     /* the step: accum rounds of the schedule, each over n_mb microbatches of B
      * sequences of T tokens */

@@ -195,7 +195,7 @@ static void test_attention(comm_group *g, int bf16) {
     float *xq = malloc(lq * 4), *xk = malloc(lk * 4), *xv = malloc(lk * 4), *xdo = malloc(lq * 4);
     float *wo = malloc(lq * 4), *wl = malloc(ll * 4), *wdq = malloc(lq * 4), *wdk = malloc(lk * 4),
           *wdv = malloc(lk * 4), *ro = malloc(lq * 4), *rl = malloc(ll * 4), *rdq = malloc(lq * 4),
-          *rdk = malloc(lk * 4), *rdv = malloc(lk * 4), *tmp = malloc(lq * 4);
+          *rdk = malloc(lk * 4), *rdv = malloc(lk * 4);
     void *lq_in = malloc(lq * 4), *lk_in = malloc(lk * 4), *lv_in = malloc(lk * 4), *ldo = malloc(lq * 4),
          *lo = malloc(lq * 4), *ldq = malloc(lq * 4), *ldk = malloc(lk * 4), *ldv = malloc(lk * 4);
     int32_t pos[256];
@@ -277,9 +277,8 @@ static void test_attention(comm_group *g, int bf16) {
                        xr[1], xc[2], xr[2], xc[3], xr[3]);
             free(ws);
         }
-    (void)tmp;
     void *all[] = {xo, xdq, xdk, xdv, eo, edq, edk, edv, q, k, v, dout, out, lse, dq, dk, dv, q16, k16, v16, o16, do16, dq16, dk16, dv16, xq, xk, xv,
-                   xdo, wo, wl, wdq, wdk, wdv, ro, rl, rdq, rdk, rdv, tmp, lq_in, lk_in, lv_in, ldo, lo, ldq, ldk,
+                   xdo, wo, wl, wdq, wdk, wdv, ro, rl, rdq, rdk, rdv, lq_in, lk_in, lv_in, ldo, lo, ldq, ldk,
                    ldv};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
 }
