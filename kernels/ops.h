@@ -130,6 +130,9 @@ typedef struct tetra_ops {
     void (*amax)(float *out /*[1]*/, const float *x /*[n]*/, size_t n);
     // out[r] = max_c |x[r, c]|
     void (*amax_rows)(float *out /*[rows]*/, const float *x /*[rows, cols]*/, int rows, int cols);
+    // out[c, r] = x[r, c] (fp32, row-major both). out and x must not alias: the tiles are
+    // written in a different order than they are read.
+    void (*transpose)(float *out /*[cols, rows]*/, const float *x /*[rows, cols]*/, int rows, int cols);
 
     // ---- casts. fp8: out = rne(clamp(x * scale, -max, max)); scale is scale[0] or, with
     // rowwise, scale[r] for row r of [rows, cols]. bf16: round to nearest even.
@@ -141,9 +144,14 @@ typedef struct tetra_ops {
     // out = decode(q) * inv_scale (inv_scale[1] or, rowwise, [rows]; NULL: 1)
     void (*cast_fp8_to_f32)(float *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/,
                             const float *inv_scale, int rowwise, int rows, int cols, tetra_dtype fmt);
-    // scale[i] = fp8_max / max(amax[i], 1e-12), optionally rounded down to a power of 2
-    // (torchao: computed in double, stored fp32)
-    void (*fp8_scale_from_amax)(float *scale /*[n]*/, const float *amax /*[n]*/, int n,
+    // scale[i] = fp8_max / max(a, 1e-12), optionally rounded down to a power of 2 (torchao:
+    // computed in double, stored fp32), with a = amax[i], or amax[0] for every i with
+    // broadcast (n scales from one amax: a tensorwise scale where a rowwise gemm or cast
+    // takes a vector). Unless inv_scale is NULL, inv_scale[i] = 1.0f / scale[i], one IEEE
+    // fp32 division (both backends give the same bits): the dequant factor that the gemm
+    // takes as a_scale/b_scale and cast_fp8_to_f32 as inv_scale.
+    void (*fp8_scale_from_amax)(float *scale /*[n]*/, float *inv_scale /*[n] or NULL*/,
+                                const float *amax /*[n], or [1] with broadcast*/, int n, int broadcast,
                                 float fp8_max, int pow2);
 
     // ---- matmul (see ops_gemm_desc)

@@ -201,6 +201,32 @@ void cpu_amax_rows(float *out, const float *x, int rows, int cols) {
 }
 
 // ----------------------------------------------------------------------------
+// transpose. A naive loop strides one side by a whole row per element; 32 x 32 tiles
+// (4 KiB in, 4 KiB out) keep both sides' cache lines resident while a tile is copied.
+
+#define CPU_TRANSPOSE_TILE 32
+
+static void transpose_tile_k(float *restrict out, const float *restrict x, int rows, int cols, int r0, int c0) {
+    int r1 = r0 + CPU_TRANSPOSE_TILE < rows ? r0 + CPU_TRANSPOSE_TILE : rows;
+    int c1 = c0 + CPU_TRANSPOSE_TILE < cols ? c0 + CPU_TRANSPOSE_TILE : cols;
+    for (int c = c0; c < c1; c++) {
+        float *o = out + (size_t)c * (size_t)rows;
+        for (int r = r0; r < r1; r++) o[r] = x[(size_t)r * (size_t)cols + c];
+    }
+}
+
+void cpu_transpose(float *out, const float *x, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    int tr = (rows + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
+    int tc = (cols + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
+    int64_t tiles = (int64_t)tr * tc;
+    // one flat loop over the tiles so thin shapes (one tile row) still split over threads
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int64_t t = 0; t < tiles; t++)
+        transpose_tile_k(out, x, rows, cols, (int)(t / tc) * CPU_TRANSPOSE_TILE, (int)(t % tc) * CPU_TRANSPOSE_TILE);
+}
+
+// ----------------------------------------------------------------------------
 // casts
 
 CPU_SIMD static void to_bf16_k(uint16_t *out, const float *x, size_t n) {
@@ -255,8 +281,15 @@ void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, i
     }
 }
 
-void cpu_fp8_scale_from_amax(float *scale, const float *amax, int n, float fp8_max, int pow2) {
-    for (int i = 0; i < n; i++) scale[i] = tetra_fp8_scale(amax[i], fp8_max, pow2);
+void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
+                             float fp8_max, int pow2) {
+    for (int i = 0; i < n; i++) {
+        float s = tetra_fp8_scale(amax[broadcast ? 0 : i], fp8_max, pow2);
+        scale[i] = s;
+        // a plain fp32 division (no reciprocal estimate): the CUDA kernel does the same,
+        // so the dequant factors match bit for bit
+        if (inv_scale) inv_scale[i] = 1.0f / s;
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -306,6 +339,7 @@ static const tetra_ops cpu_table = {
     .sum = cpu_sum,
     .amax = cpu_amax,
     .amax_rows = cpu_amax_rows,
+    .transpose = cpu_transpose,
     .cast_f32_to_bf16 = cpu_cast_f32_to_bf16,
     .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
     .cast_f32_to_fp8 = cpu_cast_f32_to_fp8,

@@ -453,6 +453,51 @@ extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) {
 }
 
 // ----------------------------------------------------------------------------
+// transpose: 32 x 32 tiles through shared memory, so both the reads of x and the writes
+// of out are coalesced along a row of 32 threads. Blocks of 32 x 8 threads move four
+// rows each; the grid strides over the tiles (grid.y is capped at 65535).
+
+#define TRANSPOSE_TILE 32
+#define TRANSPOSE_ROWS 8
+
+__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+    transpose_kernel(float *out, const float *x, int rows, int cols) {
+    // one padding column: the column-wise reads of the second phase fall in 32 banks
+    __shared__ float tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    // the tile loops depend on the block only, so every thread reaches each barrier
+    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const int r0 = tr * TRANSPOSE_TILE, c0 = tc * TRANSPOSE_TILE;
+#pragma unroll
+            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+                int r = r0 + ty + i, c = c0 + tx;
+                if (r < rows && c < cols) tile[ty + i][tx] = x[(size_t)r * (size_t)cols + c];
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+                int c = c0 + ty + i, r = r0 + tx;  // out row c, column r
+                if (r < rows && c < cols) out[(size_t)c * (size_t)rows + r] = tile[tx][ty + i];
+            }
+            __syncthreads();  // the tile is refilled by the next iteration
+        }
+    }
+}
+
+extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    unsigned gx = (unsigned)((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
+    unsigned gy = (unsigned)((rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
+    dim3 grid(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u);
+    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
+    transpose_kernel<<<grid, block, 0, cuda_stream()>>>(out, x, rows, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ----------------------------------------------------------------------------
 // casts (the encoders of ops_math.h: round to nearest even, saturating fp8)
 
 __global__ void to_bf16_kernel(uint16_t *out, const float *x, size_t n) {
@@ -525,21 +570,26 @@ extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *
 // tetra_fp8_scale, with the power of two built exactly: ldexpf(1, e) where the shared
 // code calls exp2f(e) for an integer e (the host's exp2f is exact there; the device's
 // exp2f only promises 2 ulp).
-__global__ void fp8_scale_kernel(float *scale, const float *amax, int n, float fp8_max, int pow2) {
+// inv_scale: '/' is the IEEE round-to-nearest division here because the backend is built
+// without --use_fast_math (nvcc's default -prec-div=true), the same division as the CPU's.
+__global__ void fp8_scale_kernel(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
+                                 float fp8_max, int pow2) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float sf = tetra_fp8_scale(amax[i], fp8_max, 0);
+    float sf = tetra_fp8_scale(amax[broadcast ? 0 : i], fp8_max, 0);
     if (pow2) {
         float e = floorf(log2f(sf));
         sf = (e >= -149.0f && e <= 127.0f) ? ldexpf(1.0f, (int)e) : exp2f(e);
     }
     scale[i] = sf;
+    if (inv_scale) inv_scale[i] = 1.0f / sf;
 }
 
-extern "C" void cuda_fp8_scale_from_amax(float *scale, const float *amax, int n, float fp8_max, int pow2) {
+extern "C" void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
+                                         float fp8_max, int pow2) {
     if (n <= 0) return;
-    fp8_scale_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, cuda_stream()>>>(scale, amax, n,
-                                                                                                 fp8_max, pow2);
+    fp8_scale_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, cuda_stream()>>>(
+        scale, inv_scale, amax, n, broadcast, fp8_max, pow2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -600,6 +650,7 @@ static tetra_ops make_table(void) {
     t.sum = cuda_sum;
     t.amax = cuda_amax;
     t.amax_rows = cuda_amax_rows;
+    t.transpose = cuda_transpose;
     t.cast_f32_to_bf16 = cuda_cast_f32_to_bf16;
     t.cast_bf16_to_f32 = cuda_cast_bf16_to_f32;
     t.cast_f32_to_fp8 = cuda_cast_f32_to_fp8;

@@ -3,8 +3,9 @@
 //
 // Every op of kernels/ops.h runs on random inputs through both tables (ops_cpu() on host
 // buffers, ops_cuda() on device buffers) and the results are compared:
-// - exact (bit for bit): fills, scale, add, amax, casts (bf16, fp8 e4m3/e5m2 incl. the
-//   rounding edge cases), embedding forward and backward (same summation order), AdamW;
+// - exact (bit for bit): fills, scale, add, amax, transpose, casts (bf16, fp8 e4m3/e5m2
+//   incl. the rounding edge cases), fp8 scales and their inverses, embedding forward and
+//   backward (same summation order), AdamW;
 // - fp32 ops, relative to the largest reference value: 1e-5 (elementwise, norms, RoPE,
 //   SwiGLU, cross-entropy, reductions), 1e-4 for attention (different summation order
 //   over long rows) and fp32 GEMMs through cuBLASLt;
@@ -225,6 +226,7 @@ static void test_table(void) {
 #define SLOT(f) complete &= G->f != NULL
     SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
     SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
+    SLOT(transpose);
     SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
     SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
     SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
@@ -339,6 +341,29 @@ static void test_elementwise(void) {
         free(gr); free(x);
         G->release(dx); G->release(dout);
     }
+    // transpose: partial tiles at both edges, one row, one column, several tiles each way
+    // (300 x 517), and empty shapes. One guard element past the end, set before the call,
+    // must come back untouched (nothing written out of bounds, nothing at all when empty).
+    {
+        const int shapes[][2] = {{37, 135}, {1, 1000}, {1000, 1}, {32, 64}, {300, 517}, {0, 64}, {64, 0}};
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int rows = shapes[si][0], cols = shapes[si][1];
+            const size_t n = (size_t)rows * (size_t)cols;
+            float *x = hrandn(n, 1.0f);
+            float *hout = (float *)malloc((n + 1) * 4);
+            for (size_t i = 0; i <= n; i++) hout[i] = -7.0f;
+            float *dx = (float *)dup_gpu(x, (n ? n : 1) * 4), *dout = (float *)dup_gpu(hout, (n + 1) * 4);
+            C->transpose(hout, x, rows, cols);
+            G->transpose(dout, dx, rows, cols);
+            float *gout = (float *)from_gpu(dout, (n + 1) * 4);
+            char tshape[64];
+            snprintf(tshape, sizeof tshape, "%d x %d (+1 guard)", rows, cols);
+            check_bits("transpose", tshape, gout, hout, (n + 1) * 4);
+            report("transpose guard untouched", tshape, 0, 0, hout[n] == -7.0f && gout[n] == -7.0f);
+            free(x); free(hout); free(gout);
+            G->release(dx); G->release(dout);
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -407,15 +432,39 @@ static void test_casts(void) {
     amax[2] = 448.0f;
     amax[3] = 1.0f;
     float *damax = (float *)dup_gpu(amax, sizeof amax), *dsc = (float *)G->alloc(sizeof amax);
+    float *dinv = (float *)G->alloc(sizeof amax);
     for (int pow2 = 0; pow2 < 2; pow2++) {
-        float hs[64], *gs;
-        C->fp8_scale_from_amax(hs, amax, 64, OPS_FP8_E4M3_MAX, pow2);
-        G->fp8_scale_from_amax(dsc, damax, 64, OPS_FP8_E4M3_MAX, pow2);
+        float hs[64], hinv[64], *gs, *ginv;
+        const char *name = pow2 ? "fp8_scale_from_amax pow2" : "fp8_scale_from_amax";
+        // scales only (inv_scale NULL)
+        C->fp8_scale_from_amax(hs, NULL, amax, 64, 0, OPS_FP8_E4M3_MAX, pow2);
+        G->fp8_scale_from_amax(dsc, NULL, damax, 64, 0, OPS_FP8_E4M3_MAX, pow2);
         gs = (float *)from_gpu(dsc, sizeof amax);
-        check_bits(pow2 ? "fp8_scale_from_amax pow2" : "fp8_scale_from_amax", "n=64", gs, hs, sizeof hs);
+        check_bits(name, "n=64", gs, hs, sizeof hs);
         free(gs);
+        // with the dequant factors 1/scale, per element and broadcast from amax[k]: k = 0
+        // (amax 0: the 1e-12 floor, the largest scale) and k = 5 (a random one)
+        for (int bc = 0; bc < 3; bc++) {
+            const int k = bc == 2 ? 5 : 0;
+            char sshape[64];
+            C->fp8_scale_from_amax(hs, hinv, amax + k, 64, bc != 0, OPS_FP8_E4M3_MAX, pow2);
+            G->fp8_scale_from_amax(dsc, dinv, damax + k, 64, bc != 0, OPS_FP8_E4M3_MAX, pow2);
+            gs = (float *)from_gpu(dsc, sizeof amax);
+            ginv = (float *)from_gpu(dinv, sizeof amax);
+            if (bc)
+                snprintf(sshape, sizeof sshape, "n=64 broadcast amax[%d]: scale", k);
+            else
+                snprintf(sshape, sizeof sshape, "n=64 with inv_scale: scale");
+            check_bits(name, sshape, gs, hs, sizeof hs);
+            if (bc)
+                snprintf(sshape, sizeof sshape, "n=64 broadcast amax[%d]: inv_scale", k);
+            else
+                snprintf(sshape, sizeof sshape, "n=64 with inv_scale: inv_scale");
+            check_bits(name, sshape, ginv, hinv, sizeof hinv);
+            free(gs); free(ginv);
+        }
     }
-    G->release(damax); G->release(dsc);
+    G->release(damax); G->release(dsc); G->release(dinv);
     free(x); free(hb); free(hf); free(scale); free(hq);
     G->release(dx); G->release(db); G->release(df); G->release(dscale); G->release(dq);
 }

@@ -95,11 +95,12 @@ cpu_sum_squares = sig("cpu_sum_squares", P, P, c_size)
 cpu_sum = sig("cpu_sum", P, P, c_size)
 cpu_amax = sig("cpu_amax", P, P, c_size)
 cpu_amax_rows = sig("cpu_amax_rows", P, P, c_int, c_int)
+cpu_transpose = sig("cpu_transpose", P, P, c_int, c_int)
 cpu_cast_f32_to_bf16 = sig("cpu_cast_f32_to_bf16", P, P, c_size)
 cpu_cast_bf16_to_f32 = sig("cpu_cast_bf16_to_f32", P, P, c_size)
 cpu_cast_f32_to_fp8 = sig("cpu_cast_f32_to_fp8", P, P, P, c_int, c_int, c_int, c_int)
 cpu_cast_fp8_to_f32 = sig("cpu_cast_fp8_to_f32", P, P, P, c_int, c_int, c_int, c_int)
-cpu_fp8_scale_from_amax = sig("cpu_fp8_scale_from_amax", P, P, c_int, c_float, c_int)
+cpu_fp8_scale_from_amax = sig("cpu_fp8_scale_from_amax", P, P, P, c_int, c_int, c_float, c_int)
 cpu_adamw_step = sig("cpu_adamw_step", P, P, P, P, c_size, c_double, c_double, c_double, c_double, c_double,
                      c_int, c_float)
 cpu_gemm = sig("cpu_gemm", P, P, P, ctypes.POINTER(GemmDesc))
@@ -254,6 +255,16 @@ def test_elementwise():
     cpu_amax_rows(ptr(am), ptr(xr), rows, cols)
     record("amax_rows", "abs diff", (am - xr.abs().amax(1)).abs().max().item(), 0)
 
+    # transpose (exact): edge tiles, a single row or column, several 32-tiles, empty shapes;
+    # one guard element past the end of out must stay untouched
+    for rows, cols in ((1, 77), (77, 1), (1, 1), (37, 135), (32, 64), (300, 517), (0, 5), (5, 0)):
+        xt = rng.standard_normal((rows, cols)).astype(np.float32)
+        out = np.full(rows * cols + 1, -7.0, dtype=np.float32)
+        cpu_transpose(ptr(out), ptr(xt), rows, cols)
+        check_bits(f"transpose {rows}x{cols}", out[:-1].view(np.uint32),
+                   np.ascontiguousarray(xt.T).ravel().view(np.uint32))
+        record(f"transpose {rows}x{cols}", "guard overwritten", 0 if out[-1] == -7.0 else 1, 0)
+
 
 # ----------------------------------------------------------------------------
 # casts (bit-exact)
@@ -379,14 +390,37 @@ def test_casts():
             check_bits(f"cast {name}->f32 ml_dtypes", back.view(np.uint32), refm.view(np.uint32),
                        nan_mask=np.isnan(refm) & np.isnan(back))
     # scale from amax (torchao: fp8_max / clamp(amax, 1e-12) in float64, stored fp32)
-    am = np.array([0.0, 1e-20, 3.7, 448.0, 1e5, 0.001234], dtype=np.float32)
-    sc = np.empty_like(am)
-    for pow2 in (0, 1):
-        cpu_fp8_scale_from_amax(ptr(sc), ptr(am), len(am), 448.0, pow2)
-        ref = (448.0 / np.maximum(am.astype(np.float64), 1e-12)).astype(np.float32)
+    # inv_scale: the dequant factor, one fp32 division 1/scale (numpy float32 division is IEEE)
+    am = np.array([0.0, 1e-20, 3.7, 448.0, 1e5, 0.001234, 3e-7, 5e30], dtype=np.float32)
+
+    def scale_ref(a, pow2):
+        ref = (448.0 / np.maximum(a.astype(np.float64), 1e-12)).astype(np.float32)
         if pow2:
             ref = np.exp2(np.floor(np.log2(ref))).astype(np.float32)
-        check_bits(f"fp8 scale from amax{' pow2' if pow2 else ''}", sc.view(np.uint32), ref.view(np.uint32))
+        return ref
+
+    for pow2 in (0, 1):
+        name = f"fp8 scale from amax{' pow2' if pow2 else ''}"
+        ref = scale_ref(am, pow2)
+        sc = np.empty_like(am)
+        cpu_fp8_scale_from_amax(ptr(sc), None, ptr(am), len(am), 0, 448.0, pow2)
+        check_bits(name, sc.view(np.uint32), ref.view(np.uint32))
+        sc = np.empty_like(am)
+        inv = np.full_like(am, np.nan)
+        cpu_fp8_scale_from_amax(ptr(sc), ptr(inv), ptr(am), len(am), 0, 448.0, pow2)
+        check_bits(f"{name} (+inv)", sc.view(np.uint32), ref.view(np.uint32))
+        check_bits(f"{name} inv", inv.view(np.uint32), (np.float32(1) / ref).view(np.uint32))
+        # broadcast: n scales from amax[0] (a one-element array, so nothing past it is read)
+        for k in (0, 2, 5):
+            one = am[k:k + 1].copy()
+            n = 7
+            sc = np.empty(n, dtype=np.float32)
+            inv = np.empty(n, dtype=np.float32)
+            cpu_fp8_scale_from_amax(ptr(sc), ptr(inv), ptr(one), n, 1, 448.0, pow2)
+            refb = np.full(n, scale_ref(one, pow2)[0], dtype=np.float32)
+            check_bits(f"{name} broadcast amax={one[0]:g}", sc.view(np.uint32), refb.view(np.uint32))
+            check_bits(f"{name} broadcast amax={one[0]:g} inv", inv.view(np.uint32),
+                       (np.float32(1) / refb).view(np.uint32))
 
 
 # ----------------------------------------------------------------------------
