@@ -138,13 +138,15 @@ static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int t
 
 /* y[N, out] = x[N, in] W[out, in]^T + beta y */
 static void default_forward(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
-                            const void *w, int n, float beta) {
+                            const void *w, int n, int row0, float beta) {
+    (void)row0;
     ops_gemm_desc g = gemm_desc(m->compute_dtype, yt, 0, 1, n, l->out, l->in, l->in, l->in, l->out, beta);
     m->ops->gemm(y, x, w, &g);
 }
 /* dx[N, in] = dy[N, out] W[out, in] + beta dx */
 static void default_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx,
-                                   const void *dy, const void *w, int n, float beta) {
+                                   const void *dy, const void *w, int n, int row0, float beta) {
+    (void)row0;
     ops_gemm_desc g = gemm_desc(m->compute_dtype, dxt, 0, 0, n, l->in, l->out, l->out, l->in, l->in, beta);
     m->ops->gemm(dx, dy, w, &g);
 }
@@ -156,24 +158,33 @@ static void default_backward_weight(const llama3_model *m, const llama3_linear *
 }
 
 static const llama3_linear_impl default_linear = {"gemm", default_forward, default_backward_input,
-                                                  default_backward_weight};
+                                                  default_backward_weight, NULL};
 
 const llama3_linear_impl *llama3_linear_default(void) { return &default_linear; }
 
-static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, const void *x, int n, float beta) {
+const void *llama3_linear_weight(const llama3_model *m, const llama3_linear *l) { return param_ptr(m, l->param); }
+
+/* row0: see llama3_linear_impl (-1: the whole operand) */
+static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, const void *x, int n, int row0,
+                       float beta) {
     const llama3_linear *l = &m->linears[idx];
-    l->impl->forward(m, l, yt, y, x, param_ptr(m, idx), n, beta);
+    l->impl->forward(m, l, yt, y, x, param_ptr(m, idx), n, row0, beta);
 }
-static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, float beta) {
-    lin_fwd_to(m, idx, m->compute_dtype, y, x, n, beta);
+static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, int row0, float beta) {
+    lin_fwd_to(m, idx, m->compute_dtype, y, x, n, row0, beta);
 }
 static void lin_bwd_input_to(const llama3_model *m, int idx, tetra_dtype dxt, void *dx, const void *dy, int n,
-                             float beta) {
+                             int row0, float beta) {
     const llama3_linear *l = &m->linears[idx];
-    l->impl->backward_input(m, l, dxt, dx, dy, param_ptr(m, idx), n, beta);
+    l->impl->backward_input(m, l, dxt, dx, dy, param_ptr(m, idx), n, row0, beta);
 }
-static void lin_bwd_input(const llama3_model *m, int idx, void *dx, const void *dy, int n, float beta) {
-    lin_bwd_input_to(m, idx, m->compute_dtype, dx, dy, n, beta);
+static void lin_bwd_input(const llama3_model *m, int idx, void *dx, const void *dy, int n, int row0, float beta) {
+    lin_bwd_input_to(m, idx, m->compute_dtype, dx, dy, n, row0, beta);
+}
+static void lin_begin(const llama3_model *m, int idx, llama3_operand which, const void *local, size_t rows, size_t cols,
+                      llama3_rows_layout lay) {
+    const llama3_linear *l = &m->linears[idx];
+    if (l->impl->begin_rows) l->impl->begin_rows(m, l, which, local, (int)rows, (int)cols, lay);
 }
 static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const void *x, int n) {
     const llama3_linear *l = &m->linears[idx];
@@ -1093,6 +1104,7 @@ typedef struct {
     int l, what;
     const layer_acts *t;
     unsigned compute;
+    int begun; /* the linears were told the whole operand (rows_begin): calls pass their row */
 } rows_job;
 
 static void rows_run(void *user, size_t r0, size_t rows) {
@@ -1101,36 +1113,37 @@ static void rows_run(void *user, size_t r0, size_t rows) {
     llama3_acts *a = j->a;
     const layer_acts *t = j->t;
     const int l = j->l, n = (int)rows;
+    const int rr = j->begun ? (int)r0 : -1; /* the block's first row in the announced operand */
     const size_t C = (size_t)m->args.dim, HD = hd_l(m), KVD = kvd_l(m), F = ffn_l(m), V = vocab_l(m);
 #define AT(p, cols) act_at(m, (void *)(p), r0 *(cols))
     float *tpf = a->ws->tp_full + r0 * C;
     switch (j->what) {
     case ROWS_QKV:
-        if (j->compute & LLAMA3_KEEP_Q) lin_fwd(m, pidx_block(m, l, P_WQ), AT(t->q, HD), AT(t->xn1, C), n, 0.0f);
-        if (j->compute & LLAMA3_KEEP_K) lin_fwd(m, pidx_block(m, l, P_WK), AT(t->k, KVD), AT(t->xn1, C), n, 0.0f);
-        if (j->compute & LLAMA3_KEEP_V) lin_fwd(m, pidx_block(m, l, P_WV), AT(t->v, KVD), AT(t->xn1, C), n, 0.0f);
+        if (j->compute & LLAMA3_KEEP_Q) lin_fwd(m, pidx_block(m, l, P_WQ), AT(t->q, HD), AT(t->xn1, C), n, rr, 0.0f);
+        if (j->compute & LLAMA3_KEEP_K) lin_fwd(m, pidx_block(m, l, P_WK), AT(t->k, KVD), AT(t->xn1, C), n, rr, 0.0f);
+        if (j->compute & LLAMA3_KEEP_V) lin_fwd(m, pidx_block(m, l, P_WV), AT(t->v, KVD), AT(t->xn1, C), n, rr, 0.0f);
         break;
-    case ROWS_WO: lin_fwd_to(m, pidx_block(m, l, P_WO), TETRA_F32, tpf, AT(t->att, HD), n, 0.0f); break;
+    case ROWS_WO: lin_fwd_to(m, pidx_block(m, l, P_WO), TETRA_F32, tpf, AT(t->att, HD), n, rr, 0.0f); break;
     case ROWS_W13:
-        if (j->compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), AT(t->a, F), AT(t->xn2, C), n, 0.0f);
-        if (j->compute & LLAMA3_KEEP_G) lin_fwd(m, pidx_block(m, l, P_W3), AT(t->g, F), AT(t->xn2, C), n, 0.0f);
+        if (j->compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), AT(t->a, F), AT(t->xn2, C), n, rr, 0.0f);
+        if (j->compute & LLAMA3_KEEP_G) lin_fwd(m, pidx_block(m, l, P_W3), AT(t->g, F), AT(t->xn2, C), n, rr, 0.0f);
         break;
-    case ROWS_W2: lin_fwd_to(m, pidx_block(m, l, P_W2), TETRA_F32, tpf, AT(t->s, F), n, 0.0f); break;
-    case ROWS_DS: lin_bwd_input(m, pidx_block(m, l, P_W2), AT(a->ws->scratch, F), AT(t->dop, C), n, 0.0f); break;
+    case ROWS_W2: lin_fwd_to(m, pidx_block(m, l, P_W2), TETRA_F32, tpf, AT(t->s, F), n, rr, 0.0f); break;
+    case ROWS_DS: lin_bwd_input(m, pidx_block(m, l, P_W2), AT(a->ws->scratch, F), AT(t->dop, C), n, rr, 0.0f); break;
     case ROWS_DXN2:
-        lin_bwd_input_to(m, pidx_block(m, l, P_W1), TETRA_F32, tpf, AT(t->a, F), n, 0.0f);
-        lin_bwd_input_to(m, pidx_block(m, l, P_W3), TETRA_F32, tpf, AT(t->g, F), n, 1.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_W1), TETRA_F32, tpf, AT(t->a, F), n, rr, 0.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_W3), TETRA_F32, tpf, AT(t->g, F), n, rr, 1.0f);
         break;
-    case ROWS_DATT: lin_bwd_input(m, pidx_block(m, l, P_WO), AT(a->ws->scratch, HD), AT(t->dh, C), n, 0.0f); break;
+    case ROWS_DATT: lin_bwd_input(m, pidx_block(m, l, P_WO), AT(a->ws->scratch, HD), AT(t->dh, C), n, rr, 0.0f); break;
     case ROWS_DXN1:
-        lin_bwd_input_to(m, pidx_block(m, l, P_WQ), TETRA_F32, tpf, AT(t->q, HD), n, 0.0f);
-        lin_bwd_input_to(m, pidx_block(m, l, P_WK), TETRA_F32, tpf, AT(t->k, KVD), n, 1.0f);
-        lin_bwd_input_to(m, pidx_block(m, l, P_WV), TETRA_F32, tpf, AT(t->v, KVD), n, 1.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_WQ), TETRA_F32, tpf, AT(t->q, HD), n, rr, 0.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_WK), TETRA_F32, tpf, AT(t->k, KVD), n, rr, 1.0f);
+        lin_bwd_input_to(m, pidx_block(m, l, P_WV), TETRA_F32, tpf, AT(t->v, KVD), n, rr, 1.0f);
         break;
-    case ROWS_LOGITS: lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits + r0 * V, AT(a->xnf, C), n, 0.0f); break;
+    case ROWS_LOGITS: lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits + r0 * V, AT(a->xnf, C), n, rr, 0.0f); break;
     case ROWS_DXNF: {
         const void *dl = mixed(m) ? (const void *)(a->dlogits16 + r0 * V) : (const void *)(a->logits + r0 * V);
-        lin_bwd_input_to(m, pidx_output(m), TETRA_F32, tpf, dl, n, 0.0f);
+        lin_bwd_input_to(m, pidx_output(m), TETRA_F32, tpf, dl, n, rr, 0.0f);
         break;
     }
     case ROWS_EMBEDDING: {
@@ -1149,6 +1162,57 @@ static void rows_run(void *user, size_t r0, size_t rows) {
 #undef AT
 }
 
+/* Announce the operands of a job's linears before its blocks run (llama3_linear_impl's
+ * begin_rows): `local` is this rank's rows of a row-gathered input (ROW_SHARD), or NULL
+ * when the job reads a buffer that already holds every row (WHOLE, or COL_SHARD for the
+ * row-parallel inputs and the column-parallel output gradients). */
+static void rows_begin(rows_job *j, const void *local) {
+    llama3_model *m = j->m;
+    llama3_acts *a = j->a;
+    const layer_acts *t = j->t;
+    const int l = j->l;
+    const size_t C = (size_t)m->args.dim, HD = hd_l(m), KVD = kvd_l(m), F = ffn_l(m), V = vocab_l(m);
+    const llama3_rows_layout in = local ? LLAMA3_ROWS_ROW_SHARD : LLAMA3_ROWS_WHOLE,
+                             cols = LLAMA3_ROWS_COL_SHARD;
+    const size_t rows = local ? a->nl : a->n, n = a->n;
+    j->begun = 1;
+    switch (j->what) {
+    case ROWS_QKV: {
+        const void *x = local ? local : t->xn1;
+        if (j->compute & LLAMA3_KEEP_Q) lin_begin(m, pidx_block(m, l, P_WQ), LLAMA3_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_K) lin_begin(m, pidx_block(m, l, P_WK), LLAMA3_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_V) lin_begin(m, pidx_block(m, l, P_WV), LLAMA3_OPERAND_X, x, rows, C, in);
+        break;
+    }
+    case ROWS_WO: lin_begin(m, pidx_block(m, l, P_WO), LLAMA3_OPERAND_X, t->att, n, HD, cols); break;
+    case ROWS_W13: {
+        const void *x = local ? local : t->xn2;
+        if (j->compute & LLAMA3_KEEP_A) lin_begin(m, pidx_block(m, l, P_W1), LLAMA3_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_G) lin_begin(m, pidx_block(m, l, P_W3), LLAMA3_OPERAND_X, x, rows, C, in);
+        break;
+    }
+    case ROWS_W2: lin_begin(m, pidx_block(m, l, P_W2), LLAMA3_OPERAND_X, t->s, n, F, cols); break;
+    case ROWS_DS: lin_begin(m, pidx_block(m, l, P_W2), LLAMA3_OPERAND_DY, local, rows, C, in); break;
+    case ROWS_DXN2:
+        lin_begin(m, pidx_block(m, l, P_W1), LLAMA3_OPERAND_DY, t->a, n, F, cols);
+        lin_begin(m, pidx_block(m, l, P_W3), LLAMA3_OPERAND_DY, t->g, n, F, cols);
+        break;
+    case ROWS_DATT: lin_begin(m, pidx_block(m, l, P_WO), LLAMA3_OPERAND_DY, local, rows, C, in); break;
+    case ROWS_DXN1:
+        lin_begin(m, pidx_block(m, l, P_WQ), LLAMA3_OPERAND_DY, t->q, n, HD, cols);
+        lin_begin(m, pidx_block(m, l, P_WK), LLAMA3_OPERAND_DY, t->k, n, KVD, cols);
+        lin_begin(m, pidx_block(m, l, P_WV), LLAMA3_OPERAND_DY, t->v, n, KVD, cols);
+        break;
+    case ROWS_LOGITS: lin_begin(m, pidx_output(m), LLAMA3_OPERAND_X, local ? local : a->xnf, rows, C, in); break;
+    case ROWS_DXNF: {
+        const void *dl = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
+        lin_begin(m, pidx_output(m), LLAMA3_OPERAND_DY, dl, n, V, cols);
+        break;
+    }
+    case ROWS_EMBEDDING: j->begun = 0; break;
+    }
+}
+
 /* job over every row: one call at tp 1, one per rank's block of rows under tensor
  * parallel (the shapes the collectives' paths use, so recomputation gives the same bits) */
 static void rows_all(llama3_model *m, llama3_acts *a, rows_job *job) {
@@ -1156,12 +1220,14 @@ static void rows_all(llama3_model *m, llama3_acts *a, rows_job *job) {
         rows_run(job, 0, a->n);
         return;
     }
+    rows_begin(job, NULL);
     for (int q = 0; q < tpn(m); q++) rows_run(job, (size_t)q * a->nl, a->nl);
 }
 
 /* full[N, C] = every rank's rows local[N/P, C] (compute dtype), then job over every block
  * of rows (the column-parallel linears after the collective) */
 static void sp_gather_then(llama3_model *m, llama3_acts *a, void *full, const void *local, rows_job *job) {
+    rows_begin(job, local);
     tp_column_parallel_in(m->ops, m->ctx.tp, full, local, a->nl, (size_t)m->args.dim, m->compute_dtype, m->tp_async,
                           rows_run, job);
 }
@@ -1177,6 +1243,7 @@ static void sp_exit(llama3_model *m, llama3_acts *a, rows_job *job, void *out_l,
     const tetra_ops *ops = m->ops;
     llama3_workspace *ws = a->ws;
     const size_t nc = a->nl * (size_t)m->args.dim;
+    rows_begin(job, NULL);
     tp_row_parallel_out(ops, m->ctx.tp, ws->tp_local, ws->tp_full, ws->tp_stage, a->nl, (size_t)m->args.dim,
                         m->tp_async, rows_run, job);
     if (!mixed(m)) {
@@ -1209,7 +1276,7 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
     if (tpn(m) > 1) {
         /* vocab parallel: a token's row comes from its owner, zeros from the others, so the
          * reduce-scatter to this rank's rows sums exactly */
-        rows_job job = {m, a, -1, ROWS_EMBEDDING, NULL, 0};
+        rows_job job = {m, a, -1, ROWS_EMBEDDING, NULL, 0, 0};
         sp_exit(m, a, &job, a->res[0], NULL);
         return;
     }
@@ -1234,7 +1301,7 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
     const void *x = a->res[bl];
 
     /* attention: h = x + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)) */
-    rows_job qkv = {m, a, l, ROWS_QKV, t, compute & (LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V)};
+    rows_job qkv = {m, a, l, ROWS_QKV, t, compute & (LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V), 0};
     if (compute & LLAMA3_KEEP_XN1) {
         const void *w = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
         if (tp) { /* the projections run on the gathered rows as they arrive */
@@ -1261,16 +1328,16 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
     }
     if (compute & LLAMA3_KEEP_H) {
         if (tp) {
-            rows_job wo = {m, a, l, ROWS_WO, t, 0};
+            rows_job wo = {m, a, l, ROWS_WO, t, 0, 0};
             sp_exit(m, a, &wo, t->h, x);
         } else {
             ops->copy(t->h, x, nc * es);
-            lin_fwd(m, pidx_block(m, l, P_WO), t->h, t->att, n, 1.0f);
+            lin_fwd(m, pidx_block(m, l, P_WO), t->h, t->att, n, -1, 1.0f);
         }
     }
 
     /* feed-forward: out = h + w2(silu(w1 xn2) * w3 xn2) */
-    rows_job w13 = {m, a, l, ROWS_W13, t, compute & (LLAMA3_KEEP_A | LLAMA3_KEEP_G)};
+    rows_job w13 = {m, a, l, ROWS_W13, t, compute & (LLAMA3_KEEP_A | LLAMA3_KEEP_G), 0};
     if (compute & LLAMA3_KEEP_XN2) {
         const void *w = param_ptr(m, pidx_block(m, l, P_FFN_NORM));
         if (tp) {
@@ -1291,11 +1358,11 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
     if (output) {
         void *out = a->res[bl + 1];
         if (tp) {
-            rows_job w2 = {m, a, l, ROWS_W2, t, 0};
+            rows_job w2 = {m, a, l, ROWS_W2, t, 0, 0};
             sp_exit(m, a, &w2, out, t->h);
         } else {
             ops->copy(out, t->h, nc * es);
-            lin_fwd(m, pidx_block(m, l, P_W2), out, t->s, n, 1.0f);
+            lin_fwd(m, pidx_block(m, l, P_W2), out, t->s, n, -1, 1.0f);
         }
     }
 }
@@ -1316,7 +1383,7 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     const int n = (int)a->n, Vl = (int)vocab_l(m);
     const void *w = param_ptr(m, pidx_norm(m));
     /* the logits are fp32 in both precisions: the loss and its gradient need the range */
-    rows_job lg = {m, a, -1, ROWS_LOGITS, NULL, 0};
+    rows_job lg = {m, a, -1, ROWS_LOGITS, NULL, 0, 0};
     if (tpn(m) > 1) {
         rmsnorm_fwd(m, a->ws->xn_local, a->rstdf, a->res[a->nb], w, (int)a->nl);
         sp_gather_then(m, a, a->xnf, a->ws->xn_local, &lg);
@@ -1394,10 +1461,10 @@ void llama3_backward_head_input(llama3_model *m, llama3_acts *a) {
     /* dxnf = dlogits Output (a partial sum over the vocabulary shards under tensor parallel);
      * dr_L = d rmsnorm (the residual stream starts here) */
     if (tpn(m) > 1) {
-        rows_job dx = {m, a, -1, ROWS_DXNF, NULL, 0};
+        rows_job dx = {m, a, -1, ROWS_DXNF, NULL, 0, 0};
         sp_exit(m, a, &dx, a->dxnf, NULL);
     } else {
-        lin_bwd_input(m, pidx_output(m), a->dxnf, dlogits, n, 0.0f);
+        lin_bwd_input(m, pidx_output(m), a->dxnf, dlogits, n, -1, 0.0f);
     }
     zero_acts(m, dres, a->nl * (size_t)m->args.dim);
     rmsnorm_bwd_input(m, dres, a->dxnf, a->res[a->nb], param_ptr(m, pidx_norm(m)), a->rstdf, nl);
@@ -1454,10 +1521,10 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
      * tp 1; under tensor parallel a partial sum, reduce-scattered to this rank's rows) */
     void *ds = ws->scratch; /* [N, F] */
     if (tp) { /* w2 is row-parallel: its output gradient for every row */
-        rows_job job = {m, a, l, ROWS_DS, t, 0};
+        rows_job job = {m, a, l, ROWS_DS, t, 0, 0};
         sp_gather_then(m, a, t->dop, dout, &job);
     } else {
-        lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, 0.0f);
+        lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, -1, 0.0f);
     }
     if (mixed(m))
         ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
@@ -1466,7 +1533,7 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     void *dh_full = t->dh; /* dL/dh of every row: wo's input gradient reads it, W keeps it */
     void *datt = ws->scratch; /* [N, HD] */
     if (tp) {
-        rows_job job = {m, a, l, ROWS_DXN2, t, 0};
+        rows_job job = {m, a, l, ROWS_DXN2, t, 0, 0};
         sp_exit(m, a, &job, t->dxn2l, NULL);
         /* dh = dout (residual) + d rmsnorm, on this rank's rows (kept in dr_l, which the
          * attention part then adds to), gathered for wo, whose input gradient runs on the
@@ -1474,12 +1541,12 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         ops->copy(a->dres[bl], a->dres[bl + 1], a->nl * (size_t)C * es);
         rmsnorm_bwd_input(m, a->dres[bl], t->dxn2l, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2,
                           (int)a->nl);
-        rows_job dj = {m, a, l, ROWS_DATT, t, 0};
+        rows_job dj = {m, a, l, ROWS_DATT, t, 0, 0};
         sp_gather_then(m, a, dh_full, a->dres[bl], &dj);
     } else {
         void *dxn2 = t->xn2;
-        lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, 0.0f);
-        lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, 1.0f);
+        lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, -1, 0.0f);
+        lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, -1, 1.0f);
         /* dh = dout (residual) + d rmsnorm */
         ops->copy(t->dh, dout, nc * es);
         rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n);
@@ -1491,7 +1558,7 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     void *dq = act_at(m, datt, a->n * (size_t)HD); /* [N, HD] */
     void *dk = act_at(m, dq, a->n * (size_t)HD);   /* [N, KVD] */
     void *dv = act_at(m, dk, a->n * (size_t)KVD);  /* [N, KVD] */
-    if (!tp) lin_bwd_input(m, pidx_block(m, l, P_WO), datt, dh_full, n, 0.0f);
+    if (!tp) lin_bwd_input(m, pidx_block(m, l, P_WO), datt, dh_full, n, -1, 0.0f);
     ops_attn_shape s = attn_shape(m, a->b, a->t);
     if (cpn(m) > 1) {
         cp_ctx cc = cp_of(m);
@@ -1508,16 +1575,16 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     ops->copy(t->v, dv, a->n * (size_t)KVD * es);
     const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
     if (tp) {
-        rows_job job = {m, a, l, ROWS_DXN1, t, 0};
+        rows_job job = {m, a, l, ROWS_DXN1, t, 0, 0};
         sp_exit(m, a, &job, t->dxn1l, NULL);
         /* dr_l = dh (already there) + d rmsnorm */
         rmsnorm_bwd_input(m, a->dres[bl], t->dxn1l, a->res[bl], w_attn_norm, t->rstd1, (int)a->nl);
         return;
     }
     void *dxn1 = t->xn1;
-    lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, 0.0f);
-    lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, 1.0f);
-    lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, 1.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, -1, 0.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, -1, 1.0f);
+    lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, -1, 1.0f);
     /* dr_l = dh (residual) + d rmsnorm */
     ops->copy(a->dres[bl], t->dh, nc * es);
     rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], w_attn_norm, t->rstd1, n);

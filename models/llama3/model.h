@@ -118,18 +118,40 @@ typedef struct llama3_linear llama3_linear;
 
 typedef enum { LLAMA3_LINEAR_REPLICATED = 0, LLAMA3_LINEAR_COLWISE, LLAMA3_LINEAR_ROWWISE } llama3_linear_style;
 
+/* Which operand of a linear a block of rows belongs to: the input x of forward or the
+ * output gradient dy of backward_input. */
+typedef enum { LLAMA3_OPERAND_X = 0, LLAMA3_OPERAND_DY = 1 } llama3_operand;
+
+/* How this rank holds an operand whose rows are about to be consumed block by block:
+ * WHOLE: `local` is the whole operand; ROW_SHARD: this rank's block of rows of an
+ * operand whose full rows are every tensor-parallel rank's block in rank order (it is
+ * being all-gathered); COL_SHARD: every row of this rank's block of columns, the other
+ * columns are on the other ranks of the tensor-parallel group. */
+typedef enum { LLAMA3_ROWS_WHOLE = 0, LLAMA3_ROWS_ROW_SHARD, LLAMA3_ROWS_COL_SHARD } llama3_rows_layout;
+
 typedef struct {
     const char *name;
-    /* y = x W^T + beta y, y of type y_type (compute dtype, or F32 for the logits) */
+    /* y = x W^T + beta y, y of type y_type (compute dtype, or F32 for the logits).
+     * row0 < 0: x is the whole operand. row0 >= 0: x is rows [row0, row0 + n) of the
+     * operand announced by the last begin_rows(LLAMA3_OPERAND_X) of this linear. */
     void (*forward)(const llama3_model *m, const llama3_linear *l, tetra_dtype y_type, void *y, const void *x,
-                    const void *w, int n, float beta);
+                    const void *w, int n, int row0, float beta);
     /* dx = dy W + beta dx, dx of type dx_type (compute dtype, or F32 for a tensor-parallel
-     * partial sum) */
+     * partial sum); row0 as in forward, for dy */
     void (*backward_input)(const llama3_model *m, const llama3_linear *l, tetra_dtype dx_type, void *dx,
-                           const void *dy, const void *w, int n, float beta);
-    /* dW += dy^T x (fp32) */
+                           const void *dy, const void *w, int n, int row0, float beta);
+    /* dW += dy^T x (fp32), over every row of the microbatch */
     void (*backward_weight)(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
                             int n);
+    /* Optional (NULL: nothing to do). Under tensor parallel the forward and the input
+     * gradient run one block of rows at a time (parallel/tp.h), possibly before the other
+     * blocks have arrived. Before the blocks of an operand the model announces it here
+     * (local [rows, cols] in the compute dtype, held as `layout` says; the group is
+     * m->ctx.tp), so an implementation that scales by tensor or by row can take the
+     * statistics of the whole operand, identical on every rank and to an unsplit run.
+     * Every rank of the group calls it at the same point: it may run collectives. */
+    void (*begin_rows)(const llama3_model *m, const llama3_linear *l, llama3_operand which, const void *local,
+                       int rows, int cols, llama3_rows_layout layout);
 } llama3_linear_impl;
 
 struct llama3_linear {
@@ -141,6 +163,9 @@ struct llama3_linear {
 };
 
 const llama3_linear_impl *llama3_linear_default(void);
+/* The linear's weight [out, in] in the compute dtype where its unit is bound now (the
+ * pointer an implementation's forward receives as w); stops if the unit is not bound. */
+const void *llama3_linear_weight(const llama3_model *m, const llama3_linear *l);
 
 /* The process groups a layout computes over (NULL: degree 1, nothing to talk to). */
 typedef struct {
