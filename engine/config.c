@@ -1,4 +1,5 @@
 #include "engine/config.h"
+#include "engine/converter.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -1012,11 +1013,19 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         }
     }
     for (int i = 0; i < v->model.converters.n; i++) {
-        if (strcmp(v->model.converters.items[i], "float8") != 0) {
-            set_err(err, n, "%s: model.converters: unknown converter \"%s\" (available: float8)",
-                    WHERE("model", "converters"), v->model.converters.items[i]);
+        if (!converter_find(v->model.converters.items[i])) {
+            char names[256];
+            converter_list(names, sizeof names);
+            set_err(err, n, "%s: model.converters: unknown converter \"%s\" (available: %s)",
+                    WHERE("model", "converters"), v->model.converters.items[i], names);
             return -1;
         }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(v->model.converters.items[i], v->model.converters.items[j])) {
+                set_err(err, n, "%s: model.converters: \"%s\" is listed twice", WHERE("model", "converters"),
+                        v->model.converters.items[i]);
+                return -1;
+            }
     }
     static const char *exclusions[] = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"};
     for (int i = 0; i < v->checkpoint.exclude_from_loading.n; i++) {

@@ -518,6 +518,20 @@ static void run_rounds(trainer *t) {
 /* ----------------------------------------------------------------------------
  * one optimizer step */
 
+void train_converters_pre_optimizer(trainer *t) {
+    for (int k = 0; k < t->n_conv; k++)
+        if (t->conv[k]->pre_optimizer)
+            for (int i = 0; i < t->n_local; i++)
+                t->conv[k]->pre_optimizer(t->st[i].conv_state[k], &t->st[i].model, t->st[i].fs);
+}
+
+void train_converters_post_optimizer(trainer *t) {
+    for (int k = 0; k < t->n_conv; k++)
+        if (t->conv[k]->post_optimizer)
+            for (int i = 0; i < t->n_local; i++)
+                t->conv[k]->post_optimizer(t->st[i].conv_state[k], &t->st[i].model, t->st[i].fs);
+}
+
 void train_step(trainer *t, step_result *r) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
@@ -533,11 +547,11 @@ void train_step(trainer *t, step_result *r) {
 
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
     run_rounds(t);
+    for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
+    /* converters see the final gradients before the norm and the update */
+    train_converters_pre_optimizer(t);
     double sq = 0.0;
-    for (int i = 0; i < t->n_local; i++) {
-        fsdp_finish_grads(t->st[i].fs);
-        sq += fsdp_grad_sq_norm(t->st[i].fs);
-    }
+    for (int i = 0; i < t->n_local; i++) sq += fsdp_grad_sq_norm(t->st[i].fs);
     /* each stage's norm is over its parameters: the pipeline ranks add theirs up */
     if (t->pp_size > 1) sq = comm_all_reduce_f64(t->g_pp, sq, COMM_SUM);
     r->grad_norm = sqrt(sq);
@@ -561,6 +575,7 @@ void train_step(trainer *t, step_result *r) {
     }
     ops->synchronize();
     for (int i = 0; i < t->n_local; i++) fsdp_params_updated(t->st[i].fs);
+    train_converters_post_optimizer(t);
 
     /* the loss is computed on the last stage: every pipeline rank learns it */
     r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;

@@ -178,7 +178,7 @@ static void log_plan(trainer *t) {
     }
     fsdp_memory mr;
     memset(&mr, 0, sizeof mr);
-    size_t acts = 0, acts1 = 0, wsb = 0, vb = 0, full1 = 0;
+    size_t acts = 0, acts1 = 0, wsb = 0, vb = 0, full1 = 0, convb = 0;
     int n_acts = 0, n_dropping = 0, nblocks = 0, slots = 0;
     for (int i = 0; i < t->n_local; i++) {
         const train_stage *s = &t->st[i];
@@ -202,6 +202,8 @@ static void log_plan(trainer *t) {
         nblocks += s->model.layout.layer_end - s->model.layout.layer_start;
         slots += s->recompute_slots;
         if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl)) vb += validation_bytes(t, s);
+        for (int q = 0; q < t->n_conv; q++)
+            if (t->conv[q]->backend_bytes && s->conv_state[q]) convb += t->conv[q]->backend_bytes(s->conv_state[q]);
     }
     acts += vb;
     const size_t persistent = mr.param_bytes + mr.compute_bytes + mr.grad_bytes + mr.optim_bytes;
@@ -217,7 +219,10 @@ static void log_plan(trainer *t) {
     fmt_bytes(a1s, sizeof a1s, (double)acts1);
     fmt_bytes(wb, sizeof wb, (double)wsb);
     fmt_bytes(vbs, sizeof vbs, (double)vb);
-    fmt_bytes(tot, sizeof tot, (double)(persistent + working + acts));
+    fmt_bytes(tot, sizeof tot, (double)(persistent + working + acts + convb));
+    char cpart[64] = "", cvb[32];
+    fmt_bytes(cvb, sizeof cvb, (double)convb);
+    if (convb) snprintf(cpart, sizeof cpart, "; model converters %s", cvb);
     const char *prec = t->mixed ? "bf16 compute: parameters include their bf16 copy; fp32 master weights, gradients "
                                   "and optimizer state"
                                 : "fp32";
@@ -239,13 +244,13 @@ static void log_plan(trainer *t) {
     if (S > 1)
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; working: gathered "
                  "parameters %s (%d resident unit%s + 2 slots%s), unsharded gradients %s, reduce staging %s; "
-                 "activations %s (%s + workspace %s%s); total %s",
+                 "activations %s (%s + workspace %s%s)%s; total %s",
                  t->rank, who, pb, gb, ob, wpb, mr.resident_units, mr.resident_units == 1 ? "" : "s",
-                 t->n_local > 1 ? " per stage" : "", wgb, rb, ab, mbpart, wb, vpart, tot);
+                 t->n_local > 1 ? " per stage" : "", wgb, rb, ab, mbpart, wb, vpart, cpart, tot);
     else
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; activations %s "
-                 "(%s + workspace %s%s); total %s",
-                 t->rank, who, pb, gb, ob, ab, mbpart, wb, vpart, tot);
+                 "(%s + workspace %s%s)%s; total %s",
+                 t->rank, who, pb, gb, ob, ab, mbpart, wb, vpart, cpart, tot);
     {
         /* what this rank sends per step, by parallelism */
         fsdp_traffic ft;
@@ -319,7 +324,14 @@ void trainer_teardown(trainer *t) {
     }
     free(t->vacts);
     free(t->vws);
-    for (int i = 0; i < t->n_local && t->st; i++) stage_free(ops, &t->st[i]);
+    for (int i = 0; i < t->n_local && t->st; i++) {
+        train_stage *st = &t->st[i];
+        for (int k = t->n_conv - 1; k >= 0 && st->conv_state; k--)
+            if (t->conv[k]->destroy && st->conv_state[k]) t->conv[k]->destroy(st->conv_state[k]);
+        free(st->conv_state);
+        stage_free(ops, st);
+    }
+    free(t->conv);
     free(t->st);
     free(t->groups);
     free(t->save_groups);
@@ -342,11 +354,6 @@ void trainer_teardown(trainer *t) {
 /* Refusals before anything is built: features of later versions, bad values. */
 static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dims, int world) {
     const tetra_config_values *c = &cfg->v;
-    if (c->model.converters.n > 0) {
-        log_error("%s: model.converters = [\"%s\"]: the Float8 converter is not available in this version",
-                  cfg->file ? cfg->file : "command line", c->model.converters.items[0]);
-        return 1;
-    }
     if (c->checkpoint.create_seed_checkpoint && world != 1) {
         log_error("checkpoint.create_seed_checkpoint needs a single rank (got %d): run it with NGPU=1; the seed "
                   "checkpoint then loads under any layout", world);
@@ -415,6 +422,17 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         t->n_mb = (int)(c->training.local_batch_size / c->parallelism.pipeline_parallel_microbatch_size);
     }
     t->tok = (size_t)t->B * (size_t)t->Tl;
+    t->n_conv = c->model.converters.n;
+    t->conv = calloc((size_t)(t->n_conv > 0 ? t->n_conv : 1), sizeof *t->conv);
+    if (!t->conv) {
+        snprintf(err, errlen, "out of host memory");
+        return -1;
+    }
+    for (int k = 0; k < t->n_conv; k++)
+        if (!(t->conv[k] = converter_find(c->model.converters.items[k]))) {
+            snprintf(err, errlen, "model.converters: unknown converter \"%s\"", c->model.converters.items[k]);
+            return -1;
+        }
     int rank_of[256];
     t->n_local = 0;
     for (int s = 0; s < t->n_stages; s++) {
@@ -468,6 +486,34 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         m->cp_ring = rot == CP_ROTATE_ALLTOALL;
         m->cp_balanced = t->cp_balanced;
 
+        /* ---- model converters: after the model is declared, before FSDP wraps it ---- */
+        st->conv_state = calloc((size_t)(t->n_conv > 0 ? t->n_conv : 1), sizeof *st->conv_state);
+        if (!st->conv_state) {
+            snprintf(err, errlen, "out of host memory");
+            return -1;
+        }
+        {
+            converter_env env;
+            memset(&env, 0, sizeof env);
+            env.cfg = c;
+            env.config_file = t->cfg->file;
+            env.ops = t->ops;
+            env.rank = t->rank;
+            env.stage = st->index;
+            env.max_rows = t->tok;
+            if (c->validation.enable && (size_t)t->VB * (size_t)t->VTl > env.max_rows)
+                env.max_rows = (size_t)t->VB * (size_t)t->VTl;
+            env.dry_run = dry;
+            env.shard = comm_get(t->cw, MESH_G_FSDP);
+            env.tp = m->ctx.tp;
+            for (int q = 0; q < t->n_conv; q++)
+                if (t->conv[q]->convert(&st->conv_state[q], m, &env, why, sizeof why)) {
+                    snprintf(err, errlen, "model.converters \"%s\" (stage %d): %s", t->conv[q]->name, st->index,
+                             why);
+                    return -1;
+                }
+        }
+
         /* ---- FSDP / HSDP / DDP over the stage's units ---- */
         st->decl = calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *st->decl);
         if (!st->decl) {
@@ -512,6 +558,12 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
             snprintf(err, errlen, "%s", why);
             return -1;
         }
+        for (int q = 0; q < t->n_conv; q++)
+            if (t->conv[q]->parallelized &&
+                t->conv[q]->parallelized(st->conv_state[q], m, st->fs, why, sizeof why)) {
+                snprintf(err, errlen, "model.converters \"%s\" (stage %d): %s", t->conv[q]->name, st->index, why);
+                return -1;
+            }
         /* the embedding's backward is a scatter: it reads no weights */
         if (llama3_embedding_unit(m) >= 0) fsdp_set_backward_needs_params(st->fs, llama3_embedding_unit(m), 0);
     }
@@ -849,6 +901,9 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             log_info("checkpoint: started from checkpoint.initial_load_path %s%s", load_path,
                      load_model_only ? " (model weights only)" : "");
     }
+    /* the parameters are initialised or loaded: converters derive their state from them
+     * (Float8's precomputed weight scales, which its all-gather needs from the first step) */
+    if (!dry) train_converters_post_optimizer(t);
     int64_t total = c->lr_scheduler.total_steps > 0 ? c->lr_scheduler.total_steps : c->training.steps;
     lr_schedule_init(&t->lrs, total, c->lr_scheduler.warmup_steps, c->lr_scheduler.decay_ratio,
                      c->lr_scheduler.decay_type, c->lr_scheduler.min_lr_factor);

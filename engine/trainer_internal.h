@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "data/loader.h"
 #include "engine/config.h"
+#include "engine/converter.h"
 #include "engine/lr_schedule.h"
 #include "engine/metrics.h"
 #include "engine/trainer.h"
@@ -66,6 +67,7 @@ typedef struct {
     dt_tensor *save_tensors;   /* [model.n_params] what this rank writes of the stage */
     int remote_prev, remote_next; /* the neighbouring stage runs on another rank */
     int local_prev, local_next;   /* ... or on this one: index into trainer.st, else -1 */
+    void **conv_state;         /* [trainer.n_conv] each model converter's state for this stage */
 } train_stage;
 
 struct trainer {
@@ -86,6 +88,9 @@ struct trainer {
      * ascending stage index) at pipeline rank pp_rank of pp_size */
     int n_stages, n_local, pp_rank, pp_size;
     train_stage *st;
+    /* model.converters, in order (engine/converter.h) */
+    int n_conv;
+    const tetra_converter **conv;
 
     /* the step: accum rounds of the schedule, each over n_mb microbatches of B
      * sequences of T tokens */
@@ -132,6 +137,9 @@ struct trainer {
 };
 
 /* train_step.c */
+/* The converters' pre_optimizer / post_optimizer hooks on every local stage, in order. */
+void train_converters_pre_optimizer(trainer *t);
+void train_converters_post_optimizer(trainer *t);
 /* The step's schedule: accumulation on one stage, or the pipeline schedule (generated
  * or from the CSV), lowered and checked; the stages this rank runs must be set. */
 int train_build_schedule(trainer *t, char *err, size_t errlen);

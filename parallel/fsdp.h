@@ -169,6 +169,16 @@ void fsdp_reshard_all(fsdp *f);
 typedef struct {
     double all_gather, reduce_scatter, all_reduce;
 } fsdp_traffic;
+/* Float8 all-gather (torchao's for FSDP2): the n parameters named here travel as e4m3
+ * codes q = rne(clamp(w * scale)) of the compute copy, scale[j] / inv_scale[j] being one
+ * float each in backend memory that the caller keeps current (recomputed after every
+ * optimizer step, before the next gather). A unit holding any of them gathers one byte
+ * block per rank: the codes of its shard and, packed after them, its other elements in
+ * the compute dtype; the gathered buffer then holds q * inv_scale in the compute dtype,
+ * which quantises back to q with the same scale. Call once, before the first gather; a
+ * no-op without sharding. 0, or -1 with err. */
+int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale,
+                           const float *const *inv_scale, char *err, size_t errlen);
 fsdp_traffic fsdp_step_traffic(const fsdp *f, int microbatches);
 
 fsdp_memory fsdp_memory_report(const fsdp *f);

@@ -1,0 +1,510 @@
+/* float8.c — the Float8 linear (float8.h): dynamic scaling, the fp8 GEMMs of each
+ * recipe, and the weight-scale cache. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "float8/float8.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+
+/* What begin_rows learnt about an operand whose blocks follow. */
+enum {
+    REG_SELF = 0, /* each block's rows carry their own statistics (per-row scaling of whole rows) */
+    REG_TENSOR,   /* reg[0]: the amax of the whole operand */
+    REG_ROWS      /* reg[r]: the amax of row r over every column of the group */
+};
+
+typedef struct {
+    struct float8_model *f;
+    /* weight statistics of the current parameters (backend memory) and the generation
+     * (optimizer step) each was computed for; -1: never */
+    float *w_amax;       /* [1] the whole weight */
+    float *w_row_amax;   /* [out] per output channel, over every input channel (rowwise output) */
+    float *w_col_amax;   /* [in] per input channel, over every output channel (rowwise grad_input) */
+    int gen_t, gen_r, gen_c;
+    int reg_mode[2];     /* per llama3_operand */
+    float *reg[2];       /* [max_rows] each */
+} f8_lin;
+
+struct float8_model {
+    const tetra_ops *ops;
+    float8_config cfg;
+    tetra_dtype cdt;
+    comm_group *shard, *tp;
+    int n;
+    f8_lin *lin;         /* [n] */
+    int *lin_param;      /* [n] the model parameter of each */
+    int gen;             /* optimizer steps seen: cached weight statistics older than this are stale */
+    size_t bytes;
+    void *mem;
+    /* workspace shared by every converted linear (one GEMM at a time) */
+    float *fa, *fb;      /* [max_rows * max_dim] operands widened from bf16 */
+    float *fw, *fwt;     /* [max weight] the weight widened, and transposed */
+    float *ft, *ft2;     /* [max_rows * max_dim] transposed operands (rowwise weight gradient) */
+    float *da, *db;      /* [max(operand, weight)] dequantised operands (emulate) */
+    float *dw;           /* [max weight] one microbatch's weight gradient, added to the gradient once:
+                            sum(microbatches) then rounds the same as a reduction over ranks */
+    uint8_t *qa, *qb;    /* [max(operand, weight)] quantised operands */
+    float *amax_a, *sc_a, *inv_a, *amax_b, *sc_b, *inv_b; /* [max(max_rows, max_dim)] */
+    float *pre_amax;     /* [n] precomputed weight amaxes */
+    float *pre_scale, *pre_inv; /* [n] their scales and dequant factors (the float8 all-gather's) */
+    uint16_t *pre_bf16;  /* [n] */
+};
+
+int float8_parse_recipe(const char *s, float8_recipe *out) {
+    if (!strcmp(s, "tensorwise")) *out = FLOAT8_TENSORWISE;
+    else if (!strcmp(s, "rowwise")) *out = FLOAT8_ROWWISE;
+    else if (!strcmp(s, "rowwise_with_gw_hp")) *out = FLOAT8_ROWWISE_GW_HP;
+    else return -1;
+    return 0;
+}
+
+const char *float8_recipe_name(float8_recipe r) {
+    return r == FLOAT8_ROWWISE ? "rowwise" : r == FLOAT8_ROWWISE_GW_HP ? "rowwise_with_gw_hp" : "tensorwise";
+}
+
+int float8_wants(const float8_config *c, const char *name, long in_features, long out_features) {
+    if (in_features % 16 || out_features % 16) return 0;
+    for (int i = 0; i < c->n_filter; i++)
+        if (c->filter[i][0] && strstr(name, c->filter[i])) return 0;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------- helpers */
+
+static f8_lin *state_of(const llama3_linear *l) { return (f8_lin *)l->impl_state; }
+
+/* x in fp32: itself, or widened (exactly) from bf16 into buf */
+static const float *as_f32(const struct float8_model *f, float *buf, const void *x, size_t n) {
+    if (f->cdt == TETRA_F32) return (const float *)x;
+    f->ops->cast_bf16_to_f32(buf, (const uint16_t *)x, n);
+    return buf;
+}
+
+static void reduce_max(comm_group *g, float *v, size_t n) {
+    if (g && n) comm_all_reduce(g, v, n, COMM_F32, COMM_MAX, NULL);
+}
+
+/* The group whose ranks hold the other parts of the weight, and of each operand's
+ * columns: a column-parallel linear splits the output features (dy's columns), a
+ * row-parallel one the input features (x's columns). */
+static comm_group *tp_if(const llama3_model *m, const llama3_linear *l, llama3_linear_style s) {
+    return m->ctx.tp && l->style == s ? m->ctx.tp : NULL;
+}
+static comm_group *tp_weight(const llama3_model *m, const llama3_linear *l) {
+    return m->ctx.tp && l->style != LLAMA3_LINEAR_REPLICATED ? m->ctx.tp : NULL;
+}
+
+/* A weight statistic, computed once per generation (optimizer step): the amax of m [rows,
+ * cols] (per_row: of each row) into out, reduced over g. */
+static const float *w_stat(const f8_lin *s, int *gen, float *out, const float *m, int rows, int cols, int per_row,
+                           comm_group *g) {
+    if (*gen != s->f->gen) {
+        if (per_row) s->f->ops->amax_rows(out, m, rows, cols);
+        else s->f->ops->amax(out, m, (size_t)rows * (size_t)cols);
+        reduce_max(g, out, per_row ? (size_t)rows : 1);
+        *gen = s->f->gen;
+    }
+    return out;
+}
+static const float *w_tensor_amax(const llama3_model *m, const llama3_linear *l, const float *w32) {
+    f8_lin *s = state_of(l);
+    return w_stat(s, &s->gen_t, s->w_amax, w32, l->out, l->in, 0, tp_weight(m, l));
+}
+/* per output channel (rows of W [out, in]) */
+static const float *w_row_amax(const llama3_model *m, const llama3_linear *l, const float *w32) {
+    f8_lin *s = state_of(l);
+    return w_stat(s, &s->gen_r, s->w_row_amax, w32, l->out, l->in, 1, tp_if(m, l, LLAMA3_LINEAR_ROWWISE));
+}
+/* per input channel: rows of wt, the weight transposed [in, out] */
+static const float *w_col_amax(const llama3_model *m, const llama3_linear *l, const float *wt) {
+    f8_lin *s = state_of(l);
+    return w_stat(s, &s->gen_c, s->w_col_amax, wt, l->in, l->out, 1, tp_if(m, l, LLAMA3_LINEAR_COLWISE));
+}
+
+/* The statistics of a block's operand x [n, cols]: the announced ones (row0 >= 0 after
+ * begin_rows) or x's own, into `own`. */
+static const float *operand_amax(const f8_lin *s, llama3_operand which, int row0, const float *x32, int n, int cols,
+                                 int per_row, float *own) {
+    const tetra_ops *ops = s->f->ops;
+    if (row0 >= 0 && s->reg_mode[which] == REG_TENSOR && !per_row) return s->reg[which];
+    if (row0 >= 0 && s->reg_mode[which] == REG_ROWS && per_row) return s->reg[which] + row0;
+    if (per_row) ops->amax_rows(own, x32, n, cols);
+    else ops->amax(own, x32, (size_t)n * (size_t)cols);
+    return own;
+}
+
+/* C = op(A) op(B) + beta C on the quantised operands f->qa (a_fmt) and f->qb (b_fmt) with
+ * dequant factors f->inv_a / f->inv_b (per row of op(A) and per column of op(B) when
+ * rowwise). B without trans_b under rowwise scaling carries a broadcast (tensorwise)
+ * scale. */
+static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, tetra_dtype a_fmt, tetra_dtype b_fmt,
+                     int trans_a, int trans_b, int m, int n, int k, int lda, int ldb, int ldc, int rowwise,
+                     int fast_accum, float beta) {
+    const tetra_ops *ops = f->ops;
+    ops_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.c_type = c_type;
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    g.alpha = 1.0f;
+    g.beta = beta;
+    if (f->cfg.emulate) {
+        /* dequantise (stored layouts: A [m, k] or [k, m], B [n, k] or [k, n]) and
+         * multiply in fp32; a rowwise A is never transposed here */
+        const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+        const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+        ops->cast_fp8_to_f32(f->da, f->qa, f->inv_a, rowwise, a_rows, a_cols, a_fmt);
+        ops->cast_fp8_to_f32(f->db, f->qb, f->inv_b, rowwise && trans_b, b_rows, b_cols, b_fmt);
+        g.a_type = g.b_type = TETRA_F32;
+        ops->gemm(c, f->da, f->db, &g);
+        return;
+    }
+    g.a_type = a_fmt;
+    g.b_type = b_fmt;
+    g.a_scale = f->inv_a;
+    g.b_scale = f->inv_b;
+    g.scale_rowwise = rowwise;
+    g.fast_accum = fast_accum;
+    ops->gemm(c, f->qa, f->qb, &g);
+}
+
+/* ---------------------------------------------------------------------------- the linear */
+
+static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_operand which, const void *local,
+                          int rows, int cols, llama3_rows_layout layout) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const tetra_ops *ops = f->ops;
+    const float8_recipe r = f->cfg.recipe;
+    /* the weight statistics the blocks will use, so that no block runs a collective */
+    const float *w32 = as_f32(f, f->fw, llama3_linear_weight(m, l), (size_t)l->out * (size_t)l->in);
+    if (r == FLOAT8_TENSORWISE || (which == LLAMA3_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP)) {
+        w_tensor_amax(m, l, w32);
+    } else if (which == LLAMA3_OPERAND_X) {
+        w_row_amax(m, l, w32);
+    } else {
+        ops->transpose(f->fwt, w32, l->out, l->in);
+        w_col_amax(m, l, f->fwt);
+    }
+    const float *x32 = as_f32(f, f->fa, local, (size_t)rows * (size_t)cols);
+    if (r == FLOAT8_TENSORWISE) {
+        ops->amax(s->reg[which], x32, (size_t)rows * (size_t)cols);
+        if (layout != LLAMA3_ROWS_WHOLE) reduce_max(m->ctx.tp, s->reg[which], 1);
+        s->reg_mode[which] = REG_TENSOR;
+    } else if (layout == LLAMA3_ROWS_COL_SHARD) {
+        ops->amax_rows(s->reg[which], x32, rows, cols);
+        reduce_max(m->ctx.tp, s->reg[which], (size_t)rows);
+        s->reg_mode[which] = REG_ROWS;
+    } else {
+        s->reg_mode[which] = REG_SELF;
+    }
+}
+
+/* y[n, out] = x[n, in] W[out, in]^T + beta y */
+static void f8_forward(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
+                       const void *w, int n, int row0, float beta) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const tetra_ops *ops = f->ops;
+    const int in = l->in, out = l->out;
+    const float *x32 = as_f32(f, f->fa, x, (size_t)n * (size_t)in);
+    const float *w32 = as_f32(f, f->fw, w, (size_t)out * (size_t)in);
+    if (f->cfg.recipe == FLOAT8_TENSORWISE) {
+        const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x32, n, in, 0, f->amax_a);
+        ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, 1, 0, OPS_FP8_E4M3_MAX, 0);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w32), 1, 0, OPS_FP8_E4M3_MAX, 0);
+        ops->cast_f32_to_fp8(f->qa, x32, f->sc_a, 0, n, in, TETRA_FP8_E4M3);
+        ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
+        fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 0, 1, beta);
+        return;
+    }
+    /* rowwise: x per token, W per output channel */
+    const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x32, n, in, 1, f->amax_a);
+    ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, n, 0, OPS_FP8_E4M3_MAX, 1);
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(m, l, w32), out, 0, OPS_FP8_E4M3_MAX, 1);
+    ops->cast_f32_to_fp8(f->qa, x32, f->sc_a, 1, n, in, TETRA_FP8_E4M3);
+    ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 1, out, in, TETRA_FP8_E4M3);
+    fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 1, 1, beta);
+}
+
+/* dx[n, in] = dy[n, out] W[out, in] + beta dx */
+static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx,
+                              const void *dy, const void *w, int n, int row0, float beta) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const tetra_ops *ops = f->ops;
+    const int in = l->in, out = l->out;
+    const float *dy32 = as_f32(f, f->fa, dy, (size_t)n * (size_t)out);
+    const float *w32 = as_f32(f, f->fw, w, (size_t)out * (size_t)in);
+    if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . W e4m3 */
+        const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy32, n, out, 0, f->amax_a);
+        ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, 1, 0, OPS_FP8_E5M2_MAX, 0);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w32), 1, 0, OPS_FP8_E4M3_MAX, 0);
+        ops->cast_f32_to_fp8(f->qa, dy32, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
+        ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
+        fp8_gemm(f, dxt, dx, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 0, 0, beta);
+        return;
+    }
+    /* dy e4m3 per token */
+    const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy32, n, out, 1, f->amax_a);
+    ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, n, 0, OPS_FP8_E4M3_MAX, 1);
+    ops->cast_f32_to_fp8(f->qa, dy32, f->sc_a, 1, n, out, TETRA_FP8_E4M3);
+    if (f->cfg.recipe == FLOAT8_ROWWISE) { /* W per input channel: quantise W^T [in, out] by rows */
+        ops->transpose(f->fwt, w32, out, in);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(m, l, f->fwt), in, 0, OPS_FP8_E4M3_MAX, 1);
+        ops->cast_f32_to_fp8(f->qb, f->fwt, f->sc_b, 1, in, out, TETRA_FP8_E4M3);
+        fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, in, out, out, out, in, 1, 0, beta);
+        return;
+    }
+    /* rowwise_with_gw_hp: W tensorwise, its one scale broadcast to every column */
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w32), in, 1, OPS_FP8_E4M3_MAX, 1);
+    ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
+    fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 1, 0, beta);
+}
+
+/* dW[out, in] += dy[n, out]^T x[n, in] (fp32) */
+static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy,
+                               const void *x, int n) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const tetra_ops *ops = f->ops;
+    if (f->cfg.recipe == FLOAT8_ROWWISE_GW_HP) {
+        llama3_linear_default()->backward_weight(m, l, dw, dy, x, n);
+        return;
+    }
+    const int in = l->in, out = l->out;
+    const float *dy32 = as_f32(f, f->fa, dy, (size_t)n * (size_t)out);
+    const float *x32 = as_f32(f, f->fb, x, (size_t)n * (size_t)in);
+    if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . x e4m3, whole-tensor scales */
+        ops->amax(f->amax_a, dy32, (size_t)n * (size_t)out);
+        reduce_max(tp_if(m, l, LLAMA3_LINEAR_COLWISE), f->amax_a, 1);
+        ops->amax(f->amax_b, x32, (size_t)n * (size_t)in);
+        reduce_max(tp_if(m, l, LLAMA3_LINEAR_ROWWISE), f->amax_b, 1);
+        ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, 1, 0, OPS_FP8_E5M2_MAX, 0);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, 1, 0, OPS_FP8_E4M3_MAX, 0);
+        ops->cast_f32_to_fp8(f->qa, dy32, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
+        ops->cast_f32_to_fp8(f->qb, x32, f->sc_b, 0, n, in, TETRA_FP8_E4M3);
+        fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 1, 0, out, in, n, out, in, in, 0, 0, 0.0f);
+        ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
+        return;
+    }
+    /* rowwise: dy per output channel, x per input channel (over every token: nothing to
+     * reduce across tensor-parallel ranks, whose rows here are whole) */
+    ops->transpose(f->ft, dy32, n, out);
+    ops->amax_rows(f->amax_a, f->ft, out, n);
+    ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, out, 0, OPS_FP8_E4M3_MAX, 1);
+    ops->cast_f32_to_fp8(f->qa, f->ft, f->sc_a, 1, out, n, TETRA_FP8_E4M3);
+    ops->transpose(f->ft2, x32, n, in);
+    ops->amax_rows(f->amax_b, f->ft2, in, n);
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, in, 0, OPS_FP8_E4M3_MAX, 1);
+    ops->cast_f32_to_fp8(f->qb, f->ft2, f->sc_b, 1, in, n, TETRA_FP8_E4M3);
+    fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, out, in, n, n, n, in, 1, 0, 0.0f);
+    ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
+}
+
+static const llama3_linear_impl float8_linear = {"float8", f8_forward, f8_backward_input, f8_backward_weight,
+                                                 f8_begin_rows};
+
+/* ---------------------------------------------------------------------------- conversion */
+
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+
+float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max_rows, comm_group *shard,
+                             comm_group *tp, int dry_run, char *err, size_t errlen) {
+    struct float8_model *f = calloc(1, sizeof *f);
+    if (!f) {
+        snprintf(err, errlen, "float8: out of host memory");
+        return NULL;
+    }
+    f->ops = m->ops;
+    f->cfg = *c;
+    f->cfg.filter = NULL;
+    f->cfg.n_filter = 0;
+    f->cdt = m->compute_dtype;
+    f->shard = shard;
+    f->tp = tp;
+    f->gen = 0;
+    if (c->fsdp_fp8_all_gather) f->cfg.precompute_scales = 1;
+    if (f->cfg.precompute_scales && c->recipe != FLOAT8_TENSORWISE) {
+        snprintf(err, errlen, "float8: precomputed weight scales and the float8 all-gather need the tensorwise recipe "
+                 "(got %s)", float8_recipe_name(c->recipe));
+        free(f);
+        return NULL;
+    }
+    char name[128];
+    size_t max_dim = 1, max_w = 1;
+    for (int i = 0; i < m->n_params; i++) {
+        if (!m->is_linear[i]) continue;
+        const llama3_param *p = &m->params[i];
+        snprintf(name, sizeof name, "%s", p->name);
+        char *dot = strstr(name, ".weight");
+        if (dot) *dot = 0;
+        if (!float8_wants(c, name, (long)p->shape[1], (long)p->shape[0])) continue;
+        f->n++;
+        const llama3_linear *l = &m->linears[i];
+        max_dim = max_z(max_dim, max_z((size_t)l->in, (size_t)l->out));
+        max_w = max_z(max_w, (size_t)l->in * (size_t)l->out);
+    }
+    f->lin = calloc((size_t)(f->n > 0 ? f->n : 1), sizeof *f->lin);
+    f->lin_param = calloc((size_t)(f->n > 0 ? f->n : 1), sizeof *f->lin_param);
+    if (!f->lin || !f->lin_param) {
+        snprintf(err, errlen, "float8: out of host memory");
+        float8_free(f);
+        return NULL;
+    }
+    const size_t R = max_rows > 0 ? max_rows : 1, rd = R * max_dim, big = max_z(rd, max_w), vec = max_z(R, max_dim);
+    const int bf16 = f->cdt == TETRA_BF16, rowwise = c->recipe == FLOAT8_ROWWISE,
+              rows_any = c->recipe != FLOAT8_TENSORWISE;
+    /* one allocation, carved into 64-byte aligned views */
+    size_t sz_lin = 0;
+    for (int i = 0, k = 0; i < m->n_params; i++) {
+        if (!m->is_linear[i]) continue;
+        const llama3_param *p = &m->params[i];
+        snprintf(name, sizeof name, "%s", p->name);
+        char *dot = strstr(name, ".weight");
+        if (dot) *dot = 0;
+        if (!float8_wants(c, name, (long)p->shape[1], (long)p->shape[0])) continue;
+        f->lin_param[k++] = i;
+        const llama3_linear *l = &m->linears[i];
+        sz_lin += 16 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
+    }
+#define ALIGN16(x) (((x) + 15) & ~(size_t)15)
+    size_t floats = ALIGN16(sz_lin) + (bf16 ? 2 * ALIGN16(rd) + ALIGN16(max_w) : 0) +
+                    (rows_any ? ALIGN16(max_w) : 0) + (rowwise ? 2 * ALIGN16(rd) : 0) +
+                    (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
+                    4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
+    f->bytes = floats * sizeof(float) + 2 * ALIGN16(big);
+    if (dry_run || f->n == 0) return f;
+    f->mem = m->ops->alloc(f->bytes);
+    if (!f->mem) {
+        snprintf(err, errlen, "float8: cannot allocate %.2f GiB of workspace", (double)f->bytes / (1 << 30));
+        float8_free(f);
+        return NULL;
+    }
+    float *p = (float *)f->mem;
+#define TAKE(n) (p += ALIGN16(n), p - ALIGN16(n))
+    for (int k = 0; k < f->n; k++) {
+        f8_lin *s = &f->lin[k];
+        const llama3_linear *l = &m->linears[f->lin_param[k]];
+        s->f = f;
+        s->gen_t = s->gen_r = s->gen_c = -1;
+        s->w_amax = p;
+        p += 16;
+        if (rows_any) {
+            s->w_row_amax = p;
+            p += ALIGN16((size_t)l->out);
+            s->w_col_amax = p;
+            p += ALIGN16((size_t)l->in);
+        }
+        s->reg[0] = p;
+        p += ALIGN16(R);
+        s->reg[1] = p;
+        p += ALIGN16(R);
+    }
+    p = (float *)f->mem + ALIGN16(sz_lin);
+    if (bf16) {
+        f->fa = TAKE(rd);
+        f->fb = TAKE(rd);
+        f->fw = TAKE(max_w);
+    }
+    if (rows_any) f->fwt = TAKE(max_w);
+    if (rowwise) {
+        f->ft = TAKE(rd);
+        f->ft2 = TAKE(rd);
+    }
+    if (c->emulate) {
+        f->da = TAKE(big);
+        f->db = TAKE(big);
+    }
+    f->dw = TAKE(max_w);
+    f->amax_a = TAKE(vec);
+    f->sc_a = TAKE(vec);
+    f->inv_a = TAKE(vec);
+    f->amax_b = TAKE(vec);
+    f->sc_b = TAKE(vec);
+    f->inv_b = TAKE(vec);
+    f->pre_amax = TAKE((size_t)f->n + 1);
+    f->pre_bf16 = (uint16_t *)TAKE((size_t)f->n + 1);
+    f->pre_scale = TAKE((size_t)f->n + 1);
+    f->pre_inv = TAKE((size_t)f->n + 1);
+    f->qa = (uint8_t *)p;
+    f->qb = f->qa + ALIGN16(big);
+#undef TAKE
+#undef ALIGN16
+    for (int k = 0; k < f->n; k++) {
+        llama3_linear *l = &m->linears[f->lin_param[k]];
+        l->impl = &float8_linear;
+        l->impl_state = &f->lin[k];
+    }
+    return f;
+}
+
+int float8_converted(const float8_model *f) { return f ? f->n : 0; }
+size_t float8_workspace_bytes(const float8_model *f) { return f && f->n ? f->bytes : 0; }
+
+void float8_params_updated(float8_model *f, fsdp *fs) {
+    if (!f) return;
+    f->gen++;
+    if (!f->cfg.precompute_scales || !f->mem || !fs) return;
+    /* the amax of every converted weight from this rank's pieces of the fp32 master
+     * weights, then one MAX all-reduce per group; the compute copy is the master rounded
+     * to bf16, and rounding is monotonic, so its amax is the master's amax rounded */
+    const tetra_ops *ops = f->ops;
+    const dt_tensor *T = fsdp_tensors(fs);
+    const float *master = fsdp_master(fs);
+    for (int k = 0; k < f->n; k++) {
+        const dt_tensor *t = &T[f->lin_param[k]];
+        if (t->n_pieces) ops->amax(f->pre_amax + k, master + t->piece.local_offset, t->piece.count);
+        else ops->fill(f->pre_amax + k, 0.0f, 1);
+    }
+    reduce_max(f->shard, f->pre_amax, (size_t)f->n);
+    reduce_max(f->tp, f->pre_amax, (size_t)f->n);
+    if (f->cdt == TETRA_BF16) {
+        ops->cast_f32_to_bf16(f->pre_bf16, f->pre_amax, (size_t)f->n);
+        ops->cast_bf16_to_f32(f->pre_amax, f->pre_bf16, (size_t)f->n);
+    }
+    ops->fp8_scale_from_amax(f->pre_scale, f->pre_inv, f->pre_amax, f->n, 0, OPS_FP8_E4M3_MAX, 0);
+    for (int k = 0; k < f->n; k++) {
+        ops->copy(f->lin[k].w_amax, f->pre_amax + k, sizeof(float));
+        f->lin[k].gen_t = f->gen;
+    }
+}
+
+int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen) {
+    if (!f || !f->cfg.fsdp_fp8_all_gather || !fs || f->n == 0) return 0;
+    const float **sc = calloc((size_t)f->n, sizeof *sc), **inv = calloc((size_t)f->n, sizeof *inv);
+    if (!sc || !inv) {
+        free(sc);
+        free(inv);
+        snprintf(err, errlen, "float8: out of host memory");
+        return -1;
+    }
+    for (int k = 0; k < f->n && f->mem; k++) { /* a plan (no memory) passes no scales */
+        sc[k] = f->pre_scale + k;
+        inv[k] = f->pre_inv + k;
+    }
+    int rc = fsdp_enable_fp8_gather(fs, f->n, f->lin_param, (const float *const *)sc, (const float *const *)inv, err,
+                                    errlen);
+    free(sc);
+    free(inv);
+    return rc;
+}
+
+void float8_free(float8_model *f) {
+    if (!f) return;
+    if (f->mem) f->ops->release(f->mem);
+    free(f->lin);
+    free(f->lin_param);
+    free(f);
+}
