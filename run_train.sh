@@ -56,6 +56,9 @@ fi
 # Containers often forbid the cross-memory-attach single-copy path; copy-in/out works everywhere.
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 mkdir -p "$LOG_DIR"
-exec mpirun -np "$NGPU" --oversubscribe --bind-to none \
+# Colour follows this script's own stdout (and NO_COLOR): a rank's stdout under mpirun may be
+# a pty even when the launcher's output goes to a file.
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then export TETRA_COLOR=1; else export TETRA_COLOR=0; fi
+exec mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
   ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
   ${QUICK[@]+"${QUICK[@]}"} "$@"

@@ -554,7 +554,8 @@ static void print_help_usage(FILE *out) {
             "\n"
             "Trains a Llama 3 model. Values come from the defaults below, then the TOML\n"
             "file, then the command line (last wins). Forms: --section.key VALUE,\n"
-            "--section.key=VALUE, --section.flag / --section.no_flag for booleans,\n"
+            "--section.key=VALUE; booleans: --section.flag, --section.flag true|false,\n"
+            "--section.flag=true|false, --section.no_flag or --section.no-flag;\n"
             "comma-separated lists (--model.converters float8).\n"
             "\n"
             "--dry-run lays out the run (model, FSDP shards and working buffers, optimizer\n"
@@ -613,9 +614,9 @@ int cfg_parse_args(tetra_config *c, int argc, char **argv, FILE *out, char *err,
         }
         const cfg_key_desc *d = find_full(name);
         if (!d) {
-            /* --section.no_flag */
+            /* --section.no_flag or --section.no-flag */
             const char *dot = strrchr(name, '.');
-            if (dot && !strncmp(dot + 1, "no_", 3)) {
+            if (dot && (!strncmp(dot + 1, "no_", 3) || !strncmp(dot + 1, "no-", 3))) {
                 char pos[512];
                 snprintf(pos, sizeof pos, "%.*s.%s", (int)(dot - name), name, dot + 4);
                 const cfg_key_desc *b = find_full(pos);
@@ -632,7 +633,9 @@ int cfg_parse_args(tetra_config *c, int argc, char **argv, FILE *out, char *err,
         }
         if (!value) {
             if (d->type == CFG_T_BOOL) {
+                /* --flag, or --flag true|false */
                 value = "true";
+                if (i + 1 < argc && (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false"))) value = argv[++i];
             } else {
                 if (i + 1 >= argc) {
                     set_err(err, n, "command line: --%s needs a value (%s)", name, type_word(d->type));
@@ -1024,6 +1027,73 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             if (!strcmp(v->model.converters.items[i], v->model.converters.items[j])) {
                 set_err(err, n, "%s: model.converters: \"%s\" is listed twice", WHERE("model", "converters"),
                         v->model.converters.items[i]);
+                return -1;
+            }
+    }
+    /* Keys a TorchTitan config may carry whose feature tetra does not have: any value but
+     * the default is refused, so no key is silently ignored (docs/configs.md lists them). */
+    {
+        struct {
+            int set;
+            const char *section, *key, *why;
+        } no[] = {
+            {v->profiling.enable_profiling, "profiling", "enable_profiling",
+             "profiling traces are not built yet; set it to false"},
+            {v->profiling.enable_memory_snapshot, "profiling", "enable_memory_snapshot",
+             "memory snapshots are not built yet; set it to false"},
+            {v->metrics.save_for_all_ranks, "metrics", "save_for_all_ranks",
+             "only rank 0 writes metrics and TensorBoard events in this version; set it to false"},
+            {v->model.tokenizer_path != NULL, "model", "tokenizer_path",
+             "deprecated in TorchTitan and not read by tetra: training reads token shards, and `tetra data prepare "
+             "--tokenizer` applies the tokenizer (model.hf_assets_path)"},
+            {strcmp(v->optimizer.name, "AdamW") != 0, "optimizer", "name",
+             "only AdamW (decoupled weight decay) is built; Adam with L2 weight decay is not"},
+            {v->optimizer.early_step_in_backward, "optimizer", "early_step_in_backward",
+             "stepping during backward is not built; set it to false"},
+            {v->training.enable_cpu_offload, "training", "enable_cpu_offload",
+             "CPU offload of parameters, gradients and optimizer state is not built; set it to false"},
+            {strcmp(v->training.dtype, "float32") != 0, "training", "dtype",
+             "full-bf16 training (bf16 master weights) is not built; training.mixed_precision_param = \"bfloat16\" "
+             "gives bf16 compute with fp32 master weights"},
+            {v->training.gc_debug, "training", "gc_debug", "tetra has no garbage collector; set it to false"},
+            {v->activation_checkpoint.early_stop, "activation_checkpoint", "early_stop",
+             "early stop of recomputation is not built (a block recomputes what it dropped); set it to false"},
+            {v->comm.trace_buf_size != 20000, "comm", "trace_buf_size",
+             "the collective flight recorder is not built yet (a stuck collective is reported by "
+             "comm.train_timeout_seconds); leave it at 20000"},
+            {strcmp(v->comm.save_traces_folder, "comm_traces") != 0, "comm", "save_traces_folder",
+             "the collective flight recorder is not built yet; leave it at \"comm_traces\""},
+            {strcmp(v->comm.save_traces_file_prefix, "rank_") != 0, "comm", "save_traces_file_prefix",
+             "the collective flight recorder is not built yet; leave it at \"rank_\""},
+        };
+        for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+            if (no[i].set) {
+                set_err(err, n, "%s: %s.%s is not supported: %s", WHERE(no[i].section, no[i].key), no[i].section,
+                        no[i].key, no[i].why);
+                return -1;
+            }
+    }
+    /* [quantize.linear.float8] only acts through the float8 converter */
+    {
+        int f8 = 0;
+        for (int i = 0; i < v->model.converters.n; i++) f8 |= !strcmp(v->model.converters.items[i], "float8");
+        const cfg_list *ff = &v->quantize_linear_float8.filter_fqns;
+        struct {
+            int set;
+            const char *key;
+        } q[] = {
+            {strcmp(v->quantize_linear_float8.recipe_name, "tensorwise") != 0, "recipe_name"},
+            {v->quantize_linear_float8.enable_fsdp_float8_all_gather, "enable_fsdp_float8_all_gather"},
+            {v->quantize_linear_float8.precompute_float8_dynamic_scale_for_fsdp,
+             "precompute_float8_dynamic_scale_for_fsdp"},
+            {!(ff->n == 1 && !strcmp(ff->items[0], "output")), "filter_fqns"},
+            {v->quantize_linear_float8.emulate, "emulate"},
+        };
+        for (size_t i = 0; i < sizeof q / sizeof q[0] && !f8; i++)
+            if (q[i].set) {
+                set_err(err, n, "%s: quantize.linear.float8.%s has no effect without model.converters = "
+                        "[\"float8\"]: add the converter or leave the key at its default",
+                        WHERE("quantize.linear.float8", q[i].key), q[i].key);
                 return -1;
             }
     }

@@ -2,6 +2,8 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,6 +17,14 @@ void log_init(int rank, int world) {
 
 void log_set_color(int enabled) { log_color = enabled; }
 
+int log_color_wanted(int fd) {
+    const char *no = getenv("NO_COLOR");
+    if (no && no[0]) return 0;
+    const char *tc = getenv("TETRA_COLOR");
+    if (tc && (!strcmp(tc, "0") || !strcmp(tc, "1"))) return tc[0] == '1';
+    return isatty(fd);
+}
+
 static void emit(FILE *f, const char *level, const char *color, const char *fmt, va_list ap) {
     struct timeval tv;
     gettimeofday(&tv, NULL);
@@ -22,7 +32,7 @@ static void emit(FILE *f, const char *level, const char *color, const char *fmt,
     localtime_r(&tv.tv_sec, &tm);
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &tm);
-    int use_color = log_color < 0 ? isatty(fileno(f)) : log_color;
+    int use_color = log_color < 0 ? log_color_wanted(fileno(f)) : log_color;
     char prefix[48];
     if (log_world > 1) snprintf(prefix, sizeof prefix, "[tetra|rank %d]", log_rank);
     else snprintf(prefix, sizeof prefix, "[tetra]");

@@ -2,12 +2,17 @@
  *
  * "[tetra] 2026-11-22 06:24:21,123 - INFO - message". Under several ranks the
  * prefix carries the rank ("[tetra|rank 3]"). Errors go to stderr, the rest
- * to stdout; colours only on a terminal unless disabled. */
+ * to stdout; colours only on a terminal unless disabled (log_color_wanted). */
 #ifndef TETRA_LOG_H
 #define TETRA_LOG_H
 
 void log_init(int rank, int world);
 void log_set_color(int enabled);
+/* Colour for output on fd: never with NO_COLOR set (any non-empty value); else as the
+ * launcher says with TETRA_COLOR=0|1 (under mpirun a rank's stdout can be a pty while the
+ * launcher's own output goes to a file: run_train.sh decides from its own stdout); else
+ * when fd is a terminal. */
+int log_color_wanted(int fd);
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -514,6 +514,23 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
                 }
         }
 
+        /* model.print_after_conversion: the stage's parameters and what computes each, from
+         * the first rank of every other mesh dimension */
+        if (c->model.print_after_conversion && !coord[MESH_DP_REPLICATE] && !coord[MESH_DP_SHARD] &&
+            !coord[MESH_CP] && !coord[MESH_TP]) {
+            log_info("model after conversion, stage %d (blocks %d..%d), %d parameters:", st->index,
+                     layout.layer_start, layout.layer_end - 1, m->n_params);
+            for (int p = 0; p < m->n_params; p++) {
+                const llama3_param *q = &m->params[p];
+                char shape[64] = "";
+                for (int j = 0; j < q->ndim; j++)
+                    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", j ? ", " : "",
+                             (long long)q->shape[j]);
+                log_info("  %-36s [%s]  %s", q->name, shape,
+                         m->is_linear[p] ? m->linears[p].impl->name : "(not a linear)");
+            }
+        }
+
         /* ---- FSDP / HSDP / DDP over the stage's units ---- */
         st->decl = calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *st->decl);
         if (!st->decl) {
@@ -996,7 +1013,7 @@ static int prepare_run(trainer *t) {
         /* metrics_open_at creates the dump folder; a resumed run drops the records an earlier attempt wrote past
          * its checkpoint */
         t->ml = metrics_open_at(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
-                                !c->metrics.disable_color_printing && isatty(STDOUT_FILENO),
+                                !c->metrics.disable_color_printing && log_color_wanted(STDOUT_FILENO),
                                 t->tc.step > 0 ? t->tc.step + 1 : 0, err, sizeof err);
         if (!t->ml) {
             log_error("metrics: %s", err);

@@ -122,5 +122,39 @@ else
   ok "run_train.sh CPU quick start not checked: a GPU is visible"
 fi
 
+# 8. booleans: --flag, --flag true|false, --flag=false, --section.no_flag and --section.no-flag
+for form in "--checkpoint.enable" "--checkpoint.enable true" "--checkpoint.enable=true"; do
+  v="$("$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --checkpoint.no_enable $form \
+       --job.print_config --dry-run 2>/dev/null | sed -n '/^\[checkpoint\]/,/^\[/p' | grep -m1 '^enable = ')"
+  [ "$v" = "enable = true" ] && ok "boolean form '$form' sets true" || bad "boolean form '$form' gave '$v'"
+done
+for form in "--checkpoint.enable false" "--checkpoint.enable=false" "--checkpoint.no_enable" "--checkpoint.no-enable"; do
+  v="$("$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --checkpoint.enable $form \
+       --job.print_config --dry-run 2>/dev/null | sed -n '/^\[checkpoint\]/,/^\[/p' | grep -m1 '^enable = ')"
+  [ "$v" = "enable = false" ] && ok "boolean form '$form' sets false" || bad "boolean form '$form' gave '$v'"
+done
+expect_error "a boolean with another word" "unexpected argument 'maybe'" \
+  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --checkpoint.enable maybe
+expect_error "a refused key names itself" "profiling.enable_profiling is not supported" \
+  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --profiling.enable_profiling
+
+# 9. colour: NO_COLOR and TETRA_COLOR=0 turn it off, TETRA_COLOR=1 on (the launcher decides
+#    from its own stdout, since a rank's stdout under mpirun can be a pty)
+run1() { "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 1 "${SMALL[@]}" \
+           --job.dump_folder "$T/colour" 2>&1; }
+esc=$'\033'
+TETRA_COLOR=1 run1 >"$T/c1.log"
+NO_COLOR=1 TETRA_COLOR=1 run1 >"$T/c2.log"
+TETRA_COLOR=0 run1 >"$T/c3.log"
+if grep -q "$esc" "$T/c1.log"; then ok "TETRA_COLOR=1 colours the log"; else bad "TETRA_COLOR=1 gave no colour"; fi
+if grep -q "$esc" "$T/c2.log"; then bad "NO_COLOR left colour codes"; else ok "NO_COLOR wins"; fi
+if grep -q "$esc" "$T/c3.log"; then bad "TETRA_COLOR=0 left colour codes"; else ok "TETRA_COLOR=0: plain"; fi
+if command -v mpirun >/dev/null; then
+  (cd "$ROOT" && NGPU=2 ./run_train.sh --parallelism.data_parallel_shard_degree 2 --training.steps 1 "${SMALL[@]}" \
+     --job.dump_folder "$T/colour2" >"$T/launch.log" 2>&1)
+  if grep -q "$esc" "$T/launch.log"; then bad "NGPU=2 ./run_train.sh > file wrote colour codes"
+  else ok "NGPU=2 ./run_train.sh > file: no colour codes"; fi
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -225,6 +225,107 @@ static void test_shipped_configs(void) {
     cfg_free(&c);
 }
 
+/* ---------------------------------------------------------------------------- no silent keys
+ * Every key of the schema, set to a value other than its default, either works (it is in
+ * WORKS: its feature is built, and a test elsewhere exercises it), has no meaning in
+ * tetra and says so in its help (MEANINGLESS), or is refused by the validation with a
+ * message naming it. A key added to the schema without being sorted into one of these
+ * fails here. */
+static const char *const WORKS[] = {
+    "job.config_file", "job.dump_folder", "job.description", "job.print_config", "job.save_config_file",
+    "profiling.save_traces_folder", "profiling.profile_freq", "profiling.profiler_active",
+    "profiling.profiler_warmup", "profiling.save_memory_snapshot_folder", /* inert while their feature is refused */
+    "metrics.log_freq", "metrics.enable_tensorboard", "metrics.disable_color_printing", "metrics.save_tb_folder",
+    "metrics.peak_flops", "model.name", "model.flavor", "model.converters", "model.print_after_conversion",
+    "model.n_layers", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
+    "optimizer.weight_decay", "lr_scheduler.warmup_steps", "lr_scheduler.total_steps", "lr_scheduler.decay_ratio",
+    "lr_scheduler.decay_type", "lr_scheduler.min_lr_factor", "training.dataset", "training.dataset_path",
+    "training.local_batch_size", "training.global_batch_size", "training.seq_len", "training.max_norm",
+    "training.steps", "training.mixed_precision_param", "training.mixed_precision_reduce", "training.seed",
+    "training.deterministic", "training.device", "training.threads", "parallelism.data_parallel_replicate_degree",
+    "parallelism.data_parallel_shard_degree", "parallelism.fsdp_reshard_after_forward",
+    "parallelism.tensor_parallel_degree", "parallelism.disable_loss_parallel",
+    "parallelism.enable_async_tensor_parallel", "parallelism.pipeline_parallel_degree",
+    "parallelism.pipeline_parallel_first_stage_less_layers", "parallelism.pipeline_parallel_last_stage_less_layers",
+    "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_schedule",
+    "parallelism.pipeline_parallel_schedule_csv", "parallelism.pipeline_parallel_microbatch_size",
+    "parallelism.context_parallel_degree", "parallelism.context_parallel_load_balancer",
+    "parallelism.context_parallel_rotate_method", "checkpoint.enable", "checkpoint.folder", "checkpoint.interval",
+    "checkpoint.initial_load_path", "checkpoint.initial_load_model_only", "checkpoint.initial_load_in_hf",
+    "checkpoint.last_save_model_only", "checkpoint.last_save_in_hf", "checkpoint.export_dtype",
+    "checkpoint.async_mode", "checkpoint.keep_latest_k", "checkpoint.load_step", "checkpoint.exclude_from_loading",
+    "checkpoint.enable_first_step_checkpoint", "checkpoint.create_seed_checkpoint", "checkpoint.load_only",
+    "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    "quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns", "quantize.linear.float8.emulate",
+    "validation.enable", "validation.dataset", "validation.dataset_path", "validation.local_batch_size",
+    "validation.seq_len", "validation.freq", "validation.steps", "comm.init_timeout_seconds",
+    "comm.train_timeout_seconds"};
+static const char *const MEANINGLESS[] = {
+    "model.hf_assets_path",                  /* read by `tetra data prepare --tokenizer`; training reads shards */
+    "optimizer.implementation",              /* one fused pass per shard whatever the style */
+    "training.gc_freq",                      /* no garbage collector */
+    "activation_checkpoint.preserve_rng_state", /* the forward draws no random numbers */
+    "compile.enable", "compile.components", "compile.backend", /* kernels are compiled ahead of time */
+    "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree", /* refused unless 1 */
+    "parallelism.module_fqns_per_model_part", "metrics.enable_wandb", "job.custom_config_module"}; /* refused */
+
+static int listed(const char *const *list, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(list[i], name)) return 1;
+    return 0;
+}
+
+static void test_no_silent_keys(void) {
+    const size_t nw = sizeof WORKS / sizeof WORKS[0], nm = sizeof MEANINGLESS / sizeof MEANINGLESS[0];
+    char full[160], val[64], err[1024];
+    int refused = 0;
+    for (int i = 0; i < cfg_n_keys; i++) {
+        const cfg_key_desc *d = &cfg_keys[i];
+        snprintf(full, sizeof full, "%s.%s", d->section, d->key);
+        const int works = listed(WORKS, nw, full), meaningless = listed(MEANINGLESS, nm, full);
+        CHECK(works + meaningless <= 1, "%s is listed twice", full);
+        if (works) continue;
+        /* a value other than the default */
+        switch (d->type) {
+        case CFG_T_BOOL: snprintf(val, sizeof val, "%s", d->def_i ? "false" : "true"); break;
+        case CFG_T_INT: snprintf(val, sizeof val, "%lld", (long long)(d->def_i >= 0 ? d->def_i + 1 : 2)); break;
+        case CFG_T_FLOAT: snprintf(val, sizeof val, "%g", isnan(d->def_f) ? 0.5 : d->def_f * 0.5 + 1e-3); break;
+        case CFG_T_ENUM: {
+            /* the first choice that is not the default */
+            const char *p = d->choices;
+            val[0] = 0;
+            while (*p && !val[0]) {
+                size_t l = strcspn(p, "|");
+                if (strlen(d->def_s) != l || strncmp(p, d->def_s, l)) snprintf(val, sizeof val, "%.*s", (int)l, p);
+                p += l + (p[l] == '|');
+            }
+            break;
+        }
+        default: snprintf(val, sizeof val, "xyz"); break;
+        }
+        if (!val[0]) continue; /* an enum of one choice cannot be set to anything else */
+        tetra_config c;
+        cfg_parallel_dims dims;
+        cfg_init(&c);
+        int set = cfg_set_string(&c, full, val, err, sizeof err);
+        CHECK(set == 0, "%s = %s: %s", full, val, err);
+        int bad = set == 0 && cfg_validate(&c, 1, &dims, err, sizeof err) != 0;
+        cfg_free(&c);
+        if (meaningless) continue; /* its help says it has no effect (or the validation refuses it) */
+        CHECK(bad && strstr(err, full), "%s = %s is accepted silently (sort it into WORKS or refuse it)", full, val);
+        refused += bad;
+    }
+    for (size_t i = 0; i < nw; i++) {
+        char sec[96];
+        const char *dot = strrchr(WORKS[i], '.');
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - WORKS[i]), WORKS[i]);
+        CHECK(cfg_find_key(sec, dot + 1) != NULL, "WORKS names an unknown key %s", WORKS[i]);
+    }
+    printf("no silent keys: %d keys, %zu work, %zu have no meaning in tetra, %d refused when set\n", cfg_n_keys, nw,
+           nm, refused);
+}
+
 int main(void) {
     test_defaults();
     test_toml_and_cli();
@@ -232,6 +333,7 @@ int main(void) {
     test_validate();
     test_print_roundtrip();
     test_shipped_configs();
+    test_no_silent_keys();
     printf("test_config: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
 }
