@@ -983,6 +983,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 WHERE("optimizer", "lr"));
         return -1;
     }
+    if (v->profiling.profile_freq < 1 || v->profiling.profiler_active < 1) {
+        set_err(err, n, "%s: profiling.profile_freq and profiling.profiler_active must be >= 1",
+                WHERE("profiling", "profile_freq"));
+        return -1;
+    }
     if (v->metrics.log_freq < 1) {
         set_err(err, n, "%s: metrics.log_freq must be >= 1", WHERE("metrics", "log_freq"));
         return -1;
@@ -1037,8 +1042,6 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             int set;
             const char *section, *key, *why;
         } no[] = {
-            {v->profiling.enable_profiling, "profiling", "enable_profiling",
-             "profiling traces are not built yet; set it to false"},
             {v->profiling.enable_memory_snapshot, "profiling", "enable_memory_snapshot",
              "memory snapshots are not built yet; set it to false"},
             {v->metrics.save_for_all_ranks, "metrics", "save_for_all_ranks",

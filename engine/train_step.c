@@ -290,23 +290,32 @@ static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, c
     llama3_model *m = &s->model;
     fsdp *fs = s->fs;
     double loss = 0.0;
+    trace *tr = s->tr;
     int u = llama3_embedding_unit(m);
     if (u >= 0) {
         fsdp_pre_forward(fs, u);
+        trace_begin(tr, "compute", "forward embedding");
         llama3_forward_embedding(m, a, in);
+        trace_end(tr);
         fsdp_post_forward(fs, u);
     }
     for (int l = m->layout.layer_start; l < m->layout.layer_end; l++) {
         u = llama3_block_unit(m, l);
+        trace_begin(tr, "fsdp", "unshard layers.%d", l);
         fsdp_pre_forward(fs, u);
+        trace_end(tr);
+        trace_begin(tr, "compute", "forward layers.%d", l);
         llama3_block_forward(m, a, l);
+        trace_end(tr);
         fsdp_post_forward(fs, u);
         pp_progress();
     }
     u = llama3_head_unit(m);
     if (u >= 0) {
         fsdp_pre_forward(fs, u);
+        trace_begin(tr, "compute", "forward head (norm, output, loss)");
         loss = llama3_forward_head(m, a, lab, dloss_scale, n_valid);
+        trace_end(tr);
         fsdp_post_forward(fs, u);
     }
     return loss;
@@ -320,24 +329,37 @@ static void stage_backward(train_stage *s, llama3_acts *a, int what, int last) {
     if (u >= 0) {
         if (what & 1) {
             fsdp_pre_backward(fs, u);
+            trace_begin(s->tr, "compute", "backward input head");
             llama3_backward_head_input(m, a);
+            trace_end(s->tr);
         }
         if (what & 2) {
             fsdp_pre_backward_weight(fs, u);
+            trace_begin(s->tr, "compute", "backward weight head");
             llama3_backward_head_weight(m, a);
+            trace_end(s->tr);
             fsdp_post_backward_weight(fs, u, last);
         }
     }
+    trace *tr = s->tr;
     for (int l = m->layout.layer_end - 1; l >= m->layout.layer_start; l--) {
         u = llama3_block_unit(m, l);
         if (what & 1) {
+            trace_begin(tr, "fsdp", "unshard layers.%d", l);
             fsdp_pre_backward(fs, u);
+            trace_end(tr);
+            trace_begin(tr, "compute", "backward input layers.%d", l);
             llama3_block_backward_input(m, a, l);
+            trace_end(tr);
         }
         if (what & 2) {
             fsdp_pre_backward_weight(fs, u);
+            trace_begin(tr, "compute", "backward weight layers.%d", l);
             llama3_block_backward_weight(m, a, l);
+            trace_end(tr);
+            trace_begin(tr, "fsdp", "reduce gradients layers.%d", l);
             fsdp_post_backward_weight(fs, u, last);
+            trace_end(tr);
         }
         pp_progress();
     }
@@ -365,8 +387,10 @@ static void cb_forward(void *user, int stage, int mb) {
     train_stage *s = &t->st[local_of(t, stage)];
     llama3_acts *a = acts_take(s, mb);
     int64_t nv = 0;
+    trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
     t->step_loss_sum += stage_forward(s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb),
                                       t->dloss_scale, &nv);
+    trace_end(t->tr);
     t->step_valid += nv;
     if (s->local_next >= 0) { /* the next stage runs here: hand the residual over */
         train_stage *nx = &t->st[s->local_next];
@@ -393,14 +417,18 @@ static void cb_backward_input(void *user, int stage, int mb) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
     llama3_acts *a = acts_of(s, mb);
+    trace_begin(t->tr, "action", "I stage %d microbatch %d", stage, mb);
     stage_backward(s, a, 1, 0);
+    trace_end(t->tr);
     hand_back(t, s, a, mb);
 }
 
 static void cb_backward_weight(void *user, int stage, int mb, int last) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
+    trace_begin(t->tr, "action", "W stage %d microbatch %d", stage, mb);
     stage_backward(s, acts_of(s, mb), 2, last && last_round(t));
+    trace_end(t->tr);
     acts_clear(s, mb, ACTS_BACKWARD);
 }
 
@@ -408,7 +436,9 @@ static void cb_backward(void *user, int stage, int mb, int last) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
     llama3_acts *a = acts_of(s, mb);
+    trace_begin(t->tr, "action", "B stage %d microbatch %d", stage, mb);
     stage_backward(s, a, 3, last && last_round(t));
+    trace_end(t->tr);
     hand_back(t, s, a, mb);
     acts_clear(s, mb, ACTS_BACKWARD);
 }
@@ -546,8 +576,15 @@ void train_step(trainer *t, step_result *r) {
     t->step_valid = 0;
 
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
+    /* the schedule's actions nest in it; the time between them is the schedule's waiting */
+    trace_begin(t->tr, "schedule", "schedule: %d microbatch%s x %d round%s", t->n_mb, t->n_mb == 1 ? "" : "es",
+                n_rounds(t), n_rounds(t) == 1 ? "" : "s");
     run_rounds(t);
+    trace_end(t->tr);
+    trace_begin(t->tr, "fsdp", "finish gradient reductions");
     for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
+    trace_end(t->tr);
+    trace_begin(t->tr, "optimizer", "clip gradients and AdamW");
     /* converters see the final gradients before the norm and the update */
     train_converters_pre_optimizer(t);
     double sq = 0.0;
@@ -576,6 +613,7 @@ void train_step(trainer *t, step_result *r) {
     ops->synchronize();
     for (int i = 0; i < t->n_local; i++) fsdp_params_updated(t->st[i].fs);
     train_converters_post_optimizer(t);
+    trace_end(t->tr);
 
     /* the loss is computed on the last stage: every pipeline rank learns it */
     r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;

@@ -332,6 +332,7 @@ void trainer_teardown(trainer *t) {
         stage_free(ops, st);
     }
     free(t->conv);
+    trace_free(t->tr);
     free(t->st);
     free(t->groups);
     free(t->save_groups);
@@ -1021,6 +1022,22 @@ static int prepare_run(trainer *t) {
         }
     }
 
+    if (c->profiling.enable_profiling) {
+        char dir[8400];
+        snprintf(dir, sizeof dir, "%s/%s", c->job.dump_folder, c->profiling.save_traces_folder);
+        t->tr = trace_create(dir, t->rank, c->profiling.profile_freq, c->profiling.profiler_active, ops, t->cw, err,
+                             sizeof err);
+        if (!t->tr) {
+            log_error("%s", err);
+            return 1;
+        }
+        for (int i = 0; i < t->n_local; i++) t->st[i].tr = t->tr;
+        if (t->rank == 0)
+            log_info("profiling: the last %lld step%s of every %lld to %s/iteration_<step>/rank<r>_trace.json",
+                     (long long)c->profiling.profiler_active, c->profiling.profiler_active == 1 ? "" : "s",
+                     (long long)c->profiling.profile_freq, dir);
+    }
+
     /* ---- all backend memory is taken now ----
      * On the GPU one warm-up microbatch (forward and backward through FSDP, results
      * discarded: every step starts by zeroing the gradients) lets the backend size its
@@ -1082,6 +1099,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     const int64_t first_step = t->tc.step + 1;
     for (int64_t step = first_step; step <= c->training.steps; step++) {
         comm_set_step(t->cw, step);
+        trace_step_begin(t->tr, step);
+        trace_begin(t->tr, "data", "load batch");
         if (t->saver && ckpt_in_flight(t->saver)) { /* an async save finishing: publish it, or surface its error */
             int pr = ckpt_poll(t->saver, 0, err, sizeof err);
             if (pr < 0) {
@@ -1103,9 +1122,15 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                 dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride);
         }
         log_data += now_s() - t_data;
+        trace_end(t->tr);
 
         step_result r;
         train_step(t, &r);
+        if (trace_step_end(t->tr, step, err, sizeof err)) {
+            log_error("%s", err);
+            rc = 1;
+            break;
+        }
         t->tc.tokens_seen += c->training.local_batch_size * (int64_t)t->T * t->accum * t->dims.dp;
         if (step > first_step) { /* the first step warms caches and plans: not counted */
             pp_busy += t->pp_stats.compute_s;

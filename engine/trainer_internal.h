@@ -17,6 +17,7 @@
 #include "engine/converter.h"
 #include "engine/lr_schedule.h"
 #include "engine/metrics.h"
+#include "engine/trace.h"
 #include "engine/trainer.h"
 #include "kernels/ops.h"
 #include "models/llama3/model.h"
@@ -68,6 +69,7 @@ typedef struct {
     int remote_prev, remote_next; /* the neighbouring stage runs on another rank */
     int local_prev, local_next;   /* ... or on this one: index into trainer.st, else -1 */
     void **conv_state;         /* [trainer.n_conv] each model converter's state for this stage */
+    trace *tr;                 /* the job's profiler (NULL: off) */
 } train_stage;
 
 struct trainer {
@@ -88,6 +90,7 @@ struct trainer {
      * ascending stage index) at pipeline rank pp_rank of pp_size */
     int n_stages, n_local, pp_rank, pp_size;
     train_stage *st;
+    trace *tr;                 /* profiling traces (engine/trace.h), NULL when off */
     /* model.converters, in order (engine/converter.h) */
     int n_conv;
     const tetra_converter **conv;

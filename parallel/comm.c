@@ -295,6 +295,15 @@ static void finish(comm_request *r) {
     r->event = NULL;
 #endif
     r->done = 1;
+    comm_world *w = r->g->w;
+    if (w->observer)
+        w->observer(w->observer_user, commi_kind_name(r->kind), comm_group_name(r->g),
+                    r->count * comm_dtype_size(r->dtype), r->t_start, commi_now());
+}
+
+void comm_set_observer(comm_world *w, comm_observer_fn fn, void *user) {
+    w->observer = fn;
+    w->observer_user = user;
 }
 
 int comm_test(comm_request *r) {

@@ -86,6 +86,14 @@ double comm_timeout(const comm_world *w);
  * stream). Ignored by MPI. */
 void comm_set_stream(comm_world *w, void *stream);
 
+/* Profiling: fn hears of every operation of w when it completes (on the rank that waited
+ * for it): its kind ("all_reduce", ...), the group ("tp", ...), the bytes of this rank's
+ * buffer (count x element size), and when it started and was seen complete (seconds,
+ * CLOCK_MONOTONIC). NULL stops it. */
+typedef void (*comm_observer_fn)(void *user, const char *op, const char *group, size_t bytes, double t_start,
+                                 double t_end);
+void comm_set_observer(comm_world *w, comm_observer_fn fn, void *user);
+
 /* ---- operations (see the top of the file for `req`) ---- */
 
 /* buf[count] reduced in place over the group. */

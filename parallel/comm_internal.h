@@ -30,6 +30,8 @@ struct comm_world {
     void *stream;        /* NCCL stream (cudaStream_t) */
     void *nccl_world;    /* tetra_nccl_comm * of the whole world */
     comm_group groups[MESH_N_GROUPS];
+    comm_observer_fn observer; /* profiling: told of every completed operation */
+    void *observer_user;
 };
 
 /* One operation in flight. */

@@ -233,8 +233,8 @@ static void test_shipped_configs(void) {
  * fails here. */
 static const char *const WORKS[] = {
     "job.config_file", "job.dump_folder", "job.description", "job.print_config", "job.save_config_file",
-    "profiling.save_traces_folder", "profiling.profile_freq", "profiling.profiler_active",
-    "profiling.profiler_warmup", "profiling.save_memory_snapshot_folder", /* inert while their feature is refused */
+    "profiling.enable_profiling", "profiling.save_traces_folder", "profiling.profile_freq",
+    "profiling.profiler_active", "profiling.save_memory_snapshot_folder", /* inert while snapshots are refused */
     "metrics.log_freq", "metrics.enable_tensorboard", "metrics.disable_color_printing", "metrics.save_tb_folder",
     "metrics.peak_flops", "model.name", "model.flavor", "model.converters", "model.print_after_conversion",
     "model.n_layers", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
@@ -265,6 +265,7 @@ static const char *const MEANINGLESS[] = {
     "model.hf_assets_path",                  /* read by `tetra data prepare --tokenizer`; training reads shards */
     "optimizer.implementation",              /* one fused pass per shard whatever the style */
     "training.gc_freq",                      /* no garbage collector */
+    "profiling.profiler_warmup",             /* the tracer needs no warm-up */
     "activation_checkpoint.preserve_rng_state", /* the forward draws no random numbers */
     "compile.enable", "compile.components", "compile.backend", /* kernels are compiled ahead of time */
     "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree", /* refused unless 1 */
