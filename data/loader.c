@@ -403,6 +403,34 @@ static int copy_out(char *out, size_t n, const char *s, char *err, size_t errlen
     return 0;
 }
 
+/* A prepared folder <name> next to the executable (<build>/data/<name>) or under
+ * $TETRA_DATA_DIR; 0 with out set, else -1 with the places looked at in where. */
+static int find_prepared(const char *name, char *out, size_t n, char *where, size_t wn) {
+    char cand[PATH_MAX] = "", exe[PATH_MAX], envc[PATH_MAX] = "";
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+        exe[k] = 0;
+        for (int up = 0; up < 2; up++) { /* <build>/bin/tetra -> <build> */
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = 0;
+        }
+        if (*exe && (size_t)snprintf(cand, sizeof cand, "%s/data/%s", exe, name) < sizeof cand && has_index(cand) &&
+            strlen(cand) < n) {
+            strcpy(out, cand);
+            return 0;
+        }
+    }
+    const char *env = getenv("TETRA_DATA_DIR");
+    if (env && *env && (size_t)snprintf(envc, sizeof envc, "%s/%s", env, name) < sizeof envc && has_index(envc) &&
+        strlen(envc) < n) {
+        strcpy(out, envc);
+        return 0;
+    }
+    snprintf(where, wn, "%s%s%s%s", *cand ? cand : "<executable dir>/../data/", *envc ? " nor at " : "", envc,
+             *envc ? "" : " (TETRA_DATA_DIR is not set)");
+    return -1;
+}
+
 int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_dir, size_t n, char *err,
                        size_t errlen) {
     if (dataset_path && *dataset_path) return copy_out(out_dir, n, dataset_path, err, errlen);
@@ -411,36 +439,32 @@ int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_
                             "by `tetra data prepare`");
         return -1;
     }
+    char where[2 * PATH_MAX + 64];
+    if (!strcmp(dataset, "c4")) {
+        if (!find_prepared("c4", out_dir, n, where, sizeof where)) return 0;
+        seterr(err, errlen,
+               "dataset \"c4\" is not prepared: no c4/ at %s. Download C4's English files (allenai/c4, "
+               "en/c4-train.*.json.gz and en/c4-validation.*.json.gz), then run `tetra data prepare --tokenizer "
+               "<model.hf_assets_path> --input <folder of .json.gz files> --output $TETRA_DATA_DIR/c4` "
+               "(docs/data.md), or set training.dataset_path",
+               where);
+        return -1;
+    }
+    /* c4_validation: the held-out split of c4 where it is prepared, else of the sample */
+    if (!strcmp(dataset, "c4_validation") && !find_prepared("c4", out_dir, n, where, sizeof where)) return 0;
     if (strcmp(dataset, "sample") != 0 && strcmp(dataset, "c4_test") != 0 && strcmp(dataset, "c4_validation") != 0) {
         seterr(err, errlen,
-               "unknown dataset \"%s\": tetra ships only \"sample\" (Moby Dick; TorchTitan's c4_test role); for any "
-               "other corpus run `tetra data prepare --tokenizer DIR --input FILE|DIR --output DIR` and set "
+               "unknown dataset \"%s\": the names are \"sample\" (the shipped Moby Dick; \"c4_test\" is its "
+               "alias), \"c4\" (C4 prepared with `tetra data prepare`) and \"c4_validation\"; for any other "
+               "corpus run `tetra data prepare --tokenizer DIR --input FILE|DIR --output DIR` and set "
                "dataset_path = DIR",
                dataset);
         return -1;
     }
-    char cand[PATH_MAX] = "";
-    char exe[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k > 0) {
-        exe[k] = 0;
-        for (int up = 0; up < 2; up++) { /* <build>/bin/tetra -> <build> */
-            char *slash = strrchr(exe, '/');
-            if (slash) *slash = 0;
-        }
-        if (*exe && (size_t)snprintf(cand, sizeof cand, "%s/data/sample", exe) < sizeof cand && has_index(cand))
-            return copy_out(out_dir, n, cand, err, errlen);
-    }
-    const char *env = getenv("TETRA_DATA_DIR");
-    char envc[PATH_MAX] = "";
-    if (env && *env) {
-        if ((size_t)snprintf(envc, sizeof envc, "%s/sample", env) < sizeof envc && has_index(envc))
-            return copy_out(out_dir, n, envc, err, errlen);
-    }
+    if (!find_prepared("sample", out_dir, n, where, sizeof where)) return 0;
     seterr(err, errlen,
-           "dataset \"%s\": the prepared sample corpus was not found at %s%s%s%s (the build prepares it: cmake "
-           "--build <build dir>; or set TETRA_DATA_DIR to a folder holding sample/)",
-           dataset, *cand ? cand : "<executable dir>/../data/sample", *envc ? " nor at " : "", envc,
-           *envc ? "" : " (TETRA_DATA_DIR is not set)");
+           "dataset \"%s\": the prepared sample corpus was not found at %s (the build prepares it: cmake --build "
+           "<build dir>; or set TETRA_DATA_DIR to a folder holding sample/)",
+           dataset, where);
     return -1;
 }

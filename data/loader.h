@@ -108,11 +108,13 @@ int64_t dl_eos_id(const dl_loader *dl);             /* -1 = none */
 /* Resolve the config keys training.dataset / training.dataset_path (or the
  * [validation] ones) to a prepared corpus folder:
  *   - dataset_path, when set (not NULL, not ""), wins: out_dir = dataset_path.
- *   - dataset "sample" (aliases "c4_test", "c4_validation", TorchTitan's names
- *     for the role) is the shipped corpus (Moby Dick) that the build prepares
- *     into <build>/data/sample: found next to the executable
- *     (<dir of /proc/self/exe>/../data/sample), else under $TETRA_DATA_DIR
- *     (as $TETRA_DATA_DIR/sample).
+ *   - dataset "sample" (alias "c4_test", TorchTitan's name for the role) is the
+ *     shipped corpus (Moby Dick) that the build prepares into <build>/data/sample:
+ *     found next to the executable (<dir of /proc/self/exe>/../data/sample), else
+ *     under $TETRA_DATA_DIR (as $TETRA_DATA_DIR/sample).
+ *   - "c4" is C4 prepared by `tetra data prepare` into <build>/data/c4 or
+ *     $TETRA_DATA_DIR/c4; when absent the error says how to make it.
+ *     "c4_validation" is that folder where it exists, else the sample.
  *   - any other name is an error that says how to prepare a corpus.
  * The split ("train" / "val") is chosen by the caller at dl_open. */
 int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_dir, size_t n, char *err,

@@ -23,6 +23,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #define DEFAULT_PIECE_BYTES ((size_t)256 << 10) /* tokenize long documents in pieces of about this size */
 #define BATCH_BYTES ((size_t)16 << 20)  /* text handed to the threads at once */
@@ -158,10 +160,14 @@ static void on_signal(int sig) {
 /* ---- input files ----------------------------------------------------------------------- */
 
 enum { IN_TXT, IN_JSONL };
+/* compression of an input file, from its last suffix: C4's `en` files are .json.gz,
+ * many exports are .jsonl.zst */
+enum { COMP_NONE, COMP_GZ, COMP_ZST };
 
 typedef struct {
     char *path;
     int kind;
+    int comp;
     uint64_t size;
     uint64_t n_docs; /* pass 1 */
 } in_file;
@@ -172,14 +178,29 @@ typedef struct {
     size_t ignored;
 } in_list;
 
-static int kind_of(const char *path) {
+static int ends_with(const char *s, size_t n, const char *suffix) {
+    size_t k = strlen(suffix);
+    return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
+}
+
+/* .txt, .jsonl or .json (JSON lines, as C4's), each optionally .gz or .zst; -1 otherwise */
+static int kind_of(const char *path, int *comp) {
     size_t n = strlen(path);
-    if (n >= 4 && strcasecmp(path + n - 4, ".txt") == 0) return IN_TXT;
-    if (n >= 6 && strcasecmp(path + n - 6, ".jsonl") == 0) return IN_JSONL;
+    int c = COMP_NONE;
+    if (ends_with(path, n, ".gz")) {
+        c = COMP_GZ;
+        n -= 3;
+    } else if (ends_with(path, n, ".zst")) {
+        c = COMP_ZST;
+        n -= 4;
+    }
+    if (comp) *comp = c;
+    if (ends_with(path, n, ".txt")) return IN_TXT;
+    if (ends_with(path, n, ".jsonl") || ends_with(path, n, ".json")) return IN_JSONL;
     return -1;
 }
 
-static int list_add(in_list *l, const char *path, int kind, uint64_t size) {
+static int list_add(in_list *l, const char *path, int kind, int comp, uint64_t size) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 64;
         in_file *v = realloc(l->v, cap * sizeof *v);
@@ -191,6 +212,7 @@ static int list_add(in_list *l, const char *path, int kind, uint64_t size) {
     memset(f, 0, sizeof *f);
     if (!(f->path = strdup(path))) return -1;
     f->kind = kind;
+    f->comp = comp;
     f->size = size;
     l->n++;
     return 0;
@@ -228,8 +250,10 @@ static int walk(in_list *l, const char *dir, int depth, char *err, size_t errlen
             rc = -1;
         } else if (S_ISDIR(st.st_mode)) {
             rc = walk(l, p, depth + 1, err, errlen);
-        } else if (S_ISREG(st.st_mode) && kind_of(p) >= 0) {
-            if (list_add(l, p, kind_of(p), (uint64_t)st.st_size) != 0) {
+        } else if (S_ISREG(st.st_mode) && kind_of(p, NULL) >= 0) {
+            int comp;
+            int kind = kind_of(p, &comp);
+            if (list_add(l, p, kind, comp, (uint64_t)st.st_size) != 0) {
                 seterr(err, errlen, "out of memory");
                 rc = -1;
             }
@@ -256,18 +280,22 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     if (S_ISDIR(st.st_mode)) {
         if (walk(l, input, 0, err, errlen) != 0) return -1;
         if (l->n == 0) {
-            seterr(err, errlen, "%s: empty input: no .txt or .jsonl files in the folder", input);
+            seterr(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) in the "
+                                "folder", input);
             return -1;
         }
         qsort(l->v, l->n, sizeof *l->v, cmp_files);
         return 0;
     }
-    int kind = kind_of(input);
+    int comp;
+    int kind = kind_of(input, &comp);
     if (!S_ISREG(st.st_mode) || kind < 0) {
-        seterr(err, errlen, "%s: unsupported input: expected a .txt file, a .jsonl file or a folder", input);
+        seterr(err, errlen,
+               "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst) or a folder "
+               "(Parquet exports: convert to JSONL first, see docs/data.md)", input);
         return -1;
     }
-    if (list_add(l, input, kind, (uint64_t)st.st_size) != 0) {
+    if (list_add(l, input, kind, comp, (uint64_t)st.st_size) != 0) {
         seterr(err, errlen, "out of memory");
         return -1;
     }
@@ -278,11 +306,127 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
 typedef struct {
     const char *data;
     size_t len;
+    int owned;        /* decompressed into the heap (free), else mapped (munmap) */
 } fmap;
 
-static int map_file(const char *path, fmap *m, char *err, size_t errlen) {
+/* Append n bytes to a growing heap buffer. */
+static int grow(char **buf, size_t *len, size_t *cap, const void *src, size_t n) {
+    if (*len + n > *cap) {
+        size_t c = *cap ? *cap : (size_t)1 << 20;
+        while (c < *len + n) c *= 2;
+        char *b = realloc(*buf, c);
+        if (!b) return -1;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, src, n);
+    *len += n;
+    return 0;
+}
+
+/* The whole decompressed content of a .gz (every member) or .zst (every frame) file. */
+static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t errlen) {
+    char *buf = NULL, chunk[1 << 16];
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    if (comp == COMP_GZ) {
+        gzFile g = gzopen(path, "rb");
+        if (!g) {
+            seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            return -1;
+        }
+        for (;;) {
+            int k = gzread(g, chunk, sizeof chunk);
+            if (k < 0) {
+                int zerr = 0;
+                const char *msg = gzerror(g, &zerr);
+                seterr(err, errlen, "%s: corrupt gzip data after %zu bytes: %s", path, len, msg ? msg : "?");
+                rc = -1;
+                break;
+            }
+            if (gzdirect(g)) { /* zlib passes other data through: a .gz file must be gzip */
+                seterr(err, errlen, "%s: not gzip data (the .gz suffix says it is)", path);
+                rc = -1;
+                break;
+            }
+            if (k == 0) {
+                int zerr = 0;
+                gzerror(g, &zerr);
+                if (zerr == Z_BUF_ERROR) { /* the stream ended inside a member */
+                    seterr(err, errlen, "%s: truncated gzip data (%zu bytes decompressed)", path, len);
+                    rc = -1;
+                }
+                break;
+            }
+            if (grow(&buf, &len, &cap, chunk, (size_t)k)) {
+                seterr(err, errlen, "%s: out of memory decompressing (%zu bytes so far)", path, len);
+                rc = -1;
+                break;
+            }
+        }
+        gzclose(g);
+    } else {
+        fmap raw = {0};
+        int fd = open(path, O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            if (fd >= 0) close(fd);
+            return -1;
+        }
+        if (st.st_size > 0) {
+            void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (p == MAP_FAILED) {
+                seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+                close(fd);
+                return -1;
+            }
+            raw.data = p;
+            raw.len = (size_t)st.st_size;
+        }
+        close(fd);
+        ZSTD_DStream *z = ZSTD_createDStream();
+        ZSTD_inBuffer in = {raw.data, raw.len, 0};
+        size_t last = 0;
+        while (z && in.pos < in.size) {
+            ZSTD_outBuffer out = {chunk, sizeof chunk, 0};
+            last = ZSTD_decompressStream(z, &out, &in);
+            if (ZSTD_isError(last)) {
+                seterr(err, errlen, "%s: corrupt zstd data after %zu bytes: %s", path, len, ZSTD_getErrorName(last));
+                rc = -1;
+                break;
+            }
+            if (out.pos && grow(&buf, &len, &cap, chunk, out.pos)) {
+                seterr(err, errlen, "%s: out of memory decompressing (%zu bytes so far)", path, len);
+                rc = -1;
+                break;
+            }
+        }
+        if (!z) {
+            seterr(err, errlen, "%s: cannot start zstd", path);
+            rc = -1;
+        } else if (rc == 0 && last != 0) {
+            seterr(err, errlen, "%s: truncated zstd data (%zu bytes decompressed)", path, len);
+            rc = -1;
+        }
+        ZSTD_freeDStream(z);
+        if (raw.data) munmap((void *)raw.data, raw.len);
+    }
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    m->data = buf;
+    m->len = len;
+    m->owned = 1;
+    return 0;
+}
+
+static int map_file(const char *path, int comp, fmap *m, char *err, size_t errlen) {
     m->data = NULL;
     m->len = 0;
+    m->owned = 0;
+    if (comp != COMP_NONE) return inflate_file(path, comp, m, err, errlen);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -309,7 +453,8 @@ static int map_file(const char *path, fmap *m, char *err, size_t errlen) {
 }
 
 static void unmap_file(fmap *m) {
-    if (m->data) munmap((void *)m->data, m->len);
+    if (m->owned) free((void *)m->data);
+    else if (m->data) munmap((void *)m->data, m->len);
     m->data = NULL;
     m->len = 0;
 }
@@ -322,12 +467,17 @@ static int blank_line(const char *s, size_t n) {
 
 /* Pass 1: documents per file. */
 static int count_docs(in_file *f, char *err, size_t errlen) {
-    if (f->kind == IN_TXT) {
+    if (f->kind == IN_TXT && f->comp == COMP_NONE) {
         f->n_docs = f->size > 0 ? 1 : 0;
         return 0;
     }
     fmap m;
-    if (map_file(f->path, &m, err, errlen) != 0) return -1;
+    if (map_file(f->path, f->comp, &m, err, errlen) != 0) return -1;
+    if (f->kind == IN_TXT) { /* compressed: one document unless it inflates to nothing */
+        f->n_docs = m.len > 0;
+        unmap_file(&m);
+        return 0;
+    }
     uint64_t n = 0;
     size_t pos = 0;
     while (pos < m.len) {
@@ -585,8 +735,9 @@ static void usage(FILE *f) {
             "Tokenize a corpus once into binary token shards that training reads by memory map.\n"
             "\n"
             "  --tokenizer DIR     folder with tokenizer.json (Hugging Face) or tokenizer.model (tiktoken)\n"
-            "  --input PATH        a .txt file (one document), a .jsonl file (one document per line, in\n"
-            "                      the \"text\" field of a JSON object) or a folder (every .txt and .jsonl\n"
+            "  --input PATH        a .txt file (one document), a .jsonl or .json file (one document per line,\n"
+            "                      in the \"text\" field of a JSON object; C4's en/*.json.gz), each\n"
+            "                      optionally gzip (.gz) or zstd (.zst) compressed, or a folder (every such\n"
             "                      file in it, recursively, in byte order of their paths)\n"
             "  --output DIR        the folder to create (refused when it exists): DIR/index.json,\n"
             "                      DIR/train/shard_*.bin, DIR/val/shard_*.bin\n"
@@ -977,7 +1128,7 @@ static int run(prep *p) {
             return -1;
         }
         fmap m;
-        if (map_file(f->path, &m, p->err, sizeof p->err) != 0) return -1;
+        if (map_file(f->path, f->comp, &m, p->err, sizeof p->err) != 0) return -1;
         int rc = 0;
         if (f->kind == IN_TXT) {
             if (single) {

@@ -26,10 +26,10 @@ done
 say() { [ -t 1 ] && printf '\033[1m[setup]\033[0m %s\n' "$*" || printf '[setup] %s\n' "$*"; }
 
 PKGS=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
-      libpcre2-dev libjansson-dev libpng-dev)
+      libpcre2-dev libjansson-dev libpng-dev zlib1g-dev libzstd-dev)
 if [ "$WITH_TESTS" = 1 ]; then
   PKGS+=(python3 python3-venv python3-pip python3-torch python3-numpy
-         golang-github-burntsushi-toml-dev gnuplot-nox)
+         golang-github-burntsushi-toml-dev gnuplot-nox zstd)
 fi
 
 missing=()

@@ -147,6 +147,33 @@ docs=$(index_get "$T/j" 'ix["splits"]["train"]["documents"], ix["splits"]["val"]
 [ "$docs" = "(3, 1)" ] && ok "jsonl: 5 documents, 1 empty skipped, the last held out" || bad "jsonl documents: $docs"
 r=$(check_shards "$T/j" 2>&1) && ok "jsonl shards: $r" || bad "jsonl shards: $r"
 
+# ---- compressed: C4's en/*.json.gz and .jsonl.zst give the same shards as the plain file ------------
+gzip -c "$T/in/docs.jsonl" >"$T/in/docs.json.gz"
+# a second gzip member (files concatenated with cat) is read too
+head -c 0 /dev/null | gzip -c >"$T/in/empty_member.gz"
+cat "$T/in/docs.json.gz" "$T/in/empty_member.gz" >"$T/in/docs2.json.gz"
+zstd -q -c "$T/in/docs.jsonl" >"$T/in/docs.jsonl.zst"
+for z in docs.json.gz docs2.json.gz docs.jsonl.zst; do
+    out_z="$T/z_${z//./_}"
+    if prepare --input "$T/in/$z" --output "$out_z" --val-fraction 0.2 >"$out_z.log" 2>&1; then
+        same=1
+        for f in "$T/j"/train/* "$T/j"/val/*; do
+            cmp -s "$f" "$out_z/${f#"$T/j/"}" || same=0
+        done
+        [ $same = 1 ] && ok "$z: the same shards as the plain .jsonl" || bad "$z: shards differ from the plain .jsonl"
+    else
+        bad "prepare $z: $(cat "$out_z.log")"
+    fi
+done
+head -c 60 "$T/in/docs.json.gz" >"$T/in/cut.json.gz"
+expect_fail "truncated gzip" "cut.json.gz: truncated gzip data" "$T/oz1" -- \
+    --tokenizer "$TOK" --input "$T/in/cut.json.gz" --output "$T/oz1"
+head -c 40 "$T/in/docs.jsonl.zst" >"$T/in/cut.jsonl.zst"
+expect_fail "truncated zstd" "cut.jsonl.zst: truncated zstd data" "$T/oz2" -- \
+    --tokenizer "$TOK" --input "$T/in/cut.jsonl.zst" --output "$T/oz2"
+printf 'not gzip at all' >"$T/in/fake.json.gz"
+expect_fail "not gzip" "fake.json.gz: not gzip data" "$T/oz3" -- --tokenizer "$TOK" --input "$T/in/fake.json.gz" --output "$T/oz3"
+
 # ---- folder: recursive, sorted, other files ignored ----------------------------------------
 mkdir -p "$T/dir/sub"
 printf 'A first text document.\n' >"$T/dir/a.txt"
@@ -203,6 +230,30 @@ expect_fail "bad file after a good one" "b.txt: invalid UTF-8 at byte offset 1" 
 expect_fail "bad --val-fraction" "--val-fraction" "$T/o13" -- --tokenizer "$TOK" --input "$MOBY" --output "$T/o13" \
     --val-fraction 1.5
 expect_fail "unknown option" "unknown option" "$T/o14" -- --tokenizer "$TOK" --input "$MOBY" --output "$T/o14" --frobnicate
+
+# ---- the dataset names of the shipped configs: "c4" is C4 prepared under $TETRA_DATA_DIR/c4 ----
+mkdir -p "$T/c4src" "$T/datadir"
+printf '%s\n' '{"text": "C4 one, a document about whales."}' '{"text": "C4 two, another one."}' \
+    '{"text": "C4 three, the held-out one."}' | gzip -c >"$T/c4src/c4-train.00000-of-01024.json.gz"
+prepare --input "$T/c4src" --output "$T/datadir/c4" --val-fraction 0.34 --quiet || bad "prepare c4"
+TRAIN=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.dataset c4 --training.steps 1
+       --training.seq_len 8 --training.local_batch_size 1 --validation.enable --validation.dataset c4_validation
+       --validation.seq_len 8 --validation.local_batch_size 1 --metrics.disable_color_printing --training.device cpu)
+if TETRA_DATA_DIR="$T/datadir" "$TETRA" "${TRAIN[@]}" --job.dump_folder "$T/c4run" >"$T/c4run.log" 2>&1 &&
+   grep -q "dataset $T/datadir/c4 (" "$T/c4run.log" && grep -q "validate step" "$T/c4run.log"; then
+    ok "dataset c4 (and c4_validation) resolve to \$TETRA_DATA_DIR/c4"
+else
+    bad "dataset c4: $(grep -m1 -E 'ERROR|dataset' "$T/c4run.log")"
+fi
+if [ ! -d "$(dirname "$BIN")/data/c4" ]; then
+    if TETRA_DATA_DIR="$T/nowhere" "$TETRA" "${TRAIN[@]}" --job.dump_folder "$T/c4none" >"$T/c4none.log" 2>&1; then
+        bad "dataset c4 without a prepared folder was accepted"
+    elif grep -q 'dataset "c4" is not prepared' "$T/c4none.log" && grep -q "tetra data prepare" "$T/c4none.log"; then
+        ok "dataset c4 not prepared: the error says how to make it"
+    else
+        bad "dataset c4 not prepared: $(grep -m1 ERROR "$T/c4none.log")"
+    fi
+fi
 
 if [ $fail = 0 ]; then echo "test_data_prepare: all passed"; else echo "test_data_prepare: FAILED"; fi
 exit $fail
