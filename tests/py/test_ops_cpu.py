@@ -2,7 +2,7 @@
 """Every op of the CPU backend (kernels/cpu) against an independent PyTorch reference.
 
 Loads $TETRA_BUILD/lib/libtetra.so with ctypes and calls the cpu_* functions one by one
-on fresh random inputs (the seed is printed; set TETRA_SEED to replay a run). The
+on random inputs of a fixed seed (printed; TETRA_SEED=N explores others). The
 references are written here from the definitions, in float64 unless the point is to
 reproduce an fp32 torch computation bit for bit (AdamW, the RoPE table, casts).
 
@@ -53,7 +53,7 @@ try:
 except Exception:  # missing, or built for another NumPy: the own fp8 reference still runs
     ml_dtypes = None
 
-SEED = int(os.environ.get("TETRA_SEED", str(int(time.time() * 1000) % (2**31))))
+SEED = int(os.environ.get("TETRA_SEED", "20261125"))  # fixed: every run checks the same inputs
 print(f"seed {SEED} (set TETRA_SEED={SEED} to replay)")
 torch.manual_seed(SEED)
 rng = np.random.default_rng(SEED)
