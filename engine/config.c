@@ -973,6 +973,33 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 WHERE("lr_scheduler", "decay_ratio"), v->lr_scheduler.decay_ratio);
         return -1;
     }
+    {
+        /* NaN and infinities pass every < or > test: refuse them by name (NaN means "not set"
+         * only for decay_ratio and peak_flops) */
+        struct {
+            double x;
+            const char *section, *key;
+        } fin[] = {{v->optimizer.lr, "optimizer", "lr"}, {v->optimizer.beta1, "optimizer", "beta1"},
+                   {v->optimizer.beta2, "optimizer", "beta2"}, {v->optimizer.eps, "optimizer", "eps"},
+                   {v->optimizer.weight_decay, "optimizer", "weight_decay"},
+                   {v->lr_scheduler.min_lr_factor, "lr_scheduler", "min_lr_factor"},
+                   {v->training.max_norm, "training", "max_norm"}};
+        for (size_t i = 0; i < sizeof fin / sizeof fin[0]; i++)
+            if (!isfinite(fin[i].x)) {
+                set_err(err, n, "%s: %s.%s must be a finite number, got %g", WHERE(fin[i].section, fin[i].key),
+                        fin[i].section, fin[i].key, fin[i].x);
+                return -1;
+            }
+        if (!isnan(v->lr_scheduler.decay_ratio) && !isfinite(v->lr_scheduler.decay_ratio)) {
+            set_err(err, n, "%s: lr_scheduler.decay_ratio must be finite", WHERE("lr_scheduler", "decay_ratio"));
+            return -1;
+        }
+        if (!isnan(v->metrics.peak_flops) && !(isfinite(v->metrics.peak_flops) && v->metrics.peak_flops > 0)) {
+            set_err(err, n, "%s: metrics.peak_flops must be a positive finite number (FLOP/s), got %g",
+                    WHERE("metrics", "peak_flops"), v->metrics.peak_flops);
+            return -1;
+        }
+    }
     if (v->lr_scheduler.min_lr_factor < 0 || v->lr_scheduler.min_lr_factor > 1) {
         set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1", WHERE("lr_scheduler", "min_lr_factor"));
         return -1;

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,9 @@ static int save_config_file(const tetra_config *c, const char *path, char *err, 
 }
 
 int train_main(int argc, char **argv) {
+    /* a closed output pipe (./run_train.sh | head) must not end training: writes to it fail
+     * quietly, the metrics files go on */
+    signal(SIGPIPE, SIG_IGN);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank = 0, world = 1;

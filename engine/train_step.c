@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/log.h"
 #include "engine/trainer_internal.h"
 #include "parallel/cp.h"
 #include "parallel/pp/csv.h"
@@ -562,6 +563,38 @@ void train_converters_post_optimizer(trainer *t) {
                 t->conv[k]->post_optimizer(t->st[i].conv_state[k], &t->st[i].model, t->st[i].fs);
 }
 
+/* A step went non-finite: the rank holding the first non-finite gradient (by stage, then
+ * parameter) names it. A failure path: it copies gradients to the host. */
+static void report_nonfinite(trainer *t) {
+    int64_t mine = INT64_MAX;
+    char name[DT_NAME_MAX] = "";
+    for (int i = 0; i < t->n_local && mine == INT64_MAX; i++) {
+        train_stage *s = &t->st[i];
+        const dt_tensor *T = fsdp_tensors(s->fs);
+        const float *g = fsdp_grad(s->fs);
+        for (int p = 0; p < s->model.n_params && mine == INT64_MAX; p++) {
+            if (!T[p].n_pieces) continue;
+            const size_t n = T[p].piece.count;
+            float *h = malloc(n * sizeof *h);
+            if (!h) break;
+            t->ops->copy_d2h(h, g + T[p].piece.local_offset, n * sizeof *h);
+            for (size_t k = 0; k < n; k++)
+                if (!isfinite(h[k])) {
+                    mine = ((int64_t)s->index << 20 | p) * t->world + t->rank;
+                    snprintf(name, sizeof name, "%s", T[p].name);
+                    break;
+                }
+            free(h);
+        }
+    }
+    const int64_t first = comm_all_reduce_i64(t->g_world, mine, COMM_MIN);
+    if (first == INT64_MAX) {
+        if (t->rank == 0) log_warn("the loss is not finite, but every gradient is: the update is not applied");
+    } else if (first == mine) {
+        log_warn("first non-finite gradient: %s on rank %d; the update is not applied", name, t->rank);
+    }
+}
+
 void train_step(trainer *t, step_result *r) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
@@ -592,6 +625,22 @@ void train_step(trainer *t, step_result *r) {
     /* each stage's norm is over its parameters: the pipeline ranks add theirs up */
     if (t->pp_size > 1) sq = comm_all_reduce_f64(t->g_pp, sq, COMM_SUM);
     r->grad_norm = sqrt(sq);
+    /* the loss is computed on the last stage: every pipeline rank learns it (before the
+     * update, so that a non-finite loss keeps the parameters as they were) */
+    r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;
+    double local_avg = r->local_valid > 0 ? r->loss_sum / (double)r->local_valid : 0.0;
+    double global_sum = comm_all_reduce_f64(t->g_loss, r->loss_sum, COMM_SUM);
+    r->max_loss = comm_all_reduce_f64(t->g_loss, local_avg, COMM_MAX);
+    r->loss = r->global_valid > 0 ? global_sum / (double)r->global_valid : 0.0;
+    /* the norm is summed over every rank and the loss over every data rank, so all agree */
+    r->nonfinite = !isfinite(r->grad_norm) || !isfinite(r->loss);
+    if (r->nonfinite) {
+        report_nonfinite(t);
+        r->lr = c->optimizer.lr * lr_factor(&t->lrs, t->tc.lr_count);
+        t->tc.lr_count++; /* the schedule follows the steps; AdamW's bias correction counts updates */
+        trace_end(t->tr);
+        return;
+    }
     /* torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1 */
     float clip = (float)(c->training.max_norm / (r->grad_norm + 1e-6));
     if (clip > 1.0f) clip = 1.0f;
@@ -615,12 +664,6 @@ void train_step(trainer *t, step_result *r) {
     train_converters_post_optimizer(t);
     trace_end(t->tr);
 
-    /* the loss is computed on the last stage: every pipeline rank learns it */
-    r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;
-    double local_avg = r->local_valid > 0 ? r->loss_sum / (double)r->local_valid : 0.0;
-    double global_sum = comm_all_reduce_f64(t->g_loss, r->loss_sum, COMM_SUM);
-    r->max_loss = comm_all_reduce_f64(t->g_loss, local_avg, COMM_MAX);
-    r->loss = r->global_valid > 0 ? global_sum / (double)r->global_valid : 0.0;
 }
 
 double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -608,9 +609,15 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     const int dry = t->opt.dry_run;
 
     /* ---- threads and backend ---- */
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->training.threads > (cores > 0 ? cores : 1)) {
+        log_error("training.threads = %lld: this host has %ld cores; at most %ld threads per rank (0 = cores / "
+                  "ranks per host)", (long long)c->training.threads, cores, cores > 0 ? cores : 1);
+        free(t);
+        return 1;
+    }
     t->threads = (int)c->training.threads;
     if (t->threads <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
         t->threads = (int)(cores / local_ranks());
         if (t->threads < 1) t->threads = 1;
     }
@@ -1079,6 +1086,32 @@ static const char *pp_stage_list(const trainer *t) {
     return buf;
 }
 
+/* Preemption (Slurm's SIGTERM or --signal=USR1, Ctrl-C): the step in progress finishes,
+ * every rank learns of it at the step's end, a checkpoint is written and the run exits 0.
+ * A second SIGINT exits at once. */
+static volatile sig_atomic_t stop_signal = 0, stop_count = 0;
+
+static void on_stop_signal(int sig) {
+    stop_count = stop_count + 1;
+    if (sig == SIGINT && stop_count >= 2) _exit(130);
+    stop_signal = sig;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
+
 int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
                 const trainer_options *opt) {
     trainer *t = NULL;
@@ -1097,6 +1130,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     long pp_type_n[4] = {0};
     int64_t log_steps = 0;
     const int64_t first_step = t->tc.step + 1;
+    catch_stop_signals();
     for (int64_t step = first_step; step <= c->training.steps; step++) {
         comm_set_step(t->cw, step);
         trace_step_begin(t->tr, step);
@@ -1148,11 +1182,19 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             comm_barrier(t->g_world, NULL);
             comm_set_phase_training(t->cw);
         }
-        if (!isfinite(r.loss)) {
-            log_error("step %lld: loss is %f; stopping (lower optimizer.lr or check the data)", (long long)step,
-                      r.loss);
-            rc = 1;
-            break;
+        if (r.nonfinite) {
+            if (strcmp(c->training.on_nonfinite, "skip") != 0) {
+                if (rank == 0)
+                    log_error("step %lld: loss %g, gradient norm %g; stopping before the update, so the parameters "
+                              "and the checkpoints stay finite (lower optimizer.lr or check the data; "
+                              "training.on_nonfinite = \"skip\" skips such steps)", (long long)step, r.loss,
+                              r.grad_norm);
+                rc = 1;
+                break;
+            }
+            if (rank == 0)
+                log_warn("step %lld: loss %g, gradient norm %g: update skipped (training.on_nonfinite = \"skip\")",
+                         (long long)step, r.loss, r.grad_norm);
         }
 
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {
@@ -1198,6 +1240,27 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             double tv = now_s();
             run_validation(t, step);
             log_t0 += now_s() - tv; /* validation time is not training throughput */
+        }
+        /* a stop signal on any rank stops every rank after the same step */
+        const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)stop_signal, COMM_MAX);
+        if (sig && !last) {
+            const int saved = t->saver && !c->checkpoint.load_only && step % c->checkpoint.interval == 0;
+            if (t->saver && !c->checkpoint.load_only && !saved &&
+                train_save_checkpoint(t, step, 0, 0, err, sizeof err)) {
+                if (rank == 0) log_error("%s", err);
+                rc = 1;
+                break;
+            }
+            if (rank == 0) {
+                if (t->saver && !c->checkpoint.load_only)
+                    log_warn("stopped by %s after step %lld of %lld: checkpoint step-%lld in %s; run the same "
+                             "command again to resume", signal_name((int)sig), (long long)step,
+                             (long long)c->training.steps, (long long)step, t->ckpt_dir);
+                else
+                    log_warn("stopped by %s after step %lld of %lld; checkpoint.enable is false, so nothing was "
+                             "saved", signal_name((int)sig), (long long)step, (long long)c->training.steps);
+            }
+            break;
         }
     }
     if (rc == 0 && t->saver && ckpt_in_flight(t->saver)) {
@@ -1245,8 +1308,13 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             log_info("tensor parallel%s: %ld sequence-parallel collectives, %.1f MiB sent; %.2f s waiting",
                      t->st[0].model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0), ts.wait_s);
         }
-        log_info("training done: %lld steps; peak resident memory %s; %zu backend allocations during training",
-                 (long long)c->training.steps, rb, ops->alloc_count() - t->allocs_at_start);
+        if (t->tc.step < c->training.steps)
+            log_info("training stopped at step %lld of %lld; peak resident memory %s; %zu backend allocations "
+                     "during training", (long long)t->tc.step, (long long)c->training.steps, rb,
+                     ops->alloc_count() - t->allocs_at_start);
+        else
+            log_info("training done: %lld steps; peak resident memory %s; %zu backend allocations during training",
+                     (long long)c->training.steps, rb, ops->alloc_count() - t->allocs_at_start);
     }
     trainer_teardown(t);
     return rc;

@@ -44,6 +44,7 @@ typedef struct {
     int64_t local_valid, global_valid;
     double grad_norm;     /* before clipping */
     double lr;
+    int nonfinite;        /* the loss or the gradient norm is NaN/Inf: the parameters were not updated */
 } step_result;
 
 /* One pipeline stage this rank runs: its part of the model, FSDP over it, its optimizer
