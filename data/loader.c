@@ -87,6 +87,7 @@ struct dl_loader {
     feistel perm;
     uint64_t perm_epoch;
     int perm_ready;
+    char error[640];         /* why dl_next returned -1 */
 };
 
 static char *join(const char *a, const char *b) {
@@ -228,7 +229,10 @@ dl_loader *dl_open(const char *dir, const char *split, int seq_len, int local_ba
 }
 
 /* Copy stream tokens [first, first+n) into out. */
-static void read_stream(const dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
+/* 0, or -1 with dl->error set when a token id is outside the vocabulary (a shard whose
+ * index and checksums are valid but whose ids are not: written by another tool, or by
+ * hand), naming the shard and the token's offset in it. */
+static int read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
     int lo = 0, hi = dl->n_shards - 1;
     while (lo < hi) { /* last shard whose start <= first */
         int mid = (lo + hi + 1) / 2;
@@ -241,11 +245,20 @@ static void read_stream(const dl_loader *dl, uint64_t first, size_t n, int32_t *
         uint64_t avail = dl->shards[s].h.n_tokens - off;
         size_t k = avail < n ? (size_t)avail : n;
         shard_read_tokens(&dl->shards[s], off, k, out);
+        for (size_t i = 0; i < k; i++)
+            if (out[i] < 0 || (uint32_t)out[i] >= dl->vocab) {
+                snprintf(dl->error, sizeof dl->error,
+                         "%s: token %llu holds id %lld, outside the vocabulary of %u ids that index.json declares "
+                         "(the shard was not written by `tetra data prepare` with this tokenizer)",
+                         dl->shards[s].path, (unsigned long long)(off + i), (long long)(uint32_t)out[i], dl->vocab);
+                return -1;
+            }
         out += k;
         first += k;
         n -= k;
         s++;
     }
+    return 0;
 }
 
 static uint64_t window_of(dl_loader *dl, uint64_t g) {
@@ -266,7 +279,7 @@ int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
     for (int k = 0; k < dl->cfg.local_batch_size; k++) {
         uint64_t g = dl->position + (uint64_t)k * R + r;
         uint64_t j = window_of(dl, g);
-        read_stream(dl, j * (T + 1), T + 1, dl->window);
+        if (read_stream(dl, j * (T + 1), T + 1, dl->window)) return -1;
         memcpy(inputs + (size_t)k * T, dl->window, T * sizeof *inputs);
         memcpy(labels + (size_t)k * T, dl->window + 1, T * sizeof *labels);
     }
@@ -290,6 +303,8 @@ int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
 }
 
 void dl_rewind(dl_loader *dl) { dl->position = 0; }
+
+const char *dl_error(const dl_loader *dl) { return dl->error; }
 
 /* ---- state -------------------------------------------------------------------------- */
 

@@ -76,8 +76,10 @@ void dl_close(dl_loader *dl);
 
 /* Fill this rank's local batch: inputs and labels are [local_batch_size][seq_len]
  * int32, row-major. Returns 1, or 0 in single-pass mode when the split is
- * exhausted (the buffers are then untouched). */
+ * exhausted (the buffers are then untouched), or -1 when a token id read is outside
+ * the vocabulary (dl_error names the shard and the token). */
 int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels);
+const char *dl_error(const dl_loader *dl);
 
 /* Single-pass mode: start the split again from its first window. */
 void dl_rewind(dl_loader *dl);

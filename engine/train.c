@@ -40,6 +40,55 @@ static int save_config_file(const tetra_config *c, const char *path, char *err, 
     return 0;
 }
 
+/* Every rank must train the same configuration: rank 0's merged TOML is compared with each
+ * rank's own, and a rank that differs names the first line that does (e.g. a launcher that
+ * passed another batch size to one rank). Collective; 1 when they differ. */
+static int configs_differ(const tetra_config *cfg, int rank) {
+    char *mine = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&mine, &len);
+    if (!f) return 0;
+    cfg_print_toml(cfg, f);
+    fclose(f);
+    long long n = rank == 0 ? (long long)len : 0;
+    MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    char *ref = malloc((size_t)n + 1);
+    if (!ref) {
+        free(mine);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (rank == 0) memcpy(ref, mine, (size_t)n);
+    MPI_Bcast(ref, (int)n, MPI_CHAR, 0, MPI_COMM_WORLD);
+    ref[n] = 0;
+    int differ = (size_t)n != len || memcmp(ref, mine, len) != 0;
+    if (differ) { /* the first line that differs, and the section it is in */
+        const char *a = ref, *b = mine, *section = "";
+        char sec[128] = "";
+        while (*a && *b) {
+            const char *ea = strchr(a, '\n'), *eb = strchr(b, '\n');
+            size_t la = ea ? (size_t)(ea - a) : strlen(a), lb = eb ? (size_t)(eb - b) : strlen(b);
+            if (la != lb || memcmp(a, b, la) != 0) {
+                log_error("rank %d's configuration differs from rank 0's: [%s] rank 0 has '%.*s', rank %d has '%.*s' "
+                          "(every rank must get the same config file and options)", rank, section, (int)la, a, rank,
+                          (int)lb, b);
+                break;
+            }
+            if (la > 2 && a[0] == '[') {
+                snprintf(sec, sizeof sec, "%.*s", (int)(la - 2), a + 1);
+                section = sec;
+            }
+            a += la + (ea != NULL);
+            b += lb + (eb != NULL);
+        }
+    }
+    free(ref);
+    free(mine);
+    int any = 0;
+    MPI_Allreduce(&differ, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any && rank == 0 && !differ) log_error("the ranks were given different configurations (see the rank that differs)");
+    return any;
+}
+
 int train_main(int argc, char **argv) {
     /* a closed output pipe (./run_train.sh | head) must not end training: writes to it fail
      * quietly, the metrics files go on */
@@ -78,6 +127,13 @@ int train_main(int argc, char **argv) {
          * one message is enough. */
         if (rank == 0) log_error("%s", err);
         cfg_free(&cfg);
+        MPI_Finalize();
+        return 1;
+    }
+    if (world > 1 && configs_differ(&cfg, rank)) {
+        cfg_free(&cfg);
+        fflush(stdout);
+        fflush(stderr);
         MPI_Finalize();
         return 1;
     }

@@ -182,6 +182,32 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
                  "data position and step start fresh", path);
     int failed = 0;
     const int nl = t->n_local;
+    /* the checkpoint's model must be this model: every tensor is checked by name and shape
+     * as it loads, and here nothing is left over (a deeper model's extra blocks) */
+    if (!train_ckpt_excluded(c, "model")) {
+        const int64_t want = 3 + 9 * (int64_t)t->args.n_layers; /* embedding, norm, output + 9 per block */
+        int64_t have = 0;
+        const ck_tensor *extra = NULL;
+        for (int i = 0; i < m->n_tensors; i++) {
+            const char *nm = m->tensors[i].name;
+            if (strncmp(nm, "model/", 6) != 0) continue;
+            have++;
+            int layer;
+            if (!extra && sscanf(nm, "model/layers.%d.", &layer) == 1 && layer >= t->args.n_layers)
+                extra = &m->tensors[i];
+        }
+        if (have != want) {
+            if (extra)
+                snprintf(err, errlen, "checkpoint %s holds %lld model tensors, this model %lld: it has '%s' and this "
+                         "model has %d blocks (model.flavor / model.n_layers differ from the saved run's)", path,
+                         (long long)have, (long long)want, extra->name, t->args.n_layers);
+            else
+                snprintf(err, errlen, "checkpoint %s holds %lld model tensors, this model %lld (another model?)",
+                         path, (long long)have, (long long)want);
+            failed = 1;
+        }
+        if (ckpt_agree(failed, err, errlen)) goto fail;
+    }
     if (!train_ckpt_excluded(c, "model"))
         for (int i = 0; i < nl && !failed; i++)
             failed = ckpt_reader_load(r, &groups[G_MODEL * nl + i], ops, err, errlen) != 0;

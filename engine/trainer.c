@@ -949,10 +949,22 @@ static void run_validation(trainer *t, int64_t step) {
     dl_rewind(t->val);
     for (int64_t s = 0; t->c->validation.steps < 0 || s < t->c->validation.steps; s++) {
         if (t->cp_size > 1) {
-            if (!dl_next(t->val, t->hvf_in, t->hvf_lab)) break;
+            int got = dl_next(t->val, t->hvf_in, t->hvf_lab);
+            if (got < 0) {
+                log_error("validation data: %s", dl_error(t->val));
+                fflush(stderr);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            if (!got) break;
             train_shard_batch(t, t->hv_in, t->hv_lab, t->hvf_in, t->hvf_lab, t->VB, t->VT);
-        } else if (!dl_next(t->val, t->hv_in, t->hv_lab)) {
-            break;
+        } else {
+            int got = dl_next(t->val, t->hv_in, t->hv_lab);
+            if (got < 0) {
+                log_error("validation data: %s", dl_error(t->val));
+                fflush(stderr);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            if (!got) break;
         }
         int64_t nv = 0;
         loss_sum += train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, &nv);
@@ -1146,14 +1158,20 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         }
         double t_data = now_s();
         const size_t stride = (size_t)c->training.local_batch_size * (size_t)t->T;
+        int data_ok = 1;
         if (t->cp_size > 1) {
-            for (int a = 0; a < t->accum; a++)
-                dl_next(t->train, t->hf_in + (size_t)a * stride, t->hf_lab + (size_t)a * stride);
+            for (int a = 0; a < t->accum && data_ok; a++)
+                data_ok = dl_next(t->train, t->hf_in + (size_t)a * stride, t->hf_lab + (size_t)a * stride) > 0;
             train_shard_batch(t, t->h_in, t->h_lab, t->hf_in, t->hf_lab, (int)c->training.local_batch_size * t->accum,
                               t->T);
         } else {
-            for (int a = 0; a < t->accum; a++)
-                dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride);
+            for (int a = 0; a < t->accum && data_ok; a++)
+                data_ok = dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride) > 0;
+        }
+        if (!data_ok) { /* every rank reads its own windows: the one that failed says why */
+            log_error("training data, step %lld: %s", (long long)step, dl_error(t->train));
+            rc = 1;
+            break;
         }
         log_data += now_s() - t_data;
         trace_end(t->tr);

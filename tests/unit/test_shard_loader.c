@@ -644,6 +644,60 @@ static void test_text_helpers(void) {
     CHECK(e == strlen(w), "no boundary after a double space / before a digit: %zu", e);
 }
 
+/* A shard whose index, header and checksums are all valid but whose ids exceed the
+ * vocabulary (another tool's, or hand-made) is caught as batches are read, naming the
+ * shard and the token. */
+static void test_out_of_vocab(void) {
+    const char *dir = pathf("%s/oov", g_root);
+    const uint64_t sizes[1] = {4000};
+    make_corpus(dir, 1000, sizes, 1, 0);
+    const char *path = pathf("%s/train/shard_00000.bin", dir);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL, "open %s", path);
+    if (!f) return;
+    unsigned char head[SHARD_HEADER_BYTES];
+    uint16_t *payload = malloc(4000 * sizeof *payload);
+    CHECK(fread(head, 1, sizeof head, f) == sizeof head && fread(payload, 2, 4000, f) == 4000, "read the shard");
+    char err[512];
+    shard_header h;
+    CHECK(shard_header_decode(head, sizeof head, 0, path, &h, err, sizeof err) == 0, "%s", err);
+    const uint32_t old_crc = h.crc32c;
+    payload[1234] = 5000; /* >= vocab 1000, still a valid uint16 */
+    h.crc32c = crc32c(0, payload, 4000 * sizeof *payload);
+    shard_header_encode(&h, head);
+    fseek(f, 0, SEEK_SET);
+    CHECK(fwrite(head, 1, sizeof head, f) == sizeof head && fwrite(payload, 2, 4000, f) == 4000, "rewrite");
+    fclose(f);
+    free(payload);
+    /* the index carries the shard's checksum: write the new one */
+    const char *ix = pathf("%s/index.json", dir);
+    FILE *fi = fopen(ix, "rb");
+    char text[8192] = "", want[32], put[32];
+    size_t n = fi ? fread(text, 1, sizeof text - 1, fi) : 0;
+    if (fi) fclose(fi);
+    text[n] = 0;
+    snprintf(want, sizeof want, "%u", old_crc);
+    snprintf(put, sizeof put, "%u", h.crc32c);
+    char *at = strstr(text, want), out[8300];
+    CHECK(at != NULL, "index.json holds the shard's checksum");
+    if (!at) return;
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, put, at + strlen(want));
+    fi = fopen(ix, "wb");
+    CHECK(fi && fwrite(out, 1, strlen(out), fi) == strlen(out), "rewrite index.json");
+    if (fi) fclose(fi);
+
+    dl_loader *dl = dl_open(dir, "train", 63, 4, 0, 1, 0, 1, 1000, err, sizeof err);
+    CHECK(dl != NULL, "the shard opens: its checksums are valid (%s)", err);
+    if (!dl) return;
+    int32_t in[4 * 63], lab[4 * 63];
+    int rc = 1;
+    for (int step = 0; step < 20 && rc == 1; step++) rc = dl_next(dl, in, lab);
+    CHECK(rc == -1 && strstr(dl_error(dl), "shard_00000.bin: token 1234 holds id 5000") &&
+              strstr(dl_error(dl), "vocabulary of 1000"),
+          "the out-of-vocabulary id is named with its shard and offset (rc %d): %s", rc, dl_error(dl));
+    dl_close(dl);
+}
+
 int main(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_root, sizeof g_root, "%s/tetra_shard_test_XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -660,6 +714,7 @@ int main(void) {
     test_resume();
     test_errors();
     test_resolve();
+    test_out_of_vocab();
     test_text_helpers();
     rm_tree(g_root);
     printf("test_shard_loader: %d checks, %d failed\n", g_checks, g_fail);

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Non-finite steps and absurd values:
+# Guards around a run: non-finite steps, absurd values, another model shape, skewed ranks:
 #   1. lr 1e30 makes step 2's gradients NaN. training.on_nonfinite = "stop" (the default)
 #      names the first non-finite gradient and its rank, exits 1 before the update, and
 #      leaves the step-1 checkpoint as the newest (no checkpoint holds the NaN step).
 #   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0).
 #   3. NaN or infinite float keys and more threads than cores are refused by name.
+#   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks.
+#   5. Ranks launched with different options are refused, naming the rank and the key.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -57,5 +59,31 @@ expect_error eps_inf "optimizer.eps must be a finite number, got inf" --optimize
 expect_error peak_neg "metrics.peak_flops must be a positive finite number" --metrics.peak_flops -1
 expect_error threads "training.threads = 100000: this host has" --training.threads 100000
 
-if [ $fail != 0 ]; then echo "FAIL nonfinite"; exit 1; fi
-echo "ok   nonfinite"
+# 4. resuming with another model shape is refused, naming a tensor; the checkpoint is untouched
+"$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 2 --training.seq_len 64 \
+  --training.local_batch_size 2 --training.threads 1 --checkpoint.enable --checkpoint.interval 1 \
+  --job.dump_folder "$T/shape" >"$T/shape.log" 2>&1 || bad "6-layer run exited with $?"
+before=$(cd "$T/shape/checkpoint" && find . -type f -exec md5sum {} + | sort)
+"$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 4 --training.seq_len 64 \
+  --training.local_batch_size 2 --training.threads 1 --checkpoint.enable --checkpoint.interval 1 --model.n_layers 3 \
+  --job.dump_folder "$T/shape" >"$T/shape3.log" 2>&1 && bad "a 3-layer resume from a 6-layer checkpoint was accepted"
+after=$(cd "$T/shape/checkpoint" && find . -type f -exec md5sum {} + | sort)
+if grep -q "has 'model/layers.3.* and this model has 3 blocks" "$T/shape3.log" && [ "$before" = "$after" ]; then
+  ok "another model shape: refused naming $(grep -o "it has '[^']*'" "$T/shape3.log" | head -1); checkpoint untouched"
+else
+  bad "another model shape: $(grep -m1 ERROR "$T/shape3.log")"
+fi
+
+# 5. ranks launched with different options are refused, naming the rank and the line
+printf '#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$@" --training.local_batch_size 4; fi\nexec "$@"\n' \
+  >"$T/skew.sh"
+chmod +x "$T/skew.sh"
+mpirun -np 2 --oversubscribe --bind-to none "$T/skew.sh" "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" \
+  --training.steps 1 --training.seq_len 64 --job.dump_folder "$T/skew" >"$T/skew.log" 2>&1 &&
+  bad "ranks with different configurations were accepted"
+grep -q "rank 1's configuration differs from rank 0's: \[training\] rank 0 has 'local_batch_size = 8', rank 1 has 'local_batch_size = 4'" \
+  "$T/skew.log" && ok "different configurations per rank: refused, naming rank 1 and local_batch_size" ||
+  bad "different configurations: $(grep -m1 ERROR "$T/skew.log")"
+
+if [ $fail != 0 ]; then echo "FAIL run guards"; exit 1; fi
+echo "ok   run guards"
