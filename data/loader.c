@@ -150,7 +150,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     if (cfg->expected_vocab_size && cfg->expected_vocab_size != ix.vocab_size) {
         seterr(err, errlen,
                "%s: the corpus was tokenized with a vocabulary of %u tokens but the model's vocab_size is %u; "
-               "prepare the corpus with the model's tokenizer (or set the model's vocab_size to %u)",
+               "prepare the corpus with the model's tokenizer, or set model.vocab_size = %u",
                dir, ix.vocab_size, cfg->expected_vocab_size, ix.vocab_size);
         goto fail;
     }

@@ -868,6 +868,12 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 WHERE("model", "n_layers"), a.n_layers, v->model.n_layers);
         return -1;
     }
+    if (v->model.vocab_size < 0 || v->model.vocab_size > (int64_t)1 << 30) {
+        set_err(err, n, "%s: model.vocab_size must be between 1 and 2^30 (0 = the flavor's %d), got %" PRId64,
+                WHERE("model", "vocab_size"), a.vocab_size, v->model.vocab_size);
+        return -1;
+    }
+    if (v->model.vocab_size > 0) a.vocab_size = (int)v->model.vocab_size;
     if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
         set_err(err, n,
                 "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",

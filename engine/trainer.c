@@ -670,6 +670,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     /* ---- the stages this rank runs, each a model for its layout without storage
      * (FSDP provides it) ---- */
     llama3_flavor(c->model.flavor, &t->args);
+    if (c->model.vocab_size > 0) t->args.vocab_size = (int)c->model.vocab_size;
     if (c->model.n_layers > 0) t->args.n_layers = (int)c->model.n_layers;
     t->T = (int)c->training.seq_len;
     t->VB = (int)c->validation.local_batch_size;
@@ -805,6 +806,16 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             t->val = dl_open_config(vdir, "val", &vc, err, sizeof err);
             if (!t->val) {
                 log_error("validation data: %s", err);
+                goto fail;
+            }
+            /* single pass: a split shorter than one validation batch would validate nothing */
+            const uint64_t windows = dl_windows_per_epoch(t->val), batch = (uint64_t)t->VB * (uint64_t)dp;
+            if (windows < batch) {
+                if (rank == 0)
+                    log_error("validation data: the \"val\" split of %s holds %llu sequences of %d tokens, fewer than "
+                              "one validation batch of %llu (validation.local_batch_size %d x %d data-parallel "
+                              "ranks): lower validation.local_batch_size or validation.seq_len",
+                              vdir, (unsigned long long)windows, t->VT, (unsigned long long)batch, t->VB, dp);
                 goto fail;
             }
         }

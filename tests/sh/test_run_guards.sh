@@ -4,7 +4,9 @@
 #      names the first non-finite gradient and its rank, exits 1 before the update, and
 #      leaves the step-1 checkpoint as the newest (no checkpoint holds the NaN step).
 #   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0).
-#   3. NaN or infinite float keys and more threads than cores are refused by name.
+#   3. NaN or infinite float keys, more threads than cores, a model vocabulary that is not the
+#      corpus' (the advice names model.vocab_size) and a validation split shorter than one
+#      batch are refused with the numbers.
 #   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks.
 #   5. Ranks launched with different options are refused, naming the rank and the key.
 set -uo pipefail
@@ -58,6 +60,11 @@ expect_error lr_nan "optimizer.lr must be a finite number, got nan" --optimizer.
 expect_error eps_inf "optimizer.eps must be a finite number, got inf" --optimizer.eps inf
 expect_error peak_neg "metrics.peak_flops must be a positive finite number" --metrics.peak_flops -1
 expect_error threads "training.threads = 100000: this host has" --training.threads 100000
+expect_error vocab "tokenized with a vocabulary of 2048 tokens but the model's vocab_size is 4096; .* set model.vocab_size = 2048" \
+  --model.vocab_size 4096
+expect_error short_val 'the "val" split of .* holds 18 sequences of 2048 tokens, fewer than one validation batch of 64' \
+  --validation.enable --validation.local_batch_size 64 --validation.seq_len 2048 --training.seq_len 64 \
+  --training.local_batch_size 1
 
 # 4. resuming with another model shape is refused, naming a tensor; the checkpoint is untouched
 "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 2 --training.seq_len 64 \

@@ -237,7 +237,7 @@ static const char *const WORKS[] = {
     "profiling.profiler_active", "profiling.save_memory_snapshot_folder", /* inert while snapshots are refused */
     "metrics.log_freq", "metrics.enable_tensorboard", "metrics.disable_color_printing", "metrics.save_tb_folder",
     "metrics.peak_flops", "model.name", "model.flavor", "model.converters", "model.print_after_conversion",
-    "model.n_layers", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
+    "model.n_layers", "model.vocab_size", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
     "optimizer.weight_decay", "lr_scheduler.warmup_steps", "lr_scheduler.total_steps", "lr_scheduler.decay_ratio",
     "lr_scheduler.decay_type", "lr_scheduler.min_lr_factor", "training.dataset", "training.dataset_path",
     "training.local_batch_size", "training.global_batch_size", "training.seq_len", "training.max_norm",
