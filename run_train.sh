@@ -12,6 +12,9 @@
 #                built and a GPU is present, else 1 CPU rank); >1 uses mpirun
 #   LOG_RANK     rank(s) whose output is shown: 0 (default), "0,3" or "all";
 #                the others write LOG_DIR/rank_N.log (default ./outputs/logs)
+#   TETRA_MAX_RESTARTS  relaunch every rank up to N times when the run fails (a rank
+#                killed, a node lost): each restart resumes from the newest complete
+#                checkpoint (checkpoint.enable), as torchrun's --max-restarts (default 0)
 # Extra arguments are passed to `tetra train` (--section.key value ...).
 set -euo pipefail
 
@@ -46,19 +49,50 @@ if ! [ "$NGPU" -ge 1 ] 2>/dev/null; then
   exit 2
 fi
 
-if [ "$NGPU" = 1 ]; then
-  exec "$TETRA" train --job.config_file "$CONFIG_FILE" ${QUICK[@]+"${QUICK[@]}"} "$@"
+MAX_RESTARTS="${TETRA_MAX_RESTARTS:-0}"
+if ! [ "$MAX_RESTARTS" -ge 0 ] 2>/dev/null; then
+  echo "run_train.sh: TETRA_MAX_RESTARTS must be a non-negative integer (got '$MAX_RESTARTS')" >&2
+  exit 2
 fi
-
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 # Containers often forbid the cross-memory-attach single-copy path; copy-in/out works everywhere.
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
-mkdir -p "$LOG_DIR"
 # Colour follows this script's own stdout (and NO_COLOR): a rank's stdout under mpirun may be
 # a pty even when the launcher's output goes to a file.
 if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then export TETRA_COLOR=1; else export TETRA_COLOR=0; fi
-exec mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
-  ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
-  ${QUICK[@]+"${QUICK[@]}"} "$@"
+launch() {
+  if [ "$NGPU" = 1 ]; then
+    "$TETRA" train --job.config_file "$CONFIG_FILE" ${QUICK[@]+"${QUICK[@]}"} "$@"
+  else
+    mkdir -p "$LOG_DIR"
+    mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
+      ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
+      ${QUICK[@]+"${QUICK[@]}"} "$@"
+  fi
+}
+if [ "$MAX_RESTARTS" = 0 ]; then # the launcher becomes the run: signals reach it directly
+  if [ "$NGPU" = 1 ]; then exec "$TETRA" train --job.config_file "$CONFIG_FILE" ${QUICK[@]+"${QUICK[@]}"} "$@"; fi
+  mkdir -p "$LOG_DIR"
+  exec mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
+    ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
+    ${QUICK[@]+"${QUICK[@]}"} "$@"
+fi
+attempt=0
+while :; do
+  set +e
+  launch "$@"
+  rc=$?
+  set -e
+  [ $rc = 0 ] && exit 0
+  if [ $attempt -ge "$MAX_RESTARTS" ]; then
+    echo "run_train.sh: the run failed (exit code $rc) and all $MAX_RESTARTS restarts are used" >&2
+    exit $rc
+  fi
+  attempt=$((attempt + 1))
+  cause="exit code $rc"
+  [ $rc -gt 128 ] && cause="exit code $rc: signal $((rc - 128))"
+  echo "run_train.sh: $(date '+%Y-%m-%d %H:%M:%S') the run failed ($cause); restart $attempt of $MAX_RESTARTS" \
+       "from the newest complete checkpoint" >&2
+done
