@@ -2,12 +2,14 @@
 #include "checkpoint/ckpt_cli.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/ckpt_hf.h"
@@ -19,11 +21,11 @@ static void usage(FILE *f) {
                "      PATH = a step folder (step-N): its training state, every tensor (dtype, shape,\n"
                "      size, chunks) and a CRC-32C check of every chunk; or a checkpoint folder: its\n"
                "      steps, each checked. Exit status 1 on any damage, naming file and tensor.\n"
-               "  export --hf OUT_DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB] PATH\n"
+               "  export --hf OUT_DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB] [--force] PATH\n"
                "      Hugging Face Llama safetensors (q/k rotary permutation applied) + config.json;\n"
                "      sharded with model.safetensors.index.json above the shard size. PATH = a step\n"
                "      folder, or a checkpoint folder (its newest complete step).\n"
-               "  import --hf SRC OUT_FOLDER [--flavor NAME] [--step N]\n"
+               "  import --hf SRC OUT_FOLDER [--flavor NAME] [--step N] [--force]\n"
                "      Hugging Face Llama weights (file, folder or index) into a model-only tetra\n"
                "      checkpoint OUT_FOLDER/step-N (default step 0), e.g. to start training from it\n"
                "      with checkpoint.initial_load_path. The flavor is found from config.json.\n");
@@ -243,11 +245,25 @@ static int parse_size(const char *s, uint64_t *out) {
     return *out > 0 ? 0 : -1;
 }
 
+/* A path that does not exist, or an empty folder. */
+static int dir_empty_or_absent(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return access(path, F_OK) != 0;
+    struct dirent *e;
+    int empty = 1;
+    while (empty && (e = readdir(d)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
 static int cmd_export(int argc, char **argv) {
     const char *out = NULL, *path = NULL, *dtype = "float32";
     uint64_t max_shard = 0;
+    int force = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--hf") && i + 1 < argc) out = argv[++i];
+        if (!strcmp(argv[i], "--force")) force = 1;
+        else if (!strcmp(argv[i], "--hf") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
         else if (!strcmp(argv[i], "--max-shard-size") && i + 1 < argc) {
             if (parse_size(argv[++i], &max_shard)) {
@@ -302,6 +318,11 @@ static int cmd_export(int argc, char **argv) {
         ck_snprintf(step_dir, sizeof step_dir, "%s/%s", path, l[pick].name);
         free(l);
     }
+    if (!force && !dir_empty_or_absent(out)) {
+        fprintf(stderr, "tetra checkpoint export: %s exists and is not empty; pass --force to write the export into it "
+                        "(its model.safetensors, index and config.json are replaced)\n", out);
+        return 1;
+    }
     double t0 = now_s();
     if (ckpt_export_hf(step_dir, out, &o, err, sizeof err)) {
         fprintf(stderr, "tetra checkpoint export: %s\n", err);
@@ -314,8 +335,10 @@ static int cmd_export(int argc, char **argv) {
 static int cmd_import(int argc, char **argv) {
     const char *src = NULL, *out = NULL, *flavor = NULL;
     int64_t step = 0;
+    int force = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--hf") && i + 1 < argc) src = argv[++i];
+        if (!strcmp(argv[i], "--force")) force = 1;
+        else if (!strcmp(argv[i], "--hf") && i + 1 < argc) src = argv[++i];
         else if (!strcmp(argv[i], "--flavor") && i + 1 < argc) flavor = argv[++i];
         else if (!strcmp(argv[i], "--step") && i + 1 < argc) step = atoll(argv[++i]);
         else if (argv[i][0] == '-') {
@@ -327,7 +350,13 @@ static int cmd_import(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    char err[2048];
+    char err[2048], target[4200];
+    ck_snprintf(target, sizeof target, "%s/step-%" PRId64, out, step);
+    if (!force && !dir_empty_or_absent(target)) {
+        fprintf(stderr, "tetra checkpoint import: %s already exists and would be replaced; pass --force to replace it, "
+                        "or choose another --step\n", target);
+        return 1;
+    }
     if (ckpt_import_hf(src, out, step, flavor, err, sizeof err)) {
         fprintf(stderr, "tetra checkpoint import: %s\n", err);
         return 1;

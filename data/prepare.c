@@ -1101,6 +1101,28 @@ static int run(prep *p) {
             if (mrc != 0) return -1;
         }
         p->out.tmpdir = xstrdup_printf("%.*s%s.%s.partial-%ld", plen, o->output, slash ? "/" : "", base, (long)getpid());
+        /* a run killed before it finished left its staging folder: remove those whose
+         * process is gone (a live one belongs to a run still going) */
+        char *parent = plen > 0 ? xstrdup_printf("%.*s", plen, o->output) : xstrdup_printf(".");
+        char *prefix = xstrdup_printf(".%s.partial-", base);
+        DIR *d = parent && prefix ? opendir(parent) : NULL;
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+            char *end = NULL;
+            long pid = strtol(e->d_name + strlen(prefix), &end, 10);
+            if (!end || *end || pid <= 0 || pid == (long)getpid()) continue;
+            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+            char *stale = xstrdup_printf("%s/%s", parent, e->d_name);
+            if (stale) {
+                rm_tree(stale);
+                if (!o->quiet) printf("removed %s, left by an interrupted run (process %ld)\n", stale, pid);
+                free(stale);
+            }
+        }
+        if (d) closedir(d);
+        free(parent);
+        free(prefix);
     }
     if (!p->out.tmpdir || mkdir(p->out.tmpdir, 0755) != 0) {
         seterr(p->err, sizeof p->err, "%s: cannot create folder: %s", p->out.tmpdir ? p->out.tmpdir : o->output,

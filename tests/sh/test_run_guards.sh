@@ -9,6 +9,8 @@
 #      batch are refused with the numbers.
 #   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks.
 #   5. Ranks launched with different options are refused, naming the rank and the key.
+#   6. Export into a non-empty folder and import over an existing step need --force (the
+#      files stay untouched); data prepare removes the staging folder a killed run left.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -91,6 +93,27 @@ mpirun -np 2 --oversubscribe --bind-to none "$T/skew.sh" "$TETRA" train --job.co
 grep -q "rank 1's configuration differs from rank 0's: \[training\] rank 0 has 'local_batch_size = 8', rank 1 has 'local_batch_size = 4'" \
   "$T/skew.log" && ok "different configurations per rank: refused, naming rank 1 and local_batch_size" ||
   bad "different configurations: $(grep -m1 ERROR "$T/skew.log")"
+
+# 6. nothing on disk is replaced without --force; a killed data prepare leaves nothing behind
+mkdir -p "$T/export" && echo mine >"$T/export/notes.txt"
+"$TETRA" checkpoint export --hf "$T/export" "$T/shape/checkpoint" >"$T/exp.log" 2>&1 &&
+  bad "export into a non-empty folder was accepted"
+grep -q "is not empty; pass --force" "$T/exp.log" && [ "$(cat "$T/export/notes.txt")" = mine ] &&
+  [ ! -e "$T/export/model.safetensors" ] && ok "export into a non-empty folder: refused, the folder untouched" ||
+  bad "export guard: $(cat "$T/exp.log")"
+"$TETRA" checkpoint export --hf "$T/export" --force "$T/shape/checkpoint" >"$T/exp2.log" 2>&1 &&
+  [ -s "$T/export/model.safetensors" ] && ok "export --force writes into it" || bad "export --force: $(cat "$T/exp2.log")"
+before=$(cd "$T/shape/checkpoint" && find . -type f -exec md5sum {} + | sort)
+"$TETRA" checkpoint import --hf "$T/export" "$T/shape/checkpoint" --step 2 >"$T/imp.log" 2>&1 &&
+  bad "import over an existing step was accepted"
+after=$(cd "$T/shape/checkpoint" && find . -type f -exec md5sum {} + | sort)
+grep -q "step-2 already exists and would be replaced; pass --force" "$T/imp.log" && [ "$before" = "$after" ] &&
+  ok "import over an existing checkpoint step: refused, the checkpoint untouched" || bad "import guard: $(cat "$T/imp.log")"
+mkdir -p "$T/prep/.out.partial-999999" && echo junk >"$T/prep/.out.partial-999999/shard_00000.bin"
+"$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$ROOT/tests/assets/moby_dick.txt" \
+  --output "$T/prep/out" >"$T/prep.log" 2>&1 || bad "data prepare after a killed run: $(cat "$T/prep.log")"
+[ ! -e "$T/prep/.out.partial-999999" ] && grep -q "left by an interrupted run (process 999999)" "$T/prep.log" &&
+  ok "data prepare removes the staging folder a killed run left" || bad "stale .partial folder: $(ls -a "$T/prep")"
 
 if [ $fail != 0 ]; then echo "FAIL run guards"; exit 1; fi
 echo "ok   run guards"
