@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/crc32c.h"
 #include "kernels/ops_math.h"
 
 int ck_snprintf(char *out, size_t n, const char *fmt, ...) {
@@ -384,6 +385,11 @@ int ck_meta_from_json(ck_meta *m, json_t *root, const char *where, char *err, si
         return -1;
     }
     m->step = (int64_t)json_integer_value(step);
+    if (m->step < 0) {
+        ck_snprintf(err, errlen, "%s: \"step\" is %lld; a checkpoint's step is >= 0 (the metadata was edited?)", where,
+                    (long long)m->step);
+        return -1;
+    }
     m->model_only = json_is_true(json_object_get(root, "model_only"));
     size_t i;
     json_t *f;
@@ -415,8 +421,20 @@ int ck_meta_from_json(ck_meta *m, json_t *root, const char *where, char *err, si
     return 0;
 }
 
+/* CRC-32C of the metadata as compact JSON in its own key order, without the checksum
+ * itself: a hand edit or a damaged byte changes it. */
+static int meta_crc(json_t *root, uint32_t *crc) {
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) return -1;
+    *crc = crc32c(0, text, strlen(text));
+    free(text);
+    return 0;
+}
+
 int ck_meta_write(const ck_meta *m, const char *path, char *err, size_t errlen) {
     json_t *root = ck_meta_to_json(m);
+    uint32_t crc = 0;
+    if (root && !meta_crc(root, &crc)) json_object_set_new(root, "metadata_crc32c", json_integer((json_int_t)crc));
     char *text = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     if (!text) {
@@ -449,6 +467,19 @@ int ck_meta_read(ck_meta *m, const char *path, char *err, size_t errlen) {
             ck_snprintf(err, errlen, "%s: not valid JSON (line %d: %s); the metadata file is damaged", path, jerr.line,
                         jerr.text);
         return -1;
+    }
+    /* checkpoints written before the checksum existed have none */
+    json_t *sum = json_object_get(root, "metadata_crc32c");
+    if (sum) {
+        const json_int_t want = json_is_integer(sum) ? json_integer_value(sum) : -1;
+        json_object_del(root, "metadata_crc32c");
+        uint32_t got = 0;
+        if (meta_crc(root, &got) || want != (json_int_t)got) {
+            ck_snprintf(err, errlen, "%s: the metadata checksum does not match (recorded %lld, computed %u): the file "
+                        "was edited or damaged", path, (long long)want, got);
+            json_decref(root);
+            return -1;
+        }
     }
     int rc = ck_meta_from_json(m, root, path, err, errlen);
     json_decref(root);

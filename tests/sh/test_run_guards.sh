@@ -7,7 +7,8 @@
 #   3. NaN or infinite float keys, more threads than cores, a model vocabulary that is not the
 #      corpus' (the advice names model.vocab_size) and a validation split shorter than one
 #      batch are refused with the numbers.
-#   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks.
+#   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks; a
+#      hand-edited metadata.json is refused by its checksum.
 #   5. Ranks launched with different options are refused, naming the rank and the key.
 #   6. Export into a non-empty folder and import over an existing step need --force (the
 #      files stay untouched); data prepare removes the staging folder a killed run left.
@@ -82,6 +83,13 @@ if grep -q "has 'model/layers.3.* and this model has 3 blocks" "$T/shape3.log" &
 else
   bad "another model shape: $(grep -m1 ERROR "$T/shape3.log")"
 fi
+
+# a hand-edited metadata.json (a negative step) is refused by its checksum
+cp -r "$T/shape/checkpoint/step-2" "$T/edited"
+sed -i '0,/"step": 2,/s//"step": -5,/' "$T/edited/metadata.json"
+"$TETRA" checkpoint inspect "$T/edited" >"$T/edited.log" 2>&1 && bad "an edited metadata.json was accepted"
+grep -q "metadata checksum does not match" "$T/edited.log" && ok "edited metadata.json: refused by its checksum" ||
+  bad "edited metadata.json: $(tail -1 "$T/edited.log")"
 
 # 5. ranks launched with different options are refused, naming the rank and the line
 printf '#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$@" --training.local_batch_size 4; fi\nexec "$@"\n' \
