@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/shard.h"
 #include "engine/log.h"
 #include "engine/trainer_internal.h"
 #include "models/llama3/hf.h"
@@ -683,6 +684,24 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         cp_parse_balancer(c->parallelism.context_parallel_load_balancer, &t->cp_balanced);
         t->Tl = t->T / t->cp_size;
         t->VTl = t->VT / t->cp_size;
+    }
+    /* the corpus must hold one sequence before anything is sized by seq_len (a seq_len of
+     * 1e8 would otherwise allocate for a minute before the loader refuses it) */
+    if (!t->opt.external_batches && !dry) {
+        char dir[4096];
+        shard_index ix;
+        if (!dl_resolve_dataset(c->training.dataset, c->training.dataset_path, dir, sizeof dir, err, sizeof err) &&
+            !shard_index_read(dir, &ix, err, sizeof err)) {
+            const shard_index_split *sp = shard_index_find(&ix, "train");
+            const uint64_t n = sp ? sp->n_tokens : 0;
+            shard_index_free(&ix);
+            if (sp && n < (uint64_t)t->T + 1) {
+                if (rank == 0)
+                    log_error("training.seq_len %d: the train split of %s holds %llu tokens, fewer than one sequence "
+                              "(seq_len + 1 tokens)", t->T, dir, (unsigned long long)n);
+                goto fail;
+            }
+        }
     }
     int max_t = t->T;
     if (c->validation.enable && t->VT > max_t) max_t = t->VT;

@@ -63,6 +63,8 @@ expect_error lr_nan "optimizer.lr must be a finite number, got nan" --optimizer.
 expect_error eps_inf "optimizer.eps must be a finite number, got inf" --optimizer.eps inf
 expect_error peak_neg "metrics.peak_flops must be a positive finite number" --metrics.peak_flops -1
 expect_error threads "training.threads = 100000: this host has" --training.threads 100000
+expect_error huge_seq "training.seq_len 100000000: the train split of .* holds 350809 tokens, fewer than one sequence" \
+  --training.seq_len 100000000 --training.local_batch_size 1
 expect_error vocab "tokenized with a vocabulary of 2048 tokens but the model's vocab_size is 4096; .* set model.vocab_size = 2048" \
   --model.vocab_size 4096
 expect_error short_val 'the "val" split of .* holds 18 sequences of 2048 tokens, fewer than one validation batch of 64' \
