@@ -533,8 +533,9 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
             goto out;
         }
         for (; r < q; r++) {
-            if (*r < '0' || *r > '9' || rank > 100000000) {
-                seterr(err, errlen, "%s:%zu: rank is not a number below 100000000", path, lineno);
+            if (*r < '0' || *r > '9' || rank >= (1u << 24)) { /* tables are sized by the largest rank */
+                seterr(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far "
+                       "smaller)", path, lineno);
                 goto out;
             }
             rank = rank * 10 + (uint64_t)(*r - '0');

@@ -443,6 +443,12 @@ int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
         size_t got = fread(buf + len, 1, cap - len, f);
         len += got;
         if (len < cap) break;
+        if (cap >= (size_t)16 << 20) { /* a config is a few KiB: this is the wrong file */
+            fclose(f);
+            free(buf);
+            set_err(err, n, "config file '%s' is larger than 16 MiB; not a TOML config", path);
+            return -1;
+        }
         cap *= 2;
         char *nb = realloc(buf, cap);
         if (!nb) {

@@ -12,6 +12,7 @@
 #   5. Ranks launched with different options are refused, naming the rank and the key.
 #   6. Export into a non-empty folder and import over an existing step need --force (the
 #      files stay untouched); data prepare removes the staging folder a killed run left.
+#   7. A 20 MB config file and a tokenizer rank of 999,999,999 are refused, not allocated.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -124,6 +125,17 @@ mkdir -p "$T/prep/.out.partial-999999" && echo junk >"$T/prep/.out.partial-99999
   --output "$T/prep/out" >"$T/prep.log" 2>&1 || bad "data prepare after a killed run: $(cat "$T/prep.log")"
 [ ! -e "$T/prep/.out.partial-999999" ] && grep -q "left by an interrupted run (process 999999)" "$T/prep.log" &&
   ok "data prepare removes the staging folder a killed run left" || bad "stale .partial folder: $(ls -a "$T/prep")"
+
+# 7. readers refuse absurd sizes with a message instead of allocating
+head -c 20000000 /dev/zero | tr '\0' '#' >"$T/big.toml"
+"$TETRA" train --job.config_file "$T/big.toml" >"$T/big.log" 2>&1 && bad "a 20 MB config was accepted"
+grep -q "is larger than 16 MiB; not a TOML config" "$T/big.log" && ok "a 20 MB config file: refused" ||
+  bad "big config: $(grep -m1 ERROR "$T/big.log")"
+mkdir -p "$T/badtok" && printf 'YQ== 0\nYg== 999999999\n' >"$T/badtok/tokenizer.model"
+"$TETRA" data prepare --tokenizer "$T/badtok" --input "$ROOT/tests/assets/moby_dick.txt" --output "$T/badtok/out" \
+  >"$T/badtok.log" 2>&1 && bad "a tokenizer rank of 999999999 was accepted"
+grep -q "tokenizer.model:2: rank is not a number below 16777216" "$T/badtok.log" &&
+  ok "a tokenizer rank of 999,999,999: refused with file and line" || bad "tokenizer rank: $(head -2 "$T/badtok.log")"
 
 if [ $fail != 0 ]; then echo "FAIL run guards"; exit 1; fi
 echo "ok   run guards"
