@@ -506,6 +506,10 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
     size_t lineno = 0, n_ranks = 0;
     uint32_t max_rank = 0;
     char *p = buf, *end = buf + len;
+    /* a tiktoken file numbers its tokens 0, 1, 2, ...: a rank past the line count is not one
+     * (and tables are sized by the largest rank, so it would only cost memory) */
+    size_t n_lines = 1;
+    for (const char *c = buf; c < end; c++) n_lines += *c == '\n';
     while (p < end) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
         char *le = nl ? nl : end;
@@ -533,12 +537,22 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
             goto out;
         }
         for (; r < q; r++) {
-            if (*r < '0' || *r > '9' || rank >= (1u << 24)) { /* tables are sized by the largest rank */
+            if (*r < '0' || *r > '9' || rank >= (1u << 24)) {
                 seterr(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far "
                        "smaller)", path, lineno);
                 goto out;
             }
             rank = rank * 10 + (uint64_t)(*r - '0');
+        }
+        if (rank >= (1u << 24)) {
+            seterr(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far smaller)",
+                   path, lineno);
+            goto out;
+        }
+        if (rank >= n_lines) {
+            seterr(err, errlen, "%s:%zu: rank %llu, but the file has %zu lines: a tiktoken file numbers its tokens "
+                   "0, 1, 2, ... one per line", path, lineno, (unsigned long long)rank, n_lines);
+            goto out;
         }
         int e = bpe_vocab_set(&t->v, (uint32_t)rank, tmp, (size_t)bl, BPE_TOK_NORMAL);
         if (e == -2 || e == -3) {
@@ -704,6 +718,11 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
     json_object_foreach(vocab, key, val) {
         if (strlen(key) > maxlen) maxlen = strlen(key);
     }
+    /* ids number the tokens (a few gaps at most): tables are sized by the largest id, so an
+     * id far past the count is refused rather than allocated */
+    const json_t *added_all = json_object_get(root, "added_tokens");
+    const json_int_t id_limit = (json_int_t)json_object_size(vocab) +
+                                (json_is_array(added_all) ? (json_int_t)json_array_size(added_all) : 0) + 1024;
     tmp = malloc(2 * maxlen + 8);
     tmp2 = malloc(2 * maxlen + 8);
     if (!tmp || !tmp2) {
@@ -711,8 +730,9 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
         goto out;
     }
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (json_int_t)BPE_NONE) {
-            seterr(err, errlen, "%s: model.vocab[\"%s\"]: id must be a non-negative integer", path, key);
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= id_limit) {
+            seterr(err, errlen, "%s: model.vocab[\"%s\"]: id must be a non-negative integer below %lld (the number "
+                   "of tokens, plus 1024)", path, key, (long long)id_limit);
             goto out;
         }
         uint32_t id = (uint32_t)json_integer_value(val);
@@ -808,9 +828,10 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
             const char *content = json_string_value(json_object_get(at, "content"));
             char where[64];
             snprintf(where, sizeof where, "added_tokens[%zu]", ai);
-            if (!json_is_integer(jid) || json_integer_value(jid) < 0 ||
-                json_integer_value(jid) >= (json_int_t)BPE_NONE || !content) {
-                seterr(err, errlen, "%s: %s: needs an integer \"id\" and a \"content\" string", path, where);
+            if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= id_limit ||
+                !content) {
+                seterr(err, errlen, "%s: %s: needs an integer \"id\" below %lld (the number of tokens, plus 1024) and "
+                       "a \"content\" string", path, where, (long long)id_limit);
                 goto out;
             }
             uint32_t id = (uint32_t)json_integer_value(jid);
