@@ -187,15 +187,20 @@ static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const float8_recipe r = f->cfg.recipe;
-    /* the weight statistics the blocks will use, so that no block runs a collective */
-    const float *w32 = as_f32(f, f->fw, llama3_linear_weight(m, l), (size_t)l->out * (size_t)l->in);
-    if (r == FLOAT8_TENSORWISE || (which == LLAMA3_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP)) {
-        w_tensor_amax(m, l, w32);
-    } else if (which == LLAMA3_OPERAND_X) {
-        w_row_amax(m, l, w32);
-    } else {
-        ops->transpose(f->fwt, w32, l->out, l->in);
-        w_col_amax(m, l, f->fwt);
+    /* the weight statistics the blocks will use, so that no block runs a collective; once
+     * per step (cached until the parameters change), so the weight is read only then */
+    const int tensor = r == FLOAT8_TENSORWISE || (which == LLAMA3_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP);
+    const int gen = tensor ? s->gen_t : which == LLAMA3_OPERAND_X ? s->gen_r : s->gen_c;
+    if (gen != f->gen) {
+        const float *w32 = as_f32(f, f->fw, llama3_linear_weight(m, l), (size_t)l->out * (size_t)l->in);
+        if (tensor) {
+            w_tensor_amax(m, l, w32);
+        } else if (which == LLAMA3_OPERAND_X) {
+            w_row_amax(m, l, w32);
+        } else {
+            ops->transpose(f->fwt, w32, l->out, l->in);
+            w_col_amax(m, l, f->fwt);
+        }
     }
     const float *x32 = as_f32(f, f->fa, local, (size_t)rows * (size_t)cols);
     if (r == FLOAT8_TENSORWISE) {
@@ -320,6 +325,18 @@ static const llama3_linear_impl float8_linear = {"float8", f8_forward, f8_backwa
 
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
+/* Parameter i is a linear that float8 converts (its module name is the parameter's
+ * name without ".weight"; the sizes are the global ones, as torchao sees the module). */
+static int converts(const llama3_model *m, const float8_config *c, int i) {
+    if (!m->is_linear[i]) return 0;
+    const llama3_param *p = &m->params[i];
+    char name[128];
+    snprintf(name, sizeof name, "%s", p->name);
+    char *dot = strstr(name, ".weight");
+    if (dot) *dot = 0;
+    return float8_wants(c, name, (long)p->shape[1], (long)p->shape[0]);
+}
+
 float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max_rows, comm_group *shard,
                              comm_group *tp, int dry_run, char *err, size_t errlen) {
     struct float8_model *f = calloc(1, sizeof *f);
@@ -342,15 +359,9 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         free(f);
         return NULL;
     }
-    char name[128];
     size_t max_dim = 1, max_w = 1;
     for (int i = 0; i < m->n_params; i++) {
-        if (!m->is_linear[i]) continue;
-        const llama3_param *p = &m->params[i];
-        snprintf(name, sizeof name, "%s", p->name);
-        char *dot = strstr(name, ".weight");
-        if (dot) *dot = 0;
-        if (!float8_wants(c, name, (long)p->shape[1], (long)p->shape[0])) continue;
+        if (!converts(m, c, i)) continue;
         f->n++;
         const llama3_linear *l = &m->linears[i];
         max_dim = max_z(max_dim, max_z((size_t)l->in, (size_t)l->out));
@@ -369,12 +380,7 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
     /* one allocation, carved into 64-byte aligned views */
     size_t sz_lin = 0;
     for (int i = 0, k = 0; i < m->n_params; i++) {
-        if (!m->is_linear[i]) continue;
-        const llama3_param *p = &m->params[i];
-        snprintf(name, sizeof name, "%s", p->name);
-        char *dot = strstr(name, ".weight");
-        if (dot) *dot = 0;
-        if (!float8_wants(c, name, (long)p->shape[1], (long)p->shape[0])) continue;
+        if (!converts(m, c, i)) continue;
         f->lin_param[k++] = i;
         const llama3_linear *l = &m->linears[i];
         sz_lin += 16 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
