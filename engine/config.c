@@ -168,7 +168,7 @@ static int is_section_prefix(const char *name) {
     return 0;
 }
 
-static size_t edit_distance(const char *a, const char *b) {
+size_t cfg_edit_distance(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 128 || lb > 128) return (size_t)-1;
     size_t row[129];
@@ -202,10 +202,10 @@ static void suggest_key(const char *section, const char *key, char *out, size_t 
     for (int i = 0; i < cfg_n_keys; i++) {
         char cand[256];
         snprintf(cand, sizeof cand, "%s.%s", cfg_keys[i].section, cfg_keys[i].key);
-        size_t d = edit_distance(full, cand);
+        size_t d = cfg_edit_distance(full, cand);
         /* within the section, also compare the bare key */
         if (strcmp(cfg_keys[i].section, section) == 0) {
-            size_t dk = edit_distance(key, cfg_keys[i].key);
+            size_t dk = cfg_edit_distance(key, cfg_keys[i].key);
             if (dk < d) d = dk;
         }
         if (d < best) {
@@ -220,7 +220,7 @@ static void suggest_section(const char *name, char *out, size_t n) {
     out[0] = 0;
     size_t best = (size_t)-1;
     for (int i = 0; i < cfg_n_sections; i++) {
-        size_t d = edit_distance(name, cfg_sections[i].name);
+        size_t d = cfg_edit_distance(name, cfg_sections[i].name);
         if (d < best) {
             best = d;
             snprintf(out, n, "%s", cfg_sections[i].name);

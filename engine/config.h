@@ -106,6 +106,9 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
 
 /* Merged configuration as valid TOML (not-set keys appear as comments). */
 void cfg_print_toml(const tetra_config *c, FILE *f);
+/* Case-insensitive Levenshtein distance of two names up to 128 bytes ((size_t)-1
+ * beyond): how "did you mean" suggestions pick the nearest key. */
+size_t cfg_edit_distance(const char *a, const char *b);
 /* Every key with type, default and help. */
 void cfg_print_help(FILE *f);
 

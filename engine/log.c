@@ -9,6 +9,14 @@
 #include <unistd.h>
 
 static int log_rank = 0, log_world = 1, log_color = -1;
+static char *cap_buf;
+static size_t cap_n;
+
+void log_capture(char *buf, size_t n) {
+    cap_buf = n ? buf : NULL;
+    cap_n = n;
+    if (cap_buf) cap_buf[0] = 0;
+}
 
 void log_init(int rank, int world) {
     log_rank = rank;
@@ -26,6 +34,11 @@ int log_color_wanted(int fd) {
 }
 
 static void emit(FILE *f, const char *level, const char *color, const char *fmt, va_list ap) {
+    if (cap_buf) {
+        /* the first error or warning is the one that explains */
+        if (f == stderr && !cap_buf[0]) vsnprintf(cap_buf, cap_n, fmt, ap);
+        return;
+    }
     struct timeval tv;
     gettimeofday(&tv, NULL);
     struct tm tm;

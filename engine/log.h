@@ -6,6 +6,8 @@
 #ifndef TETRA_LOG_H
 #define TETRA_LOG_H
 
+#include <stddef.h>
+
 void log_init(int rank, int world);
 void log_set_color(int enabled);
 /* Colour for output on fd: never with NO_COLOR set (any non-empty value); else as the
@@ -13,6 +15,10 @@ void log_set_color(int enabled);
  * launcher's own output goes to a file: run_train.sh decides from its own stdout); else
  * when fd is a terminal. */
 int log_color_wanted(int fd);
+/* Print nothing; keep the first error or warning in buf (NUL-terminated) until
+ * log_capture(NULL, 0) — for callers that run the trainer's set-up many times and
+ * report its refusals themselves (`tetra plan`). */
+void log_capture(char *buf, size_t n);
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

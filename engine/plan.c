@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/plan_internal.h"
 #include "engine/png.h"
 #include "parallel/pp/chart.h"
 #include "parallel/pp/csv.h"
@@ -18,14 +19,19 @@
 static int is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
 
 static void usage_plan(FILE *f) {
-    fprintf(f, "usage: tetra plan <subcommand> [options]\n"
+    fprintf(f, "usage: tetra plan --job.config_file FILE [--section.key VALUE ...] --ngpu N [--hardware NAME] [--json]\n"
+               "       tetra plan --job.config_file FILE --recommend --ngpu N\n"
+               "       tetra plan --calibrate [--out FILE]\n"
+               "       tetra plan pp [options]\n"
                "\n"
-               "Look at a parallel layout before paying for a run.\n"
+               "Look at a run before paying for it: memory per rank, communication, pipeline bubble,\n"
+               "step time, tokens/s/GPU and MFU of a config at any GPU count, or the layouts that fit\n"
+               "best (tetra plan --help-config for every option).\n"
                "\n"
                "subcommands:\n"
                "  pp    simulate a pipeline schedule: per-rank timeline, bubble, peak in-flight microbatches\n"
                "\n"
-               "tetra plan <subcommand> --help shows its options.\n");
+               "tetra plan pp --help shows its options.\n");
 }
 
 static void usage_pp(FILE *f) {
@@ -315,7 +321,12 @@ int plan_main(int argc, char **argv) {
         usage_plan(stdout);
         return 0;
     }
+    if (!strcmp(cmd, "--help-config")) {
+        char *h[] = {"plan", "--help", NULL};
+        return plan_config_main(2, h);
+    }
     if (!strcmp(cmd, "pp")) return plan_pp(argc - 1, argv + 1);
+    if (!strncmp(cmd, "--", 2)) return plan_config_main(argc, argv);
     fprintf(stderr, "tetra plan: unknown subcommand '%s'\n\n", cmd);
     usage_plan(stderr);
     return 2;

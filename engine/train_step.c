@@ -50,7 +50,7 @@ static double now_s(void) {
 }
 
 /* what still holds an activation buffer */
-enum { ACTS_BACKWARD = 1, ACTS_SEND_B = 2 };
+enum { ACTS_BACKWARD = 1 };
 
 static int local_of(const trainer *t, int stage) {
     for (int i = 0; i < t->n_local; i++)
@@ -66,8 +66,8 @@ static int local_of(const trainer *t, int stage) {
  * holds at once (peak[i] for st[i]), and the most of its microbatches between an I
  * and its W at once (open_iw[i]: each holds a recompute slot per block that drops
  * activations). */
-static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *peak, int *open_iw, char *err,
-                      size_t errlen) {
+static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *peak, int *open_iw, int *peak_send,
+                      char *err, size_t errlen) {
     const int S = s->n_stages, M = s->n_microbatches;
     unsigned char *state = calloc((size_t)S * (size_t)M, 1);
     int *live = calloc((size_t)t->n_local, sizeof *live);
@@ -77,19 +77,19 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
         snprintf(err, errlen, "schedule: out of host memory");
         return -1;
     }
-    int *open = calloc((size_t)t->n_local, sizeof *open);
+    int *open = calloc(2 * (size_t)t->n_local, sizeof *open), *sending = open ? open + t->n_local : NULL;
     if (!open) {
         free(state);
         free(live);
         snprintf(err, errlen, "schedule: out of host memory");
         return -1;
     }
-    for (int i = 0; i < t->n_local; i++) peak[i] = open_iw[i] = 0;
+    for (int i = 0; i < t->n_local; i++) peak[i] = open_iw[i] = peak_send[i] = 0;
 #define ST(stage, mb) state[(size_t)(stage) * (size_t)M + (size_t)(mb)]
 #define TAKE(li, stage, mb)                                                                                           \
     do {                                                                                                              \
         if (!ST(stage, mb)) {                                                                                         \
-            ST(stage, mb) = ACTS_BACKWARD | (t->st[li].remote_prev ? ACTS_SEND_B : 0);                                \
+            ST(stage, mb) = ACTS_BACKWARD;                                                                            \
             if (++live[li] > peak[li]) peak[li] = live[li];                                                           \
         }                                                                                                             \
     } while (0)
@@ -124,13 +124,20 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
             }
             case PP_I:
                 if (++open[li] > open_iw[li]) open_iw[li] = open[li];
+                if (t->st[li].remote_prev && ++sending[li] > peak_send[li]) peak_send[li] = sending[li];
                 break;
             case PP_W:
                 open[li]--;
                 CLEAR(li, o->stage, o->mb, ACTS_BACKWARD);
                 break;
-            case PP_B: CLEAR(li, o->stage, o->mb, ACTS_BACKWARD); break;
-            case PP_WAIT_SEND_B: CLEAR(li, o->stage, o->mb, ACTS_SEND_B); break;
+            case PP_B:
+                CLEAR(li, o->stage, o->mb, ACTS_BACKWARD);
+                if (t->st[li].remote_prev && ++sending[li] > peak_send[li]) peak_send[li] = sending[li];
+                break;
+            /* the gradient sent back leaves in a buffer of its own, taken by I or B (hand_back):
+             * a send that is waited for at the end of the list holds one residual, not the
+             * microbatch's activations */
+            case PP_WAIT_SEND_B: sending[li]--; break;
             default: break;
             }
         }
@@ -225,8 +232,8 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
 }
 
 /* The activation buffers each local stage needs: after the stages' links are known. */
-int train_plan_pools(trainer *t, int *peak, int *open_iw, char *err, size_t errlen) {
-    return plan_pools(t, t->run_sched, t->pp_rank, peak, open_iw, err, errlen);
+int train_plan_pools(trainer *t, int *peak, int *open_iw, int *peak_send, char *err, size_t errlen) {
+    return plan_pools(t, t->run_sched, t->pp_rank, peak, open_iw, peak_send, err, errlen);
 }
 
 /* ----------------------------------------------------------------------------
@@ -244,7 +251,7 @@ static llama3_acts *acts_take(train_stage *s, int mb) {
     for (int i = 0; i < s->n_acts; i++)
         if (s->acts_mb[i] < 0) {
             s->acts_mb[i] = mb;
-            s->acts_state[i] = (unsigned char)(ACTS_BACKWARD | (s->remote_prev ? ACTS_SEND_B : 0));
+            s->acts_state[i] = ACTS_BACKWARD;
             return s->acts[i];
         }
     /* the pool is sized by replaying the schedule: running out is a bug */
@@ -402,6 +409,20 @@ static void cb_forward(void *user, int stage, int mb) {
 
 /* After the I half: the stage before, when it runs here, gets the input gradient. */
 static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
+    if (s->remote_prev) {
+        /* into the send pool: the activations are free once the backward is done, while
+         * the send may be waited for only at the end of the schedule */
+        for (int i = 0; i < s->n_send; i++)
+            if (s->send_mb[i] < 0) {
+                s->send_mb[i] = mb;
+                t->ops->copy(s->send_buf[i], llama3_acts_residual_grad(a, s->model.layout.layer_start),
+                             residual_bytes(s, t->tok));
+                return;
+            }
+        fprintf(stderr, "train_step: stage %d has no send buffer free for microbatch %d (%d in use)\n", s->index, mb,
+                s->n_send);
+        abort();
+    }
     if (s->local_prev < 0) return;
     train_stage *pv = &t->st[s->local_prev];
     const int l = s->model.layout.layer_start;
@@ -474,14 +495,22 @@ static void *cb_buffer(void *user, int stage, int mb, pp_buffer which) {
     switch (which) {
     case PP_BUF_ACT_IN: return llama3_acts_residual(acts_take(s, mb), L->layer_start);
     case PP_BUF_ACT_OUT: return llama3_acts_residual(acts_of(s, mb), L->layer_end);
-    case PP_BUF_GRAD_IN: return llama3_acts_residual_grad(acts_of(s, mb), L->layer_start);
+    case PP_BUF_GRAD_IN:
+        for (int i = 0; i < s->n_send; i++)
+            if (s->send_mb[i] == mb) return s->send_buf[i];
+        fprintf(stderr, "train_step: stage %d: microbatch %d has no gradient to send (send before backward)\n",
+                s->index, mb);
+        abort();
     default: return llama3_acts_residual_grad(acts_of(s, mb), L->layer_end);
     }
 }
 
 static void cb_sent(void *user, int stage, int mb, pp_buffer which) {
     trainer *t = user;
-    if (which == PP_BUF_GRAD_IN) acts_clear(&t->st[local_of(t, stage)], mb, ACTS_SEND_B);
+    if (which != PP_BUF_GRAD_IN) return;
+    train_stage *s = &t->st[local_of(t, stage)];
+    for (int i = 0; i < s->n_send; i++)
+        if (s->send_mb[i] == mb) s->send_mb[i] = -1;
 }
 
 static pp_stage_ops stage_ops(trainer *t) {

@@ -144,6 +144,83 @@ static void describe_stage(const train_stage *s, char *buf, size_t n) {
                  L->has_head ? ", norm/output" : "");
 }
 
+/* One gradient of a stage's input, as the pipeline sends it back: [B, Tl / tp, dim]. */
+static size_t send_bytes(const trainer *t, const train_stage *s) {
+    return t->tok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim * ops_dtype_size(s->model.compute_dtype);
+}
+
+/* What this rank's dry run lays out (trainer.h). */
+static void fill_plan(const trainer *t, trainer_plan *p) {
+    const tetra_config_values *c = t->c;
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < t->n_local; i++) {
+        const train_stage *s = &t->st[i];
+        fsdp_memory m = fsdp_memory_report(s->fs);
+        p->param_bytes += (double)(m.param_bytes + m.compute_bytes);
+        p->grad_bytes += (double)m.grad_bytes;
+        p->optim_bytes += (double)m.optim_bytes;
+        p->work_param_bytes += (double)m.work_param_bytes;
+        p->work_grad_bytes += (double)m.work_grad_bytes;
+        p->reduce_bytes += (double)m.reduce_bytes;
+        p->resident_units += m.resident_units;
+        const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->Tl);
+        const size_t w = llama3_workspace_bytes(&s->model, t->B, t->Tl, s->fwd_scratch, s->recompute_slots);
+        p->act_bytes += (double)((size_t)s->n_acts * a1 + w + (size_t)s->n_send * send_bytes(t, s));
+        p->act_mb_bytes += (double)a1;
+        p->workspace_bytes += (double)w;
+        p->act_mb_full_bytes += (double)llama3_acts_bytes_policy(&s->model, NULL, t->B, t->Tl);
+        p->n_acts += s->n_acts;
+        p->n_dropping += s->n_dropping;
+        const llama3_layout *L = &s->model.layout;
+        p->n_blocks += L->layer_end - L->layer_start;
+        p->recompute_slots += s->recompute_slots;
+        if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl)) p->validation_bytes += (double)validation_bytes(t, s);
+        for (int q = 0; q < t->n_conv; q++)
+            if (t->conv[q]->backend_bytes && s->conv_state[q])
+                p->converter_bytes += (double)t->conv[q]->backend_bytes(s->conv_state[q]);
+        if (i < TRAINER_PLAN_MAX_STAGES) {
+            p->stage[i] = s->index;
+            p->stage_blocks[i] = L->layer_end - L->layer_start;
+            p->stage_embedding[i] = L->has_embedding;
+            p->stage_head[i] = L->has_head;
+            for (int k = 0; k < L->layer_end - L->layer_start; k++) {
+                int att = 0;
+                p->stage_recompute_flops[i] += llama3_recompute_linear_flops(&s->model.args, s->keep[k], L->tp_size, &att);
+                p->stage_recompute_attention[i] += att;
+            }
+        }
+    }
+    p->act_bytes += p->validation_bytes;
+    p->total_bytes = p->param_bytes + p->grad_bytes + p->optim_bytes + p->work_param_bytes + p->work_grad_bytes +
+                     p->reduce_bytes + p->act_bytes + p->converter_bytes;
+    /* what this rank sends per step, by parallelism */
+    const train_stage *s0 = &t->st[0];
+    const int mbs = t->n_mb * (t->pp_size > 1 ? t->accum : 1);
+    for (int i = 0; i < t->n_local; i++) {
+        fsdp_traffic x = fsdp_step_traffic(t->st[i].fs, mbs);
+        p->fsdp_all_gather += x.all_gather;
+        p->fsdp_reduce_scatter += x.reduce_scatter;
+        p->replicate_all_reduce += x.all_reduce;
+        p->tp_bytes += (double)mbs * llama3_tp_traffic_bytes(&t->st[i].model, t->st[i].keep, t->B, t->Tl);
+    }
+    if (t->pp_size > 1) {
+        const double msg = (double)t->tok / s0->model.layout.tp_size * s0->model.args.dim *
+                           (double)ops_dtype_size(s0->model.compute_dtype);
+        for (int i = 0; i < t->n_local; i++)
+            p->pp_bytes += (double)mbs * msg * (t->st[i].remote_next + t->st[i].remote_prev);
+    }
+    p->pp_rank = t->pp_rank;
+    p->n_local = t->n_local;
+    p->n_stages = t->n_stages;
+    p->n_microbatches = t->n_mb;
+    p->accum = t->accum;
+    p->local_batch = t->B;
+    p->rows = t->Tl;
+    p->mixed = t->mixed;
+    p->n_params = t->n_params;
+    p->flops_per_token = t->flops_per_token;
+}
+
 static void log_plan(trainer *t) {
     const tetra_config_values *c = t->c;
     const train_stage *s0 = &t->st[0];
@@ -178,53 +255,23 @@ static void log_plan(trainer *t) {
                  t->n_mb == 1 ? "" : "es", t->B, t->B == 1 ? "" : "s", t->accum, t->accum == 1 ? "" : "s", t->pp_rank,
                  stages);
     }
-    fsdp_memory mr;
-    memset(&mr, 0, sizeof mr);
-    size_t acts = 0, acts1 = 0, wsb = 0, vb = 0, full1 = 0, convb = 0;
-    int n_acts = 0, n_dropping = 0, nblocks = 0, slots = 0;
-    for (int i = 0; i < t->n_local; i++) {
-        const train_stage *s = &t->st[i];
-        fsdp_memory m = fsdp_memory_report(s->fs);
-        mr.param_bytes += m.param_bytes;
-        mr.compute_bytes += m.compute_bytes;
-        mr.grad_bytes += m.grad_bytes;
-        mr.optim_bytes += m.optim_bytes;
-        mr.work_param_bytes += m.work_param_bytes;
-        mr.work_grad_bytes += m.work_grad_bytes;
-        mr.reduce_bytes += m.reduce_bytes;
-        mr.resident_units += m.resident_units;
-        const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->Tl);
-        const size_t w = llama3_workspace_bytes(&s->model, t->B, t->Tl, s->n_dropping > 0, s->recompute_slots);
-        acts += (size_t)s->n_acts * a1 + w;
-        acts1 += a1;
-        wsb += w;
-        full1 += llama3_acts_bytes_policy(&s->model, NULL, t->B, t->Tl);
-        n_acts += s->n_acts;
-        n_dropping += s->n_dropping;
-        nblocks += s->model.layout.layer_end - s->model.layout.layer_start;
-        slots += s->recompute_slots;
-        if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl)) vb += validation_bytes(t, s);
-        for (int q = 0; q < t->n_conv; q++)
-            if (t->conv[q]->backend_bytes && s->conv_state[q]) convb += t->conv[q]->backend_bytes(s->conv_state[q]);
-    }
-    acts += vb;
-    const size_t persistent = mr.param_bytes + mr.compute_bytes + mr.grad_bytes + mr.optim_bytes;
-    const size_t working = mr.work_param_bytes + mr.work_grad_bytes + mr.reduce_bytes;
+    trainer_plan p;
+    fill_plan(t, &p);
     char pb[32], gb[32], ob[32], wpb[32], wgb[32], rb[32], ab[32], a1s[32], wb[32], vbs[32], tot[32];
-    fmt_bytes(pb, sizeof pb, (double)(mr.param_bytes + mr.compute_bytes));
-    fmt_bytes(gb, sizeof gb, (double)mr.grad_bytes);
-    fmt_bytes(ob, sizeof ob, (double)mr.optim_bytes);
-    fmt_bytes(wpb, sizeof wpb, (double)mr.work_param_bytes);
-    fmt_bytes(wgb, sizeof wgb, (double)mr.work_grad_bytes);
-    fmt_bytes(rb, sizeof rb, (double)mr.reduce_bytes);
-    fmt_bytes(ab, sizeof ab, (double)acts);
-    fmt_bytes(a1s, sizeof a1s, (double)acts1);
-    fmt_bytes(wb, sizeof wb, (double)wsb);
-    fmt_bytes(vbs, sizeof vbs, (double)vb);
-    fmt_bytes(tot, sizeof tot, (double)(persistent + working + acts + convb));
+    fmt_bytes(pb, sizeof pb, p.param_bytes);
+    fmt_bytes(gb, sizeof gb, p.grad_bytes);
+    fmt_bytes(ob, sizeof ob, p.optim_bytes);
+    fmt_bytes(wpb, sizeof wpb, p.work_param_bytes);
+    fmt_bytes(wgb, sizeof wgb, p.work_grad_bytes);
+    fmt_bytes(rb, sizeof rb, p.reduce_bytes);
+    fmt_bytes(ab, sizeof ab, p.act_bytes);
+    fmt_bytes(a1s, sizeof a1s, p.act_mb_bytes);
+    fmt_bytes(wb, sizeof wb, p.workspace_bytes);
+    fmt_bytes(vbs, sizeof vbs, p.validation_bytes);
+    fmt_bytes(tot, sizeof tot, p.total_bytes);
     char cpart[64] = "", cvb[32];
-    fmt_bytes(cvb, sizeof cvb, (double)convb);
-    if (convb) snprintf(cpart, sizeof cpart, "; model converters %s", cvb);
+    fmt_bytes(cvb, sizeof cvb, p.converter_bytes);
+    if (p.converter_bytes > 0) snprintf(cpart, sizeof cpart, "; model converters %s", cvb);
     const char *prec = t->mixed ? "bf16 compute: parameters include their bf16 copy; fp32 master weights, gradients "
                                   "and optimizer state"
                                 : "fp32";
@@ -237,56 +284,38 @@ static void log_plan(trainer *t) {
                  S, prec);
     else snprintf(who, sizeof who, "%s%s%s", ppw, tpw, prec);
     char vpart[80] = "", mbpart[96];
-    if (vb) snprintf(vpart, sizeof vpart, " + validation %s", vbs);
+    if (p.validation_bytes > 0) snprintf(vpart, sizeof vpart, " + validation %s", vbs);
     if (t->n_local == 1)
-        snprintf(mbpart, sizeof mbpart, "%d microbatch%s x %s", n_acts, n_acts == 1 ? "" : "es", a1s);
+        snprintf(mbpart, sizeof mbpart, "%d microbatch%s x %s", p.n_acts, p.n_acts == 1 ? "" : "es", a1s);
     else
-        snprintf(mbpart, sizeof mbpart, "%d stage-microbatches, %s per microbatch of all %d stages", n_acts, a1s,
+        snprintf(mbpart, sizeof mbpart, "%d stage-microbatches, %s per microbatch of all %d stages", p.n_acts, a1s,
                  t->n_local);
     if (S > 1)
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; working: gathered "
                  "parameters %s (%d resident unit%s + 2 slots%s), unsharded gradients %s, reduce staging %s; "
                  "activations %s (%s + workspace %s%s)%s; total %s",
-                 t->rank, who, pb, gb, ob, wpb, mr.resident_units, mr.resident_units == 1 ? "" : "s",
+                 t->rank, who, pb, gb, ob, wpb, p.resident_units, p.resident_units == 1 ? "" : "s",
                  t->n_local > 1 ? " per stage" : "", wgb, rb, ab, mbpart, wb, vpart, cpart, tot);
     else
         log_info("memory rank %d (%s): persistent: parameters %s, gradients %s, optimizer state %s; activations %s "
                  "(%s + workspace %s%s)%s; total %s",
                  t->rank, who, pb, gb, ob, ab, mbpart, wb, vpart, cpart, tot);
     {
-        /* what this rank sends per step, by parallelism */
-        fsdp_traffic ft;
-        memset(&ft, 0, sizeof ft);
-        double tpb = 0.0;
-        const int mbs = t->n_mb * (t->pp_size > 1 ? t->accum : 1);
-        for (int i = 0; i < t->n_local; i++) {
-            fsdp_traffic x = fsdp_step_traffic(t->st[i].fs, mbs);
-            ft.all_gather += x.all_gather;
-            ft.reduce_scatter += x.reduce_scatter;
-            ft.all_reduce += x.all_reduce;
-            tpb += (double)mbs * llama3_tp_traffic_bytes(&t->st[i].model, t->st[i].keep, t->B, t->Tl);
-        }
-        double ppb = 0.0;
-        if (t->pp_size > 1) {
-            const double msg = (double)t->tok / s0->model.layout.tp_size * s0->model.args.dim *
-                               (double)ops_dtype_size(s0->model.compute_dtype);
-            for (int i = 0; i < t->n_local; i++)
-                ppb += (double)mbs * msg * (t->st[i].remote_next + t->st[i].remote_prev);
-        }
         const double mib = 1024.0 * 1024.0;
-        if (S > 1 || R > 1 || tpb > 0 || ppb > 0)
+        if (S > 1 || R > 1 || p.tp_bytes > 0 || p.pp_bytes > 0)
             log_info("communication per step, rank %d sends: fsdp all-gather %.1f MiB, reduce-scatter %.1f MiB, "
                      "replicate all-reduce %.1f MiB; tensor parallel %.1f MiB; pipeline %.1f MiB", t->rank,
-                     ft.all_gather / mib, ft.reduce_scatter / mib, ft.all_reduce / mib, tpb / mib, ppb / mib);
+                     p.fsdp_all_gather / mib, p.fsdp_reduce_scatter / mib, p.replicate_all_reduce / mib,
+                     p.tp_bytes / mib, p.pp_bytes / mib);
     }
-    if (n_dropping > 0) {
+    if (p.n_dropping > 0) {
         char full[32];
-        fmt_bytes(full, sizeof full, (double)full1);
+        fmt_bytes(full, sizeof full, p.act_mb_full_bytes);
         log_info("activation checkpointing: mode %s%s%s: %d of %d blocks recompute in backward; %s per microbatch "
                  "instead of %s, %d recompute slot%s in the workspace", c->activation_checkpoint.mode,
                  strcmp(c->activation_checkpoint.mode, "selective") ? "" : ", option ",
                  strcmp(c->activation_checkpoint.mode, "selective") ? "" : c->activation_checkpoint.selective_ac_option,
-                 n_dropping, nblocks, a1s, full, slots, slots == 1 ? "" : "s");
+                 p.n_dropping, p.n_blocks, a1s, full, p.recompute_slots, p.recompute_slots == 1 ? "" : "s");
     }
     if (S > 1)
         log_info("fsdp: %d units sharded over %s (%d ranks), reshard_after_forward = %s%s", s0->model.n_units,
@@ -302,6 +331,10 @@ static void stage_free(const tetra_ops *ops, train_stage *s) {
         for (int i = 0; i < s->n_acts && s->acts; i++) llama3_acts_free(&s->model, s->acts[i]);
         llama3_workspace_free(&s->model, s->ws);
     }
+    for (int i = 0; i < s->n_send && s->send_buf; i++)
+        if (s->send_buf[i]) ops->release(s->send_buf[i]);
+    free(s->send_buf);
+    free(s->send_mb);
     free(s->acts);
     free(s->acts_mb);
     free(s->acts_state);
@@ -619,7 +652,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     t->threads = (int)c->training.threads;
     if (t->threads <= 0) {
-        t->threads = (int)(cores / local_ranks());
+        t->threads = t->opt.virtual_world ? 1 : (int)(cores / local_ranks());
         if (t->threads < 1) t->threads = 1;
     }
     omp_set_num_threads(t->threads);
@@ -658,6 +691,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     copt.init_timeout_s = (double)c->comm.init_timeout_seconds;
     copt.train_timeout_s = (double)c->comm.train_timeout_seconds;
     copt.cuda_device = -1;
+    copt.virtual_world = t->opt.virtual_world;
     t->cw = comm_world_create(&t->msh, rank, &copt, err, sizeof err);
     if (!t->cw) {
         log_error("%s", err);
@@ -720,8 +754,9 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         goto fail;
     }
     {
-        int *peak = calloc(2 * (size_t)t->n_local, sizeof *peak), *open_iw = peak ? peak + t->n_local : NULL;
-        if (!peak || train_plan_pools(t, peak, open_iw, err, sizeof err)) {
+        int *peak = calloc(3 * (size_t)t->n_local, sizeof *peak), *open_iw = peak ? peak + t->n_local : NULL;
+        int *peak_send = peak ? peak + 2 * t->n_local : NULL;
+        if (!peak || train_plan_pools(t, peak, open_iw, peak_send, err, sizeof err)) {
             log_error("%s", peak ? err : "out of host memory");
             free(peak);
             goto fail;
@@ -732,6 +767,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         for (int i = 0; i < t->n_local; i++) {
             train_stage *st = &t->st[i];
             st->n_acts = peak[i];
+            st->n_send = st->remote_prev ? peak_send[i] : 0;
             const int nb = st->model.layout.layer_end - st->model.layout.layer_start;
             st->keep = calloc((size_t)(nb > 0 ? nb : 1), sizeof *st->keep);
             if (!st->keep || llama3_ac_policy(&st->model, c->activation_checkpoint.mode,
@@ -743,11 +779,15 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             }
             for (int k = 0; k < nb; k++) st->n_dropping += st->keep[k] != LLAMA3_KEEP_ALL;
             if (st->n_dropping > 0) st->recompute_slots = open_iw[i] > 0 ? open_iw[i] * st->n_dropping : 1;
+            /* without I/W split no forward runs while a block holds its slot: the forward's
+             * scratch can be the slot's memory */
+            st->fwd_scratch = st->n_dropping == 0 ? 0 : open_iw[i] > 0 ? 1 : LLAMA3_FWD_SCRATCH_SHARED;
         }
         free(peak);
     }
     if (dry) {
-        log_plan(t);
+        if (t->opt.plan_out) fill_plan(t, t->opt.plan_out);
+        else log_plan(t);
         trainer_teardown(t);
         return 0;
     }
@@ -880,7 +920,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         }
         ops->fill(st->adam_m, 0.0f, local_numel);
         ops->fill(st->adam_v, 0.0f, local_numel);
-        st->ws = llama3_workspace_create(&st->model, t->B, t->Tl, st->n_dropping > 0, st->recompute_slots, err,
+        st->ws = llama3_workspace_create(&st->model, t->B, t->Tl, st->fwd_scratch, st->recompute_slots, err,
                                          sizeof err);
         for (int k = 0; st->ws && k < st->n_acts; k++) {
             st->acts_mb[k] = -1;
@@ -890,6 +930,21 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         if (!st->ws || !st->acts[st->n_acts - 1]) {
             log_error("out of memory allocating activations: %s", err);
             goto fail;
+        }
+        if (st->n_send > 0) {
+            st->send_buf = calloc((size_t)st->n_send, sizeof *st->send_buf);
+            st->send_mb = malloc((size_t)st->n_send * sizeof *st->send_mb);
+            if (!st->send_buf || !st->send_mb) {
+                log_error("out of host memory");
+                goto fail;
+            }
+            for (int k = 0; k < st->n_send; k++) {
+                st->send_mb[k] = -1;
+                if (!(st->send_buf[k] = ops->alloc(send_bytes(t, st)))) {
+                    log_error("out of memory allocating pipeline send buffers");
+                    goto fail;
+                }
+            }
         }
     }
     if (t->val) {
@@ -1111,10 +1166,11 @@ static int prepare_run(trainer *t) {
         char fb[32], tb2[32];
         fmt_bytes(fb, sizeof fb, (double)dfree);
         fmt_bytes(tb2, sizeof tb2, (double)dtotal);
-        log_info("device memory: %s in %zu allocations taken at start-up; %s free of %s", hb, t->allocs_at_start, fb,
-                 tb2);
+        log_info("device memory: %s (%zu bytes) in %zu allocations taken at start-up; %s free of %s", hb,
+                 ops->allocated_bytes(), t->allocs_at_start, fb, tb2);
     } else {
-        log_info("backend memory: %s in %zu allocations taken at start-up", hb, t->allocs_at_start);
+        log_info("backend memory: %s (%zu bytes) in %zu allocations taken at start-up", hb, ops->allocated_bytes(),
+                 t->allocs_at_start);
     }
     return 0;
 }

@@ -38,9 +38,47 @@
 
 typedef struct trainer trainer;
 
+/* What a dry run lays out on one rank (all its pipeline stages together): bytes it
+ * would take, bytes it would send per optimizer step, and the shape of its work. */
+#define TRAINER_PLAN_MAX_STAGES 64
+typedef struct {
+    /* persistent */
+    double param_bytes;       /* fp32 master shard + its bf16 copy under mixed precision */
+    double grad_bytes, optim_bytes;
+    /* working */
+    double work_param_bytes;  /* gathered parameters */
+    double work_grad_bytes;   /* unsharded gradients */
+    double reduce_bytes;      /* reduce-scatter staging */
+    double act_bytes;         /* every activation buffer + workspace (+ validation) */
+    double act_mb_bytes;      /* one microbatch of all local stages under the AC policy */
+    double act_mb_full_bytes; /* ... without activation checkpointing */
+    double workspace_bytes, validation_bytes, converter_bytes;
+    double total_bytes;       /* what the backend would allocate at start-up */
+    int n_acts;               /* activation buffers: microbatches alive at once, over local stages */
+    int n_dropping, n_blocks; /* blocks that recompute in backward, of all local blocks */
+    int recompute_slots, resident_units;
+    /* sent per optimizer step */
+    double fsdp_all_gather, fsdp_reduce_scatter, replicate_all_reduce, tp_bytes, pp_bytes;
+    /* the work */
+    int pp_rank, n_local, n_stages, n_microbatches, accum, local_batch, rows; /* rows: seq_len / cp */
+    int stage[TRAINER_PLAN_MAX_STAGES];      /* [n_local] global stage index */
+    int stage_blocks[TRAINER_PLAN_MAX_STAGES];
+    int stage_embedding[TRAINER_PLAN_MAX_STAGES], stage_head[TRAINER_PLAN_MAX_STAGES];
+    /* activation checkpointing: linear FLOPs per row the stage's backward repeats, and
+     * how many of its blocks rerun their attention */
+    double stage_recompute_flops[TRAINER_PLAN_MAX_STAGES];
+    int stage_recompute_attention[TRAINER_PLAN_MAX_STAGES];
+    int mixed;                /* bf16 compute */
+    double n_params, flops_per_token;
+} trainer_plan;
+
 typedef struct {
     int dry_run;          /* plan and print memory per rank; allocate nothing */
     int external_batches; /* no data loader: the caller supplies every step's batches */
+    /* `tetra plan`: a dry run of rank `rank` of a world of `world` in this one process
+     * (no MPI), filling *plan_out instead of logging */
+    int virtual_world;
+    trainer_plan *plan_out;
 } trainer_options;
 
 /* Collective over MPI_COMM_WORLD. 0 with *out set, or an exit code (the error is

@@ -60,11 +60,16 @@ typedef struct {
     unsigned *keep;            /* [local blocks] what each block keeps for backward (activation checkpointing) */
     int n_dropping;            /* blocks that keep less than everything */
     int recompute_slots;       /* workspace slots for blocks between their I and W passes */
+    int fwd_scratch;           /* llama3_workspace_create's forward_scratch: 0, 1, or shared with slot 0
+                                  when every backward of the stage is a full one */
     llama3_workspace *ws;
     int n_acts;                /* microbatch activation buffers (the schedule's peak alive on this stage) */
     llama3_acts **acts;        /* [n_acts] */
     int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */
     unsigned char *acts_state; /* [n_acts] ACTS_* bits: what still holds the buffer */
+    int n_send;                /* gradients of the stage input being sent back (the schedule's peak) */
+    void **send_buf;           /* [n_send] one residual each: [B, Tl / tp, dim] compute dtype */
+    int *send_mb;              /* [n_send] the microbatch whose gradient each holds, or -1 */
     float *adam_m, *adam_v;    /* [local] each, one allocation */
     dt_tensor *save_tensors;   /* [model.n_params] what this rank writes of the stage */
     int remote_prev, remote_next; /* the neighbouring stage runs on another rank */
@@ -148,9 +153,9 @@ void train_converters_post_optimizer(trainer *t);
  * or from the CSV), lowered and checked; the stages this rank runs must be set. */
 int train_build_schedule(trainer *t, char *err, size_t errlen);
 /* The activation buffers each local stage needs (peak[i] for st[i]) and the most of
- * its microbatches between an I pass and their W at once (open_iw[i]), by replaying
- * the schedule this rank runs. */
-int train_plan_pools(trainer *t, int *peak, int *open_iw, char *err, size_t errlen);
+ * its microbatches between an I pass and their W at once (open_iw[i]), and the most
+ * gradient sends in flight (peak_send[i]), by replaying the schedule this rank runs. */
+int train_plan_pools(trainer *t, int *peak, int *open_iw, int *peak_send, char *err, size_t errlen);
 /* One optimizer step over t->h_in / t->h_lab (accum microbatches of this rank). */
 void train_step(trainer *t, step_result *r);
 /* Forward of every stage of this rank over one batch (validation, warm-up), passing

@@ -118,7 +118,48 @@ static void fail_timeout(const comm_request *r, double waited) {
 /* ----------------------------------------------------------------------------
  * world and groups */
 
+/* Every group's size and rank in w's mesh, no communicator yet. */
+static void init_groups(comm_world *w) {
+    for (int i = 0; i < MESH_N_GROUPS; i++) {
+        comm_group *g = &w->groups[i];
+        g->w = w;
+        g->id = (mesh_group_id)i;
+        g->mpi = MPI_COMM_NULL;
+        g->size = mesh_group_size(&w->m, mesh_group_dims(g->id));
+        g->rank = mesh_group_rank(&w->m, mesh_group_dims(g->id), w->rank);
+    }
+}
+
+static comm_world *world_alloc(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen) {
+    comm_world *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "comm: out of host memory");
+        return NULL;
+    }
+    w->m = *m;
+    w->rank = rank;
+    w->opt = *opt;
+    if (!(w->opt.init_timeout_s > 0)) w->opt.init_timeout_s = 300;
+    if (!(w->opt.train_timeout_s > 0)) w->opt.train_timeout_s = 100;
+    return w;
+}
+
+/* A planned world: sizes and ranks from the mesh, no communicators. */
+static comm_world *virtual_world_create(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen) {
+    if (rank < 0 || rank >= m->world) {
+        snprintf(err, errlen, "comm: rank %d is outside the planned world of %d ranks", rank, m->world);
+        return NULL;
+    }
+    comm_world *w = world_alloc(m, rank, opt, err, errlen);
+    if (!w) return NULL;
+    w->opt.backend = COMM_BACKEND_MPI;
+    w->timeout_s = w->opt.init_timeout_s;
+    init_groups(w);
+    return w;
+}
+
 comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen) {
+    if (opt->virtual_world) return virtual_world_create(m, rank, opt, err, errlen);
     int inited = 0, size = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -135,25 +176,10 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
                  comm_backend_name(opt->backend));
         return NULL;
     }
-    comm_world *w = calloc(1, sizeof *w);
-    if (!w) {
-        snprintf(err, errlen, "comm: out of host memory");
-        return NULL;
-    }
-    w->m = *m;
-    w->rank = rank;
-    w->opt = *opt;
-    if (!(w->opt.init_timeout_s > 0)) w->opt.init_timeout_s = 300;
-    if (!(w->opt.train_timeout_s > 0)) w->opt.train_timeout_s = 100;
+    comm_world *w = world_alloc(m, rank, opt, err, errlen);
+    if (!w) return NULL;
     w->timeout_s = w->opt.init_timeout_s;
-    for (int i = 0; i < MESH_N_GROUPS; i++) {
-        comm_group *g = &w->groups[i];
-        g->w = w;
-        g->id = (mesh_group_id)i;
-        g->mpi = MPI_COMM_NULL;
-        g->size = mesh_group_size(m, mesh_group_dims(g->id));
-        g->rank = mesh_group_rank(m, mesh_group_dims(g->id), rank);
-    }
+    init_groups(w);
     for (int i = 0; i < MESH_N_GROUPS; i++)
         if (commi_mpi_group_init(w, &w->groups[i], err, errlen)) {
             comm_world_free(w);
@@ -345,6 +371,11 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
         (r->dtype == COMM_BF16 || r->dtype == COMM_U8))
         commi_fail(r, "the MPI backend reduces float32, float64, int32 and int64 only");
     const size_t es = comm_dtype_size(r->dtype);
+    if (g->w->opt.virtual_world && g->size > 1) {
+        fprintf(stderr, "comm: %s on group %s (%d ranks) in a planned world (rank %d): planning does not "
+                        "communicate\n", commi_kind_name(r->kind), mesh_group_name(g->id), g->size, g->w->rank);
+        exit(1);
+    }
     if (g->size == 1) {
         /* a group of one: local copies, no backend call */
         size_t bytes = 0;

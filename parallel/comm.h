@@ -51,6 +51,11 @@ typedef struct {
     double init_timeout_s;   /* deadline of any wait until comm_set_phase_training */
     double train_timeout_s;  /* afterwards */
     int cuda_device;         /* NCCL: device of this rank; -1 = node-local rank mod device count */
+    /* A planned world (`tetra plan`): one process stands for rank `rank` of the mesh.
+     * Groups know their sizes and ranks; nothing touches MPI (which need not be
+     * initialised), and a collective on a group of more than one rank ends the
+     * process naming it — planning code must not communicate. */
+    int virtual_world;
 } comm_options;
 
 size_t comm_dtype_size(comm_dtype t);

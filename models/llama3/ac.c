@@ -36,3 +36,17 @@ int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option
     for (int i = 0; i < nb; i++) keep[i] = ((long)(l0 + i + 1) % every == 0) ? LLAMA3_KEEP_NONE : LLAMA3_KEEP_ALL;
     return 0;
 }
+
+double llama3_recompute_linear_flops(const llama3_args *a, unsigned keep, int tp_size, int *attention) {
+    const double d = a->dim, kv = (double)a->n_kv_heads * llama3_head_dim(a), f = (double)llama3_ffn_hidden(a);
+    const double tp = tp_size > 0 ? tp_size : 1;
+    double fl = 0.0;
+    if (!(keep & LLAMA3_KEEP_Q)) fl += 2.0 * d * d;
+    if (!(keep & LLAMA3_KEEP_K)) fl += 2.0 * d * kv;
+    if (!(keep & LLAMA3_KEEP_V)) fl += 2.0 * d * kv;
+    if (!(keep & LLAMA3_KEEP_H)) fl += 2.0 * d * d;
+    if (!(keep & LLAMA3_KEEP_A)) fl += 2.0 * d * f;
+    if (!(keep & LLAMA3_KEEP_G)) fl += 2.0 * d * f;
+    if (attention) *attention = !(keep & LLAMA3_KEEP_ATT);
+    return fl / tp;
+}

@@ -409,9 +409,20 @@ static size_t workspace_layout(const llama3_model *m, llama3_workspace *ws, int 
     carver cv = {(char *)ws->mem, 0};
     const size_t n = ws->max_n, nl = n / (size_t)tpn(m), c = (size_t)m->args.dim;
     layer_acts tmp;
-    ws->has_fwd = fwd;
-    if (fwd) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
-    for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
+    ws->has_fwd = fwd != 0;
+    if (fwd == LLAMA3_FWD_SCRATCH_SHARED && slots > 0) {
+        /* slot 0 first (it also holds the gradients), then the forward view over its start */
+        const size_t start = cv.off;
+        carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[0] : &tmp);
+        const size_t end = cv.off;
+        cv.off = start;
+        carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
+        if (cv.off < end) cv.off = end;
+        for (int i = 1; i < slots; i++) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
+    } else {
+        if (fwd) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 0, ws->mem ? &ws->fwd : &tmp);
+        for (int i = 0; i < slots; i++) carve_layer(m, &cv, n, nl, LLAMA3_KEEP_ALL, 1, ws->mem ? &ws->slot[i] : &tmp);
+    }
     if (tpn(m) > 1) {
         void *p = carve(&cv, n * c * sizeof(float));
         if (ws->mem) ws->tp_full = p;
@@ -453,7 +464,7 @@ size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int f
     ws.max_b = max_b;
     ws.max_t = max_t;
     ws.max_n = (size_t)max_b * (size_t)max_t;
-    return workspace_layout(m, &ws, forward_scratch != 0, recompute_slots);
+    return workspace_layout(m, &ws, forward_scratch, recompute_slots);
 }
 
 llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int forward_scratch,
@@ -483,7 +494,7 @@ llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int 
         llama3_workspace_free(m, ws);
         return NULL;
     }
-    workspace_layout(m, ws, forward_scratch != 0, recompute_slots);
+    workspace_layout(m, ws, forward_scratch, recompute_slots);
     return ws;
 oom:
     snprintf(err, errlen, "llama3 workspace: out of host memory");

@@ -291,7 +291,11 @@ enum {
  * scratch (GEMM outputs, attention workspace); with forward_scratch, room for one
  * block's unkept activations in the forward (needed as soon as a block keeps less
  * than everything); and `recompute_slots` blocks recomputed between their I and W
- * passes (1 when every W follows its I; more when a schedule defers W passes). */
+ * passes (1 when every W follows its I; more when a schedule defers W passes).
+ * forward_scratch = LLAMA3_FWD_SCRATCH_SHARED lays the forward scratch over the first
+ * recompute slot: for callers whose every backward is a full one (I then W of each
+ * block, no forward in between), which never hold a slot while a forward runs. */
+#define LLAMA3_FWD_SCRATCH_SHARED 2
 llama3_workspace *llama3_workspace_create(const llama3_model *m, int max_b, int max_t, int forward_scratch,
                                           int recompute_slots, char *err, size_t errlen);
 void llama3_workspace_free(const llama3_model *m, llama3_workspace *ws);
@@ -305,6 +309,12 @@ size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int f
  * 0, or -1 with the key and value named. */
 int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option, unsigned *keep /*[blocks]*/,
                      char *err, size_t errlen);
+/* The forward work a block's backward repeats to rebuild what `keep` dropped, per row
+ * of a sequence on one of tp_size tensor-parallel ranks: linear FLOPs (2 per
+ * multiply-add; wq, wk, wv, wo, w1, w3 as their outputs are missing) and whether the
+ * attention itself runs again (*attention = 1). Norms, RoPE and SwiGLU cost bandwidth,
+ * not FLOPs, and are not counted. */
+double llama3_recompute_linear_flops(const llama3_args *a, unsigned keep, int tp_size, int *attention);
 
 /* Activations of one microbatch of b sequences of t tokens on workspace ws (b t <= its
  * max_b max_t); keep[i] is the mask of local block i (NULL: keep everything). */

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""tetra plan against TorchTitan's published H100 table (benchmarks/llama3_h100_202412_torchtitan.md).
+
+Runs `tetra plan --json` for every row with TorchTitan's batch, sequence length, AC
+and float8 settings on the h100-96gb profile (the 96 GB HBM2e parts at 500 W those
+runs used) and prints a markdown table of predicted vs published memory and
+tokens/s/GPU with the ratios. TorchTitan's torch.compile variants are the reference
+for tetra's fused kernels; its eager rows are listed for completeness.
+
+usage: bench/plan/torchtitan_h100.py [--tetra build/bin/tetra] [--hardware h100-96gb]
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+C8, C70, C405 = "configs/llama3_8b.toml", "configs/llama3_70b.toml", "configs/llama3_405b.toml"
+SAC = ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"]
+FULL = ["--activation_checkpoint.mode", "full"]
+F8 = ["--model.converters", "float8"]
+ATP = ["--parallelism.enable_async_tensor_parallel", "true"]
+
+# (row, layout, variant, config, ngpu, overrides, published tokens/s/GPU, published GiB)
+ROWS = [
+    ("1", "8B, 8 GPUs, FSDP 8, lbs 2, SAC", "bf16 (compile)", C8, 8,
+     ["--training.local_batch_size", "2"] + SAC, 6667, 77.0),
+    ("1", "", "float8 (compile + Float8)", C8, 8, ["--training.local_batch_size", "2"] + SAC + F8, 8532, 76.8),
+]
+for cp, seq, tps, gib in ((1, 32768, 3890, 83.9), (2, 65536, 2540, 84.2), (4, 131072, 1071, 84.0),
+                          (8, 262144, 548, 84.5)):
+    ROWS.append(("2", "8B, 8 GPUs, FSDP x CP, lbs 1, full AC, float8" if cp == 1 else "",
+                 "FSDP %d CP %d, seq %dK" % (8 // cp, cp, seq // 1024), C8, 8,
+                 ["--training.local_batch_size", "1", "--training.seq_len", str(seq),
+                  "--parallelism.context_parallel_degree", str(cp)] + FULL + F8, tps, gib))
+ROWS += [
+    ("3", "8B, 128 GPUs, FSDP 128, lbs 2, SAC", "bf16 (compile)", C8, 128,
+     ["--training.local_batch_size", "2"] + SAC, 6514, 62.0),
+    ("3", "", "float8 (compile + Float8)", C8, 128, ["--training.local_batch_size", "2"] + SAC + F8, 8380, 61.8),
+    ("4", "70B, 256 GPUs, FSDP 32 x TP 8, lbs 16, full AC, float8", "TP", C70, 256,
+     ["--training.local_batch_size", "16", "--training.seq_len", "8192",
+      "--parallelism.tensor_parallel_degree", "8"] + FULL + F8, 829, 71.9),
+    ("4", "", "async TP", C70, 256,
+     ["--training.local_batch_size", "16", "--training.seq_len", "8192",
+      "--parallelism.tensor_parallel_degree", "8"] + FULL + F8 + ATP, 876, 67.6),
+]
+for sched, tps, gib in (("1F1B", 100, 82.5), ("Interleaved1F1B", 128, 72.7)):
+    ROWS.append(("5", "405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, lbs 32, full AC, float8, async TP"
+                 if sched == "1F1B" else "", sched, C405, 512,
+                 ["--training.local_batch_size", "32", "--training.seq_len", "8192",
+                  "--parallelism.tensor_parallel_degree", "8", "--parallelism.pipeline_parallel_degree", "8",
+                  "--parallelism.pipeline_parallel_schedule", sched] + FULL + F8 + ATP, tps, gib))
+for cp, seq, tps, gib in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9), (4, 131072, 31, 77.1),
+                          (8, 262144, 16, 84.9)):
+    ROWS.append(("6", "405B, 512 GPUs, TP 8 x PP 8 (1F1B) x FSDP x CP, lbs 8, full AC, float8, async TP"
+                 if cp == 1 else "", "FSDP %d CP %d, seq %dK" % (8 // cp, cp, seq // 1024), C405, 512,
+                 ["--training.local_batch_size", "8", "--training.seq_len", str(seq),
+                  "--parallelism.context_parallel_degree", str(cp),
+                  "--parallelism.tensor_parallel_degree", "8", "--parallelism.pipeline_parallel_degree", "8",
+                  "--parallelism.pipeline_parallel_schedule", "1F1B"] + FULL + F8 + ATP, tps, gib))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tetra", default="build/bin/tetra")
+    ap.add_argument("--hardware", default="h100-96gb")
+    a = ap.parse_args()
+    print("| # | layout | variant | TorchTitan tok/s/GPU | plan tok/s/GPU | ratio | TorchTitan GiB | plan GiB | ratio |"
+          " bubble | fits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    worst_t = worst_m = 0.0
+    for row, layout, variant, cfg, ngpu, over, tps, gib in ROWS:
+        cmd = [a.tetra, "plan", "--job.config_file", cfg, "--ngpu", str(ngpu), "--hardware", a.hardware,
+               "--json"] + over
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if not p.stdout.strip().startswith("{"):
+            print("| %s | %s | %s | %d | cannot run: %s | | %.1f | | | | |" %
+                  (row, layout, variant, tps, (p.stderr.strip() or p.stdout.strip())[:200], gib))
+            continue
+        o = json.loads(p.stdout)
+        rt, rm = o["tokens_per_s_per_gpu"] / tps, o["peak_memory_gib"] / gib
+        worst_t = max(worst_t, abs(rt - 1))
+        worst_m = max(worst_m, abs(rm - 1))
+        print("| %s | %s | %s | %d | %.0f | %.2f | %.1f | %.1f | %.2f | %.1f%% | %s |" %
+              (row, layout, variant, tps, o["tokens_per_s_per_gpu"], rt, gib, o["peak_memory_gib"], rm,
+               100 * o["bubble_fraction"], "yes" if o["fits"] else "no"))
+    print("\nlargest deviation: tokens/s/GPU %.0f%%, memory %.0f%%" % (100 * worst_t, 100 * worst_m))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

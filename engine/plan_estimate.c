@@ -1,0 +1,260 @@
+/* plan_estimate.c — the memory and time model of `tetra plan` (see plan_estimate.h). */
+#include "engine/plan_estimate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/log.h"
+#include "models/llama3/llama3_args.h"
+#include "parallel/mesh.h"
+#include "parallel/pp/generate.h"
+#include "parallel/pp/schedule.h"
+#include "parallel/pp/sim.h"
+
+static int has_float8(const tetra_config_values *c) {
+    for (int i = 0; i < c->model.converters.n; i++)
+        if (!strcmp(c->model.converters.items[i], "float8")) return 1;
+    return 0;
+}
+
+/* Ranks a group over mesh dims [outer..MESH_TP] spans, innermost first: tp, cp,
+ * dp_shard, dp_replicate, pp. A group lies in one node when that span fits in it. */
+static int group_span(const cfg_parallel_dims *d, int outer_dim) {
+    const int size[MESH_NDIMS] = {d->pp, d->dp_replicate, d->dp_shard, d->cp, d->tp};
+    int span = 1;
+    for (int k = outer_dim; k < MESH_NDIMS; k++) span *= size[k];
+    return span;
+}
+
+typedef struct {
+    double f, i, w;      /* one microbatch through the stage: forward, backward-input, backward-weight */
+    double attn;         /* of which attention (forward + backward + recompute) */
+    double hw_flops;     /* FLOPs computed, recompute included */
+} stage_time;
+
+/* The roofline of one microbatch on one stage of rank plan p (index k of its stages). */
+static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a, int T, const cfg_parallel_dims *d,
+                             const plan_hw *hw, int float8) {
+    stage_time st = {0, 0, 0, 0, 0};
+    const double tp = d->tp, dim = a->dim, kv = (double)a->n_kv_heads * llama3_head_dim(a);
+    const double ffn = (double)llama3_ffn_hidden(a), V = a->vocab_size;
+    const double rows = (double)p->local_batch * p->rows; /* this rank's rows of one microbatch */
+    const double es = p->mixed ? 2.0 : 4.0;
+    const double peak16 = p->mixed ? hw->peak_bf16_flops : hw->peak_fp32_flops;
+    const double lin_rate = peak16 * hw->gemm_efficiency;
+    const double lin8_rate = float8 && hw->peak_fp8_flops > 0 ? hw->peak_fp8_flops * hw->fp8_gemm_efficiency : lin_rate;
+    const double attn_rate = peak16 * hw->attention_efficiency;
+    const double mem_rate = hw->memory_bandwidth * hw->memory_efficiency;
+    const int nb = p->stage_blocks[k];
+
+    /* per row, forward */
+    const double lin_block = 2.0 * (2.0 * dim * dim + 2.0 * dim * kv + 3.0 * dim * ffn) / tp;
+    const double attn_block = 2.0 * T * dim / tp; /* causal: half of 4 * T * dim */
+    const double elem_block = es * (12.0 * dim + 3.0 * ffn) / tp;
+    const double head = p->stage_head[k] ? 2.0 * dim * V / tp : 0.0;
+    const double loss_bytes = p->stage_head[k] ? 3.0 * 4.0 * V / tp : 0.0;
+
+    const double t_lin = rows * nb * lin_block / lin8_rate + rows * head / lin_rate;
+    const double t_attn = rows * nb * attn_block / attn_rate;
+    const double t_elem = rows * (nb * elem_block + loss_bytes) / mem_rate;
+    const double t_recompute = rows * p->stage_recompute_flops[k] / lin8_rate +
+                               rows * p->stage_recompute_attention[k] * attn_block / attn_rate +
+                               (p->stage_recompute_attention[k] > 0 || p->stage_recompute_flops[k] > 0
+                                    ? rows * nb * elem_block / mem_rate
+                                    : 0.0);
+    st.f = t_lin + t_attn + t_elem;
+    /* flash attention's backward recomputes the scores: 2.5 x its forward */
+    st.i = t_lin + 2.5 * t_attn + 2.0 * t_elem + t_recompute;
+    st.w = t_lin;
+    st.attn = 3.5 * t_attn + rows * p->stage_recompute_attention[k] * attn_block / attn_rate;
+    st.hw_flops = rows * (3.0 * (nb * lin_block + head) + 3.5 * nb * attn_block + p->stage_recompute_flops[k] +
+                          p->stage_recompute_attention[k] * attn_block);
+    return st;
+}
+
+int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw,
+                  char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    const tetra_config_values *c = &cfg->v;
+    cfg_parallel_dims *d = &out->dims;
+    if (cfg_validate(cfg, ngpu, d, err, errlen)) return -1;
+    if (d->pp > PLAN_MAX_PP) {
+        snprintf(err, errlen, "tetra plan: pipeline_parallel_degree %d: at most %d", d->pp, PLAN_MAX_PP);
+        return -1;
+    }
+    out->ngpu = ngpu;
+    out->gpus_per_node = gpus_per_node > 0 ? gpus_per_node : hw->gpus_per_node;
+    if (out->gpus_per_node < 1) out->gpus_per_node = 1;
+    out->float8 = has_float8(c);
+
+    /* ---- memory: each pipeline rank's dry run, in this process ---- */
+    mesh m;
+    if (mesh_init(&m, ngpu, d->pp, d->dp_replicate, d->dp_shard, d->cp, d->tp, err, errlen)) return -1;
+    for (int pr = 0; pr < d->pp; pr++) {
+        int co[MESH_NDIMS] = {pr, 0, 0, 0, 0};
+        const int rank = mesh_rank(&m, co);
+        trainer_options o;
+        memset(&o, 0, sizeof o);
+        o.dry_run = 1;
+        o.virtual_world = 1;
+        o.plan_out = &out->rank[pr];
+        trainer *t = NULL;
+        char why[2048];
+        log_capture(why, sizeof why);
+        const int rc = trainer_setup(&t, cfg, d, rank, ngpu, &o);
+        log_capture(NULL, 0);
+        if (rc != 0) {
+            snprintf(err, errlen, "rank %d of %d (pipeline rank %d): %s", rank, ngpu, pr,
+                     why[0] ? why : "the trainer cannot lay it out");
+            return -1;
+        }
+        if (out->rank[pr].total_bytes > out->rank[out->worst_pp_rank].total_bytes) out->worst_pp_rank = pr;
+    }
+    out->reserved_bytes = hw->reserved_bytes;
+    out->peak_bytes = out->rank[out->worst_pp_rank].total_bytes + hw->reserved_bytes;
+    /* a CPU profile's memory is the host's, shared by the ranks placed on it */
+    const int host_shared = hw->peak_fp8_flops <= 0 && !strncmp(hw->name, "cpu", 3);
+    const int on_node = ngpu < out->gpus_per_node ? ngpu : out->gpus_per_node;
+    out->device_bytes = host_shared ? hw->memory_bytes / on_node : hw->memory_bytes;
+    out->fits = out->peak_bytes <= out->device_bytes;
+
+    /* ---- compute ---- */
+    llama3_args a;
+    llama3_flavor(c->model.flavor, &a);
+    if (c->model.vocab_size > 0) a.vocab_size = (int)c->model.vocab_size;
+    if (c->model.n_layers > 0) a.n_layers = (int)c->model.n_layers;
+    const int T = (int)c->training.seq_len;
+    out->model_flops_per_token = llama3_flops_per_token(&a, T);
+    out->tokens_per_step = (double)d->global_batch_size * T;
+    const trainer_plan *p0 = &out->rank[0];
+    const int rounds = d->pp > 1 ? p0->accum : 1, n_mb = p0->n_microbatches;
+    double fmx = 0, imax = 0, wmax = 0, attn_total = 0;
+    for (int pr = 0; pr < d->pp; pr++) {
+        const trainer_plan *p = &out->rank[pr];
+        double busy = 0, fl = 0, at = 0;
+        for (int k = 0; k < p->n_local && k < TRAINER_PLAN_MAX_STAGES; k++) {
+            stage_time st = stage_cost(p, k, &a, T, d, hw, out->float8);
+            if (st.f > fmx) fmx = st.f;
+            if (st.i > imax) imax = st.i;
+            if (st.w > wmax) wmax = st.w;
+            busy += st.f + st.i + st.w;
+            fl += st.hw_flops;
+            at += st.attn;
+        }
+        busy *= (double)n_mb * rounds;
+        if (busy > out->compute_s) {
+            out->compute_s = busy;
+            out->hw_flops_per_rank = fl * n_mb * rounds;
+            attn_total = at * n_mb * rounds;
+        }
+    }
+    const double es = p0->mixed ? 2.0 : 4.0;
+    const double intra = hw->intra_node_bandwidth * hw->comm_efficiency;
+    const double inter = hw->inter_node_bandwidth * hw->inter_node_comm_efficiency;
+#define LINK(outer) (group_span(d, outer) > out->gpus_per_node ? inter : intra)
+#define INTER(outer) (group_span(d, outer) > out->gpus_per_node)
+
+    /* ---- pipeline: the schedule simulated with the slowest stage's times ---- */
+    const trainer_plan *pw = &out->rank[out->worst_pp_rank];
+    double pp_time = out->compute_s;
+    if (d->pp > 1) {
+        const double msg = (double)p0->local_batch * p0->rows * a.dim / d->tp * es;
+        const double tcomm = msg / LINK(MESH_PP);
+        pp_schedule_kind k;
+        pp_schedule *s = NULL;
+        char why[1024] = "";
+        const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
+        if (csv && csv[0]) {
+            snprintf(err, errlen, "tetra plan: parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
+                                  "named schedule it follows instead");
+            return -1;
+        }
+        if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &k) == 0)
+            s = pp_schedule_generate(k, d->pp, p0->n_stages / d->pp, n_mb, why, sizeof why);
+        if (!s) {
+            snprintf(err, errlen, "tetra plan: pipeline schedule %s: %s", c->parallelism.pipeline_parallel_schedule,
+                     why);
+            return -1;
+        }
+        pp_sim_times tm = {fmx, imax, wmax, tcomm};
+        pp_sim_result *r = pp_sim_run(s, &tm, why, sizeof why);
+        pp_schedule_free(s);
+        if (!r) {
+            snprintf(err, errlen, "tetra plan: simulating the pipeline schedule: %s", why);
+            return -1;
+        }
+        out->pp_makespan_s = r->makespan * rounds;
+        out->bubble_fraction = r->bubble_fraction;
+        pp_time = out->pp_makespan_s;
+        pp_sim_free(r);
+        plan_comm *q = &out->comm[out->n_comm++];
+        q->name = "pp";
+        q->group_size = d->pp;
+        q->inter_node = INTER(MESH_PP);
+        q->bytes = pw->pp_bytes;
+        q->time_s = pw->pp_bytes / LINK(MESH_PP);
+        q->exposed_s = 0; /* inside the simulated makespan (tcomm per dependency) */
+    }
+
+    /* ---- collectives ---- */
+    double exposed = 0;
+    if (d->dp_shard * d->cp > 1) {
+        plan_comm *q = &out->comm[out->n_comm++];
+        q->name = "fsdp";
+        q->group_size = d->dp_shard * d->cp;
+        q->inter_node = INTER(MESH_DP_SHARD);
+        q->bytes = pw->fsdp_all_gather + pw->fsdp_reduce_scatter;
+        q->time_s = q->bytes / LINK(MESH_DP_SHARD);
+        const double units = pw->n_blocks + 1;
+        q->exposed_s = host_shared ? q->time_s
+                                   : fmax(0.0, q->time_s - out->compute_s) + q->time_s / units / ((double)n_mb * rounds);
+        exposed += q->exposed_s;
+    }
+    if (d->dp_replicate > 1) {
+        plan_comm *q = &out->comm[out->n_comm++];
+        q->name = "replicate";
+        q->group_size = d->dp_replicate;
+        q->inter_node = INTER(MESH_DP_REPLICATE);
+        q->bytes = pw->replicate_all_reduce;
+        q->time_s = q->bytes / LINK(MESH_DP_REPLICATE);
+        q->exposed_s = q->time_s;
+        exposed += q->exposed_s;
+    }
+    if (d->tp > 1) {
+        plan_comm *q = &out->comm[out->n_comm++];
+        q->name = "tp";
+        q->group_size = d->tp;
+        q->inter_node = INTER(MESH_TP);
+        q->bytes = pw->tp_bytes;
+        q->time_s = q->bytes / LINK(MESH_TP);
+        q->exposed_s = c->parallelism.enable_async_tensor_parallel && !host_shared ? 0.5 * q->time_s : q->time_s;
+        exposed += q->exposed_s;
+    }
+    if (d->cp > 1) {
+        plan_comm *q = &out->comm[out->n_comm++];
+        q->name = "cp";
+        q->group_size = d->cp;
+        q->inter_node = INTER(MESH_CP);
+        const double kv = (double)a.n_kv_heads * llama3_head_dim(&a);
+        int recompute_attn = 0;
+        for (int k = 0; k < pw->n_local; k++) recompute_attn += pw->stage_recompute_attention[k];
+        /* K and V gathered in forward, gathered again and dK, dV reduce-scattered in
+         * backward, gathered once more where the attention is recomputed */
+        const double per_block = (double)pw->local_batch * pw->rows * 2.0 * kv / d->tp * es * (d->cp - 1);
+        q->bytes = (double)n_mb * rounds * per_block * (3.0 * pw->n_blocks + recompute_attn);
+        q->time_s = q->bytes / LINK(MESH_CP);
+        q->exposed_s = host_shared ? q->time_s : fmax(0.0, q->time_s - attn_total);
+        exposed += q->exposed_s;
+    }
+    /* AdamW reads parameter, gradient, m, v and writes parameter, m, v (+ the bf16 copy) */
+    const double shard_params = pw->grad_bytes / 4.0;
+    out->optimizer_s = shard_params * (7.0 * 4.0 + (p0->mixed ? 2.0 : 0.0)) / (hw->memory_bandwidth * hw->memory_efficiency);
+    out->step_time_s = pp_time + exposed + out->optimizer_s;
+    out->tokens_per_s_per_gpu = out->tokens_per_step / out->step_time_s / ngpu;
+    out->mfu = out->model_flops_per_token * out->tokens_per_s_per_gpu / hw->peak_bf16_flops;
+#undef LINK
+#undef INTER
+    return 0;
+}

@@ -1,0 +1,21 @@
+/* plan_internal.h — the parts of `tetra plan` shared between its files. */
+#ifndef TETRA_ENGINE_PLAN_INTERNAL_H
+#define TETRA_ENGINE_PLAN_INTERNAL_H
+
+#include <jansson.h>
+
+#include "engine/config.h"
+#include "engine/plan_estimate.h"
+#include "engine/plan_hw.h"
+
+/* `tetra plan --job.config_file ...` (argv[0] is "plan"). */
+int plan_config_main(int argc, char **argv);
+/* base with kv[0..n) ("section.key", value pairs) changed, estimated. 0 or -1 with err. */
+int plan_try(plan_result *r, const tetra_config *base, const char **kv, int n, int ngpu, int gpus_per_node,
+             const plan_hw *hw, char *err, size_t errlen);
+/* The estimate as one JSON object (plan.h's keys). */
+json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const plan_hw *hw);
+/* `--recommend`: prints the top layouts; the exit status. */
+int plan_recommend(const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw, int top, int json);
+
+#endif
