@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/ckpt_format.h"
 #include "engine/config.h"
 #include "engine/plan.h"
 #include "engine/plan_internal.h"
@@ -19,6 +20,8 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 static void usage(FILE *f) {
+    char profiles[512];
+    plan_hw_list(profiles, sizeof profiles);
     fprintf(f,
             "usage: tetra plan --job.config_file FILE [--section.key VALUE ...] --ngpu N [options]\n"
             "       tetra plan --job.config_file FILE --recommend --ngpu N [options]\n"
@@ -43,7 +46,7 @@ static void usage(FILE *f) {
             "is for training.device = cuda unless the config says cpu.\n"
             "Exit status: 0; 1 when the config cannot run at this rank count or does not fit; 2 for bad\n"
             "arguments.\n",
-            "see below");
+            profiles[0] ? profiles : "none found");
 }
 
 static int parse_int_opt(const char *opt, const char *s, int lo, int *out) {
@@ -311,10 +314,8 @@ static int calibrate_main(int argc, char **argv) {
         char *slash = strrchr(dir, '/');
         if (slash) {
             *slash = 0;
-            char cmd[1100];
-            snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
-            if (system(cmd) != 0) {
-                fprintf(stderr, "tetra plan --calibrate: cannot create %s\n", dir);
+            if (ck_mkdir_p(dir) != 0) {
+                fprintf(stderr, "tetra plan --calibrate: cannot create %s: %s\n", dir, strerror(errno));
                 rc = 1;
             }
         }
@@ -387,8 +388,7 @@ int plan_config_main(int argc, char **argv) {
         return 2;
     }
     /* a GPU profile plans the CUDA run unless the config insists on the CPU */
-    const int cpu_hw = hw.peak_fp8_flops <= 0 && !strncmp(hw.name, "cpu", 3);
-    if (strcmp(cfg.v.training.device, "cpu") && cfg_set_string(&cfg, "training.device", cpu_hw ? "cpu" : "cuda", err,
+    if (strcmp(cfg.v.training.device, "cpu") && cfg_set_string(&cfg, "training.device", plan_hw_is_host(&hw) ? "cpu" : "cuda", err,
                                                                 sizeof err)) {
         fprintf(stderr, "tetra plan: %s\n", err);
         cfg_free(&cfg);

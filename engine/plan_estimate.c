@@ -115,7 +115,7 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     out->reserved_bytes = hw->reserved_bytes;
     out->peak_bytes = out->rank[out->worst_pp_rank].total_bytes + hw->reserved_bytes;
     /* a CPU profile's memory is the host's, shared by the ranks placed on it */
-    const int host_shared = hw->peak_fp8_flops <= 0 && !strncmp(hw->name, "cpu", 3);
+    const int host_shared = plan_hw_is_host(hw);
     const int on_node = ngpu < out->gpus_per_node ? ngpu : out->gpus_per_node;
     out->device_bytes = host_shared ? hw->memory_bytes / on_node : hw->memory_bytes;
     out->fits = out->peak_bytes <= out->device_bytes;

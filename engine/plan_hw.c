@@ -436,3 +436,5 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
     }
     return 0;
 }
+
+int plan_hw_is_host(const plan_hw *hw) { return hw->peak_fp8_flops <= 0 && !strncmp(hw->name, "cpu", 3); }

@@ -47,6 +47,9 @@ int plan_hw_load(const char *name, plan_hw *out, char *err, size_t errlen);
  * directory of the search order that exists, sorted and separated by ", ";
  * "" when there is none. */
 void plan_hw_list(char *buf, size_t n);
+/* A CPU profile (named cpu..., no fp8): its memory is the host's, shared by the ranks
+ * on it, its cores also move the bytes, and it plans training.device = cpu. */
+int plan_hw_is_host(const plan_hw *hw);
 
 /* Write a profile as TOML that plan_hw_load reads back to the same numbers,
  * atomically (<path>.tmp, then rename). A profile that would not load (a value
