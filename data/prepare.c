@@ -1267,6 +1267,9 @@ static int run(prep *p) {
     ix.bos_id = p->out.bos;
     ix.eos_id = p->out.eos;
     ix.tokenizer = (char *)o->tokenizer;
+    char fingerprint[17];
+    snprintf(fingerprint, sizeof fingerprint, "%016llx", (unsigned long long)tok_fingerprint(p->tok));
+    ix.tokenizer_fingerprint = fingerprint;
     ix.input = (char *)o->input;
     ix.val_fraction = o->val_fraction;
     ix.val_rule = rule;

@@ -396,6 +396,8 @@ int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t 
     json_object_set_new(root, "bos_id", json_integer(ix->bos_id));
     json_object_set_new(root, "eos_id", json_integer(ix->eos_id));
     if (ix->tokenizer) json_object_set_new(root, "tokenizer", json_string(ix->tokenizer));
+    if (ix->tokenizer_fingerprint)
+        json_object_set_new(root, "tokenizer_fingerprint", json_string(ix->tokenizer_fingerprint));
     if (ix->input) json_object_set_new(root, "input", json_string(ix->input));
     json_object_set_new(root, "val_fraction", json_real(ix->val_fraction));
     if (ix->val_rule) json_object_set_new(root, "val_rule", json_string(ix->val_rule));
@@ -514,6 +516,13 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     ix->bos_id = json_is_integer(b) ? json_integer_value(b) : -1;
     ix->eos_id = json_is_integer(e) ? json_integer_value(e) : -1;
     ix->tokenizer = dup_opt_string(root, "tokenizer");
+    ix->tokenizer_fingerprint = dup_opt_string(root, "tokenizer_fingerprint");
+    if (ix->tokenizer_fingerprint && (strlen(ix->tokenizer_fingerprint) != 16 ||
+                                      strspn(ix->tokenizer_fingerprint, "0123456789abcdef") != 16)) {
+        seterr(err, errlen, "%s: \"tokenizer_fingerprint\" must be 16 lowercase hex digits, got \"%.40s\"", path,
+               ix->tokenizer_fingerprint);
+        goto out;
+    }
     ix->input = dup_opt_string(root, "input");
     ix->val_rule = dup_opt_string(root, "val_rule");
     json_t *vf = json_object_get(root, "val_fraction");
@@ -594,6 +603,7 @@ void shard_index_free(shard_index *ix) {
     }
     free(ix->splits);
     free(ix->tokenizer);
+    free(ix->tokenizer_fingerprint);
     free(ix->input);
     free(ix->val_rule);
     memset(ix, 0, sizeof *ix);

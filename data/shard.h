@@ -133,6 +133,7 @@ typedef struct {
     uint32_t token_bytes;
     int64_t bos_id, eos_id;
     char *tokenizer;       /* informational; may be NULL */
+    char *tokenizer_fingerprint; /* tok_fingerprint as 16 hex digits; NULL in older indexes */
     char *input;           /* informational; may be NULL */
     double val_fraction;
     char *val_rule;        /* informational; may be NULL */

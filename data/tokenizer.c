@@ -990,6 +990,36 @@ int64_t tok_token_id(const tok_tokenizer *t, const char *bytes, size_t len) {
     return id == BPE_NONE ? -1 : (int64_t)id;
 }
 
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+uint64_t tok_fingerprint(const tok_tokenizer *t) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const uint32_t n = t->v.n;
+    h = fnv1a(h, &n, sizeof n);
+    /* one mark per id rather than a search of the specials per id (Llama 3 has 256) */
+    uint8_t *is_sp = calloc(n ? n : 1, 1);
+    for (uint32_t i = 0; is_sp && i < t->n_sp; i++)
+        if (t->sp[i].id < n) is_sp[t->sp[i].id] = 1;
+    for (uint32_t id = 0; id < n; id++) {
+        size_t len = 0;
+        const uint8_t *b = tok_token_bytes(t, id, &len);
+        const int is_special = is_sp ? is_sp[id] : tok_is_special(t, id);
+        /* kind: 0 unassigned, 1 ordinary, 2 special; the length keeps "ab"+"c" apart from "a"+"bc" */
+        const uint8_t kind = !b ? 0 : is_special ? 2 : 1;
+        const uint64_t len64 = len;
+        h = fnv1a(h, &kind, 1);
+        h = fnv1a(h, &len64, sizeof len64);
+        if (b) h = fnv1a(h, b, len);
+    }
+    free(is_sp);
+    const int64_t be[2] = {t->bos, t->eos};
+    return fnv1a(h, be, sizeof be);
+}
+
 int tok_check_vocab_size(const tok_tokenizer *t, int64_t model_vocab_size, char *err, size_t errlen) {
     if (model_vocab_size == (int64_t)t->v.n) return 0;
     seterr(err, errlen,

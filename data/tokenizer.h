@@ -95,6 +95,11 @@ int tok_is_special(const tok_tokenizer *t, uint32_t id);
 const uint8_t *tok_token_bytes(const tok_tokenizer *t, uint32_t id, size_t *len);
 /* Id of the special token or ordinary token with exactly these bytes, or -1. */
 int64_t tok_token_id(const tok_tokenizer *t, const char *bytes, size_t len);
+/* A 64-bit FNV-1a hash of what a token id means: the vocab size, each id's bytes, whether it
+ * is special or unassigned, and the BOS/EOS ids. The same vocabulary read from tokenizer.json
+ * or from tokenizer.model hashes alike; `tetra data prepare` records it in index.json so
+ * training can tell whether model.hf_assets_path holds the tokenizer of its shards. */
+uint64_t tok_fingerprint(const tok_tokenizer *t);
 /* 0 when model_vocab_size equals tok_vocab_size(t); else -1 with an error
  * naming both sizes (a model must embed exactly the ids its tokenizer emits). */
 int tok_check_vocab_size(const tok_tokenizer *t, int64_t model_vocab_size, char *err, size_t errlen);

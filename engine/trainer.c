@@ -848,6 +848,14 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             log_error("training data: %s", err);
             goto fail;
         }
+        /* token ids mean what the corpus's tokenizer says: the one the config names must agree */
+        const int tok_rc = dl_check_tokenizer(t->data_dir, c->model.hf_assets_path, err, sizeof err);
+        if (tok_rc < 0) {
+            log_error("model.hf_assets_path: %s", err);
+            goto fail;
+        }
+        if (tok_rc > 0 && rank == 0)
+            log_warn("model.hf_assets_path: %s; the token shards' tokenizer is not checked against it", err);
         if (c->validation.enable) {
             char vdir[4096];
             const char *vpath = c->validation.dataset_path ? c->validation.dataset_path : c->training.dataset_path;
@@ -865,6 +873,10 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             t->val = dl_open_config(vdir, "val", &vc, err, sizeof err);
             if (!t->val) {
                 log_error("validation data: %s", err);
+                goto fail;
+            }
+            if (strcmp(vdir, t->data_dir) != 0 && dl_check_tokenizer(vdir, c->model.hf_assets_path, err, sizeof err) < 0) {
+                log_error("model.hf_assets_path (validation data): %s", err);
                 goto fail;
             }
             /* single pass: a split shorter than one validation batch would validate nothing */

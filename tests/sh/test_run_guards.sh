@@ -13,6 +13,10 @@
 #   6. Export into a non-empty folder and import over an existing step need --force (the
 #      files stay untouched); data prepare removes the staging folder a killed run left.
 #   7. A 20 MB config file and a tokenizer rank of 999,999,999 are refused, not allocated.
+#   8. model.hf_assets_path must hold the tokenizer the shards were prepared with: another
+#      vocabulary is refused by the fingerprint in index.json (or, in an index without one, by
+#      vocab size and BOS/EOS); the same tokenizer as tokenizer.json alone trains; a missing
+#      folder is a warning.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -136,6 +140,38 @@ mkdir -p "$T/badtok" && printf 'YQ== 0\nYg== 999999999\n' >"$T/badtok/tokenizer.
   >"$T/badtok.log" 2>&1 && bad "a tokenizer rank of 999999999 was accepted"
 grep -q "tokenizer.model:2: rank is not a number below 16777216" "$T/badtok.log" &&
   ok "a tokenizer rank of 999,999,999: refused with file and line" || bad "tokenizer rank: $(head -2 "$T/badtok.log")"
+
+# 8. the tokenizer of model.hf_assets_path against the shards' index.json
+mkdir -p "$T/tok256" "$T/tokjson"
+python3 -c "
+import base64
+with open('$T/tok256/tokenizer.model', 'w') as f:
+    for i in range(256): f.write(base64.b64encode(bytes([i])).decode() + f' {i}\\n')"
+cp "$ROOT/tests/assets/tokenizer/tokenizer.json" "$ROOT/tests/assets/tokenizer/tokenizer_config.json" "$T/tokjson/"
+TOK1=(--training.seq_len 64 --training.local_batch_size 1 --training.global_batch_size 1 --training.threads 1
+      --activation_checkpoint.mode none)
+expect_error tok_other "the tokenizer in $T/tok256 (vocab 256, .* fingerprint [0-9a-f]\\{16\\}) is not the one the token shards in .* were prepared with (.*vocab 2048, BOS 2037, EOS 2038, fingerprint [0-9a-f]\\{16\\})" \
+  "${TOK1[@]}" --model.hf_assets_path "$T/tok256"
+cp -r "$BIN/../data/sample" "$T/oldidx" && python3 - "$T/oldidx/index.json" <<'P2'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d.pop("tokenizer_fingerprint", None), "the sample corpus' index.json has no tokenizer_fingerprint"
+json.dump(d, open(sys.argv[1], "w"), indent=2)
+P2
+expect_error tok_old_index "vocab 2048, BOS 2037, EOS 2038, fingerprint not recorded)" "${TOK1[@]}" \
+  --training.dataset_path "$T/oldidx" --model.hf_assets_path "$T/tok256"
+"$TETRA" "${COMMON[@]:0:3}" --training.steps 1 "${TOK1[@]}" --optimizer.lr 1e-3 --model.hf_assets_path "$T/tokjson" \
+  --job.dump_folder "$T/tok_json" >"$T/tok_json.log" 2>&1
+rc=$?
+[ $rc = 0 ] && ! grep -q hf_assets_path "$T/tok_json.log" &&
+  ok "the shipped tokenizer as tokenizer.json alone agrees with shards prepared from its folder" ||
+  bad "tokenizer.json alone: exit $rc: $(grep -m1 -E 'WARN|ERROR' "$T/tok_json.log")"
+"$TETRA" "${COMMON[@]:0:3}" --training.steps 1 "${TOK1[@]}" --optimizer.lr 1e-3 --model.hf_assets_path "$T/none" \
+  --job.dump_folder "$T/tok_none" >"$T/tok_none.log" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "WARNING - model.hf_assets_path: $T/none does not exist; the token shards' tokenizer is not checked" \
+  "$T/tok_none.log" && ok "a missing model.hf_assets_path: a warning, the run goes on" ||
+  bad "missing hf_assets_path: exit $rc: $(grep -m1 -E 'WARN|ERROR' "$T/tok_none.log")"
 
 if [ $fail != 0 ]; then echo "FAIL run guards"; exit 1; fi
 echo "ok   run guards"
