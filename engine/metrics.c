@@ -343,6 +343,21 @@ int64_t metrics_peak_rss_bytes(void) {
     return (int64_t)ru.ru_maxrss * 1024; /* Linux reports kilobytes */
 }
 
+double metrics_gpu_peak_bf16(const char *device_name) {
+    /* the more specific names first: "H100 NVL" and "H100 PCIe" before "H100" */
+    static const struct {
+        const char *name;
+        double flops;
+    } table[] = {
+        {"A100", 312e12}, {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12},
+        {"H200", 989e12}, {"B200", 2.25e15},    {"L40S", 362e12},
+    };
+    if (!device_name) return 0.0;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strstr(device_name, table[i].name)) return table[i].flops;
+    return 0.0;
+}
+
 int64_t metrics_host_memory_bytes(void) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || page <= 0) return -1;

@@ -68,6 +68,12 @@ int64_t metrics_host_memory_bytes(void);
 /* Logs "peak resident memory: X GiB (Y% of host memory)" — for the end of a run. */
 void metrics_log_peak_rss(void);
 
+/* The dense bf16 peak FLOP/s of a GPU named as the CUDA runtime names it ("NVIDIA H100
+ * 80GB HBM3"), the MFU denominator TorchTitan uses; 0 for a device not in the table.
+ * Datasheet values: A100 312e12, H100 SXM 989e12, H100 PCIe 756e12, H100 NVL 835e12,
+ * H200 (and GH200) 989e12, B200 2.25e15, L40S 362e12. */
+double metrics_gpu_peak_bf16(const char *device_name);
+
 /* Formats v rounded to `decimals` places with thousands separators, like
  * Python's f"{v:,.{decimals}f}" (nan/inf as "nan"/"inf"). Returns out. */
 char *metrics_format_grouped(char *out, size_t outlen, double v, int decimals);

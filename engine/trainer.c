@@ -16,7 +16,9 @@
 
 #include "data/shard.h"
 #include "engine/log.h"
+#include "engine/metrics.h"
 #include "engine/trainer_internal.h"
+#include "kernels/cuda_plugin.h"
 #include "models/llama3/hf.h"
 #include "models/llama3/pipeline.h"
 #include "parallel/cp.h"
@@ -42,22 +44,29 @@ static int local_ranks(void) {
     return n;
 }
 
-/* Achievable fp32 FLOP/s of this backend: the best of a few square GEMMs,
- * the denominator of MFU on the CPU (no vendor table applies there). */
-static double measure_peak_flops(const tetra_ops *ops) {
-    const int n = 1024;
-    size_t bytes = (size_t)n * n * sizeof(float);
-    float *a = ops->alloc(bytes), *b = ops->alloc(bytes), *c = ops->alloc(bytes);
+/* Achievable FLOP/s of this backend in the compute dtype: the best of a few square GEMMs,
+ * the denominator of MFU when metrics.peak_flops is not given. On the CPU, fp32 at 1024^3
+ * (bf16 operands are widened to fp32 there, so fp32 is its peak). On a GPU, bf16 operands
+ * when the model computes in bf16, at 8192^3: a 1024^3 GEMM is over in microseconds on an
+ * H100, launch-bound, and would understate the peak several-fold (MFU above 100 %). */
+static double measure_peak_flops(const tetra_ops *ops, int bf16, const char **what) {
+    const int cpu = !strcmp(ops->name, "cpu");
+    const int n = cpu ? 1024 : 8192;
+    const tetra_dtype dt = bf16 && !cpu ? TETRA_BF16 : TETRA_F32;
+    const size_t elem = dt == TETRA_BF16 ? 2 : 4, count = (size_t)n * n;
+    *what = dt == TETRA_BF16 ? "measured bf16 GEMM, 8192^3" : cpu ? "measured fp32 GEMM, 1024^3" : "measured fp32 GEMM, 8192^3";
+    float *a = ops->alloc(count * elem), *b = ops->alloc(count * elem), *c = ops->alloc(count * elem);
     if (!a || !b || !c) {
         ops->release(a);
         ops->release(b);
         ops->release(c);
         return 0.0;
     }
-    ops->fill(a, 0.5f, (size_t)n * n);
-    ops->fill(b, 0.25f, (size_t)n * n);
+    /* fill writes fp32 words: over bf16 storage that is pairs of (0, 0.5) - as good for timing */
+    ops->fill(a, 0.5f, count * elem / 4);
+    ops->fill(b, 0.25f, count * elem / 4);
     ops_gemm_desc g = {0};
-    g.a_type = g.b_type = g.c_type = TETRA_F32;
+    g.a_type = g.b_type = g.c_type = dt;
     g.m = g.n = g.k = n;
     g.lda = g.ldb = g.ldc = n;
     g.alpha = 1.0f;
@@ -67,8 +76,8 @@ static double measure_peak_flops(const tetra_ops *ops) {
         double t0 = now_s();
         ops->gemm(c, a, b, &g);
         ops->synchronize();
-        double dt = now_s() - t0;
-        if (rep > 0 && dt < best) best = dt; /* first call warms caches and threads */
+        double dt_s = now_s() - t0;
+        if (rep > 0 && dt_s < best) best = dt_s; /* the first call warms caches, threads and heuristics */
     }
     ops->release(a);
     ops->release(b);
@@ -238,9 +247,10 @@ static void log_plan(trainer *t) {
         log_info("dry run: backend %s (planned, nothing allocated), %d threads per rank; %s: %s; gradient "
                  "accumulation %d", t->ops->name, t->threads, mdesc, mode, t->accum);
     else
-        log_info("backend %s, %d threads per rank; %s: %s, comm %s; gradient accumulation %d; peak %.1f GFLOP/s "
+        log_info("backend %s, %d threads per rank; %s: %s, comm %s; gradient accumulation %d; peak %.1f %s "
                  "per rank (%s)", t->ops->name, t->threads, mdesc, mode, comm_backend_name(comm_world_backend(t->cw)),
-                 t->accum, t->peak / 1e9, t->peak_src);
+                 t->accum, t->peak >= 1e13 ? t->peak / 1e12 : t->peak / 1e9, t->peak >= 1e13 ? "TFLOP/s" : "GFLOP/s",
+                 t->peak_src);
     if (t->pp_size > 1) {
         const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
         char stages[512] = "";
@@ -1114,11 +1124,25 @@ static int prepare_run(trainer *t) {
 
     t->peak = c->metrics.peak_flops;
     t->peak_src = "metrics.peak_flops";
+    if ((isnan(t->peak) || t->peak <= 0) && strcmp(ops->name, "cpu") != 0 && t->mixed) {
+        /* on a known GPU, TorchTitan's denominator: the datasheet's dense bf16 peak */
+        char name[160], e[256];
+        const cuda_kernels_api *k = cuda_kernels(e, sizeof e);
+        if (k && k->device_describe(0, name, (int)sizeof name) == 0 && metrics_gpu_peak_bf16(name) > 0) {
+            t->peak = metrics_gpu_peak_bf16(name);
+            snprintf(t->peak_src_buf, sizeof t->peak_src_buf, "dense bf16 peak of %s", name);
+            t->peak_src = t->peak_src_buf;
+        }
+    }
     if (isnan(t->peak) || t->peak <= 0) {
-        t->peak = measure_peak_flops(ops);
+        t->peak = measure_peak_flops(ops, t->mixed, &t->peak_src);
         /* every rank shares the same cores: the slowest probe is the honest one */
         t->peak = comm_all_reduce_f64(t->g_world, t->peak, COMM_MIN);
-        t->peak_src = "measured fp32 GEMM";
+        if (!(t->peak > 0)) {
+            log_warn("MFU: the peak-FLOP/s probe could not allocate its matrices; MFU is logged as 0 (set "
+                     "metrics.peak_flops to the device's peak)");
+            t->peak = INFINITY;
+        }
     }
     log_plan(t);
     log_info("training %lld steps, global batch %lld x %d tokens, dataset %s (%llu tokens, %llu steps/epoch)",

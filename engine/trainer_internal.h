@@ -135,6 +135,7 @@ struct trainer {
     metrics_logger *ml;
     double n_params, flops_per_token, peak;
     const char *peak_src;
+    char peak_src_buf[192]; /* the device name when the peak is the table's */
     size_t allocs_at_start;
 
     /* during a step: what the stage callbacks need */

@@ -3,7 +3,8 @@
  * (missing key, wrong type, value out of range, unknown key or table, syntax)
  * are refused with the file, line and key named; the search path
  * ($TETRA_HARDWARE_DIR first) and an unknown name's error listing the places
- * looked at and the profiles found. Run from the repository root (ctest does).
+ * looked at and the profiles found; the GPU peak table MFU uses (metrics_gpu_peak_bf16)
+ * agrees with the shipped profiles. Run from the repository root (ctest does).
  * plan_calibrate needs MPI and a quiet machine: tests/sh runs it. */
 #include <dirent.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/metrics.h"
 #include "engine/plan_hw.h"
 
 static int failures = 0, checks = 0;
@@ -366,6 +368,37 @@ static void remove_tree(const char *dir) {
     rmdir(dir);
 }
 
+/* MFU's denominator on a GPU: the CUDA runtime's device names map to the datasheet's dense
+ * bf16 peak, the specific H100 variants before the generic one, and agree with the profiles
+ * `tetra plan` uses for the same parts. */
+static void test_gpu_peaks(void) {
+    static const struct {
+        const char *name;
+        double want;
+    } cases[] = {
+        {"NVIDIA H100 80GB HBM3", 989e12}, {"NVIDIA H100 NVL", 835e12},   {"NVIDIA H100 PCIe", 756e12},
+        {"NVIDIA H200", 989e12},           {"NVIDIA GH200 480GB", 989e12}, {"NVIDIA A100-SXM4-80GB", 312e12},
+        {"NVIDIA B200", 2.25e15},          {"NVIDIA L40S", 362e12},        {"NVIDIA GeForce RTX 4090", 0.0},
+        {"", 0.0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(metrics_gpu_peak_bf16(cases[i].name) == cases[i].want, "%s: %g, want %g", cases[i].name,
+              metrics_gpu_peak_bf16(cases[i].name), cases[i].want);
+    CHECK(metrics_gpu_peak_bf16(NULL) == 0.0, "NULL name");
+    static const struct {
+        const char *profile, *device;
+    } same[] = {{"h100-sxm", "NVIDIA H100 80GB HBM3"}, {"h200", "NVIDIA H200"}, {"b200", "NVIDIA B200"}};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        plan_hw hw;
+        char err[1024];
+        int rc = plan_hw_load(same[i].profile, &hw, err, sizeof err);
+        CHECK(rc == 0, "%s: %s", same[i].profile, err);
+        if (rc == 0)
+            CHECK(hw.peak_bf16_flops == metrics_gpu_peak_bf16(same[i].device), "%s: profile %g, MFU table %g",
+                  same[i].profile, hw.peak_bf16_flops, metrics_gpu_peak_bf16(same[i].device));
+    }
+}
+
 int main(void) {
     unsetenv("TETRA_HARDWARE_DIR");
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tetra_plan_hw_XXXXXX");
@@ -377,6 +410,7 @@ int main(void) {
     test_round_trip();
     test_errors();
     test_search();
+    test_gpu_peaks();
     remove_tree(tmpdir);
     printf("test_plan_hw: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
