@@ -976,6 +976,16 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 "a pipeline schedule needs at least 2 pipeline ranks", WHERE(par, "pipeline_parallel_schedule_csv"));
         return -1;
     }
+    if (v->comm.trace_buf_size < 0 || v->comm.trace_buf_size > 10000000) {
+        set_err(err, n, "%s: comm.trace_buf_size must be 0 (no flight recorder) to 10000000 operations, got %" PRId64,
+                WHERE("comm", "trace_buf_size"), v->comm.trace_buf_size);
+        return -1;
+    }
+    if (!*v->comm.save_traces_folder || strchr(v->comm.save_traces_file_prefix, '/')) {
+        set_err(err, n, "%s: comm.save_traces_folder must not be empty and comm.save_traces_file_prefix must not "
+                        "hold a '/'", WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
+        return -1;
+    }
     if (v->lr_scheduler.warmup_steps < 0) {
         set_err(err, n, "%s: lr_scheduler.warmup_steps must be >= 0", WHERE("lr_scheduler", "warmup_steps"));
         return -1;
@@ -1100,13 +1110,6 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             {v->training.gc_debug, "training", "gc_debug", "tetra has no garbage collector; set it to false"},
             {v->activation_checkpoint.early_stop, "activation_checkpoint", "early_stop",
              "early stop of recomputation is not built (a block recomputes what it dropped); set it to false"},
-            {v->comm.trace_buf_size != 20000, "comm", "trace_buf_size",
-             "the collective flight recorder is not built yet (a stuck collective is reported by "
-             "comm.train_timeout_seconds); leave it at 20000"},
-            {strcmp(v->comm.save_traces_folder, "comm_traces") != 0, "comm", "save_traces_folder",
-             "the collective flight recorder is not built yet; leave it at \"comm_traces\""},
-            {strcmp(v->comm.save_traces_file_prefix, "rank_") != 0, "comm", "save_traces_file_prefix",
-             "the collective flight recorder is not built yet; leave it at \"rank_\""},
         };
         for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
             if (no[i].set) {

@@ -702,6 +702,12 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     copt.train_timeout_s = (double)c->comm.train_timeout_seconds;
     copt.cuda_device = -1;
     copt.virtual_world = t->opt.virtual_world;
+    char trace_dir[4096];
+    if (c->comm.save_traces_folder[0] == '/') snprintf(trace_dir, sizeof trace_dir, "%s", c->comm.save_traces_folder);
+    else snprintf(trace_dir, sizeof trace_dir, "%s/%s", c->job.dump_folder, c->comm.save_traces_folder);
+    copt.trace_buf_size = dry ? 0 : (int)c->comm.trace_buf_size;
+    copt.trace_dir = trace_dir;
+    copt.trace_prefix = c->comm.save_traces_file_prefix;
     t->cw = comm_world_create(&t->msh, rank, &copt, err, sizeof err);
     if (!t->cw) {
         log_error("%s", err);

@@ -92,10 +92,12 @@ static void describe_issue(const comm_request *r, char *buf, size_t n) {
 }
 
 void commi_fail(const comm_request *r, const char *what) {
-    char issue[200];
+    char issue[200], path[4096];
     describe_issue(r, issue, sizeof issue);
     fprintf(stderr, "comm: %s on group %s (%d ranks) failed on rank %d: %s (%s)\n", commi_kind_name(r->kind),
             mesh_group_name(r->g->id), r->g->size, r->g->w->rank, what, issue);
+    if (commi_trace_dump(r->g->w, "failure", r, path, sizeof path) == 0)
+        fprintf(stderr, "comm: rank %d: flight recorder written to %s\n", r->g->w->rank, path);
     abort_job(r->g->w);
 }
 
@@ -107,11 +109,15 @@ void commi_fail_group(const comm_group *g, const char *op, const char *what) {
 
 static void fail_timeout(const comm_request *r, double waited) __attribute__((noreturn));
 static void fail_timeout(const comm_request *r, double waited) {
-    char issue[200];
+    char issue[200], path[4096], blame[2048] = "";
     describe_issue(r, issue, sizeof issue);
+    const int dumped = commi_trace_dump(r->g->w, "timeout", r, path, sizeof path) == 0;
+    if (dumped) commi_trace_blame(r, blame, sizeof blame);
     fprintf(stderr, "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
-                    "group did not reach it (crashed, stuck, or running a different sequence of collectives)\n",
-            commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue);
+                    "group did not reach it (crashed, stuck, or running a different sequence of collectives)%s%s\n",
+            commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue,
+            *blame ? "; not issued by: " : "", blame);
+    if (dumped) fprintf(stderr, "comm: rank %d: flight recorder written to %s\n", r->g->w->rank, path);
     abort_job(r->g->w);
 }
 
@@ -185,6 +191,16 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
             comm_world_free(w);
             return NULL;
         }
+    if (commi_trace_init(w, err, errlen)) {
+        comm_world_free(w);
+        return NULL;
+    }
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        w->run_id = (double)ts.tv_sec + 1e-6 * (double)(ts.tv_nsec / 1000);
+        MPI_Bcast(&w->run_id, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    }
 #ifdef TETRA_HAVE_NCCL
     if (opt->backend == COMM_BACKEND_NCCL && !nccl_api()) {
         snprintf(err, errlen, "comm: the NCCL backend is not available (lib/libtetra_cuda.so not loadable)");
@@ -253,6 +269,7 @@ void comm_world_free(comm_world *w) {
     if (w->nccl_world) NCCL->comm_destroy(w->nccl_world);
     if (w->stream) NCCL->stream_destroy(w->stream);
 #endif
+    commi_trace_free(w);
     free(w);
 }
 
@@ -287,6 +304,7 @@ static void request_init(comm_request *r, comm_group *g, comm_kind kind, size_t 
     r->t_start = commi_now();
     r->step = g->w->step;
     r->seq = ++g->seq;
+    commi_trace_issue(r);
 }
 
 static int backend_test(comm_request *r) {
@@ -321,6 +339,7 @@ static void finish(comm_request *r) {
     r->event = NULL;
 #endif
     r->done = 1;
+    commi_trace_done(r);
     comm_world *w = r->g->w;
     if (w->observer)
         w->observer(w->observer_user, commi_kind_name(r->kind), comm_group_name(r->g),
@@ -347,6 +366,7 @@ void comm_wait(comm_request *r) {
         const double timeout = r->g->w->timeout_s;
         for (;;) {
             if (backend_test(r)) break;
+            commi_trace_poll(r->g->w);
             double waited = commi_now() - r->t_start;
             if (waited > timeout) fail_timeout(r, waited);
             if (waited < 1.0 && !use_nccl(r)) {
@@ -371,6 +391,7 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
         (r->dtype == COMM_BF16 || r->dtype == COMM_U8))
         commi_fail(r, "the MPI backend reduces float32, float64, int32 and int64 only");
     const size_t es = comm_dtype_size(r->dtype);
+    if (r->kind == COMMK_SEND || r->kind == COMMK_RECV || r->kind == COMMK_SENDRECV) commi_trace_peer(r, peer);
     if (g->w->opt.virtual_world && g->size > 1) {
         fprintf(stderr, "comm: %s on group %s (%d ranks) in a planned world (rank %d): planning does not "
                         "communicate\n", commi_kind_name(r->kind), mesh_group_name(g->id), g->size, g->w->rank);

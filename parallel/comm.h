@@ -19,7 +19,8 @@
  * the job (MPI_Abort, exit code 1) after one line on stderr naming the
  * operation, the group, the rank and the step, e.g.
  *   comm: all_gather on group dp_shard_cp (4 ranks) timed out after 100 s on
- *   rank 2 (collective #31 on this group, issued during step 7)
+ *   rank 2 (collective #31 on this group, issued during step 7); ...; not issued by:
+ *   rank 3 (no flight-recorder dump: stopped, dead, or busy outside any collective)
  * Backend errors end the job the same way.
  *
  * Groups of one rank run locally (copies), like TorchTitan's fake backend for
@@ -56,6 +57,15 @@ typedef struct {
      * initialised), and a collective on a group of more than one rank ends the
      * process naming it — planning code must not communicate. */
     int virtual_world;
+    /* Flight recorder (TorchTitan's comm.trace_buf_size): the last trace_buf_size
+     * operations (group, op, bytes, peer, the group's sequence number, step, issue and
+     * completion times) in a ring, written as JSON to <trace_dir>/<trace_prefix><rank>.json
+     * when a wait times out (the message then names the group's ranks that never issued
+     * the operation, read from their dumps), when an operation fails, and on SIGUSR2
+     * (the run goes on). 0 = off. */
+    int trace_buf_size;
+    const char *trace_dir;
+    const char *trace_prefix;
 } comm_options;
 
 size_t comm_dtype_size(comm_dtype t);

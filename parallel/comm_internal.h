@@ -32,6 +32,12 @@ struct comm_world {
     comm_group groups[MESH_N_GROUPS];
     comm_observer_fn observer; /* profiling: told of every completed operation */
     void *observer_user;
+    /* flight recorder (comm_trace.c): a ring of opt.trace_buf_size entries */
+    struct commi_trace_entry *trace;
+    uint64_t trace_total;      /* operations recorded since the start */
+    double trace_wall_offset;  /* wall clock minus commi_now(), for the dump's timestamps */
+    double run_id;             /* rank 0's start time, shared: tells this run's dumps from older ones */
+    char *trace_dir, *trace_prefix; /* owned copies; opt.trace_dir / trace_prefix point here */
 };
 
 /* One operation in flight. */
@@ -56,9 +62,24 @@ struct comm_request {
     int host;            /* runs over MPI on host buffers whatever the backend (scalars) */
     int heap;            /* allocated for an asynchronous caller; freed by comm_wait */
     int done;
+    uint64_t trace_id;   /* 1 + its index in the flight recorder; 0 when not recorded */
 };
 
 double commi_now(void);
+
+/* The flight recorder (comm_trace.c). */
+int commi_trace_init(comm_world *w, char *err, size_t errlen);
+void commi_trace_free(comm_world *w);
+void commi_trace_issue(comm_request *r);
+void commi_trace_peer(const comm_request *r, int peer);
+void commi_trace_done(const comm_request *r);
+/* Write <trace_dir>/<prefix><rank>.json (temporary name, then rename); its path into path.
+ * Returns 0, or -1 when the recorder is off or the file cannot be written. */
+int commi_trace_dump(comm_world *w, const char *reason, const comm_request *waiting, char *path, size_t pathlen);
+/* A pending SIGUSR2: dump and go on. */
+void commi_trace_poll(comm_world *w);
+/* After a timeout: the ranks of r's group that did not issue it, from their dumps. */
+void commi_trace_blame(const comm_request *r, char *buf, size_t n);
 /* Print the one-line failure and end the job. */
 void commi_fail(const comm_request *r, const char *what) __attribute__((noreturn));
 void commi_fail_group(const comm_group *g, const char *op, const char *what) __attribute__((noreturn));
