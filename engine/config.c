@@ -1091,8 +1091,6 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             int set;
             const char *section, *key, *why;
         } no[] = {
-            {v->profiling.enable_memory_snapshot, "profiling", "enable_memory_snapshot",
-             "memory snapshots are not built yet; set it to false"},
             {v->metrics.save_for_all_ranks, "metrics", "save_for_all_ranks",
              "only rank 0 writes metrics and TensorBoard events in this version; set it to false"},
             {v->model.tokenizer_path != NULL, "model", "tokenizer_path",

@@ -16,6 +16,7 @@
 
 #include "data/shard.h"
 #include "engine/log.h"
+#include "engine/memsnap.h"
 #include "engine/metrics.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
@@ -228,6 +229,20 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
     p->mixed = t->mixed;
     p->n_params = t->n_params;
     p->flops_per_token = t->flops_per_token;
+}
+
+/* profiling.enable_memory_snapshot: <dump>/<folder>/iteration_<step>[_exit]/rank<r>_memory_snapshot.json */
+static void write_memory_snapshot(const trainer *t, int64_t step, const char *reason, int at_exit) {
+    const tetra_config_values *c = t->c;
+    if (!c->profiling.enable_memory_snapshot || t->opt.dry_run) return;
+    trainer_plan p;
+    fill_plan(t, &p);
+    char dir[8400], err[512];
+    const char *f = c->profiling.save_memory_snapshot_folder;
+    if (f[0] == '/') snprintf(dir, sizeof dir, "%s/iteration_%lld%s", f, (long long)step, at_exit ? "_exit" : "");
+    else snprintf(dir, sizeof dir, "%s/%s/iteration_%lld%s", c->job.dump_folder, f, (long long)step, at_exit ? "_exit" : "");
+    if (memsnap_write(dir, t->rank, step, reason, &p, t->ops, err, sizeof err)) log_warn("%s", err);
+    else if (t->rank == 0) log_info("memory snapshot (%s): %s/rank<r>_memory_snapshot.json", reason, dir);
 }
 
 static void log_plan(trainer *t) {
@@ -909,6 +924,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
 
     /* ---- buffers ---- */
+    t->plan_ready = 1; /* the layout is known: a start-up failure from here on can be snapshot */
     const size_t step_tok = (size_t)t->accum * (size_t)c->training.local_batch_size * (size_t)t->Tl;
     t->h_in = malloc(sizeof(int32_t) * step_tok);
     t->h_lab = malloc(sizeof(int32_t) * step_tok);
@@ -1048,6 +1064,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     *out = t;
     return 0;
 fail:
+    if (t->plan_ready) write_memory_snapshot(t, 0, "start-up failed", 1);
     trainer_teardown(t);
     return 1;
 }
@@ -1214,6 +1231,7 @@ static int prepare_run(trainer *t) {
         log_info("backend memory: %s (%zu bytes) in %zu allocations taken at start-up", hb, ops->allocated_bytes(),
                  t->allocs_at_start);
     }
+    write_memory_snapshot(t, 0, "start-up", 0);
     return 0;
 }
 
@@ -1311,6 +1329,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             rc = 1;
             break;
         }
+        if (c->profiling.profile_freq > 0 && step % c->profiling.profile_freq == 0)
+            write_memory_snapshot(t, step, "step", 0);
         t->tc.tokens_seen += c->training.local_batch_size * (int64_t)t->T * t->accum * t->dims.dp;
         if (step > first_step) { /* the first step warms caches and plans: not counted */
             pp_busy += t->pp_stats.compute_s;

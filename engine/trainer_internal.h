@@ -137,6 +137,7 @@ struct trainer {
     const char *peak_src;
     char peak_src_buf[192]; /* the device name when the peak is the table's */
     size_t allocs_at_start;
+    int plan_ready;         /* every stage's layout is built (fill_plan may run) */
 
     /* during a step: what the stage callbacks need */
     float dloss_scale;

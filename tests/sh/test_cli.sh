@@ -135,8 +135,8 @@ for form in "--checkpoint.enable false" "--checkpoint.enable=false" "--checkpoin
 done
 expect_error "a boolean with another word" "unexpected argument 'maybe'" \
   "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --checkpoint.enable maybe
-expect_error "a refused key names itself" "profiling.enable_memory_snapshot is not supported" \
-  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --profiling.enable_memory_snapshot
+expect_error "a refused key names itself" "training.enable_cpu_offload is not supported" \
+  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.enable_cpu_offload
 
 # 9. colour: NO_COLOR and TETRA_COLOR=0 turn it off, TETRA_COLOR=1 on (the launcher decides
 #    from its own stdout, since a rank's stdout under mpirun can be a pty)

@@ -234,7 +234,7 @@ static void test_shipped_configs(void) {
 static const char *const WORKS[] = {
     "job.config_file", "job.dump_folder", "job.description", "job.print_config", "job.save_config_file",
     "profiling.enable_profiling", "profiling.save_traces_folder", "profiling.profile_freq",
-    "profiling.profiler_active", "profiling.save_memory_snapshot_folder", /* inert while snapshots are refused */
+    "profiling.profiler_active", "profiling.save_memory_snapshot_folder", "profiling.enable_memory_snapshot",
     "metrics.log_freq", "metrics.enable_tensorboard", "metrics.disable_color_printing", "metrics.save_tb_folder",
     "metrics.peak_flops", "model.name", "model.flavor", "model.converters", "model.print_after_conversion",
     "model.n_layers", "model.vocab_size", "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",

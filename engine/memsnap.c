@@ -1,0 +1,87 @@
+#include "engine/memsnap.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/metrics.h"
+
+static int mkdir_p(const char *dir) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(p, 0755) && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+int memsnap_write(const char *folder, int rank, int64_t step, const char *reason, const trainer_plan *p,
+                  const tetra_ops *ops, char *err, size_t errlen) {
+    /* the plan's categories, as fill_plan adds them up to total_bytes */
+    const double acts = p->act_bytes - p->workspace_bytes - p->validation_bytes;
+    const struct {
+        const char *name;
+        double bytes;
+        const char *what;
+    } cat[] = {
+        {"parameters", p->param_bytes,
+         p->mixed ? "this rank's fp32 shard of the parameters and its bf16 copy" : "this rank's fp32 shard of the parameters"},
+        {"gradients", p->grad_bytes, "this rank's shard of the gradients (fp32)"},
+        {"optimizer_state", p->optim_bytes, "AdamW's two moments for this rank's shard (fp32)"},
+        {"gathered_parameters", p->work_param_bytes, "whole units' parameters gathered for compute (FSDP working set)"},
+        {"unsharded_gradients", p->work_grad_bytes, "whole units' gradients before the reduce-scatter"},
+        {"reduce_staging", p->reduce_bytes, "reduce-scatter and all-reduce staging"},
+        {"activations", acts, "activations kept for backward, every microbatch alive at once, and pipeline send buffers"},
+        {"workspace", p->workspace_bytes, "recompute slots and per-op scratch shared by the blocks"},
+        {"validation", p->validation_bytes, "validation activations (when its batch shape differs)"},
+        {"converters", p->converter_bytes, "model converters' state (Float8 scales, amax history)"},
+    };
+    char path[4300], tmp[4400];
+    if (mkdir_p(folder)) {
+        snprintf(err, errlen, "memory snapshot: cannot create %s: %s", folder, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/rank%d_memory_snapshot.json", folder, rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    json_t *root = json_object(), *cats = json_array();
+    json_object_set_new(root, "format", json_string("tetra-memory-snapshot"));
+    json_object_set_new(root, "version", json_integer(1));
+    json_object_set_new(root, "rank", json_integer(rank));
+    json_object_set_new(root, "step", json_integer(step));
+    json_object_set_new(root, "reason", json_string(reason));
+    json_object_set_new(root, "backend", json_string(ops ? ops->name : "none"));
+    json_object_set_new(root, "bf16_compute", json_boolean(p->mixed));
+    double sum = 0;
+    for (size_t i = 0; i < sizeof cat / sizeof cat[0]; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(cat[i].name));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)cat[i].bytes));
+        json_object_set_new(o, "what", json_string(cat[i].what));
+        json_array_append_new(cats, o);
+        sum += (double)(json_int_t)cat[i].bytes;
+    }
+    json_object_set_new(root, "categories", cats);
+    json_object_set_new(root, "planned_bytes", json_integer((json_int_t)sum));
+    size_t dfree = 0, dtotal = 0;
+    if (ops) ops->device_memory(&dfree, &dtotal);
+    json_object_set_new(root, "allocated_bytes", json_integer(ops ? (json_int_t)ops->allocated_bytes() : 0));
+    json_object_set_new(root, "allocations", json_integer(ops ? (json_int_t)ops->alloc_count() : 0));
+    json_object_set_new(root, "peak_rss_bytes", json_integer(metrics_peak_rss_bytes()));
+    json_object_set_new(root, "host_memory_bytes", json_integer(metrics_host_memory_bytes()));
+    json_object_set_new(root, "device_free_bytes", json_integer((json_int_t)dfree));
+    json_object_set_new(root, "device_total_bytes", json_integer((json_int_t)dtotal));
+    int rc = json_dump_file(root, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (rc != 0 || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "memory snapshot: cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
