@@ -20,6 +20,7 @@ typedef struct {
     int tid;
     size_t bytes;       /* comm: this rank's buffer */
     char group[16];     /* comm */
+    double flops;       /* gemm: 2 m n k (x batch) */
 } trace_event;
 
 struct trace {
@@ -36,6 +37,9 @@ struct trace {
     int too_deep;          /* spans begun past TRACE_DEPTH (not recorded) still open */
     double lane_end[TRACE_LANES];
 };
+
+/* the trace that the wrapped ops (trace_ops, at the end) report to */
+static trace *op_trace;
 
 static double mono(void) {
     struct timespec ts;
@@ -92,11 +96,13 @@ trace *trace_create(const char *dir, int rank, int64_t freq, int64_t active, con
     t->active = active < freq ? active : freq;
     t->ops = ops;
     t->cw = cw;
+    op_trace = t;
     return t;
 }
 
 void trace_free(trace *t) {
     if (!t) return;
+    if (op_trace == t) op_trace = NULL;
     if (t->cw) comm_set_observer(t->cw, NULL, NULL);
     free(t->ev);
     free(t);
@@ -175,6 +181,8 @@ static int write_file(trace *t, int64_t step, char *err, size_t errlen) {
             fprintf(f, ", \"args\": {\"group\": ");
             json_str(f, e->group);
             fprintf(f, ", \"bytes\": %zu}", e->bytes);
+        } else if (e->flops > 0) {
+            fprintf(f, ", \"args\": {\"flops\": %.0f}", e->flops);
         }
         fputc('}', f);
     }
@@ -216,6 +224,7 @@ void trace_begin(trace *t, const char *cat, const char *fmt, ...) {
     vsnprintf(e->name, sizeof e->name, fmt, ap);
     va_end(ap);
     snprintf(e->cat, sizeof e->cat, "%s", cat);
+    e->flops = 0;
     e->t0 = mono();
     e->t1 = e->t0 - 1.0; /* open */
     t->open[t->depth++] = (int)(e - t->ev);
@@ -230,4 +239,101 @@ void trace_end(trace *t) {
     sync_device(t);
     const int i = t->open[--t->depth];
     if (i >= 0) t->ev[i].t1 = mono();
+}
+
+/* ---- op spans: the backend's table with its heavy ops wrapped ----
+ * One trace per process reports them (the training thread's); outside a recorded step a
+ * wrapper costs a branch. */
+static const tetra_ops *op_base;
+static tetra_ops op_wrapped;
+
+static int op_on(void) { return op_trace && op_trace->recording; }
+
+static void w_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
+    if (!op_on()) {
+        op_base->gemm(c, a, b, g);
+        return;
+    }
+    const int batch = g->batch > 1 ? g->batch : 1;
+    char xb[16] = "";
+    if (batch > 1) snprintf(xb, sizeof xb, " x%d", batch);
+    trace_begin(op_trace, "gemm", "gemm %dx%dx%d%s %s", g->m, g->n, g->k, xb, ops_dtype_name(g->a_type));
+    if (op_trace->depth > 0 && op_trace->open[op_trace->depth - 1] >= 0)
+        op_trace->ev[op_trace->open[op_trace->depth - 1]].flops = 2.0 * g->m * (double)g->n * g->k * batch;
+    op_base->gemm(c, a, b, g);
+    trace_end(op_trace);
+}
+
+static void attn_begin(const char *what, const ops_attn_shape *s) {
+    trace_begin(op_trace, "attention", "attention %s b%d h%d/%d sq%d sk%d d%d%s", what, s->b, s->h, s->kv, s->sq, s->sk,
+                s->d, s->causal ? " causal" : "");
+}
+
+static void w_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const ops_attn_shape *s,
+                       void *ws) {
+    if (!op_on()) {
+        op_base->attention_forward(out, lse, q, k, v, s, ws);
+        return;
+    }
+    attn_begin("forward", s);
+    op_base->attention_forward(out, lse, q, k, v, s, ws);
+    trace_end(op_trace);
+}
+
+static void w_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                       const float *v, const float *out, const float *lse, const ops_attn_shape *s, void *ws) {
+    if (!op_on()) {
+        op_base->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, ws);
+        return;
+    }
+    attn_begin("backward", s);
+    op_base->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, ws);
+    trace_end(op_trace);
+}
+
+static void w_attn_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                            const ops_attn_shape *s, void *ws) {
+    if (!op_on()) {
+        op_base->attention_forward_bf16(out, lse, q, k, v, s, ws);
+        return;
+    }
+    attn_begin("forward bf16", s);
+    op_base->attention_forward_bf16(out, lse, q, k, v, s, ws);
+    trace_end(op_trace);
+}
+
+static void w_attn_bwd_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
+                            const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
+                            const ops_attn_shape *s, void *ws) {
+    if (!op_on()) {
+        op_base->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, ws);
+        return;
+    }
+    attn_begin("backward bf16", s);
+    op_base->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, ws);
+    trace_end(op_trace);
+}
+
+static void w_ce(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
+                 float dloss_scale) {
+    if (!op_on()) {
+        op_base->cross_entropy(dlogits, losses, logits, targets, n, v, dloss_scale);
+        return;
+    }
+    trace_begin(op_trace, "loss", "cross_entropy %dx%d", n, v);
+    op_base->cross_entropy(dlogits, losses, logits, targets, n, v, dloss_scale);
+    trace_end(op_trace);
+}
+
+const tetra_ops *trace_ops(const tetra_ops *base) {
+    if (!base) return NULL;
+    op_base = base;
+    op_wrapped = *base;
+    if (base->gemm) op_wrapped.gemm = w_gemm;
+    if (base->attention_forward) op_wrapped.attention_forward = w_attn_fwd;
+    if (base->attention_backward) op_wrapped.attention_backward = w_attn_bwd;
+    if (base->attention_forward_bf16) op_wrapped.attention_forward_bf16 = w_attn_fwd_bf16;
+    if (base->attention_backward_bf16) op_wrapped.attention_backward_bf16 = w_attn_bwd_bf16;
+    if (base->cross_entropy) op_wrapped.cross_entropy = w_ce;
+    return &op_wrapped;
 }

@@ -32,6 +32,12 @@ void trace_free(trace *t);
 void trace_step_begin(trace *t, int64_t step);
 int trace_step_end(trace *t, int64_t step, char *err, size_t errlen);
 
+/* The backend's op table with its heavy ops wrapped: while a step is recorded, every GEMM
+ * (span "gemm MxNxK dtype", its FLOPs in args), attention forward/backward (shape in the
+ * name) and cross-entropy becomes a span of the trace created last, nested in the block
+ * span that called it. Use it in place of base for a run that profiles. */
+const tetra_ops *trace_ops(const tetra_ops *base);
+
 /* Nested spans on the training thread (no-ops on NULL or outside a recorded step). */
 void trace_begin(trace *t, const char *cat, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void trace_end(trace *t);

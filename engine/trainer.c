@@ -687,6 +687,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         log_error("training.device: %s", err);
         goto fail;
     }
+    if (c->profiling.enable_profiling && !dry) t->ops = trace_ops(t->ops); /* GEMM and attention spans */
     const tetra_ops *ops = t->ops;
     if (!dry) ops->set_deterministic((int)c->training.deterministic);
 

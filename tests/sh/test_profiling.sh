@@ -9,7 +9,10 @@
 #      and the optimizer; the comm threads hold the tensor-parallel and FSDP collectives with
 #      their bytes, and under pp 2 the pipeline's sends and receives.
 #   3. Profiling changes no number: the losses equal the unprofiled run's bit for bit.
-#   4. profile_freq 0 is refused naming the key.
+#   4. Op spans, 1 rank with AC off: every GEMM is a span nested in a block's span, and
+#      their FLOPs (args) add up to exactly 6 x the linear weights x the step's tokens; each
+#      block's attention forward and backward is a span per microbatch.
+#   5. profile_freq 0 is refused naming the key.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -39,6 +42,7 @@ TP2=(--parallelism.tensor_parallel_degree 2)
 run plain 4 "${TP2[@]}"
 run prof 4 "${TP2[@]}" "${PROF[@]}" --profiling.profile_freq 2
 run prof_active2 4 "${TP2[@]}" "${PROF[@]}" --profiling.profile_freq 4 --profiling.profiler_active 2
+run prof_ops 1 "${PROF[@]}" --profiling.profile_freq 2 --activation_checkpoint.mode none
 run prof_pp2 2 "${PROF[@]}" --profiling.profile_freq 4 --parallelism.pipeline_parallel_degree 2 \
   --training.global_batch_size 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B \
   --parallelism.pipeline_parallel_layers_per_stage 2
@@ -52,6 +56,7 @@ def say(good, msg):
     global ok
     ok &= bool(good)
     print(f"{'ok  ' if good else 'FAIL'} {msg}")
+    return good
 
 def files(run):
     root = f"{d}/{run}/traces"
@@ -112,6 +117,26 @@ pp = files("prof_pp2").get("iteration_4", [])
 say(len(pp) == 2, f"pp 2: {len(pp)} rank traces")
 for path in pp:
     check_file(path, ["clip gradients and AdamW"], {"pp"})
+
+# op spans: debug model (dim 256, 6 blocks, 16 heads = kv heads, FFN 768, vocab 2048), 4 x 64
+# tokens per step (2 microbatches of 2 under gradient accumulation), AC off: no recompute
+ops = files("prof_ops").get("iteration_2", [])
+if say(len(ops) == 1, f"op spans: {len(ops)} trace"):
+    ev = [e for e in json.load(open(ops[0]))["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+    gemm = [e for e in ev if e["cat"] == "gemm"]
+    attn = [e for e in ev if e["cat"] == "attention"]
+    blocks = [e for e in ev if e["cat"] == "compute"]
+    dim, ffn, layers, vocab, tokens = 256, 768, 6, 2048, 4 * 64
+    linear = layers * (4 * dim * dim + 3 * dim * ffn) + vocab * dim
+    flops = sum(e["args"]["flops"] for e in gemm)
+    inside = all(any(b["ts"] <= g["ts"] and g["ts"] + g["dur"] <= b["ts"] + b["dur"] + 1e-3 for b in blocks)
+                 for g in gemm)
+    say(flops == 6 * linear * tokens, f"op spans: {len(gemm)} GEMMs, {flops:,.0f} FLOPs = 6 x {linear:,} linear "
+        f"weights x {tokens} tokens ({6 * linear * tokens:,})")
+    say(inside and gemm, f"op spans: every GEMM lies inside a block span ({len(blocks)} of them)")
+    fwd = sum(e["name"].startswith("attention forward") for e in attn)
+    bwd = sum(e["name"].startswith("attention backward") for e in attn)
+    say(fwd == bwd == 2 * layers, f"op spans: attention forward {fwd}, backward {bwd} (2 microbatches x {layers} blocks)")
 
 def losses(run):
     return [json.loads(l)["loss"] for l in open(f"{d}/{run}/metrics.jsonl") if '"grad_norm"' in l]
