@@ -225,6 +225,7 @@ void trace_begin(trace *t, const char *cat, const char *fmt, ...) {
     va_end(ap);
     snprintf(e->cat, sizeof e->cat, "%s", cat);
     e->flops = 0;
+    if (t->ops && t->ops->range_push) t->ops->range_push(e->name);
     e->t0 = mono();
     e->t1 = e->t0 - 1.0; /* open */
     t->open[t->depth++] = (int)(e - t->ev);
@@ -238,7 +239,10 @@ void trace_end(trace *t) {
     }
     sync_device(t);
     const int i = t->open[--t->depth];
-    if (i >= 0) t->ev[i].t1 = mono();
+    if (i >= 0) {
+        t->ev[i].t1 = mono();
+        if (t->ops && t->ops->range_pop) t->ops->range_pop();
+    }
 }
 
 /* ---- op spans: the backend's table with its heavy ops wrapped ----

@@ -9,7 +9,8 @@
  * lane per overlapping operation.
  *
  * On a GPU the ops are asynchronous: while a step is recorded, every span boundary
- * synchronises the device, so spans measure device time (the profiled step runs slower).
+ * synchronises the device, so spans measure device time (the profiled step runs slower),
+ * and every span is also an NVTX range of the same name (ops->range_push), for nsys.
  * Spans outside a recorded step cost one branch.
  */
 #ifndef TETRA_ENGINE_TRACE_H

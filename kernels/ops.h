@@ -329,6 +329,10 @@ typedef struct tetra_ops {
     // The stream every op runs on (a cudaStream_t on CUDA; NULL on the CPU). Collectives
     // order themselves after it with events; the backend's synchronize() waits for it.
     void *(*compute_stream)(void);
+    // Named ranges around the profiler's spans, for external profilers: NVTX on CUDA (nsys
+    // and Nsight Compute show the trace's names); NULL on the CPU.
+    void (*range_push)(const char *name);
+    void (*range_pop)(void);
 
     // training.deterministic: every op gives the same bits on every run. The CPU backend
     // always does; the CUDA backend then runs the bf16 attention backward on its own
