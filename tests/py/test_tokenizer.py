@@ -21,13 +21,13 @@ and the command line's error paths.
 """
 import array
 import base64
-import glob
 import hashlib
 import json
 import os
 import random
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -139,16 +139,20 @@ if not os.path.exists(moby):
     moby = os.path.join(SHARED, "data", "moby_dick.txt")
 if os.path.exists(moby):
     corpora["moby_dick"] = moby
-sotu_files = sorted(glob.glob(os.path.join(SHARED, "data", "sotu", "*.txt")))
-if sotu_files:
-    # the addresses in file-name (= date) order, a blank line between them
-    corpora["sotu"] = os.path.join(TMP, "sotu.txt")
-    with open(corpora["sotu"], "wb") as f:
-        f.write(b"\n\n".join(read_bytes(p) for p in sotu_files))
+# the State of the Union corpus ships as tests/assets/sotu.tar.xz (233 public-domain
+# addresses): the addresses in file-name (= date) order, a blank line between them
+with tarfile.open(os.path.join(ASSETS, "sotu.tar.xz")) as tf:
+    sotu_members = sorted((m for m in tf.getmembers() if m.isfile() and m.name.endswith(".txt")),
+                          key=lambda m: m.name)
+    sotu_texts = [tf.extractfile(m).read() for m in sotu_members]
+if len(sotu_texts) != 233:
+    sys.exit(f"FAIL tests/assets/sotu.tar.xz holds {len(sotu_texts)} addresses, not 233")
+corpora["sotu"] = os.path.join(TMP, "sotu.txt")
+with open(corpora["sotu"], "wb") as f:
+    f.write(b"\n\n".join(sotu_texts))
 corpora["torture"] = os.path.join(ASSETS, "torture.txt")
-for name in ("moby_dick", "sotu"):
-    if name not in corpora:
-        print(f"skip: corpus {name} not found under {SHARED}/data")
+if "moby_dick" not in corpora:
+    sys.exit(f"FAIL {moby} is missing")
 
 
 def text_of(name):
