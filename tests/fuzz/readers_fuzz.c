@@ -10,6 +10,12 @@
  *               input starts with '{'): a tokenizer that loads encodes a fixed text into
  *               ids below its vocabulary size that decode again; a refused one leaves a
  *               message.
+ *   FUZZ_ST     Hugging Face safetensors (llama3_hf_open / llama3_hf_read) against a tiny
+ *               Llama (dim 8, 1 block, 2 heads, 1 KV head, vocab 16): a file that opens
+ *               has every tensor, and each reads whole, or fails with a message naming
+ *               the file; a refused file leaves a message. `fuzz -write_seed DIR` (an
+ *               argument the harness reads before libFuzzer) writes valid fp32 and bf16
+ *               files of that model as seeds.
  * AddressSanitizer and UBSan run throughout (tests/fuzz/run_fuzz_readers.sh). */
 #define _POSIX_C_SOURCE 200809L
 
@@ -114,6 +120,76 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tok_free(t);
     return 0;
 }
+#elif defined(FUZZ_ST)
+#include "models/llama3/hf.h"
+#include "models/llama3/model.h"
+
+static void tiny_args(llama3_args *a) {
+    llama3_flavor("tiny", a);
+    a->dim = 8;
+    a->n_layers = 1;
+    a->n_heads = 2;
+    a->n_kv_heads = 1;
+    a->vocab_size = 16;
+    a->multiple_of = 8;
+}
+
+static void write_seeds(const char *dir) {
+    llama3_args a;
+    tiny_args(&a);
+    llama3_model m;
+    char err[1024], path[512];
+    REQUIRE(llama3_model_init(&m, &a, 16, ops_cpu(), err, sizeof err) == 0);
+    llama3_init_weights(&m, 1);
+    snprintf(path, sizeof path, "%s/f32.safetensors", dir);
+    REQUIRE(llama3_save_hf(&m, path, "float32", err, sizeof err) == 0);
+    snprintf(path, sizeof path, "%s/bf16.safetensors", dir);
+    REQUIRE(llama3_save_hf(&m, path, "bfloat16", err, sizeof err) == 0);
+    llama3_model_free(&m);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    for (int i = 1; i + 1 < *argc; i++)
+        if (!strcmp((*argv)[i], "-write_seed")) {
+            write_seeds((*argv)[i + 1]);
+            exit(0);
+        }
+    return 0;
+}
+
+static char path[256];
+static llama3_model decl; /* the names and sizes the file must hold */
+static float *buf;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char err[1024] = "";
+    llama3_args a;
+    tiny_args(&a);
+    if (!path[0]) {
+        snprintf(path, sizeof path, "/tmp/tetra_st_fuzz_%ld.safetensors", (long)getpid());
+        llama3_layout full = llama3_layout_full(&a);
+        REQUIRE(llama3_model_init_layout(&decl, &a, &full, LLAMA3_STORAGE_NONE, 16, ops_cpu(), err, sizeof err) == 0);
+        buf = malloc(4096 * sizeof *buf);
+        REQUIRE(buf);
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    fwrite(data, 1, size, f);
+    fclose(f);
+    llama3_hf_reader *r = llama3_hf_open(&a, path, err, sizeof err);
+    if (!r) {
+        REQUIRE(err[0]);
+        return 0;
+    }
+    for (int i = 0; i < decl.n_params; i++) {
+        const llama3_param *p = &decl.params[i];
+        REQUIRE(p->numel <= 4096);
+        err[0] = 0;
+        if (llama3_hf_read(r, p->name, 0, p->numel, buf, err, sizeof err) != 0) REQUIRE(err[0] && strstr(err, path));
+    }
+    llama3_hf_close(r);
+    return 0;
+}
 #else
-#error "define FUZZ_SHARD, FUZZ_META or FUZZ_TOK"
+#error "define FUZZ_SHARD, FUZZ_META, FUZZ_TOK or FUZZ_ST"
 #endif

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Fuzz the file readers (tests/fuzz/readers_fuzz.c) with libFuzzer + ASan + UBSan.
 #
-#   tests/fuzz/run_fuzz_readers.sh TARGET [SECONDS]     TARGET: shard | meta | tok (default 60 s)
+#   tests/fuzz/run_fuzz_readers.sh TARGET [SECONDS]     TARGET: shard | meta | tok | st (default 60 s)
 #
 # Builds the reader's sources and the harness directly with clang, seeds the corpus from
 # real files (a prepared shard header, a checkpoint's metadata.json, the shipped
-# tokenizers) and runs. Everything goes under $FUZZ_DIR (default /tmp/tetra-fuzz-TARGET).
+# tokenizers, safetensors files of a tiny model) and runs. The safetensors reader needs the
+# model code: st links the project's library (build/libtetra_lib.a, not instrumented; only
+# the reader, models/llama3/hf.c, and the harness are), so build the project first. Everything goes under $FUZZ_DIR (default /tmp/tetra-fuzz-TARGET).
 set -euo pipefail
-target=${1:?usage: run_fuzz_readers.sh shard|meta|tok [SECONDS]}
+target=${1:?usage: run_fuzz_readers.sh shard|meta|tok|st [SECONDS]}
 secs=${2:-60}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=${FUZZ_DIR:-/tmp/tetra-fuzz-$target}
@@ -23,12 +25,18 @@ case "$target" in
   tok)   "$cc" "${flags[@]}" -DFUZZ_TOK $(pkg-config --cflags libpcre2-8) "$root"/data/tokenizer.c "$root"/data/bpe.c \
            "$root"/data/pretok.c "$root/tests/fuzz/readers_fuzz.c" -o "$work/fuzz" -ljansson \
            $(pkg-config --libs libpcre2-8) -lpthread -lm ;;
-  *) echo "unknown target '$target' (shard | meta | tok)" >&2; exit 2 ;;
+  st)    lib=${TETRA_LIB:-$root/build/libtetra_lib.a}
+         [ -f "$lib" ] || { echo "$lib not found: build the project first (or set TETRA_LIB)" >&2; exit 2; }
+         "$cc" "${flags[@]}" -fopenmp -DFUZZ_ST "$root/models/llama3/hf.c" "$root/tests/fuzz/readers_fuzz.c" "$lib" \
+           -o "$work/fuzz" $(mpicc --showme:link) $(pkg-config --libs jansson libpcre2-8 openblas libpng zlib libzstd) \
+           -lpthread -ldl -lm ;;
+  *) echo "unknown target '$target' (shard | meta | tok | st)" >&2; exit 2 ;;
 esac
 # seeds
 case "$target" in
   shard) for f in "$root"/build/data/sample/*/shard_*.bin; do [ -f "$f" ] && head -c 64 "$f" >"$work/corpus/$(basename "$f")"; done ;;
   meta) [ -n "${FUZZ_SEED_META:-}" ] && cp "$FUZZ_SEED_META" "$work/corpus/metadata.json" ;;
+  st) "$work/fuzz" -write_seed "$work/corpus" ;;
   tok) cp "$root/tests/assets/tokenizer/tokenizer.model" "$work/corpus/model" 2>/dev/null || true
        cp "$root/tests/assets/tokenizer/tokenizer.json" "$work/corpus/json" 2>/dev/null || true ;;
 esac
