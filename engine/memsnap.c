@@ -4,22 +4,10 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint/ckpt_format.h"
 #include "engine/metrics.h"
-
-static int mkdir_p(const char *dir) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            if (mkdir(p, 0755) && errno != EEXIST) return -1;
-            *s = '/';
-        }
-    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
-}
 
 int memsnap_write(const char *folder, int rank, int64_t step, const char *reason, const trainer_plan *p,
                   const tetra_ops *ops, char *err, size_t errlen) {
@@ -43,7 +31,7 @@ int memsnap_write(const char *folder, int rank, int64_t step, const char *reason
         {"converters", p->converter_bytes, "model converters' state (Float8 scales, amax history)"},
     };
     char path[4300], tmp[4400];
-    if (mkdir_p(folder)) {
+    if (ck_mkdir_p(folder)) {
         snprintf(err, errlen, "memory snapshot: cannot create %s: %s", folder, strerror(errno));
         return -1;
     }
