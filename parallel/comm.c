@@ -116,7 +116,7 @@ static void fail_timeout(const comm_request *r, double waited) {
     fprintf(stderr, "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
                     "group did not reach it (crashed, stuck, or running a different sequence of collectives)%s%s\n",
             commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue,
-            *blame ? "; not issued by: " : "", blame);
+            *blame ? "; flight recorder: " : "", blame);
     if (dumped) fprintf(stderr, "comm: rank %d: flight recorder written to %s\n", r->g->w->rank, path);
     abort_job(r->g->w);
 }

@@ -19,8 +19,8 @@
  * the job (MPI_Abort, exit code 1) after one line on stderr naming the
  * operation, the group, the rank and the step, e.g.
  *   comm: all_gather on group dp_shard_cp (4 ranks) timed out after 100 s on
- *   rank 2 (collective #31 on this group, issued during step 7); ...; not issued by:
- *   rank 3 (no flight-recorder dump: stopped, dead, or busy outside any collective)
+ *   rank 2 (collective #31 on this group, issued during step 7); ...; flight recorder:
+ *   rank 3 left no dump (stopped, dead, or busy outside any collective)
  * Backend errors end the job the same way.
  *
  * Groups of one rank run locally (copies), like TorchTitan's fake backend for
@@ -61,7 +61,7 @@ typedef struct {
      * operations (group, op, bytes, peer, the group's sequence number, step, issue and
      * completion times) in a ring, written as JSON to <trace_dir>/<trace_prefix><rank>.json
      * when a wait times out (the message then names the group's ranks that never issued
-     * the operation, read from their dumps), when an operation fails, and on SIGUSR2
+     * the operation or dumped seconds late, read from their dumps), when an operation fails, and on SIGUSR2
      * (the run goes on). 0 = off. */
     int trace_buf_size;
     const char *trace_dir;

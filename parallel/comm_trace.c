@@ -181,7 +181,8 @@ void commi_trace_poll(comm_world *w) {
 
 /* After r timed out and this rank dumped its own trace: wait a little for the dumps of the
  * group's other ranks (they time out too, unless stuck outside a collective or dead), then
- * name the ranks that did not issue r's operation. */
+ * name the ranks holding it up: those that did not issue r's operation, left no dump, or
+ * dumped seconds after the others (not running while they waited). */
 void commi_trace_blame(const comm_request *r, char *buf, size_t n) {
     const comm_world *w = r->g->w;
     buf[0] = 0;
@@ -191,6 +192,7 @@ void commi_trace_blame(const comm_request *r, char *buf, size_t n) {
     if (gs > (int)(sizeof members / sizeof members[0])) return;
     mesh_group_members(&w->m, mesh_group_dims(r->g->id), w->rank, members);
     const char *gname = mesh_group_name(r->g->id);
+    const double my_dump = commi_now() + w->trace_wall_offset; /* just after this rank's own dump */
     double deadline = commi_now() + (w->timeout_s < 10 ? (w->timeout_s > 2 ? w->timeout_s : 2) : 10);
     size_t used = 0;
     int missing = 0;
@@ -213,21 +215,29 @@ void commi_trace_blame(const comm_request *r, char *buf, size_t n) {
         json_t *root = json_load_file(p, 0, NULL);
         json_t *rid = root ? json_object_get(root, "run_id") : NULL;
         if (!root || !json_is_number(rid) || json_number_value(rid) != w->run_id) {
-            snprintf(what, sizeof what, "rank %d (no flight-recorder dump: stopped, dead, or busy outside any "
-                                        "collective)", members[i]);
+            snprintf(what, sizeof what, "rank %d left no dump (stopped, dead, or busy outside any collective)",
+                     members[i]);
         } else {
             json_t *iss = json_object_get(json_object_get(root, "issued"), gname);
             const uint64_t k = json_is_integer(iss) ? (uint64_t)json_integer_value(iss) : 0;
-            if (k < r->seq) {
+            json_t *tm = json_object_get(root, "time");
+            const double late = json_is_number(tm) ? json_number_value(tm) - my_dump : 0.0;
+            if (k >= r->seq && late > (w->timeout_s > 2 ? 0.5 * w->timeout_s : 1.0)) {
+                /* it issued the operation but timed out seconds after the others: it was not
+                 * running (stopped, or starved of CPU) while they waited for it */
+                snprintf(what, sizeof what, "rank %d issued it but dumped %.1f s after this rank (stopped or starved "
+                                            "inside the collective)", members[i], late);
+            } else if (k < r->seq) {
                 json_t *wt = json_object_get(root, "waiting");
                 if (json_is_object(wt))
-                    snprintf(what, sizeof what, "rank %d (issued #%llu on %s; waits in %s #%lld on group %s)",
+                    snprintf(what, sizeof what, "rank %d issued only #%llu on %s (waits in %s #%lld on group %s)",
                              members[i], (unsigned long long)k, gname,
                              json_string_value(json_object_get(wt, "op")) ? json_string_value(json_object_get(wt, "op")) : "?",
                              (long long)json_integer_value(json_object_get(wt, "seq")),
                              json_string_value(json_object_get(wt, "group")) ? json_string_value(json_object_get(wt, "group")) : "?");
                 else
-                    snprintf(what, sizeof what, "rank %d (issued #%llu on %s)", members[i], (unsigned long long)k, gname);
+                    snprintf(what, sizeof what, "rank %d issued only #%llu on %s", members[i], (unsigned long long)k,
+                             gname);
             }
         }
         if (root) json_decref(root);
