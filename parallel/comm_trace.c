@@ -242,7 +242,7 @@ void commi_trace_blame(const comm_request *r, char *buf, size_t n) {
         }
         if (root) json_decref(root);
         if (*what && used + strlen(what) + 3 < n) {
-            used += (size_t)snprintf(buf + used, n - used, "%s%s", missing ? ", " : "", what);
+            used += (size_t)snprintf(buf + used, n - used, "%s%s", missing ? "; " : "", what);
             missing++;
         }
     }
