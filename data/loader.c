@@ -447,40 +447,21 @@ static int find_prepared(const char *name, char *out, size_t n, char *where, siz
     return -1;
 }
 
-static int is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-int dl_check_tokenizer(const char *dir, const char *tok_path, char *err, size_t errlen) {
-    struct stat st;
-    if (!tok_path || !*tok_path || stat(tok_path, &st) != 0) {
-        seterr(err, errlen, "%s does not exist", tok_path ? tok_path : "(none)");
+int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, char *err, size_t errlen) {
+    char *tok_file = tok_find_file(tok_path);
+    if (!tok_file) {
+        struct stat st;
+        if (tok_path && *tok_path && stat(tok_path, &st) == 0)
+            seterr(err, errlen, "%s holds no tokenizer.json or tokenizer.model", tok_path);
+        else
+            seterr(err, errlen, "%s does not exist", tok_path && *tok_path ? tok_path : "(none)");
         return 1;
     }
-    if (S_ISDIR(st.st_mode)) {
-        static const char *const names[] = {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"};
-        int found = 0;
-        for (size_t i = 0; i < sizeof names / sizeof names[0] && !found; i++) {
-            char p[PATH_MAX + 64];
-            snprintf(p, sizeof p, "%s/%s", tok_path, names[i]);
-            found = is_file(p);
-        }
-        if (!found) {
-            seterr(err, errlen, "%s holds no tokenizer.json or tokenizer.model", tok_path);
-            return 1;
-        }
-    }
-    shard_index ix;
+    free(tok_file);
     char e[1024];
-    if (shard_index_read(dir, &ix, e, sizeof e)) {
-        seterr(err, errlen, "%s", e);
-        return -1;
-    }
     tok_tokenizer *t = tok_load(tok_path, e, sizeof e);
     if (!t) {
-        seterr(err, errlen, "model.hf_assets_path: %s", e);
-        shard_index_free(&ix);
+        seterr(err, errlen, "%s", e);
         return -1;
     }
     char fp[17];
@@ -488,22 +469,28 @@ int dl_check_tokenizer(const char *dir, const char *tok_path, char *err, size_t 
     const uint32_t v = tok_vocab_size(t);
     const int64_t bos = tok_bos_id(t), eos = tok_eos_id(t);
     tok_free(t);
-    const char *made_with = ix.tokenizer ? ix.tokenizer : "(not recorded)";
-    int rc = 0;
-    if (ix.tokenizer_fingerprint ? strcmp(fp, ix.tokenizer_fingerprint) != 0
-                                 : v != ix.vocab_size || bos != ix.bos_id || eos != ix.eos_id) {
-        seterr(err, errlen,
-               "the tokenizer in %s (vocab %u, BOS %lld, EOS %lld, fingerprint %s) is not the one the token shards "
-               "in %s were prepared with (%s/index.json: tokenizer %s, vocab %u, BOS %lld, EOS %lld, fingerprint "
-               "%s): point model.hf_assets_path at that tokenizer, or prepare the corpus again with `tetra data "
-               "prepare --tokenizer %s`",
-               tok_path, v, (long long)bos, (long long)eos, fp, dir, dir, made_with, ix.vocab_size,
-               (long long)ix.bos_id, (long long)ix.eos_id,
-               ix.tokenizer_fingerprint ? ix.tokenizer_fingerprint : "not recorded", tok_path);
-        rc = -1;
+    for (int i = 0; i < n; i++) {
+        shard_index ix;
+        if (shard_index_read(dirs[i], &ix, e, sizeof e)) {
+            seterr(err, errlen, "%s", e);
+            return -1;
+        }
+        const int differ = ix.tokenizer_fingerprint ? strcmp(fp, ix.tokenizer_fingerprint) != 0
+                                                    : v != ix.vocab_size || bos != ix.bos_id || eos != ix.eos_id;
+        if (differ)
+            seterr(err, errlen,
+                   "the tokenizer in %s (vocab %u, BOS %lld, EOS %lld, fingerprint %s) is not the one the token "
+                   "shards in %s were prepared with (%s/index.json: tokenizer %s, vocab %u, BOS %lld, EOS %lld, "
+                   "fingerprint %s): point model.hf_assets_path at that tokenizer, or prepare the corpus again with "
+                   "`tetra data prepare --tokenizer %s`",
+                   tok_path, v, (long long)bos, (long long)eos, fp, dirs[i], dirs[i],
+                   ix.tokenizer ? ix.tokenizer : "(not recorded)", ix.vocab_size, (long long)ix.bos_id,
+                   (long long)ix.eos_id, ix.tokenizer_fingerprint ? ix.tokenizer_fingerprint : "not recorded",
+                   tok_path);
+        shard_index_free(&ix);
+        if (differ) return -1;
     }
-    shard_index_free(&ix);
-    return rc;
+    return 0;
 }
 
 int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_dir, size_t n, char *err,

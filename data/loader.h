@@ -109,12 +109,12 @@ int64_t dl_eos_id(const dl_loader *dl);             /* -1 = none */
 
 /* Does the tokenizer at tok_path (model.hf_assets_path: a folder with tokenizer.json,
  * tokenizer.model or original/tokenizer.model, or one such file) give token ids the meaning
- * they have in the corpus prepared in dir? Compared: the tokenizer fingerprint that
- * `tetra data prepare` records in index.json (tok_fingerprint), or, for an index without
- * one, the vocab size and the BOS/EOS ids.
+ * they have in the corpora prepared in dirs[0..n)? The tokenizer is read once. Compared:
+ * the tokenizer fingerprint that `tetra data prepare` records in index.json
+ * (tok_fingerprint), or, for an index without one, the vocab size and the BOS/EOS ids.
  * Returns 0 when they agree; 1 when tok_path holds no tokenizer file (nothing compared; err
- * says so); -1 when they differ or the tokenizer cannot be read (err names both sides). */
-int dl_check_tokenizer(const char *dir, const char *tok_path, char *err, size_t errlen);
+ * says so); -1 when one differs or the tokenizer cannot be read (err names both sides). */
+int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, char *err, size_t errlen);
 
 /* ---- dataset names -------------------------------------------------------------- */
 

@@ -195,7 +195,8 @@ shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t b
     w->h.eos_id = eos_id;
     unsigned char hdr[SHARD_HEADER_BYTES];
     shard_header_encode(&w->h, hdr);
-    /* A placeholder header whose magic is blank: an unfinished file is never a shard. */
+    /* The header goes in first with a blank magic and is rewritten whole when the writer
+     * closes, after the data: a file cut short by a crash is never taken for a shard. */
     memset(hdr, 0, 8);
     if (shard_write_all(w->fd, hdr, sizeof hdr) != 0) {
         seterr(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));

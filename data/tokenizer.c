@@ -871,6 +871,18 @@ static int ends_with(const char *s, const char *sfx) {
     return n >= k && !strcmp(s + n - k, sfx);
 }
 
+char *tok_find_file(const char *path) {
+    if (!path || !*path) return NULL;
+    if (!is_dir(path)) return is_file(path) ? strdup(path) : NULL;
+    static const char *const names[] = {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char *file = strfmt("%s/%s", path, names[i]);
+        if (!file || is_file(file)) return file;
+        free(file);
+    }
+    return NULL;
+}
+
 tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     char *file = NULL, *dir = NULL;
     int hf;
@@ -879,26 +891,14 @@ tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
         return NULL;
     }
     if (is_dir(path)) {
-        dir = strdup(path);
-        file = strfmt("%s/tokenizer.json", path);
-        if (!dir || !file) goto oom;
-        hf = is_file(file);
-        if (!hf) {
-            free(file);
-            file = strfmt("%s/tokenizer.model", path);
-            if (!file) goto oom;
-            if (!is_file(file)) {
-                free(file);
-                file = strfmt("%s/original/tokenizer.model", path);
-                if (!file) goto oom;
-            }
-            if (!is_file(file)) {
-                seterr(err, errlen, "%s: no tokenizer.json or tokenizer.model in this folder", path);
-                free(file);
-                free(dir);
-                return NULL;
-            }
+        file = tok_find_file(path);
+        if (!file) {
+            seterr(err, errlen, "%s: no tokenizer.json or tokenizer.model in this folder", path);
+            return NULL;
         }
+        dir = strdup(path);
+        if (!dir) goto oom;
+        hf = ends_with(file, "/tokenizer.json");
     } else if (is_file(path)) {
         file = strdup(path);
         const char *slash = strrchr(path, '/');

@@ -68,6 +68,9 @@
 typedef struct tok_tokenizer tok_tokenizer;
 
 tok_tokenizer *tok_load(const char *dir, char *err, size_t errlen);
+/* The file tok_load would read for this path (the search above; a file is itself),
+ * malloc'ed, or NULL when there is none (or no memory). */
+char *tok_find_file(const char *path);
 void tok_free(tok_tokenizer *t);
 
 uint32_t tok_vocab_size(const tok_tokenizer *t);

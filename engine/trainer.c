@@ -880,16 +880,9 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             log_error("training data: %s", err);
             goto fail;
         }
-        /* token ids mean what the corpus's tokenizer says: the one the config names must agree */
-        const int tok_rc = dl_check_tokenizer(t->data_dir, c->model.hf_assets_path, err, sizeof err);
-        if (tok_rc < 0) {
-            log_error("model.hf_assets_path: %s", err);
-            goto fail;
-        }
-        if (tok_rc > 0 && rank == 0)
-            log_warn("model.hf_assets_path: %s; the token shards' tokenizer is not checked against it", err);
+        const char *corpora[2] = {t->data_dir, NULL};
+        char vdir[4096];
         if (c->validation.enable) {
-            char vdir[4096];
             const char *vpath = c->validation.dataset_path ? c->validation.dataset_path : c->training.dataset_path;
             if (dl_resolve_dataset(c->validation.dataset, vpath, vdir, sizeof vdir, err, sizeof err)) {
                 log_error("validation.dataset: %s", err);
@@ -907,10 +900,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 log_error("validation data: %s", err);
                 goto fail;
             }
-            if (strcmp(vdir, t->data_dir) != 0 && dl_check_tokenizer(vdir, c->model.hf_assets_path, err, sizeof err) < 0) {
-                log_error("model.hf_assets_path (validation data): %s", err);
-                goto fail;
-            }
+            if (strcmp(vdir, t->data_dir) != 0) corpora[1] = vdir;
             /* single pass: a split shorter than one validation batch would validate nothing */
             const uint64_t windows = dl_windows_per_epoch(t->val), batch = (uint64_t)t->VB * (uint64_t)dp;
             if (windows < batch) {
@@ -922,6 +912,15 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 goto fail;
             }
         }
+        /* token ids mean what the corpus's tokenizer says: the one the config names must agree.
+         * Rank 0 reads the tokenizer (once, not on every rank) and tells the others. */
+        int tok_rc = rank == 0 ? dl_check_tokenizer(corpora, corpora[1] ? 2 : 1, c->model.hf_assets_path, err,
+                                                    sizeof err)
+                               : 0;
+        if (rank == 0 && tok_rc < 0) log_error("model.hf_assets_path: %s", err);
+        if (rank == 0 && tok_rc > 0)
+            log_warn("model.hf_assets_path: %s; the token shards' tokenizer is not checked against it", err);
+        if (comm_all_reduce_f64(t->g_world, tok_rc < 0 ? 1.0 : 0.0, COMM_MAX) > 0) goto fail;
     }
 
     /* ---- buffers ---- */
@@ -1152,8 +1151,9 @@ static int prepare_run(trainer *t) {
         /* on a known GPU, TorchTitan's denominator: the datasheet's dense bf16 peak */
         char name[160], e[256];
         const cuda_kernels_api *k = cuda_kernels(e, sizeof e);
-        if (k && k->device_describe(0, name, (int)sizeof name) == 0 && metrics_gpu_peak_bf16(name) > 0) {
-            t->peak = metrics_gpu_peak_bf16(name);
+        const double table = k && k->device_describe(0, name, (int)sizeof name) == 0 ? metrics_gpu_peak_bf16(name) : 0;
+        if (table > 0) {
+            t->peak = table;
             snprintf(t->peak_src_buf, sizeof t->peak_src_buf, "dense bf16 peak of %s", name);
             t->peak_src = t->peak_src_buf;
         }
