@@ -226,9 +226,20 @@ static inline tetra_adamw_coef tetra_adamw_coefficients(double lr, double beta1,
     return k;
 }
 
+// A product rounded on its own: nvcc (--fmad=true, its default) fuses a product into a
+// later add even across statements, which the host compiler does not do; the update
+// rounds param * decay before adding the step, as torch does.
+TETRA_HD float tetra_mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
 TETRA_HD void tetra_adamw_update(float *p, float *m, float *v, float grad, const tetra_adamw_coef *k) {
     float g = grad * k->grad_scale;
-    float pp = *p * k->decay;                            // param.mul_(1 - lr wd)
+    float pp = tetra_mul_rn(*p, k->decay);               // param.mul_(1 - lr wd)
     float mm = fmaf(g, k->omb1, *m * k->b1);             // exp_avg.mul_(b1).add_(g, alpha=1-b1): fmadd
     float vv = fmaf(k->omb2 * g, g, *v * k->b2);         // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2): fmadd
     float denom = sqrtf(vv) / k->bc2_sqrt + k->eps;      // (v.sqrt() / bc2_sqrt).add_(eps)
