@@ -42,7 +42,7 @@ struct float8_model {
     size_t bytes;
     void *mem;
     /* workspace shared by every converted linear (one GEMM at a time) */
-    float *fa, *fb;      /* [max_rows * max_dim] operands widened from bf16 */
+    float *fa, *fb;      /* [max_rows * max_dim] operands widened from bf16 (rowwise: its transposes) */
     float *fw, *fwt;     /* [max weight] the weight widened, and transposed */
     float *ft, *ft2;     /* [max_rows * max_dim] transposed operands (rowwise weight gradient) */
     float *da, *db;      /* [max(operand, weight)] dequantised operands (emulate) */
@@ -78,11 +78,32 @@ int float8_wants(const float8_config *c, const char *name, long in_features, lon
 
 static f8_lin *state_of(const llama3_linear *l) { return (f8_lin *)l->impl_state; }
 
-/* x in fp32: itself, or widened (exactly) from bf16 into buf */
+/* x in fp32: itself, or widened (exactly) from bf16 into buf (for the transposes of the
+ * rowwise recipes; scaling and casting read x as it is, below) */
 static const float *as_f32(const struct float8_model *f, float *buf, const void *x, size_t n) {
     if (f->cdt == TETRA_F32) return (const float *)x;
     f->ops->cast_bf16_to_f32(buf, (const uint16_t *)x, n);
     return buf;
+}
+
+/* The statistics and the fp8 cast of an operand in the compute dtype (fp32, or bf16
+ * read as it is: the bf16 ops widen exactly, so the results are those of its fp32 copy
+ * without writing one), or of an fp32 matrix (f32 set). */
+static void x_amax(const struct float8_model *f, float *out, const void *x, int rows, int cols, int per_row,
+                   int f32) {
+    const tetra_ops *ops = f->ops;
+    if (f32 || f->cdt == TETRA_F32) {
+        if (per_row) ops->amax_rows(out, (const float *)x, rows, cols);
+        else ops->amax(out, (const float *)x, (size_t)rows * (size_t)cols);
+    } else {
+        if (per_row) ops->amax_rows_bf16(out, (const uint16_t *)x, rows, cols);
+        else ops->amax_bf16(out, (const uint16_t *)x, (size_t)rows * (size_t)cols);
+    }
+}
+static void x_cast(const struct float8_model *f, uint8_t *q, const void *x, const float *scale, int rowwise, int rows,
+                   int cols, tetra_dtype fmt, int f32) {
+    if (f32 || f->cdt == TETRA_F32) f->ops->cast_f32_to_fp8(q, (const float *)x, scale, rowwise, rows, cols, fmt);
+    else f->ops->cast_bf16_to_fp8(q, (const uint16_t *)x, scale, rowwise, rows, cols, fmt);
 }
 
 static void reduce_max(comm_group *g, float *v, size_t n) {
@@ -100,41 +121,39 @@ static comm_group *tp_weight(const llama3_model *m, const llama3_linear *l) {
 }
 
 /* A weight statistic, computed once per generation (optimizer step): the amax of m [rows,
- * cols] (per_row: of each row) into out, reduced over g. */
-static const float *w_stat(const f8_lin *s, int *gen, float *out, const float *m, int rows, int cols, int per_row,
-                           comm_group *g) {
+ * cols] (per_row: of each row; f32: m is fp32 whatever the compute dtype) into out,
+ * reduced over g. */
+static const float *w_stat(const f8_lin *s, int *gen, float *out, const void *m, int rows, int cols, int per_row,
+                           comm_group *g, int f32) {
     if (*gen != s->f->gen) {
-        if (per_row) s->f->ops->amax_rows(out, m, rows, cols);
-        else s->f->ops->amax(out, m, (size_t)rows * (size_t)cols);
+        x_amax(s->f, out, m, rows, cols, per_row, f32);
         reduce_max(g, out, per_row ? (size_t)rows : 1);
         *gen = s->f->gen;
     }
     return out;
 }
-static const float *w_tensor_amax(const llama3_model *m, const llama3_linear *l, const float *w32) {
+static const float *w_tensor_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_t, s->w_amax, w32, l->out, l->in, 0, tp_weight(m, l));
+    return w_stat(s, &s->gen_t, s->w_amax, w, l->out, l->in, 0, tp_weight(m, l), 0);
 }
 /* per output channel (rows of W [out, in]) */
-static const float *w_row_amax(const llama3_model *m, const llama3_linear *l, const float *w32) {
+static const float *w_row_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_r, s->w_row_amax, w32, l->out, l->in, 1, tp_if(m, l, LLAMA3_LINEAR_ROWWISE));
+    return w_stat(s, &s->gen_r, s->w_row_amax, w, l->out, l->in, 1, tp_if(m, l, LLAMA3_LINEAR_ROWWISE), 0);
 }
 /* per input channel: rows of wt, the weight transposed [in, out] */
 static const float *w_col_amax(const llama3_model *m, const llama3_linear *l, const float *wt) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_c, s->w_col_amax, wt, l->in, l->out, 1, tp_if(m, l, LLAMA3_LINEAR_COLWISE));
+    return w_stat(s, &s->gen_c, s->w_col_amax, wt, l->in, l->out, 1, tp_if(m, l, LLAMA3_LINEAR_COLWISE), 1);
 }
 
 /* The statistics of a block's operand x [n, cols]: the announced ones (row0 >= 0 after
  * begin_rows) or x's own, into `own`. */
-static const float *operand_amax(const f8_lin *s, llama3_operand which, int row0, const float *x32, int n, int cols,
+static const float *operand_amax(const f8_lin *s, llama3_operand which, int row0, const void *x, int n, int cols,
                                  int per_row, float *own) {
-    const tetra_ops *ops = s->f->ops;
     if (row0 >= 0 && s->reg_mode[which] == REG_TENSOR && !per_row) return s->reg[which];
     if (row0 >= 0 && s->reg_mode[which] == REG_ROWS && per_row) return s->reg[which] + row0;
-    if (per_row) ops->amax_rows(own, x32, n, cols);
-    else ops->amax(own, x32, (size_t)n * (size_t)cols);
+    x_amax(s->f, own, x, n, cols, per_row, 0);
     return own;
 }
 
@@ -192,23 +211,22 @@ static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_
     const int tensor = r == FLOAT8_TENSORWISE || (which == LLAMA3_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP);
     const int gen = tensor ? s->gen_t : which == LLAMA3_OPERAND_X ? s->gen_r : s->gen_c;
     if (gen != f->gen) {
-        const float *w32 = as_f32(f, f->fw, llama3_linear_weight(m, l), (size_t)l->out * (size_t)l->in);
+        const void *w = llama3_linear_weight(m, l);
         if (tensor) {
-            w_tensor_amax(m, l, w32);
+            w_tensor_amax(m, l, w);
         } else if (which == LLAMA3_OPERAND_X) {
-            w_row_amax(m, l, w32);
+            w_row_amax(m, l, w);
         } else {
-            ops->transpose(f->fwt, w32, l->out, l->in);
+            ops->transpose(f->fwt, as_f32(f, f->fw, w, (size_t)l->out * (size_t)l->in), l->out, l->in);
             w_col_amax(m, l, f->fwt);
         }
     }
-    const float *x32 = as_f32(f, f->fa, local, (size_t)rows * (size_t)cols);
     if (r == FLOAT8_TENSORWISE) {
-        ops->amax(s->reg[which], x32, (size_t)rows * (size_t)cols);
+        x_amax(f, s->reg[which], local, rows, cols, 0, 0);
         if (layout != LLAMA3_ROWS_WHOLE) reduce_max(m->ctx.tp, s->reg[which], 1);
         s->reg_mode[which] = REG_TENSOR;
     } else if (layout == LLAMA3_ROWS_COL_SHARD) {
-        ops->amax_rows(s->reg[which], x32, rows, cols);
+        x_amax(f, s->reg[which], local, rows, cols, 1, 0);
         reduce_max(m->ctx.tp, s->reg[which], (size_t)rows);
         s->reg_mode[which] = REG_ROWS;
     } else {
@@ -223,23 +241,21 @@ static void f8_forward(const llama3_model *m, const llama3_linear *l, tetra_dtyp
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
-    const float *x32 = as_f32(f, f->fa, x, (size_t)n * (size_t)in);
-    const float *w32 = as_f32(f, f->fw, w, (size_t)out * (size_t)in);
     if (f->cfg.recipe == FLOAT8_TENSORWISE) {
-        const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x32, n, in, 0, f->amax_a);
+        const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x, n, in, 0, f->amax_a);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w32), 1, 0, OPS_FP8_E4M3_MAX, 0);
-        ops->cast_f32_to_fp8(f->qa, x32, f->sc_a, 0, n, in, TETRA_FP8_E4M3);
-        ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
+        x_cast(f, f->qa, x, f->sc_a, 0, n, in, TETRA_FP8_E4M3, 0);
+        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3, 0);
         fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 0, 1, beta);
         return;
     }
     /* rowwise: x per token, W per output channel */
-    const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x32, n, in, 1, f->amax_a);
+    const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x, n, in, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, n, 0, OPS_FP8_E4M3_MAX, 1);
-    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(m, l, w32), out, 0, OPS_FP8_E4M3_MAX, 1);
-    ops->cast_f32_to_fp8(f->qa, x32, f->sc_a, 1, n, in, TETRA_FP8_E4M3);
-    ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 1, out, in, TETRA_FP8_E4M3);
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(m, l, w), out, 0, OPS_FP8_E4M3_MAX, 1);
+    x_cast(f, f->qa, x, f->sc_a, 1, n, in, TETRA_FP8_E4M3, 0);
+    x_cast(f, f->qb, w, f->sc_b, 1, out, in, TETRA_FP8_E4M3, 0);
     fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 1, 1, beta);
 }
 
@@ -250,31 +266,29 @@ static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tet
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
-    const float *dy32 = as_f32(f, f->fa, dy, (size_t)n * (size_t)out);
-    const float *w32 = as_f32(f, f->fw, w, (size_t)out * (size_t)in);
     if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . W e4m3 */
-        const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy32, n, out, 0, f->amax_a);
+        const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy, n, out, 0, f->amax_a);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, 1, 0, OPS_FP8_E5M2_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w32), 1, 0, OPS_FP8_E4M3_MAX, 0);
-        ops->cast_f32_to_fp8(f->qa, dy32, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
-        ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
+        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2, 0);
+        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3, 0);
         fp8_gemm(f, dxt, dx, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 0, 0, beta);
         return;
     }
     /* dy e4m3 per token */
-    const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy32, n, out, 1, f->amax_a);
+    const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy, n, out, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, n, 0, OPS_FP8_E4M3_MAX, 1);
-    ops->cast_f32_to_fp8(f->qa, dy32, f->sc_a, 1, n, out, TETRA_FP8_E4M3);
+    x_cast(f, f->qa, dy, f->sc_a, 1, n, out, TETRA_FP8_E4M3, 0);
     if (f->cfg.recipe == FLOAT8_ROWWISE) { /* W per input channel: quantise W^T [in, out] by rows */
-        ops->transpose(f->fwt, w32, out, in);
+        ops->transpose(f->fwt, as_f32(f, f->fw, w, (size_t)out * (size_t)in), out, in);
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(m, l, f->fwt), in, 0, OPS_FP8_E4M3_MAX, 1);
         ops->cast_f32_to_fp8(f->qb, f->fwt, f->sc_b, 1, in, out, TETRA_FP8_E4M3);
         fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, in, out, out, out, in, 1, 0, beta);
         return;
     }
     /* rowwise_with_gw_hp: W tensorwise, its one scale broadcast to every column */
-    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w32), in, 1, OPS_FP8_E4M3_MAX, 1);
-    ops->cast_f32_to_fp8(f->qb, w32, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), in, 1, OPS_FP8_E4M3_MAX, 1);
+    x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3, 0);
     fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 1, 0, beta);
 }
 
@@ -289,23 +303,23 @@ static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, fl
         return;
     }
     const int in = l->in, out = l->out;
-    const float *dy32 = as_f32(f, f->fa, dy, (size_t)n * (size_t)out);
-    const float *x32 = as_f32(f, f->fb, x, (size_t)n * (size_t)in);
     if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . x e4m3, whole-tensor scales */
-        ops->amax(f->amax_a, dy32, (size_t)n * (size_t)out);
+        x_amax(f, f->amax_a, dy, n, out, 0, 0);
         reduce_max(tp_if(m, l, LLAMA3_LINEAR_COLWISE), f->amax_a, 1);
-        ops->amax(f->amax_b, x32, (size_t)n * (size_t)in);
+        x_amax(f, f->amax_b, x, n, in, 0, 0);
         reduce_max(tp_if(m, l, LLAMA3_LINEAR_ROWWISE), f->amax_b, 1);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, 1, 0, OPS_FP8_E5M2_MAX, 0);
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        ops->cast_f32_to_fp8(f->qa, dy32, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
-        ops->cast_f32_to_fp8(f->qb, x32, f->sc_b, 0, n, in, TETRA_FP8_E4M3);
+        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2, 0);
+        x_cast(f, f->qb, x, f->sc_b, 0, n, in, TETRA_FP8_E4M3, 0);
         fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 1, 0, out, in, n, out, in, in, 0, 0, 0.0f);
         ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
         return;
     }
     /* rowwise: dy per output channel, x per input channel (over every token: nothing to
      * reduce across tensor-parallel ranks, whose rows here are whole) */
+    const float *dy32 = as_f32(f, f->fa, dy, (size_t)n * (size_t)out);
+    const float *x32 = as_f32(f, f->fb, x, (size_t)n * (size_t)in);
     ops->transpose(f->ft, dy32, n, out);
     ops->amax_rows(f->amax_a, f->ft, out, n);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, out, 0, OPS_FP8_E4M3_MAX, 1);
@@ -386,7 +400,8 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         sz_lin += 16 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
-    size_t floats = ALIGN16(sz_lin) + (bf16 ? 2 * ALIGN16(rd) + ALIGN16(max_w) : 0) +
+    /* bf16 operands are widened to fp32 only for the rowwise recipe's transposes */
+    size_t floats = ALIGN16(sz_lin) + (bf16 && rowwise ? 2 * ALIGN16(rd) + ALIGN16(max_w) : 0) +
                     (rows_any ? ALIGN16(max_w) : 0) + (rowwise ? 2 * ALIGN16(rd) : 0) +
                     (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
                     4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
@@ -419,7 +434,7 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         p += ALIGN16(R);
     }
     p = (float *)f->mem + ALIGN16(sz_lin);
-    if (bf16) {
+    if (bf16 && rowwise) {
         f->fa = TAKE(rd);
         f->fb = TAKE(rd);
         f->fw = TAKE(max_w);

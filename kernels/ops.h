@@ -130,6 +130,10 @@ typedef struct tetra_ops {
     void (*amax)(float *out /*[1]*/, const float *x /*[n]*/, size_t n);
     // out[r] = max_c |x[r, c]|
     void (*amax_rows)(float *out /*[rows]*/, const float *x /*[rows, cols]*/, int rows, int cols);
+    // the same two reductions over bf16 x (widened exactly: the results equal amax and
+    // amax_rows of x's fp32 copy), so that fp8 scaling reads bf16 activations directly
+    void (*amax_bf16)(float *out /*[1]*/, const uint16_t *x /*[n]*/, size_t n);
+    void (*amax_rows_bf16)(float *out /*[rows]*/, const uint16_t *x /*[rows, cols]*/, int rows, int cols);
     // out[c, r] = x[r, c] (fp32, row-major both). out and x must not alias: the tiles are
     // written in a different order than they are read.
     void (*transpose)(float *out /*[cols, rows]*/, const float *x /*[rows, cols]*/, int rows, int cols);
@@ -141,6 +145,10 @@ typedef struct tetra_ops {
     void (*cast_f32_to_fp8)(uint8_t *out /*[rows, cols]*/, const float *x /*[rows, cols]*/,
                             const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols,
                             tetra_dtype fmt);
+    // cast_f32_to_fp8 of bf16 x (the same bytes as casting x's fp32 copy)
+    void (*cast_bf16_to_fp8)(uint8_t *out /*[rows, cols]*/, const uint16_t *x /*[rows, cols]*/,
+                             const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols,
+                             tetra_dtype fmt);
     // out = decode(q) * inv_scale (inv_scale[1] or, rowwise, [rows]; NULL: 1)
     void (*cast_fp8_to_f32)(float *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/,
                             const float *inv_scale, int rowwise, int rows, int cols, tetra_dtype fmt);

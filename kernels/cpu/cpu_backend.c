@@ -200,6 +200,34 @@ void cpu_amax_rows(float *out, const float *x, int rows, int cols) {
     for (int r = 0; r < rows; r++) out[r] = amax_k(x + (size_t)r * cols, (size_t)cols);
 }
 
+// bf16 x, widened exactly on the fly: the same values amax_k sees in x's fp32 copy
+static float amax_bf16_k(const uint16_t *x, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(tetra_bf16_to_f32(x[i]));
+        if (a > m || a != a) m = a;
+        if (m != m) break;
+    }
+    return m;
+}
+
+void cpu_amax_bf16(float *out, const uint16_t *x, size_t n) {
+    int64_t nc = CHUNKS(n);
+    float m = 0.0f;
+#pragma omp parallel for schedule(static) reduction(max : m) if (nc > 1)
+    for (int64_t c = 0; c < nc; c++) {
+        float a = amax_bf16_k(x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
+        m = (a != a) ? INFINITY : (a > m ? a : m);
+    }
+    if (m == INFINITY) m = amax_bf16_k(x, n);
+    out[0] = m;
+}
+
+void cpu_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int r = 0; r < rows; r++) out[r] = amax_bf16_k(x + (size_t)r * cols, (size_t)cols);
+}
+
 // ----------------------------------------------------------------------------
 // transpose. A naive loop strides one side by a whole row per element; 32 x 32 tiles
 // (4 KiB in, 4 KiB out) keep both sides' cache lines resident while a tile is copied.
@@ -242,6 +270,13 @@ CPU_SIMD static void to_e5m2_k(uint8_t *out, const float *x, float scale, size_t
     for (size_t i = 0; i < n; i++) out[i] = tetra_quant_e5m2(x[i], scale);
 }
 
+CPU_SIMD static void bf16_to_e4m3_k(uint8_t *out, const uint16_t *x, float scale, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tetra_quant_e4m3(tetra_bf16_to_f32(x[i]), scale);
+}
+CPU_SIMD static void bf16_to_e5m2_k(uint8_t *out, const uint16_t *x, float scale, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = tetra_quant_e5m2(tetra_bf16_to_f32(x[i]), scale);
+}
+
 void cpu_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n) {
     int64_t nc = CHUNKS(n);
 #pragma omp parallel for schedule(static) if (nc > 1)
@@ -265,6 +300,19 @@ void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int r
             to_e5m2_k(out + o, x + o, s, (size_t)cols);
         else
             to_e4m3_k(out + o, x + o, s, (size_t)cols);
+    }
+}
+
+void cpu_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows, int cols,
+                          tetra_dtype fmt) {
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int r = 0; r < rows; r++) {
+        float s = scale ? scale[rowwise ? r : 0] : 1.0f;
+        size_t o = (size_t)r * (size_t)cols;
+        if (fmt == TETRA_FP8_E5M2)
+            bf16_to_e5m2_k(out + o, x + o, s, (size_t)cols);
+        else
+            bf16_to_e4m3_k(out + o, x + o, s, (size_t)cols);
     }
 }
 
@@ -344,6 +392,9 @@ static const tetra_ops cpu_table = {
     .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
     .cast_f32_to_fp8 = cpu_cast_f32_to_fp8,
     .cast_fp8_to_f32 = cpu_cast_fp8_to_f32,
+    .cast_bf16_to_fp8 = cpu_cast_bf16_to_fp8,
+    .amax_bf16 = cpu_amax_bf16,
+    .amax_rows_bf16 = cpu_amax_rows_bf16,
     .fp8_scale_from_amax = cpu_fp8_scale_from_amax,
     .gemm = cpu_gemm,
     .embedding_forward = cpu_embedding_forward,

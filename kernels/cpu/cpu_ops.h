@@ -39,11 +39,15 @@ void cpu_sum_squares(float *out, const float *x, size_t n);
 void cpu_sum(float *out, const float *x, size_t n);
 void cpu_amax(float *out, const float *x, size_t n);
 void cpu_amax_rows(float *out, const float *x, int rows, int cols);
+void cpu_amax_bf16(float *out, const uint16_t *x, size_t n);
+void cpu_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols);
 void cpu_transpose(float *out, const float *x, int rows, int cols);
 void cpu_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n);
 void cpu_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n);
 void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows,
                          int cols, tetra_dtype fmt);
+void cpu_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows, int cols,
+                          tetra_dtype fmt);
 void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
                          int cols, tetra_dtype fmt);
 void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast,

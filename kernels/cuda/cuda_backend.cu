@@ -502,6 +502,62 @@ extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
     CUDA_CHECK_LAUNCH();
 }
 
+// bf16 operands (fp8 scaling reads bf16 activations without an fp32 copy): 8-byte
+// words of four bf16 where x is 8-byte aligned, one element at a time for the rest.
+__device__ __forceinline__ float abs_max4_bf16(float m, unsigned long long w) {
+    for (int j = 0; j < 4; j++) m = nan_max(m, fabsf(tetra_bf16_to_f32((uint16_t)(w >> (16 * j)))));
+    return m;
+}
+
+__global__ void __launch_bounds__(TETRA_THREADS)
+    amax_partial_bf16_kernel(float *part, const uint16_t *x, size_t n, int vec) {
+    __shared__ float sh[32];
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float m = 0.0f;
+    size_t done = 0;
+    if (vec) {
+        const unsigned long long *w = (const unsigned long long *)x;
+        const size_t nw = n / 4;
+        for (size_t i = t; i < nw; i += stride) m = abs_max4_bf16(m, w[i]);
+        done = nw * 4;
+    }
+    for (size_t i = done + t; i < n; i += stride) m = nan_max(m, fabsf(tetra_bf16_to_f32(x[i])));
+    m = block_nan_max(m, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = m;
+}
+
+extern "C" void cuda_amax_bf16(float *out, const uint16_t *x, size_t n) {
+    int parts = red_parts(n);
+    float *part = (float *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
+    if (n) {
+        amax_partial_bf16_kernel<<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n, ((uintptr_t)x & 7) == 0);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        parts = 0;
+    }
+    amax_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void __launch_bounds__(TETRA_THREADS) amax_rows_bf16_kernel(float *out, const uint16_t *x, int cols) {
+    __shared__ float sh[32];
+    const uint16_t *row = x + (size_t)blockIdx.x * (size_t)cols;
+    float m = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = nan_max(m, fabsf(tetra_bf16_to_f32(row[j])));
+    m = block_nan_max(m, sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = m;
+}
+
+extern "C" void cuda_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols) {
+    if (rows <= 0) return;
+    if (cols <= 0) {
+        cuda_fill(out, 0.0f, (size_t)rows);
+        return;
+    }
+    amax_rows_bf16_kernel<<<rows, TETRA_THREADS, 0, cuda_stream()>>>(out, x, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ----------------------------------------------------------------------------
 // casts (the encoders of ops_math.h: round to nearest even, saturating fp8)
 
@@ -521,6 +577,41 @@ __global__ void to_fp8_kernel(uint8_t *out, const float *x, const float *scale, 
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float s = scale ? scale[rowwise ? i / cols : 0] : 1.0f;
         out[i] = FMT == TETRA_FP8_E5M2 ? tetra_quant_e5m2(x[i], s) : tetra_quant_e4m3(x[i], s);
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ unsigned long long quant_fp8(float x, float s) {
+    return FMT == TETRA_FP8_E5M2 ? tetra_quant_e5m2(x, s) : tetra_quant_e4m3(x, s);
+}
+
+// bf16 in: eight elements a step where x and out are 8-byte aligned (two words of four
+// bf16 in, one word of eight fp8 out; under rowwise cols is a multiple of 8, so a step
+// stays in one row and finds its scale with one division), one at a time otherwise.
+template <int FMT>
+__global__ void bf16_to_fp8_kernel(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, size_t cols,
+                                   size_t n, int vec) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if (vec) {
+        const unsigned long long *w = (const unsigned long long *)x;
+        unsigned long long *o = (unsigned long long *)out;
+        const size_t n8 = n / 8, cols8 = cols / 8;
+        for (size_t i = t; i < n8; i += stride) {
+            const float s = scale ? scale[rowwise ? i / cols8 : 0] : 1.0f;
+            const unsigned long long a = w[2 * i], b = w[2 * i + 1];
+            unsigned long long r = 0;
+            for (int j = 0; j < 4; j++) {
+                r |= quant_fp8<FMT>(tetra_bf16_to_f32((uint16_t)(a >> (16 * j))), s) << (8 * j);
+                r |= quant_fp8<FMT>(tetra_bf16_to_f32((uint16_t)(b >> (16 * j))), s) << (8 * j + 32);
+            }
+            o[i] = r;
+        }
+        done = n8 * 8;
+    }
+    for (size_t i = done + t; i < n; i += stride) {
+        const float s = scale ? scale[rowwise ? i / cols : 0] : 1.0f;
+        out[i] = (uint8_t)quant_fp8<FMT>(tetra_bf16_to_f32(x[i]), s);
     }
 }
 
@@ -555,6 +646,21 @@ extern "C" void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *
         to_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise, (size_t)cols, n);
     else
         to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise, (size_t)cols, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows,
+                                      int cols, tetra_dtype fmt) {
+    size_t n = (size_t)(rows > 0 ? rows : 0) * (size_t)(cols > 0 ? cols : 0);
+    if (!n) return;
+    const int vec = ((uintptr_t)x & 7) == 0 && ((uintptr_t)out & 7) == 0 && (!rowwise || cols % 8 == 0);
+    unsigned nb = tetra_blocks(vec ? (n + 7) / 8 : n, TETRA_THREADS);
+    if (fmt == TETRA_FP8_E5M2)
+        bf16_to_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise,
+                                                                                    (size_t)cols, n, vec);
+    else
+        bf16_to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise,
+                                                                                    (size_t)cols, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -660,6 +766,9 @@ static tetra_ops make_table(void) {
     t.cast_bf16_to_f32 = cuda_cast_bf16_to_f32;
     t.cast_f32_to_fp8 = cuda_cast_f32_to_fp8;
     t.cast_fp8_to_f32 = cuda_cast_fp8_to_f32;
+    t.cast_bf16_to_fp8 = cuda_cast_bf16_to_fp8;
+    t.amax_bf16 = cuda_amax_bf16;
+    t.amax_rows_bf16 = cuda_amax_rows_bf16;
     t.fp8_scale_from_amax = cuda_fp8_scale_from_amax;
     t.gemm = cuda_gemm;
     t.embedding_forward = cuda_embedding_forward;

@@ -238,7 +238,7 @@ static void test_table(void) {
 #define SLOT(f) complete &= G->f != NULL
     SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
     SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
-    SLOT(transpose);
+    SLOT(amax_bf16); SLOT(amax_rows_bf16); SLOT(cast_bf16_to_fp8); SLOT(transpose);
     SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
     SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
     SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
@@ -352,6 +352,85 @@ static void test_elementwise(void) {
         check_bits("amax_rows", "37 x 135", gr, hr, rows * 4);
         free(gr); free(x);
         G->release(dx); G->release(dout);
+    }
+    // bf16 sources of fp8 scaling: amax, amax_rows and the fp8 cast of bf16 x equal the
+    // fp32 ops on x widened (CPU), on both backends; 8-byte aligned (word loads) and
+    // 2-byte aligned starts, tails, rows of a multiple of 8 and of none, edge values
+    {
+        const size_t cap = 100003 + 8;
+        float *x = (float *)malloc(cap * 4);
+        for (size_t i = 0; i < cap; i++) x[i] = randn() * ldexpf(1.0f, (int)(rnd() % 40) - 20);
+        const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, 448.0f, -500.0f, 57344.0f, 1e30f, 1e-40f, 3.0e38f};
+        for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) x[i * 11 + 3] = edge[i];
+        uint16_t *xb = (uint16_t *)malloc(cap * 2);
+        C->cast_f32_to_bf16(xb, x, cap);
+        C->cast_bf16_to_f32(x, xb, cap);  // x: exactly the bf16 values
+        uint16_t *dxb = (uint16_t *)dup_gpu(xb, cap * 2);
+        float *dout = (float *)G->alloc(1024 * 4), c_am, c_am32, g_am;
+        const size_t bsizes[] = {1, 7, 5003, 100003};
+        for (size_t si = 0; si < 4; si++) {
+            for (int off = 0; off < 2; off++) {
+                char bshape[64];
+                snprintf(bshape, sizeof bshape, "n=%zu%s", bsizes[si], off ? " unaligned" : "");
+                C->amax_bf16(&c_am, xb + off, bsizes[si]);
+                C->amax(&c_am32, x + off, bsizes[si]);
+                G->amax_bf16(dout, dxb + off, bsizes[si]);
+                G->synchronize();
+                G->copy_d2h(&g_am, dout, 4);
+                check_bits("amax_bf16 (cpu) == amax", bshape, &c_am, &c_am32, 4);
+                check_bits("amax_bf16", bshape, &g_am, &c_am, 4);
+            }
+        }
+        uint16_t nan16 = 0x7fc0, keep = xb[4321];
+        G->copy_h2d(dxb + 4321, &nan16, 2);
+        G->amax_bf16(dout, dxb, 5003);
+        G->synchronize();
+        G->copy_d2h(&g_am, dout, 4);
+        G->copy_h2d(dxb + 4321, &keep, 2);
+        report("amax_bf16 NaN propagates", "n=5003", 0, 0, isnan(g_am));
+        const int rr = 37, rc = 135;
+        float hr[37], hr32[37], *gr;
+        C->amax_rows_bf16(hr, xb, rr, rc);
+        C->amax_rows(hr32, x, rr, rc);
+        G->amax_rows_bf16(dout, dxb, rr, rc);
+        gr = (float *)from_gpu(dout, rr * 4);
+        check_bits("amax_rows_bf16 (cpu) == amax_rows", "37 x 135", hr, hr32, rr * 4);
+        check_bits("amax_rows_bf16", "37 x 135", gr, hr, rr * 4);
+        free(gr);
+
+        const int bshapes[][2] = {{67, 129}, {64, 136}, {1, 5}};
+        float *scale = hrandn(67, 5);
+        for (int r = 0; r < 67; r++) scale[r] = fabsf(scale[r]) * 4.0f + 0.01f;
+        float *dscale = (float *)dup_gpu(scale, 67 * 4);
+        uint8_t *hq = (uint8_t *)malloc(cap), *hq32 = (uint8_t *)malloc(cap), *gq;
+        uint8_t *dq = (uint8_t *)G->alloc(cap);
+        const tetra_dtype fmts[2] = {TETRA_FP8_E4M3, TETRA_FP8_E5M2};
+        int cpu_diff = 0;
+        for (int sh = 0; sh < 3; sh++) {
+            const int rows = bshapes[sh][0], cols = bshapes[sh][1];
+            const size_t n = (size_t)rows * cols;
+            for (int fi = 0; fi < 2; fi++) {
+                for (int mode = 0; mode < 3; mode++) {  // no scale, tensorwise, rowwise
+                    for (int off = 0; off < 2; off++) {
+                        const float *sc = mode ? scale : NULL, *dsc = mode ? dscale : NULL;
+                        char name[64], bshape[64];
+                        snprintf(name, sizeof name, "cast bf16->%s%s", fi ? "e5m2" : "e4m3",
+                                 mode == 0 ? " noscale" : mode == 2 ? " rowwise" : "");
+                        snprintf(bshape, sizeof bshape, "%d x %d%s", rows, cols, off ? " unaligned" : "");
+                        C->cast_bf16_to_fp8(hq, xb + off, sc, mode == 2, rows, cols, fmts[fi]);
+                        C->cast_f32_to_fp8(hq32, x + off, sc, mode == 2, rows, cols, fmts[fi]);
+                        G->cast_bf16_to_fp8(dq + off, dxb + off, dsc, mode == 2, rows, cols, fmts[fi]);
+                        gq = (uint8_t *)from_gpu(dq + off, n);
+                        cpu_diff += memcmp(hq, hq32, n) != 0;
+                        check_bits(name, bshape, gq, hq, n);
+                        free(gq);
+                    }
+                }
+            }
+        }
+        report("cast bf16->fp8 (cpu) == f32->fp8", "every case above", (double)cpu_diff, 0.0, cpu_diff == 0);
+        free(x); free(xb); free(scale); free(hq); free(hq32);
+        G->release(dxb); G->release(dout); G->release(dscale); G->release(dq);
     }
     // transpose: partial tiles at both edges, one row, one column, several tiles each way
     // (300 x 517), and empty shapes. One guard element past the end, set before the call,
