@@ -1,0 +1,282 @@
+"""PyTorch reference for tetra's GPU training-throughput benchmark.
+
+Trains a Llama 3 model (a TorchTitan flavor, optionally with fewer layers or a
+smaller vocabulary) on random token ids on one CUDA GPU, the way TorchTitan's
+best single-GPU setup does: bf16 autocast (the one-GPU equivalent of FSDP
+mixed precision, bf16 params / fp32 reduce), each transformer block compiled
+on its own with torch.compile (or eager), optionally float8 linears through
+torchao (tensorwise or rowwise; the output projection stays bf16).
+
+A step is forward + cross-entropy + backward + clip_grad_norm_(1.0) + fused
+AdamW + zero_grad, timed with CUDA synchronisation on both sides. Reported:
+median step time after warm-up as tokens/s, TFLOP/s and MFU with TorchTitan's
+FLOPs-per-token count (6*N + 12*L*H*D*T, N = parameters without the token
+embedding), peak allocated memory and the last loss.
+
+Exit status 2 when no CUDA device is present, 3 when --float8 is asked for and
+torchao is not importable.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FLAVORS = {
+    # dim, n_layers, n_heads, n_kv_heads, vocab, multiple_of, ffn_dim_multiplier
+    "debugmodel": dict(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab=2048,
+                       multiple_of=256, ffn_dim_multiplier=None),
+    "8B": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab=128256,
+               multiple_of=1024, ffn_dim_multiplier=1.3),
+}
+NORM_EPS = 1e-5
+ROPE_THETA = 500000.0
+
+
+def ffn_hidden(dim, multiple_of, multiplier):
+    hidden = int(2 * 4 * dim / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=NORM_EPS, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
+
+    def forward(self, x):
+        if hasattr(F, "rms_norm"):
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta=ROPE_THETA, device=None):
+    """cos/sin tables of shape (seq_len, head_dim // 2), fp32."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, T, H, D); rotates adjacent pairs (x[2i], x[2i+1]) as Llama does."""
+    xf = x.float().reshape(*x.shape[:-1], -1, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    c = cos.view(1, cos.shape[0], 1, cos.shape[1])
+    s = sin.view(1, sin.shape[0], 1, sin.shape[1])
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_heads, n_kv_heads, device=None):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False, device=device)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False, device=device)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False, device=device)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False, device=device)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:
+            # Repeat K/V heads for GQA (keeps SDPA on its flash/cuDNN kernels).
+            k = k.unsqueeze(3).expand(b, t, self.n_kv_heads, rep, self.head_dim).reshape(b, t, self.n_heads, self.head_dim)
+            v = v.unsqueeze(3).expand(b, t, self.n_kv_heads, rep, self.head_dim).reshape(b, t, self.n_heads, self.head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden, device=None):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False, device=device)
+        self.w3 = nn.Linear(dim, hidden, bias=False, device=device)
+        self.w2 = nn.Linear(hidden, dim, bias=False, device=device)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        dim = cfg["dim"]
+        self.attention_norm = RMSNorm(dim, device=device)
+        self.attention = Attention(dim, cfg["n_heads"], cfg["n_kv_heads"], device=device)
+        self.ffn_norm = RMSNorm(dim, device=device)
+        self.feed_forward = FeedForward(
+            dim, ffn_hidden(dim, cfg["multiple_of"], cfg["ffn_dim_multiplier"]), device=device)
+
+    def forward(self, x, cos, sin):
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama3(nn.Module):
+    def __init__(self, cfg, seq_len, device=None):
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg["dim"]
+        self.tok_embeddings = nn.Embedding(cfg["vocab"], dim, device=device)
+        self.layers = nn.ModuleList(Block(cfg, device=device) for _ in range(cfg["n_layers"]))
+        self.norm = RMSNorm(dim, device=device)
+        self.output = nn.Linear(dim, cfg["vocab"], bias=False, device=device)
+        cos, sin = rope_tables(dim // cfg["n_heads"], seq_len, device=device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if not name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.02)
+
+    def forward(self, tokens):
+        t = tokens.shape[1]
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+
+def n_params_no_embedding(model):
+    return sum(p.numel() for n, p in model.named_parameters() if not n.startswith("tok_embeddings."))
+
+
+def flops_per_token(n_params, cfg, seq_len):
+    head_dim = cfg["dim"] // cfg["n_heads"]
+    return 6 * n_params + 12 * cfg["n_layers"] * cfg["n_heads"] * head_dim * seq_len
+
+
+def loss_fn(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--flavor", choices=sorted(FLAVORS), required=True)
+    ap.add_argument("--n-layers", type=int, help="override the flavor's layer count")
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--steps", type=int, default=20, help="measured steps (after warm-up)")
+    ap.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (compilation happens here)")
+    ap.add_argument("--mode", choices=["eager", "compile"], default="compile")
+    ap.add_argument("--vocab", type=int, help="override the flavor's vocabulary size")
+    ap.add_argument("--float8", choices=["none", "tensorwise", "rowwise"], default="none")
+    ap.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s for MFU (default: H100 SXM dense bf16)")
+    ap.add_argument("--json-out", help="also write the results as a JSON object to this file")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_pytorch: no CUDA device", file=sys.stderr)
+        return 2
+    if args.float8 != "none":
+        try:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except ImportError as e:
+            print(f"gpu_pytorch: --float8 {args.float8} needs torchao, which is not importable ({e})",
+                  file=sys.stderr)
+            return 3
+
+    cfg = dict(FLAVORS[args.flavor])
+    if args.n_layers is not None:
+        cfg["n_layers"] = args.n_layers
+    if args.vocab is not None:
+        cfg["vocab"] = args.vocab
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+
+    model = Llama3(cfg, args.seq_len, device=dev)
+    n_params = n_params_no_embedding(model)
+    fpt = flops_per_token(n_params, cfg, args.seq_len)
+
+    label = f"pytorch-{args.mode}"
+    if args.float8 != "none":
+        f8cfg = Float8LinearConfig() if args.float8 == "tensorwise" else Float8LinearConfig.from_recipe_name("rowwise")
+        convert_to_float8_training(model, config=f8cfg, module_filter_fn=lambda mod, fqn: fqn != "output")
+        label += f"-float8-{args.float8}"
+    if args.mode == "compile":
+        for i, block in enumerate(model.layers):
+            model.layers[i] = torch.compile(block, fullgraph=True)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=8e-4, weight_decay=0.1, fused=True)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(1234)
+
+    def batch():
+        ids = torch.randint(0, cfg["vocab"], (args.batch, args.seq_len + 1), device=dev, generator=gen)
+        return ids[:, :-1], ids[:, 1:]
+
+    def step(inputs, targets):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(inputs)
+            loss = loss_fn(logits, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    torch.cuda.reset_peak_memory_stats()
+    times, loss = [], None
+    for i in range(args.warmup + args.steps):
+        inputs, targets = batch()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = step(inputs, targets)
+        torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    last_loss = loss.item()
+
+    step_s = statistics.median(times)
+    tokens_per_s = args.batch * args.seq_len / step_s
+    tflops = tokens_per_s * fpt / 1e12
+    mfu = 100.0 * tflops * 1e12 / args.peak
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    print(f"{label} | steps {args.steps} | tokens/s {tokens_per_s:.0f} | TFLOP/s {tflops:.2f} | "
+          f"MFU {mfu:.2f}% | peak memory {peak_gib:.2f} GiB | last loss {last_loss:.4f}")
+    if not math.isfinite(last_loss):
+        print("gpu_pytorch: warning: loss is not finite", file=sys.stderr)
+
+    if args.json_out:
+        result = dict(
+            label=label, mode=args.mode, float8=args.float8, flavor=args.flavor,
+            dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], n_kv_heads=cfg["n_kv_heads"],
+            vocab=cfg["vocab"], seq_len=args.seq_len, batch=args.batch, steps=args.steps, warmup=args.warmup,
+            n_params_no_embedding=n_params, flops_per_token=fpt, step_time_median_s=step_s,
+            step_times_s=times, tokens_per_s=tokens_per_s, tflops=tflops, mfu_percent=mfu, peak_flops=args.peak,
+            peak_memory_gib=peak_gib, last_loss=last_loss, torch_version=torch.__version__,
+            device=torch.cuda.get_device_name(dev),
+        )
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
