@@ -375,8 +375,6 @@ typedef struct {
     int64_t ld, stride;
 } operand;
 
-static int outer_vec_ok = 1;  // cleared once cuBLASLt reports no outer-vector support
-
 // Stored shape of A ([k, m] when transposed else [m, k]) and of B ([n, k] or [k, n]).
 static void stored_shape(const ops_gemm_desc *g, int is_b, int trans, int *rows, int *cols) {
     if (!is_b) {
@@ -507,7 +505,10 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
                 return;
             }
         } else {
-            if (outer_vec_ok && g->a_scale && g->b_scale) {
+            // tried for each configuration: cuBLASLt may offer outer-vector scales for some
+            // (output type, fast accumulation, sizes) and not others; a refused one is
+            // remembered in its cached plan and falls through to the epilogue at once
+            if (g->a_scale && g->b_scale) {
                 lt_call call = make_call(g, Ak, Bk, c, g->c_type, g->ldc, g->stride_c, batch);
                 call.key.fast_accum = g->fast_accum ? 1 : 0;
                 call.key.scale_mode = SCALE_OUTER;
@@ -519,7 +520,6 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
                     last_path = "fp8+rowwise";
                     return;
                 }
-                outer_vec_ok = 0;
             }
             // unscaled fp8 product to fp32 scratch, scales in the epilogue
             float *acc = (float *)cuda_scratch(SCRATCH_GEMM_ACC, (size_t)g->m * g->n * batch * sizeof(float) + 256);
