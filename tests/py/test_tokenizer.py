@@ -4,7 +4,8 @@
 Encodes Moby Dick, the State of the Union corpus and tests/assets/torture.txt
 with `tetra data encode` and compares every id with
 
-  * Python's tiktoken (an Encoding built from the local cl100k_base ranks, and
+  * Python's tiktoken (an Encoding built from the shipped cl100k_base ranks,
+    tests/assets/cl100k_base.tiktoken.xz, and
     from the tokenizer.model of tests/assets/tokenizer), and
   * Hugging Face tokenizers (a tokenizer.json converted here from the same
     cl100k_base ranks, and the tokenizer.json of tests/assets/tokenizer).
@@ -23,6 +24,7 @@ import array
 import base64
 import hashlib
 import json
+import lzma
 import os
 import random
 import subprocess
@@ -266,6 +268,22 @@ def test_cli_help():
 
 
 # ---- 2. cl100k_base through its tiktoken file ----------------------------------------
+CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+
+
+def cl100k_ranks_file():
+    """The shipped ranks (tests/assets/cl100k_base.tiktoken.xz) unpacked into TMP, checked
+    against the hash tiktoken expects of cl100k_base."""
+    data = lzma.open(os.path.join(ASSETS, "cl100k_base.tiktoken.xz")).read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != CL100K_SHA256:
+        sys.exit(f"FAIL tests/assets/cl100k_base.tiktoken.xz unpacks to sha256 {digest}, not {CL100K_SHA256}")
+    path = os.path.join(TMP, "cl100k_base.tiktoken")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
 def test_cl100k(cl100k):
     vectors = [("This is a test sentence.", [2028, 374, 264, 1296, 11914, 13]), ("Hello world!", [9906, 1917, 0]),
                ("\n\n", [271]), ("user", [882]), ("system", [9125]), ("assistant", [78191])]
@@ -375,7 +393,9 @@ def test_llama3_sized(ranks):
 def test_real_llama3():
     path = os.environ.get("TETRA_LLAMA3_TOKENIZER")
     if not path:
-        print("skip: TETRA_LLAMA3_TOKENIZER not set (Meta's Llama 3 tokenizer; see docs/tokenizer.md)")
+        print("note: Meta's own Llama 3 tokenizer file is checked only when TETRA_LLAMA3_TOKENIZER names it "
+              "(it may not be redistributed); cl100k_base and the Llama-3-sized file above run the same code "
+              "(docs/tokenizer.md)")
         return
     check(encode(path, text=b"This is a test sentence.", bos=True, eos=True) ==
           [128000, 2028, 374, 264, 1296, 11914, 13, 128001], "Meta's test vector on the real Llama 3 tokenizer")
@@ -495,13 +515,10 @@ def main():
         print("FAIL: --update-fixtures needs both tiktoken and tokenizers")
         return 1
     test_cli_help()
-    cl100k = os.path.join(SHARED, "data", "cl100k_base.tiktoken")
-    if os.path.exists(cl100k):
-        ranks = test_cl100k(cl100k)
-        test_cl100k_hf(ranks)
-        test_llama3_sized(ranks)
-    else:
-        print(f"skip: {cl100k} not found: cl100k_base checks skipped")
+    cl100k = cl100k_ranks_file()
+    ranks = test_cl100k(cl100k)
+    test_cl100k_hf(ranks)
+    test_llama3_sized(ranks)
     test_real_llama3()
     test_trained()
     test_errors(cl100k)
