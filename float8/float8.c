@@ -42,9 +42,6 @@ struct float8_model {
     size_t bytes;
     void *mem;
     /* workspace shared by every converted linear (one GEMM at a time) */
-    float *fa, *fb;      /* [max_rows * max_dim] operands widened from bf16 (rowwise: its transposes) */
-    float *fw, *fwt;     /* [max weight] the weight widened, and transposed */
-    float *ft, *ft2;     /* [max_rows * max_dim] transposed operands (rowwise weight gradient) */
     float *da, *db;      /* [max(operand, weight)] dequantised operands (emulate) */
     float *dw;           /* [max weight] one microbatch's weight gradient, added to the gradient once:
                             sum(microbatches) then rounds the same as a reduction over ranks */
@@ -78,21 +75,12 @@ int float8_wants(const float8_config *c, const char *name, long in_features, lon
 
 static f8_lin *state_of(const llama3_linear *l) { return (f8_lin *)l->impl_state; }
 
-/* x in fp32: itself, or widened (exactly) from bf16 into buf (for the transposes of the
- * rowwise recipes; scaling and casting read x as it is, below) */
-static const float *as_f32(const struct float8_model *f, float *buf, const void *x, size_t n) {
-    if (f->cdt == TETRA_F32) return (const float *)x;
-    f->ops->cast_bf16_to_f32(buf, (const uint16_t *)x, n);
-    return buf;
-}
-
-/* The statistics and the fp8 cast of an operand in the compute dtype (fp32, or bf16
- * read as it is: the bf16 ops widen exactly, so the results are those of its fp32 copy
- * without writing one), or of an fp32 matrix (f32 set). */
-static void x_amax(const struct float8_model *f, float *out, const void *x, int rows, int cols, int per_row,
-                   int f32) {
+/* The statistics and the fp8 cast of an operand in the compute dtype: fp32, or bf16 read
+ * as it is (the bf16 ops widen exactly, so the results are those of its fp32 copy without
+ * writing one). */
+static void x_amax(const struct float8_model *f, float *out, const void *x, int rows, int cols, int per_row) {
     const tetra_ops *ops = f->ops;
-    if (f32 || f->cdt == TETRA_F32) {
+    if (f->cdt == TETRA_F32) {
         if (per_row) ops->amax_rows(out, (const float *)x, rows, cols);
         else ops->amax(out, (const float *)x, (size_t)rows * (size_t)cols);
     } else {
@@ -101,8 +89,8 @@ static void x_amax(const struct float8_model *f, float *out, const void *x, int 
     }
 }
 static void x_cast(const struct float8_model *f, uint8_t *q, const void *x, const float *scale, int rowwise, int rows,
-                   int cols, tetra_dtype fmt, int f32) {
-    if (f32 || f->cdt == TETRA_F32) f->ops->cast_f32_to_fp8(q, (const float *)x, scale, rowwise, rows, cols, fmt);
+                   int cols, tetra_dtype fmt) {
+    if (f->cdt == TETRA_F32) f->ops->cast_f32_to_fp8(q, (const float *)x, scale, rowwise, rows, cols, fmt);
     else f->ops->cast_bf16_to_fp8(q, (const uint16_t *)x, scale, rowwise, rows, cols, fmt);
 }
 
@@ -121,30 +109,30 @@ static comm_group *tp_weight(const llama3_model *m, const llama3_linear *l) {
 }
 
 /* A weight statistic, computed once per generation (optimizer step): the amax of m [rows,
- * cols] (per_row: of each row; f32: m is fp32 whatever the compute dtype) into out,
- * reduced over g. */
+ * cols] (per_row: of each row; per_col: of each column) into out, reduced over g. */
 static const float *w_stat(const f8_lin *s, int *gen, float *out, const void *m, int rows, int cols, int per_row,
-                           comm_group *g, int f32) {
+                           int per_col, comm_group *g) {
     if (*gen != s->f->gen) {
-        x_amax(s->f, out, m, rows, cols, per_row, f32);
-        reduce_max(g, out, per_row ? (size_t)rows : 1);
+        if (per_col) s->f->ops->amax_cols(out, m, s->f->cdt, rows, cols);
+        else x_amax(s->f, out, m, rows, cols, per_row);
+        reduce_max(g, out, per_row ? (size_t)rows : per_col ? (size_t)cols : 1);
         *gen = s->f->gen;
     }
     return out;
 }
 static const float *w_tensor_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_t, s->w_amax, w, l->out, l->in, 0, tp_weight(m, l), 0);
+    return w_stat(s, &s->gen_t, s->w_amax, w, l->out, l->in, 0, 0, tp_weight(m, l));
 }
 /* per output channel (rows of W [out, in]) */
 static const float *w_row_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_r, s->w_row_amax, w, l->out, l->in, 1, tp_if(m, l, LLAMA3_LINEAR_ROWWISE), 0);
+    return w_stat(s, &s->gen_r, s->w_row_amax, w, l->out, l->in, 1, 0, tp_if(m, l, LLAMA3_LINEAR_ROWWISE));
 }
-/* per input channel: rows of wt, the weight transposed [in, out] */
-static const float *w_col_amax(const llama3_model *m, const llama3_linear *l, const float *wt) {
+/* per input channel (columns of W) */
+static const float *w_col_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_c, s->w_col_amax, wt, l->in, l->out, 1, tp_if(m, l, LLAMA3_LINEAR_COLWISE), 1);
+    return w_stat(s, &s->gen_c, s->w_col_amax, w, l->out, l->in, 0, 1, tp_if(m, l, LLAMA3_LINEAR_COLWISE));
 }
 
 /* The statistics of a block's operand x [n, cols]: the announced ones (row0 >= 0 after
@@ -153,7 +141,7 @@ static const float *operand_amax(const f8_lin *s, llama3_operand which, int row0
                                  int per_row, float *own) {
     if (row0 >= 0 && s->reg_mode[which] == REG_TENSOR && !per_row) return s->reg[which];
     if (row0 >= 0 && s->reg_mode[which] == REG_ROWS && per_row) return s->reg[which] + row0;
-    x_amax(s->f, own, x, n, cols, per_row, 0);
+    x_amax(s->f, own, x, n, cols, per_row);
     return own;
 }
 
@@ -204,7 +192,6 @@ static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_
                           int rows, int cols, llama3_rows_layout layout) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
-    const tetra_ops *ops = f->ops;
     const float8_recipe r = f->cfg.recipe;
     /* the weight statistics the blocks will use, so that no block runs a collective; once
      * per step (cached until the parameters change), so the weight is read only then */
@@ -217,16 +204,15 @@ static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_
         } else if (which == LLAMA3_OPERAND_X) {
             w_row_amax(m, l, w);
         } else {
-            ops->transpose(f->fwt, as_f32(f, f->fw, w, (size_t)l->out * (size_t)l->in), l->out, l->in);
-            w_col_amax(m, l, f->fwt);
+            w_col_amax(m, l, w);
         }
     }
     if (r == FLOAT8_TENSORWISE) {
-        x_amax(f, s->reg[which], local, rows, cols, 0, 0);
+        x_amax(f, s->reg[which], local, rows, cols, 0);
         if (layout != LLAMA3_ROWS_WHOLE) reduce_max(m->ctx.tp, s->reg[which], 1);
         s->reg_mode[which] = REG_TENSOR;
     } else if (layout == LLAMA3_ROWS_COL_SHARD) {
-        x_amax(f, s->reg[which], local, rows, cols, 1, 0);
+        x_amax(f, s->reg[which], local, rows, cols, 1);
         reduce_max(m->ctx.tp, s->reg[which], (size_t)rows);
         s->reg_mode[which] = REG_ROWS;
     } else {
@@ -245,8 +231,8 @@ static void f8_forward(const llama3_model *m, const llama3_linear *l, tetra_dtyp
         const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x, n, in, 0, f->amax_a);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, 1, 0, OPS_FP8_E4M3_MAX, 0);
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
-        x_cast(f, f->qa, x, f->sc_a, 0, n, in, TETRA_FP8_E4M3, 0);
-        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3, 0);
+        x_cast(f, f->qa, x, f->sc_a, 0, n, in, TETRA_FP8_E4M3);
+        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 0, 1, beta);
         return;
     }
@@ -254,8 +240,8 @@ static void f8_forward(const llama3_model *m, const llama3_linear *l, tetra_dtyp
     const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x, n, in, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, n, 0, OPS_FP8_E4M3_MAX, 1);
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(m, l, w), out, 0, OPS_FP8_E4M3_MAX, 1);
-    x_cast(f, f->qa, x, f->sc_a, 1, n, in, TETRA_FP8_E4M3, 0);
-    x_cast(f, f->qb, w, f->sc_b, 1, out, in, TETRA_FP8_E4M3, 0);
+    x_cast(f, f->qa, x, f->sc_a, 1, n, in, TETRA_FP8_E4M3);
+    x_cast(f, f->qb, w, f->sc_b, 1, out, in, TETRA_FP8_E4M3);
     fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 1, 1, beta);
 }
 
@@ -270,25 +256,24 @@ static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tet
         const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy, n, out, 0, f->amax_a);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, 1, 0, OPS_FP8_E5M2_MAX, 0);
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
-        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2, 0);
-        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3, 0);
+        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
+        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, dxt, dx, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 0, 0, beta);
         return;
     }
     /* dy e4m3 per token */
     const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy, n, out, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, n, 0, OPS_FP8_E4M3_MAX, 1);
-    x_cast(f, f->qa, dy, f->sc_a, 1, n, out, TETRA_FP8_E4M3, 0);
-    if (f->cfg.recipe == FLOAT8_ROWWISE) { /* W per input channel: quantise W^T [in, out] by rows */
-        ops->transpose(f->fwt, as_f32(f, f->fw, w, (size_t)out * (size_t)in), out, in);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(m, l, f->fwt), in, 0, OPS_FP8_E4M3_MAX, 1);
-        ops->cast_f32_to_fp8(f->qb, f->fwt, f->sc_b, 1, in, out, TETRA_FP8_E4M3);
+    x_cast(f, f->qa, dy, f->sc_a, 1, n, out, TETRA_FP8_E4M3);
+    if (f->cfg.recipe == FLOAT8_ROWWISE) { /* W per input channel: W^T [in, out] quantised by rows */
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(m, l, w), in, 0, OPS_FP8_E4M3_MAX, 1);
+        ops->cast_transpose_to_fp8(f->qb, w, f->cdt, f->sc_b, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, in, out, out, out, in, 1, 0, beta);
         return;
     }
     /* rowwise_with_gw_hp: W tensorwise, its one scale broadcast to every column */
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), in, 1, OPS_FP8_E4M3_MAX, 1);
-    x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3, 0);
+    x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
     fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 1, 0, beta);
 }
 
@@ -304,30 +289,26 @@ static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, fl
     }
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . x e4m3, whole-tensor scales */
-        x_amax(f, f->amax_a, dy, n, out, 0, 0);
+        x_amax(f, f->amax_a, dy, n, out, 0);
         reduce_max(tp_if(m, l, LLAMA3_LINEAR_COLWISE), f->amax_a, 1);
-        x_amax(f, f->amax_b, x, n, in, 0, 0);
+        x_amax(f, f->amax_b, x, n, in, 0);
         reduce_max(tp_if(m, l, LLAMA3_LINEAR_ROWWISE), f->amax_b, 1);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, 1, 0, OPS_FP8_E5M2_MAX, 0);
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2, 0);
-        x_cast(f, f->qb, x, f->sc_b, 0, n, in, TETRA_FP8_E4M3, 0);
+        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
+        x_cast(f, f->qb, x, f->sc_b, 0, n, in, TETRA_FP8_E4M3);
         fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 1, 0, out, in, n, out, in, in, 0, 0, 0.0f);
         ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
         return;
     }
     /* rowwise: dy per output channel, x per input channel (over every token: nothing to
      * reduce across tensor-parallel ranks, whose rows here are whole) */
-    const float *dy32 = as_f32(f, f->fa, dy, (size_t)n * (size_t)out);
-    const float *x32 = as_f32(f, f->fb, x, (size_t)n * (size_t)in);
-    ops->transpose(f->ft, dy32, n, out);
-    ops->amax_rows(f->amax_a, f->ft, out, n);
+    ops->amax_cols(f->amax_a, dy, f->cdt, n, out);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, out, 0, OPS_FP8_E4M3_MAX, 1);
-    ops->cast_f32_to_fp8(f->qa, f->ft, f->sc_a, 1, out, n, TETRA_FP8_E4M3);
-    ops->transpose(f->ft2, x32, n, in);
-    ops->amax_rows(f->amax_b, f->ft2, in, n);
+    ops->cast_transpose_to_fp8(f->qa, dy, f->cdt, f->sc_a, n, out, TETRA_FP8_E4M3); /* dy^T [out, n] */
+    ops->amax_cols(f->amax_b, x, f->cdt, n, in);
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, in, 0, OPS_FP8_E4M3_MAX, 1);
-    ops->cast_f32_to_fp8(f->qb, f->ft2, f->sc_b, 1, in, n, TETRA_FP8_E4M3);
+    ops->cast_transpose_to_fp8(f->qb, x, f->cdt, f->sc_b, n, in, TETRA_FP8_E4M3); /* x^T [in, n] */
     fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, out, in, n, n, n, in, 1, 0, 0.0f);
     ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
 }
@@ -389,8 +370,7 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         return NULL;
     }
     const size_t R = max_rows > 0 ? max_rows : 1, rd = R * max_dim, big = max_z(rd, max_w), vec = max_z(R, max_dim);
-    const int bf16 = f->cdt == TETRA_BF16, rowwise = c->recipe == FLOAT8_ROWWISE,
-              rows_any = c->recipe != FLOAT8_TENSORWISE;
+    const int rows_any = c->recipe != FLOAT8_TENSORWISE;
     /* one allocation, carved into 64-byte aligned views */
     size_t sz_lin = 0;
     for (int i = 0, k = 0; i < m->n_params; i++) {
@@ -400,10 +380,7 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         sz_lin += 16 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
-    /* bf16 operands are widened to fp32 only for the rowwise recipe's transposes */
-    size_t floats = ALIGN16(sz_lin) + (bf16 && rowwise ? 2 * ALIGN16(rd) + ALIGN16(max_w) : 0) +
-                    (rows_any ? ALIGN16(max_w) : 0) + (rowwise ? 2 * ALIGN16(rd) : 0) +
-                    (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
+    size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
                     4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
     f->bytes = floats * sizeof(float) + 2 * ALIGN16(big);
     if (dry_run || f->n == 0) return f;
@@ -434,16 +411,6 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         p += ALIGN16(R);
     }
     p = (float *)f->mem + ALIGN16(sz_lin);
-    if (bf16 && rowwise) {
-        f->fa = TAKE(rd);
-        f->fb = TAKE(rd);
-        f->fw = TAKE(max_w);
-    }
-    if (rows_any) f->fwt = TAKE(max_w);
-    if (rowwise) {
-        f->ft = TAKE(rd);
-        f->ft2 = TAKE(rd);
-    }
     if (c->emulate) {
         f->da = TAKE(big);
         f->db = TAKE(big);

@@ -134,6 +134,9 @@ typedef struct tetra_ops {
     // amax_rows of x's fp32 copy), so that fp8 scaling reads bf16 activations directly
     void (*amax_bf16)(float *out /*[1]*/, const uint16_t *x /*[n]*/, size_t n);
     void (*amax_rows_bf16)(float *out /*[rows]*/, const uint16_t *x /*[rows, cols]*/, int rows, int cols);
+    // out[c] = max_r |x[r, c]| (x fp32 or bf16, xt), NaN as in amax: the per-column scales of
+    // rowwise fp8 without a transposed copy of x
+    void (*amax_cols)(float *out /*[cols]*/, const void *x /*[rows, cols]*/, tetra_dtype xt, int rows, int cols);
     // out[c, r] = x[r, c] (fp32, row-major both). out and x must not alias: the tiles are
     // written in a different order than they are read.
     void (*transpose)(float *out /*[cols, rows]*/, const float *x /*[rows, cols]*/, int rows, int cols);
@@ -149,6 +152,11 @@ typedef struct tetra_ops {
     void (*cast_bf16_to_fp8)(uint8_t *out /*[rows, cols]*/, const uint16_t *x /*[rows, cols]*/,
                              const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols,
                              tetra_dtype fmt);
+    // out[c, r] = rne(clamp(x[r, c] * scale[c], -max, max)): x (fp32 or bf16, xt) transposed
+    // and cast in one pass, each row of out (a column of x) with its own scale; the bytes
+    // of cast_f32_to_fp8(rowwise) on x's fp32 transpose
+    void (*cast_transpose_to_fp8)(uint8_t *out /*[cols, rows]*/, const void *x /*[rows, cols]*/, tetra_dtype xt,
+                                  const float *scale /*[cols]*/, int rows, int cols, tetra_dtype fmt);
     // out = decode(q) * inv_scale (inv_scale[1] or, rowwise, [rows]; NULL: 1)
     void (*cast_fp8_to_f32)(float *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/,
                             const float *inv_scale, int rowwise, int rows, int cols, tetra_dtype fmt);

@@ -228,6 +228,27 @@ void cpu_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols) {
     for (int r = 0; r < rows; r++) out[r] = amax_bf16_k(x + (size_t)r * cols, (size_t)cols);
 }
 
+static inline float load_f32(const void *x, tetra_dtype xt, size_t i) {
+    return xt == TETRA_BF16 ? tetra_bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+// Blocks of 256 columns in parallel, each sweeping every row in order, so a column keeps
+// its first NaN as amax_k over the column would.
+void cpu_amax_cols(float *out, const void *x, tetra_dtype xt, int rows, int cols) {
+    const int nb = (cols + 255) / 256;
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int b = 0; b < nb; b++) {
+        const int c0 = b * 256, c1 = c0 + 256 < cols ? c0 + 256 : cols;
+        for (int c = c0; c < c1; c++) out[c] = 0.0f;
+        for (int r = 0; r < rows; r++) {
+            for (int c = c0; c < c1; c++) {
+                const float a = fabsf(load_f32(x, xt, (size_t)r * (size_t)cols + (size_t)c)), m = out[c];
+                if (m == m && (a > m || a != a)) out[c] = a;
+            }
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // transpose. A naive loop strides one side by a whole row per element; 32 x 32 tiles
 // (4 KiB in, 4 KiB out) keep both sides' cache lines resident while a tile is copied.
@@ -316,6 +337,28 @@ void cpu_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, i
     }
 }
 
+void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
+                               tetra_dtype fmt) {
+    if (rows <= 0 || cols <= 0) return;
+    const int tr = (rows + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
+    const int tc = (cols + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
+    const int64_t tiles = (int64_t)tr * tc;
+#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int r0 = (int)(t / tc) * CPU_TRANSPOSE_TILE, c0 = (int)(t % tc) * CPU_TRANSPOSE_TILE;
+        const int r1 = r0 + CPU_TRANSPOSE_TILE < rows ? r0 + CPU_TRANSPOSE_TILE : rows;
+        const int c1 = c0 + CPU_TRANSPOSE_TILE < cols ? c0 + CPU_TRANSPOSE_TILE : cols;
+        for (int c = c0; c < c1; c++) {
+            uint8_t *o = out + (size_t)c * (size_t)rows;
+            const float s = scale[c];
+            for (int r = r0; r < r1; r++) {
+                const float v = load_f32(x, xt, (size_t)r * (size_t)cols + (size_t)c);
+                o[r] = fmt == TETRA_FP8_E5M2 ? tetra_quant_e5m2(v, s) : tetra_quant_e4m3(v, s);
+            }
+        }
+    }
+}
+
 void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
                          int cols, tetra_dtype fmt) {
 #pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
@@ -395,6 +438,8 @@ static const tetra_ops cpu_table = {
     .cast_bf16_to_fp8 = cpu_cast_bf16_to_fp8,
     .amax_bf16 = cpu_amax_bf16,
     .amax_rows_bf16 = cpu_amax_rows_bf16,
+    .amax_cols = cpu_amax_cols,
+    .cast_transpose_to_fp8 = cpu_cast_transpose_to_fp8,
     .fp8_scale_from_amax = cpu_fp8_scale_from_amax,
     .gemm = cpu_gemm,
     .embedding_forward = cpu_embedding_forward,

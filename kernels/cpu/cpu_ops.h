@@ -41,6 +41,9 @@ void cpu_amax(float *out, const float *x, size_t n);
 void cpu_amax_rows(float *out, const float *x, int rows, int cols);
 void cpu_amax_bf16(float *out, const uint16_t *x, size_t n);
 void cpu_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols);
+void cpu_amax_cols(float *out, const void *x, tetra_dtype xt, int rows, int cols);
+void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
+                               tetra_dtype fmt);
 void cpu_transpose(float *out, const float *x, int rows, int cols);
 void cpu_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n);
 void cpu_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n);

@@ -558,6 +558,41 @@ extern "C" void cuda_amax_rows_bf16(float *out, const uint16_t *x, int rows, int
     CUDA_CHECK_LAUNCH();
 }
 
+__device__ __forceinline__ float load_f32(const float *x, size_t i) { return x[i]; }
+__device__ __forceinline__ float load_f32(const uint16_t *x, size_t i) { return tetra_bf16_to_f32(x[i]); }
+
+// column amax: a block per 32 columns; its 8 rows of threads stride down every row (a
+// warp reads 32 neighbouring columns of a row), then fold their 8 partial maxima
+template <typename T>
+__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+    amax_cols_kernel(float *out, const T *x, int rows, int cols) {
+    __shared__ float sh[TRANSPOSE_ROWS][TRANSPOSE_TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * TRANSPOSE_TILE + tx;
+    float m = 0.0f;
+    if (c < cols)
+        for (int r = ty; r < rows; r += TRANSPOSE_ROWS) m = nan_max(m, fabsf(load_f32(x, (size_t)r * (size_t)cols + c)));
+    sh[ty][tx] = m;
+    __syncthreads();
+    if (ty == 0) {
+        for (int i = 1; i < TRANSPOSE_ROWS; i++) m = nan_max(m, sh[i][tx]);
+        if (c < cols) out[c] = m;
+    }
+}
+
+extern "C" void cuda_amax_cols(float *out, const void *x, tetra_dtype xt, int rows, int cols) {
+    if (cols <= 0) return;
+    if (rows <= 0) {
+        cuda_fill(out, 0.0f, (size_t)cols);
+        return;
+    }
+    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid((unsigned)((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE));
+    if (xt == TETRA_BF16)
+        amax_cols_kernel<uint16_t><<<grid, block, 0, cuda_stream()>>>(out, (const uint16_t *)x, rows, cols);
+    else
+        amax_cols_kernel<float><<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, rows, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ----------------------------------------------------------------------------
 // casts (the encoders of ops_math.h: round to nearest even, saturating fp8)
 
@@ -615,6 +650,35 @@ __global__ void bf16_to_fp8_kernel(uint8_t *out, const uint16_t *x, const float 
     }
 }
 
+// x [rows, cols] to out [cols, rows] in fp8 with a scale per column of x: the tiles of
+// transpose_kernel, each element quantised as it enters shared memory
+template <int FMT, typename T>
+__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+    cast_transpose_fp8_kernel(uint8_t *out, const T *x, const float *scale, int rows, int cols) {
+    __shared__ uint8_t tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const int r0 = tr * TRANSPOSE_TILE, c0 = tc * TRANSPOSE_TILE;
+#pragma unroll
+            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+                int r = r0 + ty + i, c = c0 + tx;
+                if (r < rows && c < cols)
+                    tile[ty + i][tx] = (uint8_t)quant_fp8<FMT>(load_f32(x, (size_t)r * (size_t)cols + c), scale[c]);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+                int c = c0 + ty + i, r = r0 + tx;
+                if (r < rows && c < cols) out[(size_t)c * (size_t)rows + r] = tile[tx][ty + i];
+            }
+            __syncthreads();
+        }
+    }
+}
+
 template <int FMT>
 __global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -662,6 +726,30 @@ extern "C" void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const flo
         bf16_to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise,
                                                                                     (size_t)cols, n, vec);
     CUDA_CHECK_LAUNCH();
+}
+
+template <int FMT>
+static void cast_transpose_launch(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols) {
+    unsigned gx = (unsigned)((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
+    unsigned gy = (unsigned)((rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
+    if (gy > 65535) gy = 65535;
+    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid(gx, gy);
+    if (xt == TETRA_BF16)
+        cast_transpose_fp8_kernel<FMT, uint16_t><<<grid, block, 0, cuda_stream()>>>(out, (const uint16_t *)x, scale,
+                                                                                     rows, cols);
+    else
+        cast_transpose_fp8_kernel<FMT, float><<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, scale, rows,
+                                                                                  cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows,
+                                           int cols, tetra_dtype fmt) {
+    if (rows <= 0 || cols <= 0) return;
+    if (fmt == TETRA_FP8_E5M2)
+        cast_transpose_launch<TETRA_FP8_E5M2>(out, x, xt, scale, rows, cols);
+    else
+        cast_transpose_launch<TETRA_FP8_E4M3>(out, x, xt, scale, rows, cols);
 }
 
 extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
@@ -769,6 +857,8 @@ static tetra_ops make_table(void) {
     t.cast_bf16_to_fp8 = cuda_cast_bf16_to_fp8;
     t.amax_bf16 = cuda_amax_bf16;
     t.amax_rows_bf16 = cuda_amax_rows_bf16;
+    t.amax_cols = cuda_amax_cols;
+    t.cast_transpose_to_fp8 = cuda_cast_transpose_to_fp8;
     t.fp8_scale_from_amax = cuda_fp8_scale_from_amax;
     t.gemm = cuda_gemm;
     t.embedding_forward = cuda_embedding_forward;

@@ -239,6 +239,7 @@ static void test_table(void) {
     SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
     SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
     SLOT(amax_bf16); SLOT(amax_rows_bf16); SLOT(cast_bf16_to_fp8); SLOT(transpose);
+    SLOT(amax_cols); SLOT(cast_transpose_to_fp8);
     SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
     SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
     SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
@@ -431,6 +432,60 @@ static void test_elementwise(void) {
         report("cast bf16->fp8 (cpu) == f32->fp8", "every case above", (double)cpu_diff, 0.0, cpu_diff == 0);
         free(x); free(xb); free(scale); free(hq); free(hq32);
         G->release(dxb); G->release(dout); G->release(dscale); G->release(dq);
+    }
+    // amax_cols and cast_transpose_to_fp8 (fp32 and bf16 x): on the CPU, equal to amax_rows
+    // and the rowwise cast of x's fp32 transpose; on the device, equal to the CPU. Shapes
+    // of whole tiles, partial tiles and one row/column; a NaN and edge values in x.
+    {
+        const int tshapes[][2] = {{37, 135}, {64, 96}, {1, 70}, {70, 1}, {300, 517}};
+        for (int ts = 0; ts < 5; ts++) {
+            const int rows = tshapes[ts][0], cols = tshapes[ts][1];
+            const size_t n = (size_t)rows * cols;
+            float *x = hrandn(n, 3.0f);
+            for (size_t i = 0; i < n; i += 97) x[i] = ldexpf(x[i], 14);  // saturating values
+            if (n > 40) x[40] = NAN;
+            uint16_t *xb = (uint16_t *)malloc(n * 2);
+            C->cast_f32_to_bf16(xb, x, n);
+            float *xw = (float *)malloc(n * 4), *xt = (float *)malloc(n * 4);
+            for (int dt = 0; dt < 2; dt++) {
+                const tetra_dtype xt_ = dt ? TETRA_BF16 : TETRA_F32;
+                const void *hx = dt ? (const void *)xb : (const void *)x;
+                if (dt) C->cast_bf16_to_f32(xw, xb, n);
+                else memcpy(xw, x, n * 4);
+                C->transpose(xt, xw, rows, cols);
+                char bshape[64];
+                snprintf(bshape, sizeof bshape, "%d x %d %s", rows, cols, dt ? "bf16" : "f32");
+                float *ca = (float *)malloc((size_t)cols * 4), *cr = (float *)malloc((size_t)cols * 4), *ga;
+                C->amax_cols(ca, hx, xt_, rows, cols);
+                C->amax_rows(cr, xt, cols, rows);
+                check_f32_bits("amax_cols (cpu) == amax_rows of x^T", bshape, ca, cr, (size_t)cols);
+                void *dx = dup_gpu(hx, n * (dt ? 2 : 4));
+                float *da = (float *)G->alloc((size_t)cols * 4);
+                G->amax_cols(da, dx, xt_, rows, cols);
+                ga = (float *)from_gpu(da, (size_t)cols * 4);
+                check_f32_bits("amax_cols", bshape, ga, ca, (size_t)cols);
+                float *scale = (float *)malloc((size_t)cols * 4);
+                for (int c = 0; c < cols; c++) scale[c] = isnan(ca[c]) ? 1.0f : 448.0f / fmaxf(ca[c], 1e-12f);
+                float *dscale = (float *)dup_gpu(scale, (size_t)cols * 4);
+                uint8_t *hq = (uint8_t *)malloc(n), *hq2 = (uint8_t *)malloc(n), *gq;
+                uint8_t *dq = (uint8_t *)G->alloc(n);
+                for (int fi = 0; fi < 2; fi++) {
+                    const tetra_dtype fmt = fi ? TETRA_FP8_E5M2 : TETRA_FP8_E4M3;
+                    char name[64];
+                    snprintf(name, sizeof name, "cast_transpose_to_fp8 %s", fi ? "e5m2" : "e4m3");
+                    C->cast_transpose_to_fp8(hq, hx, xt_, scale, rows, cols, fmt);
+                    C->cast_f32_to_fp8(hq2, xt, scale, 1, cols, rows, fmt);
+                    check_bits("cast_transpose (cpu) == rowwise cast of x^T", bshape, hq, hq2, n);
+                    G->cast_transpose_to_fp8(dq, dx, xt_, dscale, rows, cols, fmt);
+                    gq = (uint8_t *)from_gpu(dq, n);
+                    check_bits(name, bshape, gq, hq, n);
+                    free(gq);
+                }
+                free(ca); free(cr); free(ga); free(scale); free(hq); free(hq2);
+                G->release(dx); G->release(da); G->release(dscale); G->release(dq);
+            }
+            free(x); free(xb); free(xw); free(xt);
+        }
     }
     // transpose: partial tiles at both edges, one row, one column, several tiles each way
     // (300 x 517), and empty shapes. One guard element past the end, set before the call,
