@@ -1163,13 +1163,6 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 WHERE("validation", "enable"));
         return -1;
     }
-#ifndef TETRA_HAVE_CUDA
-    if (!strcmp(v->training.device, "cuda")) {
-        set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
-                "toolkit and rebuild with -DTETRA_CUDA=ON)", WHERE("training", "device"));
-        return -1;
-    }
-#endif
     if (dims) {
         dims->world = world;
         dims->pp = (int)pp;
@@ -1181,5 +1174,21 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         dims->grad_accum_steps = (int)(gbs / per_step);
         dims->global_batch_size = gbs;
     }
+    return 0;
+}
+
+int cfg_check_build(const tetra_config *c, char *err, size_t n) {
+#ifndef TETRA_HAVE_CUDA
+    if (!strcmp(c->v.training.device, "cuda")) {
+        char where[256];
+        set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
+                "toolkit and rebuild with -DTETRA_CUDA=ON)", cfg_origin_str(c, "training", "device", where, sizeof where));
+        return -1;
+    }
+#else
+    (void)c;
+    (void)err;
+    (void)n;
+#endif
     return 0;
 }

@@ -104,6 +104,10 @@ int cfg_set_string(tetra_config *c, const char *full_key, const char *value, cha
 /* Cross-key rules and the parallel layout for `world` ranks. */
 int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char *err, size_t errlen);
 
+/* What this build can run: training.device = "cuda" needs the CUDA backend. Training
+ * checks it; `tetra plan` does not (a GPU run is planned from any build). */
+int cfg_check_build(const tetra_config *c, char *err, size_t errlen);
+
 /* Merged configuration as valid TOML (not-set keys appear as comments). */
 void cfg_print_toml(const tetra_config *c, FILE *f);
 /* Case-insensitive Levenshtein distance of two names up to 128 bytes ((size_t)-1

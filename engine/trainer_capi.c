@@ -56,6 +56,7 @@ void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
     cfg_parallel_dims dims;
     int rc = cfg_parse_args(&c->cfg, argc, argv, stdout, err, errlen);
     if (rc == 0) rc = cfg_validate(&c->cfg, world, &dims, err, errlen);
+    if (rc == 0) rc = cfg_check_build(&c->cfg, err, errlen);
     if (rc != 0) {
         cfg_free(&c->cfg);
         free(c);

@@ -38,8 +38,13 @@ for np in 1 2 4; do
 done
 
 python3 - "$T" <<'P' || fail=1
-import re, sys
+import os, re, sys
 d = sys.argv[1]
+# under AddressSanitizer the resident memory holds its shadow and redzones too: the plans
+# are still compared with the dry runs, the peaks with nothing
+SAN = bool(os.environ.get("TETRA_SANITIZED"))
+if SAN:
+    print("note: sanitizer build: resident peaks are not compared with the plans")
 UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 def gib(num, unit):
@@ -79,7 +84,7 @@ for np in (1, 2, 4):
         if dry[rank][0] != p[rank][0]:
             print(f"FAIL {np} ranks, rank {rank}: the dry run plans\n  {dry[rank][0]}\nbut the run\n  {p[rank][0]}")
             ok = False
-        if abs(p[rank][1] / r[rank] - 1) > 0.10:
+        if not SAN and abs(p[rank][1] / r[rank] - 1) > 0.10:
             print(f"FAIL {np} ranks, rank {rank}: planned {p[rank][1]:.3f} GiB, measured peak {r[rank]:.3f} GiB")
             ok = False
     res[np] = max(r.values())
@@ -87,14 +92,18 @@ for np in (1, 2, 4):
     if np > 1 and p[0][2] > 0.05:
         print(f"FAIL {np} ranks: working parameters {p[0][2]:.3f} GiB: more than two blocks and the head")
         ok = False
-if 1 in res and 2 in res and 4 in res:
+if 1 in res and 2 in res and 4 in res and not SAN:
     for np, gate in ((2, 0.6), (4, 0.35)):
         if res[np] > gate * res[1]:
             print(f"FAIL fsdp {np}: peak {res[np]:.3f} GiB is more than {gate} x the 1-rank {res[1]:.3f} GiB")
             ok = False
 sys.exit(0 if ok else 1)
 P
-[ $fail = 0 ] && echo "ok   fsdp 2 and 4 keep at most 0.6x and 0.35x of the 1-rank peak; plans match the runs"
+if [ $fail = 0 ] && [ -n "${TETRA_SANITIZED:-}" ]; then
+  echo "ok   the dry runs plan what the runs plan (peaks not compared under the sanitizer)"
+elif [ $fail = 0 ]; then
+  echo "ok   fsdp 2 and 4 keep at most 0.6x and 0.35x of the 1-rank peak; plans match the runs"
+fi
 
 # Llama 3 8B, fsdp 8, CUDA backend, planned on this machine (no GPU needed)
 if "$TETRA" info 2>/dev/null | grep -q "libtetra_cuda.so loaded"; then
