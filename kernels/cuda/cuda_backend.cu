@@ -437,25 +437,32 @@ extern "C" void cuda_amax(float *out, const float *x, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
-// one block per row
-__global__ void __launch_bounds__(TETRA_THREADS) amax_rows_kernel(float *out, const float *x, int cols) {
+__device__ __forceinline__ float load_f32(const float *x, size_t i) { return x[i]; }
+__device__ __forceinline__ float load_f32(const uint16_t *x, size_t i) { return tetra_bf16_to_f32(x[i]); }
+
+// one block per row (x fp32 or bf16)
+template <typename T>
+__global__ void __launch_bounds__(TETRA_THREADS) amax_rows_kernel(float *out, const T *x, int cols) {
     __shared__ float sh[32];
-    const float *row = x + (size_t)blockIdx.x * (size_t)cols;
+    const size_t row = (size_t)blockIdx.x * (size_t)cols;
     float m = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = nan_max(m, fabsf(row[j]));
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = nan_max(m, fabsf(load_f32(x, row + j)));
     m = block_nan_max(m, sh);
     if (threadIdx.x == 0) out[blockIdx.x] = m;
 }
 
-extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) {
+template <typename T>
+static void amax_rows_launch(float *out, const T *x, int rows, int cols) {
     if (rows <= 0) return;
     if (cols <= 0) {
         cuda_fill(out, 0.0f, (size_t)rows);
         return;
     }
-    amax_rows_kernel<<<rows, TETRA_THREADS, 0, cuda_stream()>>>(out, x, cols);
+    amax_rows_kernel<T><<<rows, TETRA_THREADS, 0, cuda_stream()>>>(out, x, cols);
     CUDA_CHECK_LAUNCH();
 }
+
+extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) { amax_rows_launch(out, x, rows, cols); }
 
 // ----------------------------------------------------------------------------
 // transpose: 32 x 32 tiles through shared memory, so both the reads of x and the writes
@@ -539,27 +546,9 @@ extern "C" void cuda_amax_bf16(float *out, const uint16_t *x, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void __launch_bounds__(TETRA_THREADS) amax_rows_bf16_kernel(float *out, const uint16_t *x, int cols) {
-    __shared__ float sh[32];
-    const uint16_t *row = x + (size_t)blockIdx.x * (size_t)cols;
-    float m = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = nan_max(m, fabsf(tetra_bf16_to_f32(row[j])));
-    m = block_nan_max(m, sh);
-    if (threadIdx.x == 0) out[blockIdx.x] = m;
-}
-
 extern "C" void cuda_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols) {
-    if (rows <= 0) return;
-    if (cols <= 0) {
-        cuda_fill(out, 0.0f, (size_t)rows);
-        return;
-    }
-    amax_rows_bf16_kernel<<<rows, TETRA_THREADS, 0, cuda_stream()>>>(out, x, cols);
-    CUDA_CHECK_LAUNCH();
+    amax_rows_launch(out, x, rows, cols);
 }
-
-__device__ __forceinline__ float load_f32(const float *x, size_t i) { return x[i]; }
-__device__ __forceinline__ float load_f32(const uint16_t *x, size_t i) { return tetra_bf16_to_f32(x[i]); }
 
 // column amax: a block per 32 columns; its 8 rows of threads stride down every row (a
 // warp reads 32 neighbouring columns of a row), then fold their 8 partial maxima
