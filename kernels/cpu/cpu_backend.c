@@ -311,30 +311,33 @@ void cpu_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n) {
         from_bf16_k(out + CHUNK_LO(c), x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
 }
 
-void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows,
-                         int cols, tetra_dtype fmt) {
+// rows of x (fp32 or bf16, xt) to fp8, each with its scale (or the one scale)
+static void cast_rows_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rowwise, int rows,
+                             int cols, tetra_dtype fmt) {
 #pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
     for (int r = 0; r < rows; r++) {
         float s = scale ? scale[rowwise ? r : 0] : 1.0f;
         size_t o = (size_t)r * (size_t)cols;
-        if (fmt == TETRA_FP8_E5M2)
-            to_e5m2_k(out + o, x + o, s, (size_t)cols);
-        else
-            to_e4m3_k(out + o, x + o, s, (size_t)cols);
+        if (xt == TETRA_BF16) {
+            const uint16_t *xr = (const uint16_t *)x + o;
+            if (fmt == TETRA_FP8_E5M2) bf16_to_e5m2_k(out + o, xr, s, (size_t)cols);
+            else bf16_to_e4m3_k(out + o, xr, s, (size_t)cols);
+        } else {
+            const float *xr = (const float *)x + o;
+            if (fmt == TETRA_FP8_E5M2) to_e5m2_k(out + o, xr, s, (size_t)cols);
+            else to_e4m3_k(out + o, xr, s, (size_t)cols);
+        }
     }
+}
+
+void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows, int cols,
+                         tetra_dtype fmt) {
+    cast_rows_to_fp8(out, x, TETRA_F32, scale, rowwise, rows, cols, fmt);
 }
 
 void cpu_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows, int cols,
                           tetra_dtype fmt) {
-#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
-    for (int r = 0; r < rows; r++) {
-        float s = scale ? scale[rowwise ? r : 0] : 1.0f;
-        size_t o = (size_t)r * (size_t)cols;
-        if (fmt == TETRA_FP8_E5M2)
-            bf16_to_e5m2_k(out + o, x + o, s, (size_t)cols);
-        else
-            bf16_to_e4m3_k(out + o, x + o, s, (size_t)cols);
-    }
+    cast_rows_to_fp8(out, x, TETRA_BF16, scale, rowwise, rows, cols, fmt);
 }
 
 void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,

@@ -472,10 +472,17 @@ extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) {
 #define TRANSPOSE_TILE 32
 #define TRANSPOSE_ROWS 8
 
+// The element a tile holds: x itself (transpose), or x quantised with its column's scale
+// (cast_transpose_to_fp8, below).
+struct tile_same {
+    __device__ float operator()(float v, int) const { return v; }
+};
+
+template <typename TO, typename TI, typename OP>
 __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
-    transpose_kernel(float *out, const float *x, int rows, int cols) {
+    transpose_tiles_kernel(TO *out, const TI *x, int rows, int cols, OP op) {
     // one padding column: the column-wise reads of the second phase fall in 32 banks
-    __shared__ float tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
+    __shared__ TO tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
     const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
@@ -486,7 +493,7 @@ __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
 #pragma unroll
             for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
                 int r = r0 + ty + i, c = c0 + tx;
-                if (r < rows && c < cols) tile[ty + i][tx] = x[(size_t)r * (size_t)cols + c];
+                if (r < rows && c < cols) tile[ty + i][tx] = (TO)op(load_f32(x, (size_t)r * (size_t)cols + c), c);
             }
             __syncthreads();
 #pragma unroll
@@ -499,13 +506,17 @@ __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
     }
 }
 
-extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
-    if (rows <= 0 || cols <= 0) return;
+static dim3 transpose_grid(int rows, int cols) {
     unsigned gx = (unsigned)((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
     unsigned gy = (unsigned)((rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
-    dim3 grid(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u);
+    return dim3(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u);
+}
+
+extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
-    transpose_kernel<<<grid, block, 0, cuda_stream()>>>(out, x, rows, cols);
+    transpose_tiles_kernel<float, float, tile_same><<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(
+        out, x, rows, cols, tile_same());
     CUDA_CHECK_LAUNCH();
 }
 
@@ -640,33 +651,12 @@ __global__ void bf16_to_fp8_kernel(uint8_t *out, const uint16_t *x, const float 
 }
 
 // x [rows, cols] to out [cols, rows] in fp8 with a scale per column of x: the tiles of
-// transpose_kernel, each element quantised as it enters shared memory
-template <int FMT, typename T>
-__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
-    cast_transpose_fp8_kernel(uint8_t *out, const T *x, const float *scale, int rows, int cols) {
-    __shared__ uint8_t tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-    const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
-            const int r0 = tr * TRANSPOSE_TILE, c0 = tc * TRANSPOSE_TILE;
-#pragma unroll
-            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-                int r = r0 + ty + i, c = c0 + tx;
-                if (r < rows && c < cols)
-                    tile[ty + i][tx] = (uint8_t)quant_fp8<FMT>(load_f32(x, (size_t)r * (size_t)cols + c), scale[c]);
-            }
-            __syncthreads();
-#pragma unroll
-            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-                int c = c0 + ty + i, r = r0 + tx;
-                if (r < rows && c < cols) out[(size_t)c * (size_t)rows + r] = tile[tx][ty + i];
-            }
-            __syncthreads();
-        }
-    }
-}
+// the transpose, each element quantised as it enters shared memory
+template <int FMT>
+struct tile_quant {
+    const float *scale;
+    __device__ uint8_t operator()(float v, int c) const { return (uint8_t)quant_fp8<FMT>(v, scale[c]); }
+};
 
 template <int FMT>
 __global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols, size_t n) {
@@ -719,16 +709,14 @@ extern "C" void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const flo
 
 template <int FMT>
 static void cast_transpose_launch(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols) {
-    unsigned gx = (unsigned)((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
-    unsigned gy = (unsigned)((rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
-    if (gy > 65535) gy = 65535;
-    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid(gx, gy);
+    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid = transpose_grid(rows, cols);
+    const tile_quant<FMT> q = {scale};
     if (xt == TETRA_BF16)
-        cast_transpose_fp8_kernel<FMT, uint16_t><<<grid, block, 0, cuda_stream()>>>(out, (const uint16_t *)x, scale,
-                                                                                     rows, cols);
+        transpose_tiles_kernel<uint8_t, uint16_t, tile_quant<FMT>><<<grid, block, 0, cuda_stream()>>>(
+            out, (const uint16_t *)x, rows, cols, q);
     else
-        cast_transpose_fp8_kernel<FMT, float><<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, scale, rows,
-                                                                                  cols);
+        transpose_tiles_kernel<uint8_t, float, tile_quant<FMT>><<<grid, block, 0, cuda_stream()>>>(
+            out, (const float *)x, rows, cols, q);
     CUDA_CHECK_LAUNCH();
 }
 
