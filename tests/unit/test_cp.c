@@ -266,10 +266,14 @@ static void test_attention(comm_group *g, int bf16) {
                 CHECK(xc[i] <= fmax(bf16 ? 1e-2 : 1e-6, 3.0 * xr[i]),
                       "cp %d %s %s %s: %s error %.3g against the truth, the unsharded op's %.3g", cp,
                       bf16 ? "bf16" : "fp32", mname, bname, what[i ? i + 1 : 0], xc[i], xr[i]);
+            /* allgather runs the op once per query chunk, so its gradients differ from the
+             * unsharded op's by no more than two errors of that op's size from the truth
+             * (its tiles start on other rows, and a BLAS kernel may sum an edge tile in
+             * another order: 5e-6 on AVX2, where the op's own dq error is 4e-6). */
             if (!bf16 && !method)
                 for (int i = 2; i < 5; i++)
-                    CHECK(e[i] <= 1e-6, "cp %d fp32 %s %s: %s %.3g from the unsharded op", cp, mname, bname, what[i],
-                          e[i]);
+                    CHECK(e[i] <= fmax(1e-6, 2.0 * xr[i - 1]), "cp %d fp32 %s %s: %s %.3g from the unsharded op (its own error %.3g)",
+                          cp, mname, bname, what[i], e[i], xr[i - 1]);
             if (world_rank == 0)
                 printf("cp %d %-4s %-9s %-8s: vs unsharded op: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; "
                        "vs fp64 truth (unsharded op): out %.1e (%.1e) dq %.1e (%.1e) dk %.1e (%.1e) dv %.1e (%.1e)\n",
