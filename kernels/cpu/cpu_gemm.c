@@ -1,12 +1,24 @@
-// kernels/cpu/cpu_gemm.c — every matmul of the CPU backend: OpenBLAS sgemm, threaded by
-// splitting C across OpenMP threads (OpenBLAS itself runs single-threaded, see
-// cpu_blas_init). bf16 and fp8 operands are widened to fp32 exactly and multiplied in
-// fp32 by the same threaded sgemm; fp8 dequant scales are applied to the fp32
-// accumulator afterwards, as the hardware does, so the CPU emulates an fp8 GEMM exactly
-// up to summation order. A bf16 C gets alpha AB + beta C in fp32, rounded once.
+// kernels/cpu/cpu_gemm.c — every matmul of the CPU backend. Which library runs which
+// product was measured on this model's shapes, in the training step itself
+// (docs/performance.md; bench/gemm_cpu times the GEMMs alone):
+// - fp32: OpenBLAS sgemm, threaded by splitting C across OpenMP threads (OpenBLAS itself
+//   runs single-threaded, see cpu_blas_init). Routing the forward products, or all of
+//   them, through oneDNN's matmul or BLIS made the debug model's step no faster.
+// - bf16 x bf16 (mixed precision): oneDNN's matmul primitive, which runs AVX512-BF16 or
+//   AMX tiles with fp32 accumulation. Products of bf16 values are exact in fp32, so it
+//   differs from the widened fp32 product only in summation order. On a CPU without
+//   AVX512-BF16 (oneDNN has no bf16 matmul there) the bf16 operands are widened and run
+//   through sgemm as below.
+// - fp8 operands are widened to fp32 exactly and multiplied in fp32 by the same threaded
+//   sgemm; dequant scales are applied to the fp32 accumulator afterwards, as the hardware
+//   does, so the CPU emulates an fp8 GEMM exactly up to summation order.
+// A bf16 C gets alpha AB + beta C in fp32, rounded once (both routes).
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,9 +127,161 @@ static float *widen(const void *x, tetra_dtype t, int rows, int cols, int ld) {
     return out;
 }
 
+// ----------------------------------------------------------------------------
+// bf16 x bf16 on oneDNN. A matmul primitive is compiled (JIT) for one shape, strides,
+// output type, alpha and beta; a run meets a few dozen such keys, so they are kept in a
+// small table and compiled once each. Their memory objects are rebound to the call's
+// pointers. One lock covers lookup and execution: the backend issues GEMMs from one
+// thread at a time, and oneDNN threads each one across the OpenMP pool itself.
+
+typedef struct {
+    int m, n, k, ta, tb, lda, ldb, ldc, c_bf16;
+    float alpha, beta;
+} dnnl_key;
+
+typedef struct {
+    dnnl_key key;
+    dnnl_primitive_t prim;
+    dnnl_memory_t ma, mb, mc;
+} dnnl_entry;
+
+#define DNNL_CACHE 96
+static struct {
+    pthread_mutex_t lock;
+    int state;  // 0 not probed, 1 in use, -1 off (no AVX512-BF16, or turned off)
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    dnnl_entry e[DNNL_CACHE];
+    int n, next;  // entries in use; the next one to replace once full
+} dn = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void dnnl_fail(const char *what, dnnl_status_t s, const dnnl_key *k) {
+    fprintf(stderr, "tetra: oneDNN %s failed (status %d) for bf16 GEMM m=%d n=%d k=%d ta=%d tb=%d\n", what, (int)s,
+            k->m, k->n, k->k, k->ta, k->tb);
+    abort();  // the op table has no error channel: a failed GEMM must not go unnoticed
+}
+#define DN(call, what, key)                            \
+    do {                                               \
+        dnnl_status_t st_ = (call);                    \
+        if (st_ != dnnl_success) dnnl_fail(what, st_, key); \
+    } while (0)
+
+// Called with dn.lock held.
+static int dnnl_ready(void) {
+    if (dn.state == 0) {
+        dn.state = -1;
+        if (dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16 &&
+            dnnl_engine_create(&dn.eng, dnnl_cpu, 0) == dnnl_success) {
+            if (dnnl_stream_create(&dn.st, dn.eng, dnnl_stream_default_flags) == dnnl_success)
+                dn.state = 1;
+            else
+                dnnl_engine_destroy(dn.eng);
+        }
+    }
+    return dn.state == 1;
+}
+
+int cpu_gemm_bf16_onednn(int on) {
+    pthread_mutex_lock(&dn.lock);
+    int was = dnnl_ready();
+    if (on >= 0 && dn.state != 0) {
+        if (!on) dn.state = -1;
+        else if (dn.eng) dn.state = 1;  // only where the probe found the ISA
+    }
+    pthread_mutex_unlock(&dn.lock);
+    return was;
+}
+
+static void dnnl_compile(dnnl_entry *e) {
+    const dnnl_key *k = &e->key;
+    dnnl_memory_desc_t da, db, dc;
+    // logical A [m, k] and B [k, n]; a transposed operand is the same bytes read with
+    // swapped strides, as a BLAS leading dimension would read them
+    dnnl_dims_t ad = {k->m, k->k}, bd = {k->k, k->n}, cd = {k->m, k->n};
+    dnnl_dims_t as = {k->ta ? 1 : k->lda, k->ta ? k->lda : 1};
+    dnnl_dims_t bs = {k->tb ? 1 : k->ldb, k->tb ? k->ldb : 1};
+    dnnl_dims_t cs = {k->ldc, 1};
+    DN(dnnl_memory_desc_init_by_strides(&da, 2, ad, dnnl_bf16, as), "memory desc", k);
+    DN(dnnl_memory_desc_init_by_strides(&db, 2, bd, dnnl_bf16, bs), "memory desc", k);
+    DN(dnnl_memory_desc_init_by_strides(&dc, 2, cd, k->c_bf16 ? dnnl_bf16 : dnnl_f32, cs), "memory desc", k);
+    dnnl_matmul_desc_t md;
+    DN(dnnl_matmul_desc_init(&md, &da, &db, NULL, &dc), "matmul desc", k);
+    dnnl_primitive_attr_t attr;
+    DN(dnnl_primitive_attr_create(&attr), "attr", k);
+    if (k->alpha != 1.0f) DN(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha), "output scale", k);
+    if (k->beta != 0.0f) {
+        // C = alpha AB + beta C: the sum post-op reads C in its own type and adds in fp32
+        dnnl_post_ops_t po;
+        DN(dnnl_post_ops_create(&po), "post-ops", k);
+        DN(dnnl_post_ops_append_sum(po, k->beta), "sum post-op", k);
+        DN(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops", k);
+        dnnl_post_ops_destroy(po);
+    }
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, &md, attr, dn.eng, NULL);
+    dnnl_primitive_attr_destroy(attr);
+    if (st == dnnl_unimplemented) return;  // no kernel for this key: e->prim stays NULL, widen
+    DN(st, "matmul primitive desc", k);
+    DN(dnnl_primitive_create(&e->prim, pd), "matmul primitive", k);
+    dnnl_primitive_desc_destroy(pd);
+    DN(dnnl_memory_create(&e->ma, &da, dn.eng, DNNL_MEMORY_NONE), "memory", k);
+    DN(dnnl_memory_create(&e->mb, &db, dn.eng, DNNL_MEMORY_NONE), "memory", k);
+    DN(dnnl_memory_create(&e->mc, &dc, dn.eng, DNNL_MEMORY_NONE), "memory", k);
+}
+
+static void dnnl_release(dnnl_entry *e) {
+    if (!e->prim) return;
+    dnnl_primitive_destroy(e->prim);
+    dnnl_memory_destroy(e->ma);
+    dnnl_memory_destroy(e->mb);
+    dnnl_memory_destroy(e->mc);
+}
+
+// Runs C = alpha op(A) op(B) + beta C for bf16 A and B on oneDNN; 0 when oneDNN is not
+// used here (the caller widens instead).
+static int gemm_bf16_onednn(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
+    dnnl_key key = {g->m, g->n, g->k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldc,
+                    g->c_type == TETRA_BF16, g->alpha, g->beta};
+    pthread_mutex_lock(&dn.lock);
+    if (!dnnl_ready()) {
+        pthread_mutex_unlock(&dn.lock);
+        return 0;
+    }
+    dnnl_entry *e = NULL;
+    for (int i = 0; i < dn.n && !e; i++)
+        if (!memcmp(&dn.e[i].key, &key, sizeof key)) e = &dn.e[i];
+    if (!e) {
+        if (dn.n < DNNL_CACHE) {
+            e = &dn.e[dn.n++];
+        } else {
+            e = &dn.e[dn.next];
+            dn.next = (dn.next + 1) % DNNL_CACHE;
+            dnnl_release(e);
+        }
+        memset(e, 0, sizeof *e);
+        e->key = key;
+        dnnl_compile(e);
+    }
+    if (!e->prim) {
+        pthread_mutex_unlock(&dn.lock);
+        return 0;
+    }
+    DN(dnnl_memory_set_data_handle(e->ma, (void *)a), "set A", &key);
+    DN(dnnl_memory_set_data_handle(e->mb, (void *)b), "set B", &key);
+    DN(dnnl_memory_set_data_handle(e->mc, c), "set C", &key);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc}};
+    DN(dnnl_primitive_execute(e->prim, dn.st, 3, args), "matmul", &key);
+    DN(dnnl_stream_wait(dn.st), "stream wait", &key);
+    pthread_mutex_unlock(&dn.lock);
+    return 1;
+}
+
 static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
     int m = g->m, n = g->n, k = g->k;
     if (m <= 0 || n <= 0) return;
+    if (g->a_type == TETRA_BF16 && g->b_type == TETRA_BF16 && !g->a_scale && !g->b_scale && k > 0 &&
+        gemm_bf16_onednn(c, a, b, g))
+        return;
     int plain = g->a_type == TETRA_F32 && g->b_type == TETRA_F32 && g->c_type == TETRA_F32 &&
                 !g->a_scale && !g->b_scale;
     if (plain) {

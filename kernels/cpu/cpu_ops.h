@@ -74,6 +74,10 @@ void cpu_sgemm_serial(int trans_a, int trans_b, int m, int n, int k, float alpha
 // Make OpenBLAS single-threaded; the backend threads with OpenMP only (one pool, no
 // oversubscription when a GEMM runs inside a parallel region). Called once by ops_cpu().
 void cpu_blas_init(void);
+// bf16 x bf16 GEMMs on oneDNN (1) or widened to fp32 sgemm (0). on = -1 only asks;
+// 1 takes effect only where the CPU has AVX512-BF16. Returns the state before the call.
+// For tests and benchmarks that compare the two routes.
+int cpu_gemm_bf16_onednn(int on);
 
 // ---- cpu_layers.c
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c,

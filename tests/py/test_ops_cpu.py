@@ -104,6 +104,7 @@ cpu_fp8_scale_from_amax = sig("cpu_fp8_scale_from_amax", P, P, P, c_int, c_int, 
 cpu_adamw_step = sig("cpu_adamw_step", P, P, P, P, c_size, c_double, c_double, c_double, c_double, c_double,
                      c_int, c_float)
 cpu_gemm = sig("cpu_gemm", P, P, P, ctypes.POINTER(GemmDesc))
+cpu_gemm_bf16_onednn = sig("cpu_gemm_bf16_onednn", ctypes.c_int, ret=ctypes.c_int)
 cpu_embedding_forward = sig("cpu_embedding_forward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_embedding_backward = sig("cpu_embedding_backward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_rmsnorm_forward = sig("cpu_rmsnorm_forward", P, P, P, P, c_int, c_int, c_float)
@@ -467,17 +468,51 @@ def test_gemm():
     a, b, c = f32(bs, m, k), f32(bs, k, n), torch.zeros(bs, m, n)
     gemm_call(c, a, b, m, n, k, batch=bs, sa=m * k, sb=k * n, sc=m * n)
     check("gemm f32 batched", c, a.double() @ b.double(), 1e-5)
-    # bf16 operands, bf16 and f32 output
-    m, n, k = 70, 90, 110
-    a = f32(m, k).bfloat16()
-    b = f32(n, k).bfloat16()
-    c = torch.zeros(m, n)
-    gemm_call(c, a.view(torch.int16), b.view(torch.int16), m, n, k, tb=1, at=BF16, bt=BF16)
-    ref = a.double() @ b.double().t()
-    check("gemm bf16 in, f32 out", c, ref, 1e-5)
-    cb = torch.zeros(m, n, dtype=torch.bfloat16)
-    gemm_call(cb.view(torch.int16), a.view(torch.int16), b.view(torch.int16), m, n, k, tb=1, at=BF16, bt=BF16, ct=BF16)
-    check("gemm bf16 in, bf16 out", cb.float(), ref, 4e-3, 8e-3)  # one bf16 rounding of the output
+    # bf16 operands, bf16 and f32 output, on both routes: oneDNN's matmul (AVX512-BF16/AMX,
+    # where the CPU has it) and the widened fp32 sgemm. Products of bf16 are exact in fp32,
+    # so an fp32 C is the exact product up to summation order; a bf16 C is rounded once.
+    routes = [(1, "onednn"), (0, "widened")] if cpu_gemm_bf16_onednn(-1) else [(0, "widened")]
+    if len(routes) == 1:
+        print("  (this CPU has no AVX512-BF16: bf16 GEMMs run widened only)")
+    for on, route in routes:
+        cpu_gemm_bf16_onednn(on)
+        record(f"gemm bf16 route {route}", "route in effect", float(cpu_gemm_bf16_onednn(-1) != on), 0)
+        for (m, n, k, ta, tb, alpha, beta) in ((70, 90, 110, 0, 1, 1.0, 0.0), (300, 257, 129, 0, 0, 1.0, 1.0),
+                                               (129, 513, 300, 1, 0, 1.0, 1.0), (64, 70, 256, 1, 1, -2.0, 0.25),
+                                               (1, 1, 1, 0, 0, 1.0, 0.0)):
+            a = (f32(k, m) if ta else f32(m, k)).bfloat16()
+            b = (f32(n, k) if tb else f32(k, n)).bfloat16()
+            A = a.double().t() if ta else a.double()
+            B = b.double().t() if tb else b.double()
+            c0 = f32(m, n)
+            c = c0.clone()
+            gemm_call(c, a.view(torch.int16), b.view(torch.int16), m, n, k, ta, tb, alpha=alpha, beta=beta,
+                      at=BF16, bt=BF16)
+            check(f"gemm bf16 in, f32 out {m}x{n}x{k} t{ta}{tb} ({route})", c, alpha * A @ B + beta * c0.double(), 1e-5)
+            cb0 = c0.bfloat16()
+            cb = cb0.clone()
+            gemm_call(cb.view(torch.int16), a.view(torch.int16), b.view(torch.int16), m, n, k, ta, tb, alpha=alpha,
+                      beta=beta, at=BF16, bt=BF16, ct=BF16)
+            # one bf16 rounding of the output
+            check(f"gemm bf16 in, bf16 out {m}x{n}x{k} t{ta}{tb} ({route})", cb.float(),
+                  alpha * A @ B + beta * cb0.double(), 4e-3, 8e-3)
+        # beta = 0 does not read C; strided operands and C leave their padding alone
+        m, n, k = 50, 40, 30
+        a, b = f32(m, k + 7).bfloat16(), f32(k, n + 3).bfloat16()
+        c = torch.full((m, n + 5), float("nan"))
+        c[:, n:] = 0
+        gemm_call(c, a.view(torch.int16), b.view(torch.int16), m, n, k, lda=k + 7, ldb=n + 3, ldc=n + 5,
+                  at=BF16, bt=BF16)
+        check(f"gemm bf16 strided ld over NaN ({route})", c[:, :n], a[:, :k].double() @ b[:, :n].double(), 1e-5)
+        record(f"gemm bf16 strided ld ({route})", "pad touched", float(c[:, n:].abs().sum()), 0)
+        # batched, bf16 C
+        bs, m, n, k = 3, 20, 24, 18
+        a, b = f32(bs, m, k).bfloat16(), f32(bs, k, n).bfloat16()
+        cb = torch.zeros(bs, m, n, dtype=torch.bfloat16)
+        gemm_call(cb.view(torch.int16), a.view(torch.int16), b.view(torch.int16), m, n, k, at=BF16, bt=BF16,
+                  ct=BF16, batch=bs, sa=m * k, sb=k * n, sc=m * n)
+        check(f"gemm bf16 batched ({route})", cb.float(), a.double() @ b.double(), 4e-3, 8e-3)
+    cpu_gemm_bf16_onednn(1)
     # fp8, emulated exactly: quantise with our cast, then compare with the dequantised product
     for fa, fb, rowwise in ((E4M3, E4M3, 0), (E5M2, E4M3, 0), (E4M3, E4M3, 1)):
         m, n, k = 48, 80, 96  # x W^T: a = x [m,k], b = W [n,k]
