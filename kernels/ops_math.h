@@ -76,6 +76,29 @@ TETRA_HD float tetra_expf(float x) {
     return y * s1 * s2;
 }
 
+// exp of a softmax argument (a score minus its row's max or log-sum-exp: x <= 0 up to
+// rounding): tetra_expf's reduction and polynomial with one power-of-two factor and one
+// clamp. Bit-identical to tetra_expf on [-87.3, 88] (NaN stays NaN); below -87.3 it
+// returns exp(-87.3) = 1.2e-38 rather than the subnormal tail or 0, invisible beside the
+// row's largest term (exp(0) = 1); above 88 it overflows. A third fewer operations than
+// tetra_expf, for the attention kernels' score tiles.
+TETRA_HD float tetra_expf_softmax(float x) {
+    float xc = x < -87.3f ? -87.3f : x;
+    float t = xc * 1.44269504088896341f;
+    float fn = tetra_rne_int(t);
+    float r = xc - fn * 0.693359375f;
+    r = r - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int n = (int)fn;  // in [-126, 127] for x <= 88
+    return y * tetra_bits_f32((uint32_t)(n + 127) << 23);
+}
+
 // ----------------------------------------------------------------------------
 // SiLU (as torch: x / (1 + exp(-x)); backward s (1 + x (1 - s)), s = sigmoid(x))
 

@@ -1,28 +1,35 @@
 // kernels/cpu/cpu_attention.c — causal (or full) attention with grouped-query heads,
 // forward and backward, computed blockwise with an online softmax (FlashAttention-2 on a
-// CPU): score tiles of CPU_ATTN_BQ x CPU_ATTN_BK come from sgemm, are exponentiated in
-// place and multiplied into V by another sgemm. Nothing of size S x S is ever stored;
-// the forward saves only the log-sum-exp per query row, and the backward recomputes
-// each score tile from it.
+// CPU). Nothing of size S x S is ever stored: the forward saves only the log-sum-exp per
+// query row, and the backward recomputes each score tile from it.
 //
 // Layouts (ops.h): q/out/dq [B, Sq, H, D], k/v/dk/dv [B, Sk, KV, D], lse [B, H, Sq]. A
-// head's rows are strided by H*D (or KV*D) floats, which sgemm reads through its leading
-// dimension, so no head is ever transposed or copied, and GQA indexes the shared K/V head
-// g = h / (H/KV) in place.
+// head's rows are strided by H*D (or KV*D) floats; GQA indexes the shared K/V head
+// g = h / (H/KV) without expanding it.
 //
-// Threads: the forward runs one task per (batch, head, query block), heaviest blocks
-// first. The backward has two schedules, both free of atomics and of S-sized scratch:
-// - fused (when B*KV keeps the threads busy): one task per (batch, kv head) walks key
-//   blocks and, for each, all query blocks and the group's query heads. It owns its rows
-//   of dK and dV (every query head that reads them is inside it) and of dQ (no other task
-//   touches that kv group's query heads), so 5 sgemms per tile pair and no races. Its
-//   tiles are computed transposed (S^T = K Q^T, one key per row) so that dV += P^T dO
-//   and dK += dS^T Q are plain row-major GEMMs (OpenBLAS's small-matrix kernels cover
-//   those; the transposed-A form takes its slower packed path).
+// Tiles are transposed: a score tile S^T = scale K_blk Q_blk^T holds a key per row and a
+// query per column ([cols <= BK][rows <= BQ]), so the softmax statistics of all the
+// block's queries (max, sum, lse, the row term of the backward) are vectors along a tile
+// row, and the causal mask cuts a prefix off each key's row. Every product is one small
+// register-tiled kernel (mk_gemm) that reads one operand element by element at any
+// stride, so nothing is packed per tile as a BLAS call would (at head_dim 16 a tile is
+// 64 x 64 x 16: packing and call overhead cost as much as the arithmetic). What is
+// copied is copied once per task: the kv head's K and V rows, contiguous (in the [B, S,
+// KV, D] layout a head's rows are KV*D floats apart, a cache line each at head_dim 16),
+// and each query block's Q^T (and dO^T, Q, dO) for the backward.
+//
+// Threads: the forward runs one task per (batch, kv head, range of query blocks), the
+// latest ranges first (they see the most keys under the causal mask). The backward has
+// two schedules, both free of atomics:
+// - fused (when B*KV keeps the threads busy): one task per (batch, kv head) walks query
+//   blocks, the group's query heads and the key blocks each sees. It owns its rows of dK
+//   and dV (every query head that reads them is inside it) and of dQ (no other task
+//   touches that kv group's query heads), sums them in its own contiguous buffers and adds
+//   them to the outputs once: 5 products per tile pair and no races.
 // - split (few groups, many threads): pass 1 runs (batch, head, query block) tasks that
-//   produce dQ, pass 2 runs (batch, kv head, key block) tasks that produce dK and dV.
-//   Score tiles are recomputed in both (7 sgemms per tile pair instead of 5), in
-//   exchange for parallelism over blocks rather than heads.
+//   produce dQ, pass 2 runs (batch, kv head, key block) tasks that produce dK and dV, on
+//   the strided rows in place. Score tiles are recomputed in both (7 products per tile
+//   pair instead of 5), in exchange for parallelism over blocks rather than heads.
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -35,27 +42,176 @@
 #define BK CPU_ATTN_BK
 
 // ----------------------------------------------------------------------------
+// the tile product
+
+// Eight floats as one GCC vector: AVX registers on x86-64-v3/v4, pairs of SSE registers
+// on the baseline clone. Loads and stores go through memcpy (unaligned, no aliasing
+// questions); macros rather than functions so no vector crosses a call (its ABI differs
+// between the clones).
+typedef float v8f __attribute__((vector_size(32)));
+#define V_LD(p)                                 \
+    __extension__({                             \
+        v8f vl_;                                \
+        __builtin_memcpy(&vl_, (p), sizeof vl_); \
+        vl_;                                    \
+    })
+#define V_ST(p, x)                              \
+    do {                                        \
+        v8f vs_ = (x);                          \
+        __builtin_memcpy((p), &vs_, sizeof vs_); \
+    } while (0)
+#define V_SPLAT(x) ((v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
+// C := alpha S + (C or 0), on 8 columns or the last nw < 8 through a zero-padded copy
+#define V_OUT(cp, s, nw)                                                         \
+    do {                                                                         \
+        float *cp_ = (cp), t_[8] = {0};                                          \
+        if ((nw) == 8) {                                                         \
+            V_ST(cp_, V_SPLAT(alpha) * (s) + (acc ? V_LD(cp_) : (v8f){0}));      \
+        } else {                                                                 \
+            if (acc) __builtin_memcpy(t_, cp_, (size_t)(nw) * sizeof(float));    \
+            V_ST(t_, V_SPLAT(alpha) * (s) + V_LD(t_));                           \
+            __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));             \
+        }                                                                        \
+    } while (0)
+
+// B's 8 columns at bp, or its last nw < 8 zero-padded
+#define V_LDB(bp, nw)                                                            \
+    __extension__({                                                              \
+        float tb_[8] = {0};                                                      \
+        (nw) == 8 ? V_LD(bp) : (__builtin_memcpy(tb_, (bp), (size_t)(nw) * sizeof(float)), V_LD(tb_)); \
+    })
+
+// C[m, w] = alpha A B (+ C when acc): A(i, p) = a[i ar + p ac] at any strides, B row-major
+// [n, w] with leading dimension ldb. Register tiles of 4 rows x 16 columns (8 vector
+// accumulators; B's two vectors loaded once per p for the 4 rows); the last columns run
+// as a zero-padded vector. Every element of C is the same chain of vector FMAs over p in
+// order and one final alpha-multiply-add, whichever tile or edge computes it, so its bits
+// do not depend on where the tile edges fall.
+CPU_SIMD static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
+                             const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) {
+        const float *a0 = a + i * ar;
+        float *c0 = c + i * ldc;
+        int j = 0;
+        for (; j + 16 <= w; j += 16) {
+            v8f s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0}, s31 = {0};
+            const float *bp = b + j, *ap = a0;
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {
+                v8f b0 = V_LD(bp), b1 = V_LD(bp + 8), x;
+                x = V_SPLAT(ap[0]);
+                s00 += x * b0, s01 += x * b1;
+                x = V_SPLAT(ap[ar]);
+                s10 += x * b0, s11 += x * b1;
+                x = V_SPLAT(ap[2 * ar]);
+                s20 += x * b0, s21 += x * b1;
+                x = V_SPLAT(ap[3 * ar]);
+                s30 += x * b0, s31 += x * b1;
+            }
+            V_OUT(c0 + j, s00, 8);
+            V_OUT(c0 + j + 8, s01, 8);
+            V_OUT(c0 + ldc + j, s10, 8);
+            V_OUT(c0 + ldc + j + 8, s11, 8);
+            V_OUT(c0 + 2 * ldc + j, s20, 8);
+            V_OUT(c0 + 2 * ldc + j + 8, s21, 8);
+            V_OUT(c0 + 3 * ldc + j, s30, 8);
+            V_OUT(c0 + 3 * ldc + j + 8, s31, 8);
+        }
+        for (; j < w; j += 8) {
+            int nw = w - j < 8 ? w - j : 8;
+            v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+            const float *bp = b + j, *ap = a0;
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {
+                v8f b0 = V_LDB(bp, nw);
+                s0 += V_SPLAT(ap[0]) * b0, s1 += V_SPLAT(ap[ar]) * b0;
+                s2 += V_SPLAT(ap[2 * ar]) * b0, s3 += V_SPLAT(ap[3 * ar]) * b0;
+            }
+            V_OUT(c0 + j, s0, nw);
+            V_OUT(c0 + ldc + j, s1, nw);
+            V_OUT(c0 + 2 * ldc + j, s2, nw);
+            V_OUT(c0 + 3 * ldc + j, s3, nw);
+        }
+    }
+    for (; i < m; i++) {
+        const float *a0 = a + i * ar;
+        float *c0 = c + i * ldc;
+        for (int j = 0; j < w; j += 8) {
+            int nw = w - j < 8 ? w - j : 8;
+            v8f s0 = {0};
+            const float *bp = b + j, *ap = a0;
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += V_SPLAT(ap[0]) * V_LDB(bp, nw);
+            V_OUT(c0 + j, s0, nw);
+        }
+    }
+}
+
+// xt[d][r] = x[r][d] for a block of rows (row stride ldx), leading dimension BQ; and,
+// when xp is given, the rows themselves contiguous [rows][d].
+static void pack_rows(float *restrict xt, float *restrict xp, const float *restrict x, long ldx, int rows, int d) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * ldx;
+        for (int j = 0; j < d; j++) xt[(size_t)j * BQ + r] = xr[j];
+        if (xp) memcpy(xp + (size_t)r * d, xr, (size_t)d * sizeof(float));
+    }
+}
+
+// y[r][:] += x[r][:] for rows of y strided by ldy, x contiguous [rows][d]
+CPU_SIMD static void add_rows_k(float *restrict y, long ldy, const float *restrict x, int rows, int d) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < d; j++) y[r * ldy + j] += x[(size_t)r * d + j];
+}
+
+// ----------------------------------------------------------------------------
 // workspace
+
+// Per-thread buffers, taken from the C heap on entering a parallel region rather than
+// from cpu_alloc: they are temporaries of one call, not backend buffers, so they stay out
+// of the memory accounting, keep working once memory is frozen, and leave the caller's
+// workspace independent of the thread count. Each holds the score tiles and packs of the
+// current query block (tiles()) and the contiguous copy of one kv head's keys and values
+// (kv_floats(): linear in the sequence, never S^2).
+typedef struct {
+    float *ST, *dPT;        // score tiles [BK][BQ]
+    float *QT, *dOT;        // the query block's Q^T, dO^T [D][BQ]
+    float *Qp, *dOp, *dQp;  // its Q, dO and dQ rows, contiguous [BQ][D] (backward)
+    float *acc;             // output accumulator [BQ][D] (forward)
+    float *m, *l, *corr, *mx;  // per-query statistics [BQ] (forward)
+    float *Kp, *Vp;         // the kv head's K, V rows, contiguous [Sk][D]
+    float *dKp, *dVp;       // their gradients (backward)
+} attn_bufs;
 
 static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-// Per-thread tiles live in a small buffer each thread allocates on entering a parallel
-// region (a few hundred KiB at most), so the caller's workspace does not depend on the
-// thread count. Forward: S tile, output accumulator, running max and sum; backward: the
-// S/P and dP/dS tiles.
-static size_t tile_floats(int d) {
-    size_t fwd = align16((size_t)BQ * BK) + align16((size_t)BQ * d) + 2 * align16(BQ);
-    size_t bwd = 2 * align16((size_t)BQ * BK);
-    return fwd > bwd ? fwd : bwd;
+static attn_bufs bufs_alloc(int d, int sk, int backward) {
+    size_t tile = align16((size_t)BK * BQ), blk = align16((size_t)BQ * d), vec = align16(BQ);
+    size_t kv = align16((size_t)sk * d);
+    size_t n = 2 * tile + 6 * blk + 4 * vec + (backward ? 4 : 2) * kv;
+    float *p = NULL;
+    if (posix_memalign((void **)&p, 64, n * sizeof(float)) != 0) abort();
+    attn_bufs t;
+    t.ST = p, p += tile;
+    t.dPT = p, p += tile;
+    t.QT = p, p += blk;
+    t.dOT = p, p += blk;
+    t.Qp = p, p += blk;
+    t.dOp = p, p += blk;
+    t.dQp = p, p += blk;
+    t.acc = p, p += blk;
+    t.m = p, p += vec;
+    t.l = p, p += vec;
+    t.corr = p, p += vec;
+    t.mx = p, p += vec;
+    t.Kp = p, p += kv;
+    t.Vp = p, p += kv;
+    t.dKp = backward ? p : NULL, p += backward ? kv : 0;
+    t.dVp = backward ? p : NULL;
+    return t;
 }
 
-// Tiles and a per-call workspace are temporaries of one call, taken from the C heap
-// rather than cpu_alloc: they are not backend buffers, so they stay out of the memory
-// accounting and keep working once memory is frozen.
-static float *tile_alloc(int d) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, tile_floats(d) * sizeof(float)) != 0) abort();
-    return (float *)p;
+// rows [0, n) of kv head g of batch b, contiguous [n][D]
+static void pack_kv(float *restrict dst, const float *restrict x, const ops_attn_shape *s, int b, int g, int n) {
+    const float *src = x + ((size_t)b * s->sk * s->kv + g) * s->d;
+    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * s->d, src + (size_t)j * s->kv * s->d, (size_t)s->d * 4);
 }
 
 // The workspace holds the backward's row term rowsum(dout * out), [B, H, Sq]: linear in
@@ -75,41 +231,58 @@ static inline int visible_keys(const ops_attn_shape *s, int i) {
     return n < 0 ? 0 : (n > s->sk ? s->sk : (int)n);
 }
 
+// Keys of the tile at j0 that query row 0 of the block at i0 sees; query r sees nvis0 + r
+// of them (causal), so key c is visible to queries r >= c - nvis0 + 1. Clamped to
+// [-BQ, cols], which keeps that bound in range.
+static inline int tile_nvis0(const ops_attn_shape *s, long long delta, int i0, int j0, int cols) {
+    long long nv0 = s->causal ? delta + i0 + 1 - j0 : cols;
+    return nv0 < -BQ ? -BQ : (nv0 > cols ? cols : (int)nv0);
+}
+
+// first query row of the tile that sees key c
+static inline int first_visible(int c, int nvis0, int rows, int causal) {
+    int r0 = causal ? c - nvis0 + 1 : 0;
+    return r0 < 0 ? 0 : (r0 > rows ? rows : r0);
+}
+
 // ----------------------------------------------------------------------------
 // forward
 
-// Online-softmax update of one score tile S [rows, cols] (ld BK), in place to P.
-// nvis0 = visible columns of row 0 (row r sees nvis0 + r under the causal mask).
-CPU_SIMD static void fwd_tile_k(float *restrict S, float *restrict acc, float *restrict m, float *restrict l,
-                                int rows, int cols, int d, int nvis0, int causal) {
+// Online-softmax update of a transposed score tile ST [cols][rows] (ld BQ), in place to
+// P^T. m, l: the running max and sum of each query; corr receives the factor that
+// rescales each query's accumulator (0 when it had seen nothing, 1 when the max holds);
+// mx is scratch.
+CPU_SIMD static void fwd_tile_t_k(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr,
+                                  float *restrict mx, int rows, int cols, int nvis0, int causal) {
+    for (int r = 0; r < rows; r++) mx[r] = m[r];
+    for (int c = 0; c < cols; c++) {
+        const float *sr = ST + (size_t)c * BQ;
+        for (int r = first_visible(c, nvis0, rows, causal); r < rows; r++) mx[r] = sr[r] > mx[r] ? sr[r] : mx[r];
+    }
     for (int r = 0; r < rows; r++) {
-        float *sr = S + (size_t)r * BK;
-        int nv = causal ? nvis0 + r : cols;
-        nv = nv < 0 ? 0 : (nv > cols ? cols : nv);
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int c = 0; c < nv; c++) mx = sr[c] > mx ? sr[c] : mx;
-        float m_old = m[r];
-        float m_new = mx > m_old ? mx : m_old;
-        if (m_new == -INFINITY) {  // nothing visible yet in this row
-            for (int c = 0; c < cols; c++) sr[c] = 0.0f;
-            continue;
+        // a query that has seen no key yet keeps m = -inf, l = 0 and an empty accumulator
+        corr[r] = mx[r] == -INFINITY ? 1.0f : tetra_expf_softmax(m[r] - mx[r]);
+        l[r] *= corr[r];
+        m[r] = mx[r];
+    }
+    for (int c = 0; c < cols; c++) {
+        float *sr = ST + (size_t)c * BQ;
+        int r0 = first_visible(c, nvis0, rows, causal);
+        for (int r = 0; r < r0; r++) sr[r] = 0.0f;
+        for (int r = r0; r < rows; r++) {  // visible: m[r] >= sr[r] is finite
+            float p = tetra_expf_softmax(sr[r] - m[r]);
+            sr[r] = p;
+            l[r] += p;
         }
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int c = 0; c < nv; c++) {
-            float p = tetra_expf(sr[c] - m_new);
-            sr[c] = p;
-            sum += p;
-        }
-        for (int c = nv; c < cols; c++) sr[c] = 0.0f;
-        float corr = tetra_expf(m_old - m_new);  // 0 when m_old = -inf
-        l[r] = l[r] * corr + sum;
-        m[r] = m_new;
-        if (corr != 1.0f) {
-            float *ar = acc + (size_t)r * d;
-            for (int j = 0; j < d; j++) ar[j] *= corr;
-        }
+    }
+}
+
+CPU_SIMD static void scale_rows_k(float *restrict acc, const float *restrict corr, int rows, int d) {
+    for (int r = 0; r < rows; r++) {
+        float f = corr[r];
+        if (f == 1.0f) continue;
+        float *ar = acc + (size_t)r * d;
+        for (int j = 0; j < d; j++) ar[j] *= f;
     }
 }
 
@@ -128,53 +301,61 @@ CPU_SIMD static void fwd_finish_k(float *restrict out, int ldo, float *restrict 
     }
 }
 
+// Tasks of a pass over (batch, kv head): each takes a range of query blocks, and there
+// are about 4 per thread when B*KV alone would leave threads idle.
+static int query_chunks(int groups, int nqb) {
+    int nt = omp_get_max_threads();
+    int c = (4 * nt + groups - 1) / groups;
+    return c < 1 ? 1 : (c > nqb ? nqb : c);
+}
+
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                            const ops_attn_shape *s, void *workspace) {
-    cpu_blas_init();
     const int B = s->b, Sq = s->sq, Sk = s->sk, H = s->h, KV = s->kv, D = s->d;
     const int rep = H / KV;
-    const int ldq = H * D, ldk = KV * D;
+    const long ldq = (long)H * D;
     const long long delta = (long long)s->q_offset - s->k_offset;
     (void)workspace;
-    const int nqb = (Sq + BQ - 1) / BQ;
-    const long long ntasks = (long long)B * H * nqb;
+    const int nqb = (Sq + BQ - 1) / BQ, groups = B * KV;
+    const int nch = query_chunks(groups, nqb), per = (nqb + nch - 1) / nch;
+    const long long ntasks = (long long)groups * nch;
 
 #pragma omp parallel
     {
-        float *S = tile_alloc(D);
-        float *acc = S + align16((size_t)BQ * BK);
-        float *m = acc + align16((size_t)BQ * D);
-        float *l = m + align16(BQ);
+        attn_bufs t = bufs_alloc(D, Sk, 0);
 #pragma omp for schedule(dynamic, 1)
-        for (long long t = 0; t < ntasks; t++) {
+        for (long long task = 0; task < ntasks; task++) {
             // heaviest (latest) query blocks first: they see the most keys under the causal mask
-            int qb = nqb - 1 - (int)(t / (B * H));
-            int bh = (int)(t % (B * H));
-            int b = bh / H, h = bh % H, g = h / rep;
-
-            int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ;
-            const float *qb_ptr = q + ((size_t)(b * Sq + i0) * H + h) * D;
-            int kend = visible_keys(s, i0 + rows - 1);  // keys any row of this block can see
-            for (int r = 0; r < rows; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
-            memset(acc, 0, (size_t)rows * D * sizeof(float));
-
-            for (int j0 = 0; j0 < kend; j0 += BK) {
-                int cols = kend - j0 < BK ? kend - j0 : BK;
-                const float *kb = k + ((size_t)(b * Sk + j0) * KV + g) * D;
-                const float *vb = v + ((size_t)(b * Sk + j0) * KV + g) * D;
-                // S = scale * Q_blk K_blk^T
-                cpu_sgemm_serial(0, 1, rows, cols, D, s->scale, qb_ptr, ldq, kb, ldk, 0.0f, S, BK);
-                // columns of this tile that row 0 sees; row r sees nvis0 + r (clamped in the kernel)
-                long long nv0 = s->causal ? delta + i0 + 1 - j0 : cols;
-                int nvis0 = nv0 < -BQ ? -BQ : (nv0 > cols ? cols : (int)nv0);
-                fwd_tile_k(S, acc, m, l, rows, cols, D, nvis0, s->causal);
-                // acc += P V_blk
-                cpu_sgemm_serial(0, 0, rows, D, cols, 1.0f, S, BK, vb, ldk, 1.0f, acc, D);
+            int ch = nch - 1 - (int)(task / groups), bg = (int)(task % groups);
+            int b = bg / KV, g = bg % KV;
+            int qb0 = ch * per, qb1 = qb0 + per < nqb ? qb0 + per : nqb;
+            if (qb0 >= qb1) continue;
+            int nk = visible_keys(s, (qb1 * BQ < Sq ? qb1 * BQ : Sq) - 1);  // keys the chunk sees
+            pack_kv(t.Kp, k, s, b, g, nk);
+            pack_kv(t.Vp, v, s, b, g, nk);
+            for (int qb = qb0; qb < qb1; qb++) {
+                int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ;
+                int kend = visible_keys(s, i0 + rows - 1);  // keys any row of this block can see
+                for (int h = g * rep; h < (g + 1) * rep; h++) {
+                    pack_rows(t.QT, NULL, q + ((size_t)(b * Sq + i0) * H + h) * D, ldq, rows, D);
+                    for (int r = 0; r < rows; r++) t.m[r] = -INFINITY, t.l[r] = 0.0f;
+                    memset(t.acc, 0, (size_t)rows * D * sizeof(float));
+                    for (int j0 = 0; j0 < kend; j0 += BK) {
+                        int cols = kend - j0 < BK ? kend - j0 : BK;
+                        // S^T = scale K_blk Q_blk^T
+                        mk_gemm(t.ST, BQ, t.Kp + (size_t)j0 * D, D, 1, t.QT, BQ, cols, rows, D, s->scale, 0);
+                        fwd_tile_t_k(t.ST, t.m, t.l, t.corr, t.mx, rows, cols, tile_nvis0(s, delta, i0, j0, cols),
+                                     s->causal);
+                        scale_rows_k(t.acc, t.corr, rows, D);
+                        // acc += P V_blk, P read transposed from the tile
+                        mk_gemm(t.acc, D, t.ST, 1, BQ, t.Vp + (size_t)j0 * D, D, rows, D, cols, 1.0f, 1);
+                    }
+                    fwd_finish_k(out + ((size_t)(b * Sq + i0) * H + h) * D, (int)ldq,
+                                 lse + (size_t)(b * H + h) * Sq + i0, t.acc, t.m, t.l, rows, D);
+                }
             }
-            fwd_finish_k(out + ((size_t)(b * Sq + i0) * H + h) * D, ldq, lse + (size_t)(b * H + h) * Sq + i0, acc, m, l,
-                         rows, D);
         }
-        free(S);
+        free(t.ST);
     }
 }
 
@@ -189,104 +370,48 @@ CPU_SIMD static void rowdot_k(float *restrict dst, const float *restrict a, cons
     *dst = acc;
 }
 
-// Turn a score tile into P = exp(S - lse) (masked) and dP into dS = P (dP - Dv), in place.
-CPU_SIMD static void bwd_tile_k(float *restrict S, float *restrict dP, const float *restrict lse,
-                                const float *restrict dv, int rows, int cols, int nvis0, int causal) {
-    for (int r = 0; r < rows; r++) {
-        float *sr = S + (size_t)r * BK, *dr = dP + (size_t)r * BK;
-        int nv = causal ? nvis0 + r : cols;
-        nv = nv < 0 ? 0 : (nv > cols ? cols : nv);
-        float L = lse[r];
-        if (L == -INFINITY) nv = 0;
-        float Dr = dv[r];
-        for (int c = 0; c < nv; c++) {
-            float p = tetra_expf(sr[c] - L);
-            sr[c] = p;
-            dr[c] = p * (dr[c] - Dr);
-        }
-        for (int c = nv; c < cols; c++) {
-            sr[c] = 0.0f;
-            dr[c] = 0.0f;
-        }
-    }
-}
-
-
-// The same on a transposed tile: ST, dPT are [cols, rows] (ld BQ), one key per row, so the
-// products that contract over queries (dV += P^T dO, dK += dS^T Q) become plain
-// row-major GEMMs. Key c is visible to query r iff c < nvis0 + r.
+// A transposed tile pair in place: ST -> P^T = exp(S^T - lse), dPT -> dS^T = P^T (dP^T - Dv),
+// both [cols][rows] (ld BQ); masked entries become 0.
 CPU_SIMD static void bwd_tile_t_k(float *restrict ST, float *restrict dPT, const float *restrict lse,
                                   const float *restrict dv, int rows, int cols, int nvis0, int causal) {
     for (int c = 0; c < cols; c++) {
         float *sr = ST + (size_t)c * BQ, *dr = dPT + (size_t)c * BQ;
-        int r0 = causal ? c - nvis0 + 1 : 0;  // first query row that sees key c
-        r0 = r0 < 0 ? 0 : (r0 > rows ? rows : r0);
+        int r0 = first_visible(c, nvis0, rows, causal);
         for (int r = 0; r < r0; r++) {
             sr[r] = 0.0f;
             dr[r] = 0.0f;
         }
         for (int r = r0; r < rows; r++) {
             float L = lse[r];
-            float p = L == -INFINITY ? 0.0f : tetra_expf(sr[r] - L);  // row that sees no key
+            float p = L == -INFINITY ? 0.0f : tetra_expf_softmax(sr[r] - L);  // row that sees no key
             sr[r] = p;
             dr[r] = p * (dr[r] - dv[r]);
         }
     }
 }
 
-// One (query block, key block, head) tile of the backward: S = scale Q K^T -> P, and
-// dP = dO V^T -> dS, both [rows, cols] with leading dimension BK.
-typedef struct {
-    const ops_attn_shape *s;
-    const float *q, *k, *v, *dout, *lse, *Dv;
-    long long delta;  // q_offset - k_offset
-} bwd_ctx;
-
-static void bwd_tile(const bwd_ctx *c, float *S, float *dP, int b, int h, int i0, int rows, int j0, int cols) {
-    const ops_attn_shape *s = c->s;
-    const int g = h / (s->h / s->kv), ldq = s->h * s->d, ldk = s->kv * s->d;
-    const float *qblk = c->q + ((size_t)(b * s->sq + i0) * s->h + h) * s->d;
-    const float *doblk = c->dout + ((size_t)(b * s->sq + i0) * s->h + h) * s->d;
-    const float *kblk = c->k + ((size_t)(b * s->sk + j0) * s->kv + g) * s->d;
-    const float *vblk = c->v + ((size_t)(b * s->sk + j0) * s->kv + g) * s->d;
-    long long nv0 = s->causal ? c->delta + i0 + 1 - j0 : cols;
-    int nvis0 = nv0 < -BQ ? -BQ : (nv0 > cols ? cols : (int)nv0);
-    cpu_sgemm_serial(0, 1, rows, cols, s->d, s->scale, qblk, ldq, kblk, ldk, 0.0f, S, BK);
-    cpu_sgemm_serial(0, 1, rows, cols, s->d, 1.0f, doblk, ldq, vblk, ldk, 0.0f, dP, BK);
-    bwd_tile_k(S, dP, c->lse + (size_t)(b * s->h + h) * s->sq + i0, c->Dv + (size_t)(b * s->h + h) * s->sq + i0,
-               rows, cols, nvis0, s->causal);
-}
-
-// Transposed tile: ST = scale K Q^T -> P^T, dPT = V dO^T -> dS^T, both [cols, rows], ld BQ.
-static void bwd_tile_t(const bwd_ctx *c, float *ST, float *dPT, int b, int h, int i0, int rows, int j0, int cols) {
-    const ops_attn_shape *s = c->s;
-    const int g = h / (s->h / s->kv), ldq = s->h * s->d, ldk = s->kv * s->d;
-    const float *qblk = c->q + ((size_t)(b * s->sq + i0) * s->h + h) * s->d;
-    const float *doblk = c->dout + ((size_t)(b * s->sq + i0) * s->h + h) * s->d;
-    const float *kblk = c->k + ((size_t)(b * s->sk + j0) * s->kv + g) * s->d;
-    const float *vblk = c->v + ((size_t)(b * s->sk + j0) * s->kv + g) * s->d;
-    long long nv0 = s->causal ? c->delta + i0 + 1 - j0 : cols;
-    int nvis0 = nv0 < -BQ ? -BQ : (nv0 > cols ? cols : (int)nv0);
-    cpu_sgemm_serial(0, 1, cols, rows, s->d, s->scale, kblk, ldk, qblk, ldq, 0.0f, ST, BQ);
-    cpu_sgemm_serial(0, 1, cols, rows, s->d, 1.0f, vblk, ldk, doblk, ldq, 0.0f, dPT, BQ);
-    bwd_tile_t_k(ST, dPT, c->lse + (size_t)(b * s->h + h) * s->sq + i0, c->Dv + (size_t)(b * s->h + h) * s->sq + i0,
-                 rows, cols, nvis0, s->causal);
+// The tile pair of a (query block, key block): ST = scale K_blk Q_blk^T -> P^T and
+// dPT = V_blk dO_blk^T -> dS^T, from the block's packed Q^T, dO^T in t and key/value rows
+// at kb, vb (row stride ldkv); li indexes the block's first query in lse and Dv.
+static void bwd_tile(const ops_attn_shape *s, attn_bufs *t, const float *kb, const float *vb, long ldkv,
+                     const float *lse, const float *Dv, int rows, int cols, int nvis0) {
+    mk_gemm(t->ST, BQ, kb, ldkv, 1, t->QT, BQ, cols, rows, s->d, s->scale, 0);
+    mk_gemm(t->dPT, BQ, vb, ldkv, 1, t->dOT, BQ, cols, rows, s->d, 1.0f, 0);
+    bwd_tile_t_k(t->ST, t->dPT, lse, Dv, rows, cols, nvis0, s->causal);
 }
 
 // first query row that sees key j0 (0 without the causal mask), clamped to [0, sq]
-static int first_query(const bwd_ctx *c, int j0) {
-    if (!c->s->causal) return 0;
-    long long i = (long long)j0 - c->delta;
-    return i < 0 ? 0 : (i > c->s->sq ? c->s->sq : (int)i);
+static int first_query(const ops_attn_shape *s, long long delta, int j0) {
+    if (!s->causal) return 0;
+    long long i = (long long)j0 - delta;
+    return i < 0 ? 0 : (i > s->sq ? s->sq : (int)i);
 }
 
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                             const float *k, const float *v, const float *out, const float *lse,
                             const ops_attn_shape *s, void *workspace) {
-    cpu_blas_init();
     const int B = s->b, Sq = s->sq, Sk = s->sk, H = s->h, KV = s->kv, D = s->d;
     const int rep = H / KV;
-    const int ldq = H * D, ldk = KV * D;
     float *Dv = (float *)workspace;
     float *owned = NULL;
     if (!Dv) {
@@ -294,7 +419,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
         if (!owned) abort();
         Dv = owned;
     }
-    bwd_ctx ctx = {s, q, k, v, dout, lse, Dv, (long long)s->q_offset - s->k_offset};
+    const long ldq = (long)H * D, ldk = (long)KV * D;
+    const long long delta = (long long)s->q_offset - s->k_offset;
 
     // 1. Dv = rowsum(dout * out), stored [B, H, Sq]
     const long long nrows = (long long)B * Sq * H;
@@ -313,81 +439,96 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     if (mode == 0) mode = (groups % nthreads == 0 || groups >= 4 * nthreads) ? 1 : 2;
 
     if (mode == 1) {
-        // 2a. fused: one task per (batch, kv head)
+        // 2a. fused: one task per (batch, kv head), on contiguous copies of its K and V and
+        // of each query block's Q, dO; dK, dV and dQ summed there and added once
 #pragma omp parallel
         {
-            float *S = tile_alloc(D), *dP = S + align16((size_t)BQ * BK);
+            attn_bufs t = bufs_alloc(D, Sk, 1);
 #pragma omp for schedule(dynamic, 1)
-            for (int t = 0; t < groups; t++) {
-                int b = t / KV, g = t % KV;
-                for (int kb = 0; kb < nkb; kb++) {
-                    int j0 = kb * BK, cols = Sk - j0 < BK ? Sk - j0 : BK;
-                    const float *kblk = k + ((size_t)(b * Sk + j0) * KV + g) * D;
-                    float *dkblk = dk + ((size_t)(b * Sk + j0) * KV + g) * D;
-                    float *dvblk = dv + ((size_t)(b * Sk + j0) * KV + g) * D;
-                    for (int i0 = first_query(&ctx, j0); i0 < Sq; i0 += BQ) {
-                        int rows = Sq - i0 < BQ ? Sq - i0 : BQ;
-                        for (int h = g * rep; h < (g + 1) * rep; h++) {
-                            const float *qblk = q + ((size_t)(b * Sq + i0) * H + h) * D;
-                            const float *doblk = dout + ((size_t)(b * Sq + i0) * H + h) * D;
-                            float *dqblk = dq + ((size_t)(b * Sq + i0) * H + h) * D;
-                            bwd_tile_t(&ctx, S, dP, b, h, i0, rows, j0, cols);
-                            // dV_blk += P^T dO ; dK_blk += scale dS^T Q ; dQ_blk += scale dS K
-                            cpu_sgemm_serial(0, 0, cols, D, rows, 1.0f, S, BQ, doblk, ldq, 1.0f, dvblk, ldk);
-                            cpu_sgemm_serial(0, 0, cols, D, rows, s->scale, dP, BQ, qblk, ldq, 1.0f, dkblk, ldk);
-                            cpu_sgemm_serial(1, 0, rows, D, cols, s->scale, dP, BQ, kblk, ldk, 1.0f, dqblk, ldq);
+            for (int task = 0; task < groups; task++) {
+                int b = task / KV, g = task % KV;
+                int nk = visible_keys(s, Sq - 1);
+                pack_kv(t.Kp, k, s, b, g, nk);
+                pack_kv(t.Vp, v, s, b, g, nk);
+                memset(t.dKp, 0, (size_t)nk * D * sizeof(float));
+                memset(t.dVp, 0, (size_t)nk * D * sizeof(float));
+                for (int i0 = 0; i0 < Sq; i0 += BQ) {
+                    int rows = Sq - i0 < BQ ? Sq - i0 : BQ;
+                    int kend = visible_keys(s, i0 + rows - 1);
+                    if (kend == 0) continue;
+                    for (int h = g * rep; h < (g + 1) * rep; h++) {
+                        size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
+                        pack_rows(t.QT, t.Qp, q + qoff, ldq, rows, D);
+                        pack_rows(t.dOT, t.dOp, dout + qoff, ldq, rows, D);
+                        memset(t.dQp, 0, (size_t)rows * D * sizeof(float));
+                        for (int j0 = 0; j0 < kend; j0 += BK) {
+                            int cols = kend - j0 < BK ? kend - j0 : BK;
+                            float *kb = t.Kp + (size_t)j0 * D, *vb = t.Vp + (size_t)j0 * D;
+                            bwd_tile(s, &t, kb, vb, D, lse + li, Dv + li, rows, cols, tile_nvis0(s, delta, i0, j0, cols));
+                            // dV_blk += P^T dO ; dK_blk += scale dS^T Q ; dQ_blk += scale dS K_blk
+                            mk_gemm(t.dVp + (size_t)j0 * D, D, t.ST, BQ, 1, t.dOp, D, cols, D, rows, 1.0f, 1);
+                            mk_gemm(t.dKp + (size_t)j0 * D, D, t.dPT, BQ, 1, t.Qp, D, cols, D, rows, s->scale, 1);
+                            mk_gemm(t.dQp, D, t.dPT, 1, BQ, kb, D, rows, D, cols, s->scale, 1);
                         }
+                        add_rows_k(dq + qoff, ldq, t.dQp, rows, D);
                     }
                 }
+                size_t koff = ((size_t)b * Sk * KV + g) * D;
+                add_rows_k(dk + koff, ldk, t.dKp, nk, D);
+                add_rows_k(dv + koff, ldk, t.dVp, nk, D);
             }
-            free(S);
+            free(t.ST);
         }
     } else {
         // 2b. split, pass 1: dQ per (batch, head, query block), heaviest first
         const long long nt1 = (long long)B * H * nqb;
 #pragma omp parallel
         {
-            float *S = tile_alloc(D), *dP = S + align16((size_t)BQ * BK);
+            attn_bufs t = bufs_alloc(D, 0, 0);
 #pragma omp for schedule(dynamic, 1)
-            for (long long t = 0; t < nt1; t++) {
-                int qb = nqb - 1 - (int)(t / (B * H));
-                int bh = (int)(t % (B * H)), b = bh / H, h = bh % H, g = h / rep;
+            for (long long task = 0; task < nt1; task++) {
+                int qb = nqb - 1 - (int)(task / (B * H));
+                int bh = (int)(task % (B * H)), b = bh / H, h = bh % H, g = h / rep;
                 int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ;
-                float *dqblk = dq + ((size_t)(b * Sq + i0) * H + h) * D;
                 int kend = visible_keys(s, i0 + rows - 1);
+                size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
+                pack_rows(t.QT, NULL, q + qoff, ldq, rows, D);
+                pack_rows(t.dOT, NULL, dout + qoff, ldq, rows, D);
                 for (int j0 = 0; j0 < kend; j0 += BK) {
                     int cols = kend - j0 < BK ? kend - j0 : BK;
-                    const float *kblk = k + ((size_t)(b * Sk + j0) * KV + g) * D;
-                    bwd_tile(&ctx, S, dP, b, h, i0, rows, j0, cols);
-                    cpu_sgemm_serial(0, 0, rows, D, cols, s->scale, dP, BK, kblk, ldk, 1.0f, dqblk, ldq);
+                    size_t koff = ((size_t)(b * Sk + j0) * KV + g) * D;
+                    bwd_tile(s, &t, k + koff, v + koff, ldk, lse + li, Dv + li, rows, cols,
+                             tile_nvis0(s, delta, i0, j0, cols));
+                    mk_gemm(dq + qoff, ldq, t.dPT, 1, BQ, k + koff, ldk, rows, D, cols, s->scale, 1);
                 }
             }
-            free(S);
+            free(t.ST);
         }
         // pass 2: dK, dV per (batch, kv head, key block), heaviest (earliest) first
         const long long nt2 = (long long)B * KV * nkb;
 #pragma omp parallel
         {
-            float *S = tile_alloc(D), *dP = S + align16((size_t)BQ * BK);
+            attn_bufs t = bufs_alloc(D, 0, 0);
 #pragma omp for schedule(dynamic, 1)
-            for (long long t = 0; t < nt2; t++) {
-                int kb = (int)(t / groups);
-                int bg = (int)(t % groups), b = bg / KV, g = bg % KV;
+            for (long long task = 0; task < nt2; task++) {
+                int kb = (int)(task / groups);
+                int bg = (int)(task % groups), b = bg / KV, g = bg % KV;
                 int j0 = kb * BK, cols = Sk - j0 < BK ? Sk - j0 : BK;
-                float *dkblk = dk + ((size_t)(b * Sk + j0) * KV + g) * D;
-                float *dvblk = dv + ((size_t)(b * Sk + j0) * KV + g) * D;
-                for (int i0 = first_query(&ctx, j0); i0 < Sq; i0 += BQ) {
+                size_t koff = ((size_t)(b * Sk + j0) * KV + g) * D;
+                for (int i0 = first_query(s, delta, j0) / BQ * BQ; i0 < Sq; i0 += BQ) {
                     int rows = Sq - i0 < BQ ? Sq - i0 : BQ;
                     for (int h = g * rep; h < (g + 1) * rep; h++) {
-                        const float *qblk = q + ((size_t)(b * Sq + i0) * H + h) * D;
-                        const float *doblk = dout + ((size_t)(b * Sq + i0) * H + h) * D;
-                        bwd_tile_t(&ctx, S, dP, b, h, i0, rows, j0, cols);
-                        cpu_sgemm_serial(0, 0, cols, D, rows, 1.0f, S, BQ, doblk, ldq, 1.0f, dvblk, ldk);
-                        cpu_sgemm_serial(0, 0, cols, D, rows, s->scale, dP, BQ, qblk, ldq, 1.0f, dkblk, ldk);
+                        size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
+                        pack_rows(t.QT, NULL, q + qoff, ldq, rows, D);
+                        pack_rows(t.dOT, NULL, dout + qoff, ldq, rows, D);
+                        bwd_tile(s, &t, k + koff, v + koff, ldk, lse + li, Dv + li, rows, cols,
+                                 tile_nvis0(s, delta, i0, j0, cols));
+                        mk_gemm(dv + koff, ldk, t.ST, BQ, 1, dout + qoff, ldq, cols, D, rows, 1.0f, 1);
+                        mk_gemm(dk + koff, ldk, t.dPT, BQ, 1, q + qoff, ldq, cols, D, rows, s->scale, 1);
                     }
                 }
             }
-            free(S);
+            free(t.ST);
         }
     }
     free(owned);

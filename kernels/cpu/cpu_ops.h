@@ -147,7 +147,7 @@ void cpu_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const
 // ---- cpu_attention.c
 // Tile sizes of the blockwise attention (queries x keys per score tile).
 #define CPU_ATTN_BQ 64
-#define CPU_ATTN_BK 128
+#define CPU_ATTN_BK 64
 size_t cpu_attention_workspace_size(const ops_attn_shape *s);
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                            const ops_attn_shape *s, void *workspace);

@@ -5,13 +5,16 @@
 // - rounding edge cases of the bf16 / fp8 e4m3fn / e5m2 casts (ties to even,
 //   saturation at 448 / 57344, inf, NaN, signed zero, subnormals) and decode round trips;
 // - accuracy of the shared exp;
-// - memory: the attention workspace grows linearly with the sequence, never as S^2;
+// - the softmax exp of the attention kernels equals the shared exp on its range;
+// - memory: the attention workspace, and the heap the op takes besides (counted by
+//   wrapping malloc), grow linearly with the sequence, never as S^2;
 //   alloc_count / allocated_bytes track alloc and release (also from many threads), a
 //   frozen alloc fails while release and the ops' own temporaries keep working;
 // - the bf16 twins give the same bits on repeated calls and with any thread count;
 // - the op table is complete and selectable.
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +244,80 @@ static void test_attention_masked_block(void) {
 // ----------------------------------------------------------------------------
 // memory: workspace linear in S
 
+// Every heap block the library's code takes goes through these (the test is linked with
+// --wrap for malloc, posix_memalign and free): while tracking, the live bytes and their
+// peak are counted, so a test can see what an op allocates beyond its workspace.
+void *__real_malloc(size_t n);
+int __real_posix_memalign(void **p, size_t align, size_t n);
+void __real_free(void *p);
+size_t malloc_usable_size(void *p);
+static atomic_int heap_tracking;
+static atomic_llong heap_live, heap_peak;
+
+static void heap_note(void *p) {
+    if (!p || !atomic_load(&heap_tracking)) return;
+    long long now = atomic_fetch_add(&heap_live, (long long)malloc_usable_size(p)) + (long long)malloc_usable_size(p);
+    long long was = atomic_load(&heap_peak);
+    while (now > was && !atomic_compare_exchange_weak(&heap_peak, &was, now)) {
+    }
+}
+void *__wrap_malloc(size_t n) {
+    void *p = __real_malloc(n);
+    heap_note(p);
+    return p;
+}
+int __wrap_posix_memalign(void **p, size_t align, size_t n) {
+    int r = __real_posix_memalign(p, align, n);
+    if (r == 0) heap_note(*p);
+    return r;
+}
+void __wrap_free(void *p) {
+    if (p && atomic_load(&heap_tracking)) atomic_fetch_sub(&heap_live, (long long)malloc_usable_size(p));
+    __real_free(p);
+}
+
+// Peak heap bytes that one forward + backward takes (both backward schedules), with the
+// workspace passed in (so all of it is the op's own temporaries), on 2 threads.
+static long long attention_heap_peak(int S, int mode) {
+    const int B = 1, H = 4, KV = 2, D = 16;
+    ops_attn_shape s = shape(B, S, S, H, KV, D, 1, 0, 0);
+    size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * KV * D;
+    float *q = calloc(nq, 4), *k = calloc(nk, 4), *v = calloc(nk, 4), *out = calloc(nq, 4), *dout = calloc(nq, 4);
+    float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4), *lse = calloc((size_t)B * H * S, 4);
+    void *ws = malloc(cpu_attention_workspace_size(&s));
+    for (size_t i = 0; i < nq; i++) q[i] = 0.01f * (float)(i % 13), dout[i] = 0.02f * (float)(i % 7);
+    for (size_t i = 0; i < nk; i++) k[i] = 0.03f * (float)(i % 11), v[i] = 0.01f * (float)(i % 5);
+    cpu_attention_set_backward_mode(mode);
+    atomic_store(&heap_live, 0);
+    atomic_store(&heap_peak, 0);
+    atomic_store(&heap_tracking, 1);
+    cpu_attention_forward(out, lse, q, k, v, &s, ws);
+    cpu_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, &s, ws);
+    atomic_store(&heap_tracking, 0);
+    cpu_attention_set_backward_mode(0);
+    CHECK(atomic_load(&heap_live) == 0, "attention S=%d left %lld heap bytes allocated", S, atomic_load(&heap_live));
+    free(q), free(k), free(v), free(out), free(dout), free(dq), free(dk), free(dv), free(lse), free(ws);
+    return atomic_load(&heap_peak);
+}
+
+// The op allocates nothing of size S x S: what it takes from the heap beyond its workspace
+// (per-thread tiles and copies of a kv head) grows linearly with S and stays far below
+// even one head's scores.
+static void test_attention_heap(void) {
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(2);
+    for (int mode = 1; mode <= 2; mode++) {
+        long long p1 = attention_heap_peak(4096, mode), p2 = attention_heap_peak(8192, mode);
+        double scores = 8192.0 * 8192.0 * sizeof(float);  // one head's S x S at S = 8192
+        printf("  attention heap (%s backward, 2 threads): S=4096 %.2f MiB, S=8192 %.2f MiB (one head's S^2 "
+               "scores: %.0f MiB)\n", mode == 1 ? "fused" : "split", p1 / 1048576.0, p2 / 1048576.0, scores / 1048576.0);
+        CHECK(p1 > 0, "the heap wrappers saw no allocation (is the test linked with --wrap?)");
+        CHECK((double)p2 <= 2.1 * (double)p1 + 65536, "heap grows faster than linearly: %lld -> %lld", p1, p2);
+        CHECK((double)p2 < scores / 16, "heap peak %lld is not far below one head's S^2 scores", p2);
+    }
+    omp_set_num_threads(threads);
+}
+
 static void test_attention_workspace(void) {
     ops_attn_shape s1 = shape(1, 4096, 4096, 32, 8, 128, 1, 0, 0);
     ops_attn_shape s2 = shape(1, 8192, 8192, 32, 8, 128, 1, 0, 0);
@@ -343,6 +420,21 @@ static void test_exp(void) {
     CHECK(tetra_expf(0.0f) == 1.0f, "exp(0)");
     CHECK(tetra_expf(-100.0f) > 0.0f && tetra_expf(-100.0f) < 1e-43f, "exp(-100) subnormal: %g",
           (double)tetra_expf(-100.0f));
+    // the attention kernels' exp: the same bits on [-87.3, 88], a floor of about 1e-38 below
+    long differ = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.3f + (float)i * (175.3f / 2000000.0f);
+        if (x > 88.0f) x = 88.0f;
+        uint32_t a = tetra_f32_bits(tetra_expf_softmax(x)), b = tetra_f32_bits(tetra_expf(x));
+        differ += a != b;
+    }
+    CHECK(differ == 0, "tetra_expf_softmax differs from tetra_expf at %ld of 2000001 points", differ);
+    const float floor38 = tetra_expf(-87.3f);  // 1.22e-38
+    for (float x = -87.3f; x > -1000.0f; x -= 0.37f)
+        CHECK(tetra_expf_softmax(x) == floor38, "tetra_expf_softmax(%g) = %g, not the floor exp(-87.3) = %g",
+              (double)x, (double)tetra_expf_softmax(x), (double)floor38);
+    CHECK(tetra_expf_softmax(-INFINITY) == floor38, "exp_softmax(-inf)");
+    CHECK(isnan(tetra_expf_softmax(NAN)), "exp_softmax(NaN)");
 }
 
 // ----------------------------------------------------------------------------
@@ -553,6 +645,7 @@ int main(void) {
     test_attention_blocks();
     test_attention_masked_block();
     test_attention_workspace();
+    test_attention_heap();
     if (failures) {
         fprintf(stderr, "test_ops_cpu: %d failure(s)\n", failures);
         return EXIT_FAILURE;
