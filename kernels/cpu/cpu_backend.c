@@ -1,6 +1,7 @@
 // kernels/cpu/cpu_backend.c — the CPU op table, plus the simple ops: memory and its
 // accounting, fills, elementwise arithmetic, deterministic reductions, casts and AdamW.
 #include <math.h>
+#include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -78,8 +79,17 @@ void *cpu_compute_stream(void) { return NULL; }
 /* every CPU op is deterministic already (fixed reduction orders, any thread count) */
 void cpu_set_deterministic(int on) { (void)on; }
 
+// Large copies are split across the threads (the model copies activations and
+// gradients of a whole microbatch; a serial memcpy would leave the other threads idle).
 void cpu_copy(void *dst, const void *src, size_t bytes) {
-    if (bytes && dst != src) memcpy(dst, src, bytes);
+    if (!bytes || dst == src) return;
+    const size_t piece = (size_t)CPU_CHUNK * sizeof(float);
+    int64_t np = (int64_t)((bytes + piece - 1) / piece);
+#pragma omp parallel for schedule(static) if (np > 8 && !omp_in_parallel())
+    for (int64_t i = 0; i < np; i++) {
+        size_t lo = (size_t)i * piece, len = bytes - lo < piece ? bytes - lo : piece;
+        memcpy((char *)dst + lo, (const char *)src + lo, len);
+    }
 }
 
 void cpu_synchronize(void) {}
@@ -389,8 +399,8 @@ void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, 
 // ----------------------------------------------------------------------------
 // AdamW
 
-CPU_SIMD static void adamw_k(float *restrict p, float *restrict m, float *restrict v,
-                             const float *restrict g, size_t n, tetra_adamw_coef k) {
+CPU_SIMD_EXACT static void adamw_k(float *restrict p, float *restrict m, float *restrict v,
+                                   const float *restrict g, size_t n, tetra_adamw_coef k) {
     for (size_t i = 0; i < n; i++) tetra_adamw_update(p + i, m + i, v + i, g[i], &k);
 }
 

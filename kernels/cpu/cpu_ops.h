@@ -18,8 +18,14 @@
 #define CPU_SIMD                                                                               \
     __attribute__((noinline, optimize("fp-contract=fast"),                                  \
                    target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// The same clones for a loop whose every rounding is written out (AdamW matches torch's
+// separately rounded products): only the fmaf calls in the source fuse.
+#define CPU_SIMD_EXACT                                                                         \
+    __attribute__((noinline, optimize("fp-contract=off"),                                   \
+                   target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CPU_SIMD __attribute__((noinline))
+#define CPU_SIMD_EXACT __attribute__((noinline))
 #endif
 
 // Elements per parallel chunk for streaming ops. Fixed (not derived from the thread
