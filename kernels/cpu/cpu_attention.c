@@ -44,105 +44,143 @@
 // ----------------------------------------------------------------------------
 // the tile product
 
-// Eight floats as one GCC vector: AVX registers on x86-64-v3/v4, pairs of SSE registers
-// on the baseline clone. Loads and stores go through memcpy (unaligned, no aliasing
-// questions); macros rather than functions so no vector crosses a call (its ABI differs
-// between the clones).
-typedef float v8f __attribute__((vector_size(32)));
-#define V_LD(p)                                 \
-    __extension__({                             \
-        v8f vl_;                                \
+// The kernel is written once for a GCC vector of W floats (VT): 8 (AVX registers on
+// x86-64-v3, pairs of SSE registers on the baseline) or 16 (AVX-512 registers, its own
+// function compiled for x86-64-v4 and chosen at run time: the CPU_SIMD clones of a 32-byte
+// vector would leave half of each FMA unit idle). Loads and stores go through memcpy
+// (unaligned, no aliasing questions); macros rather than functions so no vector crosses a
+// call (its ABI differs between the ISA levels).
+#define V_LD(VT, p)                              \
+    __extension__({                              \
+        VT vl_;                                  \
         __builtin_memcpy(&vl_, (p), sizeof vl_); \
-        vl_;                                    \
+        vl_;                                     \
     })
-#define V_ST(p, x)                              \
-    do {                                        \
-        v8f vs_ = (x);                          \
+#define V_ST(VT, p, x)                           \
+    do {                                         \
+        VT vs_ = (x);                            \
         __builtin_memcpy((p), &vs_, sizeof vs_); \
     } while (0)
-#define V_SPLAT(x) ((v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
-// C := alpha S + (C or 0), on 8 columns or the last nw < 8 through a zero-padded copy
-#define V_OUT(cp, s, nw)                                                         \
-    do {                                                                         \
-        float *cp_ = (cp), t_[8] = {0};                                          \
-        if ((nw) == 8) {                                                         \
-            V_ST(cp_, V_SPLAT(alpha) * (s) + (acc ? V_LD(cp_) : (v8f){0}));      \
-        } else {                                                                 \
-            if (acc) __builtin_memcpy(t_, cp_, (size_t)(nw) * sizeof(float));    \
-            V_ST(t_, V_SPLAT(alpha) * (s) + V_LD(t_));                           \
-            __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));             \
-        }                                                                        \
+// C := alpha S + (C or 0), on W columns or the last nw < W through a zero-padded copy
+#define V_OUT(VT, W, cp, s, nw)                                                          \
+    do {                                                                                 \
+        float *cp_ = (cp), t_[W] = {0};                                                  \
+        if ((nw) == (W)) {                                                               \
+            V_ST(VT, cp_, alpha * (s) + (acc ? V_LD(VT, cp_) : (VT){0}));                \
+        } else {                                                                         \
+            if (acc) __builtin_memcpy(t_, cp_, (size_t)(nw) * sizeof(float));            \
+            V_ST(VT, t_, alpha * (s) + V_LD(VT, t_));                                    \
+            __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));                     \
+        }                                                                                \
     } while (0)
-
-// B's 8 columns at bp, or its last nw < 8 zero-padded
-#define V_LDB(bp, nw)                                                            \
-    __extension__({                                                              \
-        float tb_[8] = {0};                                                      \
-        (nw) == 8 ? V_LD(bp) : (__builtin_memcpy(tb_, (bp), (size_t)(nw) * sizeof(float)), V_LD(tb_)); \
+// B's W columns at bp, or its last nw < W zero-padded
+#define V_LDB(VT, W, bp, nw)                                                             \
+    __extension__({                                                                      \
+        float tb_[W] = {0};                                                              \
+        (nw) == (W) ? V_LD(VT, bp)                                                       \
+                    : (__builtin_memcpy(tb_, (bp), (size_t)(nw) * sizeof(float)), V_LD(VT, tb_)); \
     })
 
 // C[m, w] = alpha A B (+ C when acc): A(i, p) = a[i ar + p ac] at any strides, B row-major
-// [n, w] with leading dimension ldb. Register tiles of 4 rows x 16 columns (8 vector
-// accumulators; B's two vectors loaded once per p for the 4 rows); the last columns run
-// as a zero-padded vector. Every element of C is the same chain of vector FMAs over p in
-// order and one final alpha-multiply-add, whichever tile or edge computes it, so its bits
-// do not depend on where the tile edges fall.
-CPU_SIMD static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
-                             const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
-    int i = 0;
-    for (; i + 4 <= m; i += 4) {
-        const float *a0 = a + i * ar;
-        float *c0 = c + i * ldc;
-        int j = 0;
-        for (; j + 16 <= w; j += 16) {
-            v8f s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0}, s31 = {0};
-            const float *bp = b + j, *ap = a0;
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {
-                v8f b0 = V_LD(bp), b1 = V_LD(bp + 8), x;
-                x = V_SPLAT(ap[0]);
-                s00 += x * b0, s01 += x * b1;
-                x = V_SPLAT(ap[ar]);
-                s10 += x * b0, s11 += x * b1;
-                x = V_SPLAT(ap[2 * ar]);
-                s20 += x * b0, s21 += x * b1;
-                x = V_SPLAT(ap[3 * ar]);
-                s30 += x * b0, s31 += x * b1;
-            }
-            V_OUT(c0 + j, s00, 8);
-            V_OUT(c0 + j + 8, s01, 8);
-            V_OUT(c0 + ldc + j, s10, 8);
-            V_OUT(c0 + ldc + j + 8, s11, 8);
-            V_OUT(c0 + 2 * ldc + j, s20, 8);
-            V_OUT(c0 + 2 * ldc + j + 8, s21, 8);
-            V_OUT(c0 + 3 * ldc + j, s30, 8);
-            V_OUT(c0 + 3 * ldc + j + 8, s31, 8);
+// [n, w] with leading dimension ldb. Register tiles of 4 rows x 2W columns (8 vector
+// accumulators; B's two vectors loaded once per p for the 4 rows); columns past the last
+// 2W run as tiles of 8 rows x W (the head_dim-wide products at head_dim 16 on AVX-512),
+// the last of them zero-padded; rows past the last 4 one at a time. Every element of C is
+// the same chain of FMAs over p in order and one final alpha-multiply-add, whichever tile,
+// edge or vector width computes it, so its bits depend neither on where the tile edges
+// fall nor on the ISA level.
+#define MK_GEMM_BODY(VT, W)                                                                       \
+    const int jm = w / (2 * W) * (2 * W), im = m / 4 * 4;                                        \
+    for (int i = 0; i < im; i += 4) {                                                             \
+        const float *a0 = a + i * ar;                                                             \
+        float *c0 = c + i * ldc;                                                                  \
+        for (int j = 0; j < jm; j += 2 * W) {                                                     \
+            VT s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0}, s31 = {0}; \
+            const float *bp = b + j, *ap = a0;                                                    \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                    \
+                VT b0 = V_LD(VT, bp), b1 = V_LD(VT, bp + W);                                      \
+                float x;                                                                          \
+                x = ap[0], s00 += x * b0, s01 += x * b1;                                          \
+                x = ap[ar], s10 += x * b0, s11 += x * b1;                                         \
+                x = ap[2 * ar], s20 += x * b0, s21 += x * b1;                                     \
+                x = ap[3 * ar], s30 += x * b0, s31 += x * b1;                                     \
+            }                                                                                     \
+            V_OUT(VT, W, c0 + j, s00, W);                                                         \
+            V_OUT(VT, W, c0 + j + W, s01, W);                                                     \
+            V_OUT(VT, W, c0 + ldc + j, s10, W);                                                   \
+            V_OUT(VT, W, c0 + ldc + j + W, s11, W);                                               \
+            V_OUT(VT, W, c0 + 2 * ldc + j, s20, W);                                               \
+            V_OUT(VT, W, c0 + 2 * ldc + j + W, s21, W);                                           \
+            V_OUT(VT, W, c0 + 3 * ldc + j, s30, W);                                               \
+            V_OUT(VT, W, c0 + 3 * ldc + j + W, s31, W);                                           \
+        }                                                                                         \
+    }                                                                                             \
+    for (int j = jm; j < w; j += W) {                                                             \
+        const int nw = w - j < W ? w - j : W;                                                     \
+        int i = 0;                                                                                \
+        for (; i + 8 <= m; i += 8) {                                                              \
+            VT s[8] = {{0}};                                                                      \
+            const float *bp = b + j, *ap = a + i * ar;                                            \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                    \
+                VT b0 = V_LDB(VT, W, bp, nw);                                                     \
+                for (int r = 0; r < 8; r++) s[r] += ap[r * ar] * b0;                              \
+            }                                                                                     \
+            for (int r = 0; r < 8; r++) V_OUT(VT, W, c + (i + r) * ldc + j, s[r], nw);            \
+        }                                                                                         \
+        for (; i < m; i++) {                                                                      \
+            VT s0 = {0};                                                                          \
+            const float *bp = b + j, *ap = a + i * ar;                                            \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += ap[0] * V_LDB(VT, W, bp, nw);  \
+            V_OUT(VT, W, c + i * ldc + j, s0, nw);                                                \
+        }                                                                                         \
+    }                                                                                             \
+    for (int i = im; i < m; i++)                                                                  \
+        for (int j = 0; j < jm; j += W) {                                                         \
+            VT s0 = {0};                                                                          \
+            const float *bp = b + j, *ap = a + i * ar;                                            \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += ap[0] * V_LD(VT, bp);          \
+            V_OUT(VT, W, c + i * ldc + j, s0, W);                                                 \
         }
-        for (; j < w; j += 8) {
-            int nw = w - j < 8 ? w - j : 8;
-            v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-            const float *bp = b + j, *ap = a0;
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {
-                v8f b0 = V_LDB(bp, nw);
-                s0 += V_SPLAT(ap[0]) * b0, s1 += V_SPLAT(ap[ar]) * b0;
-                s2 += V_SPLAT(ap[2 * ar]) * b0, s3 += V_SPLAT(ap[3 * ar]) * b0;
-            }
-            V_OUT(c0 + j, s0, nw);
-            V_OUT(c0 + ldc + j, s1, nw);
-            V_OUT(c0 + 2 * ldc + j, s2, nw);
-            V_OUT(c0 + 3 * ldc + j, s3, nw);
-        }
+
+typedef float v8f __attribute__((vector_size(32)));
+CPU_SIMD static void mk_gemm8(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
+                              const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
+    MK_GEMM_BODY(v8f, 8)
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(TETRA_NO_CLONES)
+typedef float v16f __attribute__((vector_size(64)));
+__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void mk_gemm16(
+    float *restrict c, long ldc, const float *restrict a, long ar, long ac, const float *restrict b, long ldb, int m,
+    int w, int n, float alpha, int acc) {
+    MK_GEMM_BODY(v16f, 16)
+}
+#define MK_HAVE_W16 1
+#endif
+
+// Vector width of the tile kernel: 16 where the CPU has x86-64-v4, else 8 (0 until the
+// first call decides). Tests force 8 to compare the two. Set outside parallel regions.
+static int mk_width = 0;
+int cpu_attention_set_vector_width(int w) {
+#ifdef MK_HAVE_W16
+    int can16 = __builtin_cpu_supports("x86-64-v4");
+#else
+    int can16 = 0;
+#endif
+    mk_width = (w == 16 || w == 0) && can16 ? 16 : 8;
+    return mk_width;
+}
+
+static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
+                    const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
+#ifdef MK_HAVE_W16
+    if (mk_width == 16) {
+        mk_gemm16(c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
+        return;
     }
-    for (; i < m; i++) {
-        const float *a0 = a + i * ar;
-        float *c0 = c + i * ldc;
-        for (int j = 0; j < w; j += 8) {
-            int nw = w - j < 8 ? w - j : 8;
-            v8f s0 = {0};
-            const float *bp = b + j, *ap = a0;
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += V_SPLAT(ap[0]) * V_LDB(bp, nw);
-            V_OUT(c0 + j, s0, nw);
-        }
-    }
+#endif
+    mk_gemm8(c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
 }
 
 // xt[d][r] = x[r][d] for a block of rows (row stride ldx), leading dimension BQ; and,
@@ -316,6 +354,7 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
     const long ldq = (long)H * D;
     const long long delta = (long long)s->q_offset - s->k_offset;
     (void)workspace;
+    if (!mk_width) cpu_attention_set_vector_width(0);
     const int nqb = (Sq + BQ - 1) / BQ, groups = B * KV;
     const int nch = query_chunks(groups, nqb), per = (nqb + nch - 1) / nch;
     const long long ntasks = (long long)groups * nch;
@@ -413,6 +452,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     const int B = s->b, Sq = s->sq, Sk = s->sk, H = s->h, KV = s->kv, D = s->d;
     const int rep = H / KV;
     float *Dv = (float *)workspace;
+    if (!mk_width) cpu_attention_set_vector_width(0);
     float *owned = NULL;
     if (!Dv) {
         owned = (float *)malloc(cpu_attention_workspace_size(s));

@@ -163,6 +163,9 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 // Backward schedule (see cpu_attention.c): 0 automatic (default), 1 fused, 2 split.
 // Both give the same result up to summation order; tests force each.
 void cpu_attention_set_backward_mode(int mode);
+// vector width of the attention tile kernel: 0 = the widest the CPU runs (16 on
+// x86-64-v4), 8 = the AVX2 kernel; returns the width now in use
+int cpu_attention_set_vector_width(int w);
 void cpu_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b,
                          int sq, int h, int d);
 

@@ -221,6 +221,43 @@ static void test_attention_blocks(void) {
     free(bout), free(blse), free(bdq), free(bdk), free(bdv);
 }
 
+// The 16-wide (AVX-512) tile kernel gives the bits of the 8-wide one: each output element
+// is the same FMA chain whatever the vector width. Head dims 16 (8-row tiles), 24 (padded
+// edges) and 64 (4 x 32 tiles); both backward schedules; a length off the tile grid.
+static void test_attention_vector_width(void) {
+    int wide = cpu_attention_set_vector_width(0);
+    if (wide != 16) {
+        printf("  attention vector width: this CPU runs the 8-wide kernel only (no x86-64-v4); nothing to compare\n");
+        return;
+    }
+    const int dims[] = {16, 24, 64};
+    for (int di = 0; di < 3; di++) {
+        const int B = 1, H = 4, KV = 2, D = dims[di], S = 150;
+        size_t nq = (size_t)B * S * H * D, nk = (size_t)B * S * KV * D, nl = (size_t)B * H * S;
+        float *q = randn_buf(nq, 1), *k = randn_buf(nk, 1), *v = randn_buf(nk, 1), *dout = randn_buf(nq, 1);
+        ops_attn_shape s = shape(B, S, S, H, KV, D, 1, 0, 0);
+        for (int mode = 1; mode <= 2; mode++) {
+            float *o[2], *l[2], *gq[2], *gk[2], *gv[2];
+            cpu_attention_set_backward_mode(mode);
+            for (int w = 0; w < 2; w++) {
+                cpu_attention_set_vector_width(w ? 8 : 16);
+                o[w] = zeros(nq), l[w] = zeros(nl), gq[w] = zeros(nq), gk[w] = zeros(nk), gv[w] = zeros(nk);
+                cpu_attention_forward(o[w], l[w], q, k, v, &s, NULL);
+                cpu_attention_backward(gq[w], gk[w], gv[w], dout, q, k, v, o[w], l[w], &s, NULL);
+            }
+            CHECK(!memcmp(o[0], o[1], nq * 4) && !memcmp(l[0], l[1], nl * 4),
+                  "attention forward, head_dim %d: 16-wide and 8-wide kernels differ", D);
+            CHECK(!memcmp(gq[0], gq[1], nq * 4) && !memcmp(gk[0], gk[1], nk * 4) && !memcmp(gv[0], gv[1], nk * 4),
+                  "attention backward (mode %d), head_dim %d: 16-wide and 8-wide kernels differ", mode, D);
+            for (int w = 0; w < 2; w++) free(o[w]), free(l[w]), free(gq[w]), free(gk[w]), free(gv[w]);
+        }
+        free(q), free(k), free(v), free(dout);
+    }
+    cpu_attention_set_backward_mode(0);
+    cpu_attention_set_vector_width(0);
+    printf("  attention: 16-wide and 8-wide tile kernels bit-identical (head_dim 16, 24, 64)\n");
+}
+
 // a query block that sees no key at all: zeros and lse = -inf, and merging it is a no-op
 static void test_attention_masked_block(void) {
     const int B = 1, H = 2, KV = 1, D = 8, sq = 10, sk = 12;
@@ -643,6 +680,7 @@ int main(void) {
     test_exp();
     test_attention_fd();
     test_attention_blocks();
+    test_attention_vector_width();
     test_attention_masked_block();
     test_attention_workspace();
     test_attention_heap();
