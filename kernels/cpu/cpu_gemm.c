@@ -1,16 +1,21 @@
 // kernels/cpu/cpu_gemm.c — every matmul of the CPU backend. Which library runs which
 // product was measured on this model's shapes, in the training step itself
 // (docs/performance.md; bench/gemm_cpu times the GEMMs alone):
-// - fp32: OpenBLAS sgemm, threaded by splitting C across OpenMP threads (OpenBLAS itself
-//   runs single-threaded, see cpu_blas_init). Routing the forward products, or all of
-//   them, through oneDNN's matmul or BLIS made the debug model's step no faster.
+// - fp32: oneDNN's matmul primitive where the CPU has AVX-512, or where OpenBLAS does not
+//   know the CPU; OpenBLAS sgemm elsewhere, threaded by splitting C across OpenMP threads
+//   (OpenBLAS itself runs single-threaded, see cpu_blas_init). OpenBLAS picks its kernels
+//   by CPU model: Debian 12's 0.3.21 runs its SSE3 "Prescott" kernels on an Emerald Rapids
+//   Xeon (model 207), 6x slower than oneDNN, which picks by ISA feature bits. On AVX-512
+//   oneDNN matched or beat OpenBLAS's own AVX-512 kernels on the model's shapes; on an AVX2
+//   Zen 3 routing through oneDNN or BLIS made the debug model's step no faster.
+//   TETRA_CPU_GEMM=openblas|onednn overrides the choice (benchmarks compare the two).
 // - bf16 x bf16 (mixed precision): oneDNN's matmul primitive, which runs AVX512-BF16 or
 //   AMX tiles with fp32 accumulation. Products of bf16 values are exact in fp32, so it
 //   differs from the widened fp32 product only in summation order. On a CPU without
 //   AVX512-BF16 (oneDNN has no bf16 matmul there) the bf16 operands are widened and run
-//   through sgemm as below.
-// - fp8 operands are widened to fp32 exactly and multiplied in fp32 by the same threaded
-//   sgemm; dequant scales are applied to the fp32 accumulator afterwards, as the hardware
+//   through the fp32 route above.
+// - fp8 operands are widened to fp32 exactly and multiplied in fp32 by the same fp32
+//   route; dequant scales are applied to the fp32 accumulator afterwards, as the hardware
 //   does, so the CPU emulates an fp8 GEMM exactly up to summation order.
 // A bf16 C gets alpha AB + beta C in fp32, rounded once (both routes).
 #include <cblas.h>
@@ -43,7 +48,7 @@ void cpu_sgemm_serial(int trans_a, int trans_b, int m, int n, int k, float alpha
 
 // Split C into one panel per thread along its longer side; each panel is an independent
 // sgemm. Small products stay serial (threading them costs more than it saves).
-static void sgemm_parallel(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+static void sgemm_openblas(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                            const float *b, int ldb, float beta, float *c, int ldc) {
     cpu_blas_init();
     int nt = omp_get_max_threads();
@@ -128,14 +133,14 @@ static float *widen(const void *x, tetra_dtype t, int rows, int cols, int ld) {
 }
 
 // ----------------------------------------------------------------------------
-// bf16 x bf16 on oneDNN. A matmul primitive is compiled (JIT) for one shape, strides,
-// output type, alpha and beta; a run meets a few dozen such keys, so they are kept in a
-// small table and compiled once each. Their memory objects are rebound to the call's
+// oneDNN matmul (fp32 x fp32, bf16 x bf16). A primitive is compiled (JIT) for one shape,
+// strides, types, alpha and beta; a run meets a few dozen such keys, so they are kept in
+// a small table and compiled once each. Their memory objects are rebound to the call's
 // pointers. One lock covers lookup and execution: the backend issues GEMMs from one
 // thread at a time, and oneDNN threads each one across the OpenMP pool itself.
 
 typedef struct {
-    int m, n, k, ta, tb, lda, ldb, ldc, c_bf16;
+    int m, n, k, ta, tb, lda, ldb, ldc, ab_bf16, c_bf16;
     float alpha, beta;
 } dnnl_key;
 
@@ -145,19 +150,21 @@ typedef struct {
     dnnl_memory_t ma, mb, mc;
 } dnnl_entry;
 
-#define DNNL_CACHE 96
+#define DNNL_CACHE 128
 static struct {
     pthread_mutex_t lock;
-    int state;  // 0 not probed, 1 in use, -1 off (no AVX512-BF16, or turned off)
-    dnnl_engine_t eng;
+    int probed;
+    dnnl_engine_t eng;       // NULL when oneDNN could not start: every GEMM on OpenBLAS
     dnnl_stream_t st;
+    int bf16_can, bf16_on;   // the CPU has AVX512-BF16; bf16 x bf16 goes to oneDNN
+    int f32_on;              // fp32 x fp32 goes to oneDNN
     dnnl_entry e[DNNL_CACHE];
     int n, next;  // entries in use; the next one to replace once full
 } dn = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void dnnl_fail(const char *what, dnnl_status_t s, const dnnl_key *k) {
-    fprintf(stderr, "tetra: oneDNN %s failed (status %d) for bf16 GEMM m=%d n=%d k=%d ta=%d tb=%d\n", what, (int)s,
-            k->m, k->n, k->k, k->ta, k->tb);
+    fprintf(stderr, "tetra: oneDNN %s failed (status %d) for %s GEMM m=%d n=%d k=%d ta=%d tb=%d\n", what, (int)s,
+            k->ab_bf16 ? "bf16" : "fp32", k->m, k->n, k->k, k->ta, k->tb);
     abort();  // the op table has no error channel: a failed GEMM must not go unnoticed
 }
 #define DN(call, what, key)                            \
@@ -166,28 +173,56 @@ static void dnnl_fail(const char *what, dnnl_status_t s, const dnnl_key *k) {
         if (st_ != dnnl_success) dnnl_fail(what, st_, key); \
     } while (0)
 
+// OpenBLAS runs one of its pre-AVX2 kernel sets although the CPU has AVX2: the fallback
+// it takes for a CPU model it does not know.
+static int openblas_fallback(void) {
+    static const char *old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                                "Katmai", "Coppermine", "Northwood", "Banias", "Sandybridge"};
+    const char *core = openblas_get_corename();
+    if (!core || dnnl_get_effective_cpu_isa() < dnnl_cpu_isa_avx2) return 0;
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
+        if (!strcmp(core, old[i])) return 1;
+    return 0;
+}
+
 // Called with dn.lock held.
-static int dnnl_ready(void) {
-    if (dn.state == 0) {
-        dn.state = -1;
-        if (dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16 &&
-            dnnl_engine_create(&dn.eng, dnnl_cpu, 0) == dnnl_success) {
-            if (dnnl_stream_create(&dn.st, dn.eng, dnnl_stream_default_flags) == dnnl_success)
-                dn.state = 1;
-            else
-                dnnl_engine_destroy(dn.eng);
-        }
+static void dnnl_probe(void) {
+    if (dn.probed) return;
+    dn.probed = 1;
+    if (dnnl_engine_create(&dn.eng, dnnl_cpu, 0) != dnnl_success) {
+        dn.eng = NULL;
+        return;
     }
-    return dn.state == 1;
+    if (dnnl_stream_create(&dn.st, dn.eng, dnnl_stream_default_flags) != dnnl_success) {
+        dnnl_engine_destroy(dn.eng);
+        dn.eng = NULL;
+        return;
+    }
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    dn.bf16_can = dn.bf16_on = isa >= dnnl_cpu_isa_avx512_core_bf16;
+    const char *env = getenv("TETRA_CPU_GEMM");
+    if (env && !strcmp(env, "onednn"))
+        dn.f32_on = 1;
+    else if (env && !strcmp(env, "openblas"))
+        dn.f32_on = 0;
+    else
+        dn.f32_on = isa >= dnnl_cpu_isa_avx512_core || openblas_fallback();
 }
 
 int cpu_gemm_bf16_onednn(int on) {
     pthread_mutex_lock(&dn.lock);
-    int was = dnnl_ready();
-    if (on >= 0 && dn.state != 0) {
-        if (!on) dn.state = -1;
-        else if (dn.eng) dn.state = 1;  // only where the probe found the ISA
-    }
+    dnnl_probe();
+    int was = dn.bf16_on;
+    if (on >= 0) dn.bf16_on = on && dn.bf16_can;  // only where the probe found the ISA
+    pthread_mutex_unlock(&dn.lock);
+    return was;
+}
+
+int cpu_gemm_f32_onednn(int on) {
+    pthread_mutex_lock(&dn.lock);
+    dnnl_probe();
+    int was = dn.f32_on;
+    if (on >= 0) dn.f32_on = on && dn.eng;
     pthread_mutex_unlock(&dn.lock);
     return was;
 }
@@ -195,14 +230,15 @@ int cpu_gemm_bf16_onednn(int on) {
 static void dnnl_compile(dnnl_entry *e) {
     const dnnl_key *k = &e->key;
     dnnl_memory_desc_t da, db, dc;
+    dnnl_data_type_t tab = k->ab_bf16 ? dnnl_bf16 : dnnl_f32;
     // logical A [m, k] and B [k, n]; a transposed operand is the same bytes read with
     // swapped strides, as a BLAS leading dimension would read them
     dnnl_dims_t ad = {k->m, k->k}, bd = {k->k, k->n}, cd = {k->m, k->n};
     dnnl_dims_t as = {k->ta ? 1 : k->lda, k->ta ? k->lda : 1};
     dnnl_dims_t bs = {k->tb ? 1 : k->ldb, k->tb ? k->ldb : 1};
     dnnl_dims_t cs = {k->ldc, 1};
-    DN(dnnl_memory_desc_init_by_strides(&da, 2, ad, dnnl_bf16, as), "memory desc", k);
-    DN(dnnl_memory_desc_init_by_strides(&db, 2, bd, dnnl_bf16, bs), "memory desc", k);
+    DN(dnnl_memory_desc_init_by_strides(&da, 2, ad, tab, as), "memory desc", k);
+    DN(dnnl_memory_desc_init_by_strides(&db, 2, bd, tab, bs), "memory desc", k);
     DN(dnnl_memory_desc_init_by_strides(&dc, 2, cd, k->c_bf16 ? dnnl_bf16 : dnnl_f32, cs), "memory desc", k);
     dnnl_matmul_desc_t md;
     DN(dnnl_matmul_desc_init(&md, &da, &db, NULL, &dc), "matmul desc", k);
@@ -220,8 +256,15 @@ static void dnnl_compile(dnnl_entry *e) {
     dnnl_primitive_desc_t pd;
     dnnl_status_t st = dnnl_primitive_desc_create(&pd, &md, attr, dn.eng, NULL);
     dnnl_primitive_attr_destroy(attr);
-    if (st == dnnl_unimplemented) return;  // no kernel for this key: e->prim stays NULL, widen
+    if (st == dnnl_unimplemented) return;  // no kernel for this key: e->prim stays NULL
     DN(st, "matmul primitive desc", k);
+    // oneDNN's reference kernels (plain loops) are its last resort: the other route is faster
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        !strncmp(impl, "ref", 3)) {
+        dnnl_primitive_desc_destroy(pd);
+        return;
+    }
     DN(dnnl_primitive_create(&e->prim, pd), "matmul primitive", k);
     dnnl_primitive_desc_destroy(pd);
     DN(dnnl_memory_create(&e->ma, &da, dn.eng, DNNL_MEMORY_NONE), "memory", k);
@@ -237,19 +280,19 @@ static void dnnl_release(dnnl_entry *e) {
     dnnl_memory_destroy(e->mc);
 }
 
-// Runs C = alpha op(A) op(B) + beta C for bf16 A and B on oneDNN; 0 when oneDNN is not
-// used here (the caller widens instead).
-static int gemm_bf16_onednn(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
-    dnnl_key key = {g->m, g->n, g->k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldc,
-                    g->c_type == TETRA_BF16, g->alpha, g->beta};
+// Runs C = alpha op(A) op(B) + beta C on oneDNN; 0 when oneDNN is not used for this key
+// (the caller takes the other route).
+static int gemm_onednn(void *c, const void *a, const void *b, const dnnl_key *key) {
+    if (key->k <= 0 || omp_in_parallel()) return 0;
     pthread_mutex_lock(&dn.lock);
-    if (!dnnl_ready()) {
+    dnnl_probe();
+    if (!dn.eng || !(key->ab_bf16 ? dn.bf16_on : dn.f32_on)) {
         pthread_mutex_unlock(&dn.lock);
         return 0;
     }
     dnnl_entry *e = NULL;
     for (int i = 0; i < dn.n && !e; i++)
-        if (!memcmp(&dn.e[i].key, &key, sizeof key)) e = &dn.e[i];
+        if (!memcmp(&dn.e[i].key, key, sizeof *key)) e = &dn.e[i];
     if (!e) {
         if (dn.n < DNNL_CACHE) {
             e = &dn.e[dn.n++];
@@ -259,29 +302,40 @@ static int gemm_bf16_onednn(void *c, const void *a, const void *b, const ops_gem
             dnnl_release(e);
         }
         memset(e, 0, sizeof *e);
-        e->key = key;
+        e->key = *key;
         dnnl_compile(e);
     }
     if (!e->prim) {
         pthread_mutex_unlock(&dn.lock);
         return 0;
     }
-    DN(dnnl_memory_set_data_handle(e->ma, (void *)a), "set A", &key);
-    DN(dnnl_memory_set_data_handle(e->mb, (void *)b), "set B", &key);
-    DN(dnnl_memory_set_data_handle(e->mc, c), "set C", &key);
+    DN(dnnl_memory_set_data_handle(e->ma, (void *)a), "set A", key);
+    DN(dnnl_memory_set_data_handle(e->mb, (void *)b), "set B", key);
+    DN(dnnl_memory_set_data_handle(e->mc, c), "set C", key);
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc}};
-    DN(dnnl_primitive_execute(e->prim, dn.st, 3, args), "matmul", &key);
-    DN(dnnl_stream_wait(dn.st), "stream wait", &key);
+    DN(dnnl_primitive_execute(e->prim, dn.st, 3, args), "matmul", key);
+    DN(dnnl_stream_wait(dn.st), "stream wait", key);
     pthread_mutex_unlock(&dn.lock);
     return 1;
+}
+
+// fp32 C = alpha op(A) op(B) + beta C on the fp32 route (above)
+static void sgemm_parallel(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                           const float *b, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    dnnl_key key = {m, n, k, ta, tb, lda, ldb, ldc, 0, 0, alpha, beta};
+    if (gemm_onednn(c, a, b, &key)) return;
+    sgemm_openblas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
     int m = g->m, n = g->n, k = g->k;
     if (m <= 0 || n <= 0) return;
-    if (g->a_type == TETRA_BF16 && g->b_type == TETRA_BF16 && !g->a_scale && !g->b_scale && k > 0 &&
-        gemm_bf16_onednn(c, a, b, g))
-        return;
+    if (g->a_type == TETRA_BF16 && g->b_type == TETRA_BF16 && !g->a_scale && !g->b_scale) {
+        dnnl_key key = {m, n, k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldc, 1, g->c_type == TETRA_BF16,
+                        g->alpha, g->beta};
+        if (gemm_onednn(c, a, b, &key)) return;
+    }
     int plain = g->a_type == TETRA_F32 && g->b_type == TETRA_F32 && g->c_type == TETRA_F32 &&
                 !g->a_scale && !g->b_scale;
     if (plain) {

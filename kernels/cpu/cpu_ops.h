@@ -84,6 +84,9 @@ void cpu_blas_init(void);
 // 1 takes effect only where the CPU has AVX512-BF16. Returns the state before the call.
 // For tests and benchmarks that compare the two routes.
 int cpu_gemm_bf16_onednn(int on);
+// fp32 GEMMs on oneDNN (1) or OpenBLAS (0); same protocol. The default is chosen per CPU
+// (cpu_gemm.c), TETRA_CPU_GEMM=openblas|onednn overrides it.
+int cpu_gemm_f32_onednn(int on);
 
 // ---- cpu_layers.c
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c,

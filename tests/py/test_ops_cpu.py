@@ -105,6 +105,7 @@ cpu_adamw_step = sig("cpu_adamw_step", P, P, P, P, c_size, c_double, c_double, c
                      c_int, c_float)
 cpu_gemm = sig("cpu_gemm", P, P, P, ctypes.POINTER(GemmDesc))
 cpu_gemm_bf16_onednn = sig("cpu_gemm_bf16_onednn", ctypes.c_int, ret=ctypes.c_int)
+cpu_gemm_f32_onednn = sig("cpu_gemm_f32_onednn", ctypes.c_int, ret=ctypes.c_int)
 cpu_embedding_forward = sig("cpu_embedding_forward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_embedding_backward = sig("cpu_embedding_backward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_rmsnorm_forward = sig("cpu_rmsnorm_forward", P, P, P, P, c_int, c_int, c_float)
@@ -437,37 +438,45 @@ def gemm_call(c, a, b, m, n, k, ta=0, tb=0, lda=None, ldb=None, ldc=None, alpha=
 
 
 def test_gemm():
-    for (m, n, k, ta, tb, alpha, beta) in ((1, 1, 1, 0, 0, 1.0, 0.0), (17, 33, 65, 0, 1, 1.0, 0.0),
-                                           (300, 257, 129, 0, 1, 0.5, 1.0), (129, 513, 300, 1, 0, 1.0, 1.0),
-                                           (64, 700, 256, 1, 1, -2.0, 0.25), (1000, 96, 80, 0, 0, 1.0, 0.0)):
-        a = f32(k, m) if ta else f32(m, k)
-        b = f32(n, k) if tb else f32(k, n)
-        c0 = f32(m, n)
-        c = c0.clone()
-        gemm_call(c, a, b, m, n, k, ta, tb, alpha=alpha, beta=beta)
-        A = a.double().t() if ta else a.double()
-        B = b.double().t() if tb else b.double()
-        ref = alpha * A @ B + beta * c0.double()
-        check(f"gemm f32 {m}x{n}x{k} t{ta}{tb}", c, ref, 1e-5)
-    # beta = 0 must not read C (NaN garbage stays out), on the threaded and the bf16 paths
-    for (m, n, k) in ((300, 257, 129), (20, 30, 40)):
-        a, b = f32(m, k), f32(k, n)
-        c = torch.full((m, n), float("nan"))
-        gemm_call(c, a, b, m, n, k)
-        record(f"gemm f32 beta=0 over NaN {m}x{n}x{k}", "non-finite outputs", float((~torch.isfinite(c)).sum()), 0)
-    # leading dims larger than the rows (sub-matrix views)
-    m, n, k = 50, 40, 30
-    a = f32(m, k + 7)
-    b = f32(k, n + 3)
-    c = torch.zeros(m, n + 5)
-    gemm_call(c, a, b, m, n, k, lda=k + 7, ldb=n + 3, ldc=n + 5)
-    check("gemm f32 strided ld", c[:, :n], a[:, :k].double() @ b[:, :n].double(), 1e-5)
-    record("gemm f32 strided ld", "pad touched", float(c[:, n:].abs().sum()), 0)
-    # batched
-    bs, m, n, k = 3, 20, 24, 18
-    a, b, c = f32(bs, m, k), f32(bs, k, n), torch.zeros(bs, m, n)
-    gemm_call(c, a, b, m, n, k, batch=bs, sa=m * k, sb=k * n, sc=m * n)
-    check("gemm f32 batched", c, a.double() @ b.double(), 1e-5)
+    # fp32 on both routes: oneDNN's matmul and OpenBLAS's sgemm (threaded over panels);
+    # the default is per CPU (cpu_gemm.c), the other one is what a user forcing it gets
+    default = cpu_gemm_f32_onednn(-1)
+    for on, route in ((1, "onednn"), (0, "openblas")):
+        cpu_gemm_f32_onednn(on)
+        record(f"gemm f32 route {route}", "route in effect", float(cpu_gemm_f32_onednn(-1) != on), 0)
+        for (m, n, k, ta, tb, alpha, beta) in ((1, 1, 1, 0, 0, 1.0, 0.0), (17, 33, 65, 0, 1, 1.0, 0.0),
+                                               (300, 257, 129, 0, 1, 0.5, 1.0), (129, 513, 300, 1, 0, 1.0, 1.0),
+                                               (64, 700, 256, 1, 1, -2.0, 0.25), (1000, 96, 80, 0, 0, 1.0, 0.0)):
+            a = f32(k, m) if ta else f32(m, k)
+            b = f32(n, k) if tb else f32(k, n)
+            c0 = f32(m, n)
+            c = c0.clone()
+            gemm_call(c, a, b, m, n, k, ta, tb, alpha=alpha, beta=beta)
+            A = a.double().t() if ta else a.double()
+            B = b.double().t() if tb else b.double()
+            ref = alpha * A @ B + beta * c0.double()
+            check(f"gemm f32 {m}x{n}x{k} t{ta}{tb} ({route})", c, ref, 1e-5)
+        # beta = 0 must not read C (NaN garbage stays out), on the threaded and the bf16 paths
+        for (m, n, k) in ((300, 257, 129), (20, 30, 40)):
+            a, b = f32(m, k), f32(k, n)
+            c = torch.full((m, n), float("nan"))
+            gemm_call(c, a, b, m, n, k)
+            record(f"gemm f32 beta=0 over NaN {m}x{n}x{k} ({route})", "non-finite outputs",
+                   float((~torch.isfinite(c)).sum()), 0)
+        # leading dims larger than the rows (sub-matrix views)
+        m, n, k = 50, 40, 30
+        a = f32(m, k + 7)
+        b = f32(k, n + 3)
+        c = torch.zeros(m, n + 5)
+        gemm_call(c, a, b, m, n, k, lda=k + 7, ldb=n + 3, ldc=n + 5)
+        check(f"gemm f32 strided ld ({route})", c[:, :n], a[:, :k].double() @ b[:, :n].double(), 1e-5)
+        record(f"gemm f32 strided ld ({route})", "pad touched", float(c[:, n:].abs().sum()), 0)
+        # batched
+        bs, m, n, k = 3, 20, 24, 18
+        a, b, c = f32(bs, m, k), f32(bs, k, n), torch.zeros(bs, m, n)
+        gemm_call(c, a, b, m, n, k, batch=bs, sa=m * k, sb=k * n, sc=m * n)
+        check(f"gemm f32 batched ({route})", c, a.double() @ b.double(), 1e-5)
+    cpu_gemm_f32_onednn(default)
     # bf16 operands, bf16 and f32 output, on both routes: oneDNN's matmul (AVX512-BF16/AMX,
     # where the CPU has it) and the widened fp32 sgemm. Products of bf16 are exact in fp32,
     # so an fp32 C is the exact product up to summation order; a bf16 C is rounded once.
