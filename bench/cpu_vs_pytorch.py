@@ -1,20 +1,33 @@
-"""tetra's CPU backend vs PyTorch eager: same Llama 3 model, batch, weights and
-thread count, fp32, measured one after the other in one process.
+"""tetra's CPU backend against the newest PyTorch 2.x from PyPI: same Llama 3 model,
+batch, weights and thread count, measured one after the other in one run.
 
-A step is forward + backward + gradient clipping + AdamW. tetra runs its trainer's
-own step through the C API (libtetra.so: trainer_capi_*, the `tetra train` step fed
-this batch); PyTorch runs tests/py/llama3_ref.py, a plain eager Llama 3, with
-torch.optim.AdamW. Reported: median step time after warm-up, tokens/s,
-TFLOP/s and MFU with TorchTitan's FLOPs-per-token count, against the best
-fp32 GEMM rate measured here with the same threads (the peak this machine can
-reach, since no vendor table applies to a CPU).
+A step is forward + backward + gradient clipping + AdamW. tetra runs its trainer's own
+step through the C API (libtetra.so: trainer_capi_*, the `tetra train` step fed this
+batch). PyTorch runs tests/py/llama3_ref.py (a plain Llama 3 on the same safetensors
+weights) with fused AdamW, in each of its modes:
 
-Each framework runs in a process of its own (this script re-invoked with
---worker), so neither inherits the other's thread pools or BLAS settings.
+  fp32   eager             the reference as written (matmul, masked softmax)
+         eager+sdpa        attention through F.scaled_dot_product_attention
+         compile           the forward and loss under torch.compile (inductor)
+         compile+sdpa      both
+  bf16   autocast+sdpa     torch.autocast("cpu", bfloat16), fp32 master weights
+         autocast+compile+sdpa
+
+tetra runs fp32, and bf16 mixed precision (training.mixed_precision_param = bfloat16:
+bf16 compute copies and activations, fp32 master weights, gradients and AdamW), the
+counterpart of autocast. Reported: the median step time after warm-up, tokens/s,
+TFLOP/s and MFU against the GEMM peak measured here for that dtype with the same
+threads (the faster of torch.mm and tetra's own GEMM at 2048^3; a CPU has no vendor
+table), and tetra's ratio to the best PyTorch mode of its dtype.
+
+Each framework and mode runs in a process of its own (this script re-invoked with
+--worker), so none inherits another's thread pools, BLAS settings or compiled graphs.
+The tetra worker never imports torch: PyPI's torch carries its own OpenMP runtime.
 """
 
 import argparse
 import ctypes
+import json
 import math
 import os
 import statistics
@@ -27,71 +40,58 @@ CASES = {
     "a": dict(flavor="debugmodel", seq_len=512, batch=4),
     "b": dict(flavor="debugmodel", seq_len=2048, batch=8),
 }
+MODES = {  # name: (dtype, sdpa, compile)
+    "eager": ("fp32", False, False),
+    "eager+sdpa": ("fp32", True, False),
+    "compile": ("fp32", False, True),
+    "compile+sdpa": ("fp32", True, True),
+    "autocast+sdpa": ("bf16", True, False),
+    "autocast+compile+sdpa": ("bf16", True, True),
+}
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--case", choices=sorted(CASES), action="append", help="case(s) to run (default: all)")
+ap.add_argument("--mode", choices=list(MODES), action="append", help="PyTorch mode(s) (default: all)")
+ap.add_argument("--dtype", choices=["fp32", "bf16"], action="append",
+                help="dtype(s) to run (default: fp32, and bf16 where the CPU has AVX512-BF16)")
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--steps", type=int, default=5, help="measured steps per framework")
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
-ap.add_argument("--worker", choices=["peak", "tetra", "pytorch"], help=argparse.SUPPRESS)
+ap.add_argument("--worker", choices=["peak", "peak-tetra", "tetra", "pytorch"], help=argparse.SUPPRESS)
 ap.add_argument("--weights", help=argparse.SUPPRESS)
 args = ap.parse_args()
 
-# Thread counts must be fixed before either library starts its pools.
+# Thread counts must be fixed before any library starts its pools.
 os.environ["OMP_NUM_THREADS"] = str(args.threads)
 os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
 
-import torch  # noqa: E402
-import torch.utils.checkpoint  # noqa: E402
+import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
-import llama3_ref as ref  # noqa: E402
-
-torch.set_num_threads(args.threads)
-lib = ctypes.CDLL(os.path.join(os.environ.get("TETRA_BUILD", os.path.join(ROOT, "build")), "lib", "libtetra.so"))
-
-
-def sig(name, restype, *argtypes):
-    f = getattr(lib, name)
-    f.restype, f.argtypes = restype, list(argtypes)
-    return f
-
-
-c_void, c_size = ctypes.c_void_p, ctypes.c_size_t
-trainer_create = sig("trainer_capi_create", c_void, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_char_p,
-                     c_size)
-trainer_free = sig("trainer_capi_free", None, c_void)
-trainer_step = sig("trainer_capi_step", ctypes.c_double, c_void, c_void, c_void, ctypes.POINTER(ctypes.c_double),
-                   ctypes.POINTER(ctypes.c_double))
-trainer_save = sig("trainer_capi_save_hf", ctypes.c_int, c_void, ctypes.c_char_p, ctypes.c_char_p, c_size)
-lib.openblas_set_num_threads.argtypes = [ctypes.c_int]
-lib.openblas_set_num_threads(args.threads)
 
 LR, BETAS, EPS, WD, MAX_NORM = 8e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
 DEBUG = dict(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab_size=2048, ffn_hidden=768)
 
 
-def flops_per_token(cfg, seq_len):
-    """TorchTitan: 6 (N - N_embedding) + 6 L H (2 head_dim) T."""
-    d, f, v = cfg.dim, cfg.ffn_hidden, cfg.vocab_size
-    hd = cfg.head_dim
-    block = d * cfg.n_heads * hd * 2 + 2 * d * cfg.n_kv_heads * hd + 3 * d * f + 2 * d
-    n = v * d + cfg.n_layers * block + d + v * d
-    return 6 * (n - v * d) + 6 * cfg.n_layers * cfg.n_heads * 2 * hd * seq_len
+def flops_per_token(seq_len, causal=False):
+    """TorchTitan's count, 6 (N - N_embedding) + 6 L H (2 head_dim) T, which charges the
+    whole S x S score matrix; causal=True counts only the half causal attention computes."""
+    c = DEBUG
+    d, f, v, hd = c["dim"], c["ffn_hidden"], c["vocab_size"], c["dim"] // c["n_heads"]
+    block = d * c["n_heads"] * hd * 2 + 2 * d * c["n_kv_heads"] * hd + 3 * d * f + 2 * d
+    n = v * d + c["n_layers"] * block + d + v * d
+    attn = 6 * c["n_layers"] * c["n_heads"] * 2 * hd * seq_len
+    return 6 * (n - v * d) + (attn / 2 if causal else attn)
 
 
-def measure_peak():
-    """Best fp32 GEMM rate with these threads (torch.mm on Debian's BLAS, the one both sides use)."""
-    n = 2048
-    a, b = torch.rand(n, n), torch.rand(n, n)
-    best = math.inf
-    for _ in range(6):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+def make_batch(b, t):
+    """The same token ids for every worker (numpy, so the tetra worker needs no torch)."""
+    rng = np.random.default_rng(1234)
+    inputs = rng.integers(0, DEBUG["vocab_size"], (b, t), dtype=np.int32)
+    targets = rng.integers(0, DEBUG["vocab_size"], (b, t), dtype=np.int32)
+    return inputs, targets
 
 
 def time_steps(step, warmup, steps):
@@ -105,32 +105,93 @@ def time_steps(step, warmup, steps):
     return statistics.median(times)
 
 
-_plain_attention = ref.attention
+def worker_peak():
+    """Best torch.mm rate per dtype with these threads at 2048^3: best of 8, or of what fits
+    in 20 s (bf16 on a CPU without AVX512-BF16 runs about 100x slower than fp32)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    n, out = 2048, {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.rand(n, n).to(dt), torch.rand(n, n).to(dt)
+        best, spent = math.inf, 0.0
+        for _ in range(8):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            t = time.perf_counter() - t0
+            best, spent = min(best, t), spent + t
+            if spent > 20:
+                break
+        out[name] = 2 * n ** 3 / best
+    out["torch"] = torch.__version__
+    print(json.dumps(out))
 
 
-def checkpointed_attention(q, k, v):
-    """The reference attention with its S x S probabilities recomputed in backward
-    (torch.utils.checkpoint), which is what flash attention does too."""
-    return torch.utils.checkpoint.checkpoint(_plain_attention, q, k, v, use_reentrant=False)
+def load_tetra():
+    return ctypes.CDLL(os.path.join(os.environ.get("TETRA_BUILD", os.path.join(ROOT, "build")), "lib", "libtetra.so"))
 
 
-def make_batch(cfg, b, t):
-    gen = torch.Generator().manual_seed(1234)
-    inputs = torch.randint(0, cfg.vocab_size, (b, t), generator=gen)
-    targets = torch.randint(0, cfg.vocab_size, (b, t), generator=gen)
-    return inputs, targets
+def worker_peak_tetra():
+    """Best rate of tetra's own GEMM (the backend's cpu_gemm, as the step calls it) per
+    dtype at 2048^3, best of 8: bf16 runs oneDNN's AVX512-BF16/AMX kernels where the CPU
+    has them, else the widened sgemm."""
+    lib = load_tetra()
+    c_int, c_float, c_void = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+
+    class GemmDesc(ctypes.Structure):  # kernels/ops.h ops_gemm_desc
+        _fields_ = [("a_type", c_int), ("b_type", c_int), ("c_type", c_int), ("trans_a", c_int),
+                    ("trans_b", c_int), ("m", c_int), ("n", c_int), ("k", c_int), ("lda", c_int), ("ldb", c_int),
+                    ("ldc", c_int), ("alpha", c_float), ("beta", c_float), ("a_scale", c_void),
+                    ("b_scale", c_void), ("scale_rowwise", c_int), ("fast_accum", c_int), ("batch", c_int),
+                    ("stride_a", ctypes.c_int64), ("stride_b", ctypes.c_int64), ("stride_c", ctypes.c_int64)]
+
+    lib.cpu_gemm.argtypes = [c_void, c_void, c_void, ctypes.POINTER(GemmDesc)]
+    lib.cpu_gemm_bf16_onednn.argtypes, lib.cpu_gemm_bf16_onednn.restype = [c_int], c_int
+    lib.omp_set_num_threads.argtypes = [c_int]
+    lib.omp_set_num_threads(args.threads)
+    n, out = 2048, {}
+    rng = np.random.default_rng(1)
+    for name, code in (("fp32", 0), ("bf16", 1)):  # TETRA_F32, TETRA_BF16
+        x = rng.random((n, n), dtype=np.float32)
+        if code:  # bf16 bits: the upper halves of fp32
+            x = (x.view(np.uint32) >> 16).astype(np.uint16)
+        y = x.copy()
+        c = np.zeros((n, n), dtype=np.float32)
+        g = GemmDesc(code, code, 0, 0, 0, n, n, n, n, n, n, 1.0, 0.0, None, None, 0, 0, 0, 0, 0, 0)
+        best = math.inf
+        for _ in range(8):
+            t0 = time.perf_counter()
+            lib.cpu_gemm(c.ctypes.data, x.ctypes.data, y.ctypes.data, ctypes.byref(g))
+            best = min(best, time.perf_counter() - t0)
+        out[name] = 2 * n ** 3 / best
+    out["bf16_route"] = "oneDNN" if lib.cpu_gemm_bf16_onednn(-1) else "widened to fp32"
+    print(json.dumps(out))
 
 
-def worker_tetra(spec, weights_out):
-    """Times tetra's step; saves its initial weights for the PyTorch worker. Prints 'dt loss0'."""
-    cfg = ref.Config(**DEBUG)
+def worker_tetra(spec, dtype, weights_out):
+    """Times tetra's step; saves its initial weights for the PyTorch workers."""
+    lib = load_tetra()
+
+    def sig(name, restype, *argtypes):
+        f = getattr(lib, name)
+        f.restype, f.argtypes = restype, list(argtypes)
+        return f
+
+    c_void, c_size = ctypes.c_void_p, ctypes.c_size_t
+    trainer_create = sig("trainer_capi_create", c_void, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                         ctypes.c_char_p, c_size)
+    trainer_free = sig("trainer_capi_free", None, c_void)
+    trainer_step = sig("trainer_capi_step", ctypes.c_double, c_void, c_void, c_void,
+                       ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double))
+    trainer_save = sig("trainer_capi_save_hf", ctypes.c_int, c_void, ctypes.c_char_p, ctypes.c_char_p, c_size)
     b, t = spec["batch"], spec["seq_len"]
-    inputs, targets = make_batch(cfg, b, t)
+    inputs, targets = make_batch(b, t)
     err = ctypes.create_string_buffer(2048)
     # a constant learning rate (no warm-up or decay), as the PyTorch side
     argv = ["train", "--model.flavor", spec["flavor"], "--training.device", "cpu", "--training.seed", "42",
             "--training.seq_len", str(t), "--training.local_batch_size", str(b), "--training.global_batch_size",
             str(b), "--training.steps", "1000000", "--training.threads", str(args.threads),
+            "--training.mixed_precision_param", "bfloat16" if dtype == "bf16" else "float32",
             "--training.max_norm", str(MAX_NORM), "--optimizer.lr", str(LR), "--optimizer.beta1", str(BETAS[0]),
             "--optimizer.beta2", str(BETAS[1]), "--optimizer.eps", str(EPS), "--optimizer.weight_decay", str(WD),
             "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay_ratio", "0",
@@ -139,114 +200,174 @@ def worker_tetra(spec, weights_out):
     h = trainer_create(len(argv), arr, err, 2048)
     if not h:
         raise SystemExit(f"tetra: {err.value.decode()}")
-    if trainer_save(h, weights_out.encode(), err, 2048) != 0:
+    if weights_out and trainer_save(h, weights_out.encode(), err, 2048) != 0:
         raise SystemExit(f"tetra: {err.value.decode()}")
-    inp32, tgt32 = inputs.to(torch.int32).contiguous(), targets.to(torch.int32).contiguous()
     losses = []
     gn, lr = ctypes.c_double(), ctypes.c_double()
 
     def step():
-        losses.append(trainer_step(h, inp32.data_ptr(), tgt32.data_ptr(), ctypes.byref(gn), ctypes.byref(lr)))
+        losses.append(trainer_step(h, inputs.ctypes.data, targets.ctypes.data, ctypes.byref(gn), ctypes.byref(lr)))
 
     dt = time_steps(step, args.warmup, args.steps)
     trainer_free(h)
-    print(f"{dt!r} {losses[0]!r}")
+    print(json.dumps(dict(step=dt, loss0=losses[0])))
 
 
-def worker_pytorch(spec, weights):
+def worker_pytorch(spec, mode, weights):
+    import torch
+    import torch.nn.functional as F
+
+    import llama3_ref as ref
+
+    torch.set_num_threads(args.threads)
+    dtype, sdpa, compiled = MODES[mode]
     cfg = ref.Config(**DEBUG)
     b, t = spec["batch"], spec["seq_len"]
-    inputs, targets = make_batch(cfg, b, t)
+    inputs, targets = (torch.from_numpy(x).long() for x in make_batch(b, t))
     model = ref.Llama3.from_safetensors(cfg, weights)
-    # Eager attention keeps B*H*S*S probabilities per layer for backward: at S = 2048, B = 8
-    # that is 2 GiB a layer. Recompute them in backward instead, as flash attention does.
-    if b * cfg.n_heads * t * t * 4 * cfg.n_layers > 4 << 30:
-        ref.attention = checkpointed_attention
+    if sdpa:
+        ref.attention = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    elif b * cfg.n_heads * t * t * 4 * cfg.n_layers > 4 << 30:
+        # Eager attention keeps B*H*S*S probabilities per layer for backward: at S = 2048,
+        # B = 8 that is 2 GiB a layer. Recompute them in backward, as flash attention does.
+        import torch.utils.checkpoint
+
+        plain = ref.attention
+        ref.attention = lambda q, k, v: torch.utils.checkpoint.checkpoint(plain, q, k, v, use_reentrant=False)
+    n_valid = int(targets.numel())
+
+    def fwd_loss(x, y):
+        logits = model.forward(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum") / n_valid
+
+    if compiled:
+        fwd_loss = torch.compile(fwd_loss)
     params = model.parameters()
-    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
     losses = []
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(model.forward(inputs), targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = fwd_loss(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
         opt.step()
         losses.append(loss.item())
 
-    dt = time_steps(step, args.warmup, args.steps)
-    print(f"{dt!r} {losses[0]!r}")
+    t0 = time.perf_counter()
+    step()  # the first step compiles; it is not a measured one
+    first = time.perf_counter() - t0
+    dt = time_steps(step, max(args.warmup - 1, 0), args.steps)
+    print(json.dumps(dict(step=dt, loss0=losses[0], first=first, torch=torch.__version__)))
 
 
-def run_worker(kind, case, weights=None):
+def run_worker(kind, case=None, extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), *extra]
     if case:
         cmd += ["--case", case]
-    if weights:
-        cmd += ["--weights", weights]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.split()
-    return [float(x) for x in out[-2:]] if kind != "peak" else float(out[-1])
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()
+    return json.loads(out[-1])
 
 
-def run_case(name, spec, peak):
-    cfg = ref.Config(**DEBUG)
-    b, t = spec["batch"], spec["seq_len"]
-    fpt = flops_per_token(cfg, t)
-    with tempfile.TemporaryDirectory(prefix="tetra-bench-") as tmp:
-        wpath = os.path.join(tmp, "model.safetensors")
-        rows = [("tetra", *run_worker("tetra", name, wpath)), ("pytorch", *run_worker("pytorch", name, wpath))]
-    note = ""
-    if b * cfg.n_heads * t * t * 4 * cfg.n_layers > 4 << 30:
-        note = "PyTorch attention probabilities recomputed in backward (torch.utils.checkpoint)"
-    out = []
-    for fw, dt, loss0 in rows:
-        tps = b * t / dt
-        out.append(dict(case=name, fw=fw, step=dt, tps=tps, tflops=tps * fpt / 1e12, mfu=100 * tps * fpt / peak,
-                        loss0=loss0))
-    if abs(rows[0][2] - rows[1][2]) > 1e-4 * abs(rows[1][2]):
-        print(f"warning: first-step losses differ: tetra {rows[0][2]:.6f} vs pytorch {rows[1][2]:.6f}")
-    return out, note
+def cpu_has_bf16():
+    """AVX512-BF16 (or AMX-BF16): where both frameworks multiply bf16 natively."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def case_modes(name, modes, notes):
+    """The modes a case runs. Left to the defaults, case b runs only the SDPA modes: without
+    SDPA PyTorch materialises every layer's 8 x 16 x 2048^2 scores (2 GiB, recomputed under
+    activation checkpointing to fit) and a step takes minutes, always slower than with it."""
+    if args.mode or CASES[name]["seq_len"] < 2048:
+        return modes
+    skip = [m for m in modes if not MODES[m][1]]
+    if skip:
+        notes.append(f"case {name}: {', '.join(skip)} not run (minutes a step without SDPA; --mode runs them)")
+    return [m for m in modes if MODES[m][1]]
 
 
 def main():
     if args.worker == "peak":
-        print(repr(measure_peak()))
-        return
+        return worker_peak()
+    if args.worker == "peak-tetra":
+        return worker_peak_tetra()
     if args.worker:
         spec = CASES[args.case[0]]
-        (worker_tetra if args.worker == "tetra" else worker_pytorch)(spec, args.weights)
-        return
-    peak = run_worker("peak", None)
-    print(f"threads {args.threads}; fp32 GEMM peak (2048^3, best of 6): {peak / 1e9:.1f} GFLOP/s; "
-          f"torch {torch.__version__}; median of {args.steps} steps after {args.warmup} warm-up; "
-          f"each framework in its own process")
-    results, notes = [], []
+        if args.worker == "tetra":
+            return worker_tetra(spec, args.dtype[0], args.weights)
+        return worker_pytorch(spec, args.mode[0], args.weights)
+    pre = []
+    dtypes = args.dtype or ["fp32"] + (["bf16"] if cpu_has_bf16() else [])
+    if not args.dtype and "bf16" not in dtypes:
+        pre.append("bf16 not run: this CPU has no AVX512-BF16, so PyTorch's bf16 matmul falls back to a "
+                   "scalar loop (see the bf16 peak above) and an autocast step takes minutes; --dtype bf16 "
+                   "runs it anyway")
+    modes = [m for m in (args.mode or MODES) if MODES[m][0] in dtypes]
+    pt, te_peak = run_worker("peak"), run_worker("peak-tetra")
+    peak = {d: max(pt[d], te_peak[d]) for d in ("fp32", "bf16")}
+    print(f"threads {args.threads}; torch {pt['torch']} (PyPI); median of {args.steps} steps after {args.warmup} "
+          f"warm-up; each framework and mode in its own process")
+    print(f"GEMM peak at 2048^3 (best of torch.mm and tetra's gemm, used for MFU): fp32 {peak['fp32'] / 1e9:.1f} "
+          f"GFLOP/s (torch {pt['fp32'] / 1e9:.1f}, tetra {te_peak['fp32'] / 1e9:.1f}); bf16 {peak['bf16'] / 1e9:.1f} "
+          f"GFLOP/s (torch {pt['bf16'] / 1e9:.1f}, tetra {te_peak['bf16'] / 1e9:.1f}, {te_peak['bf16_route']})")
+    for p in pre:
+        print(p)
+    rows, notes = [], []
     for name in args.case or sorted(CASES):
         spec = CASES[name]
-        r, note = run_case(name, spec, peak)
-        results += r
-        if note:
-            notes.append(f"case {name}: {note}")
-    hdr = ["case", "model", "seq x batch", "framework", "step (s)", "tokens/s", "TFLOP/s", "MFU", "tetra / torch"]
-    lines = []
-    for i in range(0, len(results), 2):
-        te, to = results[i], results[i + 1]
-        spec = CASES[te["case"]]
-        for r in (te, to):
-            ratio = f"{to['step'] / te['step']:.2f}x" if r is te else ""
-            lines.append([r["case"], spec["flavor"], f"{spec['seq_len']} x {spec['batch']}", r["fw"],
-                          f"{r['step']:.3f}", f"{r['tps']:,.0f}", f"{r['tflops']:.3f}", f"{r['mfu']:.1f}%", ratio])
+        b, t = spec["batch"], spec["seq_len"]
+        fpt = flops_per_token(t)
+        with tempfile.TemporaryDirectory(prefix="tetra-bench-") as tmp:
+            wpath = os.path.join(tmp, "model.safetensors")
+            res = {}
+            for i, dt in enumerate(dtypes):
+                res[("tetra", dt)] = run_worker("tetra", name, ["--dtype", dt] + (["--weights", wpath] if i == 0 else []))
+            for m in case_modes(name, modes, notes):
+                res[("pytorch", m)] = run_worker("pytorch", name, ["--mode", m, "--weights", wpath])
+        ran = [m for m in modes if ("pytorch", m) in res]
+        for dt in dtypes:
+            te = res[("tetra", dt)]
+            best = min((res[("pytorch", m)]["step"], m) for m in ran if MODES[m][0] == dt) if any(
+                MODES[m][0] == dt for m in ran) else None
+            entries = [("tetra", dt, te)] + [(f"PyTorch {m}", dt, res[("pytorch", m)]) for m in ran
+                                              if MODES[m][0] == dt]
+            for fw, d, r in entries:
+                tps = b * t / r["step"]
+                ratio = f"{r['step'] / te['step']:.2f}x" if fw != "tetra" else ""
+                if fw == "tetra" and best:
+                    ratio = f"{best[0] / te['step']:.2f}x best"
+                rows.append([name, f"{t} x {b}", d, fw, f"{r['step']:.3f}", f"{tps:,.0f}",
+                             f"{tps * fpt / 1e12:.3f}", f"{100 * tps * fpt / peak[d]:.1f}%", ratio])
+                tol = 1e-4 if d == "fp32" else 2e-2
+                if fw != "tetra" and abs(r["loss0"] - te["loss0"]) > tol * abs(te["loss0"]):
+                    notes.append(f"warning: case {name} {fw} {d}: first-step loss {r['loss0']:.6f} vs tetra "
+                                 f"{te['loss0']:.6f}")
+            if best:
+                notes.append(f"case {name} {dt}: tetra is {best[0] / te['step']:.2f}x PyTorch's best {dt} mode "
+                             f"({best[1]})")
+        comp = [f"{m} {res[('pytorch', m)]['first']:.0f} s" for m in ran if MODES[m][2]]
+        if comp:
+            notes.append(f"case {name}: first (compiling) PyTorch step: " + ", ".join(comp))
+        notes.append(f"case {name}: FLOPs per token {flops_per_token(t):,.0f} (TorchTitan's count, used above); "
+                     f"{flops_per_token(t, causal=True):,.0f} counting only the causal half of attention")
+    hdr = ["case", "seq x batch", "dtype", "framework", "step (s)", "tokens/s", "TFLOP/s", "MFU", "tetra speed-up"]
     if args.markdown:
         print("| " + " | ".join(hdr) + " |")
         print("|" + "---|" * len(hdr))
-        for l in lines:
-            print("| " + " | ".join(l) + " |")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
     else:
-        w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(hdr)]
+        w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
         print("  ".join(h.ljust(w[i]) for i, h in enumerate(hdr)))
-        for l in lines:
-            print("  ".join(c.ljust(w[i]) for i, c in enumerate(l)))
+        for r in rows:
+            print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
     for n in notes:
         print(n)
 

@@ -35,6 +35,14 @@ enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int,
                                float, float *, int);
 
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+    if (isa >= dnnl_cpu_isa_avx512_core_amx) return "AMX";
+    if (isa >= dnnl_cpu_isa_avx512_core_bf16) return "AVX512-BF16";
+    if (isa >= dnnl_cpu_isa_avx512_core) return "AVX-512";
+    if (isa >= dnnl_cpu_isa_avx2) return "AVX2";
+    return "older than AVX2";
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -193,7 +201,11 @@ int main(int argc, char **argv) {
         {"small w1/w3 fwd", 2048, 1536, 512, 0, 1}, {"small w2 fwd", 2048, 512, 1536, 0, 1},
         {"small w1 wgrad", 1536, 512, 2048, 1, 0},  {"square 2048", 2048, 2048, 2048, 0, 0},
     };
-    printf("threads %d; GFLOP/s, median of %d; rel err vs OpenBLAS\n", threads, REPS);
+    // OpenBLAS picks its kernels by CPU model; on a model it does not know it falls back to
+    // old ones (Prescott: SSE3), whatever the ISA
+    const char *(*ob_core)(void) = (const char *(*)(void))dlsym(hob, "openblas_get_corename");
+    printf("threads %d; GFLOP/s, median of %d; rel err vs OpenBLAS; OpenBLAS kernels: %s; oneDNN ISA: %s\n",
+           threads, REPS, ob_core ? ob_core() : "?", isa_name(dnnl_get_effective_cpu_isa()));
     printf("%-18s %6s %6s %6s | %9s %9s %9s %9s %9s | %8s %8s\n", "shape", "m", "n", "k", "openblas", "blis",
            "dnnl_sgemm", "dnnl_f32", "dnnl_bf16", "err f32", "err bf16");
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {

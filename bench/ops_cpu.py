@@ -6,13 +6,15 @@ TorchTitan's debug batch (8 x 2048 tokens), plus one 8B-like GQA attention head
 layout (H 8, KV 2, D 128) to show the large-head-dim regime.
 
   GEMM        GFLOP/s of our cpu_gemm vs torch.mm, forward and weight-gradient layouts
-  attention   causal forward and forward+backward; FLOPs counted causally (half the
-              square), backward as 2.5x forward. torch 1.13 has no fused attention on the
-              CPU, so its side is the textbook matmul-softmax-matmul with autograd, which
-              materialises B*H*S*S scores (its memory is printed); ours never does.
+  attention   causal forward and forward+backward against F.scaled_dot_product_attention,
+              the debug model's heads (cases a and b of bench/cpu_vs_pytorch) and a GQA
+              layout (H 16, KV 4, D 64) at seq 512, 2048 and 8192; FLOPs counted causally
+              (half the square), backward as 2.5x forward; tetra's workspace is printed
+              (it grows linearly with S: no S x S buffer).
   cross-entropy  loss + dlogits (fused, one call) vs F.cross_entropy forward+backward
 
-usage: TETRA_BUILD=build OMP_NUM_THREADS=2 build/venv/bin/python bench/ops_cpu.py
+usage: TETRA_BUILD=build OMP_NUM_THREADS=2 build/bench-venv/bin/python bench/ops_cpu.py [gemm|attention|ce ...]
+(the bench venv holds PyPI's newest torch; bench/cpu_vs_pytorch creates it)
 """
 import ctypes
 import importlib.util
@@ -65,8 +67,18 @@ def bench_gemm():
 
 
 def bench_attention():
+    """Causal attention alone, forward and forward+backward, against PyTorch's SDPA on the
+    same inputs (GQA through enable_gqa where the version has it)."""
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
     print(f"\n{'attention (causal)':44s} {'tetra':>9s} {'torch':>9s} {'unit':8s} {'ratio':>7s}")
-    for (B, S, H, KV, D) in ((1, 2048, 16, 16, 16), (1, 2048, 8, 2, 128)):
+    if sdpa is None:
+        print(f"torch {torch.__version__} has no scaled_dot_product_attention: run under the bench venv "
+              f"(bench/cpu_vs_pytorch installs it)")
+        return
+    gqa_kw = "enable_gqa" in (sdpa.__doc__ or "")
+    shapes = [(4, 512, 16, 16, 16), (8, 2048, 16, 16, 16)]  # the debug model in cases a and b
+    shapes += [(1, s, 16, 4, 64) for s in (512, 2048, 8192)]  # GQA at three lengths
+    for (B, S, H, KV, D) in shapes:
         q, k, v = T.f32(B, S, H, D), T.f32(B, S, KV, D), T.f32(B, S, KV, D)
         dout = T.f32(B, S, H, D)
         shp = T.attn_shape(B, S, S, H, KV, D, 1)
@@ -84,31 +96,29 @@ def bench_attention():
                                      T.ptr(out), T.ptr(lse), sp, T.ptr(ws))
 
         rep = H // KV
-        mask = torch.ones(S, S, dtype=torch.bool).triu(1)
+        # SDPA's layout is [B, H, S, D]: the transposes are views, as in a model
+        qt, kt, vt, dt = (x.transpose(1, 2) for x in (q, k, v, dout))
 
         def torch_fwd(qq, kk, vv):
-            qh = qq.transpose(1, 2)
-            kh = kk.transpose(1, 2).repeat_interleave(rep, 1)
-            vh = vv.transpose(1, 2).repeat_interleave(rep, 1)
-            s = (qh @ kh.transpose(-1, -2)) * (1.0 / math.sqrt(D))
-            return (s.masked_fill(mask, float("-inf")).softmax(-1) @ vh).transpose(1, 2)
+            if rep > 1 and not gqa_kw:
+                kk, vv = kk.repeat_interleave(rep, 1), vv.repeat_interleave(rep, 1)
+            kw = {"enable_gqa": True} if rep > 1 and gqa_kw else {}
+            return sdpa(qq, kk, vv, is_causal=True, **kw)
 
         def t_fwd():
             with torch.no_grad():
-                torch_fwd(q, k, v)
+                torch_fwd(qt, kt, vt)
 
-        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        qg, kg, vg = (x.clone().requires_grad_() for x in (qt, kt, vt))
 
         def t_fwd_bwd():
-            torch_fwd(qg, kg, vg).backward(dout)
+            torch_fwd(qg, kg, vg).backward(dt)
 
         fl = 4.0 * B * H * S * S * D / 2
         tag = f"B{B} S{S} H{H} KV{KV} D{D}"
-        mib = B * H * S * S * 4 / 2**20
-        row(f"fwd {tag}", fl / best(fwd) / 1e9, fl / best(t_fwd) / 1e9, "GFLOP/s",
-            f"torch holds {mib:.0f} MiB of scores")
-        row(f"fwd+bwd {tag}", 3.5 * fl / best(fwd_bwd) / 1e9, 3.5 * fl / best(t_fwd_bwd) / 1e9, "GFLOP/s")
-        print(f"{'':44s} tetra workspace {T.cpu_attention_workspace_size(sp) / 2**20:.2f} MiB")
+        row(f"fwd {tag}", fl / best(fwd) / 1e9, fl / best(t_fwd) / 1e9, "GFLOP/s")
+        row(f"fwd+bwd {tag}", 3.5 * fl / best(fwd_bwd) / 1e9, 3.5 * fl / best(t_fwd_bwd) / 1e9, "GFLOP/s",
+            f"tetra workspace {T.cpu_attention_workspace_size(sp) / 2**20:.2f} MiB")
 
 
 def bench_cross_entropy():
@@ -132,6 +142,6 @@ def bench_cross_entropy():
 if __name__ == "__main__":
     print(f"threads {threads} (OMP_NUM_THREADS; torch.set_num_threads the same), best of {REPS}; "
           f"torch {torch.__version__}")
-    bench_gemm()
-    bench_attention()
-    bench_cross_entropy()
+    parts = {"gemm": bench_gemm, "attention": bench_attention, "ce": bench_cross_entropy}
+    for name in sys.argv[1:] or parts:
+        parts[name]()
