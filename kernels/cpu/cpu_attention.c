@@ -61,15 +61,29 @@
         VT vs_ = (x);                            \
         __builtin_memcpy((p), &vs_, sizeof vs_); \
     } while (0)
-// C := alpha S + (C or 0), on W columns or the last nw < W through a zero-padded copy
+// C := alpha S + (C or 0), on W columns or the last nw < W through a zero-padded copy.
+// alpha S is rounded on its own before the add: whether a compiler would fuse the two
+// depends on the code around them (it differs between the widths under ASan), and the
+// kernels of both widths must give the same bits.
 #define V_OUT(VT, W, cp, s, nw)                                                          \
     do {                                                                                 \
         float *cp_ = (cp), t_[W] = {0};                                                  \
+        VT cv_ = {0};                                                                    \
+        if (acc) {                                                                       \
+            if ((nw) == (W)) {                                                           \
+                cv_ = V_LD(VT, cp_);                                                     \
+            } else {                                                                     \
+                __builtin_memcpy(t_, cp_, (size_t)(nw) * sizeof(float));                 \
+                cv_ = V_LD(VT, t_);                                                      \
+            }                                                                            \
+        }                                                                                \
+        VT r_ = alpha * (s);                                                             \
+        __asm__("" : "+m"(r_)); /* no fusion with the add below */                       \
+        r_ += cv_;                                                                       \
         if ((nw) == (W)) {                                                               \
-            V_ST(VT, cp_, alpha * (s) + (acc ? V_LD(VT, cp_) : (VT){0}));                \
+            V_ST(VT, cp_, r_);                                                           \
         } else {                                                                         \
-            if (acc) __builtin_memcpy(t_, cp_, (size_t)(nw) * sizeof(float));            \
-            V_ST(VT, t_, alpha * (s) + V_LD(VT, t_));                                    \
+            V_ST(VT, t_, r_);                                                            \
             __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));                     \
         }                                                                                \
     } while (0)
