@@ -13,10 +13,13 @@
 //   AMX tiles with fp32 accumulation. Products of bf16 values are exact in fp32, so it
 //   differs from the widened fp32 product only in summation order. On a CPU without
 //   AVX512-BF16 (oneDNN has no bf16 matmul there) the bf16 operands are widened and run
-//   through the fp32 route above.
-// - fp8 operands are widened to fp32 exactly and multiplied in fp32 by the same fp32
-//   route; dequant scales are applied to the fp32 accumulator afterwards, as the hardware
-//   does, so the CPU emulates an fp8 GEMM exactly up to summation order.
+//   through OpenBLAS's sgemm, as fp8 operands are below.
+// - fp8 operands are widened to fp32 exactly and multiplied in fp32 by OpenBLAS's threaded
+//   sgemm, whatever the fp32 route: through oneDNN, a rowwise float8 run on 2 FSDP ranks
+//   built with ASan drifted from the 1-rank run by an ulp at step 7, and on OpenBLAS the
+//   two stay bit-identical, which tests/sh/test_float8.sh requires. Dequant scales are
+//   applied to the fp32 accumulator afterwards, as the hardware does, so the CPU emulates
+//   an fp8 GEMM exactly up to summation order.
 // A bf16 C gets alpha AB + beta C in fp32, rounded once (both routes).
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -92,14 +95,14 @@ CPU_SIMD static void round_bf16_k(uint16_t *restrict o, const float *restrict x,
     for (int j = 0; j < n; j++) o[j] = tetra_f32_to_bf16(x[j]);
 }
 // rowwise-scaled epilogue of one row: r = (alpha sa) sb[j] acc[j] (+ beta C), as fp32
-CPU_SIMD static void epi_f32_k(float *restrict c, const float *restrict acc, float as, const float *restrict sb,
+CPU_SIMD_EXACT static void epi_f32_k(float *restrict c, const float *restrict acc, float as, const float *restrict sb,
                                float beta, int n) {
     for (int j = 0; j < n; j++) {
         float r = as * (sb ? sb[j] : 1.0f) * acc[j];
         c[j] = beta != 0.0f ? r + beta * c[j] : r;  // beta == 0: C is not read
     }
 }
-CPU_SIMD static void epi_bf16_k(uint16_t *restrict c, const float *restrict acc, float as, const float *restrict sb,
+CPU_SIMD_EXACT static void epi_bf16_k(uint16_t *restrict c, const float *restrict acc, float as, const float *restrict sb,
                                 float beta, int n) {
     for (int j = 0; j < n; j++) {
         float r = as * (sb ? sb[j] : 1.0f) * acc[j];
@@ -359,7 +362,7 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
         // tensorwise: one scalar, folded into alpha
         float s = g->alpha * (g->a_scale ? g->a_scale[0] : 1.0f) * (g->b_scale ? g->b_scale[0] : 1.0f);
         if (g->c_type == TETRA_F32) {
-            sgemm_parallel(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, (float *)c, g->ldc);
+            sgemm_openblas(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, (float *)c, g->ldc);
         } else {
             // bf16 C: s AB + beta C formed in an fp32 buffer by the sgemm itself, rounded once
             uint16_t *cb = (uint16_t *)c;
@@ -369,7 +372,7 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
 #pragma omp parallel for schedule(static) if (par)
                 for (int i = 0; i < m; i++) widen_bf16_k(acc + (size_t)i * n, cb + (size_t)i * g->ldc, n);
             }
-            sgemm_parallel(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, acc, n);
+            sgemm_openblas(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, acc, n);
 #pragma omp parallel for schedule(static) if (par)
             for (int i = 0; i < m; i++) round_bf16_k(cb + (size_t)i * g->ldc, acc + (size_t)i * n, n);
             free(acc);
@@ -378,7 +381,7 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
         // rowwise fp8 scales: the product unscaled, then per-row/per-column dequant
         float *acc = (float *)malloc((size_t)m * (size_t)n * sizeof(float) + 64);
         if (!acc) abort();
-        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, 1.0f, af, lda, bf, ldb, 0.0f, acc, n);
+        sgemm_openblas(g->trans_a, g->trans_b, m, n, k, 1.0f, af, lda, bf, ldb, 0.0f, acc, n);
 #pragma omp parallel for schedule(static) if (par)
         for (int i = 0; i < m; i++) {
             float as = g->alpha * (g->a_scale ? g->a_scale[i] : 1.0f);
