@@ -55,9 +55,9 @@ TETRA_HD float tetra_rne_int(float q) {
 // that both overflow (x > 88.72 -> inf) and the subnormal tail (down to x = -103.97)
 // come out right. Max error about 1 ulp against the correctly rounded value
 // (tests/unit/test_ops_cpu.c measures it). exp(-inf) = 0, exp(NaN) = NaN.
-TETRA_HD float tetra_expf(float x) {
-    float xc = x < -104.0f ? -104.0f : x;
-    xc = xc > 89.0f ? 89.0f : xc;
+// exp(x) = y 2^fn for a clamped x: fn = round(x / ln2), y = exp(r) on the remainder
+// r = x - fn ln2 in [-ln2/2, ln2/2] by a degree-7 polynomial
+TETRA_HD float tetra_exp_reduced(float xc, float *fn_out) {
     float t = xc * 1.44269504088896341f;
     float fn = tetra_rne_int(t);
     float r = xc - fn * 0.693359375f;      // ln2 high part: few bits, exact product
@@ -68,7 +68,15 @@ TETRA_HD float tetra_expf(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
+    *fn_out = fn;
+    return p * r * r + r + 1.0f;
+}
+
+TETRA_HD float tetra_expf(float x) {
+    float xc = x < -104.0f ? -104.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
+    float fn;
+    float y = tetra_exp_reduced(xc, &fn);
     int n = (int)fn;                       // in [-150, 129]
     int n1 = n / 2, n2 = n - n1;           // each in [-75, 65]: a normal power of two
     float s1 = tetra_bits_f32((uint32_t)(n1 + 127) << 23);
@@ -83,18 +91,8 @@ TETRA_HD float tetra_expf(float x) {
 // row's largest term (exp(0) = 1); above 88 it overflows. A third fewer operations than
 // tetra_expf, for the attention kernels' score tiles.
 TETRA_HD float tetra_expf_softmax(float x) {
-    float xc = x < -87.3f ? -87.3f : x;
-    float t = xc * 1.44269504088896341f;
-    float fn = tetra_rne_int(t);
-    float r = xc - fn * 0.693359375f;
-    r = r - fn * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
+    float fn;
+    float y = tetra_exp_reduced(x < -87.3f ? -87.3f : x, &fn);
     int n = (int)fn;  // in [-126, 127] for x <= 88
     return y * tetra_bits_f32((uint32_t)(n + 127) << 23);
 }
