@@ -372,11 +372,8 @@ static void stage_backward(train_stage *s, llama3_acts *a, int what, int last) {
         pp_progress();
     }
     u = llama3_embedding_unit(m);
-    if (u >= 0) { /* no input gradient: the I pass only gathers dL/dr_0 under tensor parallel */
-        if (what & 1) {
-            fsdp_pre_backward(fs, u);
-            llama3_backward_embedding_input(m, a);
-        }
+    if (u >= 0) { /* no input gradient: its I pass only moves the unit's FSDP state along */
+        if (what & 1) fsdp_pre_backward(fs, u);
         if (what & 2) {
             fsdp_pre_backward_weight(fs, u);
             llama3_backward_embedding(m, a);

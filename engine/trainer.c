@@ -174,7 +174,9 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
         p->reduce_bytes += (double)m.reduce_bytes;
         p->resident_units += m.resident_units;
         const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->Tl);
-        const size_t w = llama3_workspace_bytes(&s->model, t->B, t->Tl, s->fwd_scratch, s->recompute_slots);
+        /* the rank's one workspace, counted with the stage that lays it out */
+        const size_t w =
+            s->ws_owner ? llama3_workspace_bytes(&s->model, t->B, t->Tl, s->fwd_scratch, s->recompute_slots) : 0;
         p->act_bytes += (double)((size_t)s->n_acts * a1 + w + (size_t)s->n_send * send_bytes(t, s));
         p->act_mb_bytes += (double)a1;
         p->workspace_bytes += (double)w;
@@ -183,7 +185,7 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
         p->n_dropping += s->n_dropping;
         const llama3_layout *L = &s->model.layout;
         p->n_blocks += L->layer_end - L->layer_start;
-        p->recompute_slots += s->recompute_slots;
+        if (s->ws_owner) p->recompute_slots = s->recompute_slots;
         if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl)) p->validation_bytes += (double)validation_bytes(t, s);
         for (int q = 0; q < t->n_conv; q++)
             if (t->conv[q]->backend_bytes && s->conv_state[q])
@@ -352,10 +354,8 @@ static void log_plan(trainer *t) {
  * setup and teardown */
 
 static void stage_free(const tetra_ops *ops, train_stage *s) {
-    if (s->model_ready) {
+    if (s->model_ready)
         for (int i = 0; i < s->n_acts && s->acts; i++) llama3_acts_free(&s->model, s->acts[i]);
-        llama3_workspace_free(&s->model, s->ws);
-    }
     for (int i = 0; i < s->n_send && s->send_buf; i++)
         if (s->send_buf[i]) ops->release(s->send_buf[i]);
     free(s->send_buf);
@@ -384,6 +384,16 @@ void trainer_teardown(trainer *t) {
     }
     free(t->vacts);
     free(t->vws);
+    /* every stage's activations before the workspace they share */
+    for (int i = 0; i < t->n_local && t->st; i++) {
+        train_stage *st = &t->st[i];
+        for (int k = 0; k < st->n_acts && st->acts && st->model_ready; k++) {
+            llama3_acts_free(&st->model, st->acts[k]);
+            st->acts[k] = NULL;
+        }
+    }
+    for (int i = 0; i < t->n_local && t->st; i++)
+        if (t->st[i].ws_owner && t->st[i].model_ready) llama3_workspace_free(&t->st[i].model, t->st[i].ws);
     for (int i = 0; i < t->n_local && t->st; i++) {
         train_stage *st = &t->st[i];
         for (int k = t->n_conv - 1; k >= 0 && st->conv_state; k--)
@@ -816,6 +826,31 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             st->fwd_scratch = st->n_dropping == 0 ? 0 : open_iw[i] > 0 ? 1 : LLAMA3_FWD_SCRATCH_SHARED;
         }
         free(peak);
+        /* a rank runs one action at a time, so its stages share one workspace: with the
+         * slots all of them may hold at once where W passes wait across actions, else the
+         * one slot a full backward takes and gives back; laid out by the stage whose
+         * layout is the largest (the head's, when it gathers the logits) */
+        int split = 0, dropping = 0, slots = 0, owner = 0;
+        for (int i = 0; i < t->n_local; i++) {
+            split |= t->st[i].fwd_scratch == 1;
+            dropping |= t->st[i].n_dropping > 0;
+            slots += t->st[i].recompute_slots;
+        }
+        const int fwd = !dropping ? 0 : split ? 1 : LLAMA3_FWD_SCRATCH_SHARED;
+        if (!split) slots = dropping ? 1 : 0;
+        size_t largest = 0;
+        for (int i = 0; i < t->n_local; i++) {
+            const size_t b = llama3_workspace_bytes(&t->st[i].model, t->B, t->Tl, fwd, slots);
+            if (b > largest) {
+                largest = b;
+                owner = i;
+            }
+        }
+        for (int i = 0; i < t->n_local; i++) {
+            t->st[i].fwd_scratch = fwd;
+            t->st[i].recompute_slots = slots;
+            t->st[i].ws_owner = i == owner;
+        }
     }
     if (dry) {
         if (t->opt.plan_out) fill_plan(t, t->opt.plan_out);
@@ -964,8 +999,18 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         }
         ops->fill(st->adam_m, 0.0f, local_numel);
         ops->fill(st->adam_v, 0.0f, local_numel);
-        st->ws = llama3_workspace_create(&st->model, t->B, t->Tl, st->fwd_scratch, st->recompute_slots, err,
-                                         sizeof err);
+        if (!st->ws) { /* the rank's one workspace, before the first stage's activations */
+            train_stage *wo = st;
+            for (int k = 0; k < t->n_local; k++)
+                if (t->st[k].ws_owner) wo = &t->st[k];
+            llama3_workspace *ws = llama3_workspace_create(&wo->model, t->B, t->Tl, wo->fwd_scratch,
+                                                           wo->recompute_slots, err, sizeof err);
+            if (!ws) {
+                log_error("out of memory allocating the workspace: %s", err);
+                goto fail;
+            }
+            for (int k = 0; k < t->n_local; k++) t->st[k].ws = ws;
+        }
         for (int k = 0; st->ws && k < st->n_acts; k++) {
             st->acts_mb[k] = -1;
             st->acts[k] = llama3_acts_create_ws(&st->model, st->ws, st->keep, t->B, t->Tl, err, sizeof err);

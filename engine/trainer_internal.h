@@ -59,10 +59,11 @@ typedef struct {
     fsdp *fs;
     unsigned *keep;            /* [local blocks] what each block keeps for backward (activation checkpointing) */
     int n_dropping;            /* blocks that keep less than everything */
-    int recompute_slots;       /* workspace slots for blocks between their I and W passes */
+    int recompute_slots;       /* workspace slots for blocks between their I and W passes (the rank's) */
     int fwd_scratch;           /* llama3_workspace_create's forward_scratch: 0, 1, or shared with slot 0
-                                  when every backward of the stage is a full one */
-    llama3_workspace *ws;
+                                  when every backward of the rank's stages is a full one */
+    llama3_workspace *ws;      /* one per rank: its stages run one action at a time */
+    int ws_owner;              /* this stage's model lays out (and frees) the rank's workspace */
     int n_acts;                /* microbatch activation buffers (the schedule's peak alive on this stage) */
     llama3_acts **acts;        /* [n_acts] */
     int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */

@@ -303,8 +303,7 @@ struct llama3_acts {
     int nb;               /* local blocks */
     int l0;               /* global index of the first block (res[0] is r_l0) */
     void **res;           /* [nb+1] of [N/P, C]: r_{start} .. r_{end} (compute dtype) */
-    void **dres;          /* [nb+1] of [N/P, C]: dL/dr */
-    void *dres0_full;     /* [N, C] dL/dr_0 of every row (embedding, P > 1): the embedding's I output */
+    void **dres;          /* [nb+1] of [N/P, C]: dL/dr (P > 1: two buffers, alternating; see shared_dres) */
     unsigned *keep;       /* [nb] save policy of each block */
     layer_acts *kept;     /* [nb] the kept activations (NULL where not kept) */
     int *slot;            /* [nb] recompute slot held between I and W, or -1 */
@@ -511,6 +510,15 @@ void llama3_workspace_free(const llama3_model *m, llama3_workspace *ws) {
     free(ws);
 }
 
+/* Under tensor parallel no W pass reads dL/dr (w2's weight gradient takes the gathered
+ * dop, the norms their local dxn): dL/dr_l lives only from I of block l (which writes it)
+ * to I of block l-1 (which reads it), so two buffers, alternating, hold every block's,
+ * whatever the schedule defers. dL/dr_0 stays in its buffer until the next backward of
+ * these activations: the embedding's W and the pipeline's send read it there. At tp 1
+ * W of block l reads dL/dr_{l+1} (w2's output gradient), at any later time under a
+ * zero-bubble schedule, so every block keeps its own. */
+static int shared_dres(const llama3_model *m) { return tpn(m) > 1; }
+
 /* Lay out (or measure, with a->mem == NULL) every view of one microbatch. */
 static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
     const size_t n = a->n, nl = a->nl, c = (size_t)m->args.dim, v = vocab_l(m), fl = sizeof(float), es = act_size(m);
@@ -524,14 +532,15 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
     if (m->layout.has_embedding) {
         p = carve(&cv, n * sizeof(int32_t));
         if (!measuring) a->inputs = p;
-        if (tpn(m) > 1) {
-            p = carve(&cv, n * c * es);
-            if (!measuring) a->dres0_full = p;
-        }
     }
+    const int shared = shared_dres(m);
     for (int i = 0; i <= a->nb; i++) {
         p = carve(&cv, nl * c * es);
         if (!measuring) a->res[i] = p;
+        if (shared && i >= 2) {
+            if (!measuring) a->dres[i] = a->dres[i & 1];
+            continue;
+        }
         p = carve(&cv, nl * c * es);
         if (!measuring) a->dres[i] = p;
     }
@@ -1640,14 +1649,6 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     }
 }
 
-void llama3_backward_embedding_input(llama3_model *m, llama3_acts *a) {
-    if (pidx_embedding(m) < 0) {
-        fprintf(stderr, "llama3_backward_embedding_input: this layout holds no embedding\n");
-        abort();
-    }
-    if (tpn(m) > 1) sp_gather(m, a, a->dres0_full, a->dres[0]);
-}
-
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
     const int pe = pidx_embedding(m);
     if (pe < 0) {
@@ -1656,7 +1657,13 @@ void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
     }
     const llama3_param *p = &m->params[pe];
     const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0];
-    const void *dout = tpn(m) > 1 ? a->dres0_full : a->dres[0]; /* every token's row */
+    /* every token's row: under tensor parallel gathered into tp_full, which only a
+     * row-parallel exit (sp_exit) writes, inside its own call */
+    const void *dout = a->dres[0];
+    if (tpn(m) > 1) {
+        sp_gather(m, a, a->ws->tp_full, a->dres[0]);
+        dout = a->ws->tp_full;
+    }
     if (mixed(m))
         m->ops->embedding_backward_bf16(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
     else
@@ -1670,6 +1677,5 @@ void llama3_backward(llama3_model *m, llama3_acts *a) {
         llama3_block_backward_input(m, a, l);
         llama3_block_backward_weight(m, a, l);
     }
-    llama3_backward_embedding_input(m, a);
     llama3_backward_embedding(m, a);
 }

@@ -378,9 +378,8 @@ void llama3_backward_head_weight(llama3_model *m, llama3_acts *a);
 void llama3_backward_head(llama3_model *m, llama3_acts *a); /* I then W */
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int layer);
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int layer);
-/* The embedding's input-gradient step: under tensor parallel its W pass reads the
- * gradient of every token, so the I pass gathers dL/dr_0 over the group (a no-op at tp 1). */
-void llama3_backward_embedding_input(llama3_model *m, llama3_acts *a);
+/* The embedding's backward is all W (it has no input gradient): under tensor parallel it
+ * first gathers dL/dr_0 of every token over the group. */
 void llama3_backward_embedding(llama3_model *m, llama3_acts *a);
 
 #endif

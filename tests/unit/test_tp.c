@@ -388,7 +388,6 @@ static void test_model(comm_group *g) {
         double lk = llama3_forward(&tpm, ak, in, tg, 1.0f / 63.0f, NULL);
         llama3_backward_head_input(&tpm, ak);
         for (int l = L - 1; l >= 0; l--) llama3_block_backward_input(&tpm, ak, l);
-        llama3_backward_embedding_input(&tpm, ak);
         llama3_backward_head_weight(&tpm, ak);
         for (int l = 0; l < L; l++) llama3_block_backward_weight(&tpm, ak, l);
         llama3_backward_embedding(&tpm, ak);
