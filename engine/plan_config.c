@@ -170,7 +170,13 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     fmt_gib(b[0], 32, w->act_bytes);
     fmt_gib(b[1], 32, w->act_mb_bytes);
     fmt_gib(b[2], 32, w->workspace_bytes);
-    printf("  activations           %10s  (%d in flight x %s + workspace %s)\n", b[0], w->n_acts, b[1], b[2]);
+    if (w->n_local > 1) { /* microbatches of stages of different sizes: their sum */
+        fmt_gib(b[1], 32, w->act_bytes - w->workspace_bytes);
+        printf("  activations           %10s  (%d in flight over %d stages, %s + workspace %s)\n", b[0], w->n_acts,
+               w->n_local, b[1], b[2]);
+    } else {
+        printf("  activations           %10s  (%d in flight x %s + workspace %s)\n", b[0], w->n_acts, b[1], b[2]);
+    }
     if (w->converter_bytes > 0) {
         fmt_gib(b[0], 32, w->converter_bytes);
         printf("  converters            %10s\n", b[0]);

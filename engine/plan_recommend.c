@@ -134,18 +134,21 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     char ov[640] = "";
                                     snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                              "--parallelism.data_parallel_shard_degree %d", shards[si]);
-                                    if (dp / shards[si] > 1)
+                                    /* a degree is given where it differs from the config's (a
+                                     * config may set tp 8: its 1 must then be said) */
+                                    if (dp / shards[si] != c->parallelism.data_parallel_replicate_degree)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                                  " --parallelism.data_parallel_replicate_degree %d", dp / shards[si]);
-                                    if (tp > 1)
+                                    if (tp != c->parallelism.tensor_parallel_degree)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                                  " --parallelism.tensor_parallel_degree %d", tp);
+                                    if (pp != c->parallelism.pipeline_parallel_degree)
+                                        snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
+                                                 " --parallelism.pipeline_parallel_degree %d", pp);
                                     if (pp > 1)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
-                                                 " --parallelism.pipeline_parallel_degree %d"
-                                                 " --parallelism.pipeline_parallel_schedule %s",
-                                                 pp, scheds[sc]);
-                                    if (cp > 1)
+                                                 " --parallelism.pipeline_parallel_schedule %s", scheds[sc]);
+                                    if (cp != c->parallelism.context_parallel_degree)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                                  " --parallelism.context_parallel_degree %d", cp);
                                     snprintf(ov + strlen(ov), sizeof ov - strlen(ov),

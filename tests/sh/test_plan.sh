@@ -119,6 +119,27 @@ if "$TETRA" plan "${BASE[@]}" --hardware cpu --ngpu 4 --recommend --top 3 --trai
     ok "recommend: $(head -1 "$T/rec.out"); the first runs: $first"
   else bad "recommend: the first layout does not lay out: $first"; tail -3 "$T/rec_dry.log"; fi
 else bad "recommend exited non-zero: $(head -3 "$T/rec.err")"; fi
+# a config that sets tp 2: every layout printed must still say its own degrees (its tp 1
+# too); the first and each tp 1 layout of the top 12 are laid out as printed
+if "$TETRA" plan "${BASE[@]}" --parallelism.tensor_parallel_degree 2 --hardware cpu --ngpu 4 --recommend --top 12 \
+    --training.global_batch_size 8 --training.local_batch_size 2 >"$T/rec2.out" 2>"$T/rec2.err"; then
+  nl=0; ntp1=0; nbad=0; tp=""
+  while read -r line; do
+    case "$line" in
+      [0-9]*.*) tp="${line##* }"; continue ;;
+      --*) ;;
+      *) continue ;;
+    esac
+    [ "$nl" -eq 0 ] || [ "$tp" = 1 ] || continue
+    nl=$((nl+1)); [ "$tp" = 1 ] && ntp1=$((ntp1+1))
+    eval "mpirun -np 4 --oversubscribe --bind-to none \"\$TETRA\" train \"\${BASE[@]}\" \
+        --parallelism.tensor_parallel_degree 2 --dry-run $line" </dev/null >"$T/rec2_dry.log" 2>&1 ||
+      { nbad=$((nbad+1)); echo "  does not lay out: $line"; tail -2 "$T/rec2_dry.log"; }
+  done <"$T/rec2.out"
+  if [ "$ntp1" -ge 1 ] && [ "$nbad" -eq 0 ]; then
+    ok "recommend over a tp 2 config: $nl layouts ($ntp1 at tp 1) lay out as printed"
+  else bad "recommend over a tp 2 config: $nbad of $nl layouts ($ntp1 at tp 1) do not lay out as printed"; fi
+else bad "recommend (tp 2 config) exited non-zero: $(head -3 "$T/rec2.err")"; fi
 
 # 4. calibrate
 if mpirun -np 2 --oversubscribe --bind-to none "$TETRA" plan --calibrate --out "$T/hw/cpu.toml" >"$T/cal.out" 2>&1 &&
