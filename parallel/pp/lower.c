@@ -40,10 +40,13 @@ static int push(pp_schedule *s, int r, pp_action_type t, int stage, int mb, int 
 /* ---- 2. UNSHARD / RESHARD --------------------------------------------------------- */
 
 /* The next `count` distinct stages that compute actions from position i on use;
- * an overlapped action's stages all count, even past `count`. */
-static int next_stages(const pp_action *acts, int len, int i, int count, int *out, int cap) {
+ * an overlapped action's stages all count, even past `count`. `avail` is how many
+ * distinct stages appear from i on: once all are found the scan stops (without it a
+ * rank with fewer stages than `count`, as every 1F1B rank, scans to its end from
+ * every action). */
+static int next_stages(const pp_action *acts, int len, int i, int count, int avail, int *out, int cap) {
     int n = 0;
-    for (; i < len; i++) {
+    for (; i < len && n < avail; i++) {
         if (acts[i].type == PP_IDLE) continue;
         pp_op l[PP_MAX_SUB];
         int nl = leaves(&acts[i], l);
@@ -63,17 +66,27 @@ static int add_unshard_reshard(const pp_schedule *c, int r, int max_active, pp_s
     const int len = c->len[r], cap = max_active + PP_MAX_SUB;
     int *active = malloc((size_t)c->n_stages * sizeof *active), n_active = 0; /* in unshard order */
     int *resident = malloc((size_t)cap * sizeof *resident);
+    int *last = malloc((size_t)c->n_stages * sizeof *last); /* the last action using each stage, or -1 */
     int oom = 0, rc = -1;
     char a[96];
-    if (!active || !resident) {
+    if (!active || !resident || !last) {
         fail(err, errlen, "lower: out of host memory");
         goto done;
+    }
+    for (int s = 0; s < c->n_stages; s++) last[s] = -1;
+    for (int i = 0; i < len; i++) {
+        if (acts[i].type == PP_IDLE) continue;
+        pp_op l[PP_MAX_SUB];
+        int nl = leaves(&acts[i], l);
+        for (int k = 0; k < nl; k++)
+            if (l[k].stage >= 0 && l[k].stage < c->n_stages) last[l[k].stage] = i;
     }
     for (int i = 0; i < len; i++) {
         const pp_action *x = &acts[i];
         if (x->type == PP_IDLE) continue;
         pp_op l[PP_MAX_SUB];
-        int nl = leaves(x, l), distinct = 0;
+        int nl = leaves(x, l), distinct = 0, avail = 0;
+        for (int s = 0; s < c->n_stages; s++) avail += last[s] >= i;
         for (int k = 0; k < nl; k++) {
             int dup = 0;
             for (int j = 0; j < k; j++) dup |= l[j].stage == l[k].stage;
@@ -85,7 +98,7 @@ static int add_unshard_reshard(const pp_schedule *c, int r, int max_active, pp_s
             goto done;
         }
         /* residency and prefetch windows are the same ("full" lookahead) */
-        int nres = next_stages(acts, len, i, max_active, resident, cap);
+        int nres = next_stages(acts, len, i, max_active, avail, resident, cap);
         for (int j = 0; j < n_active;) { /* evict what the window no longer holds, oldest first */
             int keep = 0;
             for (int k = 0; k < nres; k++) keep |= resident[k] == active[j];
@@ -115,6 +128,7 @@ nomem:
 done:
     free(active);
     free(resident);
+    free(last);
     return rc;
 }
 
