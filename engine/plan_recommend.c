@@ -6,9 +6,10 @@
  * a step is computed, not what is learned. Searched: tensor parallel 1..min(8, node)
  * (dividing the heads), pipeline 1..16 (with 1F1B, Interleaved1F1B, ZB-H1
  * (InterleavedZeroBubble with one stage per rank) and ZBVZeroBubble), context
- * parallel 1..8 (long sequences), FSDP over all data-parallel ranks or HSDP with
- * shards inside a node, gradient accumulation 1, 2 or 4, AC none / selective op /
- * full, float8 on or off (where the hardware has fp8). Every candidate is laid out by
+ * parallel 1..8 (long sequences), async TP on or off (tp > 1), FSDP over all
+ * data-parallel ranks or HSDP with shards inside a node, gradient accumulation 1, 2
+ * or 4, AC none / selective op / full, float8 on or off (where the hardware has
+ * fp8). Every candidate is laid out by
  * the trainer's dry run, so a layout the trainer would refuse is never recommended. */
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@ typedef struct {
     char over[640];   /* the command-line overrides */
     double tps, step, peak_gib, mfu, bubble;
     int pp, dp_replicate, dp_shard, cp, tp;
-    int accum, ac, f8, sched;
+    int accum, ac, f8, sched, atp;
 } cand;
 
 /* fastest first; among equals the fewest accumulation steps, then the least memory */
@@ -36,7 +37,7 @@ static int by_tps(const void *a, const void *b) {
 /* the same layout with another local batch / accumulation split */
 static int same_layout(const cand *x, const cand *y) {
     return x->pp == y->pp && x->dp_replicate == y->dp_replicate && x->dp_shard == y->dp_shard && x->cp == y->cp &&
-           x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched;
+           x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched && x->atp == y->atp;
 }
 
 int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw *hw, int top, int json) {
@@ -85,7 +86,8 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                         for (int sc = 0; sc < (pp > 1 ? 4 : 1); sc++) {
                             if (pp > 1 && lbs < pp && sc != 0) continue;
                             for (int ac = 0; ac < 3; ac++)
-                                for (int f8 = 0; f8 <= fp8_ok; f8++) {
+                                for (int f8 = 0; f8 <= fp8_ok; f8++)
+                                for (int atp = 0; atp <= (tp > 1); atp++) {
                                     char v[8][32];
                                     const char *kv[24];
                                     int k = 0;
@@ -112,6 +114,8 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     kv[k++] = scheds[sc];
                                     kv[k++] = "model.converters";
                                     kv[k++] = f8 ? "float8" : "";
+                                    kv[k++] = "parallelism.enable_async_tensor_parallel";
+                                    kv[k++] = atp ? "true" : "false";
                                     tried++;
                                     if (plan_try(&r, cfg, kv, k / 2, ngpu, gpn, hw, err, sizeof err)) {
                                         refused++;
@@ -151,6 +155,10 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     if (cp != c->parallelism.context_parallel_degree)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                                  " --parallelism.context_parallel_degree %d", cp);
+                                    if (atp != (c->parallelism.enable_async_tensor_parallel != 0))
+                                        snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
+                                                 " --parallelism.enable_async_tensor_parallel %s",
+                                                 atp ? "true" : "false");
                                     snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                              " --training.local_batch_size %lld --training.global_batch_size %lld"
                                              " --activation_checkpoint.mode %s%s%s",
@@ -174,6 +182,7 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     x->ac = ac;
                                     x->f8 = f8;
                                     x->sched = pp > 1 ? sc : 0;
+                                    x->atp = atp;
                                 }
                         }
                     }
@@ -193,8 +202,9 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
     if (json) {
         json_t *o = json_object(), *arr = json_array();
         for (size_t i = 0; i < n && (int)i < top; i++)
-            json_array_append_new(arr, json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:{s:i,s:i,s:i,s:i,s:i}}", "overrides",
-                                                 cs[i].over, "tokens_per_s_per_gpu", cs[i].tps, "step_time_s",
+            json_array_append_new(arr, json_pack("{s:s,s:b,s:f,s:f,s:f,s:f,s:f,s:{s:i,s:i,s:i,s:i,s:i}}", "overrides",
+                                                 cs[i].over, "async_tensor_parallel", cs[i].atp,
+                                                 "tokens_per_s_per_gpu", cs[i].tps, "step_time_s",
                                                  cs[i].step, "peak_memory_gib", cs[i].peak_gib, "mfu", cs[i].mfu,
                                                  "bubble_fraction", cs[i].bubble, "layout", "pp", cs[i].pp,
                                                  "dp_replicate", cs[i].dp_replicate, "dp_shard", cs[i].dp_shard,
@@ -217,7 +227,7 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
             printf("%2zu. %7.0f tokens/s/GPU  MFU %5.1f%%  step %.3f s  peak %.1f GiB  pp %d dp_replicate %d "
                    "dp_shard %d cp %d tp %d%s\n    %s\n",
                    i + 1, cs[i].tps, 100.0 * cs[i].mfu, cs[i].step, cs[i].peak_gib, cs[i].pp, cs[i].dp_replicate,
-                   cs[i].dp_shard, cs[i].cp, cs[i].tp, cs[i].pp > 1 ? "" : "", cs[i].over);
+                   cs[i].dp_shard, cs[i].cp, cs[i].tp, cs[i].atp ? " async" : "", cs[i].over);
         if (own_ok)
             printf("the config as given: %.0f tokens/s/GPU, MFU %.1f%%, peak %.1f GiB (%s)\n", r.tokens_per_s_per_gpu,
                    100.0 * r.mfu, r.peak_bytes / (1024.0 * 1024.0 * 1024.0), r.fits ? "fits" : "does not fit");

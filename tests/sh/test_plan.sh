@@ -9,7 +9,8 @@
 #      not fit and the knobs that would make it fit (exit 1); a layout the trainer
 #      refuses, an unknown profile and bad options exit non-zero with the reason.
 #   3. --recommend on the debug model at 4 ranks lists layouts that fit, and the
-#      first one's overrides run in tetra train.
+#      first one's overrides run in tetra train; over a config that sets tp 2, the
+#      printed overrides of tp 1 and async TP layouts lay out too.
 #   4. --calibrate under 2 MPI ranks writes a profile that --hardware reads back.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
@@ -120,25 +121,26 @@ if "$TETRA" plan "${BASE[@]}" --hardware cpu --ngpu 4 --recommend --top 3 --trai
   else bad "recommend: the first layout does not lay out: $first"; tail -3 "$T/rec_dry.log"; fi
 else bad "recommend exited non-zero: $(head -3 "$T/rec.err")"; fi
 # a config that sets tp 2: every layout printed must still say its own degrees (its tp 1
-# too); the first and each tp 1 layout of the top 12 are laid out as printed
-if "$TETRA" plan "${BASE[@]}" --parallelism.tensor_parallel_degree 2 --hardware cpu --ngpu 4 --recommend --top 12 \
+# too); the first, the first async TP one and each tp 1 layout of the top 24 are laid
+# out as printed
+if "$TETRA" plan "${BASE[@]}" --parallelism.tensor_parallel_degree 2 --hardware cpu --ngpu 4 --recommend --top 24 \
     --training.global_batch_size 8 --training.local_batch_size 2 >"$T/rec2.out" 2>"$T/rec2.err"; then
-  nl=0; ntp1=0; nbad=0; tp=""
+  nl=0; ntp1=0; nasync=0; nbad=0; tp=""; as=0
   while read -r line; do
     case "$line" in
-      [0-9]*.*) tp="${line##* }"; continue ;;
+      [0-9]*.*) tp=$(sed -n 's/.* tp \([0-9]*\).*/\1/p' <<<"$line"); as=0; [[ "$line" == *async ]] && as=1; continue ;;
       --*) ;;
       *) continue ;;
     esac
-    [ "$nl" -eq 0 ] || [ "$tp" = 1 ] || continue
-    nl=$((nl+1)); [ "$tp" = 1 ] && ntp1=$((ntp1+1))
+    [ "$nl" -eq 0 ] || [ "$tp" = 1 ] || { [ "$as" = 1 ] && [ "$nasync" -eq 0 ]; } || continue
+    nl=$((nl+1)); [ "$tp" = 1 ] && ntp1=$((ntp1+1)); [ "$as" = 1 ] && nasync=$((nasync+1))
     eval "mpirun -np 4 --oversubscribe --bind-to none \"\$TETRA\" train \"\${BASE[@]}\" \
         --parallelism.tensor_parallel_degree 2 --dry-run $line" </dev/null >"$T/rec2_dry.log" 2>&1 ||
       { nbad=$((nbad+1)); echo "  does not lay out: $line"; tail -2 "$T/rec2_dry.log"; }
   done <"$T/rec2.out"
-  if [ "$ntp1" -ge 1 ] && [ "$nbad" -eq 0 ]; then
-    ok "recommend over a tp 2 config: $nl layouts ($ntp1 at tp 1) lay out as printed"
-  else bad "recommend over a tp 2 config: $nbad of $nl layouts ($ntp1 at tp 1) do not lay out as printed"; fi
+  if [ "$ntp1" -ge 1 ] && [ "$nasync" -ge 1 ] && [ "$nbad" -eq 0 ]; then
+    ok "recommend over a tp 2 config: $nl layouts ($ntp1 at tp 1, $nasync with async TP) lay out as printed"
+  else bad "recommend over a tp 2 config: $nbad of $nl layouts ($ntp1 at tp 1, $nasync with async TP) do not lay out as printed"; fi
 else bad "recommend (tp 2 config) exited non-zero: $(head -3 "$T/rec2.err")"; fi
 
 # 4. calibrate
