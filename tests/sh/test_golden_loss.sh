@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The loss-parity gate (TorchTitan's): the first 20 steps of the debug model on the shipped
+# The loss-parity gate (TorchTitan's): the first 10 steps of the debug model on the shipped
 # corpus, 4 x 64 tokens per step, against the golden losses in
-# tests/assets/golden/debug_model_20steps.json, for every layout, AC mode and precision:
+# tests/assets/golden/debug_model_10steps.json, for every layout, AC mode and precision:
 #   fp32 layouts (1 rank, fsdp 2, hsdp 2 x 2, tp 2, pp 2 with 1F1B, ZBV, ZB-H1 and DualPipeV,
 #   cp 2, fsdp 2 x cp 2, fsdp 2 x tp 2, pp 2 x cp 2 x tp 2, 4D pp 2 x fsdp 2 x cp 2 x tp 2 on 16
 #   ranks; AC every 2nd block (the default here), none, full, per-op) within 1e-3 relative at
@@ -14,7 +14,7 @@ set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
 TETRA="$BIN/tetra"
-GOLDEN="$ROOT/tests/assets/golden/debug_model_20steps.json"
+GOLDEN="$ROOT/tests/assets/golden/debug_model_10steps.json"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
@@ -27,7 +27,7 @@ fail=0
 bad() { echo "FAIL $*"; fail=1; }
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64 --training.global_batch_size 4
-        --training.steps 20 --training.seed 42 --lr_scheduler.warmup_steps 5 --metrics.log_freq 1
+        --training.steps 10 --training.seed 42 --lr_scheduler.warmup_steps 5 --metrics.log_freq 1
         --metrics.disable_color_printing --training.device cpu --training.threads 1
         --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option 2)
 run() { # name ranks [args...]
@@ -42,7 +42,7 @@ if [ "${1:-}" = --update ]; then
   python3 - "$T/golden/metrics.jsonl" "$GOLDEN" <<'P'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"grad_norm"' in l]
-json.dump({"what": "debug model, sample corpus, 20 steps of 4 x 64 tokens, 1 rank, fp32 (tests/sh/test_golden_loss.sh)",
+json.dump({"what": "debug model, sample corpus, 10 steps of 4 x 64 tokens, 1 rank, fp32 (tests/sh/test_golden_loss.sh)",
            "losses": [r["loss"] for r in rows]}, open(sys.argv[2], "w"), indent=1)
 print(f"wrote {sys.argv[2]}: {len(rows)} steps")
 P
@@ -90,10 +90,10 @@ for n in names:
         got = []
     tol = 1e-2 if n in loose else 1e-3
     rel = [abs(a - b) / abs(b) for a, b in zip(got, golden)]
-    good = len(got) == len(golden) == 20 and max(rel) <= tol
+    good = len(got) == len(golden) == 10 and max(rel) <= tol
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} {n:<21} {len(got)} steps, max rel diff to golden "
-          f"{max(rel) if rel else float('nan'):.1e} (gate {tol:g}); step 20 loss {got[-1] if got else float('nan'):.4f}")
+          f"{max(rel) if rel else float('nan'):.1e} (gate {tol:g}); step 10 loss {got[-1] if got else float('nan'):.4f}")
 sys.exit(0 if ok else 1)
 P
 if [ $fail != 0 ]; then echo "FAIL golden loss"; exit 1; fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Loss-parity gate (TorchTitan gates its CI on loss parity too): with a fixed
-# seed, the debug model trained for 20 steps under FSDP, HSDP and DDP on CPU
+# seed, the debug model trained for 10 steps under FSDP, HSDP and DDP on CPU
 # ranks launched with mpirun must reproduce the single-rank losses: step 1
 # within 1e-6 relative, every step within 1e-5. The global batch is the same
 # in every layout (8 sequences of 128 tokens: local_batch_size x dp, or
@@ -13,7 +13,7 @@ set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
 TETRA="$BIN/tetra"
-STEPS="${PARITY_STEPS:-20}"
+STEPS="${PARITY_STEPS:-10}"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
 
