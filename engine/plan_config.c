@@ -114,6 +114,8 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
     json_object_set_new(mem, "optimizer_state_gib", json_real(w->optim_bytes / GIB));
     json_object_set_new(mem, "gathered_parameters_gib", json_real(w->work_param_bytes / GIB));
     json_object_set_new(mem, "unsharded_gradients_gib", json_real(w->work_grad_bytes / GIB));
+    json_object_set_new(mem, "unsharded_gradient_buffers", json_integer(w->grad_arenas));
+    json_object_set_new(mem, "unsharded_gradient_stages", json_integer(w->grad_arena_stages));
     json_object_set_new(mem, "reduce_staging_gib", json_real(w->reduce_bytes / GIB));
     json_object_set_new(mem, "activations_gib", json_real(w->act_bytes / GIB));
     json_object_set_new(mem, "activations_per_microbatch_gib", json_real(w->act_mb_bytes / GIB));
@@ -166,7 +168,12 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     printf("  optimizer state       %10s  (AdamW m, v)\n", b[0]);
     fmt_gib(b[0], 32, w->work_param_bytes);
     fmt_gib(b[1], 32, w->work_grad_bytes + w->reduce_bytes);
-    printf("  gathered parameters   %10s\n  gradient buffers      %10s  (unsharded + reduce staging)\n", b[0], b[1]);
+    printf("  gathered parameters   %10s\n", b[0]);
+    if (w->grad_arena_stages > w->grad_arenas)
+        printf("  gradient buffers      %10s  (unsharded: %d stages taking turns in %d; + reduce staging)\n", b[1],
+               w->grad_arena_stages, w->grad_arenas);
+    else
+        printf("  gradient buffers      %10s  (unsharded + reduce staging)\n", b[1]);
     fmt_gib(b[0], 32, w->act_bytes);
     fmt_gib(b[1], 32, w->act_mb_bytes);
     fmt_gib(b[2], 32, w->workspace_bytes);

@@ -236,6 +236,88 @@ int train_plan_pools(trainer *t, int *peak, int *open_iw, int *peak_send, char *
     return plan_pools(t, t->run_sched, t->pp_rank, peak, open_iw, peak_send, err, errlen);
 }
 
+static int n_rounds(const trainer *t);
+
+int train_plan_grad_arenas(trainer *t) {
+    const pp_schedule *s = t->run_sched;
+    const int n = t->n_local, len = s->len[t->pp_rank];
+    int *first = malloc(3 * (size_t)n * sizeof *first), *end = first ? first + n : NULL, *order = end ? end + n : NULL;
+    size_t *need = calloc((size_t)n, sizeof *need);
+    t->grad_arena_off = calloc((size_t)n + 1, sizeof *t->grad_arena_off);
+    if (!first || !need || !t->grad_arena_off) {
+        free(first);
+        free(need);
+        return -1;
+    }
+    t->n_grad_arenas = 0;
+    for (int i = 0; i < n; i++) t->st[i].grad_arena = -1;
+    if (t->pp_size == 1) { /* without pipeline parallel FSDP rotates two buffers of its own */
+        free(first);
+        free(need);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        first[i] = len;
+        end[i] = len; /* without a WAIT_REDUCE_GRAD (a CSV's lowered list): fsdp_finish_grads after the list */
+        need[i] = fsdp_memory_report(t->st[i].fs).work_grad_bytes;
+    }
+    for (int k = 0; k < len; k++) {
+        const pp_action *a = &s->acts[t->pp_rank][k];
+        pp_op o[PP_MAX_SUB];
+        int m = 0;
+        if (a->type == PP_OVERLAP_F_B)
+            for (int j = 0; j < a->n_sub; j++) o[m++] = a->sub[j];
+        else
+            o[m++] = (pp_op){a->type, a->stage, a->mb};
+        for (int j = 0; j < m; j++) {
+            if (o[j].stage < 0) continue;
+            const int li = local_of(t, o[j].stage);
+            if ((o[j].type == PP_W || o[j].type == PP_B) && first[li] == len) first[li] = k;
+            if (o[j].type == PP_WAIT_REDUCE_GRAD) end[li] = k;
+        }
+    }
+    /* several rounds accumulate across the whole step */
+    if (n_rounds(t) > 1)
+        for (int i = 0; i < n; i++) {
+            first[i] = 0;
+            end[i] = len;
+        }
+    /* greedy interval colouring in order of the windows' starts: a stage joins the first
+     * arena whose last window closed before its own opens */
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && first[order[j]] < first[order[j - 1]]; j--) {
+            const int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    int *arena_end = calloc((size_t)n, sizeof *arena_end);
+    size_t *arena_size = calloc((size_t)n, sizeof *arena_size);
+    if (!arena_end || !arena_size) {
+        free(arena_end);
+        free(arena_size);
+        free(first);
+        free(need);
+        return -1;
+    }
+    for (int q = 0; q < n; q++) {
+        const int i = order[q];
+        if (!need[i]) continue;
+        int a = 0;
+        while (a < t->n_grad_arenas && arena_end[a] >= first[i]) a++;
+        if (a == t->n_grad_arenas) t->n_grad_arenas++;
+        arena_end[a] = end[i];
+        if (need[i] > arena_size[a]) arena_size[a] = need[i];
+        t->st[i].grad_arena = a;
+    }
+    for (int a = 0; a < t->n_grad_arenas; a++) t->grad_arena_off[a + 1] = t->grad_arena_off[a] + arena_size[a];
+    free(arena_end);
+    free(arena_size);
+    free(first);
+    free(need);
+    return 0;
+}
+
 /* ----------------------------------------------------------------------------
  * activation buffers per (stage, microbatch) */
 

@@ -170,7 +170,8 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
         p->grad_bytes += (double)m.grad_bytes;
         p->optim_bytes += (double)m.optim_bytes;
         p->work_param_bytes += (double)m.work_param_bytes;
-        p->work_grad_bytes += (double)m.work_grad_bytes;
+        if (s->grad_arena < 0) p->work_grad_bytes += (double)m.work_grad_bytes;
+        else p->grad_arena_stages++;
         p->reduce_bytes += (double)m.reduce_bytes;
         p->resident_units += m.resident_units;
         const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->B, t->Tl);
@@ -202,6 +203,8 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
             }
         }
     }
+    if (t->grad_arena_off) p->work_grad_bytes += (double)t->grad_arena_off[t->n_grad_arenas];
+    p->grad_arenas = t->n_grad_arenas;
     p->act_bytes += p->validation_bytes;
     p->total_bytes = p->param_bytes + p->grad_bytes + p->optim_bytes + p->work_param_bytes + p->work_grad_bytes +
                      p->reduce_bytes + p->act_bytes + p->converter_bytes;
@@ -284,12 +287,15 @@ static void log_plan(trainer *t) {
     }
     trainer_plan p;
     fill_plan(t, &p);
-    char pb[32], gb[32], ob[32], wpb[32], wgb[32], rb[32], ab[32], a1s[32], wb[32], vbs[32], tot[32];
+    char pb[32], gb[32], ob[32], wpb[32], wgb[80], rb[32], ab[32], a1s[32], wb[32], vbs[32], tot[32];
     fmt_bytes(pb, sizeof pb, p.param_bytes);
     fmt_bytes(gb, sizeof gb, p.grad_bytes);
     fmt_bytes(ob, sizeof ob, p.optim_bytes);
     fmt_bytes(wpb, sizeof wpb, p.work_param_bytes);
     fmt_bytes(wgb, sizeof wgb, p.work_grad_bytes);
+    if (p.grad_arena_stages > p.grad_arenas)
+        snprintf(wgb + strlen(wgb), sizeof wgb - strlen(wgb), " (%d stages taking turns in %d)", p.grad_arena_stages,
+                 p.grad_arenas);
     fmt_bytes(rb, sizeof rb, p.reduce_bytes);
     fmt_bytes(ab, sizeof ab, p.act_bytes);
     fmt_bytes(a1s, sizeof a1s, p.act_mb_bytes);
@@ -401,6 +407,9 @@ void trainer_teardown(trainer *t) {
         free(st->conv_state);
         stage_free(ops, st);
     }
+    /* after every FSDP has waited for its reductions */
+    if (t->grad_arena_mem) ops->release(t->grad_arena_mem);
+    free(t->grad_arena_off);
     free(t->conv);
     trace_free(t->tr);
     free(t->st);
@@ -520,6 +529,7 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         if (rank_of[s] != t->pp_rank) continue;
         train_stage *st = &t->st[k];
         st->index = s;
+        st->grad_arena = -1;
         st->remote_prev = s > 0 && rank_of[s - 1] != t->pp_rank;
         st->remote_next = s < t->n_stages - 1 && rank_of[s + 1] != t->pp_rank;
         st->local_prev = s > 0 && rank_of[s - 1] == t->pp_rank ? k - 1 : -1;
@@ -632,6 +642,7 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         fsdp_parse_reshard(c->parallelism.fsdp_reshard_after_forward, &fc.reshard);
         fc.pipeline_parallel = t->pp_size > 1;
         fc.reduce_at_last_microbatch = t->pp_size > 1;
+        fc.external_work_grads = t->pp_size > 1; /* the rank's gradient arenas, once the schedule is known */
         fc.compute_dtype = m->compute_dtype;
         fc.n_units = m->n_units;
         fc.unit_offset = m->unit_offset;
@@ -852,6 +863,10 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             t->st[i].ws_owner = i == owner;
         }
     }
+    if (train_plan_grad_arenas(t)) {
+        log_error("out of host memory");
+        goto fail;
+    }
     if (dry) {
         if (t->opt.plan_out) fill_plan(t, t->opt.plan_out);
         else log_plan(t);
@@ -1010,6 +1025,17 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 goto fail;
             }
             for (int k = 0; k < t->n_local; k++) t->st[k].ws = ws;
+        }
+        if (t->n_grad_arenas && !t->grad_arena_mem) {
+            const size_t total = t->grad_arena_off[t->n_grad_arenas];
+            t->grad_arena_mem = ops->alloc(total);
+            if (!t->grad_arena_mem) {
+                log_error("out of memory allocating the unsharded gradients (%.1f MiB)", (double)total / 1048576.0);
+                goto fail;
+            }
+            for (int k = 0; k < t->n_local; k++)
+                if (t->st[k].grad_arena >= 0)
+                    fsdp_set_work_grads(t->st[k].fs, (char *)t->grad_arena_mem + t->grad_arena_off[t->st[k].grad_arena]);
         }
         for (int k = 0; st->ws && k < st->n_acts; k++) {
             st->acts_mb[k] = -1;

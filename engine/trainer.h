@@ -48,6 +48,9 @@ typedef struct {
     /* working */
     double work_param_bytes;  /* gathered parameters */
     double work_grad_bytes;   /* unsharded gradients */
+    int grad_arenas, grad_arena_stages; /* pipeline parallel: the stages that hold unsharded gradients
+                                           take turns in this many buffers (a stage's window never
+                                           overlaps another's in the same buffer) */
     double reduce_bytes;      /* reduce-scatter staging */
     double act_bytes;         /* every activation buffer + workspace (+ validation) */
     double act_mb_bytes;      /* one microbatch of all local stages under the AC policy */

@@ -64,6 +64,9 @@ typedef struct {
                                   when every backward of the rank's stages is a full one */
     llama3_workspace *ws;      /* one per rank: its stages run one action at a time */
     int ws_owner;              /* this stage's model lays out (and frees) the rank's workspace */
+    int grad_arena;            /* pipeline parallel with sharding: the arena its unsharded gradients live
+                                  in (trainer.grad_arena_off), shared with the rank's stages whose
+                                  gradient windows never overlap its own; -1: none */
     int n_acts;                /* microbatch activation buffers (the schedule's peak alive on this stage) */
     llama3_acts **acts;        /* [n_acts] */
     int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */
@@ -110,6 +113,9 @@ struct trainer {
     size_t tok;                /* B * Tl: tokens of one microbatch on this rank */
     pp_schedule *sched;        /* compute-only */
     pp_schedule *run_sched;    /* what this rank runs (lowered under pipeline parallel) */
+    int n_grad_arenas;         /* unsharded gradient arenas (train_plan_grad_arenas) */
+    size_t *grad_arena_off;    /* [n_grad_arenas + 1] byte offsets; the last is the total */
+    void *grad_arena_mem;      /* one allocation for all of them */
     int round;                 /* the schedule round running now (gradient accumulation) */
     int VB, VT;
     llama3_workspace **vws;    /* [n_local] validation workspaces, when its shape differs */
@@ -159,6 +165,12 @@ int train_build_schedule(trainer *t, char *err, size_t errlen);
  * its microbatches between an I pass and their W at once (open_iw[i]), and the most
  * gradient sends in flight (peak_send[i]), by replaying the schedule this rank runs. */
 int train_plan_pools(trainer *t, int *peak, int *open_iw, int *peak_send, char *err, size_t errlen);
+/* Pipeline parallel with sharding: a stage's unsharded gradients are written from its
+ * first W (or B) pass of the step until its WAIT_REDUCE_GRAD has finished their
+ * reductions (the whole step when it runs several rounds). Stages of this rank whose
+ * windows never overlap share an arena, sized by the largest of them: sets
+ * st[i].grad_arena, n_grad_arenas and grad_arena_off. 0, or -1 out of host memory. */
+int train_plan_grad_arenas(trainer *t);
 /* One optimizer step over t->h_in / t->h_lab (accum microbatches of this rank). */
 void train_step(trainer *t, step_result *r);
 /* Forward of every stage of this rank over one batch (validation, warm-up), passing

@@ -8,7 +8,8 @@
  *   "working parameters"  each resident unit's padded buffer, then two rotating
  *                 slots of the largest transient unit (compute dtype)
  *   "working gradients"   two rotating padded fp32 buffers of the largest unit,
- *                 or (reduce_at_last_microbatch) one padded buffer per unit
+ *                 or (reduce_at_last_microbatch) one padded buffer per unit (in the
+ *                 caller's memory with external_work_grads)
  *   "reduce staging"      two shard-sized fp32 receive buffers: a reduce-scatter
  *                 into a shard that already holds this step's gradient lands
  *                 there and is added
@@ -308,9 +309,10 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
     ops->fill(f->grad, 0.0f, f->local_numel);
     if (f->S > 1) {
         f->work_param_mem = work_p ? ops->alloc(work_p) : NULL;
-        f->work_grad_mem = work_g ? ops->alloc(work_g) : NULL;
+        const int external = cfg->reduce_at_last_microbatch && cfg->external_work_grads;
+        f->work_grad_mem = work_g && !external ? ops->alloc(work_g) : NULL;
         f->rs_mem = ops->alloc(mr->reduce_bytes);
-        if ((work_p && !f->work_param_mem) || (work_g && !f->work_grad_mem) || !f->rs_mem) {
+        if ((work_p && !f->work_param_mem) || (work_g && !external && !f->work_grad_mem) || !f->rs_mem) {
             snprintf(err, errlen, "fsdp: cannot allocate the working buffers (%.1f MiB parameters, %.1f MiB "
                      "gradients, %.1f MiB staging)", (double)work_p / 1048576.0, (double)work_g / 1048576.0,
                      (double)mr->reduce_bytes / 1048576.0);
@@ -330,11 +332,7 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
             }
         char *g = f->work_grad_mem;
         if (cfg->reduce_at_last_microbatch) {
-            for (int u = 0; u < cfg->n_units; u++) {
-                f->units[u].own_grads = (float *)g;
-                ops->fill(f->units[u].own_grads, 0.0f, f->units[u].padded);
-                g += align64b(f->units[u].padded * sizeof(float));
-            }
+            if (!external) fsdp_set_work_grads(f, g);
         } else {
             for (int i = 0; i < N_GSLOTS; i++) {
                 f->gs[i].buf = (float *)g;
@@ -358,6 +356,15 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
 fail:
     fsdp_free(f);
     return NULL;
+}
+
+void fsdp_set_work_grads(fsdp *f, void *mem) {
+    if (f->S == 1 || !f->cfg.reduce_at_last_microbatch) return;
+    char *g = mem;
+    for (int u = 0; u < f->cfg.n_units; u++) {
+        f->units[u].own_grads = (float *)g;
+        g += align64b(f->units[u].padded * sizeof(float));
+    }
 }
 
 void fsdp_free(fsdp *f) {
@@ -683,7 +690,10 @@ static void bind_grads(fsdp *f, int u) {
     unit_state *x = &f->units[u];
     if (f->S == 1 || x->grads_bound) return;
     if (f->cfg.reduce_at_last_microbatch) {
+        /* bound from the first W pass of the step to fsdp_finish_grads: the memory may have
+         * been another stage's until then */
         x->grads_bound = 1;
+        f->ops->fill(x->own_grads, 0.0f, x->padded);
         f->cfg.unit_grads[u] = x->own_grads;
         return;
     }
@@ -715,7 +725,6 @@ void fsdp_begin_step(fsdp *f) {
     for (int u = 0; u < f->cfg.n_units; u++) {
         unit_state *x = &f->units[u];
         x->grad_fresh = 1;
-        if (f->S > 1 && f->cfg.reduce_at_last_microbatch) f->ops->fill(x->own_grads, 0.0f, x->padded);
     }
 }
 

@@ -27,7 +27,9 @@
  * the next unit computes; two rotating buffers. With reduce_at_last_microbatch
  * (pipeline parallel) each unit has its own gradient buffer that accumulates
  * over the step's microbatches and is reduce-scattered after the unit's last W
- * pass, so a schedule may defer W passes across microbatches. HSDP: once a
+ * pass, so a schedule may defer W passes across microbatches; a unit's buffer is
+ * zeroed when its first W pass of the step binds it, and is the unit's from then
+ * until fsdp_finish_grads has waited for its reduction. HSDP: once a
  * unit's reduce-scatter of the last microbatch is done, its shard is
  * all-reduced over the replicate group.
  *
@@ -81,6 +83,10 @@ typedef struct {
     fsdp_reshard_mode reshard;
     int pipeline_parallel;          /* "default" keeps units gathered after forward under PP */
     int reduce_at_last_microbatch;  /* gradients accumulate unsharded until a unit's last W pass */
+    int external_work_grads;        /* with reduce_at_last_microbatch: the unsharded gradient buffers
+                                       (fsdp_memory.work_grad_bytes) are the caller's, given by
+                                       fsdp_set_work_grads, so that units whose W passes never overlap
+                                       (stages of one pipeline rank) can take turns in one arena */
     tetra_dtype compute_dtype;      /* F32 or BF16: the dtype of the gathered parameters */
     int n_units;
     const size_t *unit_offset;      /* [n_units] each unit's range in the flat index space */
@@ -147,6 +153,11 @@ void fsdp_pre_backward_weight(fsdp *f, int u);
 /* last_microbatch: this was the unit's last W pass of the step. */
 void fsdp_post_backward_weight(fsdp *f, int u, int last_microbatch);
 void fsdp_finish_grads(fsdp *f);
+/* external_work_grads: the memory (work_grad_bytes, 64-byte aligned) the unsharded
+ * gradient buffers live in from now on; before the first W pass. The caller lets
+ * another user write it only after this FSDP's fsdp_finish_grads and before its next
+ * W pass. */
+void fsdp_set_work_grads(fsdp *f, void *mem);
 /* Sum of squares of the whole (global) gradient. */
 double fsdp_grad_sq_norm(fsdp *f);
 /* The master shard changed in an optimizer step (which also wrote the bf16 copy

@@ -4,7 +4,9 @@
 #   1. every schedule (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,
 #      ZBVZeroBubble, DualPipeV) at pp 2 and pp 4 reproduces the 1-rank loss curve
 #      within 1e-5 relative at each of 6 steps (fp32); so do ZB-H1 at pp 4
-#      (InterleavedZeroBubble, one stage per rank), pp 2 x fsdp 2,
+#      (InterleavedZeroBubble, one stage per rank), pp 2 x fsdp 2 (also Interleaved1F1B
+#      with 2 microbatches, whose two stages per rank take turns in one unsharded
+#      gradient buffer),
 #      pp 2 x tp 2 x fsdp 2 (8 ranks), gradient accumulation under pp 2 and the
 #      validation loss; bf16 under pp 2 follows the 1-rank bf16 run within 1e-3.
 #   2. A schedule dumped to CSV by `tetra plan pp` (compute-only and lowered) and
@@ -53,6 +55,12 @@ done
 run pp4_ZB-H1 4 --training.local_batch_size 8 "${PP[@]}" 4 $SCHED InterleavedZeroBubble \
   --parallelism.pipeline_parallel_layers_per_stage 2
 run pp2_fsdp2 4 --training.local_batch_size 4 "${PP[@]}" 2 $SCHED InterleavedZeroBubble
+# 2 microbatches over 2 stages per rank: each rank's later stage finishes its backwards (and
+# reductions) before the earlier one starts, so their unsharded gradients share one buffer
+run pp2_fsdp2_turns 4 --training.local_batch_size 4 "${PP[@]}" 2 $SCHED Interleaved1F1B \
+  --parallelism.pipeline_parallel_microbatch_size 2
+grep -q "unsharded gradients [0-9.]* [KMG]iB (2 stages taking turns in 1)" "$T/pp2_fsdp2_turns.log" ||
+  bad "pp2_fsdp2_turns: the stages' unsharded gradients do not share a buffer"
 run pp2_tp2_fsdp2 8 --training.local_batch_size 4 "${PP[@]}" 2 $SCHED ZBVZeroBubble \
   --parallelism.tensor_parallel_degree 2
 run pp2_accum2 2 --training.local_batch_size 4 "${PP[@]}" 2 $SCHED 1F1B
@@ -134,7 +142,7 @@ every = list(range(1, steps + 1))
 for s in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
     close(f"pp2_{s}", ref, every, 1e-5)
     close(f"pp4_{s}", ref, every, 1e-5)
-for n in ("pp4_ZB-H1", "pp2_fsdp2", "pp2_tp2_fsdp2", "pp2_accum2"):
+for n in ("pp4_ZB-H1", "pp2_fsdp2", "pp2_fsdp2_turns", "pp2_tp2_fsdp2", "pp2_accum2"):
     close(n, ref, every, 1e-5)
 close("pp2_bf16", run("single_bf16"), every, 1e-3)
 same("pp2_csv", "pp2_ZBVZeroBubble", every)
