@@ -5,7 +5,8 @@
  * the data-parallel degree the config gives at this GPU count): a layout changes how
  * a step is computed, not what is learned. Searched: tensor parallel 1..min(8, node)
  * (dividing the heads), pipeline 1..16 (with 1F1B, Interleaved1F1B, ZB-H1
- * (InterleavedZeroBubble with one stage per rank) and ZBVZeroBubble), context
+ * (InterleavedZeroBubble with one stage per rank) and ZBVZeroBubble, microbatches
+ * of one sequence or as many microbatches as pipeline ranks), context
  * parallel 1..8 (long sequences), async TP on or off (tp > 1), FSDP over all
  * data-parallel ranks or HSDP with shards inside a node, gradient accumulation 1, 2
  * or 4, AC none / selective op / full, float8 on or off (where the hardware has
@@ -23,7 +24,8 @@ typedef struct {
     char over[640];   /* the command-line overrides */
     double tps, step, peak_gib, mfu, bubble;
     int pp, dp_replicate, dp_shard, cp, tp;
-    int accum, ac, f8, sched, atp;
+    int accum, ac, f8, sched, atp, mbs;
+    int mb_per_rank;  /* pipeline: as many microbatches as ranks (else of one sequence) */
 } cand;
 
 /* fastest first; among equals the fewest accumulation steps, then the least memory */
@@ -34,10 +36,12 @@ static int by_tps(const void *a, const void *b) {
     return (x->peak_gib > y->peak_gib) - (x->peak_gib < y->peak_gib);
 }
 
-/* the same layout with another local batch / accumulation split */
+/* the same layout with another local batch / accumulation split (how the pipeline
+ * splits a round is part of the layout: it sets the bubble) */
 static int same_layout(const cand *x, const cand *y) {
     return x->pp == y->pp && x->dp_replicate == y->dp_replicate && x->dp_shard == y->dp_shard && x->cp == y->cp &&
-           x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched && x->atp == y->atp;
+           x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched && x->atp == y->atp &&
+           x->mb_per_rank == y->mb_per_rank;
 }
 
 int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw *hw, int top, int json) {
@@ -83,19 +87,25 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                         const int acc = accs_[ai];
                         if (G % ((long long)dp * acc)) continue;
                         const long long lbs = G / ((long long)dp * acc);
-                        for (int sc = 0; sc < (pp > 1 ? 4 : 1); sc++) {
+                        for (int sc = 0; sc < (pp > 1 ? 4 : 1); sc++)
+                        for (int mi = 0; mi < (pp > 1 ? 2 : 1); mi++) {
                             if (pp > 1 && lbs < pp && sc != 0) continue;
+                            /* microbatches of one sequence (the smallest bubble), or as many
+                             * microbatches as pipeline ranks (TorchTitan's default) */
+                            const int mbs = pp == 1 ? (int)c->parallelism.pipeline_parallel_microbatch_size
+                                            : mi == 0 ? 1 : (int)(lbs / pp);
+                            if (mi == 1 && (lbs % pp || mbs <= 1)) continue;
                             for (int ac = 0; ac < 3; ac++)
                                 for (int f8 = 0; f8 <= fp8_ok; f8++)
                                 for (int atp = 0; atp <= (tp > 1); atp++) {
-                                    char v[8][32];
-                                    const char *kv[24];
+                                    char v[12][32];
+                                    const char *kv[32];
                                     int k = 0;
 #define SET(key, ...)                                                                                                  \
     do {                                                                                                               \
-        snprintf(v[k / 2 % 8], 32, __VA_ARGS__);                                                                       \
+        snprintf(v[k / 2 % 12], 32, __VA_ARGS__);                                                                      \
         kv[k] = key;                                                                                                   \
-        kv[k + 1] = v[k / 2 % 8];                                                                                      \
+        kv[k + 1] = v[k / 2 % 12];                                                                                     \
         k += 2;                                                                                                        \
     } while (0)
                                     SET("parallelism.tensor_parallel_degree", "%d", tp);
@@ -106,6 +116,7 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     SET("training.local_batch_size", "%lld", lbs);
                                     SET("training.global_batch_size", "%lld", G);
                                     SET("activation_checkpoint.mode", "%s", acs[ac][0]);
+                                    SET("parallelism.pipeline_parallel_microbatch_size", "%d", mbs);
 #undef SET
                                     /* the last two pairs use string constants */
                                     kv[k++] = "activation_checkpoint.selective_ac_option";
@@ -152,6 +163,9 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     if (pp > 1)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                                  " --parallelism.pipeline_parallel_schedule %s", scheds[sc]);
+                                    if (mbs != c->parallelism.pipeline_parallel_microbatch_size)
+                                        snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
+                                                 " --parallelism.pipeline_parallel_microbatch_size %d", mbs);
                                     if (cp != c->parallelism.context_parallel_degree)
                                         snprintf(ov + strlen(ov), sizeof ov - strlen(ov),
                                                  " --parallelism.context_parallel_degree %d", cp);
@@ -183,6 +197,8 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     x->f8 = f8;
                                     x->sched = pp > 1 ? sc : 0;
                                     x->atp = atp;
+                                    x->mbs = mbs;
+                                    x->mb_per_rank = pp > 1 && mi == 1;
                                 }
                         }
                     }
@@ -202,13 +218,14 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
     if (json) {
         json_t *o = json_object(), *arr = json_array();
         for (size_t i = 0; i < n && (int)i < top; i++)
-            json_array_append_new(arr, json_pack("{s:s,s:b,s:f,s:f,s:f,s:f,s:f,s:{s:i,s:i,s:i,s:i,s:i}}", "overrides",
+            json_array_append_new(arr, json_pack("{s:s,s:b,s:f,s:f,s:f,s:f,s:f,s:{s:i,s:i,s:i,s:i,s:i,s:i}}", "overrides",
                                                  cs[i].over, "async_tensor_parallel", cs[i].atp,
                                                  "tokens_per_s_per_gpu", cs[i].tps, "step_time_s",
                                                  cs[i].step, "peak_memory_gib", cs[i].peak_gib, "mfu", cs[i].mfu,
                                                  "bubble_fraction", cs[i].bubble, "layout", "pp", cs[i].pp,
                                                  "dp_replicate", cs[i].dp_replicate, "dp_shard", cs[i].dp_shard,
-                                                 "cp", cs[i].cp, "tp", cs[i].tp));
+                                                 "cp", cs[i].cp, "tp", cs[i].tp,
+                                                 "pipeline_microbatch_size", cs[i].mbs));
         json_object_set_new(o, "recommended", arr);
         json_object_set_new(o, "searched", json_integer(tried));
         json_object_set_new(o, "fit", json_integer((json_int_t)n_fit));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tetra plan: the memory it predicts is the memory training takes.
-#   1. For 1 rank, FSDP 2, TP 2, PP 2 (ZB-H1), CP 2, HSDP 2x2, each AC mode, float8
-#      and a larger flavour, `tetra plan --json` (cpu profile) predicts the backend
+#   1. For 1 rank, FSDP 2, TP 2, PP 2 (ZB-H1, 1F1B, and Interleaved1F1B x FSDP 2 whose
+#      stages share a gradient buffer), CP 2, HSDP 2x2, each AC mode, float8 and a
+#      larger flavour, `tetra plan --json` (cpu profile) predicts the backend
 #      bytes every rank allocates at start-up; a real `tetra train` under mpirun
 #      reports them ("backend memory: ... (N bytes)"): the largest rank must agree
 #      within 1 % (the issue asks 10 %; the plan is the trainer's own layout).
@@ -10,7 +11,8 @@
 #      refuses, an unknown profile and bad options exit non-zero with the reason.
 #   3. --recommend on the debug model at 4 ranks lists layouts that fit, and the
 #      first one's overrides run in tetra train; over a config that sets tp 2, the
-#      printed overrides of tp 1 and async TP layouts lay out too.
+#      printed overrides of tp 1, async TP and larger pipeline microbatch layouts lay
+#      out too.
 #   4. --calibrate under 2 MPI ranks writes a profile that --hardware reads back.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
@@ -65,6 +67,9 @@ check_memory pp2_zbh1 2 --training.local_batch_size 4 --parallelism.pipeline_par
   --parallelism.pipeline_parallel_first_stage_less_layers 0 --parallelism.pipeline_parallel_last_stage_less_layers 0
 check_memory pp2_1f1b 2 --training.local_batch_size 4 --parallelism.pipeline_parallel_degree 2 \
   --parallelism.pipeline_parallel_schedule 1F1B
+# two stages per rank taking turns in one unsharded gradient buffer
+check_memory pp2_fsdp2_turns 4 --training.local_batch_size 4 --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule Interleaved1F1B --parallelism.pipeline_parallel_microbatch_size 2
 check_memory cp2 2 --training.local_batch_size 2 --parallelism.context_parallel_degree 2
 check_memory ac_none 1 --training.local_batch_size 4 --activation_checkpoint.mode none
 check_memory ac_op 1 --training.local_batch_size 4 --activation_checkpoint.mode selective \
@@ -121,26 +126,28 @@ if "$TETRA" plan "${BASE[@]}" --hardware cpu --ngpu 4 --recommend --top 3 --trai
   else bad "recommend: the first layout does not lay out: $first"; tail -3 "$T/rec_dry.log"; fi
 else bad "recommend exited non-zero: $(head -3 "$T/rec.err")"; fi
 # a config that sets tp 2: every layout printed must still say its own degrees (its tp 1
-# too); the first, the first async TP one and each tp 1 layout of the top 24 are laid
-# out as printed
-if "$TETRA" plan "${BASE[@]}" --parallelism.tensor_parallel_degree 2 --hardware cpu --ngpu 4 --recommend --top 24 \
+# too); of the top 60, the first, the first async TP one, the first three at tp 1 and the
+# first with pipeline microbatches of more than one sequence are laid out as printed
+if "$TETRA" plan "${BASE[@]}" --parallelism.tensor_parallel_degree 2 --hardware cpu --ngpu 4 --recommend --top 60 \
     --training.global_batch_size 8 --training.local_batch_size 2 >"$T/rec2.out" 2>"$T/rec2.err"; then
-  nl=0; ntp1=0; nasync=0; nbad=0; tp=""; as=0
+  nl=0; ntp1=0; nasync=0; nmbs=0; nbad=0; tp=""; as=0
   while read -r line; do
     case "$line" in
       [0-9]*.*) tp=$(sed -n 's/.* tp \([0-9]*\).*/\1/p' <<<"$line"); as=0; [[ "$line" == *async ]] && as=1; continue ;;
       --*) ;;
       *) continue ;;
     esac
-    [ "$nl" -eq 0 ] || [ "$tp" = 1 ] || { [ "$as" = 1 ] && [ "$nasync" -eq 0 ]; } || continue
-    nl=$((nl+1)); [ "$tp" = 1 ] && ntp1=$((ntp1+1)); [ "$as" = 1 ] && nasync=$((nasync+1))
+    mb=0; [[ "$line" == *pipeline_parallel_microbatch_size* ]] && mb=1
+    [ "$nl" -eq 0 ] || { [ "$tp" = 1 ] && [ "$ntp1" -lt 3 ]; } || { [ "$as" = 1 ] && [ "$nasync" -eq 0 ]; } ||
+      { [ "$mb" = 1 ] && [ "$nmbs" -eq 0 ]; } || continue
+    nl=$((nl+1)); [ "$tp" = 1 ] && ntp1=$((ntp1+1)); [ "$as" = 1 ] && nasync=$((nasync+1)); [ "$mb" = 1 ] && nmbs=$((nmbs+1))
     eval "mpirun -np 4 --oversubscribe --bind-to none \"\$TETRA\" train \"\${BASE[@]}\" \
         --parallelism.tensor_parallel_degree 2 --dry-run $line" </dev/null >"$T/rec2_dry.log" 2>&1 ||
       { nbad=$((nbad+1)); echo "  does not lay out: $line"; tail -2 "$T/rec2_dry.log"; }
   done <"$T/rec2.out"
-  if [ "$ntp1" -ge 1 ] && [ "$nasync" -ge 1 ] && [ "$nbad" -eq 0 ]; then
-    ok "recommend over a tp 2 config: $nl layouts ($ntp1 at tp 1, $nasync with async TP) lay out as printed"
-  else bad "recommend over a tp 2 config: $nbad of $nl layouts ($ntp1 at tp 1, $nasync with async TP) do not lay out as printed"; fi
+  if [ "$ntp1" -ge 1 ] && [ "$nasync" -ge 1 ] && [ "$nmbs" -ge 1 ] && [ "$nbad" -eq 0 ]; then
+    ok "recommend over a tp 2 config: $nl layouts ($ntp1 at tp 1, $nasync with async TP, $nmbs with microbatches of 2+) lay out as printed"
+  else bad "recommend over a tp 2 config: $nbad of $nl layouts ($ntp1 at tp 1, $nasync with async TP, $nmbs with microbatches of 2+) do not lay out as printed"; fi
 else bad "recommend (tp 2 config) exited non-zero: $(head -3 "$T/rec2.err")"; fi
 
 # 4. calibrate
