@@ -7,7 +7,7 @@ mpirun, and prints predicted vs measured memory (the backend bytes every rank
 allocates at start-up; the largest rank) and step time (the median of the steps after
 the first two: the host's noise moves single steps by 15-20 %), with the ratios, as a markdown table.
 
-usage: bench/plan/cpu_vs_plan.py [--tetra build/bin/tetra] [--hardware cpu] [--steps 10]
+usage: bench/plan/cpu_vs_plan.py [--tetra build/bin/tetra] [--hardware cpu] [--steps 10] [--only REGEX]
 """
 import argparse
 import json
@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--tetra", default="build/bin/tetra")
     ap.add_argument("--hardware", default="cpu")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--only", help="rows whose 'model | layout' matches this regular expression (rerun the noisy ones)")
     a = ap.parse_args()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_WAIT_POLICY="PASSIVE")
@@ -49,6 +50,8 @@ def main():
     worst_m = worst_t = 0.0
     for flavor, layers, seq, gbs in MODELS:
         for name, np_, over in LAYOUTS:
+            if a.only and not re.search(a.only, "%s | %s" % (flavor, name)):
+                continue
             over = [str(layers // 2) if x == "LPS" else x for x in over]
             base = ["--job.config_file", "configs/debug_model.toml", "--model.flavor", flavor,
                     "--training.seq_len", str(seq), "--training.global_batch_size", str(gbs),
