@@ -58,6 +58,9 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--steps", type=int, default=5, help="measured steps per framework")
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+ap.add_argument("--rounds", type=int, default=1,
+                help="run every framework and mode this many times per case, alternating which goes first, and "
+                     "report the median of the rounds (a shared host's speed moves between minutes)")
 ap.add_argument("--worker", choices=["peak", "peak-tetra", "tetra", "pytorch"], help=argparse.SUPPRESS)
 ap.add_argument("--weights", help=argparse.SUPPRESS)
 args = ap.parse_args()
@@ -312,8 +315,9 @@ def main():
     modes = [m for m in (args.mode or MODES) if MODES[m][0] in dtypes]
     pt, te_peak = run_worker("peak"), run_worker("peak-tetra")
     peak = {d: max(pt[d], te_peak[d]) for d in ("fp32", "bf16")}
+    rounds = f"; the median of {args.rounds} rounds, alternating who goes first" if args.rounds > 1 else ""
     print(f"threads {args.threads}; torch {pt['torch']} (PyPI); median of {args.steps} steps after {args.warmup} "
-          f"warm-up; each framework and mode in its own process")
+          f"warm-up; each framework and mode in its own process{rounds}")
     print(f"GEMM peak at 2048^3 (best of torch.mm and tetra's gemm, used for MFU): fp32 {peak['fp32'] / 1e9:.1f} "
           f"GFLOP/s (torch {pt['fp32'] / 1e9:.1f}, tetra {te_peak['fp32'] / 1e9:.1f}); bf16 {peak['bf16'] / 1e9:.1f} "
           f"GFLOP/s (torch {pt['bf16'] / 1e9:.1f}, tetra {te_peak['bf16'] / 1e9:.1f}, {te_peak['bf16_route']})")
@@ -326,11 +330,24 @@ def main():
         fpt = flops_per_token(t)
         with tempfile.TemporaryDirectory(prefix="tetra-bench-") as tmp:
             wpath = os.path.join(tmp, "model.safetensors")
-            res = {}
-            for i, dt in enumerate(dtypes):
-                res[("tetra", dt)] = run_worker("tetra", name, ["--dtype", dt] + (["--weights", wpath] if i == 0 else []))
-            for m in case_modes(name, modes, notes):
-                res[("pytorch", m)] = run_worker("pytorch", name, ["--mode", m, "--weights", wpath])
+            per = {}  # (framework, dtype or mode) -> one result per round
+            run_modes = case_modes(name, modes, notes)
+            for rnd in range(max(args.rounds, 1)):
+                def run_tetra():
+                    for i, dt in enumerate(dtypes):
+                        w = ["--weights", wpath] if i == 0 and rnd == 0 else []
+                        per.setdefault(("tetra", dt), []).append(run_worker("tetra", name, ["--dtype", dt] + w))
+
+                def run_pytorch():
+                    for m in run_modes:
+                        per.setdefault(("pytorch", m), []).append(
+                            run_worker("pytorch", name, ["--mode", m, "--weights", wpath]))
+                # the weights come from tetra's first run; later rounds alternate who goes first
+                order = [run_tetra, run_pytorch] if rnd % 2 == 0 else [run_pytorch, run_tetra]
+                for f in order:
+                    f()
+            res = {k: dict(v[0], step=statistics.median(r["step"] for r in v), rounds=[r["step"] for r in v])
+                   for k, v in per.items()}
         ran = [m for m in modes if ("pytorch", m) in res]
         for dt in dtypes:
             te = res[("tetra", dt)]
@@ -352,6 +369,11 @@ def main():
             if best:
                 notes.append(f"case {name} {dt}: tetra is {best[0] / te['step']:.2f}x PyTorch's best {dt} mode "
                              f"({best[1]})")
+                if args.rounds > 1:  # each round's ratio against the mode that is best over the rounds
+                    rr = [b_ / t_ for b_, t_ in zip(res[("pytorch", best[1])]["rounds"], te["rounds"])]
+                    notes.append(f"case {name} {dt}: per round {', '.join(f'{x:.2f}x' for x in rr)} "
+                                 f"(tetra {', '.join(f'{x:.3f}' for x in te['rounds'])} s; {best[1]} "
+                                 f"{', '.join(f'{x:.3f}' for x in res[('pytorch', best[1])]['rounds'])} s)")
         comp = [f"{m} {res[('pytorch', m)]['first']:.0f} s" for m in ran if MODES[m][2]]
         if comp:
             notes.append(f"case {name}: first (compiling) PyTorch step: " + ", ".join(comp))
