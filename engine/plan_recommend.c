@@ -24,8 +24,8 @@ typedef struct {
     char over[640];   /* the command-line overrides */
     double tps, step, peak_gib, mfu, bubble;
     int pp, dp_replicate, dp_shard, cp, tp;
-    int accum, ac, f8, sched, atp, mbs;
-    int mb_per_rank;  /* pipeline: as many microbatches as ranks (else of one sequence) */
+    int accum, ac, f8, sched, atp;
+    int mbs;          /* pipeline: 1, or local batch / pp (as many microbatches as ranks) */
 } cand;
 
 /* fastest first; among equals the fewest accumulation steps, then the least memory */
@@ -41,7 +41,7 @@ static int by_tps(const void *a, const void *b) {
 static int same_layout(const cand *x, const cand *y) {
     return x->pp == y->pp && x->dp_replicate == y->dp_replicate && x->dp_shard == y->dp_shard && x->cp == y->cp &&
            x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched && x->atp == y->atp &&
-           x->mb_per_rank == y->mb_per_rank;
+           (x->mbs > 1) == (y->mbs > 1);
 }
 
 int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw *hw, int top, int json) {
@@ -198,7 +198,6 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
                                     x->sched = pp > 1 ? sc : 0;
                                     x->atp = atp;
                                     x->mbs = mbs;
-                                    x->mb_per_rank = pp > 1 && mi == 1;
                                 }
                         }
                     }

@@ -62,6 +62,20 @@ static int local_of(const trainer *t, int stage) {
 /* ----------------------------------------------------------------------------
  * the schedule and the activation pools it needs */
 
+/* The parts of an action: an OVERLAP_F_B's sub-actions, else the action itself. */
+static int action_parts(const pp_action *a, pp_op *out) {
+    if (a->type != PP_OVERLAP_F_B) {
+        out[0] = (pp_op){a->type, a->stage, a->mb};
+        return 1;
+    }
+    for (int k = 0; k < a->n_sub; k++) out[k] = a->sub[k];
+    return a->n_sub;
+}
+
+/* Rounds of the schedule per step: the accumulation steps under pipeline parallel;
+ * without it the accumulation is the schedule itself. */
+static int n_rounds(const trainer *t) { return t->pp_size > 1 ? t->accum : 1; }
+
 /* Replays the buffer rules over a rank's list: the most buffers each local stage
  * holds at once (peak[i] for st[i]), and the most of its microbatches between an I
  * and its W at once (open_iw[i]: each holds a recompute slot per block that drops
@@ -103,13 +117,7 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
     for (int i = 0; i < s->len[rank]; i++) {
         const pp_action *a = &s->acts[rank][i];
         pp_op ops_[PP_MAX_SUB];
-        int n = 0;
-        if (a->type == PP_OVERLAP_F_B) {
-            for (int k = 0; k < a->n_sub; k++) ops_[n++] = a->sub[k];
-        } else {
-            ops_[0] = (pp_op){a->type, a->stage, a->mb};
-            n = 1;
-        }
+        const int n = action_parts(a, ops_);
         for (int k = 0; k < n; k++) {
             const pp_op *o = &ops_[k];
             if (o->stage < 0 || o->stage >= S || o->mb < 0 || o->mb >= M) continue;
@@ -236,85 +244,62 @@ int train_plan_pools(trainer *t, int *peak, int *open_iw, int *peak_send, char *
     return plan_pools(t, t->run_sched, t->pp_rank, peak, open_iw, peak_send, err, errlen);
 }
 
-static int n_rounds(const trainer *t);
-
 int train_plan_grad_arenas(trainer *t) {
+    t->n_grad_arenas = 0;
+    for (int i = 0; i < t->n_local; i++) t->st[i].grad_arena = -1;
+    if (t->pp_size == 1) return 0; /* without pipeline parallel FSDP rotates two buffers of its own */
     const pp_schedule *s = t->run_sched;
     const int n = t->n_local, len = s->len[t->pp_rank];
-    int *first = malloc(3 * (size_t)n * sizeof *first), *end = first ? first + n : NULL, *order = end ? end + n : NULL;
-    size_t *need = calloc((size_t)n, sizeof *need);
+    /* per stage: its window [first, end], the order of the starts; per arena: its last end */
+    int *first = malloc(4 * (size_t)n * sizeof *first);
+    size_t *arena_size = calloc((size_t)n, sizeof *arena_size);
     t->grad_arena_off = calloc((size_t)n + 1, sizeof *t->grad_arena_off);
-    if (!first || !need || !t->grad_arena_off) {
+    if (!first || !arena_size || !t->grad_arena_off) {
         free(first);
-        free(need);
+        free(arena_size);
         return -1;
     }
-    t->n_grad_arenas = 0;
-    for (int i = 0; i < n; i++) t->st[i].grad_arena = -1;
-    if (t->pp_size == 1) { /* without pipeline parallel FSDP rotates two buffers of its own */
-        free(first);
-        free(need);
-        return 0;
-    }
+    int *end = first + n, *order = end + n, *arena_end = order + n;
     for (int i = 0; i < n; i++) {
         first[i] = len;
         end[i] = len; /* without a WAIT_REDUCE_GRAD (a CSV's lowered list): fsdp_finish_grads after the list */
-        need[i] = fsdp_memory_report(t->st[i].fs).work_grad_bytes;
+        order[i] = i;
     }
-    for (int k = 0; k < len; k++) {
-        const pp_action *a = &s->acts[t->pp_rank][k];
-        pp_op o[PP_MAX_SUB];
-        int m = 0;
-        if (a->type == PP_OVERLAP_F_B)
-            for (int j = 0; j < a->n_sub; j++) o[m++] = a->sub[j];
-        else
-            o[m++] = (pp_op){a->type, a->stage, a->mb};
-        for (int j = 0; j < m; j++) {
-            if (o[j].stage < 0) continue;
-            const int li = local_of(t, o[j].stage);
-            if ((o[j].type == PP_W || o[j].type == PP_B) && first[li] == len) first[li] = k;
-            if (o[j].type == PP_WAIT_REDUCE_GRAD) end[li] = k;
-        }
-    }
-    /* several rounds accumulate across the whole step */
-    if (n_rounds(t) > 1)
-        for (int i = 0; i < n; i++) {
-            first[i] = 0;
-            end[i] = len;
+    if (n_rounds(t) > 1) /* several rounds accumulate across the whole step */
+        for (int i = 0; i < n; i++) first[i] = 0;
+    else
+        for (int k = 0; k < len; k++) {
+            pp_op o[PP_MAX_SUB];
+            const int m = action_parts(&s->acts[t->pp_rank][k], o);
+            for (int j = 0; j < m; j++) {
+                if (o[j].stage < 0) continue;
+                const int li = local_of(t, o[j].stage);
+                if ((o[j].type == PP_W || o[j].type == PP_B) && first[li] == len) first[li] = k;
+                if (o[j].type == PP_WAIT_REDUCE_GRAD) end[li] = k;
+            }
         }
     /* greedy interval colouring in order of the windows' starts: a stage joins the first
      * arena whose last window closed before its own opens */
-    for (int i = 0; i < n; i++) order[i] = i;
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && first[order[j]] < first[order[j - 1]]; j--) {
             const int x = order[j];
             order[j] = order[j - 1];
             order[j - 1] = x;
         }
-    int *arena_end = calloc((size_t)n, sizeof *arena_end);
-    size_t *arena_size = calloc((size_t)n, sizeof *arena_size);
-    if (!arena_end || !arena_size) {
-        free(arena_end);
-        free(arena_size);
-        free(first);
-        free(need);
-        return -1;
-    }
     for (int q = 0; q < n; q++) {
         const int i = order[q];
-        if (!need[i]) continue;
+        const size_t need = fsdp_memory_report(t->st[i].fs).work_grad_bytes;
+        if (!need) continue;
         int a = 0;
         while (a < t->n_grad_arenas && arena_end[a] >= first[i]) a++;
         if (a == t->n_grad_arenas) t->n_grad_arenas++;
         arena_end[a] = end[i];
-        if (need[i] > arena_size[a]) arena_size[a] = need[i];
+        if (need > arena_size[a]) arena_size[a] = need;
         t->st[i].grad_arena = a;
     }
     for (int a = 0; a < t->n_grad_arenas; a++) t->grad_arena_off[a + 1] = t->grad_arena_off[a] + arena_size[a];
-    free(arena_end);
-    free(arena_size);
     free(first);
-    free(need);
+    free(arena_size);
     return 0;
 }
 
@@ -509,9 +494,6 @@ static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
                  residual_bytes(s, t->tok));
 }
 
-/* Rounds of the schedule per step: the accumulation steps under pipeline parallel;
- * without it the accumulation is the schedule itself. */
-static int n_rounds(const trainer *t) { return t->pp_size > 1 ? t->accum : 1; }
 static int last_round(const trainer *t) { return t->round == n_rounds(t) - 1; }
 
 static void cb_backward_input(void *user, int stage, int mb) {

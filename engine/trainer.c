@@ -998,6 +998,17 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         log_error("out of memory allocating training buffers");
         goto fail;
     }
+    if (t->n_grad_arenas) { /* the stages' unsharded gradients (train_plan_grad_arenas) */
+        const size_t total = t->grad_arena_off[t->n_grad_arenas];
+        t->grad_arena_mem = ops->alloc(total);
+        if (!t->grad_arena_mem) {
+            log_error("out of memory allocating the unsharded gradients (%.1f MiB)", (double)total / 1048576.0);
+            goto fail;
+        }
+        for (int i = 0; i < t->n_local; i++)
+            if (t->st[i].grad_arena >= 0)
+                fsdp_set_work_grads(t->st[i].fs, (char *)t->grad_arena_mem + t->grad_arena_off[t->st[i].grad_arena]);
+    }
     for (int i = 0; i < t->n_local; i++) {
         train_stage *st = &t->st[i];
         const size_t local_numel = fsdp_local_numel(st->fs);
@@ -1025,17 +1036,6 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 goto fail;
             }
             for (int k = 0; k < t->n_local; k++) t->st[k].ws = ws;
-        }
-        if (t->n_grad_arenas && !t->grad_arena_mem) {
-            const size_t total = t->grad_arena_off[t->n_grad_arenas];
-            t->grad_arena_mem = ops->alloc(total);
-            if (!t->grad_arena_mem) {
-                log_error("out of memory allocating the unsharded gradients (%.1f MiB)", (double)total / 1048576.0);
-                goto fail;
-            }
-            for (int k = 0; k < t->n_local; k++)
-                if (t->st[k].grad_arena >= 0)
-                    fsdp_set_work_grads(t->st[k].fs, (char *)t->grad_arena_mem + t->grad_arena_off[t->st[k].grad_arena]);
         }
         for (int k = 0; st->ws && k < st->n_acts; k++) {
             st->acts_mb[k] = -1;
