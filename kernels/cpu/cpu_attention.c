@@ -18,6 +18,14 @@
 // KV, D] layout a head's rows are KV*D floats apart, a cache line each at head_dim 16),
 // and each query block's Q^T (and dO^T, Q, dO) for the backward.
 //
+// The products whose output is a block's rows by head_dim (the forward's P V, the
+// backward's dQ) accumulate transposed, [D][BQ]: at head_dim 16 a row-major output is a
+// single vector wide, so every FMA would need its own broadcast, while the transposed one
+// is BQ wide and takes the kernel's full register tiles. The forward's rescaling by the
+// softmax correction becomes a lane-wise multiply, and the block is transposed back once,
+// when it is written out. Each output element is still the same FMA chain in the same
+// order, so the results are those of the row-major products, bit for bit.
+//
 // Threads: the forward runs one task per (batch, kv head, range of query blocks), the
 // latest ranges first (they see the most keys under the causal mask). The backward has
 // two schedules, both free of atomics:
@@ -61,28 +69,32 @@
         VT vs_ = (x);                            \
         __builtin_memcpy((p), &vs_, sizeof vs_); \
     } while (0)
-// C := alpha S + (C or 0), on W columns or the last nw < W through a zero-padded copy.
+// C := alpha S (+ C when acc), on W columns or the last nw < W through a zero-padded copy.
 // alpha S is rounded on its own before the add: whether a compiler would fuse the two
 // depends on the code around them (it differs between the widths under ASan), and the
-// kernels of both widths must give the same bits.
+// kernels of both widths must give the same bits. Without acc the product is stored as it
+// is: at head_dim 16 a tile's output costs as much as a sixth of its FMAs, and the fence
+// and the add of zeros were most of that.
 #define V_OUT(VT, W, cp, s, nw)                                                          \
     do {                                                                                 \
-        float *cp_ = (cp), t_[W] = {0};                                                  \
-        VT cv_ = {0};                                                                    \
+        float *cp_ = (cp);                                                               \
+        VT r_ = alpha * (s);                                                             \
         if (acc) {                                                                       \
+            VT cv_;                                                                      \
             if ((nw) == (W)) {                                                           \
                 cv_ = V_LD(VT, cp_);                                                     \
             } else {                                                                     \
-                __builtin_memcpy(t_, cp_, (size_t)(nw) * sizeof(float));                 \
-                cv_ = V_LD(VT, t_);                                                      \
+                float tc_[W] = {0};                                                      \
+                __builtin_memcpy(tc_, cp_, (size_t)(nw) * sizeof(float));                \
+                cv_ = V_LD(VT, tc_);                                                     \
             }                                                                            \
+            __asm__("" : "+m"(r_)); /* no fusion with the add below */                   \
+            r_ += cv_;                                                                   \
         }                                                                                \
-        VT r_ = alpha * (s);                                                             \
-        __asm__("" : "+m"(r_)); /* no fusion with the add below */                       \
-        r_ += cv_;                                                                       \
         if ((nw) == (W)) {                                                               \
             V_ST(VT, cp_, r_);                                                           \
         } else {                                                                         \
+            float t_[W];                                                                 \
             V_ST(VT, t_, r_);                                                            \
             __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));                     \
         }                                                                                \
@@ -96,50 +108,51 @@
     })
 
 // C[m, w] = alpha A B (+ C when acc): A(i, p) = a[i ar + p ac] at any strides, B row-major
-// [n, w] with leading dimension ldb. Register tiles of 4 rows x 2W columns (8 vector
-// accumulators; B's two vectors loaded once per p for the 4 rows); columns past the last
-// 2W run as tiles of 8 rows x W (the head_dim-wide products at head_dim 16 on AVX-512),
-// the last of them zero-padded; rows past the last 4 one at a time. Every element of C is
-// the same chain of FMAs over p in order and one final alpha-multiply-add, whichever tile,
-// edge or vector width computes it, so its bits depend neither on where the tile edges
-// fall nor on the ISA level.
-#define MK_GEMM_BODY(VT, W)                                                                       \
-    const int jm = w / (2 * W) * (2 * W), im = m / 4 * 4;                                        \
-    for (int i = 0; i < im; i += 4) {                                                             \
+// [n, w] with leading dimension ldb. Register tiles of R2 rows x 2W columns (B's two vectors
+// loaded once per p for the R2 rows); columns past the last 2W run as tiles of R1 rows x W
+// (the head_dim-wide products at head_dim 16 on AVX-512), the last of them zero-padded;
+// rows past the last full tile one at a time. An FMA's result is ready 4 cycles after it
+// issues and two issue per cycle, so a tile needs at least 8 independent accumulators to
+// keep both FMA ports busy; the AVX-512 build has 32 vector registers and takes 16 (R2 8,
+// R1 16) to leave slack for the loads, the 8-wide build's 16 registers hold 8 (R2 4, R1 8).
+// Every element of C is the same chain of FMAs over p in order and one final
+// alpha-multiply-add, whichever tile, edge or vector width computes it, so its bits depend
+// neither on where the tile edges fall nor on the ISA level.
+#define MK_GEMM_BODY(VT, W, R2, R1)                                                               \
+    const int jm = w / (2 * W) * (2 * W), im = m / (R2) * (R2);                                   \
+    for (int i = 0; i < im; i += (R2)) {                                                          \
         const float *a0 = a + i * ar;                                                             \
         float *c0 = c + i * ldc;                                                                  \
         for (int j = 0; j < jm; j += 2 * W) {                                                     \
-            VT s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0}, s31 = {0}; \
+            VT s[R2][2];                                                                          \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) s[r][0] = s[r][1] = (VT){0};  \
             const float *bp = b + j, *ap = a0;                                                    \
             for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                    \
                 VT b0 = V_LD(VT, bp), b1 = V_LD(VT, bp + W);                                      \
-                float x;                                                                          \
-                x = ap[0], s00 += x * b0, s01 += x * b1;                                          \
-                x = ap[ar], s10 += x * b0, s11 += x * b1;                                         \
-                x = ap[2 * ar], s20 += x * b0, s21 += x * b1;                                     \
-                x = ap[3 * ar], s30 += x * b0, s31 += x * b1;                                     \
+                _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) {                         \
+                    float x = ap[r * ar];                                                         \
+                    s[r][0] += x * b0, s[r][1] += x * b1;                                         \
+                }                                                                                 \
             }                                                                                     \
-            V_OUT(VT, W, c0 + j, s00, W);                                                         \
-            V_OUT(VT, W, c0 + j + W, s01, W);                                                     \
-            V_OUT(VT, W, c0 + ldc + j, s10, W);                                                   \
-            V_OUT(VT, W, c0 + ldc + j + W, s11, W);                                               \
-            V_OUT(VT, W, c0 + 2 * ldc + j, s20, W);                                               \
-            V_OUT(VT, W, c0 + 2 * ldc + j + W, s21, W);                                           \
-            V_OUT(VT, W, c0 + 3 * ldc + j, s30, W);                                               \
-            V_OUT(VT, W, c0 + 3 * ldc + j + W, s31, W);                                           \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) {                             \
+                V_OUT(VT, W, c0 + r * ldc + j, s[r][0], W);                                       \
+                V_OUT(VT, W, c0 + r * ldc + j + W, s[r][1], W);                                   \
+            }                                                                                     \
         }                                                                                         \
     }                                                                                             \
     for (int j = jm; j < w; j += W) {                                                             \
         const int nw = w - j < W ? w - j : W;                                                     \
         int i = 0;                                                                                \
-        for (; i + 8 <= m; i += 8) {                                                              \
-            VT s[8] = {{0}};                                                                      \
+        for (; i + (R1) <= m; i += (R1)) {                                                        \
+            VT s[R1];                                                                             \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) s[r] = (VT){0};               \
             const float *bp = b + j, *ap = a + i * ar;                                            \
             for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                    \
                 VT b0 = V_LDB(VT, W, bp, nw);                                                     \
-                for (int r = 0; r < 8; r++) s[r] += ap[r * ar] * b0;                              \
+                _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) s[r] += ap[r * ar] * b0;  \
             }                                                                                     \
-            for (int r = 0; r < 8; r++) V_OUT(VT, W, c + (i + r) * ldc + j, s[r], nw);            \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++)                               \
+                V_OUT(VT, W, c + (i + r) * ldc + j, s[r], nw);                                    \
         }                                                                                         \
         for (; i < m; i++) {                                                                      \
             VT s0 = {0};                                                                          \
@@ -159,16 +172,17 @@
 typedef float v8f __attribute__((vector_size(32)));
 CPU_SIMD static void mk_gemm8(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
                               const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
-    MK_GEMM_BODY(v8f, 8)
+    MK_GEMM_BODY(v8f, 8, 4, 8)
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
     !defined(TETRA_NO_CLONES)
+#include <immintrin.h>
 typedef float v16f __attribute__((vector_size(64)));
 __attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void mk_gemm16(
     float *restrict c, long ldc, const float *restrict a, long ar, long ac, const float *restrict b, long ldb, int m,
     int w, int n, float alpha, int acc) {
-    MK_GEMM_BODY(v16f, 16)
+    MK_GEMM_BODY(v16f, 16, 8, 8)
 }
 #define MK_HAVE_W16 1
 #endif
@@ -197,14 +211,255 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
     mk_gemm8(c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
 }
 
+// ----------------------------------------------------------------------------
+// the softmax passes over a score tile
+
+// A transposed tile holds a key per row and a query per column, so W queries are one
+// vector: their running max and sum stay in registers while the pass walks the tile's
+// keys, and the causal mask is a lane mask on the few keys a vector sees partly (all keys
+// before them are visible to every lane, all keys after them to none). Written once for
+// the two vector widths, with the exp of tetra_expf_softmax spelled out on vectors (the
+// same operations, so the same bits at either width).
+#define V_SEL(VT, IT, msk, x, y) ((VT)(((IT)(x) & (msk)) | ((IT)(y) & ~(msk))))
+#define V_EXP_SM(VT, IT, x)                                                                  \
+    __extension__({                                                                          \
+        VT xc_ = (x);                                                                        \
+        xc_ = V_SEL(VT, IT, xc_ < -87.3f, (VT){} - 87.3f, xc_);                              \
+        VT t_ = xc_ * 1.44269504088896341f;                                                  \
+        VT fn_ = (t_ + 12582912.0f) - 12582912.0f;                                           \
+        VT r_ = xc_ - fn_ * 0.693359375f;                                                    \
+        r_ = r_ - fn_ * -2.12194440e-4f;                                                     \
+        VT p_ = (VT){} + 1.9875691500e-4f;                                                   \
+        p_ = p_ * r_ + 1.3981999507e-3f;                                                     \
+        p_ = p_ * r_ + 8.3334519073e-3f;                                                     \
+        p_ = p_ * r_ + 4.1665795894e-2f;                                                     \
+        p_ = p_ * r_ + 1.6666665459e-1f;                                                     \
+        p_ = p_ * r_ + 5.0000001201e-1f;                                                     \
+        IT n_ = __builtin_convertvector(fn_, IT);                                            \
+        (p_ * r_ * r_ + r_ + 1.0f) * (VT)((n_ + 127) << 23);                                 \
+    })
+
+// keys [0, lo) of a tile are visible to queries r0.. r0+W-1, keys [hi, cols) to none of
+// them; key c in between is visible to lane q iff r0 + q >= c - nvis0 + 1
+#define TILE_SPAN(W)                                                                         \
+    int lo = cols, hi = cols;                                                                \
+    if (causal) {                                                                            \
+        lo = r0 + nvis0 < 0 ? 0 : (r0 + nvis0 > cols ? cols : r0 + nvis0);                  \
+        hi = r0 + (W) - 1 + nvis0 < 0 ? 0 : (r0 + (W) - 1 + nvis0 > cols ? cols : r0 + (W) - 1 + nvis0); \
+    }
+
+// Online-softmax update of a transposed score tile ST [cols][rows] (ld BQ), in place to
+// P^T. m, l: the running max and sum of each query; corr receives the factor that
+// rescales each query's accumulator (1 when it had seen nothing or the max holds). Lanes
+// past `rows` compute on whatever the buffers hold and are never read.
+#define FWD_TILE_BODY(VT, IT, W, VEXP)                                                           \
+    IT iota = {0};                                                                           \
+    for (int q = 0; q < (W); q++) iota[q] = q;                                               \
+    for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
+        TILE_SPAN(W)                                                                         \
+        const IT lane = iota + r0 + nvis0 - 1; /* key c is visible to the lanes with c <= lane */ \
+        VT m_old = V_LD(VT, m + r0), mx = m_old;                                             \
+        for (int c = 0; c < lo; c++) {                                                       \
+            VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                       \
+            mx = V_SEL(VT, IT, x > mx, x, mx);                                               \
+        }                                                                                    \
+        for (int c = lo; c < hi; c++) {                                                      \
+            VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                       \
+            mx = V_SEL(VT, IT, (x > mx) & (c <= lane), x, mx);                               \
+        }                                                                                    \
+        /* a query that has seen no key yet keeps m = -inf, l = 0 and an empty accumulator */ \
+        VT cr = V_SEL(VT, IT, mx == -INFINITY, (VT){} + 1.0f, VEXP(VT, IT, m_old - mx)); \
+        VT lv = V_LD(VT, l + r0) * cr;                                                       \
+        for (int c = 0; c < lo; c++) {                                                       \
+            float *sp = ST + (size_t)c * BQ + r0;                                            \
+            VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                      \
+            V_ST(VT, sp, p);                                                                 \
+            lv += p;                                                                         \
+        }                                                                                    \
+        for (int c = lo; c < hi; c++) {                                                      \
+            float *sp = ST + (size_t)c * BQ + r0;                                            \
+            VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                      \
+            p = V_SEL(VT, IT, c <= lane, p, (VT){});                                         \
+            V_ST(VT, sp, p);                                                                 \
+            lv += p;                                                                         \
+        }                                                                                    \
+        for (int c = hi; c < cols; c++) V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});          \
+        V_ST(VT, m + r0, mx);                                                                \
+        V_ST(VT, l + r0, lv);                                                                \
+        V_ST(VT, corr + r0, cr);                                                             \
+    }
+
+// A transposed tile pair in place: ST -> P^T = exp(S^T - lse), dPT -> dS^T = P^T (dP^T - Dv),
+// both [cols][rows] (ld BQ); masked entries become 0, and so does P for a query that sees
+// no key (lse = -inf). lse and Dv are read through a zero-padded copy past `rows`.
+#define BWD_TILE_BODY(VT, IT, W, VEXP)                                                           \
+    IT iota = {0};                                                                           \
+    for (int q = 0; q < (W); q++) iota[q] = q;                                               \
+    for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
+        TILE_SPAN(W)                                                                         \
+        const IT lane = iota + r0 + nvis0 - 1;                                               \
+        const int nw = rows - r0 < (W) ? rows - r0 : (W);                                    \
+        VT L = V_LDB(VT, W, lse + r0, nw), dvv = V_LDB(VT, W, dv + r0, nw);                  \
+        const IT live = L != -INFINITY;                                                      \
+        for (int c = 0; c < hi; c++) {                                                       \
+            float *sp = ST + (size_t)c * BQ + r0, *dp = dPT + (size_t)c * BQ + r0;           \
+            IT vis = c < lo ? live : live & (c <= lane);                                     \
+            VT p = V_SEL(VT, IT, vis, VEXP(VT, IT, V_LD(VT, sp) - L), (VT){});          \
+            VT ds = p * (V_LD(VT, dp) - dvv);                                                \
+            V_ST(VT, sp, p);                                                                 \
+            V_ST(VT, dp, c < lo ? ds : V_SEL(VT, IT, c <= lane, ds, (VT){}));               \
+        }                                                                                    \
+        for (int c = hi; c < cols; c++) {                                                    \
+            V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});                                      \
+            V_ST(VT, dPT + (size_t)c * BQ + r0, (VT){});                                     \
+        }                                                                                    \
+    }
+
+typedef int v8i __attribute__((vector_size(32)));
+CPU_SIMD static void fwd_tile8(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows,
+                               int cols, int nvis0, int causal) {
+    FWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)
+}
+CPU_SIMD static void bwd_tile8(float *restrict ST, float *restrict dPT, const float *restrict lse,
+                               const float *restrict dv, int rows, int cols, int nvis0, int causal) {
+    BWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)
+}
+#ifdef MK_HAVE_W16
+typedef int v16i __attribute__((vector_size(64)));
+// V_EXP_SM in AVX-512's own instructions, with the same bits: max(-87.3, x) is the clamp
+// (NaN passes), roundscale to nearest even is the 1.5 * 2^23 rounding, and scalef is the
+// exact multiply by 2^fn that the exponent-bits construction performs (fn in [-126, 127]).
+// 13 operations a vector instead of 18: the exp is most of a softmax pass.
+#define V_EXP_SM16(VT, IT, x)                                                                \
+    __extension__({                                                                          \
+        VT xc_ = (VT)_mm512_max_ps(_mm512_set1_ps(-87.3f), (__m512)(x));                     \
+        VT fn_ = (VT)_mm512_roundscale_ps((__m512)(xc_ * 1.44269504088896341f),             \
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);    \
+        VT r_ = xc_ - fn_ * 0.693359375f;                                                    \
+        r_ = r_ - fn_ * -2.12194440e-4f;                                                     \
+        VT p_ = (VT){} + 1.9875691500e-4f;                                                   \
+        p_ = p_ * r_ + 1.3981999507e-3f;                                                     \
+        p_ = p_ * r_ + 8.3334519073e-3f;                                                     \
+        p_ = p_ * r_ + 4.1665795894e-2f;                                                     \
+        p_ = p_ * r_ + 1.6666665459e-1f;                                                     \
+        p_ = p_ * r_ + 5.0000001201e-1f;                                                     \
+        (VT)_mm512_scalef_ps((__m512)(p_ * r_ * r_ + r_ + 1.0f), (__m512)fn_);               \
+    })
+__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void fwd_tile16(
+    float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows, int cols, int nvis0,
+    int causal) {
+    FWD_TILE_BODY(v16f, v16i, 16, V_EXP_SM16)
+}
+__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void bwd_tile16(
+    float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv, int rows, int cols,
+    int nvis0, int causal) {
+    BWD_TILE_BODY(v16f, v16i, 16, V_EXP_SM16)
+}
+#endif
+
+static void fwd_tile_t(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows,
+                       int cols, int nvis0, int causal) {
+#ifdef MK_HAVE_W16
+    if (mk_width == 16) {
+        fwd_tile16(ST, m, l, corr, rows, cols, nvis0, causal);
+        return;
+    }
+#endif
+    fwd_tile8(ST, m, l, corr, rows, cols, nvis0, causal);
+}
+
+static void bwd_tile_t(float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv,
+                       int rows, int cols, int nvis0, int causal) {
+#ifdef MK_HAVE_W16
+    if (mk_width == 16) {
+        bwd_tile16(ST, dPT, lse, dv, rows, cols, nvis0, causal);
+        return;
+    }
+#endif
+    bwd_tile8(ST, dPT, lse, dv, rows, cols, nvis0, causal);
+}
+
+// ----------------------------------------------------------------------------
+// transposes between a block's rows [rows][D] (strided) and its transposed [D][BQ] form
+
+#ifdef MK_HAVE_W16
+// r[q] := column q of the 16 x 16 block held in r (row i in r[i])
+__attribute__((always_inline, target("arch=x86-64-v4"))) static inline void tr16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; j++) {
+        t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+        t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+        t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+        t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+        r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+        r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+    }
+}
+
+// dst[c * ldd + r] = scale[c] src[r * lds + c] (scale NULL: 1, no multiply) for r < nr, c < nc
+// (both <= 16), 16 x 16 in registers; with add, dst += instead of =. Each element is one
+// multiply and one add at most, as in the scalar loops.
+__attribute__((noinline, target("arch=x86-64-v4"))) static void tr_block16(float *restrict dst, long ldd,
+                                                                         const float *restrict src, long lds,
+                                                                         const float *restrict scale, int nr, int nc,
+                                                                         int add) {
+    const __mmask16 cm = (__mmask16)((1u << nc) - 1), rm = (__mmask16)((1u << nr) - 1);
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) r[i] = i < nr ? _mm512_maskz_loadu_ps(cm, src + i * lds) : _mm512_setzero_ps();
+    tr16(r);
+    for (int c = 0; c < nc; c++) {
+        __m512 x = scale ? _mm512_mul_ps(_mm512_set1_ps(scale[c]), r[c]) : r[c];
+        if (add) x = _mm512_add_ps(_mm512_maskz_loadu_ps(rm, dst + c * ldd), x);
+        _mm512_mask_storeu_ps(dst + c * ldd, rm, x);
+    }
+}
+#endif
+
+// dst[c][r] (ld ldd) = scale[c] src[r][c] (ld lds), or += with add; r < nr, c < nc
+static void tr_rows(float *restrict dst, long ldd, const float *restrict src, long lds, const float *restrict scale,
+                    int nr, int nc, int add) {
+#ifdef MK_HAVE_W16
+    if (mk_width == 16) {
+        for (int r0 = 0; r0 < nr; r0 += 16)
+            for (int c0 = 0; c0 < nc; c0 += 16)
+                tr_block16(dst + c0 * ldd + r0, ldd, src + r0 * lds + c0, lds, scale ? scale + c0 : NULL,
+                           nr - r0 < 16 ? nr - r0 : 16, nc - c0 < 16 ? nc - c0 : 16, add);
+        return;
+    }
+#endif
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            float x = scale ? scale[c] * src[r * lds + c] : src[r * lds + c];
+            dst[c * ldd + r] = add ? dst[c * ldd + r] + x : x;
+        }
+}
+
+// dst[r][:] = x[r][:] for rows of x strided by ldx, dst contiguous [rows][d] (a head's row
+// is 64 bytes at head_dim 16: a vector copy, where a memcpy call per row cost more)
+CPU_SIMD static void copy_rows_k(float *restrict dst, const float *restrict x, long ldx, int rows, int d) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < d; j++) dst[(size_t)r * d + j] = x[r * ldx + j];
+}
+
 // xt[d][r] = x[r][d] for a block of rows (row stride ldx), leading dimension BQ; and,
 // when xp is given, the rows themselves contiguous [rows][d].
 static void pack_rows(float *restrict xt, float *restrict xp, const float *restrict x, long ldx, int rows, int d) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + r * ldx;
-        for (int j = 0; j < d; j++) xt[(size_t)j * BQ + r] = xr[j];
-        if (xp) memcpy(xp + (size_t)r * d, xr, (size_t)d * sizeof(float));
-    }
+    tr_rows(xt, BQ, x, ldx, NULL, rows, d, 0);
+    if (xp) copy_rows_k(xp, x, ldx, rows, d);
 }
 
 // y[r][:] += x[r][:] for rows of y strided by ldy, x contiguous [rows][d]
@@ -225,9 +480,10 @@ CPU_SIMD static void add_rows_k(float *restrict y, long ldy, const float *restri
 typedef struct {
     float *ST, *dPT;        // score tiles [BK][BQ]
     float *QT, *dOT;        // the query block's Q^T, dO^T [D][BQ]
-    float *Qp, *dOp, *dQp;  // its Q, dO and dQ rows, contiguous [BQ][D] (backward)
-    float *acc;             // output accumulator [BQ][D] (forward)
-    float *m, *l, *corr, *mx;  // per-query statistics [BQ] (forward)
+    float *Qp, *dOp;        // its Q and dO rows, contiguous [BQ][D] (backward)
+    float *dQp;             // its dQ, transposed [D][BQ] (backward)
+    float *acc;             // output accumulator, transposed [D][BQ] (forward)
+    float *m, *l, *corr;    // per-query statistics [BQ] (forward)
     float *Kp, *Vp;         // the kv head's K, V rows, contiguous [Sk][D]
     float *dKp, *dVp;       // their gradients (backward)
 } attn_bufs;
@@ -237,9 +493,12 @@ static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 static attn_bufs bufs_alloc(int d, int sk, int backward) {
     size_t tile = align16((size_t)BK * BQ), blk = align16((size_t)BQ * d), vec = align16(BQ);
     size_t kv = align16((size_t)sk * d);
-    size_t n = 2 * tile + 6 * blk + 4 * vec + (backward ? 4 : 2) * kv;
+    size_t n = 2 * tile + 6 * blk + 3 * vec + (backward ? 4 : 2) * kv;
     float *p = NULL;
     if (posix_memalign((void **)&p, 64, n * sizeof(float)) != 0) abort();
+    // tiles, packs and statistics start as zeros: the softmax passes compute whole vectors,
+    // and lanes past a block's last query must hold numbers (not uninitialised bits)
+    memset(p, 0, (n - (backward ? 4 : 2) * kv) * sizeof(float));
     attn_bufs t;
     t.ST = p, p += tile;
     t.dPT = p, p += tile;
@@ -252,7 +511,6 @@ static attn_bufs bufs_alloc(int d, int sk, int backward) {
     t.m = p, p += vec;
     t.l = p, p += vec;
     t.corr = p, p += vec;
-    t.mx = p, p += vec;
     t.Kp = p, p += kv;
     t.Vp = p, p += kv;
     t.dKp = backward ? p : NULL, p += backward ? kv : 0;
@@ -262,8 +520,7 @@ static attn_bufs bufs_alloc(int d, int sk, int backward) {
 
 // rows [0, n) of kv head g of batch b, contiguous [n][D]
 static void pack_kv(float *restrict dst, const float *restrict x, const ops_attn_shape *s, int b, int g, int n) {
-    const float *src = x + ((size_t)b * s->sk * s->kv + g) * s->d;
-    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * s->d, src + (size_t)j * s->kv * s->d, (size_t)s->d * 4);
+    copy_rows_k(dst, x + ((size_t)b * s->sk * s->kv + g) * s->d, (long)s->kv * s->d, n, s->d);
 }
 
 // The workspace holds the backward's row term rowsum(dout * out), [B, H, Sq]: linear in
@@ -291,66 +548,28 @@ static inline int tile_nvis0(const ops_attn_shape *s, long long delta, int i0, i
     return nv0 < -BQ ? -BQ : (nv0 > cols ? cols : (int)nv0);
 }
 
-// first query row of the tile that sees key c
-static inline int first_visible(int c, int nvis0, int rows, int causal) {
-    int r0 = causal ? c - nvis0 + 1 : 0;
-    return r0 < 0 ? 0 : (r0 > rows ? rows : r0);
-}
 
 // ----------------------------------------------------------------------------
 // forward
 
-// Online-softmax update of a transposed score tile ST [cols][rows] (ld BQ), in place to
-// P^T. m, l: the running max and sum of each query; corr receives the factor that
-// rescales each query's accumulator (0 when it had seen nothing, 1 when the max holds);
-// mx is scratch.
-CPU_SIMD static void fwd_tile_t_k(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr,
-                                  float *restrict mx, int rows, int cols, int nvis0, int causal) {
-    for (int r = 0; r < rows; r++) mx[r] = m[r];
-    for (int c = 0; c < cols; c++) {
-        const float *sr = ST + (size_t)c * BQ;
-        for (int r = first_visible(c, nvis0, rows, causal); r < rows; r++) mx[r] = sr[r] > mx[r] ? sr[r] : mx[r];
-    }
-    for (int r = 0; r < rows; r++) {
-        // a query that has seen no key yet keeps m = -inf, l = 0 and an empty accumulator
-        corr[r] = mx[r] == -INFINITY ? 1.0f : tetra_expf_softmax(m[r] - mx[r]);
-        l[r] *= corr[r];
-        m[r] = mx[r];
-    }
-    for (int c = 0; c < cols; c++) {
-        float *sr = ST + (size_t)c * BQ;
-        int r0 = first_visible(c, nvis0, rows, causal);
-        for (int r = 0; r < r0; r++) sr[r] = 0.0f;
-        for (int r = r0; r < rows; r++) {  // visible: m[r] >= sr[r] is finite
-            float p = tetra_expf_softmax(sr[r] - m[r]);
-            sr[r] = p;
-            l[r] += p;
-        }
-    }
+// accT[d][r] *= corr[r]: the accumulator is transposed ([D][BQ]), so a query's factor is a
+// lane of every row (multiplying by 1 changes nothing, so no row is skipped)
+CPU_SIMD static void scale_cols_k(float *restrict accT, const float *restrict corr, int rows, int d) {
+    for (int j = 0; j < d; j++)
+        for (int r = 0; r < rows; r++) accT[(size_t)j * BQ + r] *= corr[r];
 }
 
-CPU_SIMD static void scale_rows_k(float *restrict acc, const float *restrict corr, int rows, int d) {
+// out = acc / l (transposed back to rows), lse = m + log l; a row that saw no key gets 0
+// and -inf (it contributes nothing when merged). inv is scratch [BQ].
+static void fwd_finish(float *restrict out, int ldo, float *restrict lse, const float *restrict accT,
+                       const float *restrict m, const float *restrict l, float *restrict inv, int rows, int d) {
     for (int r = 0; r < rows; r++) {
-        float f = corr[r];
-        if (f == 1.0f) continue;
-        float *ar = acc + (size_t)r * d;
-        for (int j = 0; j < d; j++) ar[j] *= f;
+        inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        lse[r] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
     }
-}
-
-CPU_SIMD static void fwd_finish_k(float *restrict out, int ldo, float *restrict lse, const float *restrict acc,
-                                  const float *restrict m, const float *restrict l, int rows, int d) {
-    for (int r = 0; r < rows; r++) {
-        float *o = out + (size_t)r * ldo;
-        if (l[r] == 0.0f) {  // no visible key: contributes nothing when merged
-            for (int j = 0; j < d; j++) o[j] = 0.0f;
-            lse[r] = -INFINITY;
-            continue;
-        }
-        float inv = 1.0f / l[r];
-        for (int j = 0; j < d; j++) o[j] = acc[(size_t)r * d + j] * inv;
-        lse[r] = m[r] + logf(l[r]);
-    }
+    tr_rows(out, ldo, accT, BQ, inv, d, rows, 0);  // out[r][j] = inv[r] accT[j][r]
+    for (int r = 0; r < rows; r++)
+        if (l[r] == 0.0f) memset(out + (size_t)r * ldo, 0, (size_t)d * sizeof(float));
 }
 
 // Tasks of a pass over (batch, kv head): each takes a range of query blocks, and there
@@ -392,19 +611,19 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
                 for (int h = g * rep; h < (g + 1) * rep; h++) {
                     pack_rows(t.QT, NULL, q + ((size_t)(b * Sq + i0) * H + h) * D, ldq, rows, D);
                     for (int r = 0; r < rows; r++) t.m[r] = -INFINITY, t.l[r] = 0.0f;
-                    memset(t.acc, 0, (size_t)rows * D * sizeof(float));
+                    memset(t.acc, 0, (size_t)D * BQ * sizeof(float));
                     for (int j0 = 0; j0 < kend; j0 += BK) {
                         int cols = kend - j0 < BK ? kend - j0 : BK;
                         // S^T = scale K_blk Q_blk^T
                         mk_gemm(t.ST, BQ, t.Kp + (size_t)j0 * D, D, 1, t.QT, BQ, cols, rows, D, s->scale, 0);
-                        fwd_tile_t_k(t.ST, t.m, t.l, t.corr, t.mx, rows, cols, tile_nvis0(s, delta, i0, j0, cols),
-                                     s->causal);
-                        scale_rows_k(t.acc, t.corr, rows, D);
-                        // acc += P V_blk, P read transposed from the tile
-                        mk_gemm(t.acc, D, t.ST, 1, BQ, t.Vp + (size_t)j0 * D, D, rows, D, cols, 1.0f, 1);
+                        fwd_tile_t(t.ST, t.m, t.l, t.corr, rows, cols, tile_nvis0(s, delta, i0, j0, cols), s->causal);
+                        scale_cols_k(t.acc, t.corr, rows, D);
+                        // acc^T += V_blk^T P^T: the tile is P^T already, and a tile of the
+                        // transposed product is D x BQ, wide enough for full register tiles
+                        mk_gemm(t.acc, BQ, t.Vp + (size_t)j0 * D, 1, D, t.ST, BQ, D, rows, cols, 1.0f, 1);
                     }
-                    fwd_finish_k(out + ((size_t)(b * Sq + i0) * H + h) * D, (int)ldq,
-                                 lse + (size_t)(b * H + h) * Sq + i0, t.acc, t.m, t.l, rows, D);
+                    fwd_finish(out + ((size_t)(b * Sq + i0) * H + h) * D, (int)ldq,
+                               lse + (size_t)(b * H + h) * Sq + i0, t.acc, t.m, t.l, t.corr, rows, D);
                 }
             }
         }
@@ -423,26 +642,6 @@ CPU_SIMD static void rowdot_k(float *restrict dst, const float *restrict a, cons
     *dst = acc;
 }
 
-// A transposed tile pair in place: ST -> P^T = exp(S^T - lse), dPT -> dS^T = P^T (dP^T - Dv),
-// both [cols][rows] (ld BQ); masked entries become 0.
-CPU_SIMD static void bwd_tile_t_k(float *restrict ST, float *restrict dPT, const float *restrict lse,
-                                  const float *restrict dv, int rows, int cols, int nvis0, int causal) {
-    for (int c = 0; c < cols; c++) {
-        float *sr = ST + (size_t)c * BQ, *dr = dPT + (size_t)c * BQ;
-        int r0 = first_visible(c, nvis0, rows, causal);
-        for (int r = 0; r < r0; r++) {
-            sr[r] = 0.0f;
-            dr[r] = 0.0f;
-        }
-        for (int r = r0; r < rows; r++) {
-            float L = lse[r];
-            float p = L == -INFINITY ? 0.0f : tetra_expf_softmax(sr[r] - L);  // row that sees no key
-            sr[r] = p;
-            dr[r] = p * (dr[r] - dv[r]);
-        }
-    }
-}
-
 // The tile pair of a (query block, key block): ST = scale K_blk Q_blk^T -> P^T and
 // dPT = V_blk dO_blk^T -> dS^T, from the block's packed Q^T, dO^T in t and key/value rows
 // at kb, vb (row stride ldkv); li indexes the block's first query in lse and Dv.
@@ -450,7 +649,7 @@ static void bwd_tile(const ops_attn_shape *s, attn_bufs *t, const float *kb, con
                      const float *lse, const float *Dv, int rows, int cols, int nvis0) {
     mk_gemm(t->ST, BQ, kb, ldkv, 1, t->QT, BQ, cols, rows, s->d, s->scale, 0);
     mk_gemm(t->dPT, BQ, vb, ldkv, 1, t->dOT, BQ, cols, rows, s->d, 1.0f, 0);
-    bwd_tile_t_k(t->ST, t->dPT, lse, Dv, rows, cols, nvis0, s->causal);
+    bwd_tile_t(t->ST, t->dPT, lse, Dv, rows, cols, nvis0, s->causal);
 }
 
 // first query row that sees key j0 (0 without the causal mask), clamped to [0, sq]
@@ -514,7 +713,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                         size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
                         pack_rows(t.QT, t.Qp, q + qoff, ldq, rows, D);
                         pack_rows(t.dOT, t.dOp, dout + qoff, ldq, rows, D);
-                        memset(t.dQp, 0, (size_t)rows * D * sizeof(float));
+                        memset(t.dQp, 0, (size_t)D * BQ * sizeof(float));
                         for (int j0 = 0; j0 < kend; j0 += BK) {
                             int cols = kend - j0 < BK ? kend - j0 : BK;
                             float *kb = t.Kp + (size_t)j0 * D, *vb = t.Vp + (size_t)j0 * D;
@@ -522,9 +721,9 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                             // dV_blk += P^T dO ; dK_blk += scale dS^T Q ; dQ_blk += scale dS K_blk
                             mk_gemm(t.dVp + (size_t)j0 * D, D, t.ST, BQ, 1, t.dOp, D, cols, D, rows, 1.0f, 1);
                             mk_gemm(t.dKp + (size_t)j0 * D, D, t.dPT, BQ, 1, t.Qp, D, cols, D, rows, s->scale, 1);
-                            mk_gemm(t.dQp, D, t.dPT, 1, BQ, kb, D, rows, D, cols, s->scale, 1);
+                            mk_gemm(t.dQp, BQ, kb, 1, D, t.dPT, BQ, D, rows, cols, s->scale, 1);  // dQ^T
                         }
-                        add_rows_k(dq + qoff, ldq, t.dQp, rows, D);
+                        tr_rows(dq + qoff, ldq, t.dQp, BQ, NULL, D, rows, 1);
                     }
                 }
                 size_t koff = ((size_t)b * Sk * KV + g) * D;
