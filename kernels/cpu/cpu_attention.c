@@ -258,8 +258,23 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
     for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
         TILE_SPAN(W)                                                                         \
         const IT lane = iota + r0 + nvis0 - 1; /* key c is visible to the lanes with c <= lane */ \
-        VT m_old = V_LD(VT, m + r0), mx = m_old;                                             \
-        for (int c = 0; c < lo; c++) {                                                       \
+        /* the max in four independent chains (a max is exact in any order): one chain    \
+           would wait out the compare's latency at every key */                              \
+        VT m_old = V_LD(VT, m + r0), mx = m_old, mx1 = m_old, mx2 = m_old, mx3 = m_old;      \
+        int c4 = 0;                                                                          \
+        for (; c4 + 4 <= lo; c4 += 4) {                                                      \
+            const float *sp = ST + (size_t)c4 * BQ + r0;                                     \
+            VT x0 = V_LD(VT, sp), x1 = V_LD(VT, sp + BQ);                                    \
+            VT x2 = V_LD(VT, sp + 2 * BQ), x3 = V_LD(VT, sp + 3 * BQ);                       \
+            mx = V_SEL(VT, IT, x0 > mx, x0, mx);                                             \
+            mx1 = V_SEL(VT, IT, x1 > mx1, x1, mx1);                                          \
+            mx2 = V_SEL(VT, IT, x2 > mx2, x2, mx2);                                          \
+            mx3 = V_SEL(VT, IT, x3 > mx3, x3, mx3);                                          \
+        }                                                                                    \
+        mx = V_SEL(VT, IT, mx1 > mx, mx1, mx);                                               \
+        mx2 = V_SEL(VT, IT, mx3 > mx2, mx3, mx2);                                            \
+        mx = V_SEL(VT, IT, mx2 > mx, mx2, mx);                                               \
+        for (int c = c4; c < lo; c++) {                                                      \
             VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                       \
             mx = V_SEL(VT, IT, x > mx, x, mx);                                               \
         }                                                                                    \
@@ -449,8 +464,10 @@ static void tr_rows(float *restrict dst, long ldd, const float *restrict src, lo
 }
 
 // dst[r][:] = x[r][:] for rows of x strided by ldx, dst contiguous [rows][d] (a head's row
-// is 64 bytes at head_dim 16: a vector copy, where a memcpy call per row cost more)
-CPU_SIMD static void copy_rows_k(float *restrict dst, const float *restrict x, long ldx, int rows, int d) {
+// is 64 bytes at head_dim 16: a vector copy, where a memcpy call per row cost more; GCC
+// would turn the inner loop back into that call)
+CPU_SIMD __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void copy_rows_k(
+    float *restrict dst, const float *restrict x, long ldx, int rows, int d) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < d; j++) dst[(size_t)r * d + j] = x[r * ldx + j];
 }
