@@ -221,22 +221,27 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
 // the two vector widths, with the exp of tetra_expf_softmax spelled out on vectors (the
 // same operations, so the same bits at either width).
 #define V_SEL(VT, IT, msk, x, y) ((VT)(((IT)(x) & (msk)) | ((IT)(y) & ~(msk))))
-#define V_EXP_SM(VT, IT, x)                                                                  \
+// e^r on the remainder r = x - fn ln2 (two-part ln2), tetra_exp_reduced's polynomial
+#define V_EXP_REDUCED(VT, xc, fn)                                                            \
     __extension__({                                                                          \
-        VT xc_ = (x);                                                                        \
-        xc_ = V_SEL(VT, IT, xc_ < -87.3f, (VT){} - 87.3f, xc_);                              \
-        VT t_ = xc_ * 1.44269504088896341f;                                                  \
-        VT fn_ = (t_ + 12582912.0f) - 12582912.0f;                                           \
-        VT r_ = xc_ - fn_ * 0.693359375f;                                                    \
-        r_ = r_ - fn_ * -2.12194440e-4f;                                                     \
+        VT r_ = (xc) - (fn) * 0.693359375f;                                                  \
+        r_ = r_ - (fn) * -2.12194440e-4f;                                                    \
         VT p_ = (VT){} + 1.9875691500e-4f;                                                   \
         p_ = p_ * r_ + 1.3981999507e-3f;                                                     \
         p_ = p_ * r_ + 8.3334519073e-3f;                                                     \
         p_ = p_ * r_ + 4.1665795894e-2f;                                                     \
         p_ = p_ * r_ + 1.6666665459e-1f;                                                     \
         p_ = p_ * r_ + 5.0000001201e-1f;                                                     \
+        p_ * r_ * r_ + r_ + 1.0f;                                                            \
+    })
+#define V_EXP_SM(VT, IT, x)                                                                  \
+    __extension__({                                                                          \
+        VT xc_ = (x);                                                                        \
+        xc_ = V_SEL(VT, IT, xc_ < -87.3f, (VT){} - 87.3f, xc_);                              \
+        VT t_ = xc_ * 1.44269504088896341f;                                                  \
+        VT fn_ = (t_ + 12582912.0f) - 12582912.0f;                                           \
         IT n_ = __builtin_convertvector(fn_, IT);                                            \
-        (p_ * r_ * r_ + r_ + 1.0f) * (VT)((n_ + 127) << 23);                                 \
+        V_EXP_REDUCED(VT, xc_, fn_) * (VT)((n_ + 127) << 23);                                \
     })
 
 // keys [0, lo) of a tile are visible to queries r0.. r0+W-1, keys [hi, cols) to none of
@@ -350,15 +355,7 @@ typedef int v16i __attribute__((vector_size(64)));
         VT xc_ = (VT)_mm512_max_ps(_mm512_set1_ps(-87.3f), (__m512)(x));                     \
         VT fn_ = (VT)_mm512_roundscale_ps((__m512)(xc_ * 1.44269504088896341f),             \
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);    \
-        VT r_ = xc_ - fn_ * 0.693359375f;                                                    \
-        r_ = r_ - fn_ * -2.12194440e-4f;                                                     \
-        VT p_ = (VT){} + 1.9875691500e-4f;                                                   \
-        p_ = p_ * r_ + 1.3981999507e-3f;                                                     \
-        p_ = p_ * r_ + 8.3334519073e-3f;                                                     \
-        p_ = p_ * r_ + 4.1665795894e-2f;                                                     \
-        p_ = p_ * r_ + 1.6666665459e-1f;                                                     \
-        p_ = p_ * r_ + 5.0000001201e-1f;                                                     \
-        (VT)_mm512_scalef_ps((__m512)(p_ * r_ * r_ + r_ + 1.0f), (__m512)fn_);               \
+        (VT)_mm512_scalef_ps((__m512)V_EXP_REDUCED(VT, xc_, fn_), (__m512)fn_);              \
     })
 __attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void fwd_tile16(
     float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows, int cols, int nvis0,
