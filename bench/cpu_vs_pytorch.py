@@ -371,7 +371,8 @@ def main():
                              f"({best[1]})")
                 if args.rounds > 1:  # each round's ratio against the mode that is best over the rounds
                     rr = [b_ / t_ for b_, t_ in zip(res[("pytorch", best[1])]["rounds"], te["rounds"])]
-                    notes.append(f"case {name} {dt}: per round {', '.join(f'{x:.2f}x' for x in rr)} "
+                    notes.append(f"case {name} {dt}: per round {', '.join(f'{x:.2f}x' for x in rr)}, median "
+                                 f"{statistics.median(rr):.2f}x "
                                  f"(tetra {', '.join(f'{x:.3f}' for x in te['rounds'])} s; {best[1]} "
                                  f"{', '.join(f'{x:.3f}' for x in res[('pytorch', best[1])]['rounds'])} s)")
         comp = [f"{m} {res[('pytorch', m)]['first']:.0f} s" for m in ran if MODES[m][2]]
