@@ -200,15 +200,16 @@ int cpu_attention_set_vector_width(int w) {
     return mk_width;
 }
 
+// f16(...) or f8(...), by the vector width chosen above
+#ifdef MK_HAVE_W16
+#define BY_WIDTH(f, ...) (mk_width == 16 ? f##16(__VA_ARGS__) : f##8(__VA_ARGS__))
+#else
+#define BY_WIDTH(f, ...) f##8(__VA_ARGS__)
+#endif
+
 static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
                     const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
-#ifdef MK_HAVE_W16
-    if (mk_width == 16) {
-        mk_gemm16(c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
-        return;
-    }
-#endif
-    mk_gemm8(c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
+    BY_WIDTH(mk_gemm, c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
 }
 
 // ----------------------------------------------------------------------------
@@ -371,24 +372,12 @@ __attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))
 
 static void fwd_tile_t(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows,
                        int cols, int nvis0, int causal) {
-#ifdef MK_HAVE_W16
-    if (mk_width == 16) {
-        fwd_tile16(ST, m, l, corr, rows, cols, nvis0, causal);
-        return;
-    }
-#endif
-    fwd_tile8(ST, m, l, corr, rows, cols, nvis0, causal);
+    BY_WIDTH(fwd_tile, ST, m, l, corr, rows, cols, nvis0, causal);
 }
 
 static void bwd_tile_t(float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv,
                        int rows, int cols, int nvis0, int causal) {
-#ifdef MK_HAVE_W16
-    if (mk_width == 16) {
-        bwd_tile16(ST, dPT, lse, dv, rows, cols, nvis0, causal);
-        return;
-    }
-#endif
-    bwd_tile8(ST, dPT, lse, dv, rows, cols, nvis0, causal);
+    BY_WIDTH(bwd_tile, ST, dPT, lse, dv, rows, cols, nvis0, causal);
 }
 
 // ----------------------------------------------------------------------------
