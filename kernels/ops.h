@@ -374,6 +374,14 @@ const tetra_ops *ops_plan(const char *device, char *err, size_t errlen);
 // OMP_NUM_THREADS) and switches OpenBLAS to one thread, so one pool runs everything.
 const tetra_ops *ops_cpu(void);
 
+// OpenBLAS (the CPU backend's fp8/bf16-widened and fallback fp32 GEMMs) picks its kernels
+// by CPU model when it is loaded; on a model it does not know it falls back to pre-AVX2
+// kernels whatever the ISA. Returns the OPENBLAS_CORETYPE that selects the kernels this
+// CPU can run ("SkylakeX" with AVX-512, "Haswell" with AVX2 and FMA) when that happened
+// and the variable is not set, else NULL. The variable is read only at load time, so
+// only a process restarted with it set (tetra's main re-executes itself) gains.
+const char *ops_cpu_blas_coretype(void);
+
 // The CUDA backend (kernels/cuda) provides this; it exists only in builds with the CUDA
 // backend (TETRA_HAVE_CUDA), and ops_get references it only there. Returns NULL with a
 // message in err when no usable device is present.

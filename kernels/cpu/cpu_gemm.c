@@ -19,7 +19,9 @@
 //   built with ASan drifted from the 1-rank run by an ulp at step 7, and on OpenBLAS the
 //   two stay bit-identical, which tests/sh/test_float8.sh requires. Dequant scales are
 //   applied to the fp32 accumulator afterwards, as the hardware does, so the CPU emulates
-//   an fp8 GEMM exactly up to summation order.
+//   an fp8 GEMM exactly up to summation order. OpenBLAS picks its kernels when it is loaded;
+//   where that was a pre-AVX2 fallback, ops_cpu_blas_coretype names the set to restart with
+//   (engine/main.c does).
 // A bf16 C gets alpha AB + beta C in fp32, rounded once (both routes).
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -186,6 +188,23 @@ static int openblas_fallback(void) {
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
         if (!strcmp(core, old[i])) return 1;
     return 0;
+}
+
+const char *ops_cpu_blas_coretype(void) {
+    if (getenv("OPENBLAS_CORETYPE")) return NULL;  // the user's choice stands
+    static const char *old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                                "Katmai", "Coppermine", "Northwood", "Banias", "Sandybridge"};
+    const char *core = openblas_get_corename();
+    int fallback = 0;
+    for (size_t i = 0; core && i < sizeof old / sizeof old[0]; i++) fallback |= !strcmp(core, old[i]);
+    if (!fallback) return NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    return NULL;
 }
 
 // Called with dn.lock held.
