@@ -828,9 +828,12 @@ static void test_embedding(void) {
 }
 
 static void test_rmsnorm(void) {
+    // The last shape is for the weight gradient alone: past 16384 rows its chunks grow
+    // beyond 64 rows. The row kernels (one block a row) are covered by the others, and on
+    // the CPU simulator 20000 of their blocks took most of this program's time.
     const int shapes[5][2] = {{1, 7}, {33, 256}, {300, 1000}, {5, 4096}, {20000, 40}};
     for (int si = 0; si < 5; si++) {
-        int n = shapes[si][0], c = shapes[si][1];
+        int n = shapes[si][0], c = shapes[si][1], rows = si < 4;
         size_t nc = (size_t)n * c;
         char shape[64];
         snprintf(shape, sizeof shape, "n%d c%d", n, c);
@@ -840,18 +843,24 @@ static void test_rmsnorm(void) {
         float *d_out = (float *)G->alloc(nc * 4), *d_rstd = (float *)G->alloc((size_t)n * 4);
         float *d_dx = (float *)dup_gpu(dx0, nc * 4), *d_dw = (float *)dup_gpu(dw0, c * 4);
         C->rmsnorm_forward(out, rstd, x, w, n, c, 1e-5f);
-        G->rmsnorm_forward(d_out, d_rstd, d_x, d_w, n, c, 1e-5f);
-        float *g1 = (float *)from_gpu(d_out, nc * 4), *g2 = (float *)from_gpu(d_rstd, (size_t)n * 4);
-        check_close("rmsnorm_forward out", shape, g1, out, nc, 1e-5);
-        check_close("rmsnorm_forward rstd", shape, g2, rstd, n, 1e-5);
+        float *g1 = NULL, *g2 = NULL, *g3 = NULL;
+        if (rows) {
+            G->rmsnorm_forward(d_out, d_rstd, d_x, d_w, n, c, 1e-5f);
+            g1 = (float *)from_gpu(d_out, nc * 4), g2 = (float *)from_gpu(d_rstd, (size_t)n * 4);
+            check_close("rmsnorm_forward out", shape, g1, out, nc, 1e-5);
+            check_close("rmsnorm_forward rstd", shape, g2, rstd, n, 1e-5);
+        }
         // backward halves from the CPU's rstd (isolates each op); both accumulate
         G->copy_h2d(d_rstd, rstd, (size_t)n * 4);
-        C->rmsnorm_backward_input(dx0, dy, x, w, rstd, n, c);
-        G->rmsnorm_backward_input(d_dx, d_dy, d_x, d_w, d_rstd, n, c);
+        if (rows) {
+            C->rmsnorm_backward_input(dx0, dy, x, w, rstd, n, c);
+            G->rmsnorm_backward_input(d_dx, d_dy, d_x, d_w, d_rstd, n, c);
+            g3 = (float *)from_gpu(d_dx, nc * 4);
+            check_close("rmsnorm_backward_input (+=)", shape, g3, dx0, nc, 1e-5);
+        }
         C->rmsnorm_backward_weight(dw0, dy, x, rstd, n, c);
         G->rmsnorm_backward_weight(d_dw, d_dy, d_x, d_rstd, n, c);
-        float *g3 = (float *)from_gpu(d_dx, nc * 4), *g4 = (float *)from_gpu(d_dw, c * 4);
-        check_close("rmsnorm_backward_input (+=)", shape, g3, dx0, nc, 1e-5);
+        float *g4 = (float *)from_gpu(d_dw, c * 4);
         check_close("rmsnorm_backward_weight (+=)", shape, g4, dw0, c, 1e-5);
         free(g1); free(g2); free(g3); free(g4);
         free(x); free(w); free(dy); free(dx0); free(dw0); free(out); free(rstd);

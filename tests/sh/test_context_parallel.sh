@@ -3,7 +3,7 @@
 # trainer, on CPU ranks:
 #   0. tests/unit/test_cp on 2 and 4 ranks: the split, and attention under CP (both rotate
 #      methods, with and without balancing, fp32 and bf16) against the unsharded op;
-#   1. the debug model at seq_len 512: cp 2 and cp 4 with both rotate methods, cp 2 without
+#   1. the debug model at seq_len 256: cp 2 and cp 4 with both rotate methods, cp 2 without
 #      load balancing, cp 2 x fsdp 2 and cp 2 x tp 2 reproduce the 1-rank loss curve within
 #      1e-5 relative at each of 6 steps (fp32), and so does the validation loss; bf16 at
 #      cp 2 follows the 1-rank bf16 run within 1e-3;
@@ -33,7 +33,7 @@ for np in 2 4; do
 done
 
 STEPS=6
-COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 512 --training.steps $STEPS
+COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 256 --training.steps $STEPS
         --training.seed 42 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
         --training.device cpu --training.threads 1 --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
 CP=(--parallelism.context_parallel_degree)
@@ -48,7 +48,7 @@ run() { # name ranks [args...]
 }
 G4=(--training.global_batch_size 4)
 VAL=(--validation.enable --validation.freq 3 --validation.steps 1 --validation.local_batch_size 2
-     --validation.seq_len 512)
+     --validation.seq_len 256)
 run single 1 "${G4[@]}" --training.local_batch_size 4 "${VAL[@]}"
 run cp2 2 "${G4[@]}" --training.local_batch_size 4 "${CP[@]}" 2 "${VAL[@]}"
 run cp2_ring 2 "${G4[@]}" --training.local_batch_size 4 "${CP[@]}" 2 $ROT alltoall

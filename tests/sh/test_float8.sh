@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Float8 training (model.converters = ["float8"]) in the trainer, on CPU ranks, debug model,
-# 8 steps of 2 x 128 tokens, gradient clipping off (its global norm is summed in a
+# 8 steps of 2 x 64 tokens, gradient clipping off (its global norm is summed in a
 # layout-dependent order, which would move every weight by an ulp):
 #   1. Data and pipeline parallel change nothing: fsdp 2 (tensorwise, rowwise, and with
 #      precomputed weight scales) and pp 2 (1F1B) give the 1-rank run's losses bit for bit
@@ -39,7 +39,7 @@ unset OMP_NUM_THREADS
 fail=0
 bad() { echo "FAIL $*"; fail=1; }
 
-COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 128
+COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 2 --training.local_batch_size 1 --training.steps 8 --training.seed 42
         --training.max_norm 1e9 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
         --training.device cpu --training.threads 1 --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)

@@ -3,7 +3,7 @@
 # seed, the debug model trained for 10 steps under FSDP, HSDP and DDP on CPU
 # ranks launched with mpirun must reproduce the single-rank losses: step 1
 # within 1e-6 relative, every step within 1e-5. The global batch is the same
-# in every layout (8 sequences of 128 tokens: local_batch_size x dp, or
+# in every layout (8 sequences of 64 tokens: local_batch_size x dp, or
 # gradient accumulation), so the runs differ only in summation order.
 # Also checks that the persistent per-rank parameter, gradient and optimizer
 # memory shrinks N-fold under fsdp N.
@@ -26,7 +26,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_cop
 export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS  # threads per rank = cores / ranks (training.threads = 0)
 
-COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 128
+COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 8 --training.steps "$STEPS" --training.seed 42
         --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
         --comm.init_timeout_seconds 120 --comm.train_timeout_seconds 120)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pipeline parallel in the trainer, on CPU ranks (debug model, 6 blocks, seq 128,
+# Pipeline parallel in the trainer, on CPU ranks (debug model, 6 blocks, seq 64,
 # global batch 8, microbatches of 1 sequence):
 #   1. every schedule (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,
 #      ZBVZeroBubble, DualPipeV) at pp 2 and pp 4 reproduces the 1-rank loss curve
@@ -31,7 +31,7 @@ fail=0
 bad() { echo "FAIL $*"; fail=1; }
 
 STEPS=6
-COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 128
+COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 8 --training.steps $STEPS --training.seed 42 --lr_scheduler.warmup_steps 2
         --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu --training.threads 1
         --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
@@ -65,9 +65,9 @@ run pp2_tp2_fsdp2 8 --training.local_batch_size 4 "${PP[@]}" 2 $SCHED ZBVZeroBub
   --parallelism.tensor_parallel_degree 2
 run pp2_accum2 2 --training.local_batch_size 4 "${PP[@]}" 2 $SCHED 1F1B
 run single_val 1 --training.local_batch_size 8 --validation.enable --validation.freq 3 --validation.steps 2 \
-  --validation.local_batch_size 4 --validation.seq_len 128
+  --validation.local_batch_size 4 --validation.seq_len 64
 run pp2_val 2 --training.local_batch_size 8 "${PP[@]}" 2 $SCHED ZBVZeroBubble --validation.enable \
-  --validation.freq 3 --validation.steps 2 --validation.local_batch_size 4 --validation.seq_len 128
+  --validation.freq 3 --validation.steps 2 --validation.local_batch_size 4 --validation.seq_len 64
 run single_bf16 1 --training.local_batch_size 8 --training.mixed_precision_param bfloat16
 run pp2_bf16 2 --training.local_batch_size 8 "${PP[@]}" 2 $SCHED InterleavedZeroBubble \
   --training.mixed_precision_param bfloat16

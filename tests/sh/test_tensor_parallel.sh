@@ -26,7 +26,7 @@ unset OMP_NUM_THREADS
 fail=0
 bad() { echo "FAIL $*"; fail=1; }
 
-COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 128
+COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 8 --training.steps 8 --training.seed 42 --lr_scheduler.warmup_steps 2
         --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu
         --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
@@ -127,7 +127,8 @@ for n in ("res_tp1", "res_tp4", "res_fsdp2_tp2"):
 log = open(f"{d}/tp2.log", errors="replace").read()
 est = re.search(r"rank 0 sends: .*tensor parallel ([\d.]+) MiB", log)
 got = re.search(r"\[tetra\|rank 0\].*tensor parallel: \d+ sequence-parallel collectives, ([\d.]+) MiB sent", log)
-good = bool(est and got) and abs(8 * float(est.group(1)) - float(got.group(1))) <= 0.1 + 1e-3 * float(got.group(1))
+# both are printed to 0.1 MiB: the estimate's rounding counts 8 times
+good = bool(est and got) and abs(8 * float(est.group(1)) - float(got.group(1))) <= 8 * 0.05 + 0.05 + 1e-3 * float(got.group(1))
 ok &= good
 print(f"{'ok  ' if good else 'FAIL'} traffic: estimated {est.group(1) if est else '?'} MiB per step, sent "
       f"{got.group(1) if got else '?'} MiB in 8 steps")
