@@ -178,26 +178,25 @@ static void dnnl_fail(const char *what, dnnl_status_t s, const dnnl_key *k) {
         if (st_ != dnnl_success) dnnl_fail(what, st_, key); \
     } while (0)
 
-// OpenBLAS runs one of its pre-AVX2 kernel sets although the CPU has AVX2: the fallback
-// it takes for a CPU model it does not know.
-static int openblas_fallback(void) {
+// OpenBLAS runs one of its pre-AVX2 kernel sets: the fallback it takes for a CPU model it
+// does not know, whatever the ISA.
+static int openblas_old_kernels(void) {
     static const char *old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
                                 "Katmai", "Coppermine", "Northwood", "Banias", "Sandybridge"};
     const char *core = openblas_get_corename();
-    if (!core || dnnl_get_effective_cpu_isa() < dnnl_cpu_isa_avx2) return 0;
-    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
+    for (size_t i = 0; core && i < sizeof old / sizeof old[0]; i++)
         if (!strcmp(core, old[i])) return 1;
     return 0;
 }
 
+// the old kernels on a CPU with AVX2
+static int openblas_fallback(void) {
+    return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx2 && openblas_old_kernels();
+}
+
 const char *ops_cpu_blas_coretype(void) {
     if (getenv("OPENBLAS_CORETYPE")) return NULL;  // the user's choice stands
-    static const char *old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
-                                "Katmai", "Coppermine", "Northwood", "Banias", "Sandybridge"};
-    const char *core = openblas_get_corename();
-    int fallback = 0;
-    for (size_t i = 0; core && i < sizeof old / sizeof old[0]; i++) fallback |= !strcmp(core, old[i]);
-    if (!fallback) return NULL;
+    if (!openblas_old_kernels()) return NULL;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
