@@ -23,6 +23,14 @@ table), and tetra's ratio to the best PyTorch mode of its dtype.
 Each framework and mode runs in a process of its own (this script re-invoked with
 --worker), so none inherits another's thread pools, BLAS settings or compiled graphs.
 The tetra worker never imports torch: PyPI's torch carries its own OpenMP runtime.
+
+The processes of one dtype are alive side by side and take turns: each is set up and
+warmed up on its own, then every measured step runs one step of each, the order rotating
+from step to step, with a pause between them (so no process's idle OpenMP threads still
+spin while the next one runs). A shared host's speed moves by tens of percent within
+minutes, and steps taken next to each other see more nearly the same host than runs
+minutes apart: so the bench also prints the ratio of each tetra step to the step of
+PyTorch's best mode in the same turn (the paired ratios: median, quartiles, range).
 """
 
 import argparse
@@ -55,12 +63,11 @@ ap.add_argument("--mode", choices=list(MODES), action="append", help="PyTorch mo
 ap.add_argument("--dtype", choices=["fp32", "bf16"], action="append",
                 help="dtype(s) to run (default: fp32, and bf16 where the CPU has AVX512-BF16)")
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--steps", type=int, default=5, help="measured steps per framework")
+ap.add_argument("--steps", type=int, default=5, help="measured steps per framework and mode (turns)")
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
 ap.add_argument("--rounds", type=int, default=1,
-                help="run every framework and mode this many times per case, alternating which goes first, and "
-                     "report the median of the rounds (a shared host's speed moves between minutes)")
+                help="repeat each case this many times with fresh processes (steps of all rounds are pooled)")
 ap.add_argument("--worker", choices=["peak", "peak-tetra", "tetra", "pytorch"], help=argparse.SUPPRESS)
 ap.add_argument("--weights", help=argparse.SUPPRESS)
 args = ap.parse_args()
@@ -97,15 +104,16 @@ def make_batch(b, t):
     return inputs, targets
 
 
-def time_steps(step, warmup, steps):
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
+def serve(step, info):
+    """A worker's measured part: reports `info` (it is warmed up), then runs and times one
+    step per "step" line on stdin until stdin closes."""
+    print(json.dumps(dict(info, ready=True)), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
         t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        print(json.dumps(dict(t=time.perf_counter() - t0)), flush=True)
 
 
 def worker_peak():
@@ -211,9 +219,10 @@ def worker_tetra(spec, dtype, weights_out):
     def step():
         losses.append(trainer_step(h, inputs.ctypes.data, targets.ctypes.data, ctypes.byref(gn), ctypes.byref(lr)))
 
-    dt = time_steps(step, args.warmup, args.steps)
+    for _ in range(max(args.warmup, 1)):
+        step()
+    serve(step, dict(loss0=losses[0]))
     trainer_free(h)
-    print(json.dumps(dict(step=dt, loss0=losses[0])))
 
 
 def worker_pytorch(spec, mode, weights):
@@ -261,17 +270,68 @@ def worker_pytorch(spec, mode, weights):
     t0 = time.perf_counter()
     step()  # the first step compiles; it is not a measured one
     first = time.perf_counter() - t0
-    dt = time_steps(step, max(args.warmup - 1, 0), args.steps)
-    print(json.dumps(dict(step=dt, loss0=losses[0], first=first, torch=torch.__version__)))
+    for _ in range(max(args.warmup - 1, 0)):
+        step()
+    serve(step, dict(loss0=losses[0], first=first, torch=torch.__version__))
+
+
+def worker_cmd(kind, case=None, extra=()):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads", str(args.threads),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), *extra]
+    return cmd + ["--case", case] if case else cmd
 
 
 def run_worker(kind, case=None, extra=()):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), *extra]
-    if case:
-        cmd += ["--case", case]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()
+    """A one-shot worker (the GEMM peaks): its last line of output."""
+    out = subprocess.run(worker_cmd(kind, case, extra), check=True, stdout=subprocess.PIPE,
+                         text=True).stdout.strip().splitlines()
     return json.loads(out[-1])
+
+
+class Stepper:
+    """A framework or mode in its own process, set up and warmed up, timing one step when
+    asked (serve() on the other end)."""
+
+    def __init__(self, name, kind, case, extra):
+        self.name = name
+        self.p = subprocess.Popen(worker_cmd(kind, case, extra), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        self.info = self.read()
+
+    def read(self):
+        for line in self.p.stdout:  # a library may print to stdout too: take the first JSON object
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    pass
+        raise SystemExit(f"bench: the {self.name} worker exited with status {self.p.wait()}")
+
+    def step(self):
+        self.p.stdin.write("step\n")
+        self.p.stdin.flush()
+        return self.read()["t"]
+
+    def close(self):
+        self.p.stdin.close()
+        if self.p.wait() != 0:
+            raise SystemExit(f"bench: the {self.name} worker exited with status {self.p.returncode}")
+
+
+def run_side_by_side(steppers, steps, times):
+    """steps turns; each turn times one step of every stepper, the order rotated by one each
+    turn. A pause before each step lets the previous process's OpenMP threads stop spinning
+    (libgomp spins up to some tens of ms after a parallel region before it sleeps)."""
+    for s in range(steps):
+        k = s % len(steppers)
+        for st in steppers[k:] + steppers[:k]:
+            time.sleep(0.1)
+            times.setdefault(st.name, []).append(st.step())
+
+
+def quartiles(xs):
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[0], q[1], q[2]
 
 
 def cpu_has_bf16():
@@ -315,9 +375,10 @@ def main():
     modes = [m for m in (args.mode or MODES) if MODES[m][0] in dtypes]
     pt, te_peak = run_worker("peak"), run_worker("peak-tetra")
     peak = {d: max(pt[d], te_peak[d]) for d in ("fp32", "bf16")}
-    rounds = f"; the median of {args.rounds} rounds, alternating who goes first" if args.rounds > 1 else ""
-    print(f"threads {args.threads}; torch {pt['torch']} (PyPI); median of {args.steps} steps after {args.warmup} "
-          f"warm-up; each framework and mode in its own process{rounds}")
+    rounds = f"; {args.rounds} rounds of fresh processes" if args.rounds > 1 else ""
+    print(f"threads {args.threads}; torch {pt['torch']} (PyPI); {args.steps} measured steps each after {args.warmup} "
+          f"warm-up, each framework and mode in its own process, the processes of a dtype taking turns step by "
+          f"step{rounds}; step times are medians")
     print(f"GEMM peak at 2048^3 (best of torch.mm and tetra's gemm, used for MFU): fp32 {peak['fp32'] / 1e9:.1f} "
           f"GFLOP/s (torch {pt['fp32'] / 1e9:.1f}, tetra {te_peak['fp32'] / 1e9:.1f}); bf16 {peak['bf16'] / 1e9:.1f} "
           f"GFLOP/s (torch {pt['bf16'] / 1e9:.1f}, tetra {te_peak['bf16'] / 1e9:.1f}, {te_peak['bf16_route']})")
@@ -330,24 +391,22 @@ def main():
         fpt = flops_per_token(t)
         with tempfile.TemporaryDirectory(prefix="tetra-bench-") as tmp:
             wpath = os.path.join(tmp, "model.safetensors")
-            per = {}  # (framework, dtype or mode) -> one result per round
+            times, infos = {}, {}  # (framework, dtype or mode) -> every step's time; its first worker's report
             run_modes = case_modes(name, modes, notes)
             for rnd in range(max(args.rounds, 1)):
-                def run_tetra():
-                    for i, dt in enumerate(dtypes):
-                        w = ["--weights", wpath] if i == 0 and rnd == 0 else []
-                        per.setdefault(("tetra", dt), []).append(run_worker("tetra", name, ["--dtype", dt] + w))
-
-                def run_pytorch():
-                    for m in run_modes:
-                        per.setdefault(("pytorch", m), []).append(
-                            run_worker("pytorch", name, ["--mode", m, "--weights", wpath]))
-                # the weights come from tetra's first run; later rounds alternate who goes first
-                order = [run_tetra, run_pytorch] if rnd % 2 == 0 else [run_pytorch, run_tetra]
-                for f in order:
-                    f()
-            res = {k: dict(v[0], step=statistics.median(r["step"] for r in v), rounds=[r["step"] for r in v])
-                   for k, v in per.items()}
+                for i, dt in enumerate(dtypes):
+                    # tetra starts first: its first worker writes the weights PyTorch loads
+                    w = ["--weights", wpath] if i == 0 and rnd == 0 else []
+                    group = [Stepper(("tetra", dt), "tetra", name, ["--dtype", dt] + w)]
+                    group += [Stepper(("pytorch", m), "pytorch", name, ["--mode", m, "--weights", wpath])
+                              for m in run_modes if MODES[m][0] == dt]
+                    try:
+                        run_side_by_side(group, args.steps, times)
+                    finally:
+                        for st in group:
+                            infos.setdefault(st.name, st.info)
+                            st.close()
+            res = {k: dict(infos[k], step=statistics.median(v), times=v) for k, v in times.items()}
         ran = [m for m in modes if ("pytorch", m) in res]
         for dt in dtypes:
             te = res[("tetra", dt)]
@@ -369,12 +428,14 @@ def main():
             if best:
                 notes.append(f"case {name} {dt}: tetra is {best[0] / te['step']:.2f}x PyTorch's best {dt} mode "
                              f"({best[1]})")
-                if args.rounds > 1:  # each round's ratio against the mode that is best over the rounds
-                    rr = [b_ / t_ for b_, t_ in zip(res[("pytorch", best[1])]["rounds"], te["rounds"])]
-                    notes.append(f"case {name} {dt}: per round {', '.join(f'{x:.2f}x' for x in rr)}, median "
-                                 f"{statistics.median(rr):.2f}x "
-                                 f"(tetra {', '.join(f'{x:.3f}' for x in te['rounds'])} s; {best[1]} "
-                                 f"{', '.join(f'{x:.3f}' for x in res[('pytorch', best[1])]['rounds'])} s)")
+                # each tetra step against the step of the best mode beside it (the same turn)
+                tt, bt = te["times"], res[("pytorch", best[1])]["times"]
+                rr = [b_ / t_ for b_, t_ in zip(bt, tt)]
+                q1, q2, q3 = quartiles(rr)
+                notes.append(f"case {name} {dt}: paired steps ({best[1]} over the tetra step beside it): median "
+                             f"{q2:.2f}x, quartiles {q1:.2f}x-{q3:.2f}x, {min(rr):.2f}x-{max(rr):.2f}x over "
+                             f"{len(rr)} pairs (tetra {min(tt):.3f}-{max(tt):.3f} s, {best[1]} "
+                             f"{min(bt):.3f}-{max(bt):.3f} s)")
         comp = [f"{m} {res[('pytorch', m)]['first']:.0f} s" for m in ran if MODES[m][2]]
         if comp:
             notes.append(f"case {name}: first (compiling) PyTorch step: " + ", ".join(comp))
