@@ -45,8 +45,8 @@ import tempfile
 import time
 
 CASES = {
-    "a": dict(flavor="debugmodel", seq_len=512, batch=4),
-    "b": dict(flavor="debugmodel", seq_len=2048, batch=8),
+    "a": dict(flavor="debugmodel", seq_len=512, batch=4, turns=15),
+    "b": dict(flavor="debugmodel", seq_len=2048, batch=8, turns=5),
 }
 MODES = {  # name: (dtype, sdpa, compile)
     "eager": ("fp32", False, False),
@@ -63,7 +63,9 @@ ap.add_argument("--mode", choices=list(MODES), action="append", help="PyTorch mo
 ap.add_argument("--dtype", choices=["fp32", "bf16"], action="append",
                 help="dtype(s) to run (default: fp32, and bf16 where the CPU has AVX512-BF16)")
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--steps", type=int, default=5, help="measured steps per framework and mode (turns)")
+ap.add_argument("--steps", type=int,
+                help="measured steps per framework and mode, i.e. turns (default: 15 at case a, 5 at case b, "
+                     "whose steps take seconds)")
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
 ap.add_argument("--rounds", type=int, default=1,
@@ -277,7 +279,7 @@ def worker_pytorch(spec, mode, weights):
 
 def worker_cmd(kind, case=None, extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--threads", str(args.threads),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), *extra]
+           "--warmup", str(args.warmup), *extra]
     return cmd + ["--case", case] if case else cmd
 
 
@@ -376,7 +378,8 @@ def main():
     pt, te_peak = run_worker("peak"), run_worker("peak-tetra")
     peak = {d: max(pt[d], te_peak[d]) for d in ("fp32", "bf16")}
     rounds = f"; {args.rounds} rounds of fresh processes" if args.rounds > 1 else ""
-    print(f"threads {args.threads}; torch {pt['torch']} (PyPI); {args.steps} measured steps each after {args.warmup} "
+    turns = args.steps or "/".join(f"{CASES[c]['turns']} (case {c})" for c in args.case or sorted(CASES))
+    print(f"threads {args.threads}; torch {pt['torch']} (PyPI); {turns} measured steps each after {args.warmup} "
           f"warm-up, each framework and mode in its own process, the processes of a dtype taking turns step by "
           f"step{rounds}; step times are medians")
     print(f"GEMM peak at 2048^3 (best of torch.mm and tetra's gemm, used for MFU): fp32 {peak['fp32'] / 1e9:.1f} "
@@ -401,7 +404,7 @@ def main():
                     group += [Stepper(("pytorch", m), "pytorch", name, ["--mode", m, "--weights", wpath])
                               for m in run_modes if MODES[m][0] == dt]
                     try:
-                        run_side_by_side(group, args.steps, times)
+                        run_side_by_side(group, args.steps or spec["turns"], times)
                     finally:
                         for st in group:
                             infos.setdefault(st.name, st.info)
