@@ -336,8 +336,8 @@ static void log_plan(trainer *t) {
     {
         const double mib = 1024.0 * 1024.0;
         if (S > 1 || R > 1 || p.tp_bytes > 0 || p.pp_bytes > 0)
-            log_info("communication per step, rank %d sends: fsdp all-gather %.1f MiB, reduce-scatter %.1f MiB, "
-                     "replicate all-reduce %.1f MiB; tensor parallel %.1f MiB; pipeline %.1f MiB", t->rank,
+            log_info("communication per step, rank %d sends: fsdp all-gather %.2f MiB, reduce-scatter %.2f MiB, "
+                     "replicate all-reduce %.2f MiB; tensor parallel %.2f MiB; pipeline %.2f MiB", t->rank,
                      p.fsdp_all_gather / mib, p.fsdp_reduce_scatter / mib, p.replicate_all_reduce / mib,
                      p.tp_bytes / mib, p.pp_bytes / mib);
     }
