@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define CUDA_PLUGIN_ABI 3
+#define CUDA_PLUGIN_ABI 4
 
 typedef struct {
     int abi; /* CUDA_PLUGIN_ABI */

@@ -355,9 +355,26 @@ typedef struct tetra_ops {
     // kernel (cuDNN's accumulates dQ with atomics).
     void (*set_deterministic)(int on);
 
-    // 1 when backend memory is ordinary host memory (the CPU backend, and the CUDA kernels
-    // on the CPU simulator), so MPI can move it; 0 on a GPU, where NCCL does.
+    // 1 when backend memory is ordinary host memory (the CPU backend), so MPI can move it
+    // as it is; 0 on a GPU (and the CUDA kernels on the CPU simulator, which stand in for
+    // one), where NCCL moves it, or MPI through page-locked host copies (host_alloc).
     int host_memory;
+
+    // ---- several ranks on one node's devices
+    // Make device `index` modulo the device count this process' device: a rank calls it
+    // with its node-local rank before its first alloc or op, so ranks spread over the
+    // node's GPUs and, when there are more ranks than GPUs, share them. Returns 0, or -1
+    // with a message (also when called after the backend has started on another device).
+    // NULL on the CPU.
+    int (*select_device)(int index, char *err, size_t errlen);
+    // Page-locked host memory (cudaHostAlloc) for staging device buffers through the host,
+    // as the MPI collectives on device memory do; the CPU backend's heap on the CPU.
+    // NULL on failure. Not counted in alloc_count or allocated_bytes.
+    void *(*host_alloc)(size_t bytes);
+    void (*host_release)(void *p);
+    // dst[r * dpitch + c] = src[r * spitch + c] for c < width, r < rows (bytes; device to
+    // device, ordered like copy): one strided copy instead of a copy per row.
+    void (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

@@ -288,9 +288,6 @@ void comm_set_timeout(comm_world *w, double seconds) {
     if (seconds > 0) w->timeout_s = seconds;
 }
 double comm_timeout(const comm_world *w) { return w->timeout_s; }
-void comm_set_stream(comm_world *w, void *stream) {
-    if (stream) w->stream = stream;
-}
 
 /* ----------------------------------------------------------------------------
  * requests */
@@ -515,6 +512,21 @@ void comm_sendrecv(comm_group *g, void *recv, int from, const void *send, int to
     check_peer(&r, from);
     r.peer2 = from;
     run(&r, req, recv, send, COMM_SUM, to);
+}
+
+void comm_batch_p2p(comm_group *g, const comm_p2p_op *ops, int n, comm_request **reqs) {
+    /* MPI's nonblocking sends and receives never wait on each other's posting order:
+     * every op is started before any is waited for */
+    comm_request *local[16], **rq = reqs;
+    if (!rq) rq = n <= 16 ? local : malloc((size_t)n * sizeof *rq);
+    if (!rq) commi_fail_group(g, "batch_p2p", "out of host memory");
+    for (int i = 0; i < n; i++) {
+        if (ops[i].recv) comm_recv(g, ops[i].buf, ops[i].count, ops[i].dtype, ops[i].peer, &rq[i]);
+        else comm_send(g, ops[i].buf, ops[i].count, ops[i].dtype, ops[i].peer, &rq[i]);
+    }
+    if (reqs) return;
+    for (int i = 0; i < n; i++) comm_wait(rq[i]);
+    if (rq != local) free(rq);
 }
 
 void comm_barrier(comm_group *g, comm_request **req) {

@@ -97,9 +97,6 @@ void comm_set_phase_training(comm_world *w);
 /* Override the current deadline (seconds > 0). */
 void comm_set_timeout(comm_world *w, double seconds);
 double comm_timeout(const comm_world *w);
-/* NCCL: the cudaStream_t collectives are enqueued on (NULL = the backend's own
- * stream). Ignored by MPI. */
-void comm_set_stream(comm_world *w, void *stream);
 
 /* Profiling: fn hears of every operation of w when it completes (on the rank that waited
  * for it): its kind ("all_reduce", ...), the group ("tp", ...), the bytes of this rank's
@@ -132,6 +129,20 @@ void comm_recv(comm_group *g, void *buf, size_t count, comm_dtype t, int peer, c
 void comm_sendrecv(comm_group *g, void *recv, int from, const void *send, int to, size_t count, comm_dtype t,
                    comm_request **req);
 void comm_barrier(comm_group *g, comm_request **req);
+
+/* Point-to-point messages issued as one group (NCCL: between ncclGroupStart and
+ * ncclGroupEnd, as torch.distributed.batch_isend_irecv), so two ranks whose lists post
+ * sends and receives in different orders never wait on each other's order, and no
+ * send blocks a stream ahead of the receive its peer needs first. reqs[i] is op i's
+ * handle (as `req` above); reqs NULL runs the whole batch to completion. */
+typedef struct {
+    int recv;          /* 0: send buf[count] to peer; 1: receive it from peer */
+    void *buf;
+    size_t count;
+    comm_dtype dtype;
+    int peer;          /* a group rank other than this one */
+} comm_p2p_op;
+void comm_batch_p2p(comm_group *g, const comm_p2p_op *ops, int n, comm_request **reqs);
 
 /* Finish the operation (deadline as above) and free the handle. NULL is a no-op. */
 void comm_wait(comm_request *r);

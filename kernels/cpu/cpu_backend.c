@@ -94,6 +94,23 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
 
 void cpu_synchronize(void) {}
 
+// Host memory is already what MPI moves; staging buffers are plain heap blocks.
+static void *cpu_host_alloc(size_t bytes) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+}
+static void cpu_host_release(void *p) { free(p); }
+
+// Rows split across the threads when there are many (a vocabulary-parallel logits
+// gather moves one short row per token).
+void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    if (!width || !rows) return;
+    const int64_t nr = (int64_t)rows;
+#pragma omp parallel for schedule(static) if (nr * (int64_t)width > (int64_t)CPU_CHUNK * 32 && !omp_in_parallel())
+    for (int64_t r = 0; r < nr; r++)
+        memcpy((char *)dst + (size_t)r * dpitch, (const char *)src + (size_t)r * spitch, width);
+}
+
 // ----------------------------------------------------------------------------
 // elementwise. Each op splits [0, n) into CPU_CHUNK pieces; the piece kernels are
 // CPU_SIMD so they run with the widest vectors the machine has.
@@ -493,6 +510,9 @@ static const tetra_ops cpu_table = {
     .compute_stream = cpu_compute_stream,
     .set_deterministic = cpu_set_deterministic,
     .host_memory = 1,
+    .host_alloc = cpu_host_alloc,
+    .host_release = cpu_host_release,
+    .copy_2d = cpu_copy_2d,
 };
 
 const tetra_ops *ops_cpu(void) {

@@ -36,6 +36,7 @@
 void *cpu_alloc(size_t bytes);
 void cpu_release(void *p);
 void cpu_copy(void *dst, const void *src, size_t bytes);
+void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
 void cpu_synchronize(void);
 void cpu_fill(float *x, float value, size_t n);
 void cpu_scale(float *x, float alpha, size_t n);

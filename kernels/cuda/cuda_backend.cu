@@ -235,6 +235,46 @@ extern "C" void cuda_copy(void *dst, const void *src, size_t bytes) {
 
 extern "C" void cuda_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
+extern "C" void cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    if (width && rows)
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, cuda_stream()));
+}
+
+// Before backend_init: the device every later resource is created on.
+extern "C" int cuda_select_device(int index, char *err, size_t errlen) {
+    const int n = cuda_device_count();
+    if (n <= 0) {
+        snprintf(err, errlen, "cuda: no device to select (cudaGetDeviceCount = 0)");
+        return -1;
+    }
+    const int dev = ((index % n) + n) % n;
+    if (g_device >= 0) { // backend_init ran: its resources live on g_device
+        if (dev == g_device) return 0;
+        snprintf(err, errlen, "cuda: device %d selected after the backend started on device %d", dev, g_device);
+        return -1;
+    }
+    cudaError_t e = cudaSetDevice(dev);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+// Page-locked, so staged copies run at full PCIe/C2C speed and asynchronously.
+static void *cuda_host_alloc(size_t bytes) {
+    void *p = nullptr;
+    if (cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    return p;
+}
+
+static void cuda_host_release(void *p) {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
 // ----------------------------------------------------------------------------
 // elementwise. Grid-stride loops; float4 accesses when every pointer is 16-byte aligned
 // (the scalar tail covers n % 4).
@@ -877,7 +917,11 @@ static tetra_ops make_table(void) {
     t.range_push = cuda_range_push;
     t.range_pop = cuda_range_pop;
     t.set_deterministic = cuda_set_deterministic;
-    t.host_memory = 0;  // device memory: collectives go through NCCL
+    t.host_memory = 0;  // device memory: collectives go through NCCL (or MPI, staged)
+    t.select_device = cuda_select_device;
+    t.host_alloc = cuda_host_alloc;
+    t.host_release = cuda_host_release;
+    t.copy_2d = cuda_copy_2d;
     return t;
 }
 

@@ -31,6 +31,8 @@ void cuda_set_deterministic(int on);
 void cuda_copy_h2d(void *dst, const void *src, size_t bytes);
 void cuda_copy_d2h(void *dst, const void *src, size_t bytes);
 void cuda_copy(void *dst, const void *src, size_t bytes);
+void cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
+int cuda_select_device(int index, char *err, size_t errlen);
 void cuda_synchronize(void);
 void cuda_fill(float *x, float value, size_t n);
 void cuda_scale(float *x, float alpha, size_t n);

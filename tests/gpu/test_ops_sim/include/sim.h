@@ -58,6 +58,25 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
     return cudaMemcpy(d, s, n, k);
 }
+inline cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width,
+                                     size_t rows, cudaMemcpyKind k, cudaStream_t) {
+    for (size_t r = 0; r < rows; r++) {
+        cudaError_t e = cudaMemcpy((char *)d + r * dpitch, (const char *)s + r * spitch, width, k);
+        if (e) return e;
+    }
+    return cudaSuccess;
+}
+// Page-locked host memory is host memory here.
+enum { cudaHostAllocDefault = 0 };
+inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
+    *p = malloc(n);
+    return *p ? cudaSuccess : 2;
+}
+inline cudaError_t cudaFreeHost(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : 101; }
 inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
     memset(p, v, n);
     return cudaSuccess;
