@@ -50,24 +50,39 @@ if(TETRA_CUDA_SIM)
       VERBATIM)
     list(APPEND TETRA_SIM_SOURCES ${out})
   endforeach()
-  # Its own ops.c (built with TETRA_HAVE_CUDA) and the simulated kernels come before
-  # tetra_lib on the link line, so the library's ops.c and any real CUDA objects are
-  # never pulled in.
-  add_executable(test_ops_cuda_sim ${CMAKE_SOURCE_DIR}/tests/gpu/test_ops_cuda.c ${CMAKE_SOURCE_DIR}/kernels/ops.c
-    ${TETRA_SIM_DIR}/sim.cpp ${TETRA_SIM_SOURCES})
-  set_target_properties(test_ops_cuda_sim PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
-    CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+  # The simulated backend as objects: its own ops.c (built with TETRA_HAVE_CUDA) and the
+  # simulated kernels come before tetra_lib on each link line, so the library's ops.c
+  # and any real CUDA objects are never pulled in.
+  add_library(tetra_sim_backend OBJECT ${CMAKE_SOURCE_DIR}/kernels/ops.c ${TETRA_SIM_DIR}/sim.cpp
+    ${TETRA_SIM_SOURCES})
+  set_target_properties(tetra_sim_backend PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
   set_source_files_properties(${TETRA_SIM_SOURCES} ${TETRA_SIM_DIR}/sim.cpp PROPERTIES OBJECT_DEPENDS "${TETRA_SIM_HEADERS}")
-  target_include_directories(test_ops_cuda_sim BEFORE PRIVATE ${TETRA_SIM_DIR}/include)
+  target_include_directories(tetra_sim_backend BEFORE PRIVATE ${TETRA_SIM_DIR}/include)
+  target_include_directories(tetra_sim_backend PRIVATE ${CMAKE_SOURCE_DIR})
   # the simulated kernels are linked in: ops.c takes their table from the symbols
-  target_compile_definitions(test_ops_cuda_sim PRIVATE TETRA_HAVE_CUDA=1 TETRA_CUDA_LINKED=1)
+  target_compile_definitions(tetra_sim_backend PRIVATE TETRA_HAVE_CUDA=1 TETRA_CUDA_LINKED=1)
   # C: the project's warnings; C++ (generated): the simulator header first, no FMA
   # contraction (the device's explicit __fmul_rn/__fadd_rn become plain operations),
   # and no cuDNN (its headers would bring the real CUDA runtime's)
-  target_compile_options(test_ops_cuda_sim PRIVATE
+  target_compile_options(tetra_sim_backend PRIVATE
     "$<$<COMPILE_LANGUAGE:C>:${TETRA_C_WARNINGS}>"
     "$<$<COMPILE_LANGUAGE:CXX>:-include;${TETRA_SIM_DIR}/include/sim.h;-ffp-contract=off;-w;-UTETRA_HAVE_CUDNN>")
+  target_link_libraries(tetra_sim_backend PRIVATE MPI::MPI_C)
+
+  add_executable(test_ops_cuda_sim ${CMAKE_SOURCE_DIR}/tests/gpu/test_ops_cuda.c $<TARGET_OBJECTS:tetra_sim_backend>)
+  set_target_properties(test_ops_cuda_sim PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    LINKER_LANGUAGE CXX)
+  target_include_directories(test_ops_cuda_sim BEFORE PRIVATE ${TETRA_SIM_DIR}/include)
+  target_compile_definitions(test_ops_cuda_sim PRIVATE TETRA_HAVE_CUDA=1 TETRA_CUDA_LINKED=1)
+  target_compile_options(test_ops_cuda_sim PRIVATE ${TETRA_C_WARNINGS})
   target_link_libraries(test_ops_cuda_sim PRIVATE tetra_lib)
+
+  # `tetra` itself on the simulated kernels: the trainer's whole command line, data
+  # loader and layouts on "device" memory (tests/sh/test_sim_layouts.sh)
+  add_executable(tetra-sim ${CMAKE_SOURCE_DIR}/engine/main.c $<TARGET_OBJECTS:tetra_sim_backend>)
+  set_target_properties(tetra-sim PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests LINKER_LANGUAGE CXX)
+  target_compile_options(tetra-sim PRIVATE ${TETRA_C_WARNINGS})
+  target_link_libraries(tetra-sim PRIVATE tetra_lib)
   add_test(NAME gpu/test_ops_cuda_sim COMMAND test_ops_cuda_sim WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_ops_cuda_sim PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)

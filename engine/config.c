@@ -818,6 +818,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         {"expert_parallel_degree", v->parallelism.expert_parallel_degree},
         {"expert_tensor_parallel_degree", v->parallelism.expert_tensor_parallel_degree},
     };
+    if (!strcmp(v->comm.backend, "nccl") && !strcmp(v->training.device, "cpu")) {
+        set_err(err, n, "%s: comm.backend = \"nccl\" moves GPU buffers, but training.device = \"cpu\" keeps them in "
+                "host memory (use \"auto\" or \"mpi\")", WHERE("comm", "backend"));
+        return -1;
+    }
     for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
         if (deg[i].val < 1) {
             set_err(err, n, "%s: parallelism.%s must be >= 1 (got %" PRId64 ")", WHERE(par, deg[i].key), deg[i].key,
@@ -1183,6 +1188,12 @@ int cfg_check_build(const tetra_config *c, char *err, size_t n) {
         char where[256];
         set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
                 "toolkit and rebuild with -DTETRA_CUDA=ON)", cfg_origin_str(c, "training", "device", where, sizeof where));
+        return -1;
+    }
+    if (!strcmp(c->v.comm.backend, "nccl")) {
+        char where[256];
+        set_err(err, n, "%s: comm.backend = \"nccl\" but this tetra was built without CUDA and NCCL",
+                cfg_origin_str(c, "comm", "backend", where, sizeof where));
         return -1;
     }
 #else

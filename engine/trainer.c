@@ -45,6 +45,58 @@ static int local_ranks(void) {
     return n;
 }
 
+/* This rank's index among the ranks of its host. */
+static int node_local_rank(void) {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int r = 0;
+    MPI_Comm_rank(node, &r);
+    MPI_Comm_free(&node);
+    return r;
+}
+
+/* comm.backend: NCCL where each rank of a node has a GPU of its own (NCCL refuses two
+ * ranks of a communicator on one device), MPI otherwise; MPI on device buffers goes
+ * through page-locked host copies made by the ops backend. The answer is the same on
+ * every rank (the host's GPU count and ranks per host are). */
+static int choose_comm_backend(trainer *t, int world, comm_options *copt) {
+    const tetra_ops *ops = t->ops;
+    const char *want = t->c->comm.backend;
+    const int device = !t->opt.dry_run && !ops->host_memory;
+    copt->backend = COMM_BACKEND_MPI;
+    if (!device) {
+        if (!strcmp(want, "nccl") && !t->opt.dry_run) {
+            log_error("comm.backend = \"nccl\" moves GPU buffers, but this run computes on the %s", ops->name);
+            return -1;
+        }
+        return 0; /* a dry run communicates nothing on the device */
+    }
+    copt->compute_stream = ops->compute_stream();
+    const int nccl = comm_backend_available(COMM_BACKEND_NCCL);
+    const int gpus = comm_nccl_device_count(), per_node = local_ranks();
+    if (!strcmp(want, "nccl") || (!strcmp(want, "auto") && world > 1 && nccl && per_node <= gpus)) {
+        if (!nccl) {
+            log_error("comm.backend = \"nccl\": this build has no NCCL backend (build with libnccl, see "
+                      "docs/parallelism.md), or lib/libtetra_cuda.so does not load");
+            return -1;
+        }
+        copt->backend = COMM_BACKEND_NCCL;
+        return 0;
+    }
+    t->comm_staging.host_alloc = ops->host_alloc;
+    t->comm_staging.host_release = ops->host_release;
+    t->comm_staging.to_host = ops->copy_d2h;
+    t->comm_staging.to_device = ops->copy_h2d;
+    t->comm_staging.device_copy = ops->copy;
+    copt->staging = &t->comm_staging;
+    t->comm_staged = 1;
+    if (world > 1 && t->rank == 0 && !strcmp(want, "auto"))
+        log_info("comm: %d ranks per host share %d GPU%s, and NCCL needs one per rank: collectives go through MPI, "
+                 "staged in page-locked host memory (slow; for tests; comm.backend = \"mpi\" says so explicitly)",
+                 per_node, gpus, gpus == 1 ? "" : "s");
+    return 0;
+}
+
 /* Achievable FLOP/s of this backend in the compute dtype: the best of a few square GEMMs,
  * the denominator of MFU when metrics.peak_flops is not given. On the CPU, fp32 at 1024^3
  * (bf16 operands are widened to fp32 there, so fp32 is its peak). On a GPU, bf16 operands
@@ -268,7 +320,9 @@ static void log_plan(trainer *t) {
                  "accumulation %d", t->ops->name, t->threads, mdesc, mode, t->accum);
     else
         log_info("backend %s, %d threads per rank; %s: %s, comm %s; gradient accumulation %d; peak %.1f %s "
-                 "per rank (%s)", t->ops->name, t->threads, mdesc, mode, comm_backend_name(comm_world_backend(t->cw)),
+                 "per rank (%s)", t->ops->name, t->threads, mdesc, mode,
+                 t->comm_staged ? "mpi (device buffers staged through host memory)"
+                                : comm_backend_name(comm_world_backend(t->cw)),
                  t->accum, t->peak >= 1e13 ? t->peak / 1e12 : t->peak / 1e9, t->peak >= 1e13 ? "TFLOP/s" : "GFLOP/s",
                  t->peak_src);
     if (t->pp_size > 1) {
@@ -710,6 +764,12 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     if (c->profiling.enable_profiling && !dry) t->ops = trace_ops(t->ops); /* GEMM and attention spans */
     const tetra_ops *ops = t->ops;
+    if (!dry && ops->select_device) { /* before the backend's first op: its resources live there */
+        if (ops->select_device(node_local_rank(), err, sizeof err)) {
+            log_error("training.device: %s", err);
+            goto fail;
+        }
+    }
     if (!dry) ops->set_deterministic((int)c->training.deterministic);
 
     /* ---- precision ----
@@ -726,15 +786,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     comm_options copt;
     memset(&copt, 0, sizeof copt);
-    copt.backend = COMM_BACKEND_MPI; /* a dry run communicates nothing on the device */
-    if (!dry && !ops->host_memory && world > 1) {
-        if (!comm_backend_available(COMM_BACKEND_NCCL)) {
-            log_error("training.device = cuda with %d ranks needs the NCCL backend, which this build lacks "
-                      "(build with libnccl, see docs/parallelism.md)", world);
-            goto fail;
-        }
-        copt.backend = COMM_BACKEND_NCCL;
-    }
+    if (choose_comm_backend(t, world, &copt)) goto fail;
     copt.init_timeout_s = (double)c->comm.init_timeout_seconds;
     copt.train_timeout_s = (double)c->comm.train_timeout_seconds;
     copt.cuda_device = -1;
@@ -1297,8 +1349,14 @@ static int prepare_run(trainer *t) {
         char fb[32], tb2[32];
         fmt_bytes(fb, sizeof fb, (double)dfree);
         fmt_bytes(tb2, sizeof tb2, (double)dtotal);
-        log_info("device memory: %s (%zu bytes) in %zu allocations taken at start-up; %s free of %s", hb,
-                 ops->allocated_bytes(), t->allocs_at_start, fb, tb2);
+        char nb[96] = "";
+        if (comm_world_device_bytes(t->cw) > 0) {
+            char nx[32];
+            fmt_bytes(nx, sizeof nx, (double)comm_world_device_bytes(t->cw));
+            snprintf(nb, sizeof nb, "; NCCL communicators %s", nx);
+        }
+        log_info("device memory: %s (%zu bytes) in %zu allocations taken at start-up%s; %s free of %s", hb,
+                 ops->allocated_bytes(), t->allocs_at_start, nb, fb, tb2);
     } else {
         log_info("backend memory: %s (%zu bytes) in %zu allocations taken at start-up", hb, ops->allocated_bytes(),
                  t->allocs_at_start);

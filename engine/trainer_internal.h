@@ -93,6 +93,8 @@ struct trainer {
     int mixed;                 /* bf16 compute */
     mesh msh;
     comm_world *cw;
+    comm_device_staging comm_staging; /* MPI on device buffers: the ops' copies */
+    int comm_staged;                  /* 1 when comm runs MPI on device buffers */
     comm_group *g_world, *g_loss, *g_pp;
 
     llama3_args args;

@@ -10,8 +10,10 @@
 
 #if defined(TETRA_HAVE_CUDA) && defined(TETRA_CUDA_LINKED)
 // The CUDA kernels are linked into this program (the kernel simulator's test): their
-// table is built from the symbols instead of loading lib/libtetra_cuda.so, and their
-// "device" memory is host memory (MPI can move it).
+// table is built from the symbols instead of loading lib/libtetra_cuda.so. Their
+// "device" memory is host memory, but the table says otherwise (host_memory = 0), so
+// the trainer treats it as a GPU's and its collectives take the staged MPI path that
+// ranks sharing a real GPU take.
 #include "kernels/cuda/cuda_device.h"
 size_t cuda_attention_workspace_size(const ops_attn_shape *s);
 static const tetra_ops *linked_ops(char *err, size_t errlen) {
@@ -20,7 +22,6 @@ static const tetra_ops *linked_ops(char *err, size_t errlen) {
         const tetra_ops *o = ops_cuda(err, errlen);
         if (!o) return NULL;
         t = *o;
-        t.host_memory = 1;
     }
     return &t;
 }

@@ -39,6 +39,14 @@ int comm_backend_available(comm_backend b) {
 #endif
 }
 
+int comm_nccl_device_count(void) {
+#ifdef TETRA_HAVE_NCCL
+    return nccl_api() ? NCCL->device_count() : 0;
+#else
+    return 0;
+#endif
+}
+
 const char *commi_kind_name(comm_kind k) {
     switch (k) {
     case COMMK_ALL_REDUCE: return "all_reduce";
@@ -107,8 +115,7 @@ void commi_fail_group(const comm_group *g, const char *op, const char *what) {
     abort_job(g->w);
 }
 
-static void fail_timeout(const comm_request *r, double waited) __attribute__((noreturn));
-static void fail_timeout(const comm_request *r, double waited) {
+void commi_fail_timeout(const comm_request *r, double waited) {
     char issue[200], path[4096], blame[2048] = "";
     describe_issue(r, issue, sizeof issue);
     const int dumped = commi_trace_dump(r->g->w, "timeout", r, path, sizeof path) == 0;
@@ -145,6 +152,8 @@ static comm_world *world_alloc(const mesh *m, int rank, const comm_options *opt,
     w->m = *m;
     w->rank = rank;
     w->opt = *opt;
+    pthread_mutex_init(&w->watch_mutex, NULL);
+    pthread_cond_init(&w->watch_cond, NULL);
     if (!(w->opt.init_timeout_s > 0)) w->opt.init_timeout_s = 300;
     if (!(w->opt.train_timeout_s > 0)) w->opt.train_timeout_s = 100;
     return w;
@@ -180,6 +189,11 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
     if (!comm_backend_available(opt->backend)) {
         snprintf(err, errlen, "comm: the %s backend is not in this build (NCCL needs CUDA and libnccl at build time)",
                  comm_backend_name(opt->backend));
+        return NULL;
+    }
+    const comm_device_staging *st = opt->staging;
+    if (st && (!st->host_alloc || !st->host_release || !st->to_host || !st->to_device || !st->device_copy)) {
+        snprintf(err, errlen, "comm: the staging table for device buffers is incomplete");
         return NULL;
     }
     comm_world *w = world_alloc(m, rank, opt, err, errlen);
@@ -232,12 +246,9 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
             return NULL;
         }
         MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-        w->stream = NCCL->stream_create(err, errlen);
-        int bad = w->stream == NULL;
-        if (!bad) {
-            w->nccl_world = NCCL->comm_init(id, m->world, rank, w->timeout_s, err, errlen);
-            bad = w->nccl_world == NULL;
-        }
+        const size_t free0 = NCCL->device_free();
+        w->nccl_world = NCCL->comm_init(id, m->world, rank, w->timeout_s, err, errlen);
+        int bad = w->nccl_world == NULL;
         for (int i = 0; i < MESH_N_GROUPS && !bad; i++) {
             comm_group *g = &w->groups[i];
             if (g->size == 1) continue; /* the same on every rank: every rank skips the split alike */
@@ -252,6 +263,8 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
             comm_world_free(w);
             return NULL;
         }
+        const size_t free1 = NCCL->device_free();
+        w->nccl_bytes = free0 > free1 ? free0 - free1 : 0;
     }
 #endif
     return w;
@@ -259,6 +272,8 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
 
 void comm_world_free(comm_world *w) {
     if (!w) return;
+    commi_watch_drain(w);
+    commi_watch_stop(w);
     for (int i = 0; i < MESH_N_GROUPS; i++) {
 #ifdef TETRA_HAVE_NCCL
         if (w->groups[i].nccl) NCCL->comm_destroy(w->groups[i].nccl);
@@ -267,9 +282,12 @@ void comm_world_free(comm_world *w) {
     }
 #ifdef TETRA_HAVE_NCCL
     if (w->nccl_world) NCCL->comm_destroy(w->nccl_world);
-    if (w->stream) NCCL->stream_destroy(w->stream);
 #endif
+    if (w->opt.staging) commi_stage_free(w);
     commi_trace_free(w);
+    free(w->pending);
+    pthread_cond_destroy(&w->watch_cond);
+    pthread_mutex_destroy(&w->watch_mutex);
     free(w);
 }
 
@@ -288,6 +306,8 @@ void comm_set_timeout(comm_world *w, double seconds) {
     if (seconds > 0) w->timeout_s = seconds;
 }
 double comm_timeout(const comm_world *w) { return w->timeout_s; }
+size_t comm_world_device_bytes(const comm_world *w) { return w->nccl_bytes; }
+void comm_world_sync(comm_world *w) { commi_watch_drain(w); }
 
 /* ----------------------------------------------------------------------------
  * requests */
@@ -302,9 +322,10 @@ static void request_init(comm_request *r, comm_group *g, comm_kind kind, size_t 
     r->step = g->w->step;
     r->seq = ++g->seq;
     commi_trace_issue(r);
+    commi_watch_sweep(g->w);
 }
 
-static int backend_test(comm_request *r) {
+int commi_backend_test(comm_request *r) {
     if (r->done) return 1;
 #ifdef TETRA_HAVE_NCCL
     if (use_nccl(r)) {
@@ -319,7 +340,7 @@ static int backend_test(comm_request *r) {
     return commi_mpi_test(r);
 }
 
-static void finish(comm_request *r) {
+void commi_finish(comm_request *r) {
     if (r->avg_buf && !use_nccl(r)) {
         const double inv = 1.0 / (double)r->g->size;
         if (r->dtype == COMM_F32) {
@@ -331,8 +352,9 @@ static void finish(comm_request *r) {
             for (size_t i = 0; i < r->avg_count; i++) x[i] *= inv;
         }
     }
+    commi_stage_out(r); /* after AVG, which divides the host copy */
 #ifdef TETRA_HAVE_NCCL
-    if (r->event) NCCL->event_destroy(r->event);
+    if (r->event) NCCL->event_release(r->event);
     r->event = NULL;
 #endif
     r->done = 1;
@@ -350,32 +372,113 @@ void comm_set_observer(comm_world *w, comm_observer_fn fn, void *user) {
 
 int comm_test(comm_request *r) {
     if (!r) return 1;
-    if (!r->done && backend_test(r)) finish(r);
+    if (!r->done && commi_backend_test(r)) commi_finish(r);
     return r->done;
+}
+
+/* NCCL: the compute stream waits for r's event instead of the host; r moves to the
+ * deferred list (comm_watch.c). */
+static int defer_nccl(comm_request *r) {
+#ifdef TETRA_HAVE_NCCL
+    if (use_nccl(r) && r->event) {
+        char err[512];
+        if (NCCL->order(r->event, r->g->w->opt.compute_stream, err, sizeof err)) commi_fail(r, err);
+        commi_watch_defer(r);
+        return 1;
+    }
+#endif
+    (void)r;
+    return 0;
 }
 
 void comm_wait(comm_request *r) {
     if (!r) return;
+    if (!r->done && !commi_backend_test(r) && defer_nccl(r)) {
+        if (r->heap) free(r);
+        return;
+    }
     if (!r->done) {
         /* Poll with a deadline. For the first second the loop only yields the
          * core (what MPI_Wait does, and MPI progress needs frequent calls);
          * after that a slow or stuck peer is waited for with 1 ms sleeps. */
         const double timeout = r->g->w->timeout_s;
         for (;;) {
-            if (backend_test(r)) break;
+            if (commi_backend_test(r)) break;
             commi_trace_poll(r->g->w);
             double waited = commi_now() - r->t_start;
-            if (waited > timeout) fail_timeout(r, waited);
-            if (waited < 1.0 && !use_nccl(r)) {
+            if (waited > timeout) commi_fail_timeout(r, waited);
+            if (waited < 1.0) {
                 sched_yield();
             } else {
-                struct timespec ts = {0, use_nccl(r) && waited < 1.0 ? 20000 : 1000000};
+                struct timespec ts = {0, 1000000};
                 nanosleep(&ts, NULL);
             }
         }
-        finish(r);
+        commi_finish(r);
     }
     if (r->heap) free(r);
+}
+
+/* Bytes a group of one copies from send to recv (0: nothing to move). */
+static size_t local_copy_bytes(comm_request *r) {
+    switch (r->kind) {
+    case COMMK_REDUCE_SCATTER:
+    case COMMK_ALL_GATHER:
+    case COMMK_ALL_TO_ALL:
+    case COMMK_SENDRECV: return r->count * comm_dtype_size(r->dtype);
+    case COMMK_SEND:
+    case COMMK_RECV: commi_fail(r, "a rank cannot send to itself");
+    default: return 0;
+    }
+}
+
+/* A group of one: local copies, no backend call; on device memory through the device
+ * (ordered on the compute stream, so complete for everything issued after it). */
+static void run_local(comm_request *r, void *recv, const void *send) {
+    const size_t bytes = local_copy_bytes(r);
+    if (!bytes || !recv || !send || recv == send) return;
+#ifdef TETRA_HAVE_NCCL
+    if (use_nccl(r)) {
+        char err[512];
+        if (NCCL->copy(recv, send, bytes, r->g->w->opt.compute_stream, err, sizeof err)) commi_fail(r, err);
+        return;
+    }
+#endif
+    if (commi_staged(r)) r->g->w->opt.staging->device_copy(recv, send, bytes);
+    else memmove(recv, send, bytes);
+}
+
+static void run_backend(comm_request *r, void *recv, const void *send, comm_redop op, int peer) {
+#ifdef TETRA_HAVE_NCCL
+    if (use_nccl(r)) {
+        char err[512];
+        comm_group *g = r->g;
+        r->event = NCCL->start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, r->peer2, g->size,
+                               g->w->opt.compute_stream, err, sizeof err);
+        if (!r->event) commi_fail(r, err);
+        return;
+    }
+#endif
+    if (commi_staged(r)) commi_stage_in(r, &recv, &send, peer);
+    commi_mpi_start(r, recv, send, op, peer);
+    if (op == COMM_AVG) { /* divided on the host when it completes (the staged copy, if staged) */
+        r->avg_buf = recv;
+        r->avg_count = r->count;
+    }
+}
+
+/* r as the caller's handle (heap) or run to completion. */
+static void hand_over(comm_request *r, comm_request **req) {
+    if (!req) {
+        comm_wait(r);
+        return;
+    }
+    comm_request *h = malloc(sizeof *h);
+    if (!h) commi_fail(r, "out of host memory");
+    *h = *r;
+    if (r->reqs == r->inline_reqs) h->reqs = h->inline_reqs;
+    h->heap = 1;
+    *req = h;
 }
 
 /* Start r (already initialised); blocking when req is NULL. */
@@ -387,66 +490,15 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
     if ((r->kind == COMMK_ALL_REDUCE || r->kind == COMMK_REDUCE_SCATTER) && !use_nccl(r) &&
         (r->dtype == COMM_BF16 || r->dtype == COMM_U8))
         commi_fail(r, "the MPI backend reduces float32, float64, int32 and int64 only");
-    const size_t es = comm_dtype_size(r->dtype);
     if (r->kind == COMMK_SEND || r->kind == COMMK_RECV || r->kind == COMMK_SENDRECV) commi_trace_peer(r, peer);
     if (g->w->opt.virtual_world && g->size > 1) {
         fprintf(stderr, "comm: %s on group %s (%d ranks) in a planned world (rank %d): planning does not "
                         "communicate\n", commi_kind_name(r->kind), mesh_group_name(g->id), g->size, g->w->rank);
         exit(1);
     }
-    if (g->size == 1) {
-        /* a group of one: local copies, no backend call */
-        size_t bytes = 0;
-        switch (r->kind) {
-        case COMMK_REDUCE_SCATTER:
-        case COMMK_ALL_GATHER:
-        case COMMK_ALL_TO_ALL:
-        case COMMK_SENDRECV: bytes = r->count * es; break;
-        case COMMK_SEND:
-        case COMMK_RECV: commi_fail(r, "a rank cannot send to itself");
-        default: break;
-        }
-        if (bytes && recv && send && recv != send) {
-#ifdef TETRA_HAVE_NCCL
-            if (use_nccl(r)) {
-                char err[512];
-                /* on the legacy default stream, which orders after the blocking compute stream */
-                if (NCCL->copy(recv, send, bytes, NULL, err, sizeof err)) commi_fail(r, err);
-                r->event = NCCL->event_record(NULL, err, sizeof err);
-                if (!r->event) commi_fail(r, err);
-            } else
-#endif
-                memmove(recv, send, bytes);
-        }
-    } else {
-#ifdef TETRA_HAVE_NCCL
-        if (use_nccl(r)) {
-            char err[512];
-            if (NCCL->start(g->nccl, r->kind, recv, send, r->count, r->dtype, op, peer, r->peer2, g->size,
-                            g->w->stream, err, sizeof err))
-                commi_fail(r, err);
-            r->event = NCCL->event_record(g->w->stream, err, sizeof err);
-            if (!r->event) commi_fail(r, err);
-        } else
-#endif
-        {
-            commi_mpi_start(r, recv, send, op, peer);
-            if (op == COMM_AVG) {
-                r->avg_buf = recv;
-                r->avg_count = r->count;
-            }
-        }
-    }
-    if (!req) {
-        comm_wait(r);
-        return;
-    }
-    comm_request *h = malloc(sizeof *h);
-    if (!h) commi_fail(r, "out of host memory");
-    *h = *r;
-    if (r->reqs == r->inline_reqs) h->reqs = h->inline_reqs;
-    h->heap = 1;
-    *req = h;
+    if (g->size == 1) run_local(r, recv, send);
+    else run_backend(r, recv, send, op, peer);
+    hand_over(r, req);
 }
 
 static void check_peer(comm_request *r, int peer) {
@@ -514,15 +566,44 @@ void comm_sendrecv(comm_group *g, void *recv, int from, const void *send, int to
     run(&r, req, recv, send, COMM_SUM, to);
 }
 
+#ifdef TETRA_HAVE_NCCL
+/* One NCCL group on the communicator's stream; a request (and event) per op. */
+static void batch_nccl(comm_group *g, const comm_p2p_op *ops, int n, comm_request **rq) {
+    comm_request *rs = calloc((size_t)n, sizeof *rs);
+    void **ev = calloc((size_t)n, sizeof *ev);
+    if (!rs || !ev) commi_fail_group(g, "batch_p2p", "out of host memory");
+    for (int i = 0; i < n; i++) {
+        request_init(&rs[i], g, ops[i].recv ? COMMK_RECV : COMMK_SEND, ops[i].count, ops[i].dtype);
+        check_peer(&rs[i], ops[i].peer);
+        commi_trace_peer(&rs[i], ops[i].peer);
+    }
+    char err[512];
+    if (NCCL->start_p2p(g->nccl, n, ops, g->w->opt.compute_stream, ev, err, sizeof err)) commi_fail(&rs[0], err);
+    for (int i = 0; i < n; i++) {
+        rs[i].event = ev[i];
+        hand_over(&rs[i], &rq[i]);
+    }
+    free(ev);
+    free(rs);
+}
+#endif
+
 void comm_batch_p2p(comm_group *g, const comm_p2p_op *ops, int n, comm_request **reqs) {
-    /* MPI's nonblocking sends and receives never wait on each other's posting order:
-     * every op is started before any is waited for */
     comm_request *local[16], **rq = reqs;
     if (!rq) rq = n <= 16 ? local : malloc((size_t)n * sizeof *rq);
     if (!rq) commi_fail_group(g, "batch_p2p", "out of host memory");
-    for (int i = 0; i < n; i++) {
-        if (ops[i].recv) comm_recv(g, ops[i].buf, ops[i].count, ops[i].dtype, ops[i].peer, &rq[i]);
-        else comm_send(g, ops[i].buf, ops[i].count, ops[i].dtype, ops[i].peer, &rq[i]);
+#ifdef TETRA_HAVE_NCCL
+    if (g->w->opt.backend == COMM_BACKEND_NCCL && g->size > 1 && n > 0) {
+        batch_nccl(g, ops, n, rq);
+    } else
+#endif
+    {
+        /* MPI's nonblocking sends and receives never wait on each other's posting order:
+         * every op is started before any is waited for */
+        for (int i = 0; i < n; i++) {
+            if (ops[i].recv) comm_recv(g, ops[i].buf, ops[i].count, ops[i].dtype, ops[i].peer, &rq[i]);
+            else comm_send(g, ops[i].buf, ops[i].count, ops[i].dtype, ops[i].peer, &rq[i]);
+        }
     }
     if (reqs) return;
     for (int i = 0; i < n; i++) comm_wait(rq[i]);

@@ -3,10 +3,20 @@
  * One interface, two backends:
  *   - MPI (Open MPI; host buffers): every group is an MPI_Comm_split of
  *     MPI_COMM_WORLD; asynchronous operations are MPI nonblocking collectives.
+ *     With comm_options.staging, the buffers are device memory (several ranks
+ *     sharing one GPU, where NCCL refuses to run): each operation copies its
+ *     input to page-locked host memory, runs over MPI there, and copies the result
+ *     back when it completes. A test and fallback path: slow, but every layout can
+ *     then run on one device.
  *   - NCCL (device buffers): a world communicator initialised from a unique id
- *     that rank 0 broadcasts over MPI, one ncclCommSplit per group, operations
- *     enqueued on a CUDA stream, completion tracked with CUDA events. Built only
- *     with CUDA and NCCL (comm_backend_available).
+ *     that rank 0 broadcasts over MPI, one ncclCommSplit per group, each group
+ *     with its own high-priority CUDA stream (FSDP's collectives never queue behind
+ *     TP's, nor pipeline messages behind either). An operation starts after the
+ *     work queued so far on the compute stream (comm_options.compute_stream);
+ *     comm_wait makes the compute stream wait for it (cudaStreamWaitEvent) and
+ *     returns without waiting on the host. A watchdog thread polls the operations
+ *     still running against the deadline below, which is where a stuck collective
+ *     is caught. Built only with CUDA and NCCL (comm_backend_available).
  *
  * Every operation takes `req`: NULL runs it to completion before returning;
  * otherwise *req receives a handle and the operation runs while the caller
@@ -47,8 +57,27 @@ typedef struct comm_world comm_world;
 typedef struct comm_group comm_group;
 typedef struct comm_request comm_request;
 
+/* How the MPI backend reaches device memory (comm_options.staging): the ops backend's
+ * copies, given by the caller so this module needs no CUDA. */
+typedef struct {
+    void *(*host_alloc)(size_t bytes); /* page-locked host memory; NULL on failure */
+    void (*host_release)(void *p);
+    /* device to host, after the work queued that writes src; returns when dst holds it */
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    /* host to device, ordered before later work; returns when src may be reused */
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+    /* device to device, ordered with the work around it (groups of one rank) */
+    void (*device_copy)(void *dst, const void *src, size_t bytes);
+} comm_device_staging;
+
 typedef struct {
     comm_backend backend;
+    /* MPI on device buffers (see the top of the file); NULL: host buffers. The table
+     * must outlive the world. Ignored by NCCL. */
+    const comm_device_staging *staging;
+    /* NCCL: the stream the ops run on (a cudaStream_t; NULL = the legacy default stream).
+     * Collectives start after the work queued on it; comm_wait makes it wait for them. */
+    void *compute_stream;
     double init_timeout_s;   /* deadline of any wait until comm_set_phase_training */
     double train_timeout_s;  /* afterwards */
     int cuda_device;         /* NCCL: device of this rank; -1 = node-local rank mod device count */
@@ -73,6 +102,8 @@ const char *comm_dtype_name(comm_dtype t);
 const char *comm_backend_name(comm_backend b);
 /* 1 when this build has the backend (MPI always; NCCL with CUDA + NCCL). */
 int comm_backend_available(comm_backend b);
+/* GPUs the NCCL backend sees on this host (0 without it, or without a driver). */
+int comm_nccl_device_count(void);
 
 /* Collective over MPI_COMM_WORLD (MPI must be initialised): builds a
  * communicator for every mesh_group_id. `rank` is this process' world rank.
@@ -97,6 +128,14 @@ void comm_set_phase_training(comm_world *w);
 /* Override the current deadline (seconds > 0). */
 void comm_set_timeout(comm_world *w, double seconds);
 double comm_timeout(const comm_world *w);
+
+/* NCCL: device memory the communicators took, measured as the drop in free device
+ * memory across their creation (NCCL may connect more buffers at a group's first
+ * collective, which this does not see); 0 under MPI. */
+size_t comm_world_device_bytes(const comm_world *w);
+/* Wait on the host (with the deadline) until every operation comm_wait left to the
+ * compute stream has finished (NCCL); a no-op under MPI. */
+void comm_world_sync(comm_world *w);
 
 /* Profiling: fn hears of every operation of w when it completes (on the rank that waited
  * for it): its kind ("all_reduce", ...), the group ("tp", ...), the bytes of this rank's
@@ -144,7 +183,11 @@ typedef struct {
 } comm_p2p_op;
 void comm_batch_p2p(comm_group *g, const comm_p2p_op *ops, int n, comm_request **reqs);
 
-/* Finish the operation (deadline as above) and free the handle. NULL is a no-op. */
+/* Finish the operation (deadline as above) and free the handle. NULL is a no-op.
+ * MPI: returns when the result is in place (device buffers: copied back). NCCL: returns
+ * once the compute stream is ordered after the operation; the host has not waited for
+ * it (work queued afterwards on the compute stream sees the result; a host read goes
+ * through that stream, or comm_world_sync first). */
 void comm_wait(comm_request *r);
 /* Drive progress without blocking: 1 when the operation has finished (the
  * handle stays valid until comm_wait). */

@@ -5,6 +5,7 @@
 #define TETRA_PARALLEL_COMM_INTERNAL_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "parallel/comm.h"
@@ -27,8 +28,8 @@ struct comm_world {
     comm_options opt;
     double timeout_s;
     int64_t step;
-    void *stream;        /* NCCL stream (cudaStream_t) */
     void *nccl_world;    /* tetra_nccl_comm * of the whole world */
+    size_t nccl_bytes;   /* device memory the communicators took at creation */
     comm_group groups[MESH_N_GROUPS];
     comm_observer_fn observer; /* profiling: told of every completed operation */
     void *observer_user;
@@ -38,6 +39,18 @@ struct comm_world {
     double trace_wall_offset;  /* wall clock minus commi_now(), for the dump's timestamps */
     double run_id;             /* rank 0's start time, shared: tells this run's dumps from older ones */
     char *trace_dir, *trace_prefix; /* owned copies; opt.trace_dir / trace_prefix point here */
+    /* MPI on device buffers (comm_stage.c): page-locked blocks, reused */
+    struct commi_stage_block *stage_pool;
+    int n_stage, cap_stage;
+    /* NCCL operations comm_wait ordered the compute stream after but the host has not
+     * seen complete (comm_watch.c): finished by the next call on this thread, watched
+     * for their deadline by a second thread */
+    pthread_mutex_t watch_mutex;
+    pthread_cond_t watch_cond;
+    struct comm_request *pending;
+    int n_pending, cap_pending;
+    pthread_t watchdog;
+    int watchdog_running, watchdog_stop;
 };
 
 /* One operation in flight. */
@@ -59,6 +72,11 @@ struct comm_request {
     size_t avg_count;
     /* NCCL: the CUDA event recorded after the operation */
     void *event;
+    /* MPI on device buffers: the staging block, and where the result goes back */
+    int stage_block;     /* 1 + its index in the world's staging pool; 0: none */
+    void *host_recv, *dev_recv;
+    size_t recv_bytes;
+    double deadline_s;   /* NCCL, deferred by comm_wait: the timeout it ends at */
     int host;            /* runs over MPI on host buffers whatever the backend (scalars) */
     int heap;            /* allocated for an asynchronous caller; freed by comm_wait */
     int done;
@@ -83,6 +101,29 @@ void commi_trace_blame(const comm_request *r, char *buf, size_t n);
 /* Print the one-line failure and end the job. */
 void commi_fail(const comm_request *r, const char *what) __attribute__((noreturn));
 void commi_fail_group(const comm_group *g, const char *op, const char *what) __attribute__((noreturn));
+
+/* ---- MPI on device buffers (comm_stage.c) ---- */
+/* 1 when r's buffers are device memory that MPI reaches through the host. */
+int commi_staged(const comm_request *r);
+/* Copy r's input to a page-locked block and point *recv / *send at the block's halves. */
+void commi_stage_in(comm_request *r, void **recv, const void **send, int peer);
+/* After completion: the result back to device memory, the block back to the pool. */
+void commi_stage_out(comm_request *r);
+void commi_stage_free(comm_world *w);
+
+/* ---- NCCL operations ordered but not yet seen complete (comm_watch.c) ---- */
+/* Take over r (comm_wait found it running): it completes in a later sweep. */
+void commi_watch_defer(const comm_request *r);
+/* Finish the deferred operations that have completed (this thread; cheap). */
+void commi_watch_sweep(comm_world *w);
+/* Wait on the host until none is left (deadlines apply). */
+void commi_watch_drain(comm_world *w);
+void commi_watch_stop(comm_world *w);
+/* comm.c's completion of a request (trace, observer, event back to the pool). */
+void commi_finish(comm_request *r);
+/* comm.c's poll of a request's backend: 1 done, 0 running (fails the job on errors). */
+int commi_backend_test(comm_request *r);
+void commi_fail_timeout(const comm_request *r, double waited) __attribute__((noreturn));
 
 /* ---- MPI backend (comm_mpi.c) ---- */
 int commi_mpi_group_init(comm_world *w, comm_group *g, char *err, size_t errlen);

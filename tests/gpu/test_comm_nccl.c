@@ -56,8 +56,7 @@ static void test_single_rank_nccl(void) {
     CHECK(tetra_nccl_get_unique_id(id, err, sizeof err) == 0, "%s", err);
     void *c = tetra_nccl_comm_init(id, 1, 0, 60, err, sizeof err);
     CHECK(c != NULL, "%s", err);
-    void *s = tetra_nccl_stream_create(err, sizeof err);
-    if (!c || !s) return;
+    if (!c) return;
     const size_t n = 4096;
     float *h = malloc(n * sizeof(float)), *a = dev(n), *b = dev(n);
     for (size_t i = 0; i < n; i++) h[i] = val(0, i);
@@ -68,31 +67,47 @@ static void test_single_rank_nccl(void) {
         cudaMemset(b, 0, n * sizeof(float));
         const int inplace = kinds[k] == COMMK_ALL_REDUCE || kinds[k] == COMMK_BROADCAST;
         if (inplace) cudaMemcpy(b, a, n * sizeof(float), cudaMemcpyDeviceToDevice);
-        CHECK(tetra_nccl_start(c, kinds[k], b, inplace ? b : a, n, COMM_F32, COMM_SUM, 0, 0, 1, s, err, sizeof err) ==
-                  0,
-              "kind %d: %s", (int)kinds[k], err);
-        void *ev = tetra_nccl_event_record(s, err, sizeof err);
+        /* after the legacy default stream, where the copies above ran */
+        void *ev = tetra_nccl_start(c, kinds[k], b, inplace ? b : a, n, COMM_F32, COMM_SUM, 0, 0, 1, NULL, err,
+                                    sizeof err);
+        CHECK(ev != NULL, "kind %d: %s", (int)kinds[k], err);
         int st = 0;
         while (ev && (st = tetra_nccl_poll(c, ev, err, sizeof err)) == 0) {
         }
         CHECK(st == 1, "kind %d poll: %s", (int)kinds[k], err);
-        tetra_nccl_event_destroy(ev);
+        tetra_nccl_event_release(ev);
         if (kinds[k] != COMMK_BARRIER) {
             down(h, b, n);
             CHECK(h[123] == val(0, 123), "kind %d: %g", (int)kinds[k], h[123]);
         }
     }
     /* AVG on one rank is the identity */
-    CHECK(tetra_nccl_start(c, COMMK_ALL_REDUCE, a, a, n, COMM_F32, COMM_AVG, 0, 0, 1, s, err, sizeof err) == 0, "%s",
-          err);
-    cudaStreamSynchronize((cudaStream_t)s);
+    void *ev = tetra_nccl_start(c, COMMK_ALL_REDUCE, a, a, n, COMM_F32, COMM_AVG, 0, 0, 1, NULL, err, sizeof err);
+    CHECK(ev != NULL, "%s", err);
+    /* the legacy default stream (the blocking copy below) waits for it, the host does not */
+    CHECK(ev && tetra_nccl_order(ev, NULL, err, sizeof err) == 0, "%s", err);
     down(h, a, n);
     CHECK(h[5] == val(0, 5), "avg %g", h[5]);
+    CHECK(ev && tetra_nccl_poll(c, ev, err, sizeof err) == 1, "the ordered all-reduce is complete after the copy");
+    tetra_nccl_event_release(ev);
+    /* a grouped send and receive to itself: one group, an event per op */
+    comm_p2p_op pair[2] = {{0, a, n, COMM_F32, 0}, {1, b, n, COMM_F32, 0}};
+    void *evs[2] = {NULL, NULL};
+    cudaMemset(b, 0, n * sizeof(float));
+    CHECK(tetra_nccl_start_p2p(c, 2, pair, NULL, evs, err, sizeof err) == 0, "start_p2p: %s", err);
+    for (int i = 0; i < 2; i++) {
+        int st = 0;
+        while (evs[i] && (st = tetra_nccl_poll(c, evs[i], err, sizeof err)) == 0) {
+        }
+        CHECK(st == 1, "p2p op %d poll: %s", i, err);
+        tetra_nccl_event_release(evs[i]);
+    }
+    down(h, b, n);
+    CHECK(h[77] == val(0, 77), "p2p to itself: %g", h[77]);
     cudaFree(a);
     cudaFree(b);
     free(h);
     tetra_nccl_comm_destroy(c);
-    tetra_nccl_stream_destroy(s);
 }
 
 static void test_group(comm_group *g, const char *mname) {

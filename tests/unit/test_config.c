@@ -260,7 +260,8 @@ static const char *const WORKS[] = {
     "quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns", "quantize.linear.float8.emulate",
     "validation.enable", "validation.dataset", "validation.dataset_path", "validation.local_batch_size",
     "validation.seq_len", "validation.freq", "validation.steps", "comm.init_timeout_seconds",
-    "comm.train_timeout_seconds", "comm.trace_buf_size", "comm.save_traces_folder", "comm.save_traces_file_prefix"};
+    "comm.train_timeout_seconds", "comm.trace_buf_size", "comm.save_traces_folder", "comm.save_traces_file_prefix",
+    "comm.backend"};
 static const char *const MEANINGLESS[] = {
     "model.hf_assets_path",                  /* read by `tetra data prepare --tokenizer`; training reads shards */
     "optimizer.implementation",              /* one fused pass per shard whatever the style */
