@@ -122,6 +122,11 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
     json_object_set_new(mem, "microbatches_in_flight", json_integer(w->n_acts));
     json_object_set_new(mem, "workspace_gib", json_real(w->workspace_bytes / GIB));
     json_object_set_new(mem, "converters_gib", json_real(w->converter_bytes / GIB));
+    json_object_set_new(mem, "nccl_gib", json_real(r->nccl.total_bytes / GIB));
+    json_object_set_new(mem, "nccl", json_pack("{s:i,s:f,s:f,s:f,s:f}", "communicators", r->nccl.communicators,
+                                               "setup_gib", r->nccl.setup_bytes / GIB, "ring_gib",
+                                               r->nccl.ring_bytes / GIB, "nvls_gib", r->nccl.nvls_bytes / GIB,
+                                               "p2p_gib", r->nccl.p2p_bytes / GIB));
     json_object_set_new(mem, "reserved_gib", json_real(r->reserved_bytes / GIB));
     json_object_set_new(mem, "training_buffers_bytes", json_real(w->total_bytes));
     json_t *per = json_array();
@@ -142,6 +147,19 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
                                              r->model_flops_per_token, "hw_flops_per_rank", r->hw_flops_per_rank,
                                              "tokens_per_step", r->tokens_per_step));
     return o;
+}
+
+/* NCCL's line: on a GPU profile, where the trainer's collectives are NCCL's. */
+static void print_nccl(const plan_result *r, const plan_hw *hw) {
+    char b[32];
+    if (plan_hw_is_host(hw)) return;
+    fmt_gib(b, sizeof b, r->nccl.total_bytes);
+    if (r->nccl.communicators == 0) {
+        printf("  NCCL                  %10s  (one rank: no communicator)\n", b);
+        return;
+    }
+    printf("  NCCL                  %10s  (%d communicators: tables, ring, NVLS and send/receive buffers; a "
+           "model)\n", b, r->nccl.communicators);
 }
 
 static void print_report(const plan_result *r, const tetra_config *cfg, const plan_hw *hw) {
@@ -188,6 +206,7 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
         fmt_gib(b[0], 32, w->converter_bytes);
         printf("  converters            %10s\n", b[0]);
     }
+    print_nccl(r, hw);
     fmt_gib(b[0], 32, r->reserved_bytes);
     printf("  reserved              %10s  (runtime, libraries, allocator: the profile's)\n", b[0]);
     fmt_gib(b[0], 32, r->peak_bytes);

@@ -8,6 +8,7 @@
 
 #include "engine/log.h"
 #include "models/llama3/llama3_args.h"
+#include "parallel/cp.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/generate.h"
 #include "parallel/pp/schedule.h"
@@ -113,9 +114,17 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
         if (out->rank[pr].total_bytes > out->rank[out->worst_pp_rank].total_bytes) out->worst_pp_rank = pr;
     }
     out->reserved_bytes = hw->reserved_bytes;
-    out->peak_bytes = out->rank[out->worst_pp_rank].total_bytes + hw->reserved_bytes;
     /* a CPU profile's memory is the host's, shared by the ranks placed on it */
     const int host_shared = plan_hw_is_host(hw);
+    /* NCCL on the device: the trainer's collectives on the CPU are MPI's */
+    if (!host_shared && strcmp(c->training.device, "cpu") != 0) {
+        cp_rotate rot = CP_ROTATE_ALLGATHER;
+        cp_parse_rotate(c->parallelism.context_parallel_rotate_method, &rot);
+        int co[MESH_NDIMS] = {out->worst_pp_rank, 0, 0, 0, 0};
+        plan_nccl_estimate(&out->nccl, &m, mesh_rank(&m, co), out->gpus_per_node, hw->nvswitch,
+                           rot == CP_ROTATE_ALLTOALL);
+    }
+    out->peak_bytes = out->rank[out->worst_pp_rank].total_bytes + hw->reserved_bytes + out->nccl.total_bytes;
     const int on_node = ngpu < out->gpus_per_node ? ngpu : out->gpus_per_node;
     out->device_bytes = host_shared ? hw->memory_bytes / on_node : hw->memory_bytes;
     out->fits = out->peak_bytes <= out->device_bytes;

@@ -5,7 +5,8 @@
  * start-up is counted as the run counts it — parameters, gradients, optimizer state,
  * gathered FSDP units, activations for the schedule's in-flight microbatches under the
  * AC policy, workspace, converter state — plus the hardware profile's reserved bytes
- * (runtime, libraries, allocator slack). The peak is the largest rank.
+ * (runtime, libraries, allocator slack) and, on a GPU profile, NCCL's own device memory
+ * (plan_nccl.h, a model). The peak is the largest rank.
  *
  * Time is a roofline with stated overlap assumptions (docs/plan.md):
  *   - linear layers at peak x gemm_efficiency (float8 linears at the fp8 peak x
@@ -31,6 +32,7 @@
 
 #include "engine/config.h"
 #include "engine/plan_hw.h"
+#include "engine/plan_nccl.h"
 #include "engine/trainer.h"
 
 #define PLAN_MAX_PP 64
@@ -50,6 +52,7 @@ typedef struct {
     /* memory, per rank (the largest pipeline rank) */
     trainer_plan rank[PLAN_MAX_PP]; /* one per pipeline rank */
     int worst_pp_rank;
+    plan_nccl nccl; /* NCCL's own device memory (a GPU profile with more than one rank), in the peak */
     double reserved_bytes, peak_bytes, device_bytes;
     int fits;
     /* per step */

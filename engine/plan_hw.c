@@ -17,7 +17,7 @@
 
 #define GIB 1073741824.0 /* memory sizes are GiB in the file, bytes in plan_hw */
 
-typedef enum { KIND_STRING, KIND_NUMBER, KIND_INT } hw_kind;
+typedef enum { KIND_STRING, KIND_NUMBER, KIND_INT, KIND_BOOL } hw_kind;
 
 /* What a value may be: rates and sizes that everything divides by must be > 0;
  * an fp8 rate of 0 says "no fp8" and a reserve may be 0; efficiencies are
@@ -31,10 +31,11 @@ typedef struct {
     size_t off;  /* into plan_hw */
     size_t cap;  /* strings: the buffer's size */
     double unit; /* struct value = file value x unit */
+    int optional; /* may be left out (plan_hw.h says which and why) */
 } hw_key;
 
-#define HW_STR(k, f, r) {k, KIND_STRING, r, offsetof(plan_hw, f), sizeof(((plan_hw *)0)->f), 1.0}
-#define HW_NUM(k, f, r, u) {k, KIND_NUMBER, r, offsetof(plan_hw, f), 0, u}
+#define HW_STR(k, f, r) {k, KIND_STRING, r, offsetof(plan_hw, f), sizeof(((plan_hw *)0)->f), 1.0, 0}
+#define HW_NUM(k, f, r, u) {k, KIND_NUMBER, r, offsetof(plan_hw, f), 0, u, 0}
 
 /* The file's keys, in the order plan_hw_write writes them. */
 static const hw_key hw_keys[] = {
@@ -47,7 +48,7 @@ static const hw_key hw_keys[] = {
     HW_NUM("memory_bandwidth", memory_bandwidth, RANGE_POSITIVE, 1.0),
     HW_NUM("intra_node_bandwidth", intra_node_bandwidth, RANGE_POSITIVE, 1.0),
     HW_NUM("inter_node_bandwidth", inter_node_bandwidth, RANGE_POSITIVE, 1.0),
-    {"gpus_per_node", KIND_INT, RANGE_COUNT, offsetof(plan_hw, gpus_per_node), 0, 1.0},
+    {"gpus_per_node", KIND_INT, RANGE_COUNT, offsetof(plan_hw, gpus_per_node), 0, 1.0, 0},
     HW_NUM("gemm_efficiency", gemm_efficiency, RANGE_FRACTION, 1.0),
     HW_NUM("fp8_gemm_efficiency", fp8_gemm_efficiency, RANGE_FRACTION0, 1.0),
     HW_NUM("attention_efficiency", attention_efficiency, RANGE_FRACTION, 1.0),
@@ -55,6 +56,7 @@ static const hw_key hw_keys[] = {
     HW_NUM("inter_node_comm_efficiency", inter_node_comm_efficiency, RANGE_FRACTION, 1.0),
     HW_NUM("memory_efficiency", memory_efficiency, RANGE_FRACTION, 1.0),
     HW_NUM("reserved_memory_gib", reserved_bytes, RANGE_NONNEG, GIB),
+    {"nvswitch", KIND_BOOL, RANGE_ANY, offsetof(plan_hw, nvswitch), 0, 1.0, 1},
 };
 enum { HW_NKEYS = (int)(sizeof hw_keys / sizeof hw_keys[0]) };
 
@@ -158,6 +160,14 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
         memcpy((char *)hw + k->off, v->u.s.ptr, v->u.s.len + 1);
         return 0;
     }
+    if (k->kind == KIND_BOOL) {
+        if (v->type != TOML_BOOLEAN) {
+            set_err(err, errlen, "%s:%d: %s must be true or false, not %s %s", path, e->line, k->key, article(tn), tn);
+            return -1;
+        }
+        *(int *)((char *)hw + k->off) = v->u.b != 0;
+        return 0;
+    }
     double x;
     if (k->kind == KIND_INT) {
         if (v->type != TOML_INTEGER) {
@@ -235,7 +245,7 @@ static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
     char missing[512] = "";
     int nmissing = 0;
     for (int j = 0; j < HW_NKEYS; j++)
-        if (!seen[j]) {
+        if (!seen[j] && !hw_keys[j].optional) {
             size_t used = strlen(missing);
             snprintf(missing + used, sizeof missing - used, "%s%s", nmissing ? ", " : "", hw_keys[j].key);
             nmissing++;
@@ -386,6 +396,7 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
             }
             continue;
         }
+        if (k->kind == KIND_BOOL) continue;
         double x = k->kind == KIND_INT ? (double)hw->gpus_per_node : num_value(hw, k) / k->unit;
         const char *why = range_problem(k, x);
         if (why) {
@@ -419,6 +430,8 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
             write_string(f, (const char *)hw + k->off);
         } else if (k->kind == KIND_INT) {
             fprintf(f, "%d", hw->gpus_per_node);
+        } else if (k->kind == KIND_BOOL) {
+            fputs(*(const int *)((const char *)hw + k->off) ? "true" : "false", f);
         } else {
             char num[40];
             /* the shortest text that reads back exactly; x / 2^30 and back is exact too */

@@ -5,7 +5,9 @@
  * bytes here) and efficiency factors (the fraction of a rate that training
  * reaches). Every key is required and none may be added, so a typo in a
  * profile is an error naming the file, the line and the key, never a silently
- * defaulted number. `plan_calibrate` (plan_calibrate.h) measures the machine it
+ * defaulted number. One exception: `nvswitch` (a boolean, false when absent)
+ * came later than profiles written by --calibrate and by users, which stay
+ * valid without it. `plan_calibrate` (plan_calibrate.h) measures the machine it
  * runs on into the same struct, and plan_hw_write saves it.
  */
 #ifndef TETRA_ENGINE_PLAN_HW_H
@@ -32,6 +34,7 @@ typedef struct {
     double inter_node_comm_efficiency; /* of inter_node_bandwidth */
     double memory_efficiency;          /* of memory_bandwidth */
     double reserved_bytes;             /* runtime memory outside the model's buffers (reserved_memory_gib) */
+    int nvswitch;                      /* a node's GPUs are joined by NVSwitches with multicast (NVLS): NCCL's memory */
 } plan_hw;
 
 /* Load a profile. `name` is either a path (it contains '/' or ends in ".toml")

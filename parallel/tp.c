@@ -135,15 +135,14 @@ void tp_all_gather_cols(const tetra_ops *ops, comm_group *g, float *full, const 
     const int size = comm_group_size(g);
     const size_t vl = (size_t)v_local, row = (size_t)size * vl;
     comm_all_gather(g, staging, local, (size_t)n * vl, COMM_F32, NULL);
+    /* one strided copy per rank block: a copy per row is a launch per row on a GPU */
     for (int q = 0; q < size; q++)
-        for (int i = 0; i < n; i++)
-            ops->copy(full + (size_t)i * row + (size_t)q * vl, staging + ((size_t)q * n + (size_t)i) * vl,
-                      vl * sizeof(float));
+        ops->copy_2d(full + (size_t)q * vl, row * sizeof(float), staging + (size_t)q * n * vl, vl * sizeof(float),
+                     vl * sizeof(float), (size_t)n);
 }
 
 void tp_take_cols(const tetra_ops *ops, comm_group *g, float *local, const float *full, int n, int v_local) {
     const int size = comm_group_size(g), p = comm_group_rank(g);
     const size_t vl = (size_t)v_local, row = (size_t)size * vl;
-    for (int i = 0; i < n; i++)
-        ops->copy(local + (size_t)i * vl, full + (size_t)i * row + (size_t)p * vl, vl * sizeof(float));
+    ops->copy_2d(local, vl * sizeof(float), full + (size_t)p * vl, row * sizeof(float), vl * sizeof(float), (size_t)n);
 }

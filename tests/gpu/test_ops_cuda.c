@@ -1447,6 +1447,40 @@ static int on_simulator(void) {
     return cuda_device_describe(0, dev, (int)sizeof dev) == 0 && strstr(dev, "simulator") != NULL;
 }
 
+// copy_2d (cudaMemcpy2DAsync) against the CPU table's, bit for bit over the whole
+// destination buffer: odd widths and pitches, gaps between rows, unaligned starts, no
+// rows or no width; bytes outside the rectangle keep their values, the source its own.
+// Its own byte stream, so the random inputs of the tests after it stay what they were.
+static void test_copy_2d(void) {
+    static const size_t cases[][6] = { /* width, dpitch, spitch, rows, dst offset, src offset (bytes) */
+        {1, 1, 1, 1, 0, 0}, {3, 7, 5, 11, 1, 3}, {13, 13, 29, 9, 0, 5}, {13, 31, 13, 9, 7, 0}, {100, 100, 100, 7, 2, 0},
+        {0, 16, 16, 5, 0, 0}, {12, 16, 20, 0, 0, 0}, {516, 4128, 516, 4099, 1548, 0}, {516, 516, 4128, 4099, 0, 2580}};
+    report("copy_2d in both tables", "-", 0, 0, G->copy_2d != NULL && C->copy_2d != NULL);
+    if (!G->copy_2d || !C->copy_2d) return;
+    uint64_t st = 0x6A09E667F3BCC909ull;
+    char shape[96];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const size_t *c = cases[i], guard = 67;
+        const size_t dn = c[4] + (c[3] ? (c[3] - 1) * c[1] + c[0] : 0) + guard;
+        const size_t sn = c[5] + (c[3] ? (c[3] - 1) * c[2] + c[0] : 0) + guard;
+        unsigned char *src = (unsigned char *)malloc(sn), *dst = (unsigned char *)malloc(dn);
+        for (size_t j = 0; j < sn + dn; j++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            if (j < sn) src[j] = (unsigned char)(st >> 56);
+            else dst[j - sn] = (unsigned char)(st >> 56);
+        }
+        unsigned char *d_src = (unsigned char *)dup_gpu(src, sn), *d_dst = (unsigned char *)dup_gpu(dst, dn);
+        C->copy_2d(dst + c[4], c[1], src + c[5], c[2], c[0], c[3]);
+        G->copy_2d(d_dst + c[4], c[1], d_src + c[5], c[2], c[0], c[3]);
+        unsigned char *got = (unsigned char *)from_gpu(d_dst, dn), *gsrc = (unsigned char *)from_gpu(d_src, sn);
+        snprintf(shape, sizeof shape, "w=%zu dp=%zu sp=%zu rows=%zu at +%zu/+%zu", c[0], c[1], c[2], c[3], c[4], c[5]);
+        check_bits("copy_2d (whole dst)", shape, got, dst, dn);
+        check_bits("copy_2d source unchanged", shape, gsrc, src, sn);
+        free(src); free(dst); free(got); free(gsrc);
+        G->release(d_src); G->release(d_dst);
+    }
+}
+
 static void test_memory(void) {
     char shape[96];
     const size_t c0 = G->alloc_count(), b0 = G->allocated_bytes();
@@ -1824,6 +1858,7 @@ int main(int argc, char **argv) {
     test_cross_entropy_sharded();
     test_adamw();
     test_memory();
+    test_copy_2d();
     test_full_step(TETRA_F32);
     // mixed precision end to end, once the CPU table has the bf16 ops to compare with
     if (C->attention_forward_bf16 && C->rmsnorm_forward_bf16 && C->embedding_forward_bf16)

@@ -14,6 +14,9 @@
 #      printed overrides of tp 1, async TP and larger pipeline microbatch layouts lay
 #      out too.
 #   4. --calibrate under 2 MPI ranks writes a profile that --hardware reads back.
+#   5. NCCL's device memory (a model) on a GPU profile: a line of the peak, zero for one
+#      rank, growing with the communicators, none on the CPU profile, no NVLS buffers
+#      without NVSwitch.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -155,6 +158,57 @@ if mpirun -np 2 --oversubscribe --bind-to none "$TETRA" plan --calibrate --out "
    "$TETRA" plan "${BASE[@]}" --hardware "$T/hw/cpu.toml" --ngpu 2 --json >"$T/cal.json" 2>"$T/cal.err"; then
   ok "calibrate: $(grep -c . "$T/cal.out") lines; $(grep -m1 -i gemm "$T/cal.out" | sed 's/^ *//')"
 else bad "calibrate"; cat "$T/cal.out" "$T/cal.err" 2>/dev/null | tail -5; fi
+
+# 5. NCCL's own memory (a model): on a GPU profile it is a line of the peak, zero for one
+# rank, more with more communicators; none on the CPU profile (MPI); no NVLS buffers on
+# a profile without NVSwitch (a profile without the key has none)
+sed 's/^nvswitch = true.*/nvswitch = false/' "$ROOT/configs/hardware/h100-sxm.toml" >"$T/nonvs.toml"
+grep -v '^nvswitch' "$ROOT/configs/hardware/h100-sxm.toml" >"$T/nokey.toml"
+nccl_plan() { # NAME ARGS...
+  local name=$1; shift
+  "$TETRA" plan "${BASE[@]}" --training.device cuda --json "$@" >"$T/nccl_$name.json" 2>"$T/nccl_$name.err"
+  [ -s "$T/nccl_$name.json" ] || echo "  $name: $(head -2 "$T/nccl_$name.err")"
+}
+nccl_plan one --hardware h100-sxm --ngpu 1 --training.local_batch_size 4
+nccl_plan fsdp4 --hardware h100-sxm --ngpu 4 --training.local_batch_size 1
+nccl_plan hsdp2x2 --hardware h100-sxm --ngpu 4 --training.local_batch_size 1 --parallelism.data_parallel_replicate_degree 2
+nccl_plan tp2 --hardware h100-sxm --ngpu 4 --training.local_batch_size 1 --parallelism.tensor_parallel_degree 2
+nccl_plan cpu4 --hardware cpu --ngpu 4 --training.local_batch_size 1 --training.device cpu
+nccl_plan nonvs --hardware "$T/nonvs.toml" --ngpu 4 --training.local_batch_size 1
+nccl_plan nokey --hardware "$T/nokey.toml" --ngpu 4 --training.local_batch_size 1
+"$TETRA" plan "${BASE[@]}" --training.device cuda --hardware h100-sxm --ngpu 4 --training.local_batch_size 1 \
+  >"$T/nccl_text.out" 2>&1
+if python3 - "$T" <<'EOF'
+import json, sys
+d = sys.argv[1]
+o = {n: json.load(open("%s/nccl_%s.json" % (d, n))) for n in
+     ("one", "fsdp4", "hsdp2x2", "tp2", "cpu4", "nonvs", "nokey")}
+m = {n: v["memory"] for n, v in o.items()}
+gib = lambda n: m[n]["nccl_gib"]
+comms = lambda n: m[n]["nccl"]["communicators"]
+assert gib("one") == 0 and comms("one") == 0, m["one"]
+assert gib("fsdp4") > 0.1, m["fsdp4"]
+# the peak holds it: buffers + reserved + NCCL
+for n in ("one", "fsdp4", "tp2"):
+    want = m[n]["training_buffers_bytes"] / 2**30 + m[n]["reserved_gib"] + gib(n)
+    assert abs(o[n]["peak_memory_gib"] - want) < 1e-3, (n, o[n]["peak_memory_gib"], want)
+# more communicators, more memory: fsdp 4 (world + dp_shard, fsdp, batch, loss, world
+# splits) < hsdp 2x2 (+ dp_replicate) ; tp 2 adds its all-to-all buffers
+assert comms("fsdp4") == 6 and comms("hsdp2x2") == 7 and comms("tp2") == 7, (comms("fsdp4"), comms("hsdp2x2"))
+assert gib("one") < gib("fsdp4") < gib("hsdp2x2") and gib("hsdp2x2") < gib("tp2"), [gib(n) for n in o]
+assert m["tp2"]["nccl"]["p2p_gib"] > 0 and m["fsdp4"]["nccl"]["p2p_gib"] == 0
+assert gib("cpu4") == 0 and comms("cpu4") == 0, m["cpu4"]
+assert m["fsdp4"]["nccl"]["nvls_gib"] > 0 and m["nonvs"]["nccl"]["nvls_gib"] == 0 and gib("nonvs") < gib("fsdp4")
+assert m["nokey"]["nccl"] == m["nonvs"]["nccl"], (m["nokey"]["nccl"], m["nonvs"]["nccl"])
+print("NCCL per rank: 1 rank 0, fsdp 4 %.2f GiB (%d communicators), hsdp 2x2 %.2f (%d), tp 2 %.2f (%d), "
+      "cpu 0, no NVSwitch %.2f" % (gib("fsdp4"), comms("fsdp4"), gib("hsdp2x2"), comms("hsdp2x2"), gib("tp2"),
+                                   comms("tp2"), gib("nonvs")))
+EOF
+then
+  if grep -q "^  NCCL .*6 communicators" "$T/nccl_text.out"; then ok "NCCL line in the report: $(grep -m1 '^  NCCL' "$T/nccl_text.out" | sed 's/^ *//')"
+  else bad "no NCCL line in the text report"; cat "$T/nccl_text.out"; fi
+  ok "NCCL memory model"
+else bad "NCCL memory model"; fi
 
 echo "test_plan: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

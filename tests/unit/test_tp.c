@@ -7,7 +7,7 @@
  *     unsharded GEMM's columns / rows;
  *   - vocab-parallel embedding equals the unsharded lookup bit for bit; vocab-parallel
  *     cross-entropy (with ignored labels) equals the unsharded loss and gradient columns;
- *     the gathered-logits path too;
+ *     the gathered-logits path too (one strided copy per rank block, one to take back);
  *   - a rank's model holds exactly its slices of the full model's parameters (heads,
  *     hidden units, vocabulary; whole norms), and forward + backward under sequence and
  *     loss parallel give the full model's loss and, for every parameter, this rank's
@@ -81,6 +81,26 @@ static ops_gemm_desc gemm(int m, int n, int k, int trans_a, int trans_b, int lda
 }
 
 /* ---------------------------------------------------------------------------- primitives */
+
+/* copies through the op table, counted: the gathered-logits path must be one strided copy
+ * per rank block (a copy per row is a launch per row on a GPU) */
+static const tetra_ops *counted_base;
+static long counted_copies, counted_copies_2d;
+static void counted_copy(void *dst, const void *src, size_t bytes) {
+    counted_copies++;
+    counted_base->copy(dst, src, bytes);
+}
+static void counted_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    counted_copies_2d++;
+    counted_base->copy_2d(dst, dpitch, src, spitch, width, rows);
+}
+static tetra_ops counting_ops(const tetra_ops *base) {
+    tetra_ops t = *base;
+    counted_base = base;
+    t.copy = counted_copy;
+    t.copy_2d = counted_copy_2d;
+    return t;
+}
 
 /* a callback over blocks of rows: fills the partial sums of the rank (the same values as
  * fill_rand(full, N*C, 100 + rank)) for the rows it is given, or checks gathered rows arrived */
@@ -241,10 +261,16 @@ static void test_primitives(comm_group *g) {
     /* gathered logits (loss parallel off): the columns reassemble exactly and go back */
     float *lgf = malloc((size_t)NV * V * 4), *st5 = malloc((size_t)NV * V * 4), *back = malloc((size_t)NV * VL * 4);
     for (int i = 0; i < NV; i++) memcpy(lgl + (size_t)i * VL, lg + (size_t)i * V + p * VL, (size_t)VL * 4);
-    tp_all_gather_cols(ops, g, lgf, lgl, st5, NV, VL);
+    const tetra_ops counting = counting_ops(ops);
+    tp_all_gather_cols(&counting, g, lgf, lgl, st5, NV, VL);
     CHECK(!memcmp(lgf, lg, (size_t)NV * V * 4), "all-gather of columns rebuilds the logits");
-    tp_take_cols(ops, g, back, lgf, NV, VL);
+    CHECK(counted_copies_2d == P && counted_copies == 0, "all-gather of columns: %ld strided copies for %d ranks, %ld copies",
+          counted_copies_2d, P, counted_copies);
+    counted_copies = counted_copies_2d = 0;
+    tp_take_cols(&counting, g, back, lgf, NV, VL);
     CHECK(!memcmp(back, lgl, (size_t)NV * VL * 4), "taking this rank's columns back");
+    CHECK(counted_copies_2d == 1 && counted_copies == 0, "taking columns: %ld strided copies, %ld copies",
+          counted_copies_2d, counted_copies);
 
     free(full);
     free(local);
