@@ -158,8 +158,8 @@ static void print_nccl(const plan_result *r, const plan_hw *hw) {
         printf("  NCCL                  %10s  (one rank: no communicator)\n", b);
         return;
     }
-    printf("  NCCL                  %10s  (%d communicators: tables, ring, NVLS and send/receive buffers; a "
-           "model)\n", b, r->nccl.communicators);
+    printf("  NCCL                  %10s  (%d communicator%s: tables, ring, NVLS and send/receive buffers; a "
+           "model)\n", b, r->nccl.communicators, r->nccl.communicators == 1 ? "" : "s");
 }
 
 static void print_report(const plan_result *r, const tetra_config *cfg, const plan_hw *hw) {

@@ -113,6 +113,15 @@ static void group_init(group_at *ga, const mesh *m, unsigned dims, int rank, int
     }
 }
 
+/* The dimensions that make a group's membership: those of more than one rank (groups
+ * with the same ones have the same ranks and share one communicator, parallel/comm.c). */
+static unsigned member_dims(const mesh *m, mesh_group_id g) {
+    unsigned d = 0;
+    for (int k = 0; k < MESH_NDIMS; k++)
+        if ((mesh_group_dims(g) & MESH_BIT(k)) && m->size[k] > 1) d |= MESH_BIT(k);
+    return d;
+}
+
 void plan_nccl_estimate(plan_nccl *out, const mesh *m, int rank, int gpus_per_node, int nvswitch, int cp_ring) {
     memset(out, 0, sizeof *out);
     if (m->world <= 1) return;
@@ -122,13 +131,27 @@ void plan_nccl_estimate(plan_nccl *out, const mesh *m, int rank, int gpus_per_no
         fprintf(stderr, "tetra plan: out of host memory\n");
         abort();
     }
+    /* one communicator per set of ranks, the world's first; each runs what all the
+     * groups of its ranks run */
+    int owner[MESH_N_GROUPS];
+    unsigned use[MESH_N_GROUPS] = {0};
+    for (int g = 0; g < MESH_N_GROUPS; g++) {
+        const unsigned d = member_dims(m, (mesh_group_id)g);
+        owner[g] = -1;
+        if (mesh_group_size(m, mesh_group_dims((mesh_group_id)g)) <= 1) continue;
+        owner[g] = d == member_dims(m, MESH_G_WORLD) ? MESH_G_WORLD : g;
+        for (int j = 0; j < g && owner[g] == g; j++)
+            if (owner[j] >= 0 && member_dims(m, (mesh_group_id)j) == d) owner[g] = owner[j];
+        use[owner[g]] |= group_use((mesh_group_id)g, cp_ring);
+    }
     group_at ga;
     /* the world communicator every split comes from */
     group_init(&ga, m, mesh_group_dims(MESH_G_WORLD), rank, gpn, buf);
-    add_comm(out, &ga, 0, rank, gpn, nvswitch);
+    add_comm(out, &ga, use[MESH_G_WORLD], rank, gpn, nvswitch);
     for (int g = 0; g < MESH_N_GROUPS; g++) {
+        if (g == MESH_G_WORLD || owner[g] != g) continue;
         group_init(&ga, m, mesh_group_dims((mesh_group_id)g), rank, gpn, buf);
-        if (ga.size > 1) add_comm(out, &ga, group_use((mesh_group_id)g, cp_ring), rank, gpn, nvswitch);
+        add_comm(out, &ga, use[g], rank, gpn, nvswitch);
     }
     free(buf);
     out->total_bytes = out->setup_bytes + out->ring_bytes + out->nvls_bytes + out->p2p_bytes;

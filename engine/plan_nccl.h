@@ -2,9 +2,9 @@
  * measurement (docs/plan.md, "NCCL's own memory").
  *
  * With more than one rank on GPUs, the trainer creates an NCCL communicator for the
- * world and splits one more for every mesh group of more than one rank (every
- * mesh_group_id, whether or not the group runs anything on the device), each with its
- * own resources (parallel/comm.c). NCCL allocates outside the backend's allocator, in
+ * world and splits one more for every other set of ranks that a mesh group of more than
+ * one rank spans (groups of the same ranks, e.g. dp_shard_cp, dp, dp_cp and the world
+ * under FSDP alone, share one), each with its own resources (parallel/comm.c). NCCL allocates outside the backend's allocator, in
  * cuMem blocks of at least 2 MiB:
  *   - at creation, per channel, its peer and ring tables (and its NVLink SHARP tables
  *     on an NVSwitch node with two or more of the group's ranks);

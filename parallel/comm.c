@@ -78,7 +78,7 @@ static void abort_job(comm_world *w) {
     /* NCCL kernels may be spinning on the device: abort the communicators first */
     if (w && w->opt.backend == COMM_BACKEND_NCCL) {
         for (int i = 0; i < MESH_N_GROUPS; i++)
-            if (w->groups[i].nccl) NCCL->comm_abort(w->groups[i].nccl);
+            if (w->groups[i].nccl_owner) NCCL->comm_abort(w->groups[i].nccl);
         if (w->nccl_world) NCCL->comm_abort(w->nccl_world);
     }
 #else
@@ -173,6 +173,24 @@ static comm_world *virtual_world_create(const mesh *m, int rank, const comm_opti
     return w;
 }
 
+/* The dimensions that make a group's membership: those of more than one rank. */
+static unsigned member_dims(const mesh *m, mesh_group_id id) {
+    unsigned d = 0;
+    for (int k = 0; k < MESH_NDIMS; k++)
+        if ((mesh_group_dims(id) & MESH_BIT(k)) && m->size[k] > 1) d |= MESH_BIT(k);
+    return d;
+}
+
+/* The world, or an earlier group, with exactly group i's ranks (in the same order:
+ * both are row-major over the same dimensions); NULL when none. */
+static const comm_group *same_members(const comm_world *w, int i) {
+    const unsigned d = member_dims(&w->m, (mesh_group_id)i);
+    if (d == member_dims(&w->m, MESH_G_WORLD)) return &w->groups[MESH_G_WORLD];
+    for (int j = 0; j < i; j++)
+        if (w->groups[j].size > 1 && member_dims(&w->m, (mesh_group_id)j) == d) return &w->groups[j];
+    return NULL;
+}
+
 comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen) {
     if (opt->virtual_world) return virtual_world_create(m, rank, opt, err, errlen);
     int inited = 0, size = 0;
@@ -252,9 +270,15 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
         for (int i = 0; i < MESH_N_GROUPS && !bad; i++) {
             comm_group *g = &w->groups[i];
             if (g->size == 1) continue; /* the same on every rank: every rank skips the split alike */
+            const comm_group *same = same_members(w, i);
+            if (same) { /* one communicator per set of ranks: the split would duplicate its buffers */
+                g->nccl = same->nccl ? same->nccl : w->nccl_world;
+                continue;
+            }
             const unsigned dims = mesh_group_dims(g->id);
             g->nccl = NCCL->comm_split(w->nccl_world, mesh_group_color(m, dims, rank), g->rank, w->timeout_s,
                                             err, errlen);
+            g->nccl_owner = 1;
             bad = g->nccl == NULL;
         }
         MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -276,7 +300,7 @@ void comm_world_free(comm_world *w) {
     commi_watch_stop(w);
     for (int i = 0; i < MESH_N_GROUPS; i++) {
 #ifdef TETRA_HAVE_NCCL
-        if (w->groups[i].nccl) NCCL->comm_destroy(w->groups[i].nccl);
+        if (w->groups[i].nccl_owner) NCCL->comm_destroy(w->groups[i].nccl);
 #endif
         commi_mpi_group_free(&w->groups[i]);
     }

@@ -18,7 +18,8 @@ struct comm_group {
     mesh_group_id id;
     int size, rank;
     MPI_Comm mpi;        /* always built: host-side scalars and the MPI backend */
-    void *nccl;          /* tetra_nccl_comm * under the NCCL backend */
+    void *nccl;          /* tetra_nccl_comm * under the NCCL backend (shared by groups of the same ranks) */
+    int nccl_owner;      /* 1 when this group created it (and destroys it) */
     uint64_t seq;        /* operations issued on this group by this rank */
 };
 

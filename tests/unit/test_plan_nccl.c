@@ -1,9 +1,10 @@
 // tests/unit/test_plan_nccl.c — the NCCL memory model of `tetra plan` (engine/plan_nccl.h)
 // against its formula worked by hand (docs/plan.md, "NCCL's own memory"), in MiB:
 // - one rank: nothing;
-// - FSDP 8 in one NVSwitch node: six communicators of 8 ranks, each (3 x 32 + 2) x 2 MiB
-//   of tables + 17 x 2 MiB for NVLS; rings (32 x 12 MiB) for fsdp and the world barrier;
-//   NVLS buffers (16 x 2 x 1 MiB x 8) for fsdp; and the same without NVSwitch;
+// - FSDP 8 in one NVSwitch node: one communicator (dp_shard, dp_shard_cp, dp, dp_cp and
+//   the world hold the same 8 ranks and share it), (3 x 32 + 2) x 2 MiB of tables + 17 x 2
+//   MiB for NVLS; one ring (32 x 12 MiB) for fsdp and the world barrier; NVLS buffers
+//   (16 x 2 x 1 MiB x 8) for fsdp; and the same without NVSwitch;
 // - TP 8 x FSDP 2 on two nodes: the tp all-to-all's buffers to 7 peers on 32 channels,
 //   groups across nodes on 16 channels;
 // - PP 2 across nodes: the network pools and the control blocks of one peer;
@@ -56,20 +57,20 @@ int main(void) {
 
     const double node_tables = (3 * 32 + 2) * 2, net_tables = (3 * 16 + 2) * 2, nvls_tables = 17 * 2;
     o = model(1, 1, 8, 1, 1, 8, 1, 0);
-    expect("fsdp 8, NVSwitch", &o, 6, 6 * (node_tables + nvls_tables), 2 * 32 * 12, 16 * 2 * 8, 0);
+    expect("fsdp 8, NVSwitch", &o, 1, node_tables + nvls_tables, 32 * 12, 16 * 2 * 8, 0);
     o = model(1, 1, 8, 1, 1, 8, 0, 0);
-    expect("fsdp 8, no NVSwitch", &o, 6, 6 * node_tables, 2 * 32 * 12, 0, 0);
+    expect("fsdp 8, no NVSwitch", &o, 1, node_tables, 32 * 12, 0, 0);
 
-    /* world parent and world split span the nodes with 8 ranks on each (NVLS tables);
-     * dp_shard, fsdp, batch, loss: 2 ranks on two nodes; tp: 8 ranks in one node */
+    /* the world spans the nodes with 8 ranks on each (NVLS tables); dp_shard (with
+     * dp_shard_cp, dp and dp_cp, the same 2 ranks): two nodes; tp: 8 ranks in one node */
     o = model(1, 1, 2, 1, 8, 8, 1, 0);
-    expect("tp 8 x fsdp 2", &o, 7, 2 * (net_tables + nvls_tables) + 4 * net_tables + node_tables + nvls_tables,
+    expect("tp 8 x fsdp 2", &o, 3, (net_tables + nvls_tables) + net_tables + node_tables + nvls_tables,
            32 * 12 + 16 * 12 + 16 * 12, 16 * 2 * 8, 7 * 32 * 12);
 
-    /* one peer over the network: 2 channels x send and receive control blocks, and two
-     * pools of 16 channels x 16 slots x 128 KiB */
+    /* one peer over the network (the world is the pipeline group): 2 channels x send and
+     * receive control blocks, and two pools of 16 channels x 16 slots x 128 KiB */
     o = model(2, 1, 1, 1, 1, 1, 1, 0);
-    expect("pp 2 over the network", &o, 3, 3 * net_tables, 16 * 12, 0, 2 * 2 * 2 + 2 * 16 * 2);
+    expect("pp 2 over the network", &o, 1, net_tables, 16 * 12, 0, 2 * 2 * 2 + 2 * 16 * 2);
 
     /* ring attention: cp sends to its two neighbours; all-gather does not */
     plan_nccl ag = model(1, 1, 1, 4, 1, 8, 1, 0), ring = model(1, 1, 1, 4, 1, 8, 1, 1);
