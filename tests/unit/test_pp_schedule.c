@@ -4,7 +4,9 @@
  * in-flight counts; the generators, the lowering and the CSV form against
  * PyTorch's own output (tests/assets/pp_schedules, written by generate.py there
  * from torch.distributed.pipelining), cell by cell; CSV round trips and errors;
- * the lowered-schedule check (deadlock and message-order mismatches found).
+ * the lowered-schedule check (deadlock and message-order mismatches found, on
+ * MPI's semantics and on NCCL's serialised streams); every generated schedule at
+ * pp 2, 4 and 8, lowered as the trainer lowers it, finishing on both.
  *
  * TETRA_PP_SCHEDULES=DIR points the fixture part at another folder (e.g. the wide
  * grid of generate.py --wide). */
