@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/pp/sim.h"
+
 static void fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void fail(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
@@ -614,8 +616,12 @@ done:
     return rc;
 }
 
-int pp_schedule_check_lowered(const pp_schedule *s, int *steps, char *err, size_t errlen) {
+int pp_schedule_check_lowered_in(const pp_schedule *s, int models, int *steps, char *err, size_t errlen) {
     char why[400];
+    if (models < 1 || models > PP_P2P_ALL) {
+        fail(err, errlen, "lowered schedule: unknown point-to-point models %d", models);
+        return -1;
+    }
     if (pp_schedule_validate(s, why, sizeof why)) {
         fail(err, errlen, "lowered schedule: %s", why);
         return -1;
@@ -635,5 +641,17 @@ int pp_schedule_check_lowered(const pp_schedule *s, int *steps, char *err, size_
     }
     free(seen.t);
     if (check_pairs(s, err, errlen)) return -1;
-    return dry_run(s, steps, err, errlen);
+    if ((models & PP_P2P_MPI) && dry_run(s, steps, err, errlen)) return -1;
+    if (models & PP_P2P_STREAMS) {
+        char e[2048];
+        if (pp_sim_streams(s, models & PP_P2P_MPI ? NULL : steps, e, sizeof e)) {
+            fail(err, errlen, "lowered schedule: %s", e);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int pp_schedule_check_lowered(const pp_schedule *s, int *steps, char *err, size_t errlen) {
+    return pp_schedule_check_lowered_in(s, PP_P2P_ALL, steps, err, errlen);
 }

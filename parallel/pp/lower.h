@@ -11,7 +11,8 @@
  *   5. WAIT_SEND_F / WAIT_SEND_B: a forward send is waited for right after the
  *      backward of the same stage and microbatch, every other send at the end of
  *      the list
- * and a dry run that proves the result free of deadlock before anything runs.
+ * and a dry run that proves the result free of deadlock before anything runs, with
+ * MPI's independent requests and with NCCL's one stream per rank.
  */
 #ifndef TETRA_PARALLEL_PP_LOWER_H
 #define TETRA_PARALLEL_PP_LOWER_H
@@ -28,13 +29,25 @@ typedef struct {
  * cannot be placed ("malformed compute schedule") or the validation error. */
 pp_schedule *pp_schedule_lower(const pp_schedule *compute, const pp_lower_options *o, char *err, size_t errlen);
 
+/* The point-to-point models a lowered schedule is run under in its dry run. */
+enum {
+    PP_P2P_MPI = 1,     /* each message on its own: a send completes once its peer has
+                           posted the receive (MPI's nonblocking calls; PyTorch's
+                           _simulate_comms_compute) */
+    PP_P2P_STREAMS = 2, /* NCCL: one FIFO of batches per rank (pp_sim_streams, sim.h) */
+    PP_P2P_ALL = 3
+};
+
 /* Check a lowered schedule (generated or loaded from a compute_comms CSV): every
  * send has its receive on the peer and the two lists order the messages of each
  * (sender, receiver) pair alike; every compute action's input arrives before it;
- * every wait follows its send or reduction. Then run all ranks' lists as a
- * dry run (sends complete once the peer has posted the receive). 0 with the dry
- * run's number of time steps in *steps (may be NULL), or -1 naming the rank,
- * the action and the rule, or, for a deadlock, each stuck rank's next action. */
+ * every wait follows its send or reduction. Then run all ranks' lists as a dry run
+ * under each model in `models` (PP_P2P_MPI, then PP_P2P_STREAMS). 0 with the
+ * number of time steps of the first model's dry run in *steps (may be NULL), or -1
+ * naming the rank, the action and the rule, or, for a deadlock, each stuck rank's
+ * next action (and under PP_P2P_STREAMS the heads of the streams that block it). */
+int pp_schedule_check_lowered_in(const pp_schedule *s, int models, int *steps, char *err, size_t errlen);
+/* Both models: what a schedule must pass before it runs, on CPUs or GPUs. */
 int pp_schedule_check_lowered(const pp_schedule *s, int *steps, char *err, size_t errlen);
 
 #endif

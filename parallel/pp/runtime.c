@@ -71,7 +71,9 @@ static pp_buffer buffer_of(pp_action_type t) {
     }
 }
 
-static int post(run_ctx *c, pp_action_type t, int stage, int mb) {
+/* Check one message of a batch, ask for its buffer and record it (its request comes
+ * when the batch is posted); its op for comm_batch_p2p in *op. */
+static int add_msg(run_ctx *c, pp_action_type t, int stage, int mb, comm_p2p_op *op) {
     const pp_schedule *s = c->s;
     if (!c->p2p || !c->p2p->group || !c->ops->buffer) return fail(c, "a message without a pipeline group or buffers");
     const int peer_stage = (t == PP_SEND_F || t == PP_RECV_B) ? stage + 1 : stage - 1;
@@ -87,20 +89,38 @@ static int post(run_ctx *c, pp_action_type t, int stage, int mb) {
         c->msg = nm;
         c->cap_msg = nc;
     }
-    void *buf = c->ops->buffer(c->ops->user, stage, mb, buffer_of(t));
-    posted *p = &c->msg[c->n_msg++];
-    p->type = t;
-    p->stage = stage;
-    p->mb = mb;
-    p->req = NULL;
-    if (t == PP_SEND_F || t == PP_SEND_B) {
-        comm_send(c->p2p->group, buf, c->p2p->count, c->p2p->dtype, peer, &p->req);
-        c->st.sends++;
-    } else {
-        comm_recv(c->p2p->group, buf, c->p2p->count, c->p2p->dtype, peer, &p->req);
-        c->st.recvs++;
-    }
+    const int recv = t == PP_RECV_F || t == PP_RECV_B;
+    *op = (comm_p2p_op){recv, c->ops->buffer(c->ops->user, stage, mb, buffer_of(t)), c->p2p->count, c->p2p->dtype,
+                        peer};
+    c->msg[c->n_msg++] = (posted){t, stage, mb, NULL};
+    if (recv) c->st.recvs++;
+    else c->st.sends++;
     return 0;
+}
+
+/* Post actions [first, end) of the list, one batch by pp_post_batch_end, as one
+ * comm_batch_p2p: under NCCL a rank's point-to-point operations run one after the
+ * other on one stream, so two ranks that each post a send first would wait for each
+ * other for ever; inside one group they cannot. Every message keeps its own request. */
+static int post_batch(run_ctx *c, int first, int end) {
+    const int n = end - first, base = c->n_msg;
+    comm_p2p_op *ops = malloc((size_t)n * sizeof *ops);
+    comm_request **reqs = malloc((size_t)n * sizeof *reqs);
+    int rc = ops && reqs ? 0 : fail(c, "out of host memory");
+    for (int k = 0; k < n && rc == 0; k++) {
+        const pp_action *a = &c->s->acts[c->rank][first + k];
+        c->pos = first + k;
+        rc = add_msg(c, a->type, a->stage, a->mb, &ops[k]);
+    }
+    if (rc == 0) {
+        comm_batch_p2p(c->p2p->group, ops, n, reqs);
+        for (int k = 0; k < n; k++) c->msg[base + k].req = reqs[k];
+    } else {
+        c->n_msg = base; /* nothing of a refused batch was posted */
+    }
+    free(ops);
+    free(reqs);
+    return rc;
 }
 
 static void finish_send(run_ctx *c, int i) {
@@ -208,7 +228,12 @@ int pp_run_rank(const pp_schedule *s, int rank, const pp_stage_ops *ops, const p
         case PP_SEND_F:
         case PP_RECV_F:
         case PP_SEND_B:
-        case PP_RECV_B: rc = post(&c, a->type, a->stage, a->mb); break;
+        case PP_RECV_B: {
+            const int end = pp_post_batch_end(s->acts[rank], s->len[rank], i);
+            rc = post_batch(&c, i, end);
+            i = end - 1;
+            break;
+        }
         case PP_WAIT_SEND_F:
         case PP_WAIT_SEND_B: {
             int k = find_msg(&c, a->type == PP_WAIT_SEND_F ? PP_SEND_F : PP_SEND_B, a->stage, a->mb);

@@ -17,9 +17,14 @@
  *   WAIT_SEND_*  wait for that send; then `sent` says its buffer is free
  *
  * Every message is one microbatch's activations or gradients: `count` elements of
- * `dtype`. Messages between two ranks match in the order both lists post them (one
+ * `dtype`. A run of consecutive SEND/RECV actions (the batch of pp_post_batch_end,
+ * schedule.h) is posted as one comm_batch_p2p: every message of it is started
+ * before any is waited for (under NCCL one ncclGroupStart/End on the rank's one
+ * stream); each keeps its own request, so waits and `sent` stay per message.
+ * Messages between two ranks match in the order both lists post them (one
  * tag; lower.h checks the orders agree), so a schedule lowered by pp_schedule_lower
- * or checked by pp_schedule_check_lowered runs without deadlock. Sends not waited
+ * or checked by pp_schedule_check_lowered runs without deadlock, with MPI's
+ * independent requests and with NCCL's one stream per rank alike. Sends not waited
  * for by the list are waited for at its end; a receive nobody consumed is an error.
  * Idle slots are skipped. An OVERLAP_F_B runs its sub-actions in order.
  *

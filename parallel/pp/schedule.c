@@ -26,6 +26,15 @@ int pp_action_stage_only(pp_action_type t) {
     return t == PP_UNSHARD || t == PP_RESHARD || t == PP_REDUCE_GRAD || t == PP_WAIT_REDUCE_GRAD;
 }
 
+int pp_action_posts(pp_action_type t) {
+    return t == PP_SEND_F || t == PP_RECV_F || t == PP_SEND_B || t == PP_RECV_B;
+}
+
+int pp_post_batch_end(const pp_action *acts, int len, int i) {
+    while (i >= 0 && i < len && pp_action_posts(acts[i].type)) i++;
+    return i;
+}
+
 static int is_leaf_compute(pp_action_type t) { return t == PP_F || t == PP_I || t == PP_W || t == PP_B; }
 
 char *pp_action_str(const pp_action *a, char *buf, size_t n) {

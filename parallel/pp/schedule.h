@@ -74,12 +74,22 @@ const char *pp_action_type_name(pp_action_type t); /* "F", "I", ..., "REDUCE_GRA
 int pp_action_is_compute(pp_action_type t);        /* F, I, W, B, OVERLAP_F_B */
 int pp_action_is_comm(pp_action_type t);           /* SEND_*, RECV_*, WAIT_SEND_* */
 int pp_action_stage_only(pp_action_type t);        /* UNSHARD, RESHARD, REDUCE_GRAD, WAIT_REDUCE_GRAD */
+int pp_action_posts(pp_action_type t);             /* SEND_F, RECV_F, SEND_B, RECV_B: post one message */
 /* The string form into buf; returns buf. */
 char *pp_action_str(const pp_action *a, char *buf, size_t n);
 /* Parse one cell (surrounding blanks ignored; "" is IDLE). 0, or -1 for anything
  * else (a type with a microbatch it must not have or without one it needs,
  * an OVERLAP_F_B whose parts are not compute actions, ...). */
 int pp_action_parse(const char *s, pp_action *out);
+
+/* The batching rule: the messages a rank posts together. A batch is a maximal run
+ * of consecutive posting actions (pp_action_posts) in a rank's list; anything else,
+ * an idle slot included, ends it. The runtime posts each batch as one
+ * comm_batch_p2p (one NCCL group) and the simulator's stream mode (sim.h) puts it
+ * on the rank's stream as one entry, so both read the rule here. Returns the index
+ * one past the last action of the batch that starts at action i of acts[0..len-1];
+ * i itself when action i posts nothing. */
+int pp_post_batch_end(const pp_action *acts, int len, int i);
 
 pp_schedule *pp_schedule_new(int n_ranks, int n_stages, int n_microbatches);
 /* Append to rank r's list; 0 or -1 (out of memory, bad rank). */

@@ -4,6 +4,10 @@
  * a fixed point over the ranks' lists, so the ranks are swept repeatedly, each
  * advanced while its next action's inputs have known end times. A sweep that
  * advances no rank while some list is unfinished is a deadlock.
+ *
+ * The stream mode (pp_sim_streams) is a separate dry run, in rounds: every list
+ * runs until an action waits for a message, then every head batch that can
+ * complete does, all at once.
  */
 #include "parallel/pp/sim.h"
 
@@ -387,4 +391,287 @@ fail:
     free(free_at);
     pp_sim_free(res);
     return NULL;
+}
+
+/* ---- stream mode: a lowered schedule's messages on one FIFO per rank -------------------- */
+
+/* The four posting kinds index the table of completed messages. */
+enum { M_SEND_F = 0, M_RECV_F, M_SEND_B, M_RECV_B, M_N };
+
+static int msg_kind(pp_action_type t) {
+    return t == PP_SEND_F ? M_SEND_F : t == PP_RECV_F ? M_RECV_F : t == PP_SEND_B ? M_SEND_B : M_RECV_B;
+}
+
+typedef struct {
+    const pp_schedule *s;
+    int *pos;                /* [P] next action of each list (posting never blocks: a batch goes on at once) */
+    int *head;               /* [P] first action of the batch at the head of the stream; >= pos: empty */
+    unsigned char *complete; /* [M_N][S][M] */
+} streams;
+
+static unsigned char *msg_done(const streams *f, pp_action_type t, int stage, int mb) {
+    const pp_schedule *s = f->s;
+    return &f->complete[((size_t)msg_kind(t) * (size_t)s->n_stages + (size_t)stage) * (size_t)s->n_microbatches +
+                        (size_t)mb];
+}
+
+/* The other end of a message: its action (type, stage, mb) on the peer's list. */
+static pp_action partner(const pp_action *x) {
+    switch (x->type) {
+    case PP_SEND_F: return (pp_action){PP_RECV_F, x->stage + 1, x->mb, 0, {{0, 0, 0}, {0, 0, 0}}};
+    case PP_RECV_F: return (pp_action){PP_SEND_F, x->stage - 1, x->mb, 0, {{0, 0, 0}, {0, 0, 0}}};
+    case PP_SEND_B: return (pp_action){PP_RECV_B, x->stage - 1, x->mb, 0, {{0, 0, 0}, {0, 0, 0}}};
+    default: return (pp_action){PP_SEND_B, x->stage + 1, x->mb, 0, {{0, 0, 0}, {0, 0, 0}}};
+    }
+}
+
+static int is_send(pp_action_type t) { return t == PP_SEND_F || t == PP_SEND_B; }
+
+static int peer_of(const streams *f, const pp_action *x) { return f->s->stage_rank[partner(x).stage]; }
+
+static int batch_end(const streams *f, int r) { return pp_post_batch_end(f->s->acts[r], f->s->len[r], f->head[r]); }
+
+/* Past the actions between batches that post nothing, up to what the list has posted. */
+static void skip_to_head(streams *f, int r) {
+    while (f->head[r] < f->pos[r] && !pp_action_posts(f->s->acts[r][f->head[r]].type)) f->head[r]++;
+}
+
+static int stream_empty(const streams *f, int r) { return f->head[r] >= f->pos[r]; }
+
+/* The message action x of rank r must see completed before it runs: 1 with it in
+ * *need, or 0 when x waits for nothing that is not done. */
+static int blocked_on(const streams *f, int r, const pp_action *x, pp_action *need) {
+    const pp_schedule *s = f->s;
+    const int *sr = s->stage_rank;
+    pp_op ops[PP_MAX_SUB];
+    int n = action_ops(x, ops);
+    for (int k = 0; k < n; k++) {
+        const pp_op *o = &ops[k];
+        pp_action_type t = PP_IDLE;
+        if (o->type == PP_F && o->stage > 0 && sr[o->stage - 1] != r) t = PP_RECV_F;
+        if ((o->type == PP_I || o->type == PP_B) && o->stage < s->n_stages - 1 && sr[o->stage + 1] != r) t = PP_RECV_B;
+        if (t != PP_IDLE && !*msg_done(f, t, o->stage, o->mb)) {
+            *need = (pp_action){t, o->stage, o->mb, 0, {{0, 0, 0}, {0, 0, 0}}};
+            return 1;
+        }
+    }
+    if (x->type == PP_WAIT_SEND_F || x->type == PP_WAIT_SEND_B) {
+        pp_action_type t = x->type == PP_WAIT_SEND_F ? PP_SEND_F : PP_SEND_B;
+        if (!*msg_done(f, t, x->stage, x->mb)) {
+            *need = (pp_action){t, x->stage, x->mb, 0, {{0, 0, 0}, {0, 0, 0}}};
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Run rank r's list until an action waits for a message; a batch goes on the stream
+ * whole. 1 if it moved. */
+static int advance(streams *f, int r) {
+    const pp_action *acts = f->s->acts[r];
+    const int start = f->pos[r];
+    pp_action need;
+    while (f->pos[r] < f->s->len[r]) {
+        int p = f->pos[r];
+        if (pp_action_posts(acts[p].type)) f->pos[r] = pp_post_batch_end(acts, f->s->len[r], p);
+        else if (blocked_on(f, r, &acts[p], &need)) break;
+        else f->pos[r]++;
+    }
+    skip_to_head(f, r);
+    return f->pos[r] != start;
+}
+
+/* Whether rank r's action i, in its stream's head batch, may move now: its message is
+ * not done and every earlier message of the batch to the same peer in the same
+ * direction is (NCCL runs those in order; the rest of a group independently). */
+static int head_op_ready(const streams *f, int r, int i) {
+    const pp_action *x = &f->s->acts[r][i];
+    if (*msg_done(f, x->type, x->stage, x->mb)) return 0;
+    for (int j = f->head[r]; j < i; j++) {
+        const pp_action *w = &f->s->acts[r][j];
+        if (is_send(w->type) == is_send(x->type) && peer_of(f, w) == peer_of(f, x) &&
+            !*msg_done(f, w->type, w->stage, w->mb))
+            return 0;
+    }
+    return 1;
+}
+
+/* Index of action y in rank r's head batch, or -1. */
+static int head_index(const streams *f, int r, const pp_action *y) {
+    if (stream_empty(f, r)) return -1;
+    for (int i = f->head[r], e = batch_end(f, r); i < e; i++) {
+        const pp_action *x = &f->s->acts[r][i];
+        if (x->type == y->type && x->stage == y->stage && x->mb == y->mb) return i;
+    }
+    return -1;
+}
+
+/* One round of the streams: every message whose two ends are both ready at the heads
+ * of their streams completes; then every head batch whose messages are all done
+ * leaves its stream. 1 if anything moved. */
+static int complete_heads(streams *f) {
+    const int P = f->s->n_ranks;
+    int any = 0;
+    for (int r = 0; r < P; r++)
+        for (int i = f->head[r], e = stream_empty(f, r) ? i : batch_end(f, r); i < e; i++) {
+            const pp_action *x = &f->s->acts[r][i];
+            pp_action y = partner(x);
+            int peer = peer_of(f, x), j = head_index(f, peer, &y);
+            if (!is_send(x->type) || !head_op_ready(f, r, i) || j < 0 || !head_op_ready(f, peer, j)) continue;
+            *msg_done(f, x->type, x->stage, x->mb) = 1; /* one message, both ends */
+            *msg_done(f, y.type, y.stage, y.mb) = 1;
+            any = 1;
+        }
+    for (int r = 0; r < P; r++) {
+        if (stream_empty(f, r)) continue;
+        int e = batch_end(f, r), all = 1;
+        for (int i = f->head[r]; i < e; i++) {
+            const pp_action *x = &f->s->acts[r][i];
+            all &= *msg_done(f, x->type, x->stage, x->mb);
+        }
+        if (!all) continue;
+        f->head[r] = e;
+        skip_to_head(f, r);
+        any = 1;
+    }
+    return any;
+}
+
+/* "0SEND_F2 to rank 1" */
+static void op_text(const streams *f, const pp_action *x, char *buf, size_t n) {
+    char a[64];
+    snprintf(buf, n, "%s %s rank %d", pp_action_str(x, a, sizeof a), is_send(x->type) ? "to" : "from", peer_of(f, x));
+}
+
+/* The messages of rank r's head batch not done yet: one as op_text, several as
+ * "the batch [a, b]". */
+static void batch_text(const streams *f, int r, char *buf, size_t n) {
+    const int e = batch_end(f, r);
+    int open = 0;
+    for (int i = f->head[r]; i < e; i++) {
+        const pp_action *x = &f->s->acts[r][i];
+        open += !*msg_done(f, x->type, x->stage, x->mb);
+    }
+    size_t k = 0;
+    buf[0] = 0;
+    if (open > 1) k += (size_t)snprintf(buf, n, "the batch [");
+    for (int i = f->head[r], left = open; i < e && k < n; i++) {
+        const pp_action *x = &f->s->acts[r][i];
+        if (*msg_done(f, x->type, x->stage, x->mb)) continue;
+        op_text(f, x, buf + k, n - k);
+        k = strlen(buf);
+        if (open > 1 && k < n) k += (size_t)snprintf(buf + k, n - k, --left ? ", " : "]");
+    }
+}
+
+/* The first message of rank r's head batch not done: what holds the stream. */
+static int holding_op(const streams *f, int r) {
+    const int e = batch_end(f, r);
+    for (int i = f->head[r]; i < e; i++) {
+        const pp_action *x = &f->s->acts[r][i];
+        if (!*msg_done(f, x->type, x->stage, x->mb)) return i;
+    }
+    return f->head[r];
+}
+
+static void report_rank(const streams *f, int r, char *err, size_t errlen) {
+    const pp_schedule *s = f->s;
+    char a[96], b[96] = "", h[96], ph[400];
+    pp_action need;
+    if (f->pos[r] < s->len[r]) {
+        const pp_action *x = &s->acts[r][f->pos[r]];
+        blocked_on(f, r, x, &need);
+        err_append(err, errlen, " rank %d stuck at action %d (%s, waiting for %s)", r, f->pos[r],
+                   pp_action_str(x, a, sizeof a), pp_action_str(&need, b, sizeof b));
+    } else {
+        err_append(err, errlen, " rank %d stuck at the end of its list", r);
+    }
+    if (stream_empty(f, r)) {
+        err_append(err, errlen, ": its stream is empty, %s was never posted before;", b);
+        return;
+    }
+    const int i = holding_op(f, r), n = batch_end(f, r) - f->head[r], peer = peer_of(f, &s->acts[r][i]);
+    op_text(f, &s->acts[r][i], h, sizeof h);
+    if (n > 1) snprintf(h + strlen(h), sizeof h - strlen(h), " (in a batch of %d)", n);
+    if (stream_empty(f, peer)) snprintf(ph, sizeof ph, "whose stream is empty");
+    else {
+        char t[360];
+        batch_text(f, peer, t, sizeof t);
+        snprintf(ph, sizeof ph, "whose head is %s", t);
+    }
+    err_append(err, errlen, ": its stream's head is %s, %s;", h, ph);
+}
+
+/* Every message names a stage of this rank and a microbatch of the schedule, has its
+ * peer stage on another rank, and is posted once. f->complete serves as the table
+ * of what is posted and is cleared after. */
+static int streams_check_input(streams *f, char *err, size_t errlen) {
+    const pp_schedule *s = f->s;
+    char why[400], a[96];
+    if (pp_schedule_validate(s, why, sizeof why)) { /* which places every stage on its rank */
+        snprintf(err, errlen, "stream mode: %s", why);
+        return -1;
+    }
+    for (int r = 0; r < s->n_ranks; r++)
+        for (int i = 0; i < s->len[r]; i++) {
+            const pp_action *x = &s->acts[r][i];
+            const int posts = pp_action_posts(x->type);
+            if (!posts && x->type != PP_WAIT_SEND_F && x->type != PP_WAIT_SEND_B) continue;
+            const int ps = posts ? partner(x).stage : 0;
+            const char *why_not = NULL;
+            if (x->stage < 0 || x->stage >= s->n_stages || x->mb < 0 || x->mb >= s->n_microbatches || ps < 0 ||
+                ps >= s->n_stages || s->stage_rank[x->stage] != r || (posts && s->stage_rank[ps] == r))
+                why_not = "not a message between this rank's stage and another rank's";
+            else if (posts && *msg_done(f, x->type, x->stage, x->mb))
+                why_not = "posted a second time";
+            if (why_not) {
+                snprintf(err, errlen, "stream mode: rank %d, action %d (%s): %s", r, i, pp_action_str(x, a, sizeof a),
+                         why_not);
+                return -1;
+            }
+            if (posts) *msg_done(f, x->type, x->stage, x->mb) = 1;
+        }
+    memset(f->complete, 0, (size_t)M_N * (size_t)s->n_stages * (size_t)s->n_microbatches);
+    return 0;
+}
+
+static int streams_run(streams *f, int *steps, char *err, size_t errlen) {
+    const pp_schedule *s = f->s;
+    for (int t = 0;; t++) {
+        int moved = 0, left = 0;
+        for (int r = 0; r < s->n_ranks; r++) moved |= advance(f, r);
+        for (int r = 0; r < s->n_ranks; r++) left += f->pos[r] < s->len[r] || !stream_empty(f, r);
+        if (!left) {
+            if (steps) *steps = t + 1;
+            return 0;
+        }
+        if (complete_heads(f) || moved) continue;
+        snprintf(err, errlen,
+                 "deadlock on serialised streams (NCCL: each rank runs its point-to-point batches one at a time, in "
+                 "order): %d rank%s cannot progress:",
+                 left, left > 1 ? "s" : "");
+        for (int r = 0; r < s->n_ranks; r++)
+            if (f->pos[r] < s->len[r] || !stream_empty(f, r)) report_rank(f, r, err, errlen);
+        size_t l = strlen(err);
+        if (l && err[l - 1] == ';') err[l - 1] = 0;
+        return -1;
+    }
+}
+
+int pp_sim_streams(const pp_schedule *s, int *steps, char *err, size_t errlen) {
+    if (errlen) err[0] = 0;
+    if (!s || s->n_ranks < 1 || s->n_stages < 1 || s->n_microbatches < 1) {
+        snprintf(err, errlen, "stream mode: empty schedule");
+        return -1;
+    }
+    const size_t P = (size_t)s->n_ranks;
+    streams f = {s, calloc(P, sizeof(int)), calloc(P, sizeof(int)),
+                 calloc((size_t)M_N * (size_t)s->n_stages * (size_t)s->n_microbatches, 1)};
+    int rc = -1;
+    if (!f.pos || !f.head || !f.complete) snprintf(err, errlen, "stream mode: out of memory");
+    else if (!streams_check_input(&f, err, errlen)) rc = streams_run(&f, steps, err, errlen);
+    free(f.pos);
+    free(f.head);
+    free(f.complete);
+    return rc;
 }

@@ -70,6 +70,28 @@ typedef struct {
 pp_sim_result *pp_sim_run(const pp_schedule *s, const pp_sim_times *t, char *err, size_t errlen);
 void pp_sim_free(pp_sim_result *r);
 
+/* Stream mode: a dry run of a lowered schedule's messages as NCCL runs them. Each
+ * rank's point-to-point operations go to one stream, a FIFO: the batches of
+ * pp_post_batch_end (schedule.h) enter it in list order as the list posts them
+ * (posting never blocks), and only the batch at the head runs. A head batch
+ * completes when, for every message in it, the other end (the same stage and
+ * microbatch message, the opposite direction) is in the batch at the head of the
+ * peer's stream, and that batch completes too: batches leave the heads together.
+ * A compute action waits for the receives that bring its inputs, a WAIT_SEND_* for
+ * its send; FSDP actions and idle slots pass. MPI's independent requests (the dry
+ * run of lower.h) would finish lists this mode finds deadlocked: rank 0 posting
+ * "send A; receive B" and rank 1 "send B; receive A" as two batches each.
+ *
+ * The compute actions are validated first (pp_schedule_validate: where each stage
+ * runs); the rest of the per-rank order (inputs received before use, sends after
+ * their compute) is pp_schedule_check_lowered's to check: here a message only needs
+ * a peer stage on another rank. 0 with the number of rounds in *steps (may be NULL), or -1 with
+ * the reason in err; a deadlock names, for each blocked rank, the action it is
+ * stuck at, the message holding back the head of its stream and its peer's head:
+ * "rank 0 stuck at action 7 (0B0, waiting for 0RECV_B0): its stream's head is
+ * 0SEND_F2 to rank 1, whose head is 1SEND_B0 to rank 0". */
+int pp_sim_streams(const pp_schedule *s, int *steps, char *err, size_t errlen);
+
 /* Peak in flight in whole-model microbatches: chunk-microbatches divided by the
  * stages the rank runs (a V rank's two half-model chunks count one half each). */
 double pp_sim_peak_model_mb(const pp_sim_result *r, int rank);

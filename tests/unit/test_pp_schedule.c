@@ -4,7 +4,9 @@
  * in-flight counts; the generators, the lowering and the CSV form against
  * PyTorch's own output (tests/assets/pp_schedules, written by generate.py there
  * from torch.distributed.pipelining), cell by cell; CSV round trips and errors;
- * the lowered-schedule check (deadlock and message-order mismatches found).
+ * the lowered-schedule check (deadlock and message-order mismatches found, on
+ * MPI's semantics and on NCCL's serialised streams); every generated schedule at
+ * pp 2, 4 and 8, lowered as the trainer lowers it, finishing on both.
  *
  * TETRA_PP_SCHEDULES=DIR points the fixture part at another folder (e.g. the wide
  * grid of generate.py --wide). */
@@ -228,6 +230,16 @@ static void round_trip(const char *what, const pp_schedule *s, int m, pp_csv_for
     pp_schedule_free(back);
 }
 
+/* A lowered schedule's lists without their FSDP actions (UNSHARD, RESHARD,
+ * REDUCE_GRAD, WAIT_REDUCE_GRAD), as PyTorch's dry run knows them. */
+static pp_schedule *without_fsdp(const pp_schedule *low) {
+    pp_schedule *bare = pp_schedule_new(low->n_ranks, low->n_stages, low->n_microbatches);
+    for (int r = 0; bare && r < low->n_ranks; r++)
+        for (int i = 0; i < low->len[r]; i++)
+            if (!pp_action_stage_only(low->acts[r][i].type)) pp_schedule_push_action(bare, r, &low->acts[r][i]);
+    return bare;
+}
+
 static void test_fixtures(void) {
     const char *dir = getenv("TETRA_PP_SCHEDULES");
     if (!dir || !*dir) dir = "tests/assets/pp_schedules";
@@ -236,7 +248,7 @@ static void test_fixtures(void) {
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s (run from the repository root)", path);
     if (!f) return;
-    int n = 0, n_refused = 0, n_bubbled = 0, n_simmed = 0, kinds_seen[PP_N_SCHEDULE_KINDS] = {0};
+    int n = 0, n_refused = 0, n_bubbled = 0, n_simmed = 0, n_streams = 0, kinds_seen[PP_N_SCHEDULE_KINDS] = {0};
     long lowered_steps = 0;
     while (fgets(line, sizeof line, f)) {
         if (line[0] == '#' || line[0] == '\n') continue;
@@ -280,20 +292,22 @@ static void test_fixtures(void) {
         CHECK(!gen || low, "%s: lower: %s", what, err);
         if (low && want_low) CHECK(same_lists(low, want_low, why, sizeof why), "%s: lowered vs PyTorch: %s", what, why);
         if (want_low) {
-            int steps = -1;
+            int steps = -1, rounds = -1;
             CHECK(pp_schedule_check_lowered(want_low, &steps, err, sizeof err) == 0 && steps > 0,
                   "%s: PyTorch's lowered schedule fails the check: %s", what, err);
+            CHECK(pp_schedule_check_lowered_in(want_low, PP_P2P_STREAMS, &rounds, err, sizeof err) == 0 && rounds > 0,
+                  "%s: PyTorch's lowered schedule deadlocks on NCCL streams: %s", what, err);
+            n_streams++;
             lowered_steps += steps;
             if (strcmp(simcol, "-")) { /* PyTorch's dry run, which knows no FSDP actions, over the lists without them */
-                pp_schedule *bare = pp_schedule_new(want_low->n_ranks, want_low->n_stages, m);
-                for (int r = 0; bare && r < p; r++)
-                    for (int i = 0; i < want_low->len[r]; i++)
-                        if (!pp_action_stage_only(want_low->acts[r][i].type))
-                            pp_schedule_push_action(bare, r, &want_low->acts[r][i]);
+                pp_schedule *bare = without_fsdp(want_low);
                 int bsteps = -1;
-                CHECK(bare && pp_schedule_check_lowered(bare, &bsteps, err, sizeof err) == 0 && bsteps == atoi(simcol),
+                CHECK(bare && pp_schedule_check_lowered_in(bare, PP_P2P_MPI, &bsteps, err, sizeof err) == 0 &&
+                          bsteps == atoi(simcol),
                       "%s: dry run without FSDP actions: %d steps, PyTorch's _simulate_comms_compute %s (%s)", what,
                       bsteps, simcol, err);
+                CHECK(bare && pp_schedule_check_lowered_in(bare, PP_P2P_STREAMS, NULL, err, sizeof err) == 0,
+                      "%s: without FSDP actions, deadlocks on NCCL streams: %s", what, err);
                 pp_schedule_free(bare);
                 n_simmed++;
             }
@@ -318,6 +332,7 @@ static void test_fixtures(void) {
     CHECK(all_kinds, "every kind has fixtures");
     CHECK(n_bubbled > 0, "some fixture has bubbles added by InterleavedZeroBubble's pass");
     CHECK(n_simmed > 0, "some fixture has PyTorch's dry-run step count");
+    CHECK(n_streams == n, "every lowered fixture run on NCCL streams: %d of %d", n_streams, n);
     printf("test_pp_schedule: %d PyTorch schedules matched (%d with zero-bubble bubbles added, %d refusals, %d dry "
            "runs step for step), %ld dry-run steps in all\n",
            n, n_bubbled, n_refused, n_simmed, lowered_steps);
@@ -526,6 +541,24 @@ static void test_check_lowered(void) {
         "1UNSHARD,1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD,"
         "1WAIT_SEND_B0,1WAIT_SEND_B1\n",
         2, 2, "deadlock", "rank 0 waits at action 1 (0RECV_B0); rank 1 waits at action 1 (1RECV_F0)");
+    /* both streams hold a send at their heads (rank 0 computes 0F2 between sending
+     * 0F1 and posting the receive of 0B0, rank 1 runs 1W0 between sending 1B0 and
+     * posting the receive of 1F1): MPI would finish it, NCCL's streams cannot */
+    static const char crossed[] =
+        "0F0,0SEND_F0,0F1,0SEND_F1,0F2,0RECV_B0,0SEND_F2,0B0,0RECV_B1,0B1,0RECV_B2,0B2,0WAIT_SEND_F0,0WAIT_SEND_F1,"
+        "0WAIT_SEND_F2\n"
+        "1RECV_F0,1F0,1I0,1SEND_B0,1W0,1RECV_F1,1F1,1I1,1SEND_B1,1W1,1RECV_F2,1F2,1I2,1SEND_B2,1W2,1WAIT_SEND_B0,"
+        "1WAIT_SEND_B1,1WAIT_SEND_B2\n";
+    expect_lowered_error("crossed sends", crossed, 2, 3, "lowered schedule: deadlock on serialised streams",
+                         "rank 0 stuck at action 7 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F1 to rank "
+                         "1, whose head is 1SEND_B0 to rank 0; rank 1 stuck at action 6 (1F1, waiting for 1RECV_F1)");
+    path = write_tmp("low.csv", crossed);
+    s = pp_csv_load(path, 2, 3, &fmt, err, sizeof err);
+    CHECK(s && pp_schedule_check_lowered_in(s, PP_P2P_MPI, &steps, err, sizeof err) == 0,
+          "crossed sends: MPI's dry run finishes them: %s", err);
+    CHECK(s && pp_schedule_check_lowered_in(s, 4, NULL, err, sizeof err) != 0 && strstr(err, "unknown point-to-point"),
+          "a model that does not exist: %s", err);
+    pp_schedule_free(s);
     /* rank 1 posts its receives in the other order than rank 0 sends */
     expect_lowered_error(
         "pair order",
@@ -587,6 +620,58 @@ static void test_check_lowered(void) {
     pp_schedule_free(s);
 }
 
+/* ---- NCCL streams: every generated schedule as the trainer runs it ------------------------ */
+
+/* Every kind at pp 2, 4 and 8, each stages-per-rank count it takes (1 to 3 for the
+ * looped kinds), over microbatch counts around the multiples of p; those the
+ * generator accepts are lowered as the trainer lowers them (max_active_stages 3)
+ * and must finish under both point-to-point models, with and without their FSDP
+ * actions. The minimum each kind accepts and a count that is no multiple of p must
+ * be among them. */
+static void test_streams_grid(void) {
+    static const int ps[] = {2, 4, 8};
+    const pp_lower_options lo = {3};
+    int n_checked = 0;
+    for (int k = 0; k < PP_N_SCHEDULE_KINDS; k++)
+        for (size_t pi = 0; pi < sizeof ps / sizeof *ps; pi++) {
+            const pp_schedule_kind kind = (pp_schedule_kind)k;
+            const int p = ps[pi], single = pp_schedule_kind_single_stage(kind), vee = pp_schedule_kind_v(kind);
+            const int v_lo = vee ? 2 : 1, v_hi = single ? 1 : vee ? 2 : 3;
+            const int want_min = kind == PP_SCHED_1F1B ? p : kind == PP_SCHED_DUALPIPEV ? 2 * p : 1;
+            for (int v = v_lo; v <= v_hi; v++) {
+                const int ms[] = {1, 2, 3, p - 1, p, p + 1, 2 * p - 1, 2 * p, 2 * p + 1, 3 * p, 4 * p + 1};
+                int accepted = 0, min_m = 0, odd = 0, last = 0;
+                for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+                    const int m = ms[mi];
+                    if (m <= last) continue; /* p = 2 repeats some */
+                    last = m;
+                    char err[2048] = "", what[96];
+                    snprintf(what, sizeof what, "%s p=%d v=%d m=%d", pp_schedule_kind_name(kind), p, v, m);
+                    pp_schedule *g = pp_schedule_generate(kind, p, v, m, err, sizeof err);
+                    if (!g) continue;
+                    accepted++;
+                    odd |= m % p != 0;
+                    if (!min_m) min_m = m;
+                    pp_schedule *low = pp_schedule_lower(g, &lo, err, sizeof err);
+                    CHECK(low && pp_schedule_check_lowered_in(low, PP_P2P_ALL, NULL, err, sizeof err) == 0,
+                          "%s, lowered: %s", what, err);
+                    pp_schedule *bare = low ? without_fsdp(low) : NULL;
+                    CHECK(bare && pp_schedule_check_lowered_in(bare, PP_P2P_ALL, NULL, err, sizeof err) == 0,
+                          "%s, lowered without FSDP actions: %s", what, err);
+                    n_checked += low && bare;
+                    pp_schedule_free(bare);
+                    pp_schedule_free(low);
+                    pp_schedule_free(g);
+                }
+                CHECK(accepted >= 3 && min_m == want_min && odd, "%s p=%d v=%d: %d microbatch counts accepted, the "
+                      "least %d (want %d), one no multiple of p: %d", pp_schedule_kind_name(kind), p, v, accepted,
+                      min_m, want_min, odd);
+            }
+        }
+    printf("test_pp_schedule: %d generated schedules lowered and run on NCCL streams and MPI, with and without FSDP\n",
+           n_checked);
+}
+
 static void cleanup_tmp(void) {
     static const char *names[] = {"rt.csv", "ok.csv", "ok2.csv", "ok3.csv", "ok4.csv", "bad.csv", "keep.csv",
                                   "low.csv", "good.csv", "order.csv"};
@@ -611,6 +696,7 @@ int main(void) {
     test_csv();
     test_check_lowered();
     test_fixtures();
+    test_streams_grid();
     cleanup_tmp();
     printf("test_pp_schedule: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;

@@ -4,7 +4,10 @@
  * the generated schedules and on the exact orders printed in §1.3; cross-rank
  * communication time; OVERLAP_F_B charged as the sum of its parts; deadlocks
  * and malformed schedules named; the text chart cell by cell; the raster's
- * colours.
+ * colours; the stream mode (NCCL's one FIFO of point-to-point batches per rank):
+ * the batching rule, a misordered schedule MPI finishes and the streams deadlock
+ * on, with the blocked heads named, messages of one batch moving independently
+ * and those to one peer in order.
  *
  * Units: tf, tb, tw are the times of one stage's actions. With v stages per
  * rank a whole-model microbatch costs v*tf on a rank, so the reference's
@@ -17,6 +20,7 @@
 
 #include "parallel/pp/chart.h"
 #include "parallel/pp/generate.h"
+#include "parallel/pp/lower.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/sim.h"
 
@@ -415,6 +419,125 @@ static void test_errors(void) {
     expect_error("NaN time", 1, 1, 1, ok, NAN, (const char *const[]){"tf must be a time >= 0", NULL});
 }
 
+/* ---- stream mode ------------------------------------------------------------------------ */
+
+/* Run s on streams; 0 or -1 with the report in err. */
+static int on_streams(const char *const *rows, int ranks, int stages, int m, char *err, size_t errlen) {
+    pp_schedule *s = from_rows(ranks, stages, m, rows);
+    int rc = s ? pp_sim_streams(s, NULL, err, errlen) : -2;
+    pp_schedule_free(s);
+    return rc;
+}
+
+static int mpi_only(const char *const *rows, int ranks, int stages, int m, char *err, size_t errlen) {
+    pp_schedule *s = from_rows(ranks, stages, m, rows);
+    int rc = s ? pp_schedule_check_lowered_in(s, PP_P2P_MPI, NULL, err, errlen) : -2;
+    pp_schedule_free(s);
+    return rc;
+}
+
+static void test_batches(void) {
+    pp_schedule *s = from_rows(1, 2, 2, (const char *const[]){"0F0 0SEND_F0 0RECV_B0 0SEND_F1 0B0 0RECV_B1 - 0SEND_F1"});
+    const int want[] = {0, 4, 4, 4, 4, 6, 6, 8}; /* from each action: one past its batch */
+    int ok = s != NULL;
+    for (int i = 0; s && i < s->len[0]; i++) ok &= pp_post_batch_end(s->acts[0], s->len[0], i) == want[i];
+    CHECK(ok, "batches: a run of sends and receives; compute and idle slots end it");
+    CHECK(s && pp_post_batch_end(s->acts[0], s->len[0], s->len[0]) == s->len[0], "past the end: nothing");
+    pp_schedule_free(s);
+    CHECK(pp_action_posts(PP_RECV_B) && pp_action_posts(PP_SEND_F) && !pp_action_posts(PP_WAIT_SEND_F) &&
+              !pp_action_posts(PP_UNSHARD),
+          "posting kinds");
+}
+
+/* 1F1B-like, p = 2, m = 3, rank 1 splitting its backward. Rank 0 sends 0F1, then
+ * runs 0F2 before it posts its receive of 0B0; rank 1 sends 1B0, then runs 1W0
+ * before it posts its receive of 1F1. Both streams then hold a send at their
+ * heads: MPI finishes it (a send completes once the receive is posted, wherever),
+ * NCCL's streams never do. */
+static const char *const crossed[] = {
+    "0F0 0SEND_F0 0F1 0SEND_F1 0F2 0RECV_B0 0SEND_F2 0B0 0RECV_B1 0B1 0RECV_B2 0B2 0WAIT_SEND_F0 0WAIT_SEND_F1 "
+    "0WAIT_SEND_F2",
+    "1RECV_F0 1F0 1I0 1SEND_B0 1W0 1RECV_F1 1F1 1I1 1SEND_B1 1W1 1RECV_F2 1F2 1I2 1SEND_B2 1W2 1WAIT_SEND_B0 "
+    "1WAIT_SEND_B1 1WAIT_SEND_B2",
+};
+/* The same with rank 0 posting its receives of 0B0 and 0B1 right after the sends of
+ * 0F1 and 0F2: batches whose two messages move each when the peer's head has its
+ * other end. */
+static const char *const batched[] = {
+    "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0F2 0SEND_F2 0RECV_B1 0B0 0B1 0RECV_B2 0B2 0WAIT_SEND_F0 0WAIT_SEND_F1 "
+    "0WAIT_SEND_F2",
+    "1RECV_F0 1F0 1I0 1SEND_B0 1W0 1RECV_F1 1F1 1I1 1SEND_B1 1W1 1RECV_F2 1F2 1I2 1SEND_B2 1W2 1WAIT_SEND_B0 "
+    "1WAIT_SEND_B1 1WAIT_SEND_B2",
+};
+
+static void test_streams(void) {
+    char err[2048] = "";
+    CHECK(mpi_only(crossed, 2, 2, 3, err, sizeof err) == 0, "crossed sends: MPI finishes them: %s", err);
+    CHECK(on_streams(crossed, 2, 2, 3, err, sizeof err) == -1 && strstr(err, "deadlock on serialised streams") &&
+              strstr(err, "2 ranks cannot progress") &&
+              strstr(err, "rank 0 stuck at action 7 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F1 to "
+                          "rank 1, whose head is 1SEND_B0 to rank 0") &&
+              strstr(err, "rank 1 stuck at action 6 (1F1, waiting for 1RECV_F1): its stream's head is 1SEND_B0 to "
+                          "rank 0, whose head is 0SEND_F1 to rank 1"),
+          "crossed sends on streams: '%s'", err);
+    /* the lowered-schedule check refuses it the same way (what runs before training) */
+    pp_schedule *s = from_rows(2, 2, 3, crossed);
+    CHECK(s && pp_schedule_check_lowered(s, NULL, err, sizeof err) != 0 &&
+              strstr(err, "lowered schedule: deadlock on serialised streams") &&
+              strstr(err, "its stream's head is 0SEND_F1 to rank 1, whose head is 1SEND_B0 to rank 0"),
+          "check_lowered: '%s'", err);
+    pp_schedule_free(s);
+
+    int rounds = 0;
+    s = from_rows(2, 2, 3, batched);
+    CHECK(s && pp_sim_streams(s, &rounds, err, sizeof err) == 0 && rounds > 1, "batched: %s", err);
+    CHECK(s && pp_schedule_check_lowered(s, NULL, err, sizeof err) == 0, "batched, both models: %s", err);
+    pp_schedule_free(s);
+
+    /* rank 0's batch [0SEND_F1, 0RECV_B0] meets rank 1 receiving 1F1 alone: the send
+     * moves and rank 1 goes on to send 1B0 to the receive still waiting (NCCL: calls
+     * in a group progress independently) */
+    static const char *const split[] = {
+        "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0WAIT_SEND_F0 0WAIT_SEND_F1",
+        "1RECV_F0 1F0 1RECV_F1 1F1 1B0 1SEND_B0 1B1 1SEND_B1 1WAIT_SEND_B0 1WAIT_SEND_B1",
+    };
+    CHECK(on_streams(split, 2, 2, 2, err, sizeof err) == 0, "one batch meeting two of the peer's: %s", err);
+
+    /* two sends to one peer in one batch go in order: rank 1 receiving the second
+     * first leaves both heads waiting (MPI's dry run finishes it; the lowered check
+     * refuses it earlier, for the pair order) */
+    static const char *const order[] = {
+        "0F0 0F1 0SEND_F0 0SEND_F1 0RECV_B1 0RECV_B0 0B0 0B1 0WAIT_SEND_F0 0WAIT_SEND_F1",
+        "1RECV_F1 1F1 1RECV_F0 1F0 1B1 1SEND_B1 1B0 1SEND_B0 1WAIT_SEND_B1 1WAIT_SEND_B0",
+    };
+    CHECK(on_streams(order, 2, 2, 2, err, sizeof err) == -1 &&
+              strstr(err, "rank 0 stuck at action 6 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F0 to "
+                          "rank 1 (in a batch of 4), whose head is 1RECV_F1 from rank 0") &&
+              strstr(err, "rank 1 stuck at action 1 (1F1, waiting for 1RECV_F1)"),
+          "same peer in order: '%s'", err);
+
+    /* a send nobody receives: the receiver's stream is empty */
+    static const char *const lost[] = {"0F0 0SEND_F0 0B0 0WAIT_SEND_F0", "1F0 1B0"};
+    CHECK(on_streams(lost, 2, 2, 1, err, sizeof err) == -1 &&
+              strstr(err, "rank 0 stuck at action 2 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F0 to "
+                          "rank 1, whose stream is empty") &&
+              strstr(err, "rank 1 stuck at action 0 (1F0, waiting for 1RECV_F0): its stream is empty, 1RECV_F0 was "
+                          "never posted before"),
+          "a send nobody receives: '%s'", err);
+    static const char *const self[] = {"0F0 0SEND_F0 1RECV_F0 1F0 1B0 0B0"};
+    CHECK(on_streams(self, 1, 2, 1, err, sizeof err) == -1 &&
+              strstr(err, "rank 0, action 1 (0SEND_F0): not a message between this rank's stage and another rank's"),
+          "message to itself: '%s'", err);
+    static const char *const twice[] = {"0F0 0SEND_F0 0RECV_B0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0"};
+    CHECK(on_streams(twice, 2, 2, 1, err, sizeof err) == -1 &&
+              strstr(err, "rank 0, action 3 (0SEND_F0): posted a second time"),
+          "posted twice: '%s'", err);
+    static const char *const unplaced[] = {"0F0 0SEND_F0 0B0", "1F0"};
+    CHECK(on_streams(unplaced, 2, 2, 1, err, sizeof err) == -1 && strstr(err, "stream mode: ") &&
+              strstr(err, "has no backward"),
+          "compute actions validated first: '%s'", err);
+}
+
 /* The whole text of a chart. */
 static char *chart_text(const pp_sim_result *r, int width) {
     FILE *f = tmpfile();
@@ -504,6 +627,8 @@ int main(void) {
     test_zero_bubble();
     test_tcomm_and_overlap();
     test_errors();
+    test_batches();
+    test_streams();
     test_text_chart();
     test_raster();
     printf("test_pp_sim: %d checks, %d failures\n", checks, failures);
