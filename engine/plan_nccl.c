@@ -45,8 +45,7 @@ static unsigned group_use(mesh_group_id g, int cp_ring) {
     case MESH_G_CP: return USE_COLL | USE_NVLS | (cp_ring ? USE_P2P_RING : 0u); /* K/V */
     case MESH_G_TP: return USE_COLL | USE_NVLS | USE_P2P_ALL;       /* reduce-scatter as all-to-all */
     case MESH_G_FSDP: return USE_COLL | USE_NVLS;                   /* all-gather, reduce-scatter */
-    case MESH_G_WORLD: return USE_COLL;                             /* the barrier after step 1 */
-    default: return 0; /* dp_shard alone, batch, loss: host scalars over MPI */
+    default: return 0; /* dp_shard alone, batch, loss, world: host scalars and barriers over MPI */
     }
 }
 

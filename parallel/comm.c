@@ -634,9 +634,12 @@ void comm_batch_p2p(comm_group *g, const comm_p2p_op *ops, int n, comm_request *
     if (rq != local) free(rq);
 }
 
+/* Over MPI whatever the backend: a barrier is about where the hosts are, and an NCCL
+ * one would only order the compute streams (comm_wait does not wait on the host). */
 void comm_barrier(comm_group *g, comm_request **req) {
     comm_request r;
     request_init(&r, g, COMMK_BARRIER, 0, COMM_F32);
+    r.host = 1;
     run(&r, req, NULL, NULL, COMM_SUM, 0);
 }
 

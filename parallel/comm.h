@@ -167,6 +167,7 @@ void comm_recv(comm_group *g, void *buf, size_t count, comm_dtype t, int peer, c
  * wait on each other's order. A group of one copies. */
 void comm_sendrecv(comm_group *g, void *recv, int from, const void *send, int to, size_t count, comm_dtype t,
                    comm_request **req);
+/* Every rank of the group has reached it (on the host: over MPI under either backend). */
 void comm_barrier(comm_group *g, comm_request **req);
 
 /* Point-to-point messages issued as one group (NCCL: between ncclGroupStart and
