@@ -6,7 +6,8 @@
  *                                                     collective of every group of
  *                                                     fsdp N, hsdp 2 x N/2, ddp N
  *   TETRA_COMM_TEST_STUCK=1 mpirun -np 2 ...          a stuck collective must end
- *                                                     the job within 2 s
+ *                                                     the job within 2 s (the watchdog:
+ *                                                     the host is blocked reading its result)
  *
  * Without a GPU (or with more ranks than GPUs) it says why and exits 0.
  */
@@ -232,8 +233,16 @@ static int stuck_test(int world) {
     comm_set_step(w, 7);
     float *a = dev(4 * (size_t)world);
     comm_group *g = comm_get(w, MESH_G_FSDP);
-    if (world_rank != 1) comm_all_gather(g, a, a, 4, COMM_F32, NULL);
-    else sleep(60);
+    if (world_rank != 1) {
+        /* comm_wait only orders the compute stream (here the legacy one) after it: the
+         * host goes on, and blocks for ever at the first read of the result, unless the
+         * watchdog ends the job */
+        comm_all_gather(g, a, a, 4, COMM_F32, NULL);
+        float h[4];
+        down(h, a, 4);
+    } else {
+        sleep(60);
+    }
     fprintf(stderr, "rank %d: the stuck collective returned\n", world_rank);
     return 3;
 }
