@@ -86,7 +86,9 @@ static double p2p_bytes(const group_at *ga, int rank, int gpn, int all, int chan
 
 /* Adds one communicator over group `ga` that runs `use` on the device. */
 static void add_comm(plan_nccl *o, const group_at *ga, unsigned use, int rank, int gpn, int nvswitch) {
-    const int spans = ga->local < ga->size, nvls = nvswitch && ga->local >= 2;
+    /* NCCL turns NVLS off for a communicator with two or fewer GPUs on the node
+     * (ncclNvlsInit: gpuCount <= 2) */
+    const int spans = ga->local < ga->size, nvls = nvswitch && ga->local >= 3;
     const int chans = spans ? NCCL_CHANNELS_NET : NCCL_CHANNELS_NODE;
     o->communicators++;
     /* three tables per channel (shared peers, peers, ring order) and the device

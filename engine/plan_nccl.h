@@ -7,7 +7,8 @@
  * under FSDP alone, share one), each with its own resources (parallel/comm.c). NCCL allocates outside the backend's allocator, in
  * cuMem blocks of at least 2 MiB:
  *   - at creation, per channel, its peer and ring tables (and its NVLink SHARP tables
- *     on an NVSwitch node with two or more of the group's ranks);
+ *     on an NVSwitch node with three or more of the group's ranks: NCCL leaves NVLS off
+ *     for two);
  *   - at a group's first collective on the device, one ring's buffers per channel (LL,
  *     LL128 and SIMPLE protocols), and on an NVSwitch node its NVLS buffers;
  *   - at the first send/receive with a peer, that peer's buffers on every channel it
