@@ -92,6 +92,13 @@ if(TETRA_CUDA_SIM)
   add_test(NAME gpu/test_ops_cuda_sim_fsdp
     COMMAND ${MPIEXEC_EXECUTABLE} -np 2 --oversubscribe --bind-to none $<TARGET_FILE:test_ops_cuda_sim> --trainer
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  # the layout matrix through `tetra train` on the simulated kernels, every multi-rank
+  # layout through MPI staged in host memory (tests/gpu/sim_layouts.sh)
+  add_test(NAME gpu/test_sim_layouts COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_layouts.sh
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(gpu/test_sim_layouts PROPERTIES
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};TETRA_BIN=${CMAKE_BINARY_DIR}/bin;OMP_WAIT_POLICY=PASSIVE"
+    TIMEOUT 1800)
   set_tests_properties(gpu/test_ops_cuda_sim_fsdp PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none"
     TIMEOUT 1800)
