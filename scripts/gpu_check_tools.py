@@ -12,6 +12,11 @@ library only: it runs with whatever python3 the GPU machine has).
       keep step, loss, grad_norm and validation_loss of a metrics.jsonl (a reference curve)
   gpu_check_tools.py versions
       the CUDA runtime, cuBLASLt, cuDNN and NCCL versions and files this process loads
+  gpu_check_tools.py glibc-needs FILE... [--weaken-above 2.34]
+      the glibc versions each ELF file needs and the symbols that need them; with
+      --weaken-above V, every reference to a GLIBC version newer than V is marked weak in place
+      (VER_FLG_WEAK: the loader then accepts a libc without it, and an unversioned definition,
+      e.g. a preloaded compat library, supplies the symbols); prints "FILE: VERSION symbol..."
 
 runs.tsv (written by scripts/gpu_check, one run a line, tab-separated):
   name  ranks  precision  vs  ref  rc  seconds  skip  args
@@ -373,12 +378,98 @@ def versions(args):
     return 0 if ok else 1
 
 
+def _ver(v):
+    return tuple(int(x) for x in v.split("."))
+
+
+def glibc_needs(args):
+    """read (and optionally patch) the version needs of ELF64 little-endian files"""
+    import struct
+    above = None
+    files = []
+    i = 0
+    while i < len(args):
+        if args[i] == "--weaken-above":
+            above = _ver(args[i + 1])
+            i += 2
+        else:
+            files.append(args[i])
+            i += 1
+    for path in files:
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            continue
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + k * shentsize) for k in range(shnum)]
+        # name type flags addr offset size link info addralign entsize
+        verneed = [x for x in secs if x[1] == 0x6FFFFFFE]
+        versym = [x for x in secs if x[1] == 0x6FFFFFFF]
+        dynsym = [x for x in secs if x[1] == 11]
+        if not verneed:
+            continue
+        vn = verneed[0]
+        strtab = secs[vn[6]]
+
+        def cstr(tab, off):
+            a = tab[4] + off
+            return bytes(data[a:data.index(0, a)]).decode()
+
+        want = {}  # version index -> (name, file offset of vna_flags)
+        off = vn[4]
+        while True:
+            vn_version, vn_cnt, vn_file, vn_aux, vn_next = struct.unpack_from("<HHIII", data, off)
+            fname = cstr(strtab, vn_file)
+            a = off + vn_aux
+            for _ in range(vn_cnt):
+                vna_hash, vna_flags, vna_other, vna_name, vna_next = struct.unpack_from("<IHHII", data, a)
+                name = cstr(strtab, vna_name)
+                if fname.startswith("libc.so") or fname.startswith("libm.so") or name.startswith("GLIBC_2"):
+                    want[vna_other] = (name, a + 4, vna_flags)
+                if vna_next == 0:
+                    break
+                a += vna_next
+            if vn_next == 0:
+                break
+            off += vn_next
+        syms = {}
+        if versym and dynsym:
+            ds, vs = dynsym[0], versym[0]
+            dstr = secs[ds[6]]
+            for k in range(ds[5] // 24):
+                st_name, = struct.unpack_from("<I", data, ds[4] + 24 * k)
+                ndx, = struct.unpack_from("<H", data, vs[4] + 2 * k)
+                ndx &= 0x7FFF
+                if ndx in want and st_name:
+                    syms.setdefault(ndx, []).append(cstr(dstr, st_name))
+        patched = False
+        for ndx, (name, flag_off, flags) in sorted(want.items(), key=lambda x: x[1][0]):
+            if not name.startswith("GLIBC_2.") or name.count(".") < 1:
+                continue
+            try:
+                v = _ver(name[6:])
+            except ValueError:
+                continue
+            if above is not None and v > above:
+                struct.pack_into("<H", data, flag_off, flags | 0x2)
+                patched = True
+            if above is None or v > above:
+                print(f"{path}: {name}{' (now weak)' if above is not None and v > above else ''} "
+                      f"{' '.join(sorted(syms.get(ndx, [])))}")
+        if patched:
+            with open(path, "r+b") as f:
+                f.write(data)
+    return 0
+
+
 def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0
     cmd, args = sys.argv[1], sys.argv[2:]
-    fn = {"layouts": layouts, "convergence": convergence, "curve": curve, "versions": versions}.get(cmd)
+    fn = {"layouts": layouts, "convergence": convergence, "curve": curve, "versions": versions,
+          "glibc-needs": glibc_needs}.get(cmd)
     if fn is None:
         print(f"gpu_check_tools.py: unknown command {cmd!r}", file=sys.stderr)
         return 2

@@ -12,7 +12,9 @@
 #      glibc's, the CUDA ones and the base ones resolves inside the bundle;
 #   2. mpirun on PATH is the bundle's;
 #   3. mpirun -np 2 test_comm_mpi (every collective on 2 ranks);
-#   4. tetra train on one rank (MPI singleton) and under mpirun -np 2 (fsdp 2), 2 CPU steps.
+#   4. tetra train on one rank (an MPI singleton) and under mpirun -np 2 (fsdp 2), 2 CPU steps;
+#   5. where the bundle carries compat/ (weakened glibc references): 3 again with the compat
+#      library preloaded, as env.sh does on a machine whose glibc is older.
 # Exit 0 when all pass.
 set -uo pipefail
 BUNDLE="${1:?usage: gpu_check_verify.sh BUNDLE [HIDE]}"
@@ -104,6 +106,18 @@ if timeout 180 mpirun -np 2 "$GPU_ROOT/tetra/bin/tetra" "${T[@]}" --job.dump_fol
   ok "mpirun -np 2 tetra train (fsdp 2): $(grep -o 'step: *2 *loss: *[0-9.]*' "$TMP/t2.log" | head -1 | tr -s ' ')"
 else
   bad "mpirun -np 2 tetra train:"; tail -20 "$TMP/t2.log"
+fi
+# 5. the glibc compat library preloaded
+if [ -f "$GPU_ROOT/compat/glibc_weakened" ]; then
+  if (export GPU_CHECK_FORCE_COMPAT=1 && unset LD_LIBRARY_PATH GPU_CHECK_SYSTEM_LD_LIBRARY_PATH &&
+      source "$BUNDLE/env.sh" && [ -n "$GPU_CHECK_COMPAT" ] && echo "LD_PRELOAD=$LD_PRELOAD" &&
+      timeout 120 mpirun -np 2 "$GPU_ROOT/tetra/tests/test_comm_mpi") >"$TMP/compat.log" 2>&1 &&
+     grep -q 'test_comm_mpi: 2 ranks, .* 0 failures' "$TMP/compat.log"; then
+    ok "with compat/libtetra_glibc_compat.so preloaded (as below glibc $(cat "$GPU_ROOT/compat/glibc_weakened")):" \
+       "$(grep 'test_comm_mpi:' "$TMP/compat.log")"
+  else
+    bad "with the compat library preloaded:"; tail -20 "$TMP/compat.log"
+  fi
 fi
 [ $fail = 0 ] && echo "the bundle works on its own" || echo "FAIL: the bundle does not work on its own"
 exit $fail
