@@ -101,6 +101,12 @@ def first_error(path):
     return ""
 
 
+def exit_note(r, log):
+    if r["rc"] in ("124", "137"):
+        return f"timed out after {r['seconds']} s (the section's time ran out)"
+    return f"exit {r['rc']}: {first_error(log)}"
+
+
 def read_runs(work):
     runs = []
     with open(os.path.join(work, "runs.tsv")) as f:
@@ -153,8 +159,7 @@ def layouts(args):
         elif r["rc"] != "0":
             res["result"] = "FAIL"
             failed += 1
-            rows.append(("FAIL", "-", "-", None, None, "-",
-                         f"exit {r['rc']}: {first_error(os.path.join(work, name + '.log'))}"))
+            rows.append(("FAIL", "-", "-", None, None, "-", exit_note(r, os.path.join(work, name + ".log"))))
         else:
             cur = curves[name]
             res["losses"] = [cur[s] for s in sorted(cur)]
@@ -252,8 +257,8 @@ def convergence(args):
         if r["rc"] != "0":
             failed += 1
             res["result"] = "FAIL"
-            print(f"| {name} | {r['precision']} | FAIL | - | - | - | {r['seconds']} | - | exit {r['rc']}: "
-                  f"{first_error(os.path.join(work, name + '.log')).replace('|', '/')} |")
+            print(f"| {name} | {r['precision']} | FAIL | - | - | - | {r['seconds']} | - | "
+                  f"{exit_note(r, os.path.join(work, name + '.log')).replace('|', '/')} |")
             results.append(res)
             continue
         rows = read_rows(os.path.join(work, name, "metrics.jsonl"))
