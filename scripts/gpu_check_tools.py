@@ -460,8 +460,8 @@ def glibc_needs(args):
                 struct.pack_into("<H", data, flag_off, flags | 0x2)
                 patched = True
             if above is None or v > above:
-                print(f"{path}: {name}{' (now weak)' if above is not None and v > above else ''} "
-                      f"{' '.join(sorted(syms.get(ndx, [])))}")
+                tag = " (now weak)" if above is not None and v > above else " (weak)" if flags & 0x2 else ""
+                print(f"{path}: {name}{tag} {' '.join(sorted(syms.get(ndx, [])))}")
         if patched:
             with open(path, "r+b") as f:
                 f.write(data)
