@@ -3,22 +3,27 @@
 #
 #   scripts/setup.sh            build dependencies + build (what run_train.sh needs)
 #   scripts/setup.sh --tests    also the test references: PyTorch, toml-test cases,
-#                               and a Python venv with tiktoken, tokenizers, ...
+#                               and a Python venv with tiktoken, tokenizers, ...; and
+#                               the CUDA simulator tests (TETRA_CUDA_SIM=ON): a build
+#                               folder configured without them is reconfigured
+#   scripts/setup.sh --configure-only   everything but the build itself
 #
 # As root, missing packages are installed with apt-get; otherwise the exact
 # command is printed and the script stops. A second run with nothing changed
 # does no work beyond a quick check.
 # Environment: BUILD_DIR (default build), TETRA_CMAKE_ARGS (extra cmake flags),
-# CI=true turns warnings into errors.
+# TETRA_CUDA (AUTO, ON or OFF; default AUTO), CI=true turns warnings into errors.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 WITH_TESTS=0
+BUILD=1
 for a in "$@"; do
   case "$a" in
     --tests) WITH_TESTS=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --configure-only) BUILD=0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
@@ -71,12 +76,27 @@ if [ "${CI:-}" = true ]; then CMAKE_ARGS+=(-DTETRA_WERROR=ON); fi
 if [ "$WITH_TESTS" = 1 ]; then CMAKE_ARGS+=(-DTETRA_CUDA_SIM=ON); fi
 # shellcheck disable=SC2206
 CMAKE_ARGS+=(${TETRA_CMAKE_ARGS:-})
+# A build folder configured without the simulator tests (./run_train.sh makes one) would
+# silently leave gpu/test_ops_cuda_sim* out of the suite: the tests reconfigure it.
+SIM_MISSING=0
+if [ "$WITH_TESTS" = 1 ] && [ -f "$BUILD_DIR/CMakeCache.txt" ] &&
+   ! grep -Eiq '^TETRA_CUDA_SIM:BOOL=(ON|TRUE|YES|Y|1)$' "$BUILD_DIR/CMakeCache.txt"; then
+  SIM_MISSING=1
+fi
+shown="$BUILD_DIR"
+case "$shown" in "$ROOT"/*) shown="${shown#"$ROOT"/}" ;; esac
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   say "configuring $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >/dev/null
 elif [ "${CI:-}" = true ] || [ -n "${TETRA_CMAKE_ARGS:-}" ]; then
+  if [ "$SIM_MISSING" = 1 ]; then say "reconfiguring ${shown%/}/ with the CUDA simulator tests (TETRA_CUDA_SIM=ON)"; fi
   cmake -S "$ROOT" -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >/dev/null
+elif [ "$SIM_MISSING" = 1 ]; then
+  # only this option changes: the folder's other settings (TETRA_CUDA, ...) stay as they are
+  say "reconfiguring ${shown%/}/ with the CUDA simulator tests (TETRA_CUDA_SIM=ON)"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -DTETRA_CUDA_SIM=ON >/dev/null
 fi
+if [ "$BUILD" = 0 ]; then exit 0; fi
 JOBS="$(nproc 2>/dev/null || echo 2)"
 if ! out="$(cmake --build "$BUILD_DIR" -j "$JOBS" 2>&1)"; then
   printf '%s\n' "$out" >&2

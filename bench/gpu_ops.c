@@ -1,0 +1,336 @@
+/* bench/gpu_ops.c — per-op timings of the backend op table (kernels/ops.h) at the shapes of
+ * one Llama 3 8B training step (seq 8192 x batch 1, bf16 mixed precision): every GEMM of a
+ * block as the model issues it (forward, input gradient, weight gradient), attention
+ * (cuDNN where it applies), the elementwise and reduction ops, the float8 tensorwise
+ * passes and fp8 GEMMs, the output head with the fused cross-entropy, and AdamW over one
+ * block's parameters. One markdown table: group | op | ms | TFLOP/s or GB/s | MB moved
+ * (the minimum; not counted for GEMMs).
+ *
+ *   build/bench/gpu_ops                   the CUDA table, 8B shapes, 10 timed calls per op
+ *   build/bench/gpu_ops --reps 5          fewer calls
+ *   build/bench/gpu_ops --device cpu --small    the CPU table at debug-model shapes (a smoke
+ *                                         test of the calls; its times mean little)
+ *
+ * Built by cmake/gpu_bench.cmake with the CUDA backend (the binary loads lib/libtetra_cuda.so
+ * as `tetra` does); scripts/gpu_check runs it in its bench section. Without a device it says
+ * so and exits 2.
+ *
+ * Operands are pseudo-random bf16 (about N(0, 0.05)), not constants: H100 GEMM clocks depend
+ * on the bit activity of the operands. Each op is called twice to warm up, then `reps` times
+ * between two synchronize() calls; the time is the host wall time divided by reps (launch
+ * overhead is small at these sizes). Bytes are the minimum each op must move; rates are
+ * FLOPs or those bytes over the time. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/ops.h"
+
+static const tetra_ops *O;
+static int REPS = 10;
+static const char *GROUP = "";
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *dalloc(size_t bytes) {
+    void *p = O->alloc(bytes ? bytes : 256);
+    if (!p) {
+        fprintf(stderr, "gpu_ops: cannot allocate %.2f GiB of %s memory\n", (double)bytes / (1 << 30), O->name);
+        exit(1);
+    }
+    return p;
+}
+
+/* a pattern of random bf16 words, copied over every operand (fp32 buffers get pairs of
+ * them: finite and small) */
+static uint16_t *pattern;
+static size_t PAT = (size_t)32 << 20; /* elements */
+static uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static void make_pattern(void) {
+    uint16_t *h = malloc(PAT * 2);
+    if (!h) {
+        fprintf(stderr, "gpu_ops: out of host memory\n");
+        exit(1);
+    }
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < PAT; i++) {
+        float acc = 0.f;
+        for (int k = 0; k < 4; k++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            acc += (float)(s >> 40) / (float)(1u << 24) - 0.5f;
+        }
+        h[i] = bf16_of(acc * 0.1f);
+    }
+    pattern = dalloc(PAT * 2);
+    O->copy_h2d(pattern, h, PAT * 2);
+    free(h);
+}
+static void randomize(void *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += PAT * 2) {
+        size_t n = bytes - off < PAT * 2 ? bytes - off : PAT * 2;
+        O->copy((char *)p + off, pattern, n);
+    }
+}
+static void *rnd(size_t bytes) {
+    void *p = dalloc(bytes);
+    randomize(p, bytes);
+    return p;
+}
+
+static void row(const char *label, double ms, double bytes, double flops) {
+    if (flops > 0)
+        printf("| %s | %s | %.3f | %.1f TFLOP/s | - |\n", GROUP, label, ms, flops / ms / 1e9);
+    else
+        printf("| %s | %s | %.3f | %.1f GB/s | %.0f |\n", GROUP, label, ms, bytes / ms / 1e6, bytes / 1e6);
+    fflush(stdout);
+}
+
+#define TIME(label, work, bytes, flops)                        \
+    do {                                                       \
+        for (int w_ = 0; w_ < 2; w_++) { work; }               \
+        O->synchronize();                                      \
+        double t0_ = now();                                    \
+        for (int r_ = 0; r_ < REPS; r_++) { work; }            \
+        O->synchronize();                                      \
+        row(label, (now() - t0_) * 1e3 / REPS, (double)(bytes), (double)(flops)); \
+    } while (0)
+
+static ops_gemm_desc desc(tetra_dtype ab, tetra_dtype c, int ta, int tb, int m, int n, int k, int lda, int ldb,
+                          int ldc, float beta) {
+    ops_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.a_type = g.b_type = ab;
+    g.c_type = c;
+    g.trans_a = ta, g.trans_b = tb;
+    g.m = m, g.n = n, g.k = k;
+    g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+    g.alpha = 1.f;
+    g.beta = beta;
+    return g;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: gpu_ops [--device cuda|cpu] [--reps N] [--small]\n"
+               "  per-op timings of the op table at Llama 3 8B shapes (seq 8192, bf16); --small: debug-model\n"
+               "  shapes (seq 256, dim 256), for a quick check of the calls on the CPU\n");
+}
+
+int main(int argc, char **argv) {
+    const char *device = "cuda";
+    int small = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) REPS = atoi(argv[++i]) > 0 ? atoi(argv[i]) : REPS;
+        else if (!strcmp(argv[i], "--small")) small = 1;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    char err[512];
+    O = ops_get(device, err, sizeof err);
+    if (!O) {
+        fprintf(stderr, "gpu_ops: no %s backend to measure: %s\n", device, err);
+        return 2;
+    }
+    /* Llama 3 8B: dim 4096, FFN 14336, 32 heads / 8 KV heads of 128, vocabulary 128,256 */
+    int N = 8192, C = 4096, F = 14336, D = 128, HD = 4096, KVD = 1024, V = 128256;
+    if (small) { /* the debug model's dims at seq 256 */
+        N = 256, C = 256, F = 768, D = 64, HD = 256, KVD = 128, V = 2048;
+        PAT = (size_t)1 << 20;
+    }
+    const int H = HD / D, KV = KVD / D;
+    const size_t nc = (size_t)N * C, nf = (size_t)N * F, nkv = (size_t)N * KVD;
+    make_pattern();
+
+    printf("gpu_ops: %s backend, %s shapes: tokens %d, dim %d, ffn %d, heads %d/%d x %d, vocab %d; %d timed calls "
+           "per op\n\n",
+           O->name, small ? "debug-model" : "Llama 3 8B", N, C, F, H, KV, D, V, REPS);
+    printf("| group | op | ms | rate | MB |\n|---|---|---|---|---|\n");
+
+    /* ---- activations (bf16) and weights (bf16 compute copy, fp32 gradients) ---- */
+    uint16_t *x = rnd(nc * 2), *xn = rnd(nc * 2), *q = rnd(nc * 2), *k = rnd(nkv * 2), *v = rnd(nkv * 2);
+    uint16_t *att = rnd(nc * 2), *h = rnd(nc * 2), *a = rnd(nf * 2), *gg = rnd(nf * 2), *s = rnd(nf * 2);
+    uint16_t *dq = rnd(nc * 2), *dk = rnd(nkv * 2), *dv = rnd(nkv * 2), *tmp = rnd(nc * 2);
+    uint16_t *qkv = rnd((size_t)N * (HD + 2 * KVD) * 2); /* the fused-QKV layout, for comparison */
+    uint16_t *w_big = rnd((size_t)F * C * 2), *w_c = rnd((size_t)C * C * 2), *w_kv = rnd((size_t)KVD * C * 2);
+    uint16_t *w_qkv = rnd((size_t)(HD + 2 * KVD) * C * 2);
+    float *dw = rnd((size_t)F * C * 4), *dw2 = rnd((size_t)F * C * 4);
+    float *rstd = dalloc((size_t)N * 4), *wn32 = dalloc((size_t)C * 4);
+    uint16_t *wn = dalloc((size_t)C * 2);
+    O->fill(rstd, 1.0f, (size_t)N);
+    O->fill(wn32, 1.0f, (size_t)C);
+    O->cast_f32_to_bf16(wn, wn32, (size_t)C);
+    float *lse = dalloc((size_t)H * N * 4);
+    float *freqs = dalloc((size_t)N * (D / 2) * 2 * 4);
+    {
+        float *ht = malloc((size_t)N * (D / 2) * 2 * 4);
+        ops_rope_table(ht, D, N, 500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192);
+        O->copy_h2d(freqs, ht, (size_t)N * (D / 2) * 2 * 4);
+        free(ht);
+    }
+    char lab[128];
+
+    GROUP = "block GEMMs (bf16)";
+    struct {
+        const char *name;
+        int out, in;
+        uint16_t *w, *x, *y;
+    } L[] = {{"wq", HD, C, w_c, xn, q},  {"wk", KVD, C, w_kv, xn, k}, {"wv", KVD, C, w_kv, xn, v},
+             {"wo", C, HD, w_c, att, h}, {"w1", F, C, w_big, xn, a}, {"w3", F, C, w_big, xn, gg},
+             {"w2", C, F, w_big, s, h}};
+    for (int i = 0; i < 7; i++) {
+        const double fl = 2.0 * N * L[i].out * (double)L[i].in;
+        float beta = (i == 3 || i == 6) ? 1.f : 0.f; /* wo, w2 add into the residual */
+        ops_gemm_desc f = desc(TETRA_BF16, TETRA_BF16, 0, 1, N, L[i].out, L[i].in, L[i].in, L[i].in, L[i].out, beta);
+        snprintf(lab, sizeof lab, "fwd %s [%d x %d x %d]", L[i].name, N, L[i].out, L[i].in);
+        TIME(lab, O->gemm(L[i].y, L[i].x, L[i].w, &f), 0, fl);
+        /* dx[N, in] = dy[N, out] W[out, in]: dy is the layer's output buffer, dx a scratch of N x in */
+        uint16_t *dx = L[i].in == F ? s : tmp;
+        ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, L[i].in, L[i].out, L[i].out, L[i].in, L[i].in, 0.f);
+        snprintf(lab, sizeof lab, "dgrad %s", L[i].name);
+        TIME(lab, O->gemm(dx, L[i].y, L[i].w, &d), 0, fl);
+        ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, L[i].out, L[i].in, N, L[i].out, L[i].in, L[i].in, 1.f);
+        snprintf(lab, sizeof lab, "wgrad %s (fp32 C, beta 1)", L[i].name);
+        TIME(lab, O->gemm(dw, L[i].y, L[i].x, &wg), 0, fl);
+    }
+    {
+        const int Q = HD + 2 * KVD;
+        const double fl = 2.0 * N * Q * (double)C;
+        ops_gemm_desc f = desc(TETRA_BF16, TETRA_BF16, 0, 1, N, Q, C, C, C, Q, 0.f);
+        snprintf(lab, sizeof lab, "fwd fused qkv [%d x %d x %d]", N, Q, C);
+        TIME(lab, O->gemm(qkv, xn, w_qkv, &f), 0, fl);
+        ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, C, Q, Q, C, C, 0.f);
+        TIME("dgrad fused qkv", O->gemm(tmp, qkv, w_qkv, &d), 0, fl);
+        ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, Q, C, N, Q, C, C, 1.f);
+        TIME("wgrad fused qkv", O->gemm(dw, qkv, xn, &wg), 0, fl);
+    }
+
+    GROUP = "attention (bf16, causal)";
+    {
+        ops_attn_shape sh = {1, N, N, H, KV, D, 1.0f / sqrtf((float)D), 1, 0, 0};
+        size_t wsb = O->attention_workspace_size_bf16(&sh);
+        void *ws = dalloc(wsb ? wsb : 256);
+        const double ffl = 4.0 * N * (double)N * D * H / 2; /* causal: half the square */
+        snprintf(lab, sizeof lab, "forward b1 s%d h%d kv%d d%d", N, H, KV, D);
+        TIME(lab, O->attention_forward_bf16(att, lse, q, k, v, &sh, ws), 0, ffl);
+        snprintf(lab, sizeof lab, "backward (workspace %.1f MiB)", (double)wsb / 1048576.0);
+        TIME(lab, O->attention_backward_bf16(dq, dk, dv, tmp, q, k, v, att, lse, &sh, ws), 0, 2.5 * ffl);
+    }
+
+    GROUP = "elementwise (bf16)";
+    snprintf(lab, sizeof lab, "rmsnorm forward [%d x %d]", N, C);
+    TIME(lab, O->rmsnorm_forward_bf16(xn, rstd, x, wn, N, C, 1e-5f), 2 * nc * 2, 0);
+    TIME("rmsnorm backward_input", O->rmsnorm_backward_input_bf16(tmp, xn, x, wn, rstd, N, C), 4 * nc * 2, 0);
+    TIME("rmsnorm backward_weight", O->rmsnorm_backward_weight_bf16(wn32, xn, x, rstd, N, C), 2 * nc * 2, 0);
+    TIME("rope forward q (in place)", O->rope_forward_bf16(q, q, freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
+    TIME("rope forward k (in place)", O->rope_forward_bf16(k, k, freqs, NULL, 0, 1, N, KV, D), 2 * nkv * 2, 0);
+    TIME("rope backward q", O->rope_backward_bf16(tmp, dq, freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
+    snprintf(lab, sizeof lab, "swiglu forward [%d x %d]", N, F);
+    TIME(lab, O->swiglu_forward_bf16(s, a, gg, nf), 3 * nf * 2, 0);
+    TIME("swiglu backward (in place)", O->swiglu_backward_bf16(a, gg, s, a, gg, nf), 5 * nf * 2, 0);
+    TIME("copy (residual)", O->copy(h, x, nc * 2), 2 * nc * 2, 0);
+
+    GROUP = "float8 tensorwise";
+    {
+        uint8_t *q8 = dalloc(nf), *q8b = dalloc((size_t)F * C), *qa = dalloc(nf);
+        float *am = dalloc(64), *sc = dalloc(64), *inv = dalloc(64), *am2 = dalloc(64), *sc2 = dalloc(64),
+              *inv2 = dalloc(64);
+        snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, C);
+        TIME(lab, O->amax_bf16(am, xn, nc), nc * 2, 0);
+        snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, F);
+        TIME(lab, O->amax_bf16(am, a, nf), nf * 2, 0);
+        TIME("fp8_scale_from_amax (1)", O->fp8_scale_from_amax(sc, inv, am, 1, 0, OPS_FP8_E4M3_MAX, 0), 8, 0);
+        O->amax_bf16(am, xn, nc);
+        O->fp8_scale_from_amax(sc, inv, am, 1, 0, OPS_FP8_E4M3_MAX, 0);
+        O->amax_bf16(am2, w_big, (size_t)F * C);
+        O->fp8_scale_from_amax(sc2, inv2, am2, 1, 0, OPS_FP8_E4M3_MAX, 0);
+        snprintf(lab, sizeof lab, "cast_bf16_to_fp8 [%d x %d]", N, C);
+        TIME(lab, O->cast_bf16_to_fp8(q8, xn, sc, 0, N, C, TETRA_FP8_E4M3), nc * 3, 0);
+        snprintf(lab, sizeof lab, "cast_bf16_to_fp8 [%d x %d]", N, F);
+        TIME(lab, O->cast_bf16_to_fp8(q8, a, sc, 0, N, F, TETRA_FP8_E4M3), nf * 3, 0);
+        snprintf(lab, sizeof lab, "cast_bf16_to_fp8 weight [%d x %d]", F, C);
+        TIME(lab, O->cast_bf16_to_fp8(q8b, w_big, sc2, 0, F, C, TETRA_FP8_E4M3), (size_t)F * C * 3, 0);
+        float *scv = dalloc((size_t)C * 4); /* one scale per column of x (the rowwise recipe's op) */
+        O->fp8_scale_from_amax(scv, NULL, am, C, 1, OPS_FP8_E4M3_MAX, 0);
+        snprintf(lab, sizeof lab, "cast_transpose_to_fp8 [%d x %d]", N, C);
+        TIME(lab, O->cast_transpose_to_fp8(q8, xn, TETRA_BF16, scv, N, C, TETRA_FP8_E4M3), nc * 3, 0);
+        snprintf(lab, sizeof lab, "add fp32 (wgrad accumulate) %.1fM", (double)F * C / 1e6);
+        TIME(lab, O->add(dw, dw, dw2, (size_t)F * C), (size_t)F * C * 12, 0);
+        /* fp8 GEMMs as float8/ issues them for w1 (the largest linear): forward TN; the
+         * input gradient with W [out, in] not K-major (transposed inside); the weight
+         * gradient with both operands transposed inside */
+        O->cast_bf16_to_fp8(q8, xn, sc, 0, N, C, TETRA_FP8_E4M3);
+        O->cast_bf16_to_fp8(qa, a, sc, 0, N, F, TETRA_FP8_E5M2);
+        const double fl = 2.0 * N * F * (double)C;
+        ops_gemm_desc f = desc(TETRA_FP8_E4M3, TETRA_BF16, 0, 1, N, F, C, C, C, F, 0.f);
+        f.a_scale = inv, f.b_scale = inv2, f.fast_accum = 1;
+        TIME("fp8 gemm fwd w1 (TN, fast accum)", O->gemm(a, q8, q8b, &f), 0, fl);
+        ops_gemm_desc d = desc(TETRA_FP8_E5M2, TETRA_BF16, 0, 0, N, C, F, F, C, C, 0.f);
+        d.b_type = TETRA_FP8_E4M3, d.a_scale = inv, d.b_scale = inv2;
+        TIME("fp8 gemm dgrad w1 (W transposed inside)", O->gemm(xn, qa, q8b, &d), 0, fl);
+        ops_gemm_desc wg = desc(TETRA_FP8_E5M2, TETRA_F32, 1, 0, F, C, N, F, C, C, 0.f);
+        wg.b_type = TETRA_FP8_E4M3, wg.a_scale = inv, wg.b_scale = inv2;
+        TIME("fp8 gemm wgrad w1 (both transposed inside)", O->gemm(dw2, qa, q8, &wg), 0, fl);
+    }
+
+    GROUP = "output head";
+    {
+        float *logits = rnd((size_t)N * V * 4);
+        uint16_t *w_out = rnd((size_t)V * C * 2), *dl16 = dalloc((size_t)N * V * 2);
+        float *losses = dalloc((size_t)N * 4);
+        int32_t *tg = dalloc((size_t)N * 4), *ht = malloc((size_t)N * 4);
+        for (int i = 0; i < N; i++) ht[i] = (int32_t)(((unsigned)i * 7919u) % (unsigned)V);
+        O->copy_h2d(tg, ht, (size_t)N * 4);
+        free(ht);
+        const double fl = 2.0 * N * (double)V * C;
+        ops_gemm_desc f = desc(TETRA_BF16, TETRA_F32, 0, 1, N, V, C, C, C, V, 0.f);
+        snprintf(lab, sizeof lab, "logits gemm (fp32 out) [%d x %d x %d]", N, V, C);
+        TIME(lab, O->gemm(logits, xn, w_out, &f), 0, fl);
+        O->cast_f32_to_bf16(dl16, logits, (size_t)N * V);
+        O->scale(logits, 1e-3f, (size_t)N * V);
+        snprintf(lab, sizeof lab, "cross_entropy fused [%d x %d]", N, V);
+        TIME(lab, O->cross_entropy(logits, losses, logits, tg, N, V, 1.0f / (float)N), (size_t)N * V * 12, 0);
+        TIME("cast dlogits fp32 to bf16", O->cast_f32_to_bf16(dl16, logits, (size_t)N * V), (size_t)N * V * 6, 0);
+        ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, C, V, V, C, C, 0.f);
+        snprintf(lab, sizeof lab, "head dgrad (K = %d)", V);
+        TIME(lab, O->gemm(tmp, dl16, w_out, &d), 0, fl);
+        O->release(logits);
+        float *dwo = rnd((size_t)V * C * 4);
+        ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, V, C, N, V, C, C, 1.f);
+        TIME("head wgrad (fp32 C, beta 1)", O->gemm(dwo, dl16, xn, &wg), 0, fl);
+        O->release(dwo);
+        O->release(dl16);
+        O->release(w_out);
+    }
+
+    GROUP = "optimizer (one block)";
+    {
+        const size_t n = (size_t)C * HD + 2 * (size_t)C * KVD + (size_t)HD * C + 3 * (size_t)C * F + 2 * (size_t)C;
+        float *p = rnd(n * 4), *m = rnd(n * 4), *vv = dalloc(n * 4), *g = rnd(n * 4), *out = dalloc(64);
+        uint16_t *p16 = dalloc(n * 2);
+        O->fill(vv, 1e-4f, n);
+        snprintf(lab, sizeof lab, "adamw_step_bf16 (%.1fM parameters)", (double)n / 1e6);
+        TIME(lab, O->adamw_step_bf16(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f), n * 30, 0);
+        TIME("fill fp32 (zero the gradients)", O->fill(g, 0.0f, n), n * 4, 0);
+        TIME("sum_squares fp32 (grad norm)", O->sum_squares(out, p, n), n * 4, 0);
+    }
+    printf("\ngpu_ops: done\n");
+    return 0;
+}
