@@ -7,11 +7,12 @@
 #      (the 1-rank run accumulates the same two one-sequence microbatches, whose amaxes are
 #      the ones each data-parallel rank sees). Activation checkpointing none/full give the
 #      selective run's bits; async TP gives the synchronous run's bits.
-#   2. Tensor parallel: fsdp 2 x tp 2 follows the 1-rank run within 1e-6 at step 1 (one
+#   2. Tensor parallel: fsdp 2 x tp 2 follows the 1-rank run within 5e-6 at step 1 (one
 #      forward and backward: every amax and scale is the whole tensor's) and within 1e-4
 #      after (the tensor-parallel partial sums round differently by an ulp in fp32, which
-#      can flip single fp8 roundings; fp32 runs of the same layouts agree to 1e-7). With
-#      the amax all-reduce left out, step 1 is off by ~1e-5.
+#      can flip single fp8 roundings; fp32 runs of the same layouts agree to 1e-7; how
+#      often at step 1 depends on the CPU's BLAS kernels: 0 on one host, 1.8e-6 on an AMD
+#      EPYC). With the amax all-reduce left out, step 1 is off by 1.1e-5 to 3.4e-5.
 #   3. Float8 is really on (its losses differ from fp32's), close to fp32 (< 1e-2 over 8
 #      steps), and the emulated GEMMs agree with the fp8 GEMMs (< 1e-4). bf16 with float8
 #      under fsdp 2 x tp 2 follows 1-rank bf16 float8 within 1e-3; context parallel 2 runs.
@@ -126,7 +127,7 @@ for n, r in (("tw_fsdp2", "tw"), ("rw_fsdp2", "rw"), ("tw_fsdp2_pre", "tw"), ("t
              ("bf16_tw_fsdp2_tp2_ag", "bf16_tw_fsdp2_tp2")):
     same(n, r, all8)
 for n, r in (("tw_fsdp2_tp2", "tw"), ("rw_fsdp2_tp2", "rw"), ("gw_fsdp2_tp2", "gw")):
-    close(n, r, all8, 1e-4, first=1e-6)
+    close(n, r, all8, 1e-4, first=5e-6)
 # float8 is on, and near fp32
 r = rel("tw", "fp32", all8)
 good = r is not None and max(r) > 1e-6 and max(r) < 1e-2
