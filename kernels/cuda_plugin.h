@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define CUDA_PLUGIN_ABI 4
+#define CUDA_PLUGIN_ABI 5
 
 typedef struct {
     int abi; /* CUDA_PLUGIN_ABI */
@@ -33,8 +33,6 @@ typedef struct {
     int (*device_count)(void);                       /* 0 without driver or device */
     int (*device_describe)(int i, char *buf, int n); /* "NVIDIA H100 ... (sm_90, 79.1 GiB)" */
     int (*cudnn_version)(void);                      /* 0 without cuDNN */
-    /* the built-in attention kernels' workspace: a function of the shape, no device */
-    size_t (*attention_workspace_size)(const ops_attn_shape *s);
 } cuda_kernels_api;
 
 /* The kernels' table, loading the library on first use; NULL with the reason in err

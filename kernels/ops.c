@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cuda_plugin.h"
+#include "kernels/ops_shapes.h"
 
 #if defined(TETRA_HAVE_CUDA) && defined(TETRA_CUDA_LINKED)
 // The CUDA kernels are linked into this program (the kernel simulator's test): their
@@ -15,7 +16,6 @@
 // the trainer treats it as a GPU's and its collectives take the staged MPI path that
 // ranks sharing a real GPU take.
 #include "kernels/cuda/cuda_device.h"
-size_t cuda_attention_workspace_size(const ops_attn_shape *s);
 static const tetra_ops *linked_ops(char *err, size_t errlen) {
     static tetra_ops t;
     if (!t.name) {
@@ -29,7 +29,7 @@ static const cuda_kernels_api *kernels_api(char *err, size_t errlen) {
     (void)err;
     (void)errlen;
     static const cuda_kernels_api a = {CUDA_PLUGIN_ABI, linked_ops, cuda_device_count, cuda_device_describe,
-                                       cuda_cudnn_version, cuda_attention_workspace_size};
+                                       cuda_cudnn_version};
     return &a;
 }
 static int gpu_maybe_present(void) { return 1; }
@@ -110,28 +110,16 @@ const tetra_ops *ops_plan(const char *device, char *err, size_t errlen) {
         return &cpu;
     }
     if (!strcmp(device, "cuda")) {
-#ifdef TETRA_HAVE_CUDA
+        /* shapes only (kernels/ops_shapes.h): a plan for the GPU needs no CUDA backend. The
+         * built-in kernels' workspace; cuDNN's plan-dependent one is known only on a device
+         * (it is of the same order) */
         if (!cuda.name) {
-            /* the built-in kernels' workspace: cuDNN's plan-dependent workspace is known only
-             * on a device (it is of the same order) */
-            char why[2048];
-            const cuda_kernels_api *k = kernels_api(why, sizeof why);
-            if (!k) {
-                if (err && errlen) snprintf(err, errlen, "device \"cuda\": %s", why);
-                return NULL;
-            }
             cuda.alloc = plan_alloc;
-            cuda.attention_workspace_size = k->attention_workspace_size;
-            cuda.attention_workspace_size_bf16 = k->attention_workspace_size;
+            cuda.attention_workspace_size = ops_shape_cuda_attention_workspace;
+            cuda.attention_workspace_size_bf16 = ops_shape_cuda_attention_workspace;
             cuda.name = "cuda";
         }
         return &cuda;
-#else
-        (void)cuda;
-        set_err(err, errlen,
-                "device \"cuda\": this build has no CUDA backend (configure with nvcc available, -DTETRA_CUDA=ON)");
-        return NULL;
-#endif
     }
     if (err && errlen) snprintf(err, errlen, "unknown device \"%s\" (expected cpu, cuda or auto)", device);
     return NULL;

@@ -34,6 +34,7 @@
 // outputs are rounded once, and bf16 gradients are WRITTEN (ops.h), each block owning
 // its rows. The bf16 ops prefer cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu) and use
 // these kernels where it does not apply (see the bf16 section at the end).
+#include "kernels/ops_shapes.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -594,8 +595,8 @@ static void check_shape(const ops_attn_shape *s) {
 }
 
 extern "C" size_t cuda_attention_workspace_size(const ops_attn_shape *s) {
-    // the backward's row term Dv, [B, H, Sq]: linear in the sequence, never S^2
-    return ((size_t)s->b * (size_t)s->h * (size_t)s->sq + 64) * sizeof(float);
+    // the backward's row term Dv (kernels/ops_shapes.h, which planning shares)
+    return ops_shape_cuda_attention_workspace(s);
 }
 
 // The built-in forward: out (T) and lse; rows that see no key get out = 0, lse = -inf.

@@ -30,7 +30,7 @@ extern "C" int cuda_device_describe(int i, char *buf, int n) {
 
 // The library's entry point for the C side (kernels/cuda_plugin.h).
 extern "C" __attribute__((visibility("default"))) const cuda_kernels_api *tetra_cuda_kernels_v1(void) {
-    static const cuda_kernels_api api = {CUDA_PLUGIN_ABI,        ops_cuda,           cuda_device_count,
-                                         cuda_device_describe,   cuda_cudnn_version, cuda_attention_workspace_size};
+    static const cuda_kernels_api api = {CUDA_PLUGIN_ABI, ops_cuda, cuda_device_count, cuda_device_describe,
+                                         cuda_cudnn_version};
     return &api;
 }
