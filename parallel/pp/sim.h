@@ -73,10 +73,11 @@ void pp_sim_free(pp_sim_result *r);
 /* Stream mode: a dry run of a lowered schedule's messages as NCCL runs them. Each
  * rank's point-to-point operations go to one stream, a FIFO: the batches of
  * pp_post_batch_end (schedule.h) enter it in list order as the list posts them
- * (posting never blocks), and only the batch at the head runs. A head batch
- * completes when, for every message in it, the other end (the same stage and
- * microbatch message, the opposite direction) is in the batch at the head of the
- * peer's stream, and that batch completes too: batches leave the heads together.
+ * (posting never blocks), and only the batch at the head runs. A message moves while
+ * its other end (the same stage and microbatch message, the opposite direction) is in
+ * the batch at the head of the peer's stream; inside a batch, messages to one peer in
+ * one direction move in order and the rest independently (NCCL's rule for a group);
+ * a head batch leaves its stream once all its messages are done.
  * A compute action waits for the receives that bring its inputs, a WAIT_SEND_* for
  * its send; FSDP actions and idle slots pass. MPI's independent requests (the dry
  * run of lower.h) would finish lists this mode finds deadlocked: rank 0 posting
