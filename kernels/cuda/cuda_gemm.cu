@@ -24,6 +24,10 @@
 // matmul on the backend's compute stream; matmul descriptors,
 // layouts and the heuristic's algorithm are cached per (types, transposes, sizes,
 // leading dims, batch and strides, fast accumulation, scale mode, pointer alignment).
+//
+// The path decisions are kernels/ops_paths.h's predicates, which kernels/op_costs.c
+// (opc_gemm: the launches, packs and bytes of each path, for `tetra plan --ops`) shares;
+// the simulator checks the two launch the same: change both together.
 #include <cublasLt.h>
 #include <string.h>
 
