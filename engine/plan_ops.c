@@ -464,7 +464,9 @@ int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int jso
     }
     const op_cost_device dev = op_cost_device_h100();
     char err[4096];
-    static recording r, bf;
+    recording r, bf;
+    memset(&r, 0, sizeof r);
+    memset(&bf, 0, sizeof bf);
     int rc = record_config(&r, cfg, 0, &dev, hw, block, err, sizeof err);
     const int f8 = rc == 0 && has_float8(cfg);
     if (f8) rc = record_config(&bf, cfg, 1, &dev, hw, r.block, err, sizeof err);
