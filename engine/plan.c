@@ -21,6 +21,7 @@ static int is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-
 static void usage_plan(FILE *f) {
     fprintf(f, "usage: tetra plan --job.config_file FILE [--section.key VALUE ...] --ngpu N [--hardware NAME] [--json]\n"
                "       tetra plan --job.config_file FILE --recommend --ngpu N\n"
+               "       tetra plan --job.config_file FILE --ops [--block N]   (every op of a step on the GPU)\n"
                "       tetra plan --calibrate [--out FILE]\n"
                "       tetra plan pp [options]\n"
                "\n"

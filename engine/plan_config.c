@@ -16,6 +16,7 @@
 #include "engine/plan_calibrate.h"
 #include "engine/plan_estimate.h"
 #include "engine/plan_hw.h"
+#include "engine/plan_ops.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -25,6 +26,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: tetra plan --job.config_file FILE [--section.key VALUE ...] --ngpu N [options]\n"
             "       tetra plan --job.config_file FILE --recommend --ngpu N [options]\n"
+            "       tetra plan --job.config_file FILE --ops [--block N] [--hardware NAME] [--json]\n"
             "       tetra plan --calibrate [--out FILE]        (under mpirun for the network bandwidth)\n"
             "\n"
             "What a training config costs on N GPUs before it runs: memory per rank (the trainer's own\n"
@@ -39,6 +41,11 @@ static void usage(FILE *f) {
             "  --recommend           search layouts (degrees, schedule, microbatches, AC, float8, local\n"
             "                        batch) for this model and N GPUs; print the best that fit\n"
             "  --top K               layouts --recommend prints (default 5)\n"
+            "  --ops                 every op one training step issues on the GPU, on one rank: launches,\n"
+            "                        bytes, FLOPs and roofline time per op for one block (the middle one,\n"
+            "                        or --block N), the head, the embedding and the optimizer; totals per\n"
+            "                        phase and step; for float8, what it adds over bf16 (a prediction\n"
+            "                        from the trainer's own op sequence; needs no GPU)\n"
             "  --calibrate           measure this machine (GEMM rate, memory and MPI bandwidth) and\n"
             "                        write it as a profile (--out, default outputs/hardware/cpu.toml)\n"
             "\n"
@@ -239,10 +246,10 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
            r->model_flops_per_token, hw->peak_bf16_flops);
 }
 
-/* A copy of cfg with some keys changed ("section.key", value pairs). */
-static int cfg_with(tetra_config *dst, const tetra_config *src, const char **kv, int n, char *err, size_t errlen) {
+int plan_cfg_with(tetra_config *dst, const tetra_config *src, const char **kv, int n, char *err, size_t errlen) {
     char *text = NULL;
     size_t len = 0;
+    cfg_init(dst);
     FILE *f = open_memstream(&text, &len);
     if (!f) {
         snprintf(err, errlen, "out of host memory");
@@ -250,7 +257,6 @@ static int cfg_with(tetra_config *dst, const tetra_config *src, const char **kv,
     }
     cfg_print_toml(src, f);
     fclose(f);
-    cfg_init(dst);
     int rc = cfg_load_string(dst, "plan", text, len, err, errlen);
     free(text);
     for (int i = 0; rc == 0 && i < n; i++) rc = cfg_set_string(dst, kv[2 * i], kv[2 * i + 1], err, errlen);
@@ -260,7 +266,7 @@ static int cfg_with(tetra_config *dst, const tetra_config *src, const char **kv,
 int plan_try(plan_result *r, const tetra_config *base, const char **kv, int n, int ngpu, int gpn, const plan_hw *hw,
              char *err, size_t errlen) {
     tetra_config c;
-    if (cfg_with(&c, base, kv, n, err, errlen)) {
+    if (plan_cfg_with(&c, base, kv, n, err, errlen)) {
         cfg_free(&c);
         return -1;
     }
@@ -365,7 +371,7 @@ int plan_config_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--calibrate")) return calibrate_main(argc, argv);
     const char *hwname = "h100-sxm";
-    int ngpu = 0, gpn = 0, json = 0, recommend = 0, top = 5;
+    int ngpu = 0, gpn = 0, json = 0, recommend = 0, top = 5, ops = 0, block = -1;
     /* the planner's own options come out; the rest are training keys */
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) return 1;
@@ -380,8 +386,9 @@ int plan_config_main(int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--recommend")) recommend = 1;
+        else if (!strcmp(a, "--ops")) ops = 1;
         else if (!strcmp(a, "--ngpu") || !strcmp(a, "--gpus-per-node") || !strcmp(a, "--hardware") ||
-                 !strcmp(a, "--top")) {
+                 !strcmp(a, "--top") || !strcmp(a, "--block")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "tetra plan: %s needs a value\n", a);
                 free(rest);
@@ -392,6 +399,7 @@ int plan_config_main(int argc, char **argv) {
             if (!strcmp(a, "--ngpu")) bad = parse_int_opt(a, v, 1, &ngpu);
             else if (!strcmp(a, "--gpus-per-node")) bad = parse_int_opt(a, v, 1, &gpn);
             else if (!strcmp(a, "--top")) bad = parse_int_opt(a, v, 1, &top);
+            else if (!strcmp(a, "--block")) bad = parse_int_opt(a, v, 0, &block);
             else hwname = v;
             if (bad) {
                 free(rest);
@@ -431,6 +439,11 @@ int plan_config_main(int argc, char **argv) {
         ngpu = (int)(c->parallelism.pipeline_parallel_degree * c->parallelism.tensor_parallel_degree *
                      c->parallelism.context_parallel_degree * c->parallelism.data_parallel_replicate_degree *
                      (c->parallelism.data_parallel_shard_degree > 0 ? c->parallelism.data_parallel_shard_degree : 1));
+    }
+    if (ops) {
+        rc = plan_ops_main(&cfg, &hw, block, json);
+        cfg_free(&cfg);
+        return rc;
     }
     if (recommend) {
         rc = plan_recommend(&cfg, ngpu, gpn, &hw, top, json);

@@ -10,6 +10,9 @@
 
 /* `tetra plan --job.config_file ...` (argv[0] is "plan"). */
 int plan_config_main(int argc, char **argv);
+/* dst = a copy of src with kv[0..n) ("section.key", value pairs) changed (dst is
+ * initialised either way: cfg_free it). 0 or -1 with err. */
+int plan_cfg_with(tetra_config *dst, const tetra_config *src, const char **kv, int n, char *err, size_t errlen);
 /* base with kv[0..n) ("section.key", value pairs) changed, estimated. 0 or -1 with err. */
 int plan_try(plan_result *r, const tetra_config *base, const char **kv, int n, int ngpu, int gpus_per_node,
              const plan_hw *hw, char *err, size_t errlen);

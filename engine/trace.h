@@ -23,7 +23,10 @@
 
 typedef struct trace trace;
 
-/* NULL with err set on failure. dir: the traces folder (created when first written). */
+/* NULL with err set on failure. dir: the traces folder (created when first written).
+ * dir NULL or "": no file and no device synchronisation, only the spans' names go to the
+ * backend's ranges (ops->range_push), as a recording op table wants them
+ * (engine/plan_ops.h). */
 trace *trace_create(const char *dir, int rank, int64_t freq, int64_t active, const tetra_ops *ops, comm_world *cw,
                     char *err, size_t errlen);
 void trace_free(trace *t);

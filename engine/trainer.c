@@ -757,7 +757,9 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     omp_set_num_threads(t->threads);
     openblas_set_num_threads(t->threads);
-    t->ops = dry ? ops_plan(c->training.device, err, sizeof err) : ops_get(c->training.device, err, sizeof err);
+    t->ops = t->opt.ops ? t->opt.ops
+             : dry      ? ops_plan(c->training.device, err, sizeof err)
+                        : ops_get(c->training.device, err, sizeof err);
     if (!t->ops) {
         log_error("training.device: %s", err);
         goto fail;
@@ -958,7 +960,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             goto fail;
         }
         log_info("loaded Hugging Face weights from %s", c->checkpoint.initial_load_path);
-    } else {
+    } else if (!t->opt.skip_weight_init) {
         for (int i = 0; i < t->n_local; i++) {
             init_ctx ic = {&t->st[i].model, (uint64_t)c->training.seed};
             if (fsdp_init_shards(t->st[i].fs, init_fill, &ic)) {

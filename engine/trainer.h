@@ -35,6 +35,7 @@
 #define TETRA_TRAINER_H
 
 #include "engine/config.h"
+#include "kernels/ops.h"
 
 typedef struct trainer trainer;
 
@@ -82,6 +83,11 @@ typedef struct {
      * (no MPI), filling *plan_out instead of logging */
     int virtual_world;
     trainer_plan *plan_out;
+    /* A recording run (engine/plan_ops.h): this op table instead of training.device's
+     * (NULL: the device's), and, with skip_weight_init, no initial weights drawn (the
+     * table computes nothing, so no value is ever read) */
+    const tetra_ops *ops;
+    int skip_weight_init;
 } trainer_options;
 
 /* Collective over MPI_COMM_WORLD. 0 with *out set, or an exit code (the error is

@@ -34,6 +34,8 @@
 // outputs are rounded once, and bf16 gradients are WRITTEN (ops.h), each block owning
 // its rows. The bf16 ops prefer cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu) and use
 // these kernels where it does not apply (see the bf16 section at the end).
+// kernels/op_costs.c describes each call (opc_attention_*: which path, its launches and
+// bytes) for `tetra plan --ops`; the simulator checks the launches: change both together.
 #include "kernels/ops_shapes.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_cudnn.h"

@@ -3,6 +3,10 @@
 // elementwise arithmetic, deterministic reductions, casts and AdamW. Per-element math
 // comes from kernels/ops_math.h, the CPU backend's own header, so both backends compute
 // the same functions.
+//
+// Every op here has a shape-only twin in kernels/op_costs.c (opc_<op>: its launches, passes
+// and bytes, for `tetra plan --ops`); gpu/test_ops_cuda_sim checks the two launch the same.
+// A change that adds or removes a launch or a pass changes the twin too.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

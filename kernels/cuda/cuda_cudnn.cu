@@ -36,6 +36,8 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/ops_paths.h"
+
 namespace {
 
 // UIDs of the tensors the variant pack names; virtual tensors are numbered from kUidVirtual.
@@ -668,19 +670,13 @@ void destroy_plan(Plan *p) {
 
 // Why the cuDNN version the process runs with cannot take this direction and shape (too
 // old, or a known bug); nullptr when it can.
+// (kernels/ops_paths.h: the description of the backend, kernels/op_costs.h, asks the same)
 const char *version_problem(int backward, int sk) {
-    size_t v = cudnnGetVersion();
-    if (v < 90000) return "cuDNN older than 9.0";
-    if (v == 91000 || v == 91001) return "cuDNN 9.10.0/9.10.1 (known SDPA bugs)";
-    if (backward && v <= 91500 && sk % 128 != 0) return "cuDNN <= 9.15.0 backward with Sk % 128 != 0 (known bug)";
-    return nullptr;
+    return ops_path_cudnn_version_problem((int)cudnnGetVersion(), backward, sk);
 }
 
 // Shapes the fused kernels refuse although a plan might build.
-const char *shape_problem(const ops_attn_shape *s, int backward) {
-    if (backward && s->sq == 1 && s->sk == 1) return "backward with Sq = Sk = 1";
-    return nullptr;
-}
+const char *shape_problem(const ops_attn_shape *s, int backward) { return ops_path_cudnn_shape_problem(s, backward); }
 
 PlanKey key_of(const ops_attn_shape *s, int backward) {
     PlanKey k;
@@ -817,7 +813,7 @@ int execute(Plan *p, void *const *ptrs_by_uid, void *workspace, size_t workspace
         put_status(err, errlen, "cudnnSetStream", st);
         return -1;
     }
-    if (p->kind == kBwdGraph && cudnnGetVersion() < 90600) {
+    if (p->kind == kBwdGraph && ops_path_cudnn_zero_dq_accum((int)cudnnGetVersion())) {
         // before 9.6 the engine expects a zeroed dQ accumulator
         cudaError_t ce = cudaMemsetAsync((char *)workspace + p->off_dq_accum, 0, p->dq_accum_bytes,
                                          (cudaStream_t)stream);
@@ -866,20 +862,16 @@ bool valid_shape(const ops_attn_shape *s) {
 
 extern "C" int cuda_cudnn_version(void) { return (int)cudnnGetVersion(); }
 
+// The shape rules live in kernels/ops_paths.h, shared with the backend's description.
 extern "C" int cuda_cudnn_sdpa_supported(const ops_attn_shape *s) {
     if (!valid_shape(s)) return 0;
-    if (cudnnGetVersion() < 90000) return 0;
-    if (s->d % 8 != 0) return 0;
-    if (s->causal && (s->q_offset != s->k_offset || s->sq != s->sk)) return 0;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    if (major < 8) return 0;
-    if (s->d > (major == 9 ? 256 : 128)) return 0;
-    return 1;
+    return ops_path_cudnn_sdpa_shape(s, major, (int)cudnnGetVersion());
 }
 
 extern "C" size_t cuda_cudnn_sdpa_workspace_size(const ops_attn_shape *s, int backward) {

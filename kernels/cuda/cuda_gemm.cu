@@ -24,12 +24,17 @@
 // matmul on the backend's compute stream; matmul descriptors,
 // layouts and the heuristic's algorithm are cached per (types, transposes, sizes,
 // leading dims, batch and strides, fast accumulation, scale mode, pointer alignment).
+//
+// The path decisions are kernels/ops_paths.h's predicates, which kernels/op_costs.c
+// (opc_gemm: the launches, packs and bytes of each path, for `tetra plan --ops`) shares;
+// the simulator checks the two launch the same: change both together.
 #include <cublasLt.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops_math.h"
+#include "kernels/ops_paths.h"
 
 static inline void tetra_cublas_check(cublasStatus_t s, const char *what, const char *file, int line) {
     if (s != CUBLAS_STATUS_SUCCESS) {
@@ -97,7 +102,6 @@ static cudaDataType lt_type(tetra_dtype t) {
     abort();
 }
 
-static int is_fp8(tetra_dtype t) { return t == TETRA_FP8_E4M3 || t == TETRA_FP8_E5M2; }
 
 // ----------------------------------------------------------------------------
 // operand packing: src [rows, cols] (leading dim ld, batch stride sstride) -> dense dst,
@@ -404,8 +408,7 @@ static operand kmajor(const ops_gemm_desc *g, operand o, int is_b, int slot, int
     int want_trans = is_b ? 1 : 0;
     int rows, cols;
     stored_shape(g, is_b, o.trans, &rows, &cols);
-    int ok = o.trans == want_trans && o.ld % 16 == 0 && tetra_aligned16(o.p) && (batch <= 1 || o.stride % 16 == 0);
-    if (ok) return o;
+    if (ops_path_gemm_kmajor_ok(is_b, o.trans, o.ld, o.p, batch, o.stride)) return o;
     size_t per = (size_t)rows * (size_t)cols;
     void *dst = cuda_scratch(slot, per * (size_t)batch + 256);
     int transpose = o.trans != want_trans;
@@ -475,7 +478,6 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
         abort();
     }
     const int rowwise = g->scale_rowwise && (g->a_scale || g->b_scale);
-    const int scaled = g->a_scale || g->b_scale;
     if (g->k <= 0) {  // empty sum: C = beta C
         run_epilogue(c, NULL, g, batch, NULL, NULL, 0);
         last_path = "k=0";
@@ -484,12 +486,9 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
     operand A = {a, g->a_type, g->trans_a ? 1 : 0, g->lda, g->stride_a};
     operand B = {b, g->b_type, g->trans_b ? 1 : 0, g->ldb, g->stride_b};
 
-    // ---- fp8 on the tensor cores
-    int fp8_pair = is_fp8(A.t) && is_fp8(B.t) && !(A.t == TETRA_FP8_E5M2 && B.t == TETRA_FP8_E5M2);
-    int dims16 = g->m % 16 == 0 && g->n % 16 == 0 && g->k % 16 == 0;
-    int c_ok = (g->ldc * (int64_t)ops_dtype_size(g->c_type)) % 16 == 0 && tetra_aligned16(c) &&
-               (batch <= 1 || (g->stride_c * (int64_t)ops_dtype_size(g->c_type)) % 16 == 0);
-    if (fp8_pair && dims16 && c_ok) {
+    // ---- fp8 on the tensor cores (the predicates are kernels/ops_paths.h's, which the
+    // backend's description, kernels/op_costs.h, follows too)
+    if (ops_path_gemm_fp8_pair(A.t, B.t) && ops_path_gemm_fp8_shape(g, c)) {
         operand Ak = kmajor(g, A, 0, SCRATCH_GEMM_A, batch);
         operand Bk = kmajor(g, B, 1, SCRATCH_GEMM_B, batch);
         if (!rowwise) {
@@ -535,11 +534,10 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
     }
 
     // ---- fp32 or bf16 compute
-    tetra_dtype common = (A.t == TETRA_F32 || B.t == TETRA_F32) ? TETRA_F32 : TETRA_BF16;
+    tetra_dtype common = ops_path_gemm_common(A.t, B.t);
     if (A.t != common) A = widen(g, A, 0, common, SCRATCH_GEMM_A, batch);
     if (B.t != common) B = widen(g, B, 1, common, SCRATCH_GEMM_B, batch);
-    int direct = !scaled && !(common == TETRA_F32 && g->c_type == TETRA_BF16);
-    if (direct) {
+    if (ops_path_gemm_direct(g, common)) {
         lt_call call = make_call(g, A, B, c, g->c_type, g->ldc, g->stride_c, batch);
         call.alpha = g->alpha;
         call.beta = g->beta;

@@ -2,6 +2,8 @@
 // activations) and the fused cross-entropy (fp32) of the CUDA backend. Per-element math
 // comes from ops_math.h, the CPU backend's own header. Reductions that produce
 // gradients are atomics-free and deterministic (same inputs, same bits, on any GPU).
+// Each op's launches, passes and bytes are described in kernels/op_costs.c (opc_<op>),
+// checked against these kernels on the simulator: change both together.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/cuda_common.cuh"

@@ -46,11 +46,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/config.h"
+#include "engine/plan_ops.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/op_costs.h"
 #include "kernels/ops.h"
 #include "kernels/ops_math.h"
+#include "kernels/ops_record.h"
 #include "models/llama3/model.h"
+
+#ifdef TETRA_CUDA_LINKED
+/* the simulator's counters (tests/gpu/test_ops_sim/include/sim.h) */
+extern long sim_launches, sim_gemm_calls, sim_sorts, sim_copies;
+#endif
 
 static const tetra_ops *C;  // CPU reference
 static const tetra_ops *G;  // CUDA
@@ -1797,6 +1806,362 @@ static void test_trainer(int bf16, int tp, int pp, int cp) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// launch counts against the backend's shape-only description (kernels/op_costs.h)
+//
+// Simulator only (its counters): every op through the recording table (kernels/ops_record.h)
+// wrapped around the simulated backend, and for each call the kernels launched
+// (sim_launch), cuBLASLt matmuls, CUB sorts and stream copies/memsets the simulator saw
+// must equal what the description says for the same arguments, and the GEMM and bf16
+// attention paths the backend reports must be the described ones. Several shapes, every
+// dtype path of the GEMM (f32, bf16, each fp8 layout, rowwise with and without cuBLASLt's
+// outer-vector scales, the widened and epilogue fallbacks, k = 0, batches), aligned and
+// unaligned pointers, empty and fully masked calls. Then whole training steps of a small
+// model through the trainer (bf16 with op-level AC, float8 tensorwise): the simulator's
+// counts over the step equal the sum of the recorded descriptions.
+
+#ifdef TETRA_CUDA_LINKED
+typedef struct {
+    long k, g, s, c;
+} sim_counts;
+
+static sim_counts sim_now(void) {
+    sim_counts n = {sim_launches, sim_gemm_calls, sim_sorts, sim_copies};
+    return n;
+}
+
+static op_cost_device sim_device(void) {
+    op_cost_device d;
+    memset(&d, 0, sizeof d);
+    d.sm_major = 9; /* the simulator's cudaGetDeviceProperties */
+    d.cudnn_version = cuda_cudnn_version();
+    d.outer_vector_scales = getenv("SIM_NO_OUTER") == NULL;
+    return d;
+}
+
+/* the records since n0 (one call) against the simulator's counts since b; path: what the
+ * backend reports for the call (NULL: not checked) */
+static void launches_check(const char *shape, sim_counts b, size_t n0, const char *path) {
+    const ops_record_entry *e = ops_record_entries();
+    const size_t n = ops_record_count();
+    op_cost want;
+    memset(&want, 0, sizeof want);
+    for (size_t i = n0; i < n; i++) op_cost_add(&want, &e[i].cost);
+    const sim_counts a = sim_now();
+    const long k = a.k - b.k, g = a.g - b.g, s = a.s - b.s, c = a.c - b.c;
+    const char *wpath = n > n0 ? e[n0].cost.path : "";
+    int ok = n == n0 + 1 && k == want.kernels && g == want.gemms && s == want.sorts && c == want.copies &&
+             want.cudnn == 0 && (!path || !wpath[0] || !strcmp(path, wpath));
+    char name[64], what[200];
+    snprintf(name, sizeof name, "launches %s", n > n0 ? op_kind_name(e[n0].cost.op) : "(none recorded)");
+    snprintf(what, sizeof what, "%s: k %ld/%d g %ld/%d s %ld/%d c %ld/%d%s%s%s%s", shape, k, want.kernels, g,
+             want.gemms, s, want.sorts, c, want.copies, wpath[0] ? " " : "", wpath, path && wpath[0] ? " = " : "",
+             path && wpath[0] ? path : "");
+    report(name, what, 0, 0, ok);
+}
+
+#define LC(shape, path, call)                           \
+    do {                                                \
+        const sim_counts b_ = sim_now();                \
+        const size_t n0_ = ops_record_count();          \
+        call;                                           \
+        launches_check(shape, b_, n0_, path);           \
+    } while (0)
+
+static ops_gemm_desc lc_gemm(tetra_dtype a, tetra_dtype b, tetra_dtype c, int ta, int tb, int m, int n, int k,
+                             float beta) {
+    ops_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.a_type = a;
+    g.b_type = b;
+    g.c_type = c;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.lda = ta ? m : k;
+    g.ldb = tb ? k : n;
+    g.ldc = n;
+    g.alpha = 1.0f;
+    g.beta = beta;
+    return g;
+}
+
+static void lc_gemms(const tetra_ops *R, char *A, char *B, char *Cm, float *sa, float *sb) {
+    const tetra_dtype F = TETRA_F32, H = TETRA_BF16, E4 = TETRA_FP8_E4M3, E5 = TETRA_FP8_E5M2;
+    struct {
+        const char *what;
+        ops_gemm_desc g;
+        int scaled, a_off, c_off;
+    } cs[] = {
+        {"f32 NN", lc_gemm(F, F, F, 0, 0, 24, 40, 8, 0.0f), 0, 0, 0},
+        {"bf16 NT +C", lc_gemm(H, H, H, 0, 1, 32, 48, 16, 1.0f), 0, 0, 0},
+        {"bf16 TN -> f32 +C", lc_gemm(H, H, F, 1, 0, 48, 32, 64, 1.0f), 0, 0, 0},
+        {"f32 -> bf16 (epilogue)", lc_gemm(F, F, H, 0, 1, 16, 16, 16, 0.0f), 0, 0, 0},
+        {"bf16 scaled (epilogue)", lc_gemm(H, H, H, 0, 1, 16, 32, 16, 0.0f), 1, 0, 0},
+        {"e4m3 x e4m3^T (K-major)", lc_gemm(E4, E4, H, 0, 1, 32, 48, 64, 0.0f), 1, 0, 0},
+        {"e5m2 x e4m3 (B packed)", lc_gemm(E5, E4, H, 0, 0, 32, 64, 48, 1.0f), 1, 0, 0},
+        {"e5m2^T x e4m3 (both packed)", lc_gemm(E5, E4, F, 1, 0, 48, 32, 64, 0.0f), 1, 0, 0},
+        {"e5m2 x e5m2 (widened)", lc_gemm(E5, E5, F, 0, 1, 32, 32, 32, 0.0f), 1, 0, 0},
+        {"e4m3 m=24 (widened)", lc_gemm(E4, E4, H, 0, 1, 24, 32, 32, 0.0f), 1, 0, 0},
+        {"e4m3 x bf16 (A widened)", lc_gemm(E4, H, F, 0, 1, 32, 32, 32, 0.0f), 0, 0, 0},
+        {"e4m3 A at +16 (in place)", lc_gemm(E4, E4, F, 0, 1, 16, 32, 48, 0.0f), 1, 16, 0},
+        {"e4m3 A at +1 (packed)", lc_gemm(E4, E4, F, 0, 1, 16, 32, 48, 0.0f), 1, 1, 0},
+        {"e4m3 C at +2 (widened)", lc_gemm(E4, E4, H, 0, 1, 16, 32, 48, 0.0f), 1, 0, 2},
+        {"k = 0", lc_gemm(H, H, H, 0, 1, 16, 16, 0, 1.0f), 0, 0, 0},
+        {"m = 0", lc_gemm(H, H, H, 0, 1, 0, 16, 16, 0.0f), 0, 0, 0},
+    };
+    char shape[160];
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        ops_gemm_desc g = cs[i].g;
+        if (cs[i].scaled) {
+            g.a_scale = sa;
+            g.b_scale = sb;
+        }
+        snprintf(shape, sizeof shape, "gemm %dx%dx%d %s", g.m, g.n, g.k, cs[i].what);
+        LC(shape, g.m > 0 ? cuda_gemm_last_path() : NULL, R->gemm(Cm + cs[i].c_off, A + cs[i].a_off, B, &g));
+    }
+    /* batches */
+    ops_gemm_desc g = lc_gemm(H, H, F, 0, 1, 16, 16, 16, 0.0f);
+    g.batch = 3;
+    g.stride_a = g.stride_b = g.stride_c = 256;
+    LC("gemm 16x16x16 bf16 x3", cuda_gemm_last_path(), R->gemm(Cm, A, B, &g));
+    g = lc_gemm(E4, E4, F, 0, 1, 16, 16, 16, 0.0f);
+    g.batch = 2;
+    g.stride_a = g.stride_b = 256;
+    g.stride_c = 256;
+    g.a_scale = sa;
+    g.b_scale = sb;
+    LC("gemm 16x16x16 e4m3 x2", cuda_gemm_last_path(), R->gemm(Cm, A, B, &g));
+}
+
+/* rowwise fp8: cuBLASLt's outer-vector scales as the simulator offers them, then refused
+ * (SIM_NO_OUTER; new shapes, so no cached plan says otherwise) */
+static void lc_rowwise(const tetra_ops *G0, char *A, char *B, char *Cm, float *sa, float *sb) {
+    const tetra_dtype E4 = TETRA_FP8_E4M3;
+    for (int refuse = 0; refuse < 2; refuse++) {
+        if (refuse) setenv("SIM_NO_OUTER", "1", 1);
+        op_cost_device dev = sim_device();
+        const tetra_ops *R = ops_record_table(&dev, G0);
+        ops_record_set_active(1);
+        for (int tb = 1; tb >= 0; tb--) {
+            ops_gemm_desc g = lc_gemm(E4, E4, TETRA_BF16, 0, tb, 32 + 16 * refuse, 48, 32, 1.0f);
+            g.a_scale = sa;
+            g.b_scale = sb;
+            g.scale_rowwise = 1;
+            char shape[96];
+            snprintf(shape, sizeof shape, "gemm rowwise %s%s", tb ? "NT" : "NN", refuse ? ", outer refused" : "");
+            LC(shape, cuda_gemm_last_path(), R->gemm(Cm, A, B, &g));
+        }
+        if (refuse) unsetenv("SIM_NO_OUTER");
+    }
+}
+
+static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t *H, uint8_t *Q, float *S) {
+    for (int u = 0; u < 2; u++) { /* 16-byte aligned, then not (the scalar kernels) */
+        float *x = X + u, *y = Y + u;
+        LC(u ? "unaligned" : "n=1000", NULL, R->fill(x, 1.0f, 1000));
+        LC(u ? "unaligned" : "n=1000", NULL, R->scale(x, 0.5f, 1000));
+        LC(u ? "unaligned" : "n=1000", NULL, R->axpy(y, x, 0.5f, 1000));
+        LC(u ? "unaligned" : "n=1000", NULL, R->add(Z, x, y, 1000));
+    }
+    LC("n=0", NULL, R->fill(X, 1.0f, 0));
+    LC("n=0", NULL, R->sum_squares(Z, X, 0));
+    LC("n=20000", NULL, R->sum_squares(Z, X, 20000));
+    LC("n=0", NULL, R->sum(Z, X, 0));
+    LC("n=5000", NULL, R->sum(Z, X, 5000));
+    LC("n=0", NULL, R->amax(Z, X, 0));
+    LC("n=5000", NULL, R->amax(Z, X, 5000));
+    LC("n=0", NULL, R->amax_bf16(Z, H, 0));
+    LC("n=5001", NULL, R->amax_bf16(Z, H, 5001));
+    LC("7x0", NULL, R->amax_rows(Z, X, 7, 0));
+    LC("7x33", NULL, R->amax_rows(Z, X, 7, 33));
+    LC("7x33", NULL, R->amax_rows_bf16(Z, H, 7, 33));
+    LC("0x40", NULL, R->amax_cols(Z, X, TETRA_F32, 0, 40));
+    LC("9x40 f32", NULL, R->amax_cols(Z, X, TETRA_F32, 9, 40));
+    LC("9x40 bf16", NULL, R->amax_cols(Z, H, TETRA_BF16, 9, 40));
+    LC("33x17", NULL, R->transpose(Z, X, 33, 17));
+    LC("n=999", NULL, R->cast_f32_to_bf16(H, X, 999));
+    LC("n=999", NULL, R->cast_bf16_to_f32(Z, H, 999));
+    LC("5x64 e4m3", NULL, R->cast_f32_to_fp8(Q, X, S, 0, 5, 64, TETRA_FP8_E4M3));
+    LC("5x64 e5m2 rowwise", NULL, R->cast_f32_to_fp8(Q, X, S, 1, 5, 64, TETRA_FP8_E5M2));
+    LC("5x64 e4m3", NULL, R->cast_bf16_to_fp8(Q, H, S, 0, 5, 64, TETRA_FP8_E4M3));
+    LC("5x63 e5m2 at +1", NULL, R->cast_bf16_to_fp8(Q + 1, H + 1, S, 0, 5, 63, TETRA_FP8_E5M2));
+    LC("40x24 bf16", NULL, R->cast_transpose_to_fp8(Q, H, TETRA_BF16, S, 40, 24, TETRA_FP8_E4M3));
+    LC("40x24 f32", NULL, R->cast_transpose_to_fp8(Q, X, TETRA_F32, S, 40, 24, TETRA_FP8_E5M2));
+    LC("5x64 e4m3 rowwise", NULL, R->cast_fp8_to_f32(Z, Q, S, 1, 5, 64, TETRA_FP8_E4M3));
+    LC("n=7", NULL, R->fp8_scale_from_amax(S, S + 8, Z, 7, 0, OPS_FP8_E4M3_MAX, 1));
+    LC("n=0", NULL, R->fp8_scale_from_amax(S, NULL, Z, 0, 1, OPS_FP8_E4M3_MAX, 0));
+    LC("n=3000", NULL, R->adamw_step(X, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f));
+    LC("n=3000", NULL, R->adamw_step_bf16(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f));
+    float h[4] = {1, 2, 3, 4};
+    LC("16 B", NULL, R->copy_h2d(X, h, sizeof h));
+    LC("16 B", NULL, R->copy_d2h(h, X, sizeof h));
+    LC("4000 B", NULL, R->copy(Y, X, 4000));
+    LC("in place", NULL, R->copy(X, X, 4000));
+    LC("9 x 40 B", NULL, R->copy_2d(Y, 64, X, 48, 40, 9));
+}
+
+static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t *H, float *W, int32_t *tok) {
+    int32_t ht[24];
+    for (int i = 0; i < 24; i++) ht[i] = (i * 7) % 50;
+    R->copy_h2d(tok, ht, sizeof ht);
+    const tetra_dtype dts[2] = {TETRA_F32, TETRA_BF16};
+    for (int i = 0; i < 2; i++) {
+        const int b = dts[i] == TETRA_BF16;
+        char s[64];
+        snprintf(s, sizeof s, "24x32 %s", b ? "bf16" : "f32");
+        if (b) {
+            LC(s, NULL, R->embedding_forward_bf16(H, tok, H + 4096, 24, 32, 10, 30));
+            LC(s, NULL, R->embedding_backward_bf16(W, H, tok, 24, 32, 10, 30));
+            LC(s, NULL, R->rmsnorm_forward_bf16(H, Z, H + 2048, H + 4096, 24, 32, 1e-5f));
+            LC(s, NULL, R->rmsnorm_backward_input_bf16(H, H + 1024, H + 2048, H + 4096, Z, 24, 32));
+            LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32));
+            LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16));
+            LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, H + 1024, Y, tok, 0, 2, 12, 2, 16));
+            LC("n=777", NULL, R->swiglu_forward_bf16(H, H + 1024, H + 2048, 777));
+            LC("n=777", NULL, R->swiglu_backward_bf16(H, H + 1024, H + 2048, H, H + 1024, 777));
+        } else {
+            LC(s, NULL, R->embedding_forward(X, tok, Y, 24, 32, 0, 50));
+            LC(s, NULL, R->embedding_backward(W, X, tok, 24, 32, 0, 50));
+            LC("24x32 vocab 0", NULL, R->embedding_backward(W, X, tok, 24, 32, 0, 0));
+            LC(s, NULL, R->rmsnorm_forward(X, Z, Y, W, 24, 32, 1e-5f));
+            LC(s, NULL, R->rmsnorm_backward_input(X, Y, Y + 1024, W, Z, 24, 32));
+            LC("300x20", NULL, R->rmsnorm_backward_weight(W, Y, Y + 8192, Z, 300, 20));
+            LC("b2 s12 h2 d16", NULL, R->rope_forward(X, X, Y, NULL, 3, 2, 12, 2, 16));
+            LC("d=1", NULL, R->rope_backward(X, X, Y, NULL, 0, 2, 12, 2, 1));
+            LC("n=777", NULL, R->swiglu_forward(X, Y, Z, 777));
+            LC("n=0", NULL, R->swiglu_backward(X, Y, Z, X, Y, 0));
+        }
+    }
+    LC("n=6 v=300", NULL, R->cross_entropy(X, Z, X, tok, 6, 300, 0.1f));
+    LC("n=6 v=300 no dlogits", NULL, R->cross_entropy(NULL, Z, X, tok, 6, 300, 0.1f));
+    LC("n=6 v=100", NULL, R->ce_shard_max(Z, X, 6, 100));
+    LC("n=6 v=100", NULL, R->ce_shard_sums(Z, Z + 8, X, Z + 16, tok, 6, 100, 0));
+    LC("n=6 v=100", NULL, R->ce_shard_finish(X, Z, X, Z + 16, Z, Z + 8, tok, 6, 100, 0, 0.1f));
+}
+
+static void lc_attention(const tetra_ops *R, float *X, uint16_t *H, float *L, void *ws) {
+    static const int cs[][8] = { /* b, sq, sk, h, kv, d, causal, q_offset (k_offset 0) */
+        {1, 40, 40, 4, 2, 16, 1, 0}, {2, 33, 33, 2, 1, 24, 1, 0}, {1, 16, 48, 2, 2, 16, 1, 32},
+        {1, 24, 24, 2, 1, 16, 0, 0}, {1, 16, 16, 2, 2, 16, 1, -16}};
+    const size_t per = 8192; /* elements of each tensor's slot */
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        const int *c = cs[i];
+        ops_attn_shape s = {c[0], c[1], c[2], c[3], c[4], c[5], 0.25f, c[6], c[7], 0};
+        char shape[96];
+        snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d/%d d%d%s q@%d", c[0], c[1], c[2], c[3], c[4], c[5],
+                 c[6] ? " causal" : "", c[7]);
+        float *q = X, *k = X + per, *v = X + 2 * per, *o = X + 3 * per, *dq = X + 4 * per, *dk = X + 5 * per,
+              *dv = X + 6 * per, *dout = X + 7 * per;
+        uint16_t *qh = H, *kh = H + per, *vh = H + 2 * per, *oh = H + 3 * per, *dqh = H + 4 * per, *dkh = H + 5 * per,
+                 *dvh = H + 6 * per, *douth = H + 7 * per;
+        if (c[7] >= 0) LC(shape, NULL, R->attention_forward(o, L, q, k, v, &s, ws));
+        LC(shape, NULL, R->attention_backward(dq, dk, dv, dout, q, k, v, o, L, &s, ws));
+        if (c[7] >= 0) LC(shape, cuda_attention_bf16_last_path(), R->attention_forward_bf16(oh, L, qh, kh, vh, &s, ws));
+        LC(shape, c[7] >= 0 ? cuda_attention_bf16_last_path() : NULL,
+           R->attention_backward_bf16(dqh, dkh, dvh, douth, qh, kh, vh, oh, L, &s, ws));
+    }
+    LC("b1 sq40 h4 d16", NULL, R->attention_merge(X, L, X + 8192, L + 1024, 1, 40, 4, 16));
+}
+
+static void test_launch_counts(void) {
+    if (!on_simulator()) return;
+    op_cost_device dev = sim_device();
+    const tetra_ops *R = ops_record_table(&dev, G);
+    if (!R) {
+        report("launches: recording table", "-", 0, 0, 0);
+        return;
+    }
+    ops_record_set_active(1);
+    const size_t MB = (size_t)1 << 20;
+    char *A = (char *)R->alloc(MB), *B = (char *)R->alloc(MB), *Cm = (char *)R->alloc(MB);
+    float *X = (float *)R->alloc(MB), *Y = (float *)R->alloc(MB), *Z = (float *)R->alloc(MB);
+    float *W = (float *)R->alloc(MB), *S = (float *)R->alloc(MB), *L = (float *)R->alloc(MB);
+    uint16_t *H = (uint16_t *)R->alloc(MB);
+    void *ws = R->alloc(MB);
+    int32_t *tok = (int32_t *)R->alloc(4096);
+    R->fill(S, 0.5f, 4096); /* scales */
+    lc_gemms(R, A, B, Cm, S, S + 1024);
+    lc_elementwise(R, X, Y, Z, H, (uint8_t *)A, S);
+    lc_layers(R, X, Y, Z, H, W, tok);
+    lc_attention(R, X, H, L, ws);
+    lc_rowwise(G, A, B, Cm, S, S + 1024);
+    ops_record_set_active(0);
+    void *bufs[] = {A, B, Cm, X, Y, Z, W, S, L, H, ws, tok};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) G->release(bufs[i]);
+}
+
+/* ---- whole steps: the simulator's counts over the recorded step = the records' sum */
+
+static sim_counts lc_step_begin;
+static void lc_mark(void *user, int on) {
+    (void)user;
+    ops_record_set_active(on);
+    if (on) lc_step_begin = sim_now();
+}
+
+static void lc_step(const char *what, const char *const *keys, int nkeys) {
+    const char *base[] = {"train", "--model.flavor", "tiny", "--model.n_layers", "1", "--training.seq_len", "32",
+                          "--training.local_batch_size", "2", "--training.seed", "5", "--training.threads", "1",
+                          "--training.device", "cuda", "--lr_scheduler.warmup_steps", "1"};
+    char *argv[48];
+    int argc = 0;
+    for (size_t i = 0; i < sizeof base / sizeof *base; i++) argv[argc++] = (char *)base[i];
+    for (int i = 0; i < nkeys && argc < 48; i++) argv[argc++] = (char *)keys[i];
+    tetra_config cfg;
+    cfg_init(&cfg);
+    char err[2048] = "";
+    op_cost_device dev = sim_device();
+    const tetra_ops *R = ops_record_table(&dev, G);
+    int rc = cfg_parse_args(&cfg, argc, argv, stdout, err, sizeof err);
+    if (!rc) rc = plan_ops_run(&cfg, R, 1, lc_mark, NULL, err, sizeof err);
+    cfg_free(&cfg);
+    if (rc) {
+        fprintf(stderr, "%s: %s\n", what, err);
+        report("launches: trainer step", what, 0, 0, 0);
+        return;
+    }
+    const sim_counts a = sim_now();
+    op_cost sum;
+    memset(&sum, 0, sizeof sum);
+    const ops_record_entry *e = ops_record_entries();
+    for (size_t i = 0; i < ops_record_count(); i++) op_cost_add(&sum, &e[i].cost);
+    const long k = a.k - lc_step_begin.k, g = a.g - lc_step_begin.g, s = a.s - lc_step_begin.s,
+               c = a.c - lc_step_begin.c;
+    char shape[200];
+    snprintf(shape, sizeof shape, "%s, %zu ops: k %ld/%d g %ld/%d s %ld/%d c %ld/%d", what, ops_record_count(), k,
+             sum.kernels, g, sum.gemms, s, sum.sorts, c, sum.copies);
+    report("launches: trainer step", shape, 0, 0,
+           ops_record_count() > 0 && k == sum.kernels && g == sum.gemms && s == sum.sorts && c == sum.copies);
+}
+
+static void test_launch_counts_trainer(void) {
+    if (!on_simulator()) return;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided;
+        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        atexit(finalize_mpi);
+    }
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != 1) return;
+    /* (fp32 and rowwise float8 are covered op by op above and, for the op sequence, against
+     * the CPU backend by unit/test_op_costs: each simulated step costs seconds) */
+    const char *bf16[] = {"--training.mixed_precision_param", "bfloat16", "--activation_checkpoint.mode", "selective",
+                          "--activation_checkpoint.selective_ac_option", "op"};
+    const char *f8t[] = {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8"};
+    lc_step("tiny 1 block bf16, AC op", bf16, 6);
+    lc_step("tiny 1 block float8 tensorwise", f8t, 4);
+}
+#else
+static void test_launch_counts(void) {}
+static void test_launch_counts_trainer(void) {}
+#endif
+
 int main(int argc, char **argv) {
     /* --trainer: only the trainer section (the simulator under mpirun) */
     const int trainer_only = argc > 1 && !strcmp(argv[1], "--trainer");
@@ -1859,6 +2224,8 @@ int main(int argc, char **argv) {
     test_adamw();
     test_memory();
     test_copy_2d();
+    test_launch_counts();
+    test_launch_counts_trainer();
     test_full_step(TETRA_F32);
     // mixed precision end to end, once the CPU table has the bf16 ops to compare with
     if (C->attention_forward_bf16 && C->rmsnorm_forward_bf16 && C->embedding_forward_bf16)

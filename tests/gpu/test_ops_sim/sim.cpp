@@ -18,6 +18,9 @@
 #include "sim.h"
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
+extern "C" {
+long sim_launches = 0, sim_gemm_calls = 0, sim_sorts = 0, sim_copies = 0;
+}
 
 // A simulated device of 16 GiB: a request beyond what is left fails as cudaMalloc would.
 static const size_t SIM_TOTAL = (size_t)16 << 30;
@@ -123,6 +126,7 @@ void __syncwarp(unsigned) {
 }
 
 void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
+    sim_launches++;
     gridDim = grid;
     blockDim = block;
     nthr = (int)(block.x * block.y * block.z);
@@ -267,7 +271,6 @@ static float ld_el(const void *p, cudaDataType t, size_t i) {
     }
 }
 
-long sim_gemm_calls = 0;
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la,
                               const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc,
                               void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {

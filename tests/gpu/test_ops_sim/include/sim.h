@@ -45,6 +45,13 @@ struct cudaDeviceProp {
     size_t totalGlobalMem;
 };
 
+// What the simulated backend issued, counted for tests/gpu/test_ops_cuda.c to compare with
+// the backend's shape-only description (kernels/op_costs.h): kernel launches (sim_launch),
+// cuBLASLt matmuls (the fake library), CUB sorts (cub/) and stream copies and memsets.
+extern "C" {
+extern long sim_launches, sim_gemm_calls, sim_sorts, sim_copies;
+}
+
 cudaError_t sim_malloc(void **p, size_t n);
 template <typename T>
 cudaError_t cudaMalloc(T **p, size_t n) {
@@ -56,10 +63,12 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 // Device memory: a simulated 16 GiB, of which the live allocations are used.
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+    sim_copies++;
     return cudaMemcpy(d, s, n, k);
 }
 inline cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width,
                                      size_t rows, cudaMemcpyKind k, cudaStream_t) {
+    sim_copies++;
     for (size_t r = 0; r < rows; r++) {
         cudaError_t e = cudaMemcpy((char *)d + r * dpitch, (const char *)s + r * spitch, width, k);
         if (e) return e;
@@ -78,6 +87,7 @@ inline cudaError_t cudaFreeHost(void *p) {
 }
 inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : 101; }
 inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
+    sim_copies++;
     memset(p, v, n);
     return cudaSuccess;
 }

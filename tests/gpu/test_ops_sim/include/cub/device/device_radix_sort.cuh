@@ -9,7 +9,8 @@ struct DeviceRadixSort {
     template <typename K, typename V>
     static cudaError_t SortPairs(void *temp, size_t &bytes, const K *kin, K *kout, const V *vin, V *vout, int n,
                                  int begin, int end, cudaStream_t) {
-        if (!temp) { bytes = 1024; return cudaSuccess; }
+        if (!temp) { bytes = 1024; return cudaSuccess; }  // the size query runs nothing
+        sim_sorts++;
         if (end <= 0 || end > 32 || begin != 0) abort();
         std::vector<int> idx(n);
         for (int i = 0; i < n; i++) idx[i] = i;

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tetra plan --ops: the per-op cost table of a step on the GPU, recorded from the
+# trainer's own op sequence without a GPU (docs/plan.md, "The ops of a step").
+#   1. The debug model: the text report names the middle block's three phases, the head,
+#      the embedding, the optimizer and the step's totals.
+#   2. --json: each phase's rows add up to its total, the phases to the step, the block's
+#      three phases to the block total; every op has a path-independent name.
+#   3. Llama 3 8B with float8 tensorwise, AC none: the float8 section compares with the
+#      same step in bf16; 7 converted linears per block, each with more launches than
+#      its 3 GEMMs in bf16, and more bytes; the bf16 block runs 7 linears x 3 GEMMs
+#      through cuBLASLt and its attention through cuDNN.
+#   4. Refusals: a block outside the model, a CPU profile (exit 2 with the reason).
+set -uo pipefail
+ROOT="${TETRA_ROOT:-$(pwd)}"
+BIN="${TETRA_BIN:-$ROOT/build/bin}"
+TETRA="$BIN/tetra"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $*"; }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+[ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
+
+DEBUG=(--job.config_file "$ROOT/configs/debug_model.toml")
+B8=(--job.config_file "$ROOT/configs/llama3_8b.toml" --activation_checkpoint.mode none)
+
+# 1. the text report
+if "$TETRA" plan "${DEBUG[@]}" --ops >"$T/debug.txt" 2>"$T/debug.err"; then
+  miss=""
+  for want in "block 3 of 6: forward" "block 3 of 6: backward input" "block 3 of 6: backward weight" \
+              "head forward" "embedding (forward and backward)" "optimizer (clip gradients and AdamW)" \
+              "per step" "launches:" "not a measurement"; do
+    grep -qF "$want" "$T/debug.txt" || miss="$miss '$want'"
+  done
+  [ -z "$miss" ] && ok "text report: every section" || bad "text report misses$miss"
+else
+  bad "tetra plan --ops exited $?: $(head -3 "$T/debug.err")"
+fi
+
+# 2. the JSON adds up
+check_json() { # NAME FILE
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+name, o = sys.argv[1], json.load(open(sys.argv[2]))
+ph = o["phases"]
+errs = []
+def close(a, b): return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+for k, p in ph.items():
+    if "ops" not in p: continue
+    if sum(r["launches"] for r in p["ops"]) != p["launches"]: errs.append(k + " launches")
+    if not close(sum(r["bytes_read"] + r["bytes_written"] for r in p["ops"]), p["bytes_read"] + p["bytes_written"]):
+        errs.append(k + " bytes")
+    if any(not r["op"] or not r["what"].startswith(r["op"]) for r in p["ops"]): errs.append(k + " names")
+if sum(p["launches"] for p in ph.values()) != o["step"]["launches"]: errs.append("step launches")
+if not close(sum(p["roofline_s"] for p in ph.values()), o["step"]["roofline_s"]): errs.append("step time")
+blk = ["block_forward", "block_backward_input", "block_backward_weight"]
+if sum(ph[k]["launches"] for k in blk) != o["block_total"]["launches"]: errs.append("block total")
+if o["block"] != o["n_layers"] // 2: errs.append("middle block")
+print(("FAIL " if errs else "ok   ") + "%s: phases add up to the step (%d launches, %.3g s)%s" % (
+    name, o["step"]["launches"], o["step"]["roofline_s"], ": " + ", ".join(errs) if errs else ""))
+sys.exit(1 if errs else 0)
+EOF
+}
+if "$TETRA" plan "${DEBUG[@]}" --ops --json >"$T/debug.json" 2>"$T/debug.jerr"; then
+  check_json "debug model" "$T/debug.json" && pass=$((pass+1)) || fail=$((fail+1))
+else
+  bad "tetra plan --ops --json exited $?: $(head -3 "$T/debug.jerr")"
+fi
+
+# 3. float8 against bf16 on the 8B block
+if "$TETRA" plan "${B8[@]}" --model.converters float8 --ops --json >"$T/f8.json" 2>"$T/f8.err"; then
+  check_json "8B float8" "$T/f8.json" && pass=$((pass+1)) || fail=$((fail+1))
+  python3 - "$T/f8.json" <<'EOF' && pass=$((pass+1)) || fail=$((fail+1))
+import json, sys
+o = json.load(open(sys.argv[1]))
+f = o.get("float8_vs_bf16")
+fwd16 = f and f["block_bf16"]
+ok = (f is not None and f["recipe"] == "tensorwise" and f["converted_linears_per_block"] == 7
+      and f["launches_per_converted_linear"] > 3 and f["block_extra_bytes"] > 0 and f["step_extra_launches"] > 0
+      and o["block"] == 16 and o["n_layers"] == 32 and fwd16["cublaslt"] == 21 and fwd16["cudnn"] == 2)
+print(("ok   " if ok else "FAIL ") + "8B float8 tensorwise: %s converted linears, %.1f launches each, %+.2f GB a block"
+      % (f and f["converted_linears_per_block"], f and f["launches_per_converted_linear"],
+         f and f["block_extra_bytes"] / 1e9))
+sys.exit(0 if ok else 1)
+EOF
+else
+  bad "8B float8 --ops exited $?: $(head -3 "$T/f8.err")"
+fi
+
+# 4. refusals
+"$TETRA" plan "${DEBUG[@]}" --ops --block 6 >"$T/b.out" 2>"$T/b.err"; rc=$?
+[ $rc = 2 ] && grep -q "the model has 6 blocks" "$T/b.err" && ok "--block 6 of 6: exit 2, says why" \
+  || bad "--block 6: exit $rc: $(head -2 "$T/b.err")"
+"$TETRA" plan "${DEBUG[@]}" --ops --hardware cpu >"$T/c.out" 2>"$T/c.err"; rc=$?
+[ $rc = 2 ] && grep -q "CPU profile" "$T/c.err" && ok "--hardware cpu: exit 2, says why" \
+  || bad "--hardware cpu: exit $rc: $(head -2 "$T/c.err")"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
