@@ -173,6 +173,7 @@ static comm_world *virtual_world_create(const mesh *m, int rank, const comm_opti
     return w;
 }
 
+#ifdef TETRA_HAVE_NCCL /* only the NCCL start-up shares communicators */
 /* The dimensions that make a group's membership: those of more than one rank. */
 static unsigned member_dims(const mesh *m, mesh_group_id id) {
     unsigned d = 0;
@@ -190,6 +191,7 @@ static const comm_group *same_members(const comm_world *w, int i) {
         if (w->groups[j].size > 1 && member_dims(&w->m, (mesh_group_id)j) == d) return &w->groups[j];
     return NULL;
 }
+#endif
 
 comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, char *err, size_t errlen) {
     if (opt->virtual_world) return virtual_world_create(m, rank, opt, err, errlen);
