@@ -991,6 +991,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                         "hold a '/'", WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
         return -1;
     }
+    if (v->training.max_consecutive_nonfinite_steps < 0) {
+        set_err(err, n, "%s: training.max_consecutive_nonfinite_steps must be >= 0 (0 = no limit), got %" PRId64,
+                WHERE("training", "max_consecutive_nonfinite_steps"), v->training.max_consecutive_nonfinite_steps);
+        return -1;
+    }
     if (v->lr_scheduler.warmup_steps < 0) {
         set_err(err, n, "%s: lr_scheduler.warmup_steps must be >= 0", WHERE("lr_scheduler", "warmup_steps"));
         return -1;

@@ -1416,7 +1416,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
 
     double log_t0 = now_s(), log_data = 0.0, pp_busy = 0.0, pp_total = 0.0, pp_recv = 0.0, pp_type_s[4] = {0};
     long pp_type_n[4] = {0};
-    int64_t log_steps = 0;
+    int64_t log_steps = 0, nonfinite_run = 0; /* non-finite steps skipped in a row */
     const int64_t first_step = t->tc.step + 1;
     catch_stop_signals();
     for (int64_t step = first_step; step <= c->training.steps; step++) {
@@ -1491,6 +1491,20 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             if (rank == 0)
                 log_warn("step %lld: loss %g, gradient norm %g: update skipped (training.on_nonfinite = \"skip\")",
                          (long long)step, r.loss, r.grad_norm);
+            /* a bad batch passes; step after step of them means the run diverged: every rank
+             * agrees on r.nonfinite, so every rank stops at the same step */
+            const int64_t k = c->training.max_consecutive_nonfinite_steps;
+            if (++nonfinite_run >= k && k > 0) {
+                if (rank == 0)
+                    log_error("step %lld: %lld non-finite steps in a row were skipped (training.max_consecutive_"
+                              "nonfinite_steps = %lld): the run has diverged, stopping; the parameters and the "
+                              "checkpoints are those of the last finite update (lower optimizer.lr or check the "
+                              "data)", (long long)step, (long long)nonfinite_run, (long long)k);
+                rc = 1;
+                break;
+            }
+        } else {
+            nonfinite_run = 0;
         }
 
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {

@@ -3,7 +3,9 @@
 #   1. lr 1e30 makes step 2's gradients NaN. training.on_nonfinite = "stop" (the default)
 #      names the first non-finite gradient and its rank, exits 1 before the update, and
 #      leaves the step-1 checkpoint as the newest (no checkpoint holds the NaN step).
-#   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0).
+#   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0);
+#      on one rank over 8 steps the 5th non-finite step in a row (steps 2-6; the default
+#      training.max_consecutive_nonfinite_steps) stops the run with exit 1 naming the key.
 #   3. NaN or infinite float keys, more threads than cores, a model vocabulary that is not the
 #      corpus' (the advice names model.vocab_size) and a validation split shorter than one
 #      batch are refused with the numbers.
@@ -55,6 +57,17 @@ n=$(grep -c "update skipped" "$T/skip.log")
 steps=$(grep -c '"grad_norm"' "$T/skip/metrics.jsonl" 2>/dev/null)
 [ $rc = 0 ] && [ "$n" -ge 1 ] && [ "${steps:-0}" = 5 ] && ok "skip under fsdp 2: $n steps skipped, 5 steps run, exit 0" ||
   bad "skip: exit $rc, $n skipped, ${steps:-0} steps"
+"$TETRA" "${COMMON[@]}" --training.local_batch_size 2 --training.steps 8 --training.on_nonfinite skip \
+  --job.dump_folder "$T/skip_limit" >"$T/skip_limit.log" 2>&1
+rc=$?
+n=$(grep -c "update skipped" "$T/skip_limit.log")
+if [ $rc = 1 ] && [ "$n" = 5 ] &&
+   grep -q "step 6: 5 non-finite steps in a row were skipped (training.max_consecutive_nonfinite_steps = 5)" \
+     "$T/skip_limit.log" && ! grep -q '"step": *7' "$T/skip_limit/metrics.jsonl"; then
+  ok "skip stops after 5 non-finite steps in a row: $(grep -o 'step 6: .*stopping' "$T/skip_limit.log")"
+else
+  bad "skip limit: exit $rc, $n skipped: $(grep -m1 ERROR "$T/skip_limit.log")"
+fi
 
 expect_error() { # name pattern args...
   local name=$1 pat=$2
