@@ -76,7 +76,20 @@ printf '[training]\nsteps = 10\n[training]\nseq_len = 1\n' >"$T/dup.toml"
 expect_error "TOML redefinition" "dup.toml:3:" "$TETRA" train --job.config_file "$T/dup.toml"
 expect_error "unknown CLI option" "did you mean --training.steps?" "$TETRA" train --training.step 3
 expect_error "missing config file" "nope.toml" "$TETRA" train --job.config_file "$T/nope.toml"
-expect_error "unknown subcommand" "unknown command 'trian'" "$TETRA" trian
+expect_error "a folder as the config file" "config file '$T' is a folder; job.config_file names a TOML file" \
+  "$TETRA" train --job.config_file "$T"
+printf '[[training]]\nsteps = 3\n' >"$T/aot.toml"
+expect_error "an array of tables" "aot.toml:1: [[training]] is an array of tables; a config section is one table: write [training]" \
+  "$TETRA" train --job.config_file "$T/aot.toml"
+expect_error "a file as the corpus folder" "$T/aot.toml is a file, not a corpus folder" \
+  "$TETRA" train --training.dataset_path "$T/aot.toml" --training.steps 1 "${SMALL[@]}"
+expect_error "unknown subcommand" "unknown command 'trian' (did you mean 'train'?)" "$TETRA" trian
+expect_error "unknown plan option" "unknown option --ngpus (did you mean --ngpu?)" "$TETRA" plan --ngpus 8
+for v in -V --version version; do
+  if [ "$("$TETRA" $v 2>&1)" = "$("$TETRA" --version)" ] && "$TETRA" $v | grep -qE '^tetra [0-9]+\.[0-9]+'; then
+    ok "tetra $v: $("$TETRA" $v)"
+  else bad "tetra $v: $("$TETRA" $v 2>&1 | head -1)"; fi
+done
 
 # 4. save_config_file writes the merged config atomically
 "$TETRA" train --job.save_config_file "$T/saved.toml" --training.steps 7 --training.steps 1 "${SMALL[@]}" >/dev/null 2>&1
