@@ -1205,8 +1205,7 @@ static void run_validation(trainer *t, int64_t step) {
             int got = dl_next(t->val, t->hvf_in, t->hvf_lab);
             if (got < 0) {
                 log_error("validation data: %s", dl_error(t->val));
-                fflush(stderr);
-                MPI_Abort(MPI_COMM_WORLD, 1);
+                comm_abort_explained(1);
             }
             if (!got) break;
             train_shard_batch(t, t->hv_in, t->hv_lab, t->hvf_in, t->hvf_lab, t->VB, t->VT);
@@ -1214,8 +1213,7 @@ static void run_validation(trainer *t, int64_t step) {
             int got = dl_next(t->val, t->hv_in, t->hv_lab);
             if (got < 0) {
                 log_error("validation data: %s", dl_error(t->val));
-                fflush(stderr);
-                MPI_Abort(MPI_COMM_WORLD, 1);
+                comm_abort_explained(1);
             }
             if (!got) break;
         }

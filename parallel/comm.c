@@ -1,6 +1,7 @@
 /* comm.c — the front of comm.h: groups from the mesh, requests, deadlines and
  * the messages that end a stuck or failed job. The MPI backend is comm_mpi.c,
  * the NCCL backend comm_nccl.cu. */
+#include <dlfcn.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,6 +73,22 @@ double commi_now(void) {
 
 static int use_nccl(const comm_request *r) { return !r->host && r->g->w->opt.backend == COMM_BACKEND_NCCL; }
 
+void comm_abort_explained(int code) {
+    fflush(stdout);
+    fflush(stderr);
+#ifdef OPEN_MPI
+    /* MPI_Abort is this banner ("MPI_ABORT was invoked on rank 0 ... You may or may not see
+     * output from other processes") followed by ompi_mpi_abort(comm, code), which ends the job
+     * and sets mpirun's exit status; called directly where Open MPI exports it. */
+    void *self = dlopen(NULL, RTLD_LAZY);
+    int (*ompi_abort)(MPI_Comm, int) = NULL;
+    if (self) *(void **)&ompi_abort = dlsym(self, "ompi_mpi_abort");
+    if (ompi_abort) ompi_abort(MPI_COMM_WORLD, code);
+#endif
+    MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code); /* not reached */
+}
+
 static void abort_job(comm_world *w) __attribute__((noreturn));
 static void abort_job(comm_world *w) {
     fflush(stdout);
@@ -86,8 +103,7 @@ static void abort_job(comm_world *w) {
 #else
     (void)w;
 #endif
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    exit(1); /* not reached */
+    comm_abort_explained(1); /* the caller's line says why */
 }
 
 /* A failure line with the log's prefix, "[tetra|rank N] 2026-11-28 06:12:40,761 - ERROR - comm: ...",

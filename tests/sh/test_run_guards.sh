@@ -11,7 +11,11 @@
 #      batch are refused with the numbers.
 #   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks; a
 #      hand-edited metadata.json is refused by its checksum.
-#   5. Ranks launched with different options are refused, naming the rank and the key.
+#   5. Ranks launched with different options are refused, naming the rank and the key. A
+#      failure tetra explained ends the job with exit 1 and nothing of Open MPI's after the
+#      error (no MPI_ABORT banner, no "exited with non-zero status" box): every rank failing
+#      alike (no corpus), a config error under mpirun, and a rank failing alone (its relative
+#      dataset_path resolves elsewhere), which still ends the job within seconds.
 #   6. Export into a non-empty folder and import over an existing step need --force (the
 #      files stay untouched); data prepare removes the staging folder a killed run left.
 #   7. A 20 MB config file and a tokenizer rank of 999,999,999 are refused, not allocated.
@@ -121,6 +125,35 @@ mpirun -np 2 --oversubscribe --bind-to none "$T/skew.sh" "$TETRA" train --job.co
 grep -q "rank 1's configuration differs from rank 0's: \[training\] rank 0 has 'local_batch_size = 8', rank 1 has 'local_batch_size = 4'" \
   "$T/skew.log" && ok "different configurations per rank: refused, naming rank 1 and local_batch_size" ||
   bad "different configurations: $(grep -m1 ERROR "$T/skew.log")"
+
+mpirun -np 2 --oversubscribe --bind-to none "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" \
+  --training.steps 1 --training.seq_len 64 --parallelism.data_parallel_shard_degree 2 \
+  --training.dataset_path "$T/no_corpus" --job.dump_folder "$T/alike" >"$T/alike.log" 2>&1
+rc=$?
+# the last line is tetra's: Open MPI adds nothing after an error tetra explained
+last_is_tetra() { tail -1 "$1" | grep -q '^\[tetra|rank [0-9]*\] .* - ERROR - '; }
+if [ $rc = 1 ] && [ "$(grep -c "ERROR - training data: $T/no_corpus: no such corpus folder" "$T/alike.log")" = 2 ] &&
+   last_is_tetra "$T/alike.log"; then
+  ok "every rank fails alike: exit 1, each rank's error, and nothing of Open MPI's after them"
+else bad "every rank fails alike: exit $rc, the output ends: $(tail -3 "$T/alike.log")"; fi
+mpirun -np 2 --oversubscribe --bind-to none "$TETRA" train --training.stepz 3 >"$T/cfg2.log" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "unknown option --training.stepz" "$T/cfg2.log" && last_is_tetra "$T/cfg2.log" &&
+  ok "a config error under mpirun: exit 1, the error last" ||
+  bad "a config error under mpirun: exit $rc: $(tail -3 "$T/cfg2.log")"
+mkdir -p "$T/lone" && ln -s "$BIN/../data/sample" "$T/lone/corpus"
+printf '#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then cd /; fi\nexec "$@"\n' >"$T/lone.sh"
+chmod +x "$T/lone.sh"
+s=$SECONDS
+(cd "$T/lone" && timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$T/lone.sh" "$TETRA" train \
+  --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 1 --training.seq_len 64 \
+  --parallelism.data_parallel_shard_degree 2 --training.dataset_path corpus --job.dump_folder "$T/lone/out" \
+  >"$T/lone.log" 2>&1)
+rc=$?
+if [ $rc = 1 ] && [ $((SECONDS - s)) -lt 60 ] && last_is_tetra "$T/lone.log" &&
+   grep -q "^\[tetra|rank 1\] .* - ERROR - training data: corpus: no such corpus folder" "$T/lone.log"; then
+  ok "a rank failing alone ends the job in $((SECONDS - s)) s (exit $rc), its error named"
+else bad "a rank failing alone: exit $rc after $((SECONDS - s)) s: $(grep -m2 ERROR "$T/lone.log")"; fi
 
 # 6. nothing on disk is replaced without --force; a killed data prepare leaves nothing behind
 mkdir -p "$T/export" && echo mine >"$T/export/notes.txt"
