@@ -114,6 +114,18 @@ if command -v mpirun >/dev/null; then
         --parallelism.data_parallel_shard_degree 2 --training.steps 1 "${SMALL[@]}" 2>&1)"
   if printf '%s' "$out" | grep -q "world 2 = pp 1 x dp_replicate 1 x dp_shard 2"; then ok "NGPU=2 launches 2 ranks"
   else bad "NGPU=2 launch:"; printf '%s\n' "$out" | tail -20; fi
+  # LOG_RANK naming no rank of the run shows rank 0 and says so; a hidden rank's errors still
+  # reach the console, and nothing of Open MPI's follows them
+  out="$(cd "$ROOT" && NGPU=2 LOG_RANK=5 LOG_DIR="$T/logs5" ./run_train.sh --training.dataset_path "$T/none" \
+        --parallelism.data_parallel_shard_degree 2 --training.steps 1 "${SMALL[@]}" 2>&1)"
+  rc=$?
+  if [ $rc = 1 ] && grep -q "LOG_RANK=5 names no rank of this 2-rank run (ranks 0 to 1): showing rank 0" <<<"$out" &&
+     grep -q "^\[tetra|rank 0\] .* - ERROR - training data: $T/none: no such corpus folder" <<<"$out" &&
+     grep -q "^\[tetra|rank 1\] .* - ERROR - training data: $T/none: no such corpus folder" <<<"$out" &&
+     grep -q "ERROR - training data" "$T/logs5/rank_1.log" &&
+     tail -1 <<<"$out" | grep -q '^\[tetra|rank [01]\] .* - ERROR - training data'; then
+    ok "LOG_RANK=5 of 2 ranks: rank 0 shown with a warning, rank 1's error on the console too, the last line tetra's"
+  else bad "LOG_RANK=5 of 2 ranks (exit $rc):"; printf '%s\n' "$out" | head -20; fi
 else
   bad "mpirun not found (install openmpi-bin)"
 fi
