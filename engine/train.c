@@ -90,6 +90,20 @@ static int configs_differ(const tetra_config *cfg, int rank) {
     return any;
 }
 
+/* run_train.sh's CPU quick start (TETRA_QUICK_START = "SEQ_LEN LOCAL_BATCH_SIZE", the values it
+ * passes before the user's arguments): said with the values in effect, and not at all when the
+ * command line overrode both, so the line never claims a batch the run does not train. */
+static void log_quick_start(const tetra_config *cfg) {
+    const char *q = getenv("TETRA_QUICK_START");
+    long long qs = 0, qb = 0;
+    if (!q || sscanf(q, "%lld %lld", &qs, &qb) != 2) return;
+    const long long s = (long long)cfg->v.training.seq_len, b = (long long)cfg->v.training.local_batch_size;
+    if (s != qs && b != qb) return;
+    log_info("run_train.sh: no GPU: CPU quick start, %s at seq_len %lld%s x local_batch_size %lld%s (CONFIG_FILE=%s "
+             "runs it as written)", cfg->file ? cfg->file : "the default config", s,
+             s == qs ? "" : " (command line)", b, b == qb ? "" : " (command line)", cfg->file ? cfg->file : "FILE");
+}
+
 /* A failure that this rank, or another for a failure they all met, has explained in the log.
  * With several ranks the job ends through comm_abort_explained: no rank is left waiting, and
  * the explanation stays the last thing printed (ending through MPI_Finalize with a non-zero
@@ -153,6 +167,7 @@ int train_main(int argc, char **argv) {
         cfg_free(&cfg);
         return end_failed(world, 1);
     }
+    if (rank == 0) log_quick_start(&cfg);
     if (cfg.v.job.print_config && rank == 0) cfg_print_toml(&cfg, stdout);
     if (cfg.v.job.save_config_file && rank == 0) {
         if (save_config_file(&cfg, cfg.v.job.save_config_file, err, sizeof err)) {

@@ -136,10 +136,17 @@ if [ "$("$TETRA" info --gpu-count 2>/dev/null)" = 0 ]; then
   q="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny 2>&1)"
   w="$(cd "$ROOT" && CONFIG_FILE=./configs/debug_model.toml ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny 2>&1)"
   o="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny --training.seq_len 1024 2>&1)"
-  if grep -q "CPU quick start" <<<"$q" && grep -qx "seq_len = 512" <<<"$q" && grep -qx "local_batch_size = 4" <<<"$q" &&
+  # the line says what runs: an overridden value is named as the command line's, and with
+  # both overridden there is no quick start left to announce
+  b="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny \
+        --training.seq_len 128 --training.local_batch_size 2 2>&1)"
+  if grep -q "CPU quick start, .* at seq_len 512 x local_batch_size 4 " <<<"$q" && grep -qx "seq_len = 512" <<<"$q" &&
+     grep -qx "local_batch_size = 4" <<<"$q" &&
      ! grep -q "CPU quick start" <<<"$w" && grep -qx "seq_len = 2048" <<<"$w" && grep -qx "local_batch_size = 8" <<<"$w" &&
-     grep -qx "seq_len = 1024" <<<"$o"; then
-    ok "run_train.sh CPU quick start: 512 x 4 by default, the config as written with CONFIG_FILE, arguments override"
+     grep -qx "seq_len = 1024" <<<"$o" &&
+     grep -q "CPU quick start, .* at seq_len 1024 (command line) x local_batch_size 4 " <<<"$o" &&
+     ! grep -q "quick start" <<<"$b" && grep -qx "seq_len = 128" <<<"$b" && grep -qx "local_batch_size = 2" <<<"$b"; then
+    ok "run_train.sh CPU quick start: 512 x 4 by default, the config as written with CONFIG_FILE, arguments override (and the line says so)"
   else bad "run_train.sh quick start:"; printf '%s
 ' "$q" | head -5; printf '%s
 ' "$w" | grep -n "seq_len\|local_batch"; fi
