@@ -839,6 +839,19 @@ void ckpt_reader_close(ckpt_reader *r) {
     free(r);
 }
 
+/* A folder named step-N holds step N: a renamed folder would resume at the wrong step and
+ * save over another step's name. Folders named otherwise (initial_load_path) are not checked. */
+static int check_step_folder(const ckpt_reader *r, const char *meta_path, char *why, size_t n) {
+    const char *base = strrchr(r->dir, '/');
+    base = base ? base + 1 : r->dir;
+    const int64_t named = ck_parse_step_dir(base);
+    if (named < 0 || named == r->meta.step) return 0;
+    ck_snprintf(why, n, "%s records \"step\": %" PRId64 " but its folder is named %s (renamed, or its files copied "
+                "from another step); rename the folder to step-%" PRId64 " if that is the step it holds",
+                meta_path, r->meta.step, base, r->meta.step);
+    return -1;
+}
+
 ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen) {
     ckpt_reader *r = calloc(1, sizeof *r);
     if (!r) {
@@ -858,7 +871,8 @@ ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen) {
     char path[PATH_LEN + 32];
     ck_snprintf(path, sizeof path, "%s/metadata.json", r->dir);
     char why[MSG_LEN];
-    if (ck_meta_read(&r->meta, path, why, sizeof why)) {
+    if (ck_meta_read(&r->meta, path, why, sizeof why) || check_step_folder(r, path, why, sizeof why) ||
+        ck_meta_check_state(&r->meta, path, why, sizeof why)) {
         ck_snprintf(err, errlen, "checkpoint %s: %s; refusing to load it", r->dir, why);
         ckpt_reader_close(r);
         return NULL;
@@ -875,7 +889,16 @@ ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen) {
         ck_snprintf(path, sizeof path, "%s/%s", r->dir, r->meta.files[f].name);
         int missing = stat(path, &st) != 0;
         uint64_t have = missing ? 0 : (uint64_t)st.st_size;
-        if (!missing && have >= r->meta.files[f].size) continue;
+        if (!missing && have == r->meta.files[f].size) continue;
+        if (!missing && have > r->meta.files[f].size) { /* every chunk is there, but the file is not the saved one */
+            ck_snprintf(err, errlen,
+                        "checkpoint %s: shard file %s has %" PRIu64 " bytes but metadata.json records %" PRIu64
+                        " (files[%d].size): %" PRIu64 " bytes after its last chunk, so it is not the file this save "
+                        "wrote (appended to, or copied from another save); refusing to load",
+                        r->dir, path, have, r->meta.files[f].size, f, have - r->meta.files[f].size);
+            ckpt_reader_close(r);
+            return NULL;
+        }
         const char *tname = "?";
         int cidx = -1;
         uint64_t co = 0, cl = 0;

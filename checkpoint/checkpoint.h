@@ -148,8 +148,10 @@ int ckpt_remove_tree(const char *path);
 
 typedef struct ckpt_reader ckpt_reader;
 
-/* Reads and validates metadata.json and checks every file is there with its
- * recorded size (a truncated file is named with the first tensor it cuts). */
+/* Reads and validates metadata.json and checks every file is there with exactly
+ * its recorded size (a truncated file is named with the first tensor it cuts, a
+ * longer one with its recorded size), that a folder named step-N holds step N,
+ * and the training counters (ck_meta_check_state). */
 ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen);
 void ckpt_reader_close(ckpt_reader *r);
 const ck_meta *ckpt_reader_meta(const ckpt_reader *r);

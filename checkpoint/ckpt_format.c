@@ -421,6 +421,45 @@ int ck_meta_from_json(ck_meta *m, json_t *root, const char *where, char *err, si
     return 0;
 }
 
+/* One counter of the training state: absent is fine, else an integer in [0, max]. */
+static int check_counter(const ck_meta *m, const char *obj, const char *key, int64_t max, const char *where,
+                         char *err, size_t errlen) {
+    json_t *o = json_object_get(m->state, obj), *v = json_object_get(o, key);
+    if (!v) return 0;
+    if (!json_is_integer(v)) {
+        ck_snprintf(err, errlen, "%s: %s.%s is not an integer; the metadata was edited or damaged", where, obj, key);
+        return -1;
+    }
+    const int64_t x = (int64_t)json_integer_value(v);
+    if (x < 0 || x > max) {
+        ck_snprintf(err, errlen, "%s: %s.%s is %" PRId64 "; it counts steps or tokens, so it lies in [0, %" PRId64
+                    "] (the metadata was edited or damaged)", where, obj, key, x, max);
+        return -1;
+    }
+    return 0;
+}
+
+int ck_meta_check_state(const ck_meta *m, const char *where, char *err, size_t errlen) {
+    static const struct {
+        const char *obj, *key;
+        int64_t max;
+    } counters[] = {
+        {"train_state", "step", INT64_MAX},         {"train_state", "tokens_seen", INT64_MAX},
+        {"lr_scheduler", "count", INT64_MAX},       {"optimizer", "step", INT32_MAX}, /* AdamW's step is an int */
+        {"dataloader", "position", INT64_MAX},
+    };
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        if (check_counter(m, counters[i].obj, counters[i].key, counters[i].max, where, err, errlen)) return -1;
+    json_t *ts = json_object_get(json_object_get(m->state, "train_state"), "step");
+    if (ts && (int64_t)json_integer_value(ts) != m->step) {
+        ck_snprintf(err, errlen, "%s: train_state.step is %" PRId64 " but \"step\" is %" PRId64 "; a save records "
+                    "one step in both (the metadata was edited or damaged)", where,
+                    (int64_t)json_integer_value(ts), m->step);
+        return -1;
+    }
+    return 0;
+}
+
 /* CRC-32C of the metadata as compact JSON in its own key order, without the checksum
  * itself: a hand edit or a damaged byte changes it. */
 static int meta_crc(json_t *root, uint32_t *crc) {

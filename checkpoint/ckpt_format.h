@@ -111,6 +111,15 @@ size_t ck_tensor_numel(const ck_tensor *t);
  * `where` prefixes messages (the file's path). */
 json_t *ck_meta_to_json(const ck_meta *m);
 int ck_meta_from_json(ck_meta *m, json_t *root, const char *where, char *err, size_t errlen);
+/* The training-state counters a loader restores, checked for what every save
+ * guarantees: train_state.step equals the checkpoint's step, and
+ * train_state.tokens_seen, lr_scheduler.count, optimizer.step and
+ * dataloader.position are integers >= 0 (optimizer.step also fits AdamW's int
+ * step). Nothing ties the scheduler or optimizer count to the step itself:
+ * checkpoint.exclude_from_loading restarts each of them on its own. An absent
+ * object or key is fine (model-only saves have none). 0, or -1 with a message
+ * naming `where` and the field. */
+int ck_meta_check_state(const ck_meta *m, const char *where, char *err, size_t errlen);
 /* metadata.json: written to path (fsync'ed, not renamed: the folder rename
  * publishes it), read back. */
 int ck_meta_write(const ck_meta *m, const char *path, char *err, size_t errlen);

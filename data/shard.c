@@ -481,7 +481,13 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     json_error_t jerr;
     json_t *root = NULL;
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) { /* e.g. its index.json, or a text corpus */
+        seterr(err, errlen, "%s is a file, not a corpus folder: name the folder `tetra data prepare` wrote (the one "
+               "holding index.json and the token shards), or prepare one from this file with `tetra data prepare`",
+               dir);
+        goto out;
+    }
+    if (stat(dir, &st) != 0) {
         seterr(err, errlen, "%s: no such corpus folder (prepare one with `tetra data prepare`)", dir);
         goto out;
     }

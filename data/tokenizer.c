@@ -944,7 +944,12 @@ tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     index_specials(t);
     if (resolve_bos_eos(t, &cfg, dir, err, errlen)) goto fail;
     t->re = pretok_compile(pattern, err, errlen);
-    if (!t->re) goto fail;
+    if (!t->re) { /* the pattern comes from the file (HF's pre_tokenizer): name it */
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        seterr(err, errlen, "%s: %s%s", file, hf ? "pre_tokenizer.pretokenizers[0].pattern.Regex: " : "", why);
+        goto fail;
+    }
     free(pattern_copy);
     json_decref(cfg.root);
     free(file);

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/toml.h"
 #include "models/llama3/llama3_args.h"
@@ -365,6 +366,11 @@ type_error:
     return -1;
 }
 
+/* An array whose elements are tables: what [[name]] (or name = [{...}]) makes. */
+static int is_table_array(const toml_value *v) {
+    return v->type == TOML_ARRAY && v->u.arr.n > 0 && v->u.arr.items[0]->type == TOML_TABLE;
+}
+
 /* Walk a table whose dotted path is `path` (empty for the root). */
 static int load_table(tetra_config *c, const toml_value *t, const char *path, const char *file, char *err,
                       size_t n) {
@@ -395,7 +401,14 @@ static int load_table(tetra_config *c, const toml_value *t, const char *path, co
             continue;
         }
         char hint[300];
-        if (e->value->type == TOML_TABLE) {
+        if (is_table_array(e->value)) { /* [[training]]: TOML's array of tables, not a section */
+            if (is_section(sub))
+                set_err(err, n, "%s:%d: [[%s]] is an array of tables; a config section is one table: write [%s]",
+                        file, e->line, sub, sub);
+            else
+                set_err(err, n, "%s:%d: [[%s]] is an array of tables, and no config section is named [%s]", file,
+                        e->line, sub, sub);
+        } else if (e->value->type == TOML_TABLE) {
             suggest_section(sub, hint, sizeof hint);
             if (hint[0])
                 set_err(err, n, "%s:%d: unknown section [%s] (did you mean [%s]?)", file, e->line, sub, hint);
@@ -431,6 +444,12 @@ int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t 
 }
 
 int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a folder; only the read fails */
+        set_err(err, n, "config file '%s' is a folder; job.config_file names a TOML file, such as "
+                "configs/debug_model.toml", path);
+        return -1;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         set_err(err, n, "cannot open config file '%s': %s", path, strerror(errno));
@@ -457,11 +476,11 @@ int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
         }
         buf = nb;
     }
-    int rd_err = ferror(f);
+    int rd_err = ferror(f) ? errno : 0;
     fclose(f);
     if (!buf || rd_err) {
         free(buf);
-        set_err(err, n, "cannot read config file '%s'", path);
+        set_err(err, n, "cannot read config file '%s': %s", path, strerror(buf ? rd_err : ENOMEM));
         return -1;
     }
     int rc = cfg_load_string(c, path, buf, len, err, n);
@@ -989,6 +1008,11 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (!*v->comm.save_traces_folder || strchr(v->comm.save_traces_file_prefix, '/')) {
         set_err(err, n, "%s: comm.save_traces_folder must not be empty and comm.save_traces_file_prefix must not "
                         "hold a '/'", WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
+        return -1;
+    }
+    if (v->training.max_consecutive_nonfinite_steps < 0) {
+        set_err(err, n, "%s: training.max_consecutive_nonfinite_steps must be >= 0 (0 = no limit), got %" PRId64,
+                WHERE("training", "max_consecutive_nonfinite_steps"), v->training.max_consecutive_nonfinite_steps);
         return -1;
     }
     if (v->lr_scheduler.warmup_steps < 0) {

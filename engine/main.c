@@ -6,6 +6,7 @@
 
 #include "checkpoint/ckpt_cli.h"
 #include "data/data_cli.h"
+#include "engine/config.h"
 #include "engine/info.h"
 #include "engine/plan.h"
 #include "engine/train.h"
@@ -26,6 +27,7 @@ static void usage(FILE *f) {
             "  plan     memory, communication and step time of a config at any GPU count; the layouts\n"
             "           that fit best; pipeline schedules (plan pp)\n"
             "  info     build configuration and visible devices\n"
+            "  version  the version (also -V, --version)\n"
             "\n"
             "Most runs start from ./run_train.sh, which builds, picks the rank count\n"
             "(NGPU) and launches ranks with mpirun.\n",
@@ -51,13 +53,28 @@ static void blas_restart(char **argv) {
     unsetenv("OPENBLAS_CORETYPE");  /* not restarted: say nothing untrue to child processes */
 }
 
+/* The command a typo most likely meant ("trian" -> "train"), or NULL when none is close. */
+static const char *nearest_command(const char *cmd) {
+    static const char *const commands[] = {"train", "data", "checkpoint", "plan", "info", "version"};
+    const char *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        size_t d = cfg_edit_distance(cmd, commands[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = commands[i];
+        }
+    }
+    return best_d <= 2 && 2 * best_d <= strlen(cmd) ? best : NULL; /* "trian", "plna"; not "foo" */
+}
+
 int main(int argc, char **argv) {
     blas_restart(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "--version")) {
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
         printf("tetra %s\n", TETRA_VERSION);
         return 0;
     }
@@ -67,7 +84,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "checkpoint")) return ckpt_cli_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return plan_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return info_main(argc - 1, argv + 1);
-    fprintf(stderr, "tetra: unknown command '%s'\n\n", cmd);
+    const char *near = nearest_command(cmd);
+    if (near) fprintf(stderr, "tetra: unknown command '%s' (did you mean '%s'?)\n\n", cmd, near);
+    else fprintf(stderr, "tetra: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;
 }

@@ -63,6 +63,23 @@ static void usage_pp(FILE *f) {
             pp_schedule_kind_list());
 }
 
+const char *plan_nearest_option(const char *arg, const char *const *names, size_t n) {
+    char name[128];
+    snprintf(name, sizeof name, "%s", arg + strspn(arg, "-")); /* the dashes match any option */
+    char *eq = strchr(name, '=');
+    if (eq) *eq = '\0'; /* --ngpus=8 */
+    const char *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = cfg_edit_distance(name, names[i] + strspn(names[i], "-"));
+        if (d < best_d) {
+            best_d = d;
+            best = names[i];
+        }
+    }
+    return best_d <= 2 && 2 * best_d < strlen(name) ? best : NULL;
+}
+
 /* A value for option `name`: "--name V" or "--name=V". Returns the value or NULL. */
 static const char *opt_value(int argc, char **argv, int *i, const char *name, int *matched) {
     size_t n = strlen(name);
@@ -136,7 +153,10 @@ static int parse_pp(int argc, char **argv, pp_opts *o) {
             if (m) k = j;
         }
         if (k < 0) {
-            fprintf(stderr, "tetra plan pp: unknown option '%s'\n\n", a);
+            const char *near = plan_nearest_option(a, names, sizeof names / sizeof *names);
+            if (!near && plan_nearest_option(a, (const char *const[]){"--with-comms"}, 1)) near = "--with-comms";
+            if (near) fprintf(stderr, "tetra plan pp: unknown option '%s' (did you mean %s?)\n\n", a, near);
+            else fprintf(stderr, "tetra plan pp: unknown option '%s'\n\n", a);
             usage_pp(stderr);
             return 2;
         }

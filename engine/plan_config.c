@@ -367,6 +367,9 @@ static int calibrate_main(int argc, char **argv) {
     return rc;
 }
 
+static const char *const PLAN_OPTIONS[] = {"--ngpu", "--gpus-per-node", "--hardware", "--json",
+                                           "--recommend", "--top", "--calibrate", "--help"};
+
 int plan_config_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--calibrate")) return calibrate_main(argc, argv);
@@ -405,6 +408,12 @@ int plan_config_main(int argc, char **argv) {
                 free(rest);
                 return 2;
             }
+        } else if (!strncmp(a, "--", 2) && !strchr(a, '.')) { /* training keys are --section.key */
+            const char *near = plan_nearest_option(a, PLAN_OPTIONS, sizeof PLAN_OPTIONS / sizeof *PLAN_OPTIONS);
+            if (near) fprintf(stderr, "tetra plan: unknown option %s (did you mean %s?)\n", a, near);
+            else fprintf(stderr, "tetra plan: unknown option %s; `tetra plan --help` lists the options\n", a);
+            free(rest);
+            return 2;
         } else rest[nr++] = argv[i];
     }
     char err[4096];

@@ -13,6 +13,7 @@
 #include "engine/config.h"
 #include "engine/log.h"
 #include "engine/trainer.h"
+#include "parallel/comm.h"
 
 /* Write the merged config to `path` atomically: a crash never leaves half a file. */
 static int save_config_file(const tetra_config *c, const char *path, char *err, size_t n) {
@@ -89,6 +90,38 @@ static int configs_differ(const tetra_config *cfg, int rank) {
     return any;
 }
 
+/* run_train.sh's CPU quick start (TETRA_QUICK_START = "SEQ_LEN LOCAL_BATCH_SIZE", the values it
+ * passes before the user's arguments): said with the values in effect, and not at all when the
+ * command line overrode both, so the line never claims a batch the run does not train. */
+static void log_quick_start(const tetra_config *cfg) {
+    const char *q = getenv("TETRA_QUICK_START");
+    long long qs = 0, qb = 0;
+    if (!q || sscanf(q, "%lld %lld", &qs, &qb) != 2) return;
+    const long long s = (long long)cfg->v.training.seq_len, b = (long long)cfg->v.training.local_batch_size;
+    if (s != qs && b != qb) return;
+    log_info("run_train.sh: no GPU: CPU quick start, %s at seq_len %lld%s x local_batch_size %lld%s (CONFIG_FILE=%s "
+             "runs it as written)", cfg->file ? cfg->file : "the default config", s,
+             s == qs ? "" : " (command line)", b, b == qb ? "" : " (command line)", cfg->file ? cfg->file : "FILE");
+}
+
+/* A failure that this rank, or another for a failure they all met, has explained in the log.
+ * With several ranks the job ends through comm_abort_explained: no rank is left waiting, and
+ * the explanation stays the last thing printed (ending through MPI_Finalize with a non-zero
+ * status would make mpirun print its own banner after it). */
+static int end_failed(int world, int rc) {
+    if (world > 1) {
+        /* mpirun forwards each rank's output through its daemon, and an abort can overtake
+         * the error line on its way: give it a moment to drain first */
+        fflush(stdout);
+        fflush(stderr);
+        struct timespec pause = {0, 300000000};
+        nanosleep(&pause, NULL);
+        comm_abort_explained(rc);
+    }
+    MPI_Finalize();
+    return rc;
+}
+
 int train_main(int argc, char **argv) {
     /* a closed output pipe (./run_train.sh | head) must not end training: writes to it fail
      * quietly, the metrics files go on */
@@ -129,21 +162,18 @@ int train_main(int argc, char **argv) {
          * one message is enough. */
         if (rank == 0) log_error("%s", err);
         cfg_free(&cfg);
-        MPI_Finalize();
-        return 1;
+        return end_failed(world, 1);
     }
     if (world > 1 && configs_differ(&cfg, rank)) {
         cfg_free(&cfg);
-        fflush(stdout);
-        fflush(stderr);
-        MPI_Finalize();
-        return 1;
+        return end_failed(world, 1);
     }
+    if (rank == 0) log_quick_start(&cfg);
     if (cfg.v.job.print_config && rank == 0) cfg_print_toml(&cfg, stdout);
     if (cfg.v.job.save_config_file && rank == 0) {
         if (save_config_file(&cfg, cfg.v.job.save_config_file, err, sizeof err)) {
             log_error("%s", err);
-            MPI_Abort(MPI_COMM_WORLD, 1);
+            comm_abort_explained(1);
         }
     }
     log_info("%s: world %d = pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; global batch %lld, "
@@ -152,16 +182,8 @@ int train_main(int argc, char **argv) {
              (long long)dims.global_batch_size, dims.grad_accum_steps);
     rc = trainer_run(&cfg, &dims, rank, world, &topt);
     cfg_free(&cfg);
-    if (rc != 0 && world > 1) {
-        /* A failing rank must not leave the others waiting. mpirun forwards each rank's
-         * output through its daemon, and an abort can overtake the error line on its way:
-         * give it a moment to drain first. */
-        fflush(stdout);
-        fflush(stderr);
-        struct timespec pause = {0, 300000000};
-        nanosleep(&pause, NULL);
-        MPI_Abort(MPI_COMM_WORLD, rc);
-    }
+    /* a failing rank must not leave the others waiting: it ends the job */
+    if (rc != 0) return end_failed(world, rc);
     MPI_Finalize();
     return rc;
 }

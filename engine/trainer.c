@@ -1207,8 +1207,7 @@ static void run_validation(trainer *t, int64_t step) {
             int got = dl_next(t->val, t->hvf_in, t->hvf_lab);
             if (got < 0) {
                 log_error("validation data: %s", dl_error(t->val));
-                fflush(stderr);
-                MPI_Abort(MPI_COMM_WORLD, 1);
+                comm_abort_explained(1);
             }
             if (!got) break;
             train_shard_batch(t, t->hv_in, t->hv_lab, t->hvf_in, t->hvf_lab, t->VB, t->VT);
@@ -1216,8 +1215,7 @@ static void run_validation(trainer *t, int64_t step) {
             int got = dl_next(t->val, t->hv_in, t->hv_lab);
             if (got < 0) {
                 log_error("validation data: %s", dl_error(t->val));
-                fflush(stderr);
-                MPI_Abort(MPI_COMM_WORLD, 1);
+                comm_abort_explained(1);
             }
             if (!got) break;
         }
@@ -1418,7 +1416,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
 
     double log_t0 = now_s(), log_data = 0.0, pp_busy = 0.0, pp_total = 0.0, pp_recv = 0.0, pp_type_s[4] = {0};
     long pp_type_n[4] = {0};
-    int64_t log_steps = 0;
+    int64_t log_steps = 0, nonfinite_run = 0; /* non-finite steps skipped in a row */
     const int64_t first_step = t->tc.step + 1;
     catch_stop_signals();
     for (int64_t step = first_step; step <= c->training.steps; step++) {
@@ -1493,6 +1491,20 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             if (rank == 0)
                 log_warn("step %lld: loss %g, gradient norm %g: update skipped (training.on_nonfinite = \"skip\")",
                          (long long)step, r.loss, r.grad_norm);
+            /* a bad batch passes; step after step of them means the run diverged: every rank
+             * agrees on r.nonfinite, so every rank stops at the same step */
+            const int64_t k = c->training.max_consecutive_nonfinite_steps;
+            if (++nonfinite_run >= k && k > 0) {
+                if (rank == 0)
+                    log_error("step %lld: %lld non-finite steps in a row were skipped (training.max_consecutive_"
+                              "nonfinite_steps = %lld): the run has diverged, stopping; the parameters and the "
+                              "checkpoints are those of the last finite update (lower optimizer.lr or check the "
+                              "data)", (long long)step, (long long)nonfinite_run, (long long)k);
+                rc = 1;
+                break;
+            }
+        } else {
+            nonfinite_run = 0;
         }
 
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {

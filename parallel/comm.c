@@ -1,10 +1,13 @@
 /* comm.c — the front of comm.h: groups from the mesh, requests, deadlines and
  * the messages that end a stuck or failed job. The MPI backend is comm_mpi.c,
  * the NCCL backend comm_nccl.cu. */
+#include <dlfcn.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 #include "kernels/cuda_plugin.h"
@@ -70,6 +73,22 @@ double commi_now(void) {
 
 static int use_nccl(const comm_request *r) { return !r->host && r->g->w->opt.backend == COMM_BACKEND_NCCL; }
 
+void comm_abort_explained(int code) {
+    fflush(stdout);
+    fflush(stderr);
+#ifdef OPEN_MPI
+    /* MPI_Abort is this banner ("MPI_ABORT was invoked on rank 0 ... You may or may not see
+     * output from other processes") followed by ompi_mpi_abort(comm, code), which ends the job
+     * and sets mpirun's exit status; called directly where Open MPI exports it. */
+    void *self = dlopen(NULL, RTLD_LAZY);
+    int (*ompi_abort)(MPI_Comm, int) = NULL;
+    if (self) *(void **)&ompi_abort = dlsym(self, "ompi_mpi_abort");
+    if (ompi_abort) ompi_abort(MPI_COMM_WORLD, code);
+#endif
+    MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code); /* not reached */
+}
+
 static void abort_job(comm_world *w) __attribute__((noreturn));
 static void abort_job(comm_world *w) {
     fflush(stdout);
@@ -84,8 +103,29 @@ static void abort_job(comm_world *w) {
 #else
     (void)w;
 #endif
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    exit(1); /* not reached */
+    comm_abort_explained(1); /* the caller's line says why */
+}
+
+/* A failure line with the log's prefix, "[tetra|rank N] 2026-11-28 06:12:40,761 - ERROR - comm: ...",
+ * so that it reads and greps like every other line of the run (the format of engine/log.c,
+ * written here because parallel/ does not depend on the engine). */
+static void fail_line(const comm_world *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_line(const comm_world *w, const char *fmt, ...) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    localtime_r(&tv.tv_sec, &tm);
+    char ts[32], prefix[48];
+    strftime(ts, sizeof ts, "%Y-%m-%d %H:%M:%S", &tm);
+    if (w->m.world > 1) snprintf(prefix, sizeof prefix, "[tetra|rank %d]", w->rank);
+    else snprintf(prefix, sizeof prefix, "[tetra]");
+    char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s,%03d - ERROR - %s\n", prefix, ts, (int)(tv.tv_usec / 1000), msg); /* one write per line */
+    fflush(stderr);
 }
 
 static void describe_issue(const comm_request *r, char *buf, size_t n) {
@@ -102,15 +142,15 @@ static void describe_issue(const comm_request *r, char *buf, size_t n) {
 void commi_fail(const comm_request *r, const char *what) {
     char issue[200], path[4096];
     describe_issue(r, issue, sizeof issue);
-    fprintf(stderr, "comm: %s on group %s (%d ranks) failed on rank %d: %s (%s)\n", commi_kind_name(r->kind),
+    fail_line(r->g->w, "comm: %s on group %s (%d ranks) failed on rank %d: %s (%s)", commi_kind_name(r->kind),
             mesh_group_name(r->g->id), r->g->size, r->g->w->rank, what, issue);
     if (commi_trace_dump(r->g->w, "failure", r, path, sizeof path) == 0)
-        fprintf(stderr, "comm: rank %d: flight recorder written to %s\n", r->g->w->rank, path);
+        fail_line(r->g->w, "comm: rank %d: flight recorder written to %s", r->g->w->rank, path);
     abort_job(r->g->w);
 }
 
 void commi_fail_group(const comm_group *g, const char *op, const char *what) {
-    fprintf(stderr, "comm: %s on group %s (%d ranks) failed on rank %d: %s\n", op, mesh_group_name(g->id), g->size,
+    fail_line(g->w, "comm: %s on group %s (%d ranks) failed on rank %d: %s", op, mesh_group_name(g->id), g->size,
             g->w->rank, what);
     abort_job(g->w);
 }
@@ -120,11 +160,11 @@ void commi_fail_timeout(const comm_request *r, double waited) {
     describe_issue(r, issue, sizeof issue);
     const int dumped = commi_trace_dump(r->g->w, "timeout", r, path, sizeof path) == 0;
     if (dumped) commi_trace_blame(r, blame, sizeof blame);
-    fprintf(stderr, "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
-                    "group did not reach it (crashed, stuck, or running a different sequence of collectives)%s%s\n",
+    fail_line(r->g->w, "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
+              "group did not reach it (crashed, stuck, or running a different sequence of collectives)%s%s",
             commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue,
             *blame ? "; flight recorder: " : "", blame);
-    if (dumped) fprintf(stderr, "comm: rank %d: flight recorder written to %s\n", r->g->w->rank, path);
+    if (dumped) fail_line(r->g->w, "comm: rank %d: flight recorder written to %s", r->g->w->rank, path);
     abort_job(r->g->w);
 }
 
@@ -173,7 +213,7 @@ static comm_world *virtual_world_create(const mesh *m, int rank, const comm_opti
     return w;
 }
 
-#ifdef TETRA_HAVE_NCCL
+#ifdef TETRA_HAVE_NCCL /* only the NCCL start-up shares communicators */
 /* The dimensions that make a group's membership: those of more than one rank. */
 static unsigned member_dims(const mesh *m, mesh_group_id id) {
     unsigned d = 0;

@@ -105,6 +105,12 @@ int comm_backend_available(comm_backend b);
 /* GPUs the NCCL backend sees on this host (0 without it, or without a driver). */
 int comm_nccl_device_count(void);
 
+/* End every rank of the job with exit status `code`, from a rank that has already said why
+ * (not collective; MPI initialised). Under Open MPI it leaves out the MPI_ABORT banner that
+ * MPI_Abort prints first, so the failure's own message stays the last thing a user reads;
+ * any other MPI aborts with MPI_Abort. Never returns. */
+void comm_abort_explained(int code) __attribute__((noreturn));
+
 /* Collective over MPI_COMM_WORLD (MPI must be initialised): builds a
  * communicator for every mesh_group_id. `rank` is this process' world rank.
  * Returns NULL with a message in err on failure (every rank fails alike for

@@ -17,8 +17,10 @@
 # (b) resharding: step 10 saved under fsdp 4 resumes under 1 rank and hsdp 2x2
 #     (and fsdp 2 -> 1 rank): losses 11-20 match the saving layout's within 1e-5.
 # (c) corruption of the newest checkpoint (a truncated shard, a flipped byte, a
-#     missing metadata.json): the resume refuses, naming the file (and the
-#     tensor), deletes nothing, `tetra checkpoint inspect` fails the same way,
+#     missing metadata.json, bytes appended to a shard, a step-20 folder renamed
+#     step-25, a negative lr_scheduler.count in a metadata.json without its
+#     checksum): the resume refuses, naming the file (and the tensor or the
+#     field), deletes nothing, `tetra checkpoint inspect` fails the same way,
 #     and resuming with load_step = 10 and keep_latest_k = 2 works and keeps the
 #     last good checkpoint.
 set -uo pipefail
@@ -223,9 +225,14 @@ corrupt() { # mode dump
 f = open('$f/rank_00002.bin', 'r+b'); f.seek(12345678); b = f.read(1)
 f.seek(12345678); f.write(bytes([b[0] ^ 0x40]))" ;;
     no_metadata) rm "$f/metadata.json" ;;
+    appended) printf 'tail' >>"$f/rank_00001.bin" ;;
+    renamed) mv "$f" "$2/checkpoint/step-25" ;;
+    negative_count) python3 -c "
+import json; p = '$f/metadata.json'; m = json.load(open(p))
+m['lr_scheduler']['count'] = -5; del m['metadata_crc32c']; json.dump(m, open(p, 'w'))" ;;
   esac
 }
-for mode in truncated flipped no_metadata; do
+for mode in truncated flipped no_metadata appended renamed negative_count; do
   D="$T/corrupt_$mode"
   mkdir -p "$D" && cp -r "$SRC/checkpoint" "$D/"
   corrupt "$mode" "$D"
@@ -234,20 +241,24 @@ for mode in truncated flipped no_metadata; do
     truncated) want="rank_00001.bin is truncated" ;;
     flipped) want="checksum mismatch in $D/checkpoint/step-20/rank_00002.bin, tensor '" ;;
     no_metadata) want="$D/checkpoint/step-20/metadata.json is missing" ;;
+    appended) want="shard file $D/checkpoint/step-20/rank_00001.bin has" ;;
+    renamed) want="step-25/metadata.json records \"step\": 20 but its folder is named step-25" ;;
+    negative_count) want="step-20/metadata.json: lr_scheduler.count is -5" ;;
   esac
   # the error line that names the file (mpirun's own abort banner may come first)
   msg=$(grep "ERROR" "$T/corrupt_$mode.log" | grep -m1 -F -- "$want" | sed 's/.* - ERROR - //')
   [ -n "$msg" ] || msg=$(grep -m1 "ERROR" "$T/corrupt_$mode.log" | sed 's/.* - ERROR - //')
   echo "  $mode: $msg"
   case "$msg" in *"$want"*) ;; *) bad "$mode: the error does not name the file: $msg" ;; esac
-  if [ "$mode" != no_metadata ]; then
+  case $mode in truncated|flipped)
     case "$msg" in *"tensor '"*) ;; *) bad "$mode: the error does not name the tensor" ;; esac
-  fi
-  [ -f "$D/checkpoint/step-10/metadata.json" ] && [ -d "$D/checkpoint/step-20" ] ||
+  esac
+  newest=step-20; [ "$mode" = renamed ] && newest=step-25
+  [ -f "$D/checkpoint/step-10/metadata.json" ] && [ -d "$D/checkpoint/$newest" ] ||
     bad "$mode: a checkpoint was deleted"
   "$TETRA" checkpoint inspect "$D/checkpoint" >"$T/inspect_$mode.log" 2>&1 &&
     bad "$mode: inspect passed a damaged checkpoint"
-  grep -q "FAIL" "$T/inspect_$mode.log" || bad "$mode: inspect did not report"
+  grep -F "FAIL" "$T/inspect_$mode.log" | grep -qF -- "$want" || bad "$mode: inspect did not report it"
   echo "ok   $mode: refused, named, nothing deleted; inspect exit 1"
 done
 D="$T/corrupt_flipped"

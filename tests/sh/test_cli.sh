@@ -76,7 +76,20 @@ printf '[training]\nsteps = 10\n[training]\nseq_len = 1\n' >"$T/dup.toml"
 expect_error "TOML redefinition" "dup.toml:3:" "$TETRA" train --job.config_file "$T/dup.toml"
 expect_error "unknown CLI option" "did you mean --training.steps?" "$TETRA" train --training.step 3
 expect_error "missing config file" "nope.toml" "$TETRA" train --job.config_file "$T/nope.toml"
-expect_error "unknown subcommand" "unknown command 'trian'" "$TETRA" trian
+expect_error "a folder as the config file" "config file '$T' is a folder; job.config_file names a TOML file" \
+  "$TETRA" train --job.config_file "$T"
+printf '[[training]]\nsteps = 3\n' >"$T/aot.toml"
+expect_error "an array of tables" "aot.toml:1: [[training]] is an array of tables; a config section is one table: write [training]" \
+  "$TETRA" train --job.config_file "$T/aot.toml"
+expect_error "a file as the corpus folder" "$T/aot.toml is a file, not a corpus folder" \
+  "$TETRA" train --training.dataset_path "$T/aot.toml" --training.steps 1 "${SMALL[@]}"
+expect_error "unknown subcommand" "unknown command 'trian' (did you mean 'train'?)" "$TETRA" trian
+expect_error "unknown plan option" "unknown option --ngpus (did you mean --ngpu?)" "$TETRA" plan --ngpus 8
+for v in -V --version version; do
+  if [ "$("$TETRA" $v 2>&1)" = "$("$TETRA" --version)" ] && "$TETRA" $v | grep -qE '^tetra [0-9]+\.[0-9]+'; then
+    ok "tetra $v: $("$TETRA" $v)"
+  else bad "tetra $v: $("$TETRA" $v 2>&1 | head -1)"; fi
+done
 
 # 4. save_config_file writes the merged config atomically
 "$TETRA" train --job.save_config_file "$T/saved.toml" --training.steps 7 --training.steps 1 "${SMALL[@]}" >/dev/null 2>&1
@@ -101,6 +114,23 @@ if command -v mpirun >/dev/null; then
         --parallelism.data_parallel_shard_degree 2 --training.steps 1 "${SMALL[@]}" 2>&1)"
   if printf '%s' "$out" | grep -q "world 2 = pp 1 x dp_replicate 1 x dp_shard 2"; then ok "NGPU=2 launches 2 ranks"
   else bad "NGPU=2 launch:"; printf '%s\n' "$out" | tail -20; fi
+  # LOG_RANK naming no rank of the run shows rank 0 and says so, and a hidden rank's errors
+  # still reach the console: rank 1 alone fails (its relative dataset_path resolves elsewhere),
+  # through the launcher's rank_exec.sh, with nothing of Open MPI's around tetra's lines
+  if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+  export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+  mkdir -p "$T/lone" && ln -s "$BIN/../data/sample" "$T/lone/corpus"
+  printf '#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then cd /; fi\nexec "$@"\n' >"$T/lone.sh"
+  chmod +x "$T/lone.sh"
+  out="$(cd "$T/lone" && mpirun -np 2 --oversubscribe --bind-to none "$T/lone.sh" "$ROOT/scripts/rank_exec.sh" 5 \
+        "$T/lone" "$TETRA" train --training.dataset_path corpus --parallelism.data_parallel_shard_degree 2 \
+        --training.steps 1 "${SMALL[@]}" 2>&1)"
+  rc=$?
+  if [ $rc = 1 ] && grep -q "LOG_RANK=5 names no rank of this 2-rank run (ranks 0 to 1): showing rank 0" <<<"$out" &&
+     grep -q "^\[tetra|rank 1\] .* - ERROR - training data: corpus: no such corpus folder" <<<"$out" &&
+     grep -q "ERROR - training data: corpus" "$T/lone/rank_1.log" && ! grep -qv '\[tetra|rank [01]\] ' <<<"$out"; then
+    ok "LOG_RANK=5 of 2 ranks: rank 0 shown with a warning, hidden rank 1's error on the console, only tetra's lines"
+  else bad "LOG_RANK=5 of 2 ranks (exit $rc):"; printf '%s\n' "$out" | head -20; fi
 else
   bad "mpirun not found (install openmpi-bin)"
 fi
@@ -111,10 +141,17 @@ if [ "$("$TETRA" info --gpu-count 2>/dev/null)" = 0 ]; then
   q="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny 2>&1)"
   w="$(cd "$ROOT" && CONFIG_FILE=./configs/debug_model.toml ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny 2>&1)"
   o="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny --training.seq_len 1024 2>&1)"
-  if grep -q "CPU quick start" <<<"$q" && grep -qx "seq_len = 512" <<<"$q" && grep -qx "local_batch_size = 4" <<<"$q" &&
+  # the line says what runs: an overridden value is named as the command line's, and with
+  # both overridden there is no quick start left to announce
+  b="$(cd "$ROOT" && env -u CONFIG_FILE ./run_train.sh --job.print_config --training.steps 1 --model.flavor tiny \
+        --training.seq_len 128 --training.local_batch_size 2 2>&1)"
+  if grep -q "CPU quick start, .* at seq_len 512 x local_batch_size 4 " <<<"$q" && grep -qx "seq_len = 512" <<<"$q" &&
+     grep -qx "local_batch_size = 4" <<<"$q" &&
      ! grep -q "CPU quick start" <<<"$w" && grep -qx "seq_len = 2048" <<<"$w" && grep -qx "local_batch_size = 8" <<<"$w" &&
-     grep -qx "seq_len = 1024" <<<"$o"; then
-    ok "run_train.sh CPU quick start: 512 x 4 by default, the config as written with CONFIG_FILE, arguments override"
+     grep -qx "seq_len = 1024" <<<"$o" &&
+     grep -q "CPU quick start, .* at seq_len 1024 (command line) x local_batch_size 4 " <<<"$o" &&
+     ! grep -q "quick start" <<<"$b" && grep -qx "seq_len = 128" <<<"$b" && grep -qx "local_batch_size = 2" <<<"$b"; then
+    ok "run_train.sh CPU quick start: 512 x 4 by default, the config as written with CONFIG_FILE, arguments override (and the line says so)"
   else bad "run_train.sh quick start:"; printf '%s
 ' "$q" | head -5; printf '%s
 ' "$w" | grep -n "seq_len\|local_batch"; fi

@@ -34,6 +34,8 @@ dt=$((SECONDS - s))
 msg="comm: all_gather on group dp_shard_cp (2 ranks) timed out after 2 s on rank 0 (collective #2 on this group, 4 x float32, issued during step 7)"
 if [ $rc = 0 ] || [ $rc = 124 ]; then bad "stuck collective: exit $rc after $dt s (expected an abort)"; cat "$T/stuck"
 elif ! grep -qF "$msg" "$T/stuck"; then bad "stuck collective: message missing:"; cat "$T/stuck"
+elif ! grep -F "$msg" "$T/stuck" | grep -qE '^\[tetra\|rank 0\] [0-9-]+ [0-9:]+,[0-9]{3} - ERROR - comm: '; then
+  bad "stuck collective: the line lacks the log's [tetra|rank 0] ... - ERROR - prefix:"; grep -F "$msg" "$T/stuck"
 elif [ $dt -gt 30 ]; then bad "stuck collective: took $dt s to abort"
 else ok "stuck collective aborted in $dt s (exit $rc): $msg"; fi
 

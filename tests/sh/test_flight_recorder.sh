@@ -57,7 +57,10 @@ kill -0 $mp 2>/dev/null && { bad "the job did not end 30 s after rank 2 froze"; 
 wait $mp
 rc=$?
 [ -n "$p2" ] && kill -KILL "$p2" 2>/dev/null
-line=$(grep -m1 "comm: .* timed out after .* on rank 0" "$T/hang.log")
+# the line carries the log's prefix, as every other line of the run
+line=$(grep -m1 -E '^\[tetra\|rank 0\] [0-9-]+ [0-9:]+,[0-9]{3} - ERROR - comm: .* timed out after .* on rank 0' \
+  "$T/hang.log")
+line=${line#*- ERROR - }
 # rank 2 left no dump, or (when the job's abort woke it before rank 0 stopped looking) dumped
 # seconds late from inside the collective, or from an earlier one: each way it is named
 [ $rc != 0 ] && echo "$line" | grep -q -E "flight recorder: (.*; )?rank 2 (left no dump|issued it but dumped|issued only #)" &&

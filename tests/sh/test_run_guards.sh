@@ -3,13 +3,19 @@
 #   1. lr 1e30 makes step 2's gradients NaN. training.on_nonfinite = "stop" (the default)
 #      names the first non-finite gradient and its rank, exits 1 before the update, and
 #      leaves the step-1 checkpoint as the newest (no checkpoint holds the NaN step).
-#   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0).
+#   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0);
+#      on one rank over 8 steps the 5th non-finite step in a row (steps 2-6; the default
+#      training.max_consecutive_nonfinite_steps) stops the run with exit 1 naming the key.
 #   3. NaN or infinite float keys, more threads than cores, a model vocabulary that is not the
 #      corpus' (the advice names model.vocab_size) and a validation split shorter than one
 #      batch are refused with the numbers.
 #   4. A resume with fewer blocks than the checkpoint is refused naming a tensor it lacks; a
 #      hand-edited metadata.json is refused by its checksum.
-#   5. Ranks launched with different options are refused, naming the rank and the key.
+#   5. Ranks launched with different options are refused, naming the rank and the key. A
+#      failure tetra explained ends the job with exit 1 and nothing of Open MPI's around the
+#      error (no MPI_ABORT banner, no "exited with non-zero status" box): every rank failing
+#      alike (no corpus), a config error under mpirun, and a rank failing alone (its relative
+#      dataset_path resolves elsewhere), which still ends the job within seconds.
 #   6. Export into a non-empty folder and import over an existing step need --force (the
 #      files stay untouched); data prepare removes the staging folder a killed run left.
 #   7. A 20 MB config file and a tokenizer rank of 999,999,999 are refused, not allocated.
@@ -55,6 +61,17 @@ n=$(grep -c "update skipped" "$T/skip.log")
 steps=$(grep -c '"grad_norm"' "$T/skip/metrics.jsonl" 2>/dev/null)
 [ $rc = 0 ] && [ "$n" -ge 1 ] && [ "${steps:-0}" = 5 ] && ok "skip under fsdp 2: $n steps skipped, 5 steps run, exit 0" ||
   bad "skip: exit $rc, $n skipped, ${steps:-0} steps"
+"$TETRA" "${COMMON[@]}" --training.local_batch_size 2 --training.steps 8 --training.on_nonfinite skip \
+  --job.dump_folder "$T/skip_limit" >"$T/skip_limit.log" 2>&1
+rc=$?
+n=$(grep -c "update skipped" "$T/skip_limit.log")
+if [ $rc = 1 ] && [ "$n" = 5 ] &&
+   grep -q "step 6: 5 non-finite steps in a row were skipped (training.max_consecutive_nonfinite_steps = 5)" \
+     "$T/skip_limit.log" && ! grep -q '"step": *7' "$T/skip_limit/metrics.jsonl"; then
+  ok "skip stops after 5 non-finite steps in a row: $(grep -o 'step 6: .*stopping' "$T/skip_limit.log")"
+else
+  bad "skip limit: exit $rc, $n skipped: $(grep -m1 ERROR "$T/skip_limit.log")"
+fi
 
 expect_error() { # name pattern args...
   local name=$1 pat=$2
@@ -108,6 +125,35 @@ mpirun -np 2 --oversubscribe --bind-to none "$T/skew.sh" "$TETRA" train --job.co
 grep -q "rank 1's configuration differs from rank 0's: \[training\] rank 0 has 'local_batch_size = 8', rank 1 has 'local_batch_size = 4'" \
   "$T/skew.log" && ok "different configurations per rank: refused, naming rank 1 and local_batch_size" ||
   bad "different configurations: $(grep -m1 ERROR "$T/skew.log")"
+
+mpirun -np 2 --oversubscribe --bind-to none "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" \
+  --training.steps 1 --training.seq_len 64 --parallelism.data_parallel_shard_degree 2 \
+  --training.dataset_path "$T/no_corpus" --job.dump_folder "$T/alike" >"$T/alike.log" 2>&1
+rc=$?
+# every line is tetra's: Open MPI adds nothing to an error tetra explained
+only_tetra() { ! grep -qv '\[tetra|rank [0-9]*\] ' "$1"; }
+if [ $rc = 1 ] && grep -q "ERROR - training data: $T/no_corpus: no such corpus folder" "$T/alike.log" &&
+   only_tetra "$T/alike.log"; then
+  ok "every rank fails alike: exit 1, tetra's error and nothing of Open MPI's"
+else bad "every rank fails alike: exit $rc, the output ends: $(tail -3 "$T/alike.log")"; fi
+mpirun -np 2 --oversubscribe --bind-to none "$TETRA" train --training.stepz 3 >"$T/cfg2.log" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "unknown option --training.stepz" "$T/cfg2.log" && only_tetra "$T/cfg2.log" &&
+  ok "a config error under mpirun: exit 1, tetra's error and nothing of Open MPI's" ||
+  bad "a config error under mpirun: exit $rc: $(tail -3 "$T/cfg2.log")"
+mkdir -p "$T/lone" && ln -s "$BIN/../data/sample" "$T/lone/corpus"
+printf '#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then cd /; fi\nexec "$@"\n' >"$T/lone.sh"
+chmod +x "$T/lone.sh"
+s=$SECONDS
+(cd "$T/lone" && timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$T/lone.sh" "$TETRA" train \
+  --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 1 --training.seq_len 64 \
+  --parallelism.data_parallel_shard_degree 2 --training.dataset_path corpus --job.dump_folder "$T/lone/out" \
+  >"$T/lone.log" 2>&1)
+rc=$?
+if [ $rc = 1 ] && [ $((SECONDS - s)) -lt 60 ] && only_tetra "$T/lone.log" &&
+   grep -q "^\[tetra|rank 1\] .* - ERROR - training data: corpus: no such corpus folder" "$T/lone.log"; then
+  ok "a rank failing alone ends the job in $((SECONDS - s)) s (exit $rc), its error named"
+else bad "a rank failing alone: exit $rc after $((SECONDS - s)) s: $(grep -m2 ERROR "$T/lone.log")"; fi
 
 # 6. nothing on disk is replaced without --force; a killed data prepare leaves nothing behind
 mkdir -p "$T/export" && echo mine >"$T/export/notes.txt"

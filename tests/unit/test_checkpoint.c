@@ -363,7 +363,7 @@ static void test_disk(const tetra_ops *ops) {
     so.keep_latest_k = 2;
     ckpt_saver *sv = ckpt_saver_create(&so, err, sizeof err);
     CHECK(sv != NULL, "%s", err);
-    json_t *state = json_pack("{s:{s:I}}", "train_state", "step", (json_int_t)1);
+    json_t *state = NULL;
     for (int s = 1; s <= 3; s++) {
         ckpt_save_request rq;
         memset(&rq, 0, sizeof rq);
@@ -371,6 +371,8 @@ static void test_disk(const tetra_ops *ops) {
         rq.groups = groups;
         rq.n_groups = 2;
         rq.dtype = TETRA_F32;
+        json_decref(state);
+        state = json_pack("{s:{s:I}}", "train_state", "step", (json_int_t)s); /* a save records its own step */
         rq.state = state;
         CHECK(ckpt_save(sv, &rq, err, sizeof err) == 0, "save %d: %s", s, err);
     }
@@ -390,6 +392,8 @@ static void test_disk(const tetra_ops *ops) {
     rq.n_groups = 1;
     rq.dtype = TETRA_BF16;
     rq.model_only = 1;
+    json_decref(state);
+    state = json_pack("{s:{s:I}}", "train_state", "step", (json_int_t)4);
     rq.state = state;
     CHECK(ckpt_save(sv, &rq, err, sizeof err) == 0 && ckpt_in_flight(sv), "async save started: %s", err);
     int pr = ckpt_poll(sv, 1, err, sizeof err);
@@ -519,6 +523,133 @@ static void test_disk(const tetra_ops *ops) {
     ops->release(store2);
 }
 
+/* A copy of state object `obj` key `key` of step_dir/metadata.json (new reference). */
+static json_t *state_value(const char *step_dir, const char *obj, const char *key) {
+    char p[700], err[1024];
+    ck_snprintf(p, sizeof p, "%s/metadata.json", step_dir);
+    ck_meta m;
+    ck_meta_init(&m);
+    CHECK(ck_meta_read(&m, p, err, sizeof err) == 0, "%s", err);
+    json_t *v = json_deep_copy(json_object_get(json_object_get(m.state, obj), key));
+    ck_meta_free(&m);
+    return v;
+}
+
+/* Rewrite step_dir/metadata.json with state object `obj` key `key` set to v (its checksum
+ * recomputed, as a careful hand edit would), or removed when v is NULL. */
+static void edit_state(const char *step_dir, const char *obj, const char *key, json_t *v) {
+    char p[700], err[1024];
+    ck_snprintf(p, sizeof p, "%s/metadata.json", step_dir);
+    ck_meta m;
+    ck_meta_init(&m);
+    CHECK(ck_meta_read(&m, p, err, sizeof err) == 0, "%s", err);
+    json_t *o = json_object_get(m.state, obj);
+    if (v) json_object_set_new(o, key, v);
+    else json_object_del(o, key);
+    CHECK(ck_meta_write(&m, p, err, sizeof err) == 0, "%s", err);
+    ck_meta_free(&m);
+}
+
+/* The reader checks what every save guarantees before anything is loaded: each shard file
+ * has exactly its recorded size, a step-N folder holds step N, and the training counters are
+ * integers >= 0 with train_state.step equal to the step. Each refusal names the file and the
+ * field; `tetra checkpoint inspect` opens checkpoints through the same reader. */
+static void test_consistency(const tetra_ops *ops) {
+    char err[2048], dir[512], step[600], p[700], q[700];
+    path_of(dir, sizeof dir, "cons");
+    const int64_t sh[1] = {40};
+    float *store = ops->alloc(64 * sizeof(float));
+    for (size_t i = 0; i < 40; i++) store[i] = value_of(2, i);
+    dt_tensor t = fsdp_piece("w", 1, sh, 1, 0, 0);
+    ckpt_group g = {"model/", &t, 1, store};
+    ckpt_saver_options so;
+    memset(&so, 0, sizeof so);
+    so.dir = dir;
+    so.ops = ops;
+    so.world = 1;
+    so.writer = 1;
+    ckpt_saver *sv = ckpt_saver_create(&so, err, sizeof err);
+    CHECK(sv != NULL, "%s", err);
+    json_t *state = json_pack("{s:{s:I,s:I}, s:{s:I}, s:{s:I}, s:{s:I}}", "train_state", "step", (json_int_t)5,
+                              "tokens_seen", (json_int_t)1280, "lr_scheduler", "count", (json_int_t)5, "optimizer",
+                              "step", (json_int_t)4, "dataloader", "position", (json_int_t)20);
+    ckpt_save_request rq;
+    memset(&rq, 0, sizeof rq);
+    rq.step = 5;
+    rq.groups = &g;
+    rq.n_groups = 1;
+    rq.dtype = TETRA_F32;
+    rq.state = state;
+    CHECK(sv && ckpt_save(sv, &rq, err, sizeof err) == 0, "save: %s", err);
+    ckpt_saver_free(sv);
+    json_decref(state);
+    ck_snprintf(step, sizeof step, "%s/step-5", dir);
+    ckpt_reader *r = ckpt_reader_open(step, err, sizeof err);
+    CHECK(r != NULL, "a consistent checkpoint opens: %s", err);
+    ckpt_reader_close(r);
+
+    /* bytes appended after the last chunk */
+    ck_snprintf(p, sizeof p, "%s/rank_00000.bin", step);
+    struct stat st;
+    CHECK(stat(p, &st) == 0, "shard file");
+    FILE *f = fopen(p, "ab");
+    CHECK(f && fwrite("garbage", 1, 7, f) == 7 && fclose(f) == 0, "append");
+    r = ckpt_reader_open(step, err, sizeof err);
+    CHECK(!r && strstr(err, "rank_00000.bin has") && strstr(err, "(files[0].size): 7 bytes after its last chunk") &&
+              strstr(err, "refusing to load"),
+          "appended bytes refused naming the file and files[0].size: %s", err);
+    ckpt_reader_close(r);
+    CHECK(truncate(p, st.st_size) == 0, "restore the shard");
+
+    /* a folder renamed to another step */
+    ck_snprintf(q, sizeof q, "%s/step-6", dir);
+    CHECK(rename(step, q) == 0, "rename");
+    r = ckpt_reader_open(q, err, sizeof err);
+    CHECK(!r && strstr(err, "step-6/metadata.json records \"step\": 5 but its folder is named step-6"),
+          "step vs folder name: %s", err);
+    ckpt_reader_close(r);
+    char found[700];
+    CHECK(ckpt_find(dir, -1, found, sizeof found, NULL, 0, err, sizeof err) == 1 && strstr(found, "step-6") &&
+              (r = ckpt_reader_open(found, err, sizeof err)) == NULL,
+          "the resume finds the renamed folder and the reader refuses it");
+    ckpt_reader_close(r);
+    CHECK(rename(q, step) == 0, "rename back");
+
+    /* counters: negative, past AdamW's int step, not an integer, a train_state step that is not the step */
+    const struct {
+        const char *obj, *key;
+        json_t *v;
+        const char *want;
+    } bad[] = {
+        {"lr_scheduler", "count", json_integer(-3), "lr_scheduler.count is -3"},
+        {"optimizer", "step", json_integer(-1), "optimizer.step is -1"},
+        {"optimizer", "step", json_integer(2147483648LL), "optimizer.step is 2147483648; it counts steps or tokens, "
+                                                            "so it lies in [0, 2147483647]"},
+        {"train_state", "tokens_seen", json_string("1280"), "train_state.tokens_seen is not an integer"},
+        {"dataloader", "position", json_integer(-20), "dataloader.position is -20"},
+        {"train_state", "step", json_integer(4), "train_state.step is 4 but \"step\" is 5"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *orig = state_value(step, bad[i].obj, bad[i].key);
+        edit_state(step, bad[i].obj, bad[i].key, bad[i].v);
+        r = ckpt_reader_open(step, err, sizeof err);
+        CHECK(!r && strstr(err, "step-5/metadata.json: ") && strstr(err, bad[i].want) &&
+                  strstr(err, "refusing to load"),
+              "%s.%s refused by name: %s", bad[i].obj, bad[i].key, err);
+        ckpt_reader_close(r);
+        edit_state(step, bad[i].obj, bad[i].key, orig);
+    }
+    r = ckpt_reader_open(step, err, sizeof err);
+    CHECK(r != NULL, "restored: %s", err);
+    ckpt_reader_close(r);
+    /* a model-only save has no scheduler or optimizer: nothing to check there */
+    edit_state(step, "optimizer", "step", NULL);
+    r = ckpt_reader_open(step, err, sizeof err);
+    CHECK(r != NULL, "absent counters are fine: %s", err);
+    ckpt_reader_close(r);
+    ops->release(store);
+}
+
 int main(void) {
     char err[256];
     const tetra_ops *ops = ops_get("cpu", err, sizeof err);
@@ -537,6 +668,7 @@ int main(void) {
     test_overlap();
     test_metadata();
     test_disk(ops);
+    test_consistency(ops);
     ckpt_remove_tree(root);
     printf("test_checkpoint: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

@@ -241,7 +241,7 @@ static const char *const WORKS[] = {
     "optimizer.weight_decay", "lr_scheduler.warmup_steps", "lr_scheduler.total_steps", "lr_scheduler.decay_ratio",
     "lr_scheduler.decay_type", "lr_scheduler.min_lr_factor", "training.dataset", "training.dataset_path",
     "training.local_batch_size", "training.global_batch_size", "training.seq_len", "training.max_norm",
-    "training.steps", "training.on_nonfinite", "training.mixed_precision_param", "training.mixed_precision_reduce", "training.seed",
+    "training.steps", "training.on_nonfinite", "training.max_consecutive_nonfinite_steps", "training.mixed_precision_param", "training.mixed_precision_reduce", "training.seed",
     "training.deterministic", "training.device", "training.threads", "parallelism.data_parallel_replicate_degree",
     "parallelism.data_parallel_shard_degree", "parallelism.fsdp_reshard_after_forward",
     "parallelism.tensor_parallel_degree", "parallelism.disable_loss_parallel",

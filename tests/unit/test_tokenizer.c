@@ -1,6 +1,7 @@
 /* test_tokenizer.c — the BPE merge loop against naive references on random
  * vocabularies, UTF-8 repair, the pre-tokenizer on whitespace edge cases, the
  * loaders' error messages, and encoding from several threads at once. */
+#include <jansson.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -459,9 +460,20 @@ static void test_files(void) {
                      " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}";
     write_file("tokenizer.json", j3, strlen(j3));
     CHECK(tok_load(tmpdir, err, sizeof err) == NULL && strstr(err, "merges[0]"), "bad merge: %s", err);
-    snprintf(p, sizeof p, "%s/tokenizer.json", tmpdir);
-    unlink(p);
+    /* the shipped tokenizer with a pre-tokenizer regex that does not compile: the file is named */
+    json_t *hf = json_load_file("tests/assets/tokenizer/tokenizer.json", 0, NULL);
+    CHECK(hf != NULL, "tests/assets/tokenizer/tokenizer.json");
+    json_t *split = json_array_get(json_object_get(json_object_get(hf, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("(unclosed"));
     snprintf(p, sizeof p, "%s/tokenizer.model", tmpdir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmpdir);
+    CHECK(hf && json_dump_file(hf, p, 0) == 0, "write %s", p);
+    json_decref(hf);
+    char want[600];
+    snprintf(want, sizeof want, "%s: pre_tokenizer.pretokenizers[0].pattern.Regex: pre-tokenizer pattern does not "
+             "compile", p);
+    CHECK(tok_load(tmpdir, err, sizeof err) == NULL && strstr(err, want), "bad regex names the file: %s", err);
     unlink(p);
     rmdir(tmpdir);
 }
