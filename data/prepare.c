@@ -1,6 +1,7 @@
 /* prepare.c — `tetra data prepare`: tokenize a corpus into token shards (see prepare.h). */
 #include "data/prepare.h"
 
+#include "data/parquet.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -159,7 +160,7 @@ static void on_signal(int sig) {
 
 /* ---- input files ----------------------------------------------------------------------- */
 
-enum { IN_TXT, IN_JSONL };
+enum { IN_TXT, IN_JSONL, IN_PARQUET };
 /* compression of an input file, from its last suffix: C4's `en` files are .json.gz,
  * many exports are .jsonl.zst */
 enum { COMP_NONE, COMP_GZ, COMP_ZST };
@@ -183,10 +184,13 @@ static int ends_with(const char *s, size_t n, const char *suffix) {
     return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
 }
 
-/* .txt, .jsonl or .json (JSON lines, as C4's), each optionally .gz or .zst; -1 otherwise */
+/* .txt, .jsonl or .json (JSON lines, as C4's), each optionally .gz or .zst, or .parquet
+ * (compressed inside, page by page); -1 otherwise */
 static int kind_of(const char *path, int *comp) {
     size_t n = strlen(path);
     int c = COMP_NONE;
+    if (comp) *comp = COMP_NONE;
+    if (ends_with(path, n, ".parquet")) return IN_PARQUET;
     if (ends_with(path, n, ".gz")) {
         c = COMP_GZ;
         n -= 3;
@@ -280,8 +284,8 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     if (S_ISDIR(st.st_mode)) {
         if (walk(l, input, 0, err, errlen) != 0) return -1;
         if (l->n == 0) {
-            seterr(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) in the "
-                                "folder", input);
+            seterr(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) nor "
+                                ".parquet files in the folder", input);
             return -1;
         }
         qsort(l->v, l->n, sizeof *l->v, cmp_files);
@@ -291,8 +295,8 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     int kind = kind_of(input, &comp);
     if (!S_ISREG(st.st_mode) || kind < 0) {
         seterr(err, errlen,
-               "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst) or a folder "
-               "(Parquet exports: convert to JSONL first, see docs/data.md)", input);
+               "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst), a .parquet "
+               "file or a folder", input);
         return -1;
     }
     if (list_add(l, input, kind, comp, (uint64_t)st.st_size) != 0) {
@@ -307,6 +311,7 @@ typedef struct {
     const char *data;
     size_t len;
     int owned;        /* decompressed into the heap (free), else mapped (munmap) */
+    pq_column *col;   /* instead: a Parquet row group's text column, whose values items point into */
 } fmap;
 
 /* Append n bytes to a growing heap buffer. */
@@ -423,9 +428,7 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
 }
 
 static int map_file(const char *path, int comp, fmap *m, char *err, size_t errlen) {
-    m->data = NULL;
-    m->len = 0;
-    m->owned = 0;
+    memset(m, 0, sizeof *m);
     if (comp != COMP_NONE) return inflate_file(path, comp, m, err, errlen);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
@@ -453,7 +456,11 @@ static int map_file(const char *path, int comp, fmap *m, char *err, size_t errle
 }
 
 static void unmap_file(fmap *m) {
-    if (m->owned) free((void *)m->data);
+    if (m->col) {
+        pq_column_free(m->col);
+        free(m->col);
+        m->col = NULL;
+    } else if (m->owned) free((void *)m->data);
     else if (m->data) munmap((void *)m->data, m->len);
     m->data = NULL;
     m->len = 0;
@@ -466,9 +473,16 @@ static int blank_line(const char *s, size_t n) {
 }
 
 /* Pass 1: documents per file. */
-static int count_docs(in_file *f, char *err, size_t errlen) {
+static int count_docs(in_file *f, const char *field, char *err, size_t errlen) {
     if (f->kind == IN_TXT && f->comp == COMP_NONE) {
         f->n_docs = f->size > 0 ? 1 : 0;
+        return 0;
+    }
+    if (f->kind == IN_PARQUET) { /* one document per row; the footer says how many */
+        pq_file *pf = pq_open(f->path, field, NULL, err, errlen);
+        if (!pf) return -1;
+        f->n_docs = (uint64_t)pq_num_rows(pf);
+        pq_close(pf);
         return 0;
     }
     fmap m;
@@ -501,7 +515,8 @@ typedef struct {
     size_t len;
     size_t file;      /* index into the input list */
     uint64_t offset;  /* byte offset of data in its file */
-    uint64_t line;    /* ITEM_JSON: 1-based line number */
+    uint64_t line;    /* ITEM_JSON: 1-based line number; ITEM_TEXT of a Parquet value: its row, from 1 */
+    int rg;           /* ITEM_TEXT of a Parquet value: its row group, else -1 */
     int bos, eos;     /* first / last piece of its document */
     int split;        /* 0 train, 1 val */
     /* results */
@@ -556,16 +571,22 @@ static void work_item(const batch_ctx *c, item *it) {
         }
     } else {
         size_t bad = data_prepare_utf8_check((const unsigned char *)text, len);
-        if (bad < len) {
+        if (bad < len && it->rg >= 0)
+            it->error = xstrdup_printf("%s: row group %d, row %llu: invalid UTF-8 at byte offset %llu of its text "
+                                       "(byte 0x%02x)", path, it->rg, (unsigned long long)it->line,
+                                       (unsigned long long)(it->offset + bad), (unsigned char)text[bad]);
+        else if (bad < len)
             it->error = xstrdup_printf("%s: invalid UTF-8 at byte offset %llu (byte 0x%02x)", path,
                                        (unsigned long long)(it->offset + bad), (unsigned char)text[bad]);
-            return;
-        }
+        if (bad < len) return;
     }
     it->n_bytes = len;
     if (tok_encode(c->tok, text, len, 0, 0, 0, &it->ids, &it->n_ids, err, sizeof err) != 0) {
         if (it->kind == ITEM_JSON)
             it->error = xstrdup_printf("%s:%llu: %s", path, (unsigned long long)it->line, err);
+        else if (it->rg >= 0)
+            it->error = xstrdup_printf("%s: row group %d, row %llu: %s", path, it->rg, (unsigned long long)it->line,
+                                       err);
         else
             it->error = xstrdup_printf("%s: at byte offset %llu: %s", path, (unsigned long long)it->offset, err);
         it->ids = NULL;
@@ -737,15 +758,17 @@ static void usage(FILE *f) {
             "  --tokenizer DIR     folder with tokenizer.json (Hugging Face) or tokenizer.model (tiktoken)\n"
             "  --input PATH        a .txt file (one document), a .jsonl or .json file (one document per line,\n"
             "                      in the \"text\" field of a JSON object; C4's en/*.json.gz), each\n"
-            "                      optionally gzip (.gz) or zstd (.zst) compressed, or a folder (every such\n"
-            "                      file in it, recursively, in byte order of their paths)\n"
+            "                      optionally gzip (.gz) or zstd (.zst) compressed, a .parquet file (one\n"
+            "                      document per row of its text column; FineWeb, DCLM), or a folder (every\n"
+            "                      such file in it, recursively, in byte order of their paths)\n"
             "  --output DIR        the folder to create (refused when it exists): DIR/index.json,\n"
             "                      DIR/train/shard_*.bin, DIR/val/shard_*.bin\n"
             "  --val-fraction F    hold out the last F of the documents as the \"val\" split (default %g;\n"
             "                      0 = none); a single document is cut at the paragraph nearest to 1-F\n"
             "  --threads N         tokenizer threads (default 2); the output does not depend on N\n"
             "  --shard-tokens N    tokens per shard file (default %llu)\n"
-            "  --text-field NAME   the JSON field holding the text in .jsonl files (default \"text\")\n"
+            "  --text-field NAME   the JSON field (.jsonl) or the column (.parquet) holding the text\n"
+            "                      (default \"text\")\n"
             "  --vocab-size N      fail unless the tokenizer's vocab size is N (the model's vocab_size)\n"
             "  --piece-bytes N     tokenize long documents in pieces of about N bytes, cut at pre-token\n"
             "                      boundaries so the ids equal whole-document encoding (default %zu)\n"
@@ -1012,8 +1035,9 @@ static int push_item(prep *p, const item *it) {
     return 0;
 }
 
-/* Queue text [a, b) of file f as one document (split into pieces). */
-static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, int split) {
+/* Queue text [a, b) of file f as one document (split into pieces); rg >= 0: a Parquet
+ * value, the text of row `row` of row group rg. */
+static int push_text_at(prep *p, size_t f, const char *base, size_t a, size_t b, int split, int rg, uint64_t row) {
     size_t pos = a;
     while (pos < b) {
         size_t end = a + data_prepare_piece_end(base + a, b - a, pos - a, (size_t)p->o.piece_bytes);
@@ -1027,10 +1051,90 @@ static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, in
         it.bos = pos == a;
         it.eos = end == b;
         it.split = split;
+        it.rg = rg;
+        it.line = row;
         if (push_item(p, &it) != 0) return -1;
         pos = end;
     }
     return 0;
+}
+
+static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, int split) {
+    return push_text_at(p, f, base, a, b, split, -1, 0);
+}
+
+/* The one document of a corpus, cut for the val split: text is a copy owned by p. */
+static int push_single(prep *p, size_t fi, const char *text, size_t len, const char *where, char *rule, size_t rn) {
+    size_t cut = data_prepare_split_point(text, len, p->o.val_fraction);
+    if (!cut) {
+        seterr(p->err, sizeof p->err,
+               "%s: a single document of %zu bytes is too short to hold out a validation part; use --val-fraction 0",
+               where, len);
+        return -1;
+    }
+    snprintf(rule, rn, "single document cut at byte %zu of %zu of its text", cut, len);
+    if (push_text(p, fi, text, 0, cut, 0) != 0) return -1;
+    return push_text(p, fi, text, cut, len, 1);
+}
+
+/* Queue every row of a Parquet file's text column, one row group at a time: a group's
+ * decoded column stays until the batch holding its last value is written. A null or empty
+ * value is a document without text (counted, skipped, as {"text": ""} in a .jsonl). */
+static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t first_val, char *rule, size_t rn) {
+    const in_file *f = &p->files.v[fi];
+    pq_file *pf = pq_open(f->path, p->o.field, NULL, p->err, sizeof p->err);
+    if (!pf) return -1;
+    int rc = 0;
+    uint64_t row = 0;
+    for (int g = 0; g < pq_num_row_groups(pf) && rc == 0; g++) {
+        if (g_interrupted) {
+            seterr(p->err, sizeof p->err, "interrupted");
+            rc = -1;
+            break;
+        }
+        fmap m;
+        memset(&m, 0, sizeof m);
+        m.col = calloc(1, sizeof *m.col);
+        if (!m.col) {
+            seterr(p->err, sizeof p->err, "out of memory");
+            rc = -1;
+            break;
+        }
+        if (pq_read_column(pf, g, m.col, p->err, sizeof p->err) != 0) {
+            free(m.col);
+            rc = -1;
+            break;
+        }
+        for (int64_t i = 0; i < m.col->n && rc == 0; i++, row++) {
+            const pq_value *v = &m.col->values[i];
+            const int split = *doc >= first_val ? 1 : 0;
+            (*doc)++;
+            if (single) {
+                char where[PATH_MAX + 64];
+                snprintf(where, sizeof where, "%s: row group %d, row %llu", f->path, g, (unsigned long long)row + 1);
+                free(p->owned_text);
+                p->owned_text = malloc(v->len ? v->len : 1);
+                if (!p->owned_text) {
+                    seterr(p->err, sizeof p->err, "out of memory");
+                    rc = -1;
+                } else {
+                    if (v->len) memcpy(p->owned_text, v->ptr, v->len);
+                    rc = push_single(p, fi, p->owned_text, v->len, where, rule, rn);
+                }
+            } else if (!v->ptr || v->len == 0) {
+                p->empty_docs++;
+            } else {
+                rc = push_text_at(p, fi, v->ptr, 0, v->len, split, g, row + 1);
+            }
+        }
+        if (add_pending(p, m) != 0) {
+            unmap_file(&m);
+            seterr(p->err, sizeof p->err, "out of memory");
+            rc = -1;
+        }
+    }
+    pq_close(pf);
+    return rc;
 }
 
 static int run(prep *p) {
@@ -1065,7 +1169,7 @@ static int run(prep *p) {
     /* Pass 1: count documents. */
     uint64_t D = 0;
     for (size_t i = 0; i < p->files.n; i++) {
-        if (count_docs(&p->files.v[i], p->err, sizeof p->err) != 0) return -1;
+        if (count_docs(&p->files.v[i], o->field, p->err, sizeof p->err) != 0) return -1;
         D += p->files.v[i].n_docs;
         p->total_bytes += p->files.v[i].size;
     }
@@ -1148,6 +1252,10 @@ static int run(prep *p) {
         if (g_interrupted) {
             seterr(p->err, sizeof p->err, "interrupted");
             return -1;
+        }
+        if (f->kind == IN_PARQUET) {
+            if (push_parquet(p, fi, single, &doc, D - V, rule, sizeof rule) != 0) return -1;
+            continue;
         }
         fmap m;
         if (map_file(f->path, f->comp, &m, p->err, sizeof p->err) != 0) return -1;
@@ -1233,6 +1341,7 @@ static int run(prep *p) {
                         it.file = fi;
                         it.offset = pos;
                         it.line = line;
+                        it.rg = -1;
                         it.bos = it.eos = 1;
                         it.split = doc >= D - V ? 1 : 0;
                         rc = push_item(p, &it);
@@ -1305,10 +1414,10 @@ static int run(prep *p) {
                    (unsigned long long)sp[s].n_tokens, sp[s].n_shards, sp[s].n_shards == 1 ? "" : "s");
         printf("  val split: %s\n", rule);
         if (p->empty_docs)
-            printf("  skipped %llu document%s with empty text\n", (unsigned long long)p->empty_docs,
+            printf("  skipped %llu document%s with empty (or null) text\n", (unsigned long long)p->empty_docs,
                    p->empty_docs == 1 ? "" : "s");
         if (p->files.ignored)
-            printf("  ignored %zu file%s that %s neither .txt nor .jsonl\n", p->files.ignored,
+            printf("  ignored %zu file%s that %s not .txt, .jsonl, .json or .parquet\n", p->files.ignored,
                    p->files.ignored == 1 ? "" : "s", p->files.ignored == 1 ? "is" : "are");
     }
     return 0;

@@ -5,10 +5,12 @@
  *                      [--text-field NAME] [--vocab-size N] [--quiet]
  *
  * Documents: a .txt file is one document; a .jsonl file holds one document per
- * non-blank line (the "text" string field of a JSON object); a folder
- * contributes every .txt and .jsonl file inside it, recursively, in byte order
- * of their paths (names starting with '.' are skipped). Each document becomes
- * BOS tokens EOS in the output (shard.h has the format).
+ * non-blank line (the "text" string field of a JSON object); a .parquet file
+ * holds one document per row (the "text" column, parquet.h; a null value is a
+ * document without text, skipped like an empty string); a folder contributes
+ * every such file inside it, recursively, in byte order of their paths (names
+ * starting with '.' are skipped). Each document becomes BOS tokens EOS in the
+ * output (shard.h has the format).
  *
  * Validation split: the last round(F * D) of the D documents (at least one,
  * at most D - 1) form the "val" split; with a single document, the document is
