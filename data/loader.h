@@ -32,6 +32,14 @@
  * header checksum, size, payload CRC-32C) and checks that the corpus' vocab
  * size equals the model's.
  *
+ * Megatron-LM indexed datasets (megatron.h): when dir is a Megatron dataset (PREFIX with
+ * PREFIX.idx and PREFIX.bin, or either file) its token stream is the .bin's sequences in
+ * index order, read in place, packed the same way; "train" and "val" both read all of it.
+ * The index records no tokenizer: expected_vocab_size is required, a dtype that cannot
+ * hold its ids is refused at open, and every id is checked as windows are read (dl_next
+ * returns -1 naming the .bin, the token, its sequence and the id). BOS/EOS are unknown
+ * (-1); Megatron's preprocessing ends each document with EOD when asked to.
+ *
  * Resume: dl_state_save writes the position, seed, shuffle flag, seq_len and a
  * fingerprint of the split (DL_STATE_BYTES bytes). dl_state_load on a loader
  * opened on the same split with the same seq_len, shuffle and seed continues
@@ -132,6 +140,9 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
  * The split ("train" / "val") is chosen by the caller at dl_open. */
 int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_dir, size_t n, char *err,
                        size_t errlen);
+
+/* Is path a Megatron indexed dataset rather than a folder of token shards? */
+int dl_is_megatron(const char *path);
 
 /* The permutation used for shuffling (exposed for tests): a bijection of
  * 0..n-1 keyed by (seed, epoch). */

@@ -990,6 +990,11 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 log_error("validation.dataset: %s", err);
                 goto fail;
             }
+            if (!c->validation.dataset_path && dl_is_megatron(vdir)) { /* it would validate on training data */
+                log_error("validation: training.dataset_path %s is a Megatron dataset, which has no held-out split: "
+                          "set validation.dataset_path to another one", vdir);
+                goto fail;
+            }
             dl_config vc = {0};
             vc.seq_len = t->VT;
             vc.local_batch_size = t->VB;
