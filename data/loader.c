@@ -1,5 +1,6 @@
 /* loader.c — stateful packing loader over memory-mapped token shards (see loader.h). */
 #include "data/loader.h"
+#include "data/loader_internal.h"
 
 #include "data/crc32c.h"
 
@@ -32,16 +33,7 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-#define FEISTEL_ROUNDS 6
-
-typedef struct {
-    uint64_t n;
-    unsigned half;
-    uint64_t mask;
-    uint64_t key[FEISTEL_ROUNDS];
-} feistel;
-
-static void feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) {
+void dl_feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) {
     unsigned bits = 2;
     while (bits < 62 && ((uint64_t)1 << bits) < n) bits++;
     if (bits & 1) bits++;
@@ -52,7 +44,7 @@ static void feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) 
     for (int r = 0; r < FEISTEL_ROUNDS; r++) f->key[r] = k = mix64(k + (uint64_t)r);
 }
 
-static uint64_t feistel_apply(const feistel *f, uint64_t i) {
+uint64_t dl_feistel_apply(const feistel *f, uint64_t i) {
     if (f->n <= 1) return 0;
     do {
         uint64_t l = i >> f->half, r = i & f->mask;
@@ -68,30 +60,12 @@ static uint64_t feistel_apply(const feistel *f, uint64_t i) {
 
 uint64_t dl_permute(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch) {
     feistel f;
-    feistel_init(&f, n, seed, epoch);
-    return feistel_apply(&f, i);
+    dl_feistel_init(&f, n, seed, epoch);
+    return dl_feistel_apply(&f, i);
 }
 
 /* ---- the loader ---------------------------------------------------------------- */
 
-struct dl_loader {
-    char *dir, *split;
-    dl_config cfg;
-    int n_shards;
-    shard_file *shards;
-    mg_dataset *mg;          /* instead of shards: a Megatron indexed dataset */
-    uint64_t *starts;        /* [n_shards+1]: first stream index of each shard */
-    uint64_t n_tokens, W, G; /* tokens, windows per epoch, windows per step */
-    uint64_t position;
-    uint32_t vocab;
-    int64_t bos, eos;
-    uint32_t fingerprint;
-    int32_t *window;         /* [seq_len+1] */
-    feistel perm;
-    uint64_t perm_epoch;
-    int perm_ready;
-    char error[640];         /* why dl_next returned -1 */
-};
 
 static char *join(const char *a, const char *b) {
     size_t na = strlen(a), nb = strlen(b);
@@ -105,6 +79,7 @@ static char *join(const char *a, const char *b) {
 
 void dl_close(dl_loader *dl) {
     if (!dl) return;
+    dl_mix_free(dl);
     for (int i = 0; i < dl->n_shards; i++) shard_close(&dl->shards[i]);
     free(dl->shards);
     if (dl->mg) mg_close(dl->mg);
@@ -295,7 +270,7 @@ dl_loader *dl_open(const char *dir, const char *split, int seq_len, int local_ba
 /* 0, or -1 with dl->error set when a token id is outside the vocabulary (a shard whose
  * index and checksums are valid but whose ids are not: written by another tool, or by
  * hand), naming the shard and the token's offset in it. */
-static int read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
+int dl_read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
     if (dl->mg) return mg_read(dl->mg, first, n, dl->vocab, out, dl->error, sizeof dl->error);
     int lo = 0, hi = dl->n_shards - 1;
     while (lo < hi) { /* last shard whose start <= first */
@@ -325,25 +300,26 @@ static int read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
     return 0;
 }
 
-static uint64_t window_of(dl_loader *dl, uint64_t g) {
+uint64_t dl_window_of(dl_loader *dl, uint64_t g) {
     uint64_t e = g / dl->W, i = g % dl->W;
     if (!dl->cfg.shuffle) return i;
     if (!dl->perm_ready || dl->perm_epoch != e) {
-        feistel_init(&dl->perm, dl->W, dl->cfg.seed, e);
+        dl_feistel_init(&dl->perm, dl->W, dl->cfg.seed, e);
         dl->perm_epoch = e;
         dl->perm_ready = 1;
     }
-    return feistel_apply(&dl->perm, i);
+    return dl_feistel_apply(&dl->perm, i);
 }
 
 int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
+    if (dl->n_src) return dl_mix_next(dl, inputs, labels);
     const size_t T = (size_t)dl->cfg.seq_len;
     const uint64_t R = (uint64_t)dl->cfg.dp_size, r = (uint64_t)dl->cfg.dp_rank;
     if (dl->cfg.single_pass && dl->position + dl->G > dl->W) return 0;
     for (int k = 0; k < dl->cfg.local_batch_size; k++) {
         uint64_t g = dl->position + (uint64_t)k * R + r;
-        uint64_t j = window_of(dl, g);
-        if (read_stream(dl, j * (T + 1), T + 1, dl->window)) return -1;
+        uint64_t j = dl_window_of(dl, g);
+        if (dl_read_stream(dl, j * (T + 1), T + 1, dl->window)) return -1;
         memcpy(inputs + (size_t)k * T, dl->window, T * sizeof *inputs);
         memcpy(labels + (size_t)k * T, dl->window + 1, T * sizeof *labels);
     }
@@ -366,7 +342,10 @@ int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
     return 1;
 }
 
-void dl_rewind(dl_loader *dl) { dl->position = 0; }
+void dl_rewind(dl_loader *dl) {
+    dl->position = 0;
+    if (dl->n_src) dl_mix_rewind(dl);
+}
 
 const char *dl_error(const dl_loader *dl) { return dl->error; }
 
@@ -442,6 +421,11 @@ int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t er
                dl->cfg.seq_len);
         return -1;
     }
+    if (dl->n_src && seed != dl->cfg.seed) {
+        seterr(err, errlen, "data loader state: saved with seed %llu; this run has seed %llu, and a mixture's order "
+               "of sources follows the seed", (unsigned long long)seed, (unsigned long long)dl->cfg.seed);
+        return -1;
+    }
     if ((shuffle != 0) != (dl->cfg.shuffle != 0) || (shuffle && seed != dl->cfg.seed)) {
         seterr(err, errlen,
                "data loader state: saved with shuffle %s, seed %llu; this run has shuffle %s, seed %llu",
@@ -450,6 +434,7 @@ int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t er
         return -1;
     }
     dl->position = get64(p + 16);
+    if (dl->n_src) mix_counts(&dl->mix, dl->position, dl->counted);
     return 0;
 }
 
