@@ -21,6 +21,10 @@
  * complete; on any error (or Ctrl-C) the temporary folder is removed, so either
  * the whole corpus exists or nothing does. An existing --output is refused.
  * The result does not depend on --threads.
+ *
+ * Under mpirun / srun every rank tokenizes a run of consecutive input files and the
+ * shards are cut from all of them (prepare_dist.h, prepare_spool.h): the output is byte for
+ * byte one rank's, whatever the number of ranks.
  */
 #ifndef TETRA_PREPARE_H
 #define TETRA_PREPARE_H
