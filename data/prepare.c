@@ -1089,8 +1089,10 @@ static int push_single(prep *p, size_t fi, const char *text, size_t len, const c
 }
 
 /* Queue every row of a Parquet file's text column, one row group at a time: a group's
- * decoded column stays until the batch holding its last value is written. A null or empty
- * value is a document without text (counted, skipped, as {"text": ""} in a .jsonl). */
+ * decoded column stays until the batch holding its last value is written, and that batch
+ * is written before the next group is read, so one column chunk is held at a time. A null
+ * or empty value is a document without text (counted, skipped, as {"text": ""} in a
+ * .jsonl). */
 static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t first_val, char *rule, size_t rn) {
     const in_file *f = &p->files.v[fi];
     pq_file *pf = pq_open(f->path, p->o.field, NULL, p->err, sizeof p->err);
@@ -1100,6 +1102,10 @@ static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t 
     for (int g = 0; g < pq_num_row_groups(pf) && rc == 0; g++) {
         if (g_interrupted) {
             seterr(p->err, sizeof p->err, "interrupted");
+            rc = -1;
+            break;
+        }
+        if (flush_batch(p) != 0) { /* the previous group's values, and its memory */
             rc = -1;
             break;
         }
