@@ -31,7 +31,7 @@ case "$target" in
          "$cc" "${flags[@]}" -fopenmp -DFUZZ_ST "$root/models/llama3/hf.c" "$root/tests/fuzz/readers_fuzz.c" "$lib" \
            -o "$work/fuzz" $(mpicc --showme:link) $(pkg-config --libs jansson libpcre2-8 openblas libpng zlib libzstd snappy) \
            -lpthread -ldl -lm ;;
-  parquet) "$cc" "${flags[@]}" -DFUZZ_PARQUET "$root/data/parquet.c" "$root/data/thrift.c" \
+  parquet) "$cc" "${flags[@]}" -DFUZZ_PARQUET "$root/data/parquet.c" "$root/data/parquet_chunk.c" "$root/data/thrift.c" \
            "$root/tests/fuzz/readers_fuzz.c" -o "$work/fuzz" $(pkg-config --libs snappy zlib libzstd) ;;
   *) echo "unknown target '$target' (shard | meta | tok | st | parquet)" >&2; exit 2 ;;
 esac
