@@ -1236,7 +1236,7 @@ fail:
 
 /* <dump_folder>/data_mix.jsonl: the mixture's realised shares so far (docs/data.md) */
 static void log_mix(trainer *t, int64_t step) {
-    char line[16384], path[4200];
+    char line[1 << 16], path[4200];
     snprintf(path, sizeof path, "%s/data_mix.jsonl", t->c->job.dump_folder);
     FILE *f = dl_mix_json(t->train, step, line, sizeof line) == 0 ? fopen(path, "a") : NULL;
     if (!f) return;
@@ -1360,7 +1360,7 @@ static int prepare_run(trainer *t) {
                  t->train ? (unsigned long long)dl_num_tokens(t->train) : 0ull,
                  t->train ? (unsigned long long)dl_steps_per_epoch(t->train) / (unsigned long long)t->accum : 0ull);
     if (t->rank == 0 && c->training.dataset_mix.n > 0) { /* the shares the whole run will draw */
-        char line[16384];
+        char line[1 << 16];
         const uint64_t planned = (uint64_t)c->training.steps * (uint64_t)t->dims.global_batch_size;
         if (dl_mix_summary(t->train, planned, line, sizeof line) == 0)
             log_info("data mixture over the run's %llu sequences: %s", (unsigned long long)planned, line);
