@@ -1,8 +1,10 @@
 /* loader.c — stateful packing loader over memory-mapped token shards (see loader.h). */
 #include "data/loader.h"
+#include "data/loader_internal.h"
 
 #include "data/crc32c.h"
 
+#include "data/megatron.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -31,16 +33,7 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-#define FEISTEL_ROUNDS 6
-
-typedef struct {
-    uint64_t n;
-    unsigned half;
-    uint64_t mask;
-    uint64_t key[FEISTEL_ROUNDS];
-} feistel;
-
-static void feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) {
+void dl_feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) {
     unsigned bits = 2;
     while (bits < 62 && ((uint64_t)1 << bits) < n) bits++;
     if (bits & 1) bits++;
@@ -51,7 +44,7 @@ static void feistel_init(feistel *f, uint64_t n, uint64_t seed, uint64_t epoch) 
     for (int r = 0; r < FEISTEL_ROUNDS; r++) f->key[r] = k = mix64(k + (uint64_t)r);
 }
 
-static uint64_t feistel_apply(const feistel *f, uint64_t i) {
+uint64_t dl_feistel_apply(const feistel *f, uint64_t i) {
     if (f->n <= 1) return 0;
     do {
         uint64_t l = i >> f->half, r = i & f->mask;
@@ -67,29 +60,12 @@ static uint64_t feistel_apply(const feistel *f, uint64_t i) {
 
 uint64_t dl_permute(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch) {
     feistel f;
-    feistel_init(&f, n, seed, epoch);
-    return feistel_apply(&f, i);
+    dl_feistel_init(&f, n, seed, epoch);
+    return dl_feistel_apply(&f, i);
 }
 
 /* ---- the loader ---------------------------------------------------------------- */
 
-struct dl_loader {
-    char *dir, *split;
-    dl_config cfg;
-    int n_shards;
-    shard_file *shards;
-    uint64_t *starts;        /* [n_shards+1]: first stream index of each shard */
-    uint64_t n_tokens, W, G; /* tokens, windows per epoch, windows per step */
-    uint64_t position;
-    uint32_t vocab;
-    int64_t bos, eos;
-    uint32_t fingerprint;
-    int32_t *window;         /* [seq_len+1] */
-    feistel perm;
-    uint64_t perm_epoch;
-    int perm_ready;
-    char error[640];         /* why dl_next returned -1 */
-};
 
 static char *join(const char *a, const char *b) {
     size_t na = strlen(a), nb = strlen(b);
@@ -103,13 +79,70 @@ static char *join(const char *a, const char *b) {
 
 void dl_close(dl_loader *dl) {
     if (!dl) return;
+    dl_mix_free(dl);
     for (int i = 0; i < dl->n_shards; i++) shard_close(&dl->shards[i]);
     free(dl->shards);
+    if (dl->mg) mg_close(dl->mg);
+    free(dl->mg);
     free(dl->starts);
     free(dl->window);
     free(dl->dir);
     free(dl->split);
     free(dl);
+}
+
+/* W, G and the window buffer, once the stream's length is known. */
+static int finish_open(dl_loader *dl, const char *what, char *err, size_t errlen) {
+    const dl_config *cfg = &dl->cfg;
+    dl->window = malloc(((size_t)cfg->seq_len + 1) * sizeof *dl->window);
+    if (!dl->window) {
+        seterr(err, errlen, "data loader: out of memory");
+        return -1;
+    }
+    dl->W = dl->n_tokens / ((uint64_t)cfg->seq_len + 1);
+    dl->G = (uint64_t)cfg->dp_size * (uint64_t)cfg->local_batch_size;
+    if (dl->W == 0) {
+        seterr(err, errlen, "%s has %llu tokens, fewer than one sequence of seq_len+1 = %d", what,
+               (unsigned long long)dl->n_tokens, cfg->seq_len + 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* A Megatron dataset is one token stream: "train" and "val" both read all of it. Its index
+ * records no tokenizer, so the model's vocabulary is the one every id is checked against,
+ * and a dtype that cannot hold that vocabulary's ids means another tokenizer. */
+static dl_loader *open_megatron(dl_loader *dl, const char *path, char *err, size_t errlen) {
+    const uint32_t V = dl->cfg.expected_vocab_size;
+    if (!(dl->mg = calloc(1, sizeof *dl->mg)) || !(dl->dir = strdup(path)) || !(dl->split = strdup("all"))) {
+        seterr(err, errlen, "data loader: out of memory");
+        goto fail;
+    }
+    if (mg_open(dl->mg, path, err, errlen) != 0) goto fail;
+    if (V == 0) {
+        seterr(err, errlen, "%s.idx: a Megatron dataset records no vocabulary; the model's vocab_size is needed to check "
+               "its ids", dl->mg->prefix);
+        goto fail;
+    }
+    if (mg_dtype_max(dl->mg->dtype) < (uint64_t)V - 1) {
+        seterr(err, errlen, "%s.idx: its ids are %s, at most %llu, but the model's vocab_size is %u: the dataset was "
+               "tokenized with a smaller vocabulary (another tokenizer); tokenize it with the model's, or set "
+               "model.vocab_size", dl->mg->prefix, mg_dtype_name(dl->mg->dtype),
+               (unsigned long long)mg_dtype_max(dl->mg->dtype), V);
+        goto fail;
+    }
+    dl->vocab = V;
+    dl->bos = dl->eos = -1;
+    dl->n_tokens = dl->mg->n_tokens;
+    uint32_t fp = crc32c(0, &V, sizeof V);
+    dl->fingerprint = crc32c(fp, &dl->mg->idx_crc, sizeof dl->mg->idx_crc);
+    char what[PATH_MAX + 64];
+    snprintf(what, sizeof what, "Megatron dataset %s", dl->mg->prefix);
+    if (finish_open(dl, what, err, errlen) != 0) goto fail;
+    return dl;
+fail:
+    dl_close(dl);
+    return NULL;
 }
 
 dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *cfg, char *err, size_t errlen) {
@@ -122,6 +155,15 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
         seterr(err, errlen, "data loader: bad geometry (seq_len %d, local_batch_size %d, dp rank %d of %d)",
                cfg->seq_len, cfg->local_batch_size, cfg->dp_rank, cfg->dp_size);
         return NULL;
+    }
+    if (mg_is_dataset(dir)) {
+        dl_loader *dl = calloc(1, sizeof *dl);
+        if (!dl) {
+            seterr(err, errlen, "data loader: out of memory");
+            return NULL;
+        }
+        dl->cfg = *cfg;
+        return open_megatron(dl, dir, err, errlen);
     }
     shard_index ix;
     if (shard_index_read(dir, &ix, err, errlen) != 0) return NULL;
@@ -161,8 +203,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     }
     dl->shards = calloc((size_t)sp->n_shards, sizeof *dl->shards);
     dl->starts = calloc((size_t)sp->n_shards + 1, sizeof *dl->starts);
-    dl->window = malloc(((size_t)cfg->seq_len + 1) * sizeof *dl->window);
-    if (!dl->dir || !dl->split || !dl->shards || !dl->starts || !dl->window) {
+    if (!dl->dir || !dl->split || !dl->shards || !dl->starts) {
         seterr(err, errlen, "data loader: out of memory");
         goto fail;
     }
@@ -200,13 +241,9 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     }
     dl->fingerprint = fp;
     dl->n_tokens = dl->starts[dl->n_shards];
-    dl->W = dl->n_tokens / ((uint64_t)cfg->seq_len + 1);
-    dl->G = (uint64_t)cfg->dp_size * (uint64_t)cfg->local_batch_size;
-    if (dl->W == 0) {
-        seterr(err, errlen, "%s: split \"%s\" has %llu tokens, fewer than one sequence of seq_len+1 = %d", dir,
-               split, (unsigned long long)dl->n_tokens, cfg->seq_len + 1);
-        goto fail;
-    }
+    char what[PATH_MAX + 64];
+    snprintf(what, sizeof what, "%s: split \"%s\"", dir, split);
+    if (finish_open(dl, what, err, errlen) != 0) goto fail;
     shard_index_free(&ix);
     return dl;
 fail:
@@ -233,7 +270,8 @@ dl_loader *dl_open(const char *dir, const char *split, int seq_len, int local_ba
 /* 0, or -1 with dl->error set when a token id is outside the vocabulary (a shard whose
  * index and checksums are valid but whose ids are not: written by another tool, or by
  * hand), naming the shard and the token's offset in it. */
-static int read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
+int dl_read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
+    if (dl->mg) return mg_read(dl->mg, first, n, dl->vocab, out, dl->error, sizeof dl->error);
     int lo = 0, hi = dl->n_shards - 1;
     while (lo < hi) { /* last shard whose start <= first */
         int mid = (lo + hi + 1) / 2;
@@ -262,25 +300,26 @@ static int read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out) {
     return 0;
 }
 
-static uint64_t window_of(dl_loader *dl, uint64_t g) {
+uint64_t dl_window_of(dl_loader *dl, uint64_t g) {
     uint64_t e = g / dl->W, i = g % dl->W;
     if (!dl->cfg.shuffle) return i;
     if (!dl->perm_ready || dl->perm_epoch != e) {
-        feistel_init(&dl->perm, dl->W, dl->cfg.seed, e);
+        dl_feistel_init(&dl->perm, dl->W, dl->cfg.seed, e);
         dl->perm_epoch = e;
         dl->perm_ready = 1;
     }
-    return feistel_apply(&dl->perm, i);
+    return dl_feistel_apply(&dl->perm, i);
 }
 
 int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
+    if (dl->n_src) return dl_mix_next(dl, inputs, labels);
     const size_t T = (size_t)dl->cfg.seq_len;
     const uint64_t R = (uint64_t)dl->cfg.dp_size, r = (uint64_t)dl->cfg.dp_rank;
     if (dl->cfg.single_pass && dl->position + dl->G > dl->W) return 0;
     for (int k = 0; k < dl->cfg.local_batch_size; k++) {
         uint64_t g = dl->position + (uint64_t)k * R + r;
-        uint64_t j = window_of(dl, g);
-        if (read_stream(dl, j * (T + 1), T + 1, dl->window)) return -1;
+        uint64_t j = dl_window_of(dl, g);
+        if (dl_read_stream(dl, j * (T + 1), T + 1, dl->window)) return -1;
         memcpy(inputs + (size_t)k * T, dl->window, T * sizeof *inputs);
         memcpy(labels + (size_t)k * T, dl->window + 1, T * sizeof *labels);
     }
@@ -303,7 +342,10 @@ int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
     return 1;
 }
 
-void dl_rewind(dl_loader *dl) { dl->position = 0; }
+void dl_rewind(dl_loader *dl) {
+    dl->position = 0;
+    if (dl->n_src) dl_mix_rewind(dl);
+}
 
 const char *dl_error(const dl_loader *dl) { return dl->error; }
 
@@ -379,6 +421,11 @@ int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t er
                dl->cfg.seq_len);
         return -1;
     }
+    if (dl->n_src && seed != dl->cfg.seed) {
+        seterr(err, errlen, "data loader state: saved with seed %llu; this run has seed %llu, and a mixture's order "
+               "of sources follows the seed", (unsigned long long)seed, (unsigned long long)dl->cfg.seed);
+        return -1;
+    }
     if ((shuffle != 0) != (dl->cfg.shuffle != 0) || (shuffle && seed != dl->cfg.seed)) {
         seterr(err, errlen,
                "data loader state: saved with shuffle %s, seed %llu; this run has shuffle %s, seed %llu",
@@ -387,6 +434,7 @@ int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t er
         return -1;
     }
     dl->position = get64(p + 16);
+    if (dl->n_src) mix_counts(&dl->mix, dl->position, dl->counted);
     return 0;
 }
 
@@ -447,6 +495,8 @@ static int find_prepared(const char *name, char *out, size_t n, char *where, siz
     return -1;
 }
 
+int dl_is_megatron(const char *path) { return mg_is_dataset(path); }
+
 int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, char *err, size_t errlen) {
     char *tok_file = tok_find_file(tok_path);
     if (!tok_file) {
@@ -470,6 +520,7 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
     const int64_t bos = tok_bos_id(t), eos = tok_eos_id(t);
     tok_free(t);
     for (int i = 0; i < n; i++) {
+        if (mg_is_dataset(dirs[i])) continue; /* its index records no tokenizer */
         shard_index ix;
         if (shard_index_read(dirs[i], &ix, e, sizeof e)) {
             seterr(err, errlen, "%s", e);

@@ -32,6 +32,22 @@
  * header checksum, size, payload CRC-32C) and checks that the corpus' vocab
  * size equals the model's.
  *
+ * Megatron-LM indexed datasets (megatron.h): when dir is a Megatron dataset (PREFIX with
+ * PREFIX.idx and PREFIX.bin, or either file) its token stream is the .bin's sequences in
+ * index order, read in place, packed the same way; "train" and "val" both read all of it.
+ * The index records no tokenizer: expected_vocab_size is required, a dtype that cannot
+ * hold its ids is refused at open, and every id is checked as windows are read (dl_next
+ * returns -1 naming the .bin, the token, its sequence and the id). BOS/EOS are unknown
+ * (-1); Megatron's preprocessing ends each document with EOD when asked to.
+ *
+ * Mixtures (dl_open_mix, loader_mix.c): several corpora with weights behind the same
+ * interface. In looping mode global window g is sample j of source i as mix_map gives
+ * (mixture.h: blocks of 4096 samples with fixed per-source quotas in a seeded order), and
+ * source i's sample j is its own stream's window j in its own epoch order; so the state
+ * is still the one position, and resuming under any DP degree continues the same sample
+ * stream. In single-pass mode (validation) the sources' splits are read one after
+ * another, each in whole global batches; dl_last_source tells whose the last batch was.
+ *
  * Resume: dl_state_save writes the position, seed, shuffle flag, seq_len and a
  * fingerprint of the split (DL_STATE_BYTES bytes). dl_state_load on a loader
  * opened on the same split with the same seq_len, shuffle and seed continues
@@ -67,6 +83,14 @@ typedef struct {
  * truncated / corrupt / foreign shard named by path, vocab mismatch, a split
  * shorter than seq_len+1 tokens). */
 dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *cfg, char *err, size_t errlen);
+
+/* A weighted mixture: entries[i] = "PATH:WEIGHT" (mixture.h), PATH a prepared corpus or a
+ * Megatron dataset, each opened on `split` with cfg. NULL with a message naming the source
+ * when an entry is malformed or listed twice, a source cannot be opened, the sources were
+ * tokenized differently, a weight is too small for one sample per block, or (single pass)
+ * a source's split holds less than one global batch. */
+dl_loader *dl_open_mix(const char *const *entries, int n, const char *split, const dl_config *cfg, char *err,
+                       size_t errlen);
 
 /* Looping loader with checksum verification and the default epoch message. */
 dl_loader *dl_open(const char *dir, const char *split, int seq_len, int local_batch_size, int dp_rank, int dp_size,
@@ -105,6 +129,23 @@ uint32_t dl_vocab_size(const dl_loader *dl);
 int64_t dl_bos_id(const dl_loader *dl);             /* -1 = none */
 int64_t dl_eos_id(const dl_loader *dl);             /* -1 = none */
 
+/* ---- mixtures (a single corpus is a mixture of one) -------------------------------- */
+
+int dl_num_sources(const dl_loader *dl);
+const char *dl_source_name(const dl_loader *dl, int i);   /* the path given */
+double dl_source_weight(const dl_loader *dl, int i);      /* normalised */
+uint64_t dl_source_windows(const dl_loader *dl, int i);   /* its windows per epoch */
+int dl_last_source(const dl_loader *dl);                  /* single pass: the last batch's source */
+void dl_skip_source(dl_loader *dl);                       /* single pass: go on with the next source */
+/* counts[i] = samples of source i among the first n global samples (n = dl_position: so far). */
+void dl_source_counts(const dl_loader *dl, uint64_t n, uint64_t *counts);
+/* "NAME: weight W, realised S (K of N samples, E epochs); ..." for the first n samples;
+ * -1 when buf is too short. */
+int dl_mix_summary(const dl_loader *dl, uint64_t n, char *buf, size_t len);
+/* {"step":S,"samples":N,"sources":{"NAME":{"weight":W,"samples":K,"share":S},...}} for the
+ * samples consumed so far; -1 when buf is too short. */
+int dl_mix_json(const dl_loader *dl, int64_t step, char *buf, size_t len);
+
 /* ---- the tokenizer of a corpus ------------------------------------------------------ */
 
 /* Does the tokenizer at tok_path (model.hf_assets_path: a folder with tokenizer.json,
@@ -132,6 +173,9 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
  * The split ("train" / "val") is chosen by the caller at dl_open. */
 int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_dir, size_t n, char *err,
                        size_t errlen);
+
+/* Is path a Megatron indexed dataset rather than a folder of token shards? */
+int dl_is_megatron(const char *path);
 
 /* The permutation used for shuffling (exposed for tests): a bijection of
  * 0..n-1 keyed by (seed, epoch). */

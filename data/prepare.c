@@ -1,6 +1,9 @@
 /* prepare.c — `tetra data prepare`: tokenize a corpus into token shards (see prepare.h). */
 #include "data/prepare.h"
 
+#include "data/parquet.h"
+#include "data/prepare_dist.h"
+#include "data/prepare_spool.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -159,7 +162,7 @@ static void on_signal(int sig) {
 
 /* ---- input files ----------------------------------------------------------------------- */
 
-enum { IN_TXT, IN_JSONL };
+enum { IN_TXT, IN_JSONL, IN_PARQUET };
 /* compression of an input file, from its last suffix: C4's `en` files are .json.gz,
  * many exports are .jsonl.zst */
 enum { COMP_NONE, COMP_GZ, COMP_ZST };
@@ -183,10 +186,13 @@ static int ends_with(const char *s, size_t n, const char *suffix) {
     return n >= k && strncasecmp(s + n - k, suffix, k) == 0;
 }
 
-/* .txt, .jsonl or .json (JSON lines, as C4's), each optionally .gz or .zst; -1 otherwise */
+/* .txt, .jsonl or .json (JSON lines, as C4's), each optionally .gz or .zst, or .parquet
+ * (compressed inside, page by page); -1 otherwise */
 static int kind_of(const char *path, int *comp) {
     size_t n = strlen(path);
     int c = COMP_NONE;
+    if (comp) *comp = COMP_NONE;
+    if (ends_with(path, n, ".parquet")) return IN_PARQUET;
     if (ends_with(path, n, ".gz")) {
         c = COMP_GZ;
         n -= 3;
@@ -280,8 +286,8 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     if (S_ISDIR(st.st_mode)) {
         if (walk(l, input, 0, err, errlen) != 0) return -1;
         if (l->n == 0) {
-            seterr(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) in the "
-                                "folder", input);
+            seterr(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) nor "
+                                ".parquet files in the folder", input);
             return -1;
         }
         qsort(l->v, l->n, sizeof *l->v, cmp_files);
@@ -291,8 +297,8 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     int kind = kind_of(input, &comp);
     if (!S_ISREG(st.st_mode) || kind < 0) {
         seterr(err, errlen,
-               "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst) or a folder "
-               "(Parquet exports: convert to JSONL first, see docs/data.md)", input);
+               "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst), a .parquet "
+               "file or a folder", input);
         return -1;
     }
     if (list_add(l, input, kind, comp, (uint64_t)st.st_size) != 0) {
@@ -307,6 +313,7 @@ typedef struct {
     const char *data;
     size_t len;
     int owned;        /* decompressed into the heap (free), else mapped (munmap) */
+    pq_column *col;   /* instead: a Parquet row group's text column, whose values items point into */
 } fmap;
 
 /* Append n bytes to a growing heap buffer. */
@@ -423,9 +430,7 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
 }
 
 static int map_file(const char *path, int comp, fmap *m, char *err, size_t errlen) {
-    m->data = NULL;
-    m->len = 0;
-    m->owned = 0;
+    memset(m, 0, sizeof *m);
     if (comp != COMP_NONE) return inflate_file(path, comp, m, err, errlen);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
@@ -453,7 +458,11 @@ static int map_file(const char *path, int comp, fmap *m, char *err, size_t errle
 }
 
 static void unmap_file(fmap *m) {
-    if (m->owned) free((void *)m->data);
+    if (m->col) {
+        pq_column_free(m->col);
+        free(m->col);
+        m->col = NULL;
+    } else if (m->owned) free((void *)m->data);
     else if (m->data) munmap((void *)m->data, m->len);
     m->data = NULL;
     m->len = 0;
@@ -466,9 +475,16 @@ static int blank_line(const char *s, size_t n) {
 }
 
 /* Pass 1: documents per file. */
-static int count_docs(in_file *f, char *err, size_t errlen) {
+static int count_docs(in_file *f, const char *field, char *err, size_t errlen) {
     if (f->kind == IN_TXT && f->comp == COMP_NONE) {
         f->n_docs = f->size > 0 ? 1 : 0;
+        return 0;
+    }
+    if (f->kind == IN_PARQUET) { /* one document per row; the footer says how many */
+        pq_file *pf = pq_open(f->path, field, NULL, err, errlen);
+        if (!pf) return -1;
+        f->n_docs = (uint64_t)pq_num_rows(pf);
+        pq_close(pf);
         return 0;
     }
     fmap m;
@@ -501,7 +517,8 @@ typedef struct {
     size_t len;
     size_t file;      /* index into the input list */
     uint64_t offset;  /* byte offset of data in its file */
-    uint64_t line;    /* ITEM_JSON: 1-based line number */
+    uint64_t line;    /* ITEM_JSON: 1-based line number; ITEM_TEXT of a Parquet value: its row, from 1 */
+    int rg;           /* ITEM_TEXT of a Parquet value: its row group, else -1 */
     int bos, eos;     /* first / last piece of its document */
     int split;        /* 0 train, 1 val */
     /* results */
@@ -556,16 +573,22 @@ static void work_item(const batch_ctx *c, item *it) {
         }
     } else {
         size_t bad = data_prepare_utf8_check((const unsigned char *)text, len);
-        if (bad < len) {
+        if (bad < len && it->rg >= 0)
+            it->error = xstrdup_printf("%s: row group %d, row %llu: invalid UTF-8 at byte offset %llu of its text "
+                                       "(byte 0x%02x)", path, it->rg, (unsigned long long)it->line,
+                                       (unsigned long long)(it->offset + bad), (unsigned char)text[bad]);
+        else if (bad < len)
             it->error = xstrdup_printf("%s: invalid UTF-8 at byte offset %llu (byte 0x%02x)", path,
                                        (unsigned long long)(it->offset + bad), (unsigned char)text[bad]);
-            return;
-        }
+        if (bad < len) return;
     }
     it->n_bytes = len;
     if (tok_encode(c->tok, text, len, 0, 0, 0, &it->ids, &it->n_ids, err, sizeof err) != 0) {
         if (it->kind == ITEM_JSON)
             it->error = xstrdup_printf("%s:%llu: %s", path, (unsigned long long)it->line, err);
+        else if (it->rg >= 0)
+            it->error = xstrdup_printf("%s: row group %d, row %llu: %s", path, it->rg, (unsigned long long)it->line,
+                                       err);
         else
             it->error = xstrdup_printf("%s: at byte offset %llu: %s", path, (unsigned long long)it->offset, err);
         it->ids = NULL;
@@ -595,6 +618,7 @@ typedef struct {
     int64_t bos, eos;
     uint64_t shard_tokens;
     shard_writer *w;     /* open shard or NULL */
+    ps_spool *spool;     /* several ranks: tokens go to this rank's spool instead */
     int cur_split;
     shard_index_split splits[2];
     int cap[2];
@@ -660,6 +684,7 @@ static int out_open_shard(out_state *o, int split, char *err, size_t errlen) {
 }
 
 static int out_append(out_state *o, int split, const uint32_t *ids, size_t n, char *err, size_t errlen) {
+    if (o->spool) return ps_spool_append(o->spool, split, ids, n, err, errlen);
     if (o->w && o->cur_split != split && out_close_shard(o, err, errlen) != 0) return -1;
     while (n) {
         if (!o->w && out_open_shard(o, split, err, errlen) != 0) return -1;
@@ -737,15 +762,17 @@ static void usage(FILE *f) {
             "  --tokenizer DIR     folder with tokenizer.json (Hugging Face) or tokenizer.model (tiktoken)\n"
             "  --input PATH        a .txt file (one document), a .jsonl or .json file (one document per line,\n"
             "                      in the \"text\" field of a JSON object; C4's en/*.json.gz), each\n"
-            "                      optionally gzip (.gz) or zstd (.zst) compressed, or a folder (every such\n"
-            "                      file in it, recursively, in byte order of their paths)\n"
+            "                      optionally gzip (.gz) or zstd (.zst) compressed, a .parquet file (one\n"
+            "                      document per row of its text column; FineWeb, DCLM), or a folder (every\n"
+            "                      such file in it, recursively, in byte order of their paths)\n"
             "  --output DIR        the folder to create (refused when it exists): DIR/index.json,\n"
             "                      DIR/train/shard_*.bin, DIR/val/shard_*.bin\n"
             "  --val-fraction F    hold out the last F of the documents as the \"val\" split (default %g;\n"
             "                      0 = none); a single document is cut at the paragraph nearest to 1-F\n"
             "  --threads N         tokenizer threads (default 2); the output does not depend on N\n"
             "  --shard-tokens N    tokens per shard file (default %llu)\n"
-            "  --text-field NAME   the JSON field holding the text in .jsonl files (default \"text\")\n"
+            "  --text-field NAME   the JSON field (.jsonl) or the column (.parquet) holding the text\n"
+            "                      (default \"text\")\n"
             "  --vocab-size N      fail unless the tokenizer's vocab size is N (the model's vocab_size)\n"
             "  --piece-bytes N     tokenize long documents in pieces of about N bytes, cut at pre-token\n"
             "                      boundaries so the ids equal whole-document encoding (default %zu)\n"
@@ -753,7 +780,9 @@ static void usage(FILE *f) {
             "  -h, --help          this help\n"
             "\n"
             "Each document is stored as BOS tokens EOS. Documents must be UTF-8; an error names the file\n"
-            "and byte offset (or the .jsonl line). On any error nothing is left at --output.\n",
+            "and byte offset (or the .jsonl line). On any error nothing is left at --output.\n"
+            "Under mpirun or srun the ranks divide the input files; the output is the same for any number\n"
+            "of ranks (--output on a file system they all see).\n",
             DEFAULT_VAL_FRACTION, (unsigned long long)DEFAULT_SHARD_TOKENS, DEFAULT_PIECE_BYTES);
 }
 
@@ -904,6 +933,11 @@ typedef struct {
     uint64_t total_bytes, done_bytes, tokens, docs[2], empty_docs;
     double t0, last_progress;
     int progress;
+    pd_world w;          /* this rank among those of an mpirun; 1 rank otherwise */
+    size_t f0, f1;       /* the input files this rank tokenizes */
+    ps_spool spool;
+    char rule[256];      /* how the val split was chosen */
+    int follower;        /* failed because another rank did: says nothing */
     char err[1024];
 } prep;
 
@@ -1012,8 +1046,9 @@ static int push_item(prep *p, const item *it) {
     return 0;
 }
 
-/* Queue text [a, b) of file f as one document (split into pieces). */
-static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, int split) {
+/* Queue text [a, b) of file f as one document (split into pieces); rg >= 0: a Parquet
+ * value, the text of row `row` of row group rg. */
+static int push_text_at(prep *p, size_t f, const char *base, size_t a, size_t b, int split, int rg, uint64_t row) {
     size_t pos = a;
     while (pos < b) {
         size_t end = a + data_prepare_piece_end(base + a, b - a, pos - a, (size_t)p->o.piece_bytes);
@@ -1027,13 +1062,101 @@ static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, in
         it.bos = pos == a;
         it.eos = end == b;
         it.split = split;
+        it.rg = rg;
+        it.line = row;
         if (push_item(p, &it) != 0) return -1;
         pos = end;
     }
     return 0;
 }
 
-static int run(prep *p) {
+static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, int split) {
+    return push_text_at(p, f, base, a, b, split, -1, 0);
+}
+
+/* The one document of a corpus, cut for the val split: text is a copy owned by p. */
+static int push_single(prep *p, size_t fi, const char *text, size_t len, const char *where, char *rule, size_t rn) {
+    size_t cut = data_prepare_split_point(text, len, p->o.val_fraction);
+    if (!cut) {
+        seterr(p->err, sizeof p->err,
+               "%s: a single document of %zu bytes is too short to hold out a validation part; use --val-fraction 0",
+               where, len);
+        return -1;
+    }
+    snprintf(rule, rn, "single document cut at byte %zu of %zu of its text", cut, len);
+    if (push_text(p, fi, text, 0, cut, 0) != 0) return -1;
+    return push_text(p, fi, text, cut, len, 1);
+}
+
+/* Queue every row of a Parquet file's text column, one row group at a time: a group's
+ * decoded column stays until the batch holding its last value is written, and that batch
+ * is written before the next group is read, so one column chunk is held at a time. A null
+ * or empty value is a document without text (counted, skipped, as {"text": ""} in a
+ * .jsonl). */
+static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t first_val, char *rule, size_t rn) {
+    const in_file *f = &p->files.v[fi];
+    pq_file *pf = pq_open(f->path, p->o.field, NULL, p->err, sizeof p->err);
+    if (!pf) return -1;
+    int rc = 0;
+    uint64_t row = 0;
+    for (int g = 0; g < pq_num_row_groups(pf) && rc == 0; g++) {
+        if (g_interrupted) {
+            seterr(p->err, sizeof p->err, "interrupted");
+            rc = -1;
+            break;
+        }
+        if (flush_batch(p) != 0) { /* the previous group's values, and its memory */
+            rc = -1;
+            break;
+        }
+        fmap m;
+        memset(&m, 0, sizeof m);
+        m.col = calloc(1, sizeof *m.col);
+        if (!m.col) {
+            seterr(p->err, sizeof p->err, "out of memory");
+            rc = -1;
+            break;
+        }
+        if (pq_read_column(pf, g, m.col, p->err, sizeof p->err) != 0) {
+            free(m.col);
+            rc = -1;
+            break;
+        }
+        for (int64_t i = 0; i < m.col->n && rc == 0; i++, row++) {
+            const pq_value *v = &m.col->values[i];
+            const int split = *doc >= first_val ? 1 : 0;
+            (*doc)++;
+            if (single) {
+                char where[PATH_MAX + 64];
+                snprintf(where, sizeof where, "%s: row group %d, row %llu", f->path, g, (unsigned long long)row + 1);
+                free(p->owned_text);
+                p->owned_text = malloc(v->len ? v->len : 1);
+                if (!p->owned_text) {
+                    seterr(p->err, sizeof p->err, "out of memory");
+                    rc = -1;
+                } else {
+                    if (v->len) memcpy(p->owned_text, v->ptr, v->len);
+                    rc = push_single(p, fi, p->owned_text, v->len, where, rule, rn);
+                }
+            } else if (!v->ptr || v->len == 0) {
+                p->empty_docs++;
+            } else {
+                rc = push_text_at(p, fi, v->ptr, 0, v->len, split, g, row + 1);
+            }
+        }
+        if (add_pending(p, m) != 0) {
+            unmap_file(&m);
+            seterr(p->err, sizeof p->err, "out of memory");
+            rc = -1;
+        }
+    }
+    pq_close(pf);
+    return rc;
+}
+
+/* Everything every rank does alike before reading its files: the output, the inputs, the
+ * tokenizer; and which files are this rank's (consecutive ones, about as many bytes each). */
+static int setup(prep *p) {
     prep_opts *o = &p->o;
     struct stat st;
     if (lstat(o->output, &st) == 0) {
@@ -1042,7 +1165,6 @@ static int run(prep *p) {
         return -1;
     }
     if (collect_inputs(&p->files, o->input, p->err, sizeof p->err) != 0) return -1;
-
     p->tok = tok_load(o->tokenizer, p->err, sizeof p->err);
     if (!p->tok) return -1;
     uint32_t vocab = tok_vocab_size(p->tok);
@@ -1061,93 +1183,111 @@ static int run(prep *p) {
         return -1;
     }
     p->out.shard_tokens = o->shard_tokens;
+    uint64_t total = 0, at = 0;
+    for (size_t i = 0; i < p->files.n; i++) total += p->files.v[i].size;
+    const uint64_t lo = total * (uint64_t)p->w.rank / (uint64_t)p->w.size;
+    const uint64_t hi = total * ((uint64_t)p->w.rank + 1) / (uint64_t)p->w.size;
+    p->f0 = p->f1 = p->files.n;
+    for (size_t i = 0; i < p->files.n; i++) { /* a file is its first byte's rank's */
+        if (at >= lo && p->f0 == p->files.n) p->f0 = i;
+        if (at >= hi && p->f1 == p->files.n) p->f1 = i;
+        at += p->files.v[i].size;
+    }
+    if (p->f1 < p->f0) p->f1 = p->f0;
+    if (p->w.rank == p->w.size - 1) p->f1 = p->files.n;
+    return 0;
+}
 
-    /* Pass 1: count documents. */
-    uint64_t D = 0;
-    for (size_t i = 0; i < p->files.n; i++) {
-        if (count_docs(&p->files.v[i], p->err, sizeof p->err) != 0) return -1;
-        D += p->files.v[i].n_docs;
-        p->total_bytes += p->files.v[i].size;
-    }
-    if (D == 0) {
-        if (p->files.n == 1)
-            seterr(p->err, sizeof p->err, "%s: empty input (%llu bytes, no documents)", p->files.v[0].path,
-                   (unsigned long long)p->files.v[0].size);
-        else
-            seterr(p->err, sizeof p->err, "%s: empty input: its %zu files hold no documents", o->input, p->files.n);
-        return -1;
-    }
-    int single = D == 1 && o->val_fraction > 0;
-    uint64_t V = 0;
-    if (!single && o->val_fraction > 0) {
-        V = (uint64_t)llround(o->val_fraction * (double)D);
-        if (V < 1) V = 1;
-        if (V > D - 1) V = D - 1;
-    }
+/* A failure every rank reaches alike (it follows from what all of them know): rank 0 says it. */
+static int fail_alike(prep *p) {
+    if (p->w.rank != 0) p->follower = 1;
+    return -1;
+}
 
-    /* The temporary output folder beside the output, renamed at the end. */
-    {
+/* Collective: did any rank fail (rc)? A rank that failed says why, unless rank 0 failed too
+ * (the ranks mostly fail alike: an existing output, a missing tokenizer): then rank 0 says
+ * it for all. A rank that failed only because another did says nothing. */
+static int agree(prep *p, int rc) {
+    if (!pd_any(&p->w, rc)) return 0;
+    uint64_t r0 = p->w.rank == 0 && rc != 0;
+    pd_sum_u64(&p->w, &r0, 1);
+    if (!rc || (p->w.rank != 0 && r0)) p->follower = 1;
+    return -1;
+}
+
+/* The staging folder beside the output (rank 0 makes it and tells the others its name). */
+static int make_staging(prep *p) {
+    prep_opts *o = &p->o;
+    char name[PATH_MAX + 64] = "";
+    int rc = 0;
+    if (p->w.rank == 0) {
         const char *slash = strrchr(o->output, '/');
         const char *base = slash ? slash + 1 : o->output;
         int plen = slash ? (int)(slash - o->output) : 0;
         if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) {
             seterr(p->err, sizeof p->err, "%s: --output must name a new folder", o->output);
-            return -1;
+            rc = -1;
         }
-        if (plen > 0) {
+        if (!rc && plen > 0) {
             char *parent = xstrdup_printf("%.*s", plen, o->output);
-            int mrc = parent ? mkdir_parents(parent, p->err, sizeof p->err) : -1;
+            rc = parent ? mkdir_parents(parent, p->err, sizeof p->err) : -1;
             free(parent);
-            if (mrc != 0) return -1;
         }
-        p->out.tmpdir = xstrdup_printf("%.*s%s.%s.partial-%ld", plen, o->output, slash ? "/" : "", base, (long)getpid());
-        /* a run killed before it finished left its staging folder: remove those whose
-         * process is gone (a live one belongs to a run still going) */
-        char *parent = plen > 0 ? xstrdup_printf("%.*s", plen, o->output) : xstrdup_printf(".");
-        char *prefix = xstrdup_printf(".%s.partial-", base);
-        DIR *d = parent && prefix ? opendir(parent) : NULL;
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
-            char *end = NULL;
-            long pid = strtol(e->d_name + strlen(prefix), &end, 10);
-            if (!end || *end || pid <= 0 || pid == (long)getpid()) continue;
-            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-            char *stale = xstrdup_printf("%s/%s", parent, e->d_name);
-            if (stale) {
-                rm_tree(stale);
-                if (!o->quiet) printf("removed %s, left by an interrupted run (process %ld)\n", stale, pid);
-                free(stale);
+        if (!rc) {
+            snprintf(name, sizeof name, "%.*s%s.%s.partial-%ld", plen, o->output, slash ? "/" : "", base,
+                     (long)getpid());
+            /* a run killed before it finished left its staging folder: remove those whose
+             * process is gone (a live one belongs to a run still going) */
+            char *parent = plen > 0 ? xstrdup_printf("%.*s", plen, o->output) : xstrdup_printf(".");
+            char *prefix = xstrdup_printf(".%s.partial-", base);
+            DIR *d = parent && prefix ? opendir(parent) : NULL;
+            struct dirent *e;
+            while (d && (e = readdir(d))) {
+                if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+                char *end = NULL;
+                long pid = strtol(e->d_name + strlen(prefix), &end, 10);
+                if (!end || *end || pid <= 0 || pid == (long)getpid()) continue;
+                if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+                char *stale = xstrdup_printf("%s/%s", parent, e->d_name);
+                if (stale) {
+                    rm_tree(stale);
+                    if (!o->quiet) printf("removed %s, left by an interrupted run (process %ld)\n", stale, pid);
+                    free(stale);
+                }
+            }
+            if (d) closedir(d);
+            free(parent);
+            free(prefix);
+            if (mkdir(name, 0755) != 0) {
+                seterr(p->err, sizeof p->err, "%s: cannot create folder: %s", name, strerror(errno));
+                rc = -1;
             }
         }
-        if (d) closedir(d);
-        free(parent);
-        free(prefix);
     }
-    if (!p->out.tmpdir || mkdir(p->out.tmpdir, 0755) != 0) {
-        seterr(p->err, sizeof p->err, "%s: cannot create folder: %s", p->out.tmpdir ? p->out.tmpdir : o->output,
-               strerror(errno));
-        free(p->out.tmpdir);
-        p->out.tmpdir = NULL;
-        return -1;
-    }
-
-    p->items = malloc(BATCH_ITEMS * sizeof *p->items);
-    if (!p->items) {
+    if (agree(p, rc)) return -1;
+    pd_bcast_str(&p->w, name, sizeof name);
+    if (!(p->out.tmpdir = strdup(name))) {
         seterr(p->err, sizeof p->err, "out of memory");
         return -1;
     }
-    p->t0 = p->last_progress = now_s();
-    char rule[256] = "none";
+    return 0;
+}
 
-    /* Pass 2: tokenize and write, in document order. */
-    uint64_t doc = 0;
-    for (size_t fi = 0; fi < p->files.n; fi++) {
+/* Pass 2 over this rank's files: tokenize and write (or spool), in document order; doc0 is
+ * the index of its first document among all. */
+static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int single) {
+    prep_opts *o = &p->o;
+    uint64_t doc = doc0;
+    for (size_t fi = p->f0; fi < p->f1; fi++) {
         in_file *f = &p->files.v[fi];
         if (f->n_docs == 0) continue;
         if (g_interrupted) {
             seterr(p->err, sizeof p->err, "interrupted");
             return -1;
+        }
+        if (f->kind == IN_PARQUET) {
+            if (push_parquet(p, fi, single, &doc, D - V, p->rule, sizeof p->rule) != 0) return -1;
+            continue;
         }
         fmap m;
         if (map_file(f->path, f->comp, &m, p->err, sizeof p->err) != 0) return -1;
@@ -1168,7 +1308,7 @@ static int run(prep *p) {
                                f->path, m.len);
                         rc = -1;
                     } else {
-                        snprintf(rule, sizeof rule, "single document cut at byte %zu of %zu (a paragraph start)", cut,
+                        snprintf(p->rule, sizeof p->rule, "single document cut at byte %zu of %zu (a paragraph start)", cut,
                                  m.len);
                         rc = push_text(p, fi, m.data, 0, cut, 0);
                         if (!rc) rc = push_text(p, fi, m.data, cut, m.len, 1);
@@ -1216,7 +1356,7 @@ static int run(prep *p) {
                                            f->path, (unsigned long long)line, tl);
                                     rc = -1;
                                 } else {
-                                    snprintf(rule, sizeof rule, "single document cut at byte %zu of %zu of its text",
+                                    snprintf(p->rule, sizeof p->rule, "single document cut at byte %zu of %zu of its text",
                                              cut, tl);
                                     rc = push_text(p, fi, p->owned_text, 0, cut, 0);
                                     if (!rc) rc = push_text(p, fi, p->owned_text, cut, tl, 1);
@@ -1233,6 +1373,7 @@ static int run(prep *p) {
                         it.file = fi;
                         it.offset = pos;
                         it.line = line;
+                        it.rg = -1;
                         it.bos = it.eos = 1;
                         it.split = doc >= D - V ? 1 : 0;
                         rc = push_item(p, &it);
@@ -1249,21 +1390,16 @@ static int run(prep *p) {
         }
         if (rc != 0) return -1;
     }
-    if (flush_batch(p) != 0) return -1;
-    if (out_close_shard(&p->out, p->err, sizeof p->err) != 0) return -1;
-    if (p->out.splits[0].n_tokens == 0 && p->out.splits[1].n_tokens == 0) {
-        seterr(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", o->input,
-               (unsigned long long)D);
-        return -1;
-    }
-    if (V > 0)
-        snprintf(rule, sizeof rule, "last %llu of %llu documents", (unsigned long long)V, (unsigned long long)D);
+    return flush_batch(p);
+}
 
-    /* index.json, then the rename that makes it all appear at once. */
+/* The index of the splits written, then the rename that makes it all appear at once. */
+static int publish(prep *p, shard_index_split sp_in[2], uint64_t docs[2]) {
+    prep_opts *o = &p->o;
     shard_index ix;
     memset(&ix, 0, sizeof ix);
-    ix.vocab_size = vocab;
-    ix.token_bytes = shard_token_bytes_for_vocab(vocab);
+    ix.vocab_size = p->out.vocab;
+    ix.token_bytes = shard_token_bytes_for_vocab(p->out.vocab);
     ix.bos_id = p->out.bos;
     ix.eos_id = p->out.eos;
     ix.tokenizer = (char *)o->tokenizer;
@@ -1272,13 +1408,13 @@ static int run(prep *p) {
     ix.tokenizer_fingerprint = fingerprint;
     ix.input = (char *)o->input;
     ix.val_fraction = o->val_fraction;
-    ix.val_rule = rule;
+    ix.val_rule = p->rule;
     shard_index_split sp[2];
     for (int s = 0; s < 2; s++) {
-        sp[ix.n_splits] = p->out.splits[s];
+        sp[ix.n_splits] = sp_in[s];
         sp[ix.n_splits].name = (char *)split_name(s);
-        sp[ix.n_splits].n_documents = p->docs[s];
-        if (s == 0 || p->out.splits[s].n_shards > 0) ix.n_splits++;
+        sp[ix.n_splits].n_documents = docs[s];
+        if (s == 0 || sp_in[s].n_shards > 0) ix.n_splits++;
     }
     ix.splits = sp;
     if (shard_index_write(p->out.tmpdir, &ix, p->err, sizeof p->err) != 0) return -1;
@@ -1293,25 +1429,146 @@ static int run(prep *p) {
     shard_fsync_parent(o->output);
     free(p->out.tmpdir);
     p->out.tmpdir = NULL;
-
     show_progress(p, 1);
     if (!o->quiet) {
         double dt = now_s() - p->t0;
-        printf("prepared %s: vocab %u (%s tokens), %zu input file%s, %.1f s\n", o->output, vocab,
-               ix.token_bytes == 2 ? "uint16" : "uint32", p->files.n, p->files.n == 1 ? "" : "s", dt);
+        char ranks[32] = "";
+        if (p->w.size > 1) snprintf(ranks, sizeof ranks, " on %d ranks", p->w.size);
+        printf("prepared %s: vocab %u (%s tokens), %zu input file%s, %.1f s%s\n", o->output, p->out.vocab,
+               ix.token_bytes == 2 ? "uint16" : "uint32", p->files.n, p->files.n == 1 ? "" : "s", dt, ranks);
         for (int s = 0; s < ix.n_splits; s++)
             printf("  %-5s %llu document%s, %llu tokens in %d shard%s\n", sp[s].name,
                    (unsigned long long)sp[s].n_documents, sp[s].n_documents == 1 ? "" : "s",
                    (unsigned long long)sp[s].n_tokens, sp[s].n_shards, sp[s].n_shards == 1 ? "" : "s");
-        printf("  val split: %s\n", rule);
+        printf("  val split: %s\n", p->rule);
         if (p->empty_docs)
-            printf("  skipped %llu document%s with empty text\n", (unsigned long long)p->empty_docs,
+            printf("  skipped %llu document%s with empty (or null) text\n", (unsigned long long)p->empty_docs,
                    p->empty_docs == 1 ? "" : "s");
         if (p->files.ignored)
-            printf("  ignored %zu file%s that %s neither .txt nor .jsonl\n", p->files.ignored,
+            printf("  ignored %zu file%s that %s not .txt, .jsonl, .json or .parquet\n", p->files.ignored,
                    p->files.ignored == 1 ? "" : "s", p->files.ignored == 1 ? "is" : "are");
     }
     return 0;
+}
+
+/* Several ranks: the shards from every rank's spool, then rank 0 publishes. */
+static int finish_ranks(prep *p, uint64_t D) {
+    const int R = p->w.size;
+    uint64_t *v = calloc((size_t)R * 2 + 4, sizeof *v);
+    int rc = v ? 0 : -1;
+    if (rc) seterr(p->err, sizeof p->err, "out of memory");
+    if (agree(p, rc)) {
+        free(v);
+        return -1;
+    }
+    v[p->w.rank * 2] = p->spool.n[0];
+    v[p->w.rank * 2 + 1] = p->spool.n[1];
+    v[R * 2] = p->docs[0];
+    v[R * 2 + 1] = p->docs[1];
+    v[R * 2 + 2] = p->empty_docs;
+    v[R * 2 + 3] = p->done_bytes;
+    pd_sum_u64(&p->w, v, (size_t)R * 2 + 4);
+    uint64_t docs[2] = {v[R * 2], v[R * 2 + 1]};
+    p->empty_docs = v[R * 2 + 2];
+    p->done_bytes = v[R * 2 + 3];
+    shard_index_split sp[2];
+    rc = ps_write_shards(&p->w, p->out.tmpdir, p->out.vocab, p->out.bos, p->out.eos, p->out.shard_tokens, v, sp,
+                         p->err, sizeof p->err);
+    free(v);
+    if (rc != 0) {
+        if (!strcmp(p->err, "another rank failed writing shards")) p->follower = 1;
+        return -1;
+    }
+    ps_spool_remove(&p->spool);
+    if (pd_any(&p->w, 0)) return -1; /* every spool is gone before the rename */
+    if (sp[0].n_tokens == 0 && sp[1].n_tokens == 0) {
+        seterr(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", p->o.input,
+               (unsigned long long)D);
+        ps_splits_free(sp);
+        return fail_alike(p);
+    }
+    rc = p->w.rank == 0 ? publish(p, sp, docs) : 0;
+    ps_splits_free(sp);
+    if (agree(p, rc)) return -1;
+    return 0;
+}
+
+static int run(prep *p) {
+    prep_opts *o = &p->o;
+    int rc = setup(p);
+    if (agree(p, rc)) return -1;
+
+    /* Pass 1: count documents (each rank its files; then every rank knows every count). */
+    uint64_t *nd = calloc(p->files.n + 1, sizeof *nd);
+    rc = nd ? 0 : -1;
+    if (!nd) seterr(p->err, sizeof p->err, "out of memory");
+    for (size_t i = p->f0; i < p->f1 && rc == 0; i++) {
+        rc = count_docs(&p->files.v[i], o->field, p->err, sizeof p->err);
+        if (!rc) nd[i] = p->files.v[i].n_docs;
+    }
+    if (agree(p, rc)) {
+        free(nd);
+        return -1;
+    }
+    pd_sum_u64(&p->w, nd, p->files.n);
+    uint64_t D = 0, doc0 = 0;
+    for (size_t i = 0; i < p->files.n; i++) {
+        p->files.v[i].n_docs = nd[i];
+        if (i < p->f0) doc0 += nd[i];
+        D += nd[i];
+        p->total_bytes += p->files.v[i].size;
+    }
+    free(nd);
+    if (D == 0) {
+        if (p->files.n == 1)
+            seterr(p->err, sizeof p->err, "%s: empty input (%llu bytes, no documents)", p->files.v[0].path,
+                   (unsigned long long)p->files.v[0].size);
+        else
+            seterr(p->err, sizeof p->err, "%s: empty input: its %zu files hold no documents", o->input, p->files.n);
+        return fail_alike(p);
+    }
+    int single = D == 1 && o->val_fraction > 0;
+    uint64_t V = 0;
+    if (!single && o->val_fraction > 0) {
+        V = (uint64_t)llround(o->val_fraction * (double)D);
+        if (V < 1) V = 1;
+        if (V > D - 1) V = D - 1;
+    }
+    if (make_staging(p) != 0) return -1;
+    p->items = malloc(BATCH_ITEMS * sizeof *p->items);
+    rc = p->items ? 0 : -1;
+    if (rc) seterr(p->err, sizeof p->err, "out of memory");
+    p->t0 = p->last_progress = now_s();
+    snprintf(p->rule, sizeof p->rule, "none");
+    if (p->w.size > 1) {
+        ps_spool_init(&p->spool, p->out.tmpdir, p->w.rank, shard_token_bytes_for_vocab(p->out.vocab));
+        p->out.spool = &p->spool;
+    }
+
+    /* Pass 2: tokenize this rank's files. */
+    if (!rc) rc = tokenize_range(p, doc0, D, V, single);
+    if (!rc && p->w.size > 1) rc = ps_spool_close(&p->spool, p->err, sizeof p->err);
+    if (agree(p, rc)) return -1;
+    /* the rule is the same on every rank but the one that cut a single document */
+    if (V > 0)
+        snprintf(p->rule, sizeof p->rule, "last %llu of %llu documents", (unsigned long long)V, (unsigned long long)D);
+    else if (single && p->w.size > 1) { /* the rank that cut the one document says where */
+        uint64_t c[sizeof p->rule];
+        const int mine = strcmp(p->rule, "none") != 0;
+        for (size_t i = 0; i < sizeof p->rule; i++) c[i] = mine ? (unsigned char)p->rule[i] : 0;
+        pd_sum_u64(&p->w, c, sizeof p->rule);
+        for (size_t i = 0; i < sizeof p->rule; i++) p->rule[i] = (char)c[i];
+        p->rule[sizeof p->rule - 1] = 0;
+    }
+    if (p->w.size > 1) return finish_ranks(p, D);
+
+    if (out_close_shard(&p->out, p->err, sizeof p->err) != 0) return -1;
+    if (p->out.splits[0].n_tokens == 0 && p->out.splits[1].n_tokens == 0) {
+        seterr(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", o->input,
+               (unsigned long long)D);
+        return -1;
+    }
+    return publish(p, p->out.splits, p->docs);
 }
 
 int data_prepare_main(int argc, char **argv) {
@@ -1326,6 +1583,8 @@ int data_prepare_main(int argc, char **argv) {
         free(p);
         return prc == 1 ? 0 : prc;
     }
+    pd_init(&p->w, NULL, NULL); /* one of several ranks under mpirun / srun */
+    if (p->w.rank != 0) p->o.quiet = 1;
     p->progress = !p->o.quiet && isatty(STDERR_FILENO);
 
     struct sigaction sa, old_int, old_term;
@@ -1345,8 +1604,9 @@ int data_prepare_main(int argc, char **argv) {
     release_pending(p);
     free(p->pending);
     out_free(&p->out);
-    if (p->out.tmpdir) {
-        rm_tree(p->out.tmpdir);
+    if (p->spool.dir) ps_spool_remove(&p->spool);
+    if (p->out.tmpdir) { /* every rank is past its last write: the ranks agreed on the failure */
+        if (p->w.rank == 0) rm_tree(p->out.tmpdir);
         free(p->out.tmpdir);
     }
     int interrupted = g_interrupted;
@@ -1356,11 +1616,14 @@ int data_prepare_main(int argc, char **argv) {
     list_free(&p->files);
     free(p->items);
     free(p->owned_text);
-    if (rc != 0) {
+    if (rc != 0 && !p->follower) {
+        char who[32] = "";
+        if (p->w.size > 1) snprintf(who, sizeof who, " (rank %d of %d)", p->w.rank, p->w.size);
         if (p->progress) fputc('\n', stderr);
-        fprintf(stderr, "tetra data prepare: error: %s\n", p->err);
+        fprintf(stderr, "tetra data prepare: error%s: %s\n", who, p->err);
         if (interrupted) fprintf(stderr, "tetra data prepare: nothing was written to %s\n", p->o.output);
     }
+    pd_finalize(&p->w);
     free(p->o.output_owned);
     free(p);
     return rc == 0 ? 0 : interrupted ? 130 : 1;

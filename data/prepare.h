@@ -5,10 +5,12 @@
  *                      [--text-field NAME] [--vocab-size N] [--quiet]
  *
  * Documents: a .txt file is one document; a .jsonl file holds one document per
- * non-blank line (the "text" string field of a JSON object); a folder
- * contributes every .txt and .jsonl file inside it, recursively, in byte order
- * of their paths (names starting with '.' are skipped). Each document becomes
- * BOS tokens EOS in the output (shard.h has the format).
+ * non-blank line (the "text" string field of a JSON object); a .parquet file
+ * holds one document per row (the "text" column, parquet.h; a null value is a
+ * document without text, skipped like an empty string); a folder contributes
+ * every such file inside it, recursively, in byte order of their paths (names
+ * starting with '.' are skipped). Each document becomes BOS tokens EOS in the
+ * output (shard.h has the format).
  *
  * Validation split: the last round(F * D) of the D documents (at least one,
  * at most D - 1) form the "val" split; with a single document, the document is
@@ -19,6 +21,10 @@
  * complete; on any error (or Ctrl-C) the temporary folder is removed, so either
  * the whole corpus exists or nothing does. An existing --output is refused.
  * The result does not depend on --threads.
+ *
+ * Under mpirun / srun every rank tokenizes a run of consecutive input files and the
+ * shards are cut from all of them (prepare_dist.h, prepare_spool.h): the output is byte for
+ * byte one rank's, whatever the number of ranks.
  */
 #ifndef TETRA_PREPARE_H
 #define TETRA_PREPARE_H

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "data/mixture.h"
 #include "engine/toml.h"
 #include "models/llama3/llama3_args.h"
 
@@ -816,11 +817,53 @@ const char *cfg_origin_str(const tetra_config *c, const char *section, const cha
 
 #define WHERE(S, K) cfg_origin_str(c, S, K, wbuf[wi++ % 4], sizeof wbuf[0])
 
+/* training.dataset_mix: "PATH:WEIGHT" entries, each path once, weights that give every
+ * source a sample per block; not together with dataset_path (which one would it be?). */
+static int check_dataset_mix(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const cfg_list *l = &c->v.training.dataset_mix;
+    if (l->n == 0) return 0;
+    const char *where = WHERE("training", "dataset_mix");
+    if (c->v.training.dataset_path && *c->v.training.dataset_path) {
+        set_err(err, n, "%s: training.dataset_mix and training.dataset_path (%s) are both set: the mixture lists every "
+                "corpus, so leave dataset_path out", where, WHERE("training", "dataset_path"));
+        return -1;
+    }
+    if (l->n > MIX_MAX_SOURCES) {
+        set_err(err, n, "%s: training.dataset_mix has %d sources, more than %d", where, l->n, MIX_MAX_SOURCES);
+        return -1;
+    }
+    double w[MIX_MAX_SOURCES];
+    char e[1024], path[4096], other[4096];
+    for (int i = 0; i < l->n; i++) {
+        if (mix_parse_entry(l->items[i], path, sizeof path, &w[i], e, sizeof e) != 0) {
+            set_err(err, n, "%s: training.dataset_mix item %d: %s", where, i + 1, e);
+            return -1;
+        }
+        for (int k = 0; k < i; k++) {
+            double wk;
+            if (mix_parse_entry(l->items[k], other, sizeof other, &wk, e, sizeof e) == 0 && !strcmp(other, path)) {
+                set_err(err, n, "%s: training.dataset_mix lists %s twice (items %d and %d)", where, path, k + 1, i + 1);
+                return -1;
+            }
+        }
+    }
+    mix_plan m;
+    if (mix_plan_init(&m, w, l->n, 0, e, sizeof e) != 0) {
+        set_err(err, n, "%s: training.dataset_mix: %s", where, e);
+        return -1;
+    }
+    mix_plan_free(&m);
+    return 0;
+}
+
 int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char *err, size_t n) {
     char wbuf[4][600];
     int wi = 0;
     const tetra_config_values *v = &c->v;
     const char *par = "parallelism";
+    if (check_dataset_mix(c, err, n) != 0) return -1;
 
     if (world < 1) {
         set_err(err, n, "world size must be at least 1 (got %d)", world);

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data/mixture.h"
 #include "data/shard.h"
 #include "engine/log.h"
 #include "engine/memsnap.h"
@@ -828,7 +829,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     /* the corpus must hold one sequence before anything is sized by seq_len (a seq_len of
      * 1e8 would otherwise allocate for a minute before the loader refuses it) */
-    if (!t->opt.external_batches && !dry) {
+    if (!t->opt.external_batches && !dry && c->training.dataset_mix.n == 0) {
         char dir[4096];
         shard_index ix;
         if (!dl_resolve_dataset(c->training.dataset, c->training.dataset_path, dir, sizeof dir, err, sizeof err) &&
@@ -973,23 +974,63 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     /* ---- data: every rank of the batch group reads its own windows ---- */
     const int dp_rank = comm_group_rank(comm_get(t->cw, MESH_G_BATCH)), dp = dims->dp;
     if (!t->opt.external_batches) {
-        if (dl_resolve_dataset(c->training.dataset, c->training.dataset_path, t->data_dir, sizeof t->data_dir, err,
-                               sizeof err)) {
-            log_error("training.dataset: %s", err);
-            goto fail;
+        const cfg_list *mix = &c->training.dataset_mix;
+        if (mix->n > 0) { /* a weighted mixture (docs/data.md, Mixtures) */
+            dl_config tcfg = {0};
+            tcfg.seq_len = t->T;
+            tcfg.local_batch_size = (int)c->training.local_batch_size;
+            tcfg.dp_rank = dp_rank;
+            tcfg.dp_size = dp;
+            tcfg.seed = (uint64_t)c->training.seed;
+            tcfg.expected_vocab_size = (uint32_t)t->args.vocab_size;
+            t->train = dl_open_mix((const char *const *)mix->items, mix->n, "train", &tcfg, err, sizeof err);
+            snprintf(t->data_dir, sizeof t->data_dir, "a mixture of %d sources", mix->n);
+        } else {
+            if (dl_resolve_dataset(c->training.dataset, c->training.dataset_path, t->data_dir, sizeof t->data_dir, err,
+                                   sizeof err)) {
+                log_error("training.dataset: %s", err);
+                goto fail;
+            }
+            t->train = dl_open(t->data_dir, "train", t->T, (int)c->training.local_batch_size, dp_rank, dp, 0,
+                               (uint64_t)c->training.seed, (uint32_t)t->args.vocab_size, err, sizeof err);
         }
-        t->train = dl_open(t->data_dir, "train", t->T, (int)c->training.local_batch_size, dp_rank, dp, 0, (uint64_t)c->training.seed,
-                           (uint32_t)t->args.vocab_size, err, sizeof err);
         if (!t->train) {
             log_error("training data: %s", err);
             goto fail;
         }
-        const char *corpora[2] = {t->data_dir, NULL};
+        const char *corpora[MIX_MAX_SOURCES + 1];
+        int n_corpora = dl_num_sources(t->train);
+        for (int i = 0; i < n_corpora; i++) corpora[i] = dl_source_name(t->train, i);
         char vdir[4096];
-        if (c->validation.enable) {
+        if (c->validation.enable && mix->n > 0 && !c->validation.dataset_path) {
+            /* every source's own "val" split, reported apart */
+            dl_config vc = {0};
+            vc.seq_len = t->VT;
+            vc.local_batch_size = t->VB;
+            vc.dp_rank = dp_rank;
+            vc.dp_size = dp;
+            vc.expected_vocab_size = (uint32_t)t->args.vocab_size;
+            vc.single_pass = 1;
+            t->val = dl_open_mix((const char *const *)mix->items, mix->n, "val", &vc, err, sizeof err);
+            if (!t->val) {
+                log_error("validation data: %s", err);
+                goto fail;
+            }
+            for (int i = 0; i < dl_num_sources(t->val); i++)
+                if (dl_is_megatron(dl_source_name(t->val, i))) {
+                    log_error("validation: mixture source %s is a Megatron dataset, which has no held-out split: set "
+                              "validation.dataset_path", dl_source_name(t->val, i));
+                    goto fail;
+                }
+        } else if (c->validation.enable) {
             const char *vpath = c->validation.dataset_path ? c->validation.dataset_path : c->training.dataset_path;
             if (dl_resolve_dataset(c->validation.dataset, vpath, vdir, sizeof vdir, err, sizeof err)) {
                 log_error("validation.dataset: %s", err);
+                goto fail;
+            }
+            if (!c->validation.dataset_path && dl_is_megatron(vdir)) { /* it would validate on training data */
+                log_error("validation: training.dataset_path %s is a Megatron dataset, which has no held-out split: "
+                          "set validation.dataset_path to another one", vdir);
                 goto fail;
             }
             dl_config vc = {0};
@@ -1004,7 +1045,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                 log_error("validation data: %s", err);
                 goto fail;
             }
-            if (strcmp(vdir, t->data_dir) != 0) corpora[1] = vdir;
+            if (mix->n > 0 || strcmp(vdir, t->data_dir) != 0) corpora[n_corpora++] = vdir;
             /* single pass: a split shorter than one validation batch would validate nothing */
             const uint64_t windows = dl_windows_per_epoch(t->val), batch = (uint64_t)t->VB * (uint64_t)dp;
             if (windows < batch) {
@@ -1018,9 +1059,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
         }
         /* token ids mean what the corpus's tokenizer says: the one the config names must agree.
          * Rank 0 reads the tokenizer (once, not on every rank) and tells the others. */
-        int tok_rc = rank == 0 ? dl_check_tokenizer(corpora, corpora[1] ? 2 : 1, c->model.hf_assets_path, err,
-                                                    sizeof err)
-                               : 0;
+        int tok_rc = rank == 0 ? dl_check_tokenizer(corpora, n_corpora, c->model.hf_assets_path, err, sizeof err) : 0;
         if (rank == 0 && tok_rc < 0) log_error("model.hf_assets_path: %s", err);
         if (rank == 0 && tok_rc > 0)
             log_warn("model.hf_assets_path: %s; the token shards' tokenizer is not checked against it", err);
@@ -1197,12 +1236,25 @@ fail:
 /* ----------------------------------------------------------------------------
  * the loop */
 
+/* <dump_folder>/data_mix.jsonl: the mixture's realised shares so far (docs/data.md) */
+static void log_mix(trainer *t, int64_t step) {
+    char line[1 << 16], path[4200];
+    snprintf(path, sizeof path, "%s/data_mix.jsonl", t->c->job.dump_folder);
+    FILE *f = dl_mix_json(t->train, step, line, sizeof line) == 0 ? fopen(path, "a") : NULL;
+    if (!f) return;
+    fprintf(f, "%s\n", line);
+    fclose(f);
+}
+
 static void run_validation(trainer *t, int64_t step) {
     double tv = now_s();
-    double loss_sum = 0.0;
+    double loss_sum = 0.0, src_loss[MIX_MAX_SOURCES] = {0}, src_tok[MIX_MAX_SOURCES] = {0};
     int64_t tokens = 0;
+    const int n_src = dl_num_sources(t->val);
     dl_rewind(t->val);
-    for (int64_t s = 0; t->c->validation.steps < 0 || s < t->c->validation.steps; s++) {
+    const int64_t vsteps = t->c->validation.steps; /* batches; of each source in a mixture */
+    int64_t src_batches[MIX_MAX_SOURCES] = {0};
+    for (int64_t s = 0; n_src > 1 || vsteps < 0 || s < vsteps; s++) {
         if (t->cp_size > 1) {
             int got = dl_next(t->val, t->hvf_in, t->hvf_lab);
             if (got < 0) {
@@ -1220,8 +1272,19 @@ static void run_validation(trainer *t, int64_t step) {
             if (!got) break;
         }
         int64_t nv = 0;
-        loss_sum += train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, &nv);
+        const double l = train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, &nv);
+        loss_sum += l;
         tokens += nv;
+        src_loss[dl_last_source(t->val)] += l;
+        src_tok[dl_last_source(t->val)] += (double)nv;
+        if (n_src > 1 && vsteps >= 0 && ++src_batches[dl_last_source(t->val)] >= vsteps) dl_skip_source(t->val);
+    }
+    for (int i = 0; n_src > 1 && i < n_src; i++) { /* a mixture's sources, each on its own */
+        const double ls = comm_all_reduce_f64(t->g_loss, src_loss[i], COMM_SUM);
+        const double ts = comm_all_reduce_f64(t->g_loss, src_tok[i], COMM_SUM);
+        if (t->ml && ts > 0)
+            log_info("validate step: %lld  source %s  loss: %.4f  (%.0f tokens)", (long long)step,
+                     dl_source_name(t->val, i), ls / ts, ts);
     }
     double vsum = comm_all_reduce_f64(t->g_loss, loss_sum, COMM_SUM);
     double vtokens = comm_all_reduce_f64(t->g_loss, (double)tokens, COMM_SUM);
@@ -1296,6 +1359,12 @@ static int prepare_run(trainer *t) {
                  (long long)c->training.steps, (long long)t->dims.global_batch_size, t->T, t->data_dir,
                  t->train ? (unsigned long long)dl_num_tokens(t->train) : 0ull,
                  t->train ? (unsigned long long)dl_steps_per_epoch(t->train) / (unsigned long long)t->accum : 0ull);
+    if (t->rank == 0 && c->training.dataset_mix.n > 0) { /* the shares the whole run will draw */
+        char line[1 << 16];
+        const uint64_t planned = (uint64_t)c->training.steps * (uint64_t)t->dims.global_batch_size;
+        if (dl_mix_summary(t->train, planned, line, sizeof line) == 0)
+            log_info("data mixture over the run's %llu sequences: %s", (unsigned long long)planned, line);
+    }
 
     if (t->rank == 0 && !t->opt.external_batches) {
         /* metrics_open_at creates the dump folder; a resumed run drops the records an earlier attempt wrote past
@@ -1529,6 +1598,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                 s.data_time_s = log_data / (double)log_steps;
                 s.tokens_seen = t->tc.tokens_seen;
                 metrics_log_step(t->ml, &s);
+                if (c->training.dataset_mix.n > 0) log_mix(t, step);
             }
             log_t0 = now_s();
             log_data = 0.0;

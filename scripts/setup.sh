@@ -31,7 +31,7 @@ done
 say() { [ -t 1 ] && printf '\033[1m[setup]\033[0m %s\n' "$*" || printf '[setup] %s\n' "$*"; }
 
 PKGS=(build-essential cmake pkg-config libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin
-      libpcre2-dev libjansson-dev libpng-dev zlib1g-dev libzstd-dev)
+      libpcre2-dev libjansson-dev libpng-dev zlib1g-dev libzstd-dev libsnappy-dev)
 if [ "$WITH_TESTS" = 1 ]; then
   PKGS+=(python3 python3-venv python3-pip python3-torch python3-numpy
          golang-github-burntsushi-toml-dev gnuplot-nox zstd)

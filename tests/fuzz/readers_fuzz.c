@@ -13,7 +13,12 @@
  *   FUZZ_ST     Hugging Face safetensors (llama3_hf_open / llama3_hf_read) against a tiny
  *               Llama (dim 8, 1 block, 2 heads, 1 KV head, vocab 16): a file that opens
  *               has every tensor, and each reads whole, or fails with a message naming
- *               the file; a refused file leaves a message. `fuzz -write_seed DIR` (an
+ *               the file; a refused file leaves a message.
+ *   FUZZ_PARQUET Parquet files (pq_open_mem / pq_read_column, column "text") under limits of
+ *               64 MiB per column chunk: a file that opens yields, for every row group
+ *               that decodes, one value per row whose bytes all lie in readable memory
+ *               (each is read) and add up to the chunk's text_bytes, within the limits;
+ *               every refusal names the file. `fuzz -write_seed DIR` (an
  *               argument the harness reads before libFuzzer) writes valid fp32 and bf16
  *               files of that model as seeds.
  * AddressSanitizer and UBSan run throughout (tests/fuzz/run_fuzz_readers.sh). */
@@ -190,6 +195,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     llama3_hf_close(r);
     return 0;
 }
+#elif defined(FUZZ_PARQUET)
+#include "data/parquet.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const pq_limits lim = {64u << 20, 64u << 20};
+    char err[1024] = "";
+    pq_file *f = pq_open_mem(data, size, "fuzz.parquet", "text", &lim, err, sizeof err);
+    if (!f) {
+        REQUIRE(err[0] && strstr(err, "fuzz.parquet"));
+        return 0;
+    }
+    REQUIRE(pq_num_rows(f) >= 0);
+    for (int g = 0; g < pq_num_row_groups(f); g++) {
+        pq_column col;
+        memset(&col, 0, sizeof col);
+        err[0] = 0;
+        if (pq_read_column(f, g, &col, err, sizeof err) == 0) {
+            REQUIRE(col.n == pq_row_group_rows(f, g));
+            REQUIRE(col.mem <= lim.max_chunk_bytes && col.text_bytes <= lim.max_text_bytes);
+            uint64_t sum = 0;
+            unsigned acc = 0;
+            for (int64_t i = 0; i < col.n; i++) {
+                const pq_value *v = &col.values[i];
+                REQUIRE(v->ptr || v->len == 0);
+                for (uint32_t k = 0; k < v->len; k++) acc += (unsigned char)v->ptr[k]; /* ASan checks each byte */
+                sum += v->len;
+            }
+            REQUIRE(sum == col.text_bytes);
+            (void)acc;
+        } else {
+            REQUIRE(err[0] && strstr(err, "fuzz.parquet"));
+        }
+        pq_column_free(&col);
+    }
+    pq_close(f);
+    return 0;
+}
 #else
-#error "define FUZZ_SHARD, FUZZ_META, FUZZ_TOK or FUZZ_ST"
+#error "define FUZZ_SHARD, FUZZ_META, FUZZ_TOK, FUZZ_ST or FUZZ_PARQUET"
 #endif
