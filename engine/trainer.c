@@ -1299,10 +1299,10 @@ static int prepare_run(trainer *t) {
 
     if (t->rank == 0 && !t->opt.external_batches) {
         /* metrics_open_at creates the dump folder; a resumed run drops the records an earlier attempt wrote past
-         * its checkpoint */
+         * its checkpoint, and a fresh run (step 1) starts a new file (docs/metrics.md) */
         t->ml = metrics_open_at(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
                                 !c->metrics.disable_color_printing && log_color_wanted(STDOUT_FILENO),
-                                t->tc.step > 0 ? t->tc.step + 1 : 0, err, sizeof err);
+                                t->tc.step + 1, err, sizeof err);
         if (!t->ml) {
             log_error("metrics: %s", err);
             return 1;
