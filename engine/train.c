@@ -12,6 +12,7 @@
 
 #include "engine/config.h"
 #include "engine/log.h"
+#include "engine/run_guard.h"
 #include "engine/trainer.h"
 
 /* Write the merged config to `path` atomically: a crash never leaves half a file. */
@@ -91,8 +92,15 @@ static int configs_differ(const tetra_config *cfg, int rank) {
 
 int train_main(int argc, char **argv) {
     /* a closed output pipe (./run_train.sh | head) must not end training: writes to it fail
-     * quietly, the metrics files go on */
+     * quietly, the metrics files go on; a closed stream is reopened on /dev/null */
+    run_guard_fix_std_fds();
     signal(SIGPIPE, SIG_IGN);
+    /* stop signals are caught before MPI starts: one that arrives during start-up stops the
+     * run cleanly instead of killing one rank (the launcher's rank, as MPI will number it) */
+    const char *env_rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!env_rank) env_rank = getenv("PMI_RANK");
+    if (!env_rank) env_rank = getenv("SLURM_PROCID");
+    run_guard_catch_signals(env_rank ? atoi(env_rank) : 0);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank = 0, world = 1;
@@ -138,10 +146,19 @@ int train_main(int argc, char **argv) {
         MPI_Finalize();
         return 1;
     }
+    /* one live run per dump folder, and every output folder writable, before anything is written */
+    if (!topt.dry_run && run_guard_start(&cfg.v, rank)) {
+        cfg_free(&cfg);
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Finalize();
+        return 1;
+    }
     if (cfg.v.job.print_config && rank == 0) cfg_print_toml(&cfg, stdout);
     if (cfg.v.job.save_config_file && rank == 0) {
         if (save_config_file(&cfg, cfg.v.job.save_config_file, err, sizeof err)) {
             log_error("%s", err);
+            run_guard_end();
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }
@@ -151,6 +168,7 @@ int train_main(int argc, char **argv) {
              (long long)dims.global_batch_size, dims.grad_accum_steps);
     rc = trainer_run(&cfg, &dims, rank, world, &topt);
     cfg_free(&cfg);
+    run_guard_end();
     if (rc != 0 && world > 1) {
         /* A failing rank must not leave the others waiting. mpirun forwards each rank's
          * output through its daemon, and an abort can overtake the error line on its way:
