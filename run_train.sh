@@ -16,7 +16,20 @@
 #                killed, a node lost): each restart resumes from the newest complete
 #                checkpoint (checkpoint.enable), as torchrun's --max-restarts (default 0)
 # Extra arguments are passed to `tetra train` (--section.key value ...).
+#
+# Signals (Slurm's SIGTERM or --signal=B:USR1@N, Ctrl-C, kill): SIGTERM, SIGINT, SIGUSR1 and
+# SIGHUP to this script, or to its process group, reach every rank at once; each finishes the
+# step in progress, the step is saved, and the exit status is 0. A second Ctrl-C abandons the
+# save (exit 130). The output goes on to metrics.jsonl when stdout or stderr is closed
+# (| head). Exit status: 0 when training finished or stopped with its checkpoint saved; 130
+# when a second Ctrl-C abandoned the save; otherwise the run's own (after the restarts).
 set -euo pipefail
+# A closed stdout or stderr (>&-) or a closed pipe (| head) never ends the run: the launcher
+# writes to /dev/null instead, never dies of SIGPIPE, and its messages never fail.
+[ -e /dev/fd/1 ] || exec 1>/dev/null
+[ -e /dev/fd/2 ] || exec 2>/dev/null
+trap '' PIPE
+say() { printf 'run_train.sh: %s\n' "$*" >&2 2>/dev/null || true; }
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
 CONFIG_GIVEN="${CONFIG_FILE:+yes}"
@@ -41,17 +54,17 @@ fi
 QUICK=()
 if [ -z "$CONFIG_GIVEN" ] && ! [ "$GPUS" -ge 1 ] 2>/dev/null; then
   QUICK=(--training.seq_len 512 --training.local_batch_size 4)
-  echo "run_train.sh: no GPU: CPU quick start, $CONFIG_FILE at seq_len 512 x local_batch_size 4" \
-       "(CONFIG_FILE=$CONFIG_FILE runs it as written: 2048 x 8)" >&2
+  say "no GPU: CPU quick start, $CONFIG_FILE at seq_len 512 x local_batch_size 4" \
+      "(CONFIG_FILE=$CONFIG_FILE runs it as written: 2048 x 8)"
 fi
 if ! [ "$NGPU" -ge 1 ] 2>/dev/null; then
-  echo "run_train.sh: NGPU must be a positive integer (got '$NGPU')" >&2
+  say "NGPU must be a positive integer (got '$NGPU')"
   exit 2
 fi
 
 MAX_RESTARTS="${TETRA_MAX_RESTARTS:-0}"
 if ! [ "$MAX_RESTARTS" -ge 0 ] 2>/dev/null; then
-  echo "run_train.sh: TETRA_MAX_RESTARTS must be a non-negative integer (got '$MAX_RESTARTS')" >&2
+  say "TETRA_MAX_RESTARTS must be a non-negative integer (got '$MAX_RESTARTS')"
   exit 2
 fi
 if [ "$(id -u)" = 0 ]; then
@@ -62,37 +75,108 @@ export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_cop
 # Colour follows this script's own stdout (and NO_COLOR): a rank's stdout under mpirun may be
 # a pty even when the launcher's output goes to a file.
 if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then export TETRA_COLOR=1; else export TETRA_COLOR=0; fi
-launch() {
+# ---- one rank, no restarts: the launcher becomes the run --------------------------------------
+# tetra handles every signal itself (engine/run_guard.h) and ignores a closed pipe.
+if [ "$NGPU" = 1 ] && [ "$MAX_RESTARTS" = 0 ]; then
+  exec "$TETRA" train --job.config_file "$CONFIG_FILE" ${QUICK[@]+"${QUICK[@]}"} "$@"
+fi
+
+# ---- otherwise the launcher supervises the run ------------------------------------------------
+# mpirun must not see a signal or a closed pipe itself: on SIGTERM or SIGINT it sends the ranks
+# SIGTERM a second late and SIGKILL a second later (a save of more than a second is lost), and
+# it aborts the job when its output pipe closes. So the run starts in a session of its own
+# (setsid: no terminal or process-group signal reaches it), it dies with this script (setpriv
+# --pdeathsig; rank_exec.sh does the same for each rank, so nothing is ever orphaned), its
+# output reaches ours through relays that keep reading when ours is closed (tee -p, with
+# /dev/null as a second output that never closes), and this script passes each signal on:
+# as SIGUSR1 to mpirun, which forwards it to every rank at once, or as itself to one rank.
+mkdir -p "$LOG_DIR"
+exec {RUN_OUT}> >(trap '' INT TERM HUP USR1; exec tee -p /dev/null)
+OUT_PID=$!
+exec {RUN_ERR}> >(trap '' INT TERM HUP USR1; exec tee -p /dev/null >&2)
+ERR_PID=$!
+say() { printf 'run_train.sh: %s\n' "$*" >&"$RUN_ERR" 2>/dev/null || true; }
+finish() { # exit code: wait until the relays have passed on the last of the run's output
+  exec {RUN_OUT}>&- {RUN_ERR}>&-
+  wait "$OUT_PID" "$ERR_PID" 2>/dev/null || true
+  exit "$1"
+}
+
+PDEATH=()
+if setpriv --pdeathsig KILL true 2>/dev/null; then PDEATH=(setpriv --pdeathsig KILL); fi
+CHILD="" STOP_SIG="" ABANDONED=0 SIGNALS=0 RC=0
+start_run() {
   if [ "$NGPU" = 1 ]; then
-    "$TETRA" train --job.config_file "$CONFIG_FILE" ${QUICK[@]+"${QUICK[@]}"} "$@"
+    setsid ${PDEATH[@]+"${PDEATH[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
+      ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   else
-    mkdir -p "$LOG_DIR"
-    mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
+    setsid ${PDEATH[@]+"${PDEATH[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
       ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
-      ${QUICK[@]+"${QUICK[@]}"} "$@"
+      ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
+  fi
+  CHILD=$!
+}
+pass_on() { # signal name: to the run, as the ranks should see it
+  if [ "$NGPU" = 1 ]; then
+    kill -s "$1" "$CHILD" 2>/dev/null || true
+  else
+    kill -s USR1 "$CHILD" 2>/dev/null || true
   fi
 }
-if [ "$MAX_RESTARTS" = 0 ]; then # the launcher becomes the run: signals reach it directly
-  if [ "$NGPU" = 1 ]; then exec "$TETRA" train --job.config_file "$CONFIG_FILE" ${QUICK[@]+"${QUICK[@]}"} "$@"; fi
-  mkdir -p "$LOG_DIR"
-  exec mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
-    ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
-    ${QUICK[@]+"${QUICK[@]}"} "$@"
-fi
+on_signal() { # NAME
+  SIGNALS=$((SIGNALS + 1))
+  if [ -z "$CHILD" ]; then
+    say "SIG$1 between attempts: nothing is running; stopping"
+    finish $((128 + $(kill -l "$1")))
+  fi
+  if [ -z "$STOP_SIG" ]; then
+    STOP_SIG=SIG$1
+    say "SIG$1: every rank finishes the step in progress, saves it and stops (Ctrl-C again abandons the save)"
+    if [ "$1" = HUP ]; then pass_on TERM; else pass_on "$1"; fi
+  elif [ "$1" = INT ]; then
+    ABANDONED=1
+    say "SIGINT again: abandoning the save and stopping every rank now; the newest complete checkpoint is unchanged"
+    if [ "$NGPU" = 1 ]; then pass_on INT; else kill -s KILL "$CHILD" 2>/dev/null || true; fi
+  else
+    say "SIG$1 again: already stopping after the step in progress (Ctrl-C abandons the save)"
+  fi
+}
+for s in TERM INT USR1 HUP; do
+  # shellcheck disable=SC2064
+  trap "on_signal $s" "$s"
+done
+wait_run() { # until the run has exited: a signal interrupts `wait`, then it is waited for again
+  local seen
+  while :; do
+    seen=$SIGNALS
+    RC=0
+    wait "$CHILD" 2>/dev/null || RC=$?
+    [ "$seen" = "$SIGNALS" ] && break
+  done
+  CHILD=""
+}
+
 attempt=0
 while :; do
-  set +e
-  launch "$@"
-  rc=$?
-  set -e
-  [ $rc = 0 ] && exit 0
+  start_run "$@"
+  wait_run
+  [ "$ABANDONED" = 1 ] && finish 130
+  if [ -n "$STOP_SIG" ]; then
+    if [ "$RC" = 0 ]; then
+      say "stopped by $STOP_SIG after a clean save (exit code 0); run the same command again to resume"
+    else
+      say "stopped by $STOP_SIG, but the run failed while stopping (exit code $RC)"
+    fi
+    finish "$RC"
+  fi
+  [ "$RC" = 0 ] && finish 0
   if [ $attempt -ge "$MAX_RESTARTS" ]; then
-    echo "run_train.sh: the run failed (exit code $rc) and all $MAX_RESTARTS restarts are used" >&2
-    exit $rc
+    [ "$MAX_RESTARTS" = 0 ] || say "the run failed (exit code $RC) and all $MAX_RESTARTS restarts are used"
+    finish "$RC"
   fi
   attempt=$((attempt + 1))
-  cause="exit code $rc"
-  [ $rc -gt 128 ] && cause="exit code $rc: signal $((rc - 128))"
-  echo "run_train.sh: $(date '+%Y-%m-%d %H:%M:%S') the run failed ($cause); restart $attempt of $MAX_RESTARTS" \
-       "from the newest complete checkpoint" >&2
+  cause="exit code $RC"
+  [ "$RC" -gt 128 ] && cause="exit code $RC: signal $((RC - 128))"
+  say "$(date '+%Y-%m-%d %H:%M:%S') the run failed ($cause); restart $attempt of $MAX_RESTARTS" \
+      "from the newest complete checkpoint"
 done

@@ -2,9 +2,12 @@
 # rank_exec.sh LOG_RANK LOG_DIR CMD... — run one MPI rank, showing its output
 # only if it is among LOG_RANK ("all", or comma-separated ranks); otherwise the
 # output goes to LOG_DIR/rank_N.log. Used by run_train.sh under mpirun.
+# The rank dies with its launcher (mpirun, srun's step daemon): never an orphan that
+# trains on unsupervised when the launcher is killed.
 set -euo pipefail
 show="$1"; dir="$2"; shift 2
 rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${SLURM_PROCID:-0}}}"
+if setpriv --pdeathsig KILL true 2>/dev/null; then set -- setpriv --pdeathsig KILL "$@"; fi
 case ",$show," in
   *",all,"*|*",$rank,"*) exec "$@" ;;
   *) exec "$@" >"$dir/rank_$rank.log" 2>&1 ;;
