@@ -22,7 +22,8 @@
 # step in progress, the step is saved, and the exit status is 0. A second Ctrl-C abandons the
 # save (exit 130). The output goes on to metrics.jsonl when stdout or stderr is closed
 # (| head). Exit status: 0 when training finished or stopped with its checkpoint saved; 130
-# when a second Ctrl-C abandoned the save; otherwise the run's own (after the restarts).
+# when a second Ctrl-C abandoned the save; 128+N for a signal N before the run started (while
+# building); otherwise the run's own (after the restarts).
 set -euo pipefail
 # A closed stdout or stderr (>&-) or a closed pipe (| head) never ends the run: the launcher
 # writes to /dev/null instead, never dies of SIGPIPE, and its messages never fail.
@@ -30,6 +31,11 @@ set -euo pipefail
 [ -e /dev/fd/2 ] || exec 2>/dev/null
 trap '' PIPE
 say() { printf 'run_train.sh: %s\n' "$*" >&2 2>/dev/null || true; }
+# Until the run is started (building, probing the GPUs) a stop signal ends the launcher, saying so.
+for s in TERM INT USR1 HUP; do
+  # shellcheck disable=SC2064
+  trap "say 'SIG$s before the run started: stopping (nothing was trained)'; exit $((128 + $(kill -l $s)))" "$s"
+done
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
 CONFIG_GIVEN="${CONFIG_FILE:+yes}"
@@ -107,10 +113,10 @@ if setpriv --pdeathsig KILL true 2>/dev/null; then PDEATH=(setpriv --pdeathsig K
 CHILD="" STOP_SIG="" ABANDONED=0 SIGNALS=0 RC=0
 start_run() {
   if [ "$NGPU" = 1 ]; then
-    setsid ${PDEATH[@]+"${PDEATH[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
+    setsid -w ${PDEATH[@]+"${PDEATH[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   else
-    setsid ${PDEATH[@]+"${PDEATH[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
+    setsid -w ${PDEATH[@]+"${PDEATH[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
       ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   fi

@@ -123,6 +123,13 @@ void run_guard_catch_signals(int rank) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    /* main() held them from the first instruction: one that came meanwhile is taken now */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGUSR1);
+    pthread_sigmask(SIG_UNBLOCK, &stop, NULL);
 }
 
 int run_guard_stop_signal(void) { return (int)stop_sig; }
