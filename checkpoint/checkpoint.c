@@ -156,14 +156,19 @@ long ckpt_tmp_live_owner(const char *name) {
     long pid = dash ? strtol(dash + 1, &end, 10) : 0;
     if (pid <= 0 || !end || *end || pid == (long)getpid()) return 0;
     if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
-    /* a live process of another program that reused the pid does not keep a save alive */
-    char p[64], comm[64] = "";
-    ck_snprintf(p, sizeof p, "/proc/%ld/comm", pid);
+    /* "pid (comm) state ...": a zombie (a killed rank not yet reaped) is dead, and a live process
+     * of another program that reused the pid does not keep a save alive */
+    char p[64], stat[256] = "";
+    ck_snprintf(p, sizeof p, "/proc/%ld/stat", pid);
     FILE *f = fopen(p, "r");
     if (!f) return pid;
-    if (!fgets(comm, sizeof comm, f)) comm[0] = '\0';
+    if (!fgets(stat, sizeof stat, f)) stat[0] = '\0';
     fclose(f);
-    return strncmp(comm, "tetra", 5) == 0 ? pid : 0;
+    const char *open = strchr(stat, '('), *close = strrchr(stat, ')');
+    if (!open || !close || close[1] != ' ') return pid;
+    const char state = close[2];
+    if (state == 'Z' || state == 'X' || state == 'x') return 0;
+    return strncmp(open + 1, "tetra", 5) == 0 ? pid : 0;
 }
 
 int ckpt_cleanup_stale_report(const char *dir, char *kept, size_t keptlen) {
