@@ -102,7 +102,14 @@ OUT_PID=$!
 exec {RUN_ERR}> >(trap '' INT TERM HUP USR1; exec tee -p /dev/null >&2)
 ERR_PID=$!
 say() { printf 'run_train.sh: %s\n' "$*" >&"$RUN_ERR" 2>/dev/null || true; }
+# The stop request also goes into a file the ranks read at each step's end (rank 0), so a
+# signal lost on the way (mpirun still starting its job, a rank not yet running) still stops
+# the run, and the ranks name the signal the launcher received.
+TETRA_STOP_FILE="$(cd "$LOG_DIR" && pwd)/.stop-request-$$"
+export TETRA_STOP_FILE
+rm -f "$TETRA_STOP_FILE"
 finish() { # exit code: wait until the relays have passed on the last of the run's output
+  rm -f "$TETRA_STOP_FILE"
   exec {RUN_OUT}>&- {RUN_ERR}>&-
   wait "$OUT_PID" "$ERR_PID" 2>/dev/null || true
   exit "$1"
@@ -116,7 +123,7 @@ start_run() {
     setsid -w ${PDEATH[@]+"${PDEATH[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   else
-    setsid -w ${PDEATH[@]+"${PDEATH[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR \
+    setsid -w ${PDEATH[@]+"${PDEATH[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR -x TETRA_STOP_FILE \
       ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   fi
@@ -137,6 +144,7 @@ on_signal() { # NAME
   fi
   if [ -z "$STOP_SIG" ]; then
     STOP_SIG=SIG$1
+    printf 'SIG%s\n' "$1" >"$TETRA_STOP_FILE" 2>/dev/null || true
     say "SIG$1: every rank finishes the step in progress, saves it and stops (Ctrl-C again abandons the save)"
     if [ "$1" = HUP ]; then pass_on TERM; else pass_on "$1"; fi
   elif [ "$1" = INT ]; then
@@ -169,7 +177,7 @@ while :; do
   [ "$ABANDONED" = 1 ] && finish 130
   if [ -n "$STOP_SIG" ]; then
     if [ "$RC" = 0 ]; then
-      say "stopped by $STOP_SIG after a clean save (exit code 0); run the same command again to resume"
+      say "the run stopped cleanly on $STOP_SIG (exit code 0); run the same command again to resume"
     else
       say "stopped by $STOP_SIG, but the run failed while stopping (exit code $RC)"
     fi

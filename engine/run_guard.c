@@ -80,6 +80,20 @@ static void on_stop_signal(int sig) {
     sem_post(&sig_sem);
 }
 
+/* The launcher's stop request: run_train.sh writes the signal it received ("SIGTERM") into
+ * $TETRA_STOP_FILE before passing the signal on, so a signal lost on the way (mpirun still
+ * starting its job, a rank not yet running) still stops the run at the next step's end. */
+static int stop_file_signal(void) {
+    const char *path = getenv("TETRA_STOP_FILE");
+    if (!path || !path[0]) return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char name[32] = "";
+    if (!fgets(name, sizeof name, f)) name[0] = '\0';
+    fclose(f);
+    return !strncmp(name, "SIGINT", 6) ? SIGINT : !strncmp(name, "SIGUSR1", 7) ? SIGUSR1 : SIGTERM;
+}
+
 /* Says what a signal does the moment it arrives (the handler itself cannot format a log line). */
 static void *signal_reporter(void *arg) {
     (void)arg;
@@ -88,18 +102,22 @@ static void *signal_reporter(void *arg) {
         if (sem_wait(&sig_sem) != 0) continue;
         const int sig = last_sig;
         const long step = (long)cur_step;
+        const int asked = sig == SIGUSR1 ? stop_file_signal() : 0; /* passed on by run_train.sh */
+        char what[64];
+        if (asked && asked != SIGUSR1)
+            snprintf(what, sizeof what, "%s (from the launcher, as SIGUSR1)", run_guard_signal_name(asked));
+        else snprintf(what, sizeof what, "%s", run_guard_signal_name(sig));
         pthread_mutex_lock(&target_mu);
         if (++seen > 1)
-            log_warn("%s again: already stopping after step %ld (SIGINT abandons the save)", run_guard_signal_name(sig),
-                     step);
+            log_warn("%s again: already stopping after step %ld (SIGINT abandons the save)", what, step);
         else if (step == 0)
-            log_warn("%s received during start-up: the run stops before its first step", run_guard_signal_name(sig));
+            log_warn("%s received during start-up: the run stops before its first step", what);
         else if (stop_target_set)
             log_warn("%s received during step %ld: saving step %ld to %s when every rank has finished it, then "
-                     "stopping (Ctrl-C abandons the save)", run_guard_signal_name(sig), step, step, stop_target);
+                     "stopping (Ctrl-C abandons the save)", what, step, step, stop_target);
         else
             log_warn("%s received during step %ld: stopping after it; checkpoint.enable is false, so nothing will be "
-                     "saved", run_guard_signal_name(sig), step);
+                     "saved", what, step);
         pthread_mutex_unlock(&target_mu);
     }
     return NULL;
@@ -133,6 +151,11 @@ void run_guard_catch_signals(int rank) {
 }
 
 int run_guard_stop_signal(void) { return (int)stop_sig; }
+
+int run_guard_stop_request(int rank) {
+    const int file = rank == 0 ? stop_file_signal() : 0;
+    return file ? file : (int)stop_sig;
+}
 
 void run_guard_set_step(int64_t step) { cur_step = (sig_atomic_t)step; }
 

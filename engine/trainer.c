@@ -1398,7 +1398,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
      * and the run exits 0. A signal during start-up stops the run before its first step. */
     run_guard_set_stop_target(t->saver && !c->checkpoint.load_only ? t->ckpt_dir : NULL);
     const int64_t early =
-        first_step <= c->training.steps ? comm_all_reduce_i64(t->g_world, run_guard_stop_signal(), COMM_MAX) : 0;
+        first_step <= c->training.steps ? comm_all_reduce_i64(t->g_world, run_guard_stop_request(rank), COMM_MAX) : 0;
     if (early) {
         if (rank == 0)
             log_warn("stopped by %s during start-up, before step %lld of %lld: nothing was trained, so nothing was "
@@ -1526,7 +1526,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             log_t0 += now_s() - tv; /* validation time is not training throughput */
         }
         /* a stop signal on any rank stops every rank after the same step */
-        const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)run_guard_stop_signal(), COMM_MAX);
+        const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)run_guard_stop_request(rank), COMM_MAX);
         if (sig && !last) {
             const int saved = t->saver && !c->checkpoint.load_only && step % c->checkpoint.interval == 0;
             if (t->saver && !c->checkpoint.load_only && !saved &&

@@ -7,6 +7,7 @@
 #   2. SIGTERM to a 2-rank run_train.sh (mpirun used to kill the ranks 2 s later, leaving
 #      step-N.tmp-PID): exit 0, step-N complete, and the same command resumes from it (that
 #      such resumes are bit-identical is tests/stress/kill_sweep.sh's and test_preemption's).
+#      SIGTERM the moment mpirun starts (before it forwards signals) still stops the run cleanly.
 #   3. Slurm's pattern under 4 ranks: SIGTERM to the launcher's process group, SIGKILL to it
 #      after a grace (KillWait): the save completes within it, exit 0, nothing left running.
 #   4. TETRA_MAX_RESTARTS=2, SIGTERM to the launcher: it passes it on, the run saves and the
@@ -107,6 +108,20 @@ if start two 2 3000; then
   else
     bad "2 ranks, SIGTERM: exit $RC, step '${n}', checkpoints: $(ls "$T/two/checkpoint" 2>/dev/null | tr '\n' ' ')"
   fi
+fi
+
+# SIGTERM the moment mpirun starts, before it can forward anything: the stop request the
+# launcher leaves for the ranks still stops the run cleanly
+NGPU=2 ./run_train.sh "${ARGS[@]}" --training.steps 3000 --job.dump_folder "$T/early" >"$T/early.log" 2>&1 &
+LP=$!
+for _ in $(seq 1 600); do pgrep -x mpirun -P "$LP" >/dev/null && break; sleep 0.01; done
+kill -TERM "$LP"
+finish "$LP" 40
+left=$(left_running early)
+if [ "$RC" = 0 ] && grep -q "stopped by SIGTERM" "$T/early.log" && [ -z "$left" ]; then
+  ok "2 ranks, SIGTERM as mpirun starts: '$(grep -o "stopped by SIGTERM [a-z-]* [a-z0-9-]*" "$T/early.log")', exit 0"
+else
+  bad "2 ranks, SIGTERM as mpirun starts: exit $RC, still running: '${left}': $(grep -E 'stopped|ERROR' "$T/early.log" | tail -2)"
 fi
 
 # ---- 3. Slurm's pattern under four ranks: SIGTERM to the process group, SIGKILL after KillWait ----------
