@@ -94,8 +94,8 @@ fi
 # (setsid: no terminal or process-group signal reaches it), it dies with this script (setpriv
 # --pdeathsig; rank_exec.sh does the same for each rank, so nothing is ever orphaned), its
 # output reaches ours through relays that keep reading when ours is closed (tee -p, with
-# /dev/null as a second output that never closes), and this script passes each signal on:
-# as SIGUSR1 to mpirun, which forwards it to every rank at once, or as itself to one rank.
+# /dev/null as a second output that never closes), and this script passes the first signal
+# on as SIGUSR1 (to mpirun, which forwards it to every rank at once, or to the one rank).
 mkdir -p "$LOG_DIR"
 exec {RUN_OUT}> >(trap '' INT TERM HUP USR1; exec tee -p /dev/null)
 OUT_PID=$!
@@ -115,26 +115,26 @@ finish() { # exit code: wait until the relays have passed on the last of the run
   exit "$1"
 }
 
-PDEATH=()
-if setpriv --pdeathsig KILL true 2>/dev/null; then PDEATH=(setpriv --pdeathsig KILL); fi
+RUN_WRAP=() # what the run is started under: dies with this script, SIGUSR1 ignored until caught
+if setpriv --pdeathsig KILL true 2>/dev/null; then RUN_WRAP=(setpriv --pdeathsig KILL); fi
+# SIGUSR1 ignored until mpirun and tetra install their handlers: one that comes earlier is
+# dropped (the stop-request file below still stops the run) instead of killing them
+if env --ignore-signal=USR1 true 2>/dev/null; then RUN_WRAP=(env --ignore-signal=USR1 ${RUN_WRAP[@]+"${RUN_WRAP[@]}"}); fi
 CHILD="" STOP_SIG="" ABANDONED=0 SIGNALS=0 RC=0
 start_run() {
   if [ "$NGPU" = 1 ]; then
-    setsid -w ${PDEATH[@]+"${PDEATH[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
+    setsid -w ${RUN_WRAP[@]+"${RUN_WRAP[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   else
-    setsid -w ${PDEATH[@]+"${PDEATH[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR -x TETRA_STOP_FILE \
+    setsid -w ${RUN_WRAP[@]+"${RUN_WRAP[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR -x TETRA_STOP_FILE \
       ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   fi
   CHILD=$!
 }
-pass_on() { # signal name: to the run, as the ranks should see it
-  if [ "$NGPU" = 1 ]; then
-    kill -s "$1" "$CHILD" 2>/dev/null || true
-  else
-    kill -s USR1 "$CHILD" 2>/dev/null || true
-  fi
+pass_on() { # the first stop signal: SIGUSR1 to mpirun, which forwards it to every rank at once, or to
+  # the single rank (the stop-request file names the signal received)
+  kill -s USR1 "$CHILD" 2>/dev/null || true
 }
 on_signal() { # NAME
   SIGNALS=$((SIGNALS + 1))
@@ -146,11 +146,11 @@ on_signal() { # NAME
     STOP_SIG=SIG$1
     printf 'SIG%s\n' "$1" >"$TETRA_STOP_FILE" 2>/dev/null || true
     say "SIG$1: every rank finishes the step in progress, saves it and stops (Ctrl-C again abandons the save)"
-    if [ "$1" = HUP ]; then pass_on TERM; else pass_on "$1"; fi
+    pass_on
   elif [ "$1" = INT ]; then
     ABANDONED=1
     say "SIGINT again: abandoning the save and stopping every rank now; the newest complete checkpoint is unchanged"
-    if [ "$NGPU" = 1 ]; then pass_on INT; else kill -s KILL "$CHILD" 2>/dev/null || true; fi
+    if [ "$NGPU" = 1 ]; then kill -s INT "$CHILD" 2>/dev/null || true; else kill -s KILL "$CHILD" 2>/dev/null || true; fi
   else
     say "SIG$1 again: already stopping after the step in progress (Ctrl-C abandons the save)"
   fi

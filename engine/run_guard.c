@@ -44,6 +44,7 @@ static char stop_target[4200];
 static int stop_target_set = 0;
 
 const char *run_guard_signal_name(int sig) {
+    if (sig > RUN_GUARD_FROM_LAUNCHER) sig -= RUN_GUARD_FROM_LAUNCHER;
     return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
 }
 
@@ -153,8 +154,10 @@ void run_guard_catch_signals(int rank) {
 int run_guard_stop_signal(void) { return (int)stop_sig; }
 
 int run_guard_stop_request(int rank) {
+    /* the launcher's word outranks a rank's own signal in the all-reduce (max), so every rank
+     * names the signal the user sent, not the SIGUSR1 that carried it */
     const int file = rank == 0 ? stop_file_signal() : 0;
-    return file ? file : (int)stop_sig;
+    return file ? RUN_GUARD_FROM_LAUNCHER + file : (int)stop_sig;
 }
 
 void run_guard_set_step(int64_t step) { cur_step = (sig_atomic_t)step; }

@@ -30,9 +30,11 @@ void run_guard_fix_std_fds(void);
 void run_guard_catch_signals(int rank);
 /* The first stop signal received, 0 if none. */
 int run_guard_stop_signal(void);
-/* What this rank contributes to the stop decision at a step's end: the signal the launcher
- * was asked to stop with (rank 0 reads $TETRA_STOP_FILE, written by run_train.sh), else the
- * first stop signal received, else 0. */
+/* What this rank contributes to the stop decision at a step's end (all-reduced with max):
+ * RUN_GUARD_FROM_LAUNCHER + the signal the launcher was asked to stop with (rank 0 reads
+ * $TETRA_STOP_FILE, written by run_train.sh), else the first stop signal received, else 0.
+ * run_guard_signal_name names either. */
+#define RUN_GUARD_FROM_LAUNCHER 64
 int run_guard_stop_request(int rank);
 const char *run_guard_signal_name(int sig);
 /* What a stop will do, for the message printed when a signal arrives: the checkpoint

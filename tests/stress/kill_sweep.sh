@@ -13,7 +13,8 @@
 #   int             Ctrl-C (SIGINT to the process group): the same
 #   int2            Ctrl-C twice, 0.3 s apart: the save is abandoned, exit 130 (or 0 if done)
 #   slurm           SIGTERM to the process group, SIGKILL 1 s later (a KillWait too short)
-# at a moment drawn uniformly in [0, 2 x the uninterrupted run's time / N) after the launch.
+# at a moment drawn uniformly in [0, S + 2 x T / N) after the launch, where S is the uninterrupted
+# run's start-up (until its first step) and T its training time.
 # After each, nothing of the run may be left running, and each resume must load the newest
 # complete checkpoint (never a half-written one) and go on. Not part of ctest (a few
 # minutes); the suite's test_checkpoint_resume and test_launch_signals cover chosen moments.
@@ -72,10 +73,18 @@ print("\n".join(f"{s} {last[s]}" for s in sorted(last)))
 P
 }
 
-s=$SECONDS
-( launch_user "$T/ref" "$T/ref.log" ) || { echo "FAIL the uninterrupted run failed"; tail -5 "$T/ref.log"; exit 1; }
-FULL=$((SECONDS - s))
-echo "uninterrupted run (run_train.sh, start-up included): 40 steps in $FULL s"
+t0=$(date +%s%N)
+( launch_user "$T/ref" "$T/ref.log" ) &
+ref=$!
+START=""
+while kill -0 $ref 2>/dev/null; do # the start-up: until the first step is logged
+  if [ -z "$START" ] && [ -s "$T/ref/metrics.jsonl" ]; then START=$((($(date +%s%N) - t0) / 1000000)); fi
+  sleep 0.05
+done
+wait $ref || { echo "FAIL the uninterrupted run failed"; tail -5 "$T/ref.log"; exit 1; }
+FULL=$((($(date +%s%N) - t0) / 1000000))
+START=${START:-0}
+echo "uninterrupted run (run_train.sh): 40 steps in $FULL ms, the first after $START ms"
 
 D="$T/victim"
 fail=0
@@ -85,8 +94,8 @@ for k in $(seq 1 "$KILLS"); do
   kind=${KINDS[RANDOM % ${#KINDS[@]}]}
   launch_user "$D" "$T/victim_$k.log" &
   lp=$!
-  # a moment in [0, 2 x full run / KILLS): the kills spread over start-up, steps and saves
-  ms=$(( (RANDOM * 32768 + RANDOM) % (2 * FULL * 1000 / KILLS + 1) ))
+  # a moment in [0, start-up + 2 x training time / KILLS): start-up, steps and saves
+  ms=$(( (RANDOM * 32768 + RANDOM) % (START + 2 * (FULL - START) / KILLS + 1) ))
   sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
   if ! kill -0 $lp 2>/dev/null; then
     wait $lp
