@@ -176,7 +176,8 @@ NGPU=2 ./run_train.sh "${ARGS[@]}" --checkpoint.no_enable --training.steps 40 --
 rc=${PIPESTATUS[0]}
 n=$(steps_logged "$T/head")
 [ "$rc" = 0 ] && [ "$n" = 40 ] && ok "2 ranks | head -2: all 40 steps ran, exit 0" || bad "2 ranks | head -2: exit $rc after $n of 40 steps"
-NGPU=2 ./run_train.sh "${ARGS[@]}" --checkpoint.no_enable --training.steps 20 --job.dump_folder "$T/closed" >&- 2>&-
+# (no CONFIG_FILE: the launcher's own quick-start line meets the closed stderr first)
+env -u CONFIG_FILE NGPU=2 ./run_train.sh "${ARGS[@]}" --checkpoint.no_enable --training.steps 20 --job.dump_folder "$T/closed" >&- 2>&-
 rc=$?
 n=$(steps_logged "$T/closed")
 lines=$(wc -l <"$T/closed/metrics.jsonl" 2>/dev/null)
