@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,7 +150,29 @@ int ckpt_scan(const char *dir, ckpt_entry **out, int *n, char *err, size_t errle
     return 0;
 }
 
-int ckpt_cleanup_stale(const char *dir) {
+long ckpt_tmp_live_owner(const char *name) {
+    const char *dash = strrchr(name, '-');
+    char *end = NULL;
+    long pid = dash ? strtol(dash + 1, &end, 10) : 0;
+    if (pid <= 0 || !end || *end || pid == (long)getpid()) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
+    /* "pid (comm) state ...": a zombie (a killed rank not yet reaped) is dead, and a live process
+     * of another program that reused the pid does not keep a save alive */
+    char p[64], stat[256] = "";
+    ck_snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return pid;
+    if (!fgets(stat, sizeof stat, f)) stat[0] = '\0';
+    fclose(f);
+    const char *open = strchr(stat, '('), *close = strrchr(stat, ')');
+    if (!open || !close || close[1] != ' ') return pid;
+    const char state = close[2];
+    if (state == 'Z' || state == 'X' || state == 'x') return 0;
+    return strncmp(open + 1, "tetra", 5) == 0 ? pid : 0;
+}
+
+int ckpt_cleanup_stale_report(const char *dir, char *kept, size_t keptlen) {
+    if (kept && keptlen) kept[0] = '\0';
     DIR *d = opendir(dir);
     if (!d) return 0;
     int removed = 0;
@@ -161,12 +184,22 @@ int ckpt_cleanup_stale(const char *dir) {
             ck_snprintf(names[n++], 256, "%s", e->d_name);
     closedir(d);
     for (int i = 0; i < n; i++) {
+        long owner = ckpt_tmp_live_owner(names[i]);
+        if (owner) { /* a save in progress of a live run: never ours to remove */
+            if (kept && keptlen) {
+                size_t o = strlen(kept);
+                ck_snprintf(kept + o, keptlen - o, "%s%s (process %ld)", o ? ", " : "", names[i], owner);
+            }
+            continue;
+        }
         char p[PATH_LEN];
         ck_snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         if (ckpt_remove_tree(p) == 0) removed++;
     }
     return removed;
 }
+
+int ckpt_cleanup_stale(const char *dir) { return ckpt_cleanup_stale_report(dir, NULL, 0); }
 
 static void list_complete(const ckpt_entry *l, int n, char *out, size_t len) {
     size_t o = 0;

@@ -130,8 +130,14 @@ typedef struct {
 /* Step folders of dir (never *.tmp-* ones), ascending by step. 0 with *n = 0
  * when dir does not exist. */
 int ckpt_scan(const char *dir, ckpt_entry **out, int *n, char *err, size_t errlen);
-/* Remove step-*.tmp-* folders left by runs that died mid-save (rank 0, at start). Returns how many. */
+/* Remove step-*.tmp-* folders left by runs that died mid-save (rank 0, at start). Returns how many.
+ * A folder whose owner (the pid its name ends with) still runs tetra on this host is a save in
+ * progress of another live run: it is kept, and named in kept ("step-8.tmp-4711 (process 4711)"). */
 int ckpt_cleanup_stale(const char *dir);
+int ckpt_cleanup_stale_report(const char *dir, char *kept, size_t keptlen);
+/* The pid that named a step-*.tmp-* folder when it is alive on this host as tetra (not this
+ * process), else 0. */
+long ckpt_tmp_live_owner(const char *name);
 /* The checkpoint to resume from: load_step >= 0 picks that step, -1 the newest
  * step folder (Hugging Face exports skipped). A newest checkpoint that holds
  * model weights only (a final last_save_model_only save, step > 0) gives way

@@ -1,4 +1,5 @@
 /* tetra — one executable, one subcommand per job. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,24 @@ static const char *nearest_command(const char *cmd) {
     }
     return best_d <= 2 && 2 * best_d <= strlen(cmd) ? best : NULL; /* "trian", "plna"; not "foo" */
 }
+
+/* A stop signal that arrives before `tetra train` has its handlers stays pending instead of
+ * killing the rank: run_guard_catch_signals unblocks it. Run from .preinit_array, before the
+ * shared libraries' constructors (OpenBLAS, oneDNN, MPI take tens of ms), and kept across the
+ * blas_restart exec (a blocked, pending signal survives execve). */
+static void hold_stop_signals(int argc, char **argv, char **envp) {
+    (void)envp;
+    if (argc < 2 || strcmp(argv[1], "train") != 0) return;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGTERM);
+    sigaddset(&s, SIGINT);
+    sigaddset(&s, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+}
+
+__attribute__((section(".preinit_array"), used)) static void (*const hold_early)(int, char **, char **) =
+    hold_stop_signals;
 
 int main(int argc, char **argv) {
     blas_restart(argv);

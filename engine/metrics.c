@@ -171,6 +171,9 @@ static int truncate_jsonl(const char *path, int64_t first_step, char *err, size_
     free(tmp);
     if (dropped && kept) log_info("metrics: kept %zu records of %s before step %" PRId64 ", dropped %zu", kept, path,
                                   first_step, dropped);
+    else if (dropped && first_step == 1)
+        log_info("metrics: a fresh run starts a new %s (the %zu records of an earlier run there are replaced)", path,
+                 dropped);
     return 0;
 }
 

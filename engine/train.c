@@ -12,6 +12,7 @@
 
 #include "engine/config.h"
 #include "engine/log.h"
+#include "engine/run_guard.h"
 #include "engine/trainer.h"
 #include "parallel/comm.h"
 
@@ -124,8 +125,15 @@ static int end_failed(int world, int rc) {
 
 int train_main(int argc, char **argv) {
     /* a closed output pipe (./run_train.sh | head) must not end training: writes to it fail
-     * quietly, the metrics files go on */
+     * quietly, the metrics files go on; a closed stream is reopened on /dev/null */
+    run_guard_fix_std_fds();
     signal(SIGPIPE, SIG_IGN);
+    /* stop signals are caught before MPI starts: one that arrives during start-up stops the
+     * run cleanly instead of killing one rank (the launcher's rank, as MPI will number it) */
+    const char *env_rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!env_rank) env_rank = getenv("PMI_RANK");
+    if (!env_rank) env_rank = getenv("SLURM_PROCID");
+    run_guard_catch_signals(env_rank ? atoi(env_rank) : 0);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank = 0, world = 1;
@@ -168,11 +176,17 @@ int train_main(int argc, char **argv) {
         cfg_free(&cfg);
         return end_failed(world, 1);
     }
+    /* one live run per dump folder, and every output folder writable, before anything is written */
+    if (!topt.dry_run && run_guard_start(&cfg.v, rank)) {
+        cfg_free(&cfg);
+        return end_failed(world, 1);
+    }
     if (rank == 0) log_quick_start(&cfg);
     if (cfg.v.job.print_config && rank == 0) cfg_print_toml(&cfg, stdout);
     if (cfg.v.job.save_config_file && rank == 0) {
         if (save_config_file(&cfg, cfg.v.job.save_config_file, err, sizeof err)) {
             log_error("%s", err);
+            run_guard_end();
             comm_abort_explained(1);
         }
     }
@@ -182,6 +196,7 @@ int train_main(int argc, char **argv) {
              (long long)dims.global_batch_size, dims.grad_accum_steps);
     rc = trainer_run(&cfg, &dims, rank, world, &topt);
     cfg_free(&cfg);
+    run_guard_end();
     /* a failing rank must not leave the others waiting: it ends the job */
     if (rc != 0) return end_failed(world, rc);
     MPI_Finalize();

@@ -302,10 +302,14 @@ int train_find_checkpoint(trainer *t, char *load_path, size_t n, int *model_only
     int found = 0;
     if (c->checkpoint.enable) {
         if (t->rank == 0) {
-            int k = ckpt_cleanup_stale(t->ckpt_dir);
+            char kept[1024];
+            int k = ckpt_cleanup_stale_report(t->ckpt_dir, kept, sizeof kept);
             if (k > 0)
                 log_info("checkpoint: removed %d incomplete save folder%s (step-*.tmp-*) of an earlier run in %s", k,
                          k == 1 ? "" : "s", t->ckpt_dir);
+            if (kept[0])
+                log_warn("checkpoint: left %s in %s alone: the save of a run that is still running (two live runs "
+                         "must not share a checkpoint folder)", kept, t->ckpt_dir);
         }
         found = find_agreed(t->rank, t->ckpt_dir, c->checkpoint.load_step, 0, load_path, n, err, errlen);
         if (found < 0) return -1;

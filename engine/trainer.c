@@ -19,6 +19,7 @@
 #include "engine/log.h"
 #include "engine/memsnap.h"
 #include "engine/metrics.h"
+#include "engine/run_guard.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
 #include "models/llama3/hf.h"
@@ -1368,10 +1369,10 @@ static int prepare_run(trainer *t) {
 
     if (t->rank == 0 && !t->opt.external_batches) {
         /* metrics_open_at creates the dump folder; a resumed run drops the records an earlier attempt wrote past
-         * its checkpoint */
+         * its checkpoint, and a fresh run (step 1) starts a new file (docs/metrics.md) */
         t->ml = metrics_open_at(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
                                 !c->metrics.disable_color_printing && log_color_wanted(STDOUT_FILENO),
-                                t->tc.step > 0 ? t->tc.step + 1 : 0, err, sizeof err);
+                                t->tc.step + 1, err, sizeof err);
         if (!t->ml) {
             log_error("metrics: %s", err);
             return 1;
@@ -1443,32 +1444,6 @@ static const char *pp_stage_list(const trainer *t) {
     return buf;
 }
 
-/* Preemption (Slurm's SIGTERM or --signal=USR1, Ctrl-C): the step in progress finishes,
- * every rank learns of it at the step's end, a checkpoint is written and the run exits 0.
- * A second SIGINT exits at once. */
-static volatile sig_atomic_t stop_signal = 0, stop_count = 0;
-
-static void on_stop_signal(int sig) {
-    stop_count = stop_count + 1;
-    if (sig == SIGINT && stop_count >= 2) _exit(130);
-    stop_signal = sig;
-}
-
-static void catch_stop_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-}
-
-static const char *signal_name(int sig) {
-    return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
-}
-
 int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
                 const trainer_options *opt) {
     trainer *t = NULL;
@@ -1487,8 +1462,21 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     long pp_type_n[4] = {0};
     int64_t log_steps = 0, nonfinite_run = 0; /* non-finite steps skipped in a row */
     const int64_t first_step = t->tc.step + 1;
-    catch_stop_signals();
+    /* Preemption (Slurm's SIGTERM or --signal=USR1, Ctrl-C; engine/run_guard.h): the step in
+     * progress finishes, every rank learns of the signal at its end, a checkpoint is written
+     * and the run exits 0. A signal during start-up stops the run before its first step. */
+    run_guard_set_stop_target(t->saver && !c->checkpoint.load_only ? t->ckpt_dir : NULL);
+    const int64_t early =
+        first_step <= c->training.steps ? comm_all_reduce_i64(t->g_world, run_guard_stop_request(rank), COMM_MAX) : 0;
+    if (early) {
+        if (rank == 0)
+            log_warn("stopped by %s during start-up, before step %lld of %lld: nothing was trained, so nothing was "
+                     "saved", run_guard_signal_name((int)early), (long long)first_step, (long long)c->training.steps);
+        trainer_teardown(t);
+        return 0;
+    }
     for (int64_t step = first_step; step <= c->training.steps; step++) {
+        run_guard_set_step(step);
         comm_set_step(t->cw, step);
         trace_step_begin(t->tr, step);
         trace_begin(t->tr, "data", "load batch");
@@ -1622,7 +1610,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             log_t0 += now_s() - tv; /* validation time is not training throughput */
         }
         /* a stop signal on any rank stops every rank after the same step */
-        const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)stop_signal, COMM_MAX);
+        const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)run_guard_stop_request(rank), COMM_MAX);
         if (sig && !last) {
             const int saved = t->saver && !c->checkpoint.load_only && step % c->checkpoint.interval == 0;
             if (t->saver && !c->checkpoint.load_only && !saved &&
@@ -1634,11 +1622,11 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             if (rank == 0) {
                 if (t->saver && !c->checkpoint.load_only)
                     log_warn("stopped by %s after step %lld of %lld: checkpoint step-%lld in %s; run the same "
-                             "command again to resume", signal_name((int)sig), (long long)step,
+                             "command again to resume", run_guard_signal_name((int)sig), (long long)step,
                              (long long)c->training.steps, (long long)step, t->ckpt_dir);
                 else
                     log_warn("stopped by %s after step %lld of %lld; checkpoint.enable is false, so nothing was "
-                             "saved", signal_name((int)sig), (long long)step, (long long)c->training.steps);
+                             "saved", run_guard_signal_name((int)sig), (long long)step, (long long)c->training.steps);
             }
             break;
         }
