@@ -142,9 +142,9 @@ void dl_source_counts(const dl_loader *dl, uint64_t n, uint64_t *counts);
 /* "NAME: weight W, realised S (K of N samples, E epochs); ..." for the first n samples;
  * -1 when buf is too short. */
 int dl_mix_summary(const dl_loader *dl, uint64_t n, char *buf, size_t len);
-/* {"step":S,"samples":N,"sources":{"NAME":{"weight":W,"samples":K,"share":S},...}} for the
- * samples consumed so far; -1 when buf is too short. */
-int dl_mix_json(const dl_loader *dl, int64_t step, char *buf, size_t len);
+/* {"samples":N,"sources":{"NAME":{"weight":W,"samples":K,"share":S},...}} for the samples
+ * consumed so far; -1 when buf is too short. */
+int dl_mix_json(const dl_loader *dl, char *buf, size_t len);
 
 /* ---- the tokenizer of a corpus ------------------------------------------------------ */
 

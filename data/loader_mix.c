@@ -232,13 +232,13 @@ int dl_mix_summary(const dl_loader *dl, uint64_t n, char *buf, size_t len) {
     return at < len ? 0 : -1;
 }
 
-int dl_mix_json(const dl_loader *dl, int64_t step, char *buf, size_t len) {
+int dl_mix_json(const dl_loader *dl, char *buf, size_t len) {
     uint64_t c[MIX_MAX_SOURCES];
     const int k = dl_num_sources(dl);
     const uint64_t n = dl->position;
     dl_source_counts(dl, n, c);
     size_t at = 0;
-    int w = snprintf(buf, len, "{\"step\":%lld,\"samples\":%llu,\"sources\":{", (long long)step, (unsigned long long)n);
+    int w = snprintf(buf, len, "{\"samples\":%llu,\"sources\":{", (unsigned long long)n);
     for (int i = 0; w >= 0 && i < k; i++) {
         at += (size_t)w;
         if (at >= len) return -1;

@@ -338,6 +338,25 @@ void metrics_log_validation(metrics_logger *m, int64_t step, double loss, double
     if (m->tb && tb_writer_add_scalar(m->tb, step, wt, "validation_metrics/loss", (float)loss) != 0) tb_failed(m);
 }
 
+void metrics_log_mix(metrics_logger *m, int64_t step, const char *mix_json, int n, const double *shares) {
+    const double wt = wall_now();
+    if (m->jsonl) {
+        FILE *f = m->jsonl;
+        fprintf(f, "{\"step\":%" PRId64 ",\"data_mix\":%s,\"time\":", step, mix_json);
+        json_number(f, wt);
+        fputs("}\n", f);
+        if (fflush(f) != 0 || ferror(f)) jsonl_failed(m);
+    }
+    for (int i = 0; m->tb && i < n; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "data_mix/share_%d", i);
+        if (tb_writer_add_scalar(m->tb, step, wt, tag, (float)shares[i]) != 0) {
+            tb_failed(m);
+            break;
+        }
+    }
+}
+
 /* ---- memory --------------------------------------------------------------- */
 
 int64_t metrics_peak_rss_bytes(void) {

@@ -55,6 +55,10 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s);
 /* "validate step: N  loss: X  time: Ts" line, jsonl {"step":N,"validation_loss":X,...},
  * TensorBoard tag validation_metrics/loss. */
 void metrics_log_validation(metrics_logger *m, int64_t step, double loss, double step_time_s);
+/* A weighted mixture's realised shares so far (docs/data.md): the jsonl record
+ * {"step":N,"data_mix":<mix_json>,"time":T} (mix_json: dl_mix_json's object) and the
+ * TensorBoard scalars data_mix/share_<i> of sources 0..n-1, in the order given. */
+void metrics_log_mix(metrics_logger *m, int64_t step, const char *mix_json, int n, const double *shares);
 /* Path of metrics.jsonl / of the TensorBoard event file (NULL when TensorBoard is off). */
 const char *metrics_jsonl_path(const metrics_logger *m);
 const char *metrics_tb_path(const metrics_logger *m);

@@ -1237,14 +1237,18 @@ fail:
 /* ----------------------------------------------------------------------------
  * the loop */
 
-/* <dump_folder>/data_mix.jsonl: the mixture's realised shares so far (docs/data.md) */
+/* The mixture's realised shares so far, a record of metrics.jsonl and TensorBoard
+ * scalars (docs/data.md) */
 static void log_mix(trainer *t, int64_t step) {
-    char line[1 << 16], path[4200];
-    snprintf(path, sizeof path, "%s/data_mix.jsonl", t->c->job.dump_folder);
-    FILE *f = dl_mix_json(t->train, step, line, sizeof line) == 0 ? fopen(path, "a") : NULL;
-    if (!f) return;
-    fprintf(f, "%s\n", line);
-    fclose(f);
+    char line[1 << 16];
+    if (dl_mix_json(t->train, line, sizeof line) != 0) return;
+    uint64_t counts[MIX_MAX_SOURCES];
+    double shares[MIX_MAX_SOURCES];
+    const int n = dl_num_sources(t->train);
+    const uint64_t drawn = dl_position(t->train);
+    dl_source_counts(t->train, drawn, counts);
+    for (int i = 0; i < n; i++) shares[i] = drawn ? (double)counts[i] / (double)drawn : 0.0;
+    metrics_log_mix(t->ml, step, line, n, shares);
 }
 
 static void run_validation(trainer *t, int64_t step) {

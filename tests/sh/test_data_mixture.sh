@@ -3,7 +3,7 @@
 #
 # Three sources: two corpora prepared by `tetra data prepare` (with val splits) and a
 # Megatron dataset, weights 0.5 / 0.3 / 0.2. Checked end to end: the start-up line prints
-# each source's weight and the share the run will realise; <dump>/data_mix.jsonl records
+# each source's weight and the share the run will realise; metrics.jsonl records
 # the realised shares at every logged step; a run that saves at step 3 and is resumed from
 # that checkpoint, on 1 rank and on 2 data-parallel ranks (mpirun), continues with the
 # uninterrupted run's losses (bit for bit on 1 rank, within 1e-5 on 2); validation reports
@@ -72,9 +72,9 @@ case "$line" in
     *"$T/a: weight 0.5000, realised"*"$T/b: weight 0.3000"*"$T/c_mg: weight 0.2000"*) ok "start-up: ${line#*INFO - }" ;;
     *) bad "start-up line: $line" ;;
 esac
-"$PY" - "$T/full/data_mix.jsonl" <<'EOF' && ok "data_mix.jsonl: 6 steps, shares add up, samples = 4 per step" || bad "data_mix.jsonl"
+"$PY" - "$T/full/metrics.jsonl" <<'EOF' && ok "metrics.jsonl data_mix: 6 steps, shares add up, samples = 4 per step" || bad "metrics.jsonl data_mix"
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [dict(json.loads(l)["data_mix"], step=json.loads(l)["step"]) for l in open(sys.argv[1]) if '"data_mix"' in l]
 assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6], rows
 for r in rows:
     src = r["sources"].values()
