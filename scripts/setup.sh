@@ -12,7 +12,8 @@
 # command is printed and the script stops. A second run with nothing changed
 # does no work beyond a quick check.
 # Environment: BUILD_DIR (default build), TETRA_CMAKE_ARGS (extra cmake flags),
-# TETRA_CUDA (AUTO, ON or OFF; default AUTO), CI=true turns warnings into errors.
+# TETRA_CUDA (AUTO, ON or OFF; a new folder gets AUTO, an existing one keeps its
+# setting unless this is set), CI=true turns warnings into errors.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,7 +71,10 @@ if [ "$WITH_TESTS" = 1 ]; then
   fi
 fi
 
-CMAKE_ARGS=(-DTETRA_CUDA="${TETRA_CUDA:-AUTO}")
+# TETRA_CUDA is passed only when set: a reconfigured folder keeps its own choice
+# (CMakeLists.txt's default is AUTO).
+CMAKE_ARGS=()
+if [ -n "${TETRA_CUDA:-}" ]; then CMAKE_ARGS+=(-DTETRA_CUDA="$TETRA_CUDA"); fi
 if [ "${CI:-}" = true ]; then CMAKE_ARGS+=(-DTETRA_WERROR=ON); fi
 # The test suite runs every CUDA kernel on the CPU simulator too (cmake/gpu_tests.cmake).
 if [ "$WITH_TESTS" = 1 ]; then CMAKE_ARGS+=(-DTETRA_CUDA_SIM=ON); fi
