@@ -86,11 +86,11 @@ if(TETRA_CUDA_SIM)
   add_test(NAME gpu/test_ops_cuda_sim COMMAND test_ops_cuda_sim WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_ops_cuda_sim PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
-  # the trainer on the simulated kernels over two MPI ranks, FSDP, tensor parallel, then
-  # pipeline parallel: per-unit working buffers, bf16 all-gathers, reduce-scatters and
-  # point-to-point messages of device buffers
+  # the trainer on the simulated kernels over two MPI ranks against the CPU trainer, in
+  # bf16, pipeline then context parallel: the layouts gpu/test_sim_layouts runs in fp32
+  # only (`--trainer` runs all eight cases: FSDP, TP, PP, CP in fp32 and bf16)
   add_test(NAME gpu/test_ops_cuda_sim_fsdp
-    COMMAND ${MPIEXEC_EXECUTABLE} -np 2 --oversubscribe --bind-to none $<TARGET_FILE:test_ops_cuda_sim> --trainer
+    COMMAND ${MPIEXEC_EXECUTABLE} -np 2 --oversubscribe --bind-to none $<TARGET_FILE:test_ops_cuda_sim> --trainer-bf16
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   # the layout matrix through `tetra train` on the simulated kernels, every multi-rank
   # layout through MPI staged in host memory (tests/gpu/sim_layouts.sh)

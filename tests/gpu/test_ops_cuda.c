@@ -2163,8 +2163,12 @@ static void test_launch_counts_trainer(void) {}
 #endif
 
 int main(int argc, char **argv) {
-    /* --trainer: only the trainer section (the simulator under mpirun) */
+    /* --trainer: only the trainer section (the simulator or one GPU under mpirun);
+     * --trainer-bf16: only its bf16 pipeline and context parallel steps, the two that
+     * gpu/test_sim_layouts does not compare (it runs every layout in fp32, and bf16
+     * for fsdp x tp) */
     const int trainer_only = argc > 1 && !strcmp(argv[1], "--trainer");
+    const int trainer_bf16 = argc > 1 && !strcmp(argv[1], "--trainer-bf16");
     char err[256] = "";
     C = ops_cpu();
     if (cuda_device_count() <= 0) {
@@ -2200,6 +2204,12 @@ int main(int argc, char **argv) {
         test_trainer(0, 1, 2, 1); /* pipeline parallel */
         test_trainer(1, 1, 2, 1);
         test_trainer(0, 1, 1, 2); /* context parallel: attention blocks at global offsets */
+        test_trainer(1, 1, 1, 2);
+        printf("%d checks, %d failed\n", checks, failures);
+        return failures ? EXIT_FAILURE : EXIT_SUCCESS;
+    }
+    if (trainer_bf16) {
+        test_trainer(1, 1, 2, 1);
         test_trainer(1, 1, 1, 2);
         printf("%d checks, %d failed\n", checks, failures);
         return failures ? EXIT_FAILURE : EXIT_SUCCESS;
