@@ -1,4 +1,5 @@
 #include "engine/config.h"
+#include "engine/config_compat.h"
 #include "engine/converter.h"
 
 #include <ctype.h>
@@ -39,6 +40,15 @@
 #define SECTION_NAME_quantize_linear_float8 "quantize.linear.float8"
 #define SECTION_NAME_validation "validation"
 #define SECTION_NAME_comm "comm"
+#define SECTION_NAME_training_dataloader "training.dataloader"
+#define SECTION_NAME_validation_dataloader "validation.dataloader"
+#define SECTION_NAME_quantize_linear_mx "quantize.linear.mx"
+#define SECTION_NAME_quantize_grouped_mm_float8 "quantize.grouped_mm.float8"
+#define SECTION_NAME_quantize_grouped_mm_mx "quantize.grouped_mm.mx"
+#define SECTION_NAME_memory_estimation "memory_estimation"
+#define SECTION_NAME_fault_tolerance "fault_tolerance"
+#define SECTION_NAME_experimental "experimental"
+#define SECTION_NAME_debug "debug"
 const cfg_key_desc cfg_keys[] = {
 #include "engine/config_schema.def"
 };
@@ -367,75 +377,139 @@ type_error:
     return -1;
 }
 
+/* ---- keys refused by name ---------------------------------------------------
+ * Unknown, renamed and retired keys are collected over the file and the command line
+ * and reported in one message, so a config from another TorchTitan era is ported in
+ * one pass instead of one run per key. */
+typedef struct {
+    char text[6144];
+    size_t len;
+    int count;
+} key_report;
+
+static void report_key(key_report *r, const char *fmt, ...) {
+    char line[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    r->count++;
+    if (r->len + 8 >= sizeof r->text) return;
+    int w = snprintf(r->text + r->len, sizeof r->text - r->len, "\n  %s", line);
+    if (w > 0) r->len += (size_t)w < sizeof r->text - r->len ? (size_t)w : sizeof r->text - r->len - 1;
+}
+
+/* 0 when nothing was reported, else -1 with every line in err */
+static int report_finish(const key_report *r, char *err, size_t n) {
+    if (r->count == 0) return 0;
+    if (r->count == 1) set_err(err, n, "%s", r->text + 3);
+    else set_err(err, n, "%d keys are not taken (all of them below):%s", r->count, r->text);
+    return -1;
+}
+
+/* The line for `path.key`, a key tetra does not take, at `where` ("FILE:LINE: ", or
+ * "command line: " for an option): TorchTitan's older name with its new home, or the
+ * nearest key. */
+static void report_unknown_key(key_report *r, const char *where, const char *path, const char *key, int cli) {
+    char full[512], hint[300];
+    snprintf(full, sizeof full, "%s%s%s", path, path[0] ? "." : "", key);
+    const char *now = cfg_compat_renamed(full);
+    const char *dash = cli ? "--" : "";
+    if (now && !strncmp(now, "refused: ", 9)) {
+        report_key(r, "%s%s%s is not supported: %s", where, dash, full, now + 9);
+        return;
+    }
+    if (now) {
+        report_key(r, "%s%s%s is an older TorchTitan key, %s", where, dash, full, now);
+        return;
+    }
+    suggest_key(path, key, hint, sizeof hint);
+    if (cli && hint[0]) report_key(r, "%sunknown option --%s (did you mean --%s?)", where, full, hint);
+    else if (cli) report_key(r, "%sunknown option --%s; `tetra train --help` lists the options", where, full);
+    else if (hint[0]) report_key(r, "%sunknown key '%s' in [%s] (did you mean %s?)", where, key, path, hint);
+    else report_key(r, "%sunknown key '%s' in [%s]; `tetra train --help` lists the keys", where, key, path);
+}
+
+/* An unknown table: its keys one by one when TorchTitan had them ([float8], [mx]),
+ * else the table itself. */
+static void report_unknown_table(key_report *r, const toml_value *t, const char *sub, const char *file, int line) {
+    int known = 0;
+    for (size_t i = 0; i < t->u.tab.n; i++) {
+        char full[512];
+        snprintf(full, sizeof full, "%s.%s", sub, t->u.tab.entries[i].key);
+        known += cfg_compat_renamed(full) != NULL;
+    }
+    char where[600], hint[300];
+    if (known) {
+        for (size_t i = 0; i < t->u.tab.n; i++) {
+            snprintf(where, sizeof where, "%s:%d: ", file, t->u.tab.entries[i].line);
+            report_unknown_key(r, where, sub, t->u.tab.entries[i].key, 0);
+        }
+        return;
+    }
+    suggest_section(sub, hint, sizeof hint);
+    if (hint[0]) report_key(r, "%s:%d: unknown section [%s] (did you mean [%s]?)", file, line, sub, hint);
+    else report_key(r, "%s:%d: unknown section [%s]", file, line, sub);
+}
+
 /* An array whose elements are tables: what [[name]] (or name = [{...}]) makes. */
 static int is_table_array(const toml_value *v) {
     return v->type == TOML_ARRAY && v->u.arr.n > 0 && v->u.arr.items[0]->type == TOML_TABLE;
 }
 
-/* Walk a table whose dotted path is `path` (empty for the root). */
-static int load_table(tetra_config *c, const toml_value *t, const char *path, const char *file, char *err,
-                      size_t n) {
+/* Walk a table whose dotted path is `path` (empty for the root). Keys tetra does not
+ * take go to the report; a value of the wrong type ends the walk at once. */
+static int load_table(tetra_config *c, const toml_value *t, const char *path, const char *file, key_report *r,
+                      char *err, size_t n) {
     int path_is_section = path[0] && is_section(path);
     for (size_t i = 0; i < t->u.tab.n; i++) {
         const toml_entry *e = &t->u.tab.entries[i];
-        char sub[512];
+        char sub[512], where[600];
         if (path[0]) snprintf(sub, sizeof sub, "%s.%s", path, e->key);
         else snprintf(sub, sizeof sub, "%s", e->key);
-        if (path_is_section) {
-            const cfg_key_desc *d = cfg_find_key(path, e->key);
-            if (!d) {
-                char hint[300];
-                suggest_key(path, e->key, hint, sizeof hint);
-                if (hint[0])
-                    set_err(err, n, "%s:%d: unknown key '%s' in [%s] (did you mean %s?)", file, e->line, e->key,
-                            path, hint);
-                else
-                    set_err(err, n, "%s:%d: unknown key '%s' in [%s]; `tetra train --help` lists the keys", file,
-                            e->line, e->key, path);
-                return -1;
-            }
-            if (set_from_toml(c, d, e->value, file, e->line, err, n)) return -1;
+        snprintf(where, sizeof where, "%s:%d: ", file, e->line);
+        if (e->value->type == TOML_TABLE && (is_section(sub) || is_section_prefix(sub))) {
+            /* [training.dataloader] inside [training], [quantize.linear.float8] */
+            if (load_table(c, e->value, sub, file, r, err, n)) return -1;
             continue;
         }
-        if (e->value->type == TOML_TABLE && (is_section(sub) || is_section_prefix(sub))) {
-            if (load_table(c, e->value, sub, file, err, n)) return -1;
+        if (path_is_section) {
+            const cfg_key_desc *d = cfg_find_key(path, e->key);
+            const char *retired = d ? cfg_compat_retired(sub) : NULL;
+            if (!d) report_unknown_key(r, where, path, e->key, 0);
+            else if (retired) report_key(r, "%s%s is not supported: %s", where, sub, retired);
+            else if (set_from_toml(c, d, e->value, file, e->line, err, n)) return -1;
             continue;
         }
         char hint[300];
         if (is_table_array(e->value)) { /* [[training]]: TOML's array of tables, not a section */
             if (is_section(sub))
-                set_err(err, n, "%s:%d: [[%s]] is an array of tables; a config section is one table: write [%s]",
-                        file, e->line, sub, sub);
+                report_key(r, "%s[[%s]] is an array of tables; a config section is one table: write [%s]", where, sub,
+                           sub);
             else
-                set_err(err, n, "%s:%d: [[%s]] is an array of tables, and no config section is named [%s]", file,
-                        e->line, sub, sub);
+                report_key(r, "%s[[%s]] is an array of tables, and no config section is named [%s]", where, sub, sub);
         } else if (e->value->type == TOML_TABLE) {
-            suggest_section(sub, hint, sizeof hint);
-            if (hint[0])
-                set_err(err, n, "%s:%d: unknown section [%s] (did you mean [%s]?)", file, e->line, sub, hint);
-            else
-                set_err(err, n, "%s:%d: unknown section [%s]", file, e->line, sub);
+            report_unknown_table(r, e->value, sub, file, e->line);
+        } else if (cfg_compat_renamed(sub)) {
+            report_unknown_key(r, where, path, e->key, 0);
         } else {
-            suggest_key(path[0] ? path : "", e->key, hint, sizeof hint);
-            if (hint[0])
-                set_err(err, n, "%s:%d: key '%s' must be inside a section (did you mean %s?)", file, e->line, sub,
-                        hint);
-            else
-                set_err(err, n, "%s:%d: key '%s' is outside any known section", file, e->line, sub);
+            suggest_key(path, e->key, hint, sizeof hint);
+            if (hint[0]) report_key(r, "%skey '%s' must be inside a section (did you mean %s?)", where, sub, hint);
+            else report_key(r, "%skey '%s' is outside any known section", where, sub);
         }
-        return -1;
     }
     return 0;
 }
 
-int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t len, char *err, size_t n) {
+static int load_string(tetra_config *c, const char *name, const char *text, size_t len, key_report *r, char *err,
+                       size_t n) {
     char perr[512];
     toml_value *root = toml_parse(text, len, perr, sizeof perr);
     if (!root) {
         set_err(err, n, "%s:%s", name, perr);
         return -1;
     }
-    int rc = load_table(c, root, "", name, err, n);
+    int rc = load_table(c, root, "", name, r, err, n);
     toml_free(root);
     if (rc == 0) {
         free(c->file);
@@ -444,7 +518,13 @@ int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t 
     return rc;
 }
 
-int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
+int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t len, char *err, size_t n) {
+    key_report r = {.len = 0};
+    if (load_string(c, name, text, len, &r, err, n)) return -1;
+    return report_finish(&r, err, n);
+}
+
+static int load_file(tetra_config *c, const char *path, key_report *r, char *err, size_t n) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a folder; only the read fails */
         set_err(err, n, "config file '%s' is a folder; job.config_file names a TOML file, such as "
@@ -484,9 +564,15 @@ int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
         set_err(err, n, "cannot read config file '%s': %s", path, strerror(buf ? rd_err : ENOMEM));
         return -1;
     }
-    int rc = cfg_load_string(c, path, buf, len, err, n);
+    int rc = load_string(c, path, buf, len, r, err, n);
     free(buf);
     return rc;
+}
+
+int cfg_load_file(tetra_config *c, const char *path, char *err, size_t n) {
+    key_report r = {.len = 0};
+    if (load_file(c, path, &r, err, n)) return -1;
+    return report_finish(&r, err, n);
 }
 
 static int parse_int64(const char *s, int64_t *out) {
@@ -553,25 +639,39 @@ static int set_from_text(tetra_config *c, const cfg_key_desc *d, const char *v, 
     return 0;
 }
 
-int cfg_set_string(tetra_config *c, const char *full, const char *value, char *err, size_t n) {
+static void split_full(const char *full, char *section, size_t cap, const char **key) {
+    const char *dot = strrchr(full, '.');
+    section[0] = 0;
+    *key = full;
+    if (dot) {
+        snprintf(section, cap, "%.*s", (int)(dot - full), full);
+        *key = dot + 1;
+    }
+}
+
+/* One option of the command line: its key, or the report's line for one tetra does not
+ * take (1), or a bad value (-1). */
+static int set_option(tetra_config *c, const char *full, const char *value, key_report *r, char *err, size_t n) {
     const cfg_key_desc *d = find_full(full);
+    const char *retired = d ? cfg_compat_retired(full) : NULL;
     if (!d) {
-        char section[256] = "", hint[300];
-        const char *dot = strrchr(full, '.');
-        const char *key = full;
-        if (dot) {
-            size_t l = (size_t)(dot - full);
-            if (l >= sizeof section) l = sizeof section - 1;
-            memcpy(section, full, l);
-            section[l] = 0;
-            key = dot + 1;
-        }
-        suggest_key(section, key, hint, sizeof hint);
-        if (hint[0]) set_err(err, n, "command line: unknown option --%s (did you mean --%s?)", full, hint);
-        else set_err(err, n, "command line: unknown option --%s; `tetra train --help` lists the options", full);
-        return -1;
+        char section[256];
+        const char *key;
+        split_full(full, section, sizeof section, &key);
+        report_unknown_key(r, "command line: ", section, key, 1);
+        return 1;
+    }
+    if (retired) {
+        report_key(r, "command line: --%s is not supported: %s", full, retired);
+        return 1;
     }
     return set_from_text(c, d, value, err, n);
+}
+
+int cfg_set_string(tetra_config *c, const char *full, const char *value, char *err, size_t n) {
+    key_report r = {.len = 0};
+    if (set_option(c, full, value, &r, err, n) < 0) return -1;
+    return report_finish(&r, err, n);
 }
 
 static void print_help_usage(FILE *out) {
@@ -590,89 +690,116 @@ static void print_help_usage(FILE *out) {
             "data; training.device = \"cuda\" plans for the GPU on a machine without one.\n\n");
 }
 
-int cfg_parse_args(tetra_config *c, int argc, char **argv, FILE *out, char *err, size_t n) {
-    /* The file first, so command-line options override it wherever they appear. */
-    const char *config_file = NULL;
+/* "--section.key[=value]" -> name (tyro's dashes read as underscores: --metrics.
+ * enable-tensorboard, --metrics.no-enable-tensorboard) and the value after '=', or
+ * NULL. -1 when the name does not fit. */
+static int option_name(const char *a, char *name, size_t cap, const char **value) {
+    const char *eq = strchr(a + 2, '=');
+    size_t nl = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+    if (nl >= cap) return -1;
+    for (size_t i = 0; i < nl; i++) name[i] = a[2 + i] == '-' ? '_' : a[2 + i];
+    name[nl] = 0;
+    *value = eq ? eq + 1 : NULL;
+    return 0;
+}
+
+/* The value of --job.config_file (or --job.config-file), else NULL; 1 for --help. */
+static int find_config_file(int argc, char **argv, FILE *out, const char **file, char *err, size_t n) {
+    *file = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             print_help_usage(out);
             cfg_print_help(out);
             return 1;
         }
-        if (!strcmp(argv[i], "--job.config_file")) {
-            if (i + 1 >= argc) {
-                set_err(err, n, "command line: --job.config_file needs a file name");
-                return -1;
-            }
-            config_file = argv[++i];
-        } else if (!strncmp(argv[i], "--job.config_file=", 18)) {
-            config_file = argv[i] + 18;
+        char name[512];
+        const char *value;
+        if (strncmp(argv[i], "--", 2) != 0 || option_name(argv[i], name, sizeof name, &value) ||
+            strcmp(name, "job.config_file") != 0)
+            continue;
+        if (!value && i + 1 >= argc) {
+            set_err(err, n, "command line: --job.config_file needs a file name");
+            return -1;
         }
+        *file = value ? value : argv[++i];
     }
+    return 0;
+}
+
+/* --section.no_flag: the boolean set to false; 0 when `name` is no such option */
+static int set_negated(tetra_config *c, const char *name, const char *value, int *rc, char *err, size_t n) {
+    const char *dot = strrchr(name, '.');
+    if (!dot || strncmp(dot + 1, "no_", 3) != 0) return 0;
+    char pos[512];
+    snprintf(pos, sizeof pos, "%.*s.%s", (int)(dot - name), name, dot + 4);
+    const cfg_key_desc *b = find_full(pos);
+    if (!b || b->type != CFG_T_BOOL) return 0;
+    if (value) {
+        set_err(err, n, "command line: --%s takes no value", name);
+        *rc = -1;
+    } else {
+        *rc = set_from_text(c, b, "false", err, n);
+    }
+    return 1;
+}
+
+/* The options after the file, in order; the ones tetra does not take go to the report. */
+static int parse_options(tetra_config *c, int argc, char **argv, key_report *r, char *err, size_t n) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *value;
+        char name[512];
+        if (strncmp(a, "--", 2) != 0 || !a[2]) {
+            set_err(err, n, "command line: unexpected argument '%s' (options look like --section.key VALUE)", a);
+            return -1;
+        }
+        if (option_name(a, name, sizeof name, &value)) {
+            set_err(err, n, "command line: option too long: %.60s...", a);
+            return -1;
+        }
+        if (!strcmp(name, "job.config_file")) {
+            if (!value) i++;
+            continue;
+        }
+        const cfg_key_desc *d = find_full(name);
+        int rc = 0;
+        if (!d && set_negated(c, name, value, &rc, err, n)) {
+            if (rc) return -1;
+            continue;
+        }
+        if (!value && (!d || d->type != CFG_T_BOOL)) {
+            if (i + 1 >= argc || (!d && !strncmp(argv[i + 1], "--", 2))) {
+                if (d) {
+                    set_err(err, n, "command line: --%s needs a value (%s)", name, type_word(d->type));
+                    return -1;
+                }
+            } else {
+                value = argv[++i];
+            }
+        } else if (!value) { /* --flag, or --flag true|false */
+            value = "true";
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false"))) value = argv[++i];
+        }
+        if (set_option(c, name, value ? value : "", r, err, n) < 0) return -1;
+    }
+    return 0;
+}
+
+int cfg_parse_args(tetra_config *c, int argc, char **argv, FILE *out, char *err, size_t n) {
+    /* The file first, so command-line options override it wherever they appear. */
+    const char *config_file = NULL;
+    int rc = find_config_file(argc, argv, out, &config_file, err, n);
+    if (rc) return rc;
+    key_report r = {.len = 0};
     if (config_file) {
-        if (cfg_load_file(c, config_file, err, n)) return -1;
+        if (load_file(c, config_file, &r, err, n)) return -1;
         const cfg_key_desc *d = cfg_find_key("job", "config_file");
         char **p = (char **)field(c, d);
         free(*p);
         *p = xstrdup(config_file);
         c->origin[key_index(d)].kind = CFG_FROM_CLI;
     }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0 || !a[2]) {
-            set_err(err, n, "command line: unexpected argument '%s' (options look like --section.key VALUE)", a);
-            return -1;
-        }
-        char name[512];
-        const char *eq = strchr(a + 2, '=');
-        const char *value = NULL;
-        size_t nl = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-        if (nl >= sizeof name) {
-            set_err(err, n, "command line: option too long: %.60s...", a);
-            return -1;
-        }
-        memcpy(name, a + 2, nl);
-        name[nl] = 0;
-        if (eq) value = eq + 1;
-        if (!strcmp(name, "job.config_file")) {
-            if (!eq) i++;
-            continue;
-        }
-        const cfg_key_desc *d = find_full(name);
-        if (!d) {
-            /* --section.no_flag or --section.no-flag */
-            const char *dot = strrchr(name, '.');
-            if (dot && (!strncmp(dot + 1, "no_", 3) || !strncmp(dot + 1, "no-", 3))) {
-                char pos[512];
-                snprintf(pos, sizeof pos, "%.*s.%s", (int)(dot - name), name, dot + 4);
-                const cfg_key_desc *b = find_full(pos);
-                if (b && b->type == CFG_T_BOOL) {
-                    if (eq) {
-                        set_err(err, n, "command line: --%s takes no value", name);
-                        return -1;
-                    }
-                    if (set_from_text(c, b, "false", err, n)) return -1;
-                    continue;
-                }
-            }
-            return cfg_set_string(c, name, "", err, n); /* reports the unknown option */
-        }
-        if (!value) {
-            if (d->type == CFG_T_BOOL) {
-                /* --flag, or --flag true|false */
-                value = "true";
-                if (i + 1 < argc && (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false"))) value = argv[++i];
-            } else {
-                if (i + 1 >= argc) {
-                    set_err(err, n, "command line: --%s needs a value (%s)", name, type_word(d->type));
-                    return -1;
-                }
-                value = argv[++i];
-            }
-        }
-        if (set_from_text(c, d, value, err, n)) return -1;
-    }
-    return 0;
+    if (parse_options(c, argc, argv, &r, err, n) || report_finish(&r, err, n)) return -1;
+    return cfg_compat_resolve(c, err, n);
 }
 
 /* ---- printing ------------------------------------------------------------ */
@@ -720,6 +847,49 @@ static int value_is_set(const cfg_key_desc *d, const void *p) {
     if (d->type == CFG_T_FLOAT) return !isnan(*(const double *)p);
     if (d->type == CFG_T_STR || d->type == CFG_T_ENUM) return *(char *const *)p != NULL;
     return 1;
+}
+
+static void print_value(FILE *f, const cfg_key_desc *d, const void *p);
+
+int cfg_is_changed(const tetra_config *c, const cfg_key_desc *d) {
+    if (c->origin[key_index(d)].kind == CFG_FROM_DEFAULT) return 0;
+    const void *p = cfield(c, d);
+    switch (d->type) {
+    case CFG_T_BOOL: return *(const int *)p != (int)d->def_i;
+    case CFG_T_INT: return *(const int64_t *)p != d->def_i;
+    case CFG_T_FLOAT: {
+        double x = *(const double *)p;
+        return isnan(d->def_f) ? !isnan(x) : x != d->def_f;
+    }
+    case CFG_T_STR:
+    case CFG_T_ENUM: {
+        const char *x = *(char *const *)p;
+        if (!x || !d->def_s) return x != d->def_s;
+        return strcmp(x, d->def_s) != 0;
+    }
+    case CFG_T_LIST: {
+        cfg_list def = {NULL, 0};
+        list_from_csv(&def, d->def_s);
+        const cfg_list *l = (const cfg_list *)p;
+        int diff = l->n != def.n;
+        for (int i = 0; i < l->n && !diff; i++) diff = strcmp(l->items[i], def.items[i]) != 0;
+        list_clear(&def);
+        return diff;
+    }
+    }
+    return 1;
+}
+
+const char *cfg_value_text(const tetra_config *c, const cfg_key_desc *d, char *buf, size_t n) {
+    FILE *f = fmemopen(buf, n, "w");
+    if (!f) {
+        snprintf(buf, n, "?");
+        return buf;
+    }
+    print_value(f, d, cfield(c, d));
+    fclose(f);
+    buf[n - 1] = 0;
+    return buf;
 }
 
 static void print_value(FILE *f, const cfg_key_desc *d, const void *p) {
@@ -1118,11 +1288,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                 "(metrics.jsonl is always written)", WHERE("metrics", "enable_wandb"));
         return -1;
     }
-    if (v->job.custom_config_module && v->job.custom_config_module[0]) {
-        set_err(err, n, "%s: job.custom_config_module names a Python module; tetra reads only TOML keys",
-                WHERE("job", "custom_config_module"));
-        return -1;
-    }
+    if (cfg_compat_check(c, err, n)) return -1;
     if (v->checkpoint.keep_latest_k == 1 || v->checkpoint.keep_latest_k < 0) {
         set_err(err, n, "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
                 "always survives a failed save", WHERE("checkpoint", "keep_latest_k"));
@@ -1165,9 +1331,6 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         } no[] = {
             {v->metrics.save_for_all_ranks, "metrics", "save_for_all_ranks",
              "only rank 0 writes metrics and TensorBoard events in this version; set it to false"},
-            {v->model.tokenizer_path != NULL, "model", "tokenizer_path",
-             "deprecated in TorchTitan and not read by tetra: training reads token shards, and `tetra data prepare "
-             "--tokenizer` applies the tokenizer (model.hf_assets_path)"},
             {strcmp(v->optimizer.name, "AdamW") != 0, "optimizer", "name",
              "only AdamW (decoupled weight decay) is built; Adam with L2 weight decay is not"},
             {v->optimizer.early_step_in_backward, "optimizer", "early_step_in_backward",
@@ -1201,7 +1364,8 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             {v->quantize_linear_float8.enable_fsdp_float8_all_gather, "enable_fsdp_float8_all_gather"},
             {v->quantize_linear_float8.precompute_float8_dynamic_scale_for_fsdp,
              "precompute_float8_dynamic_scale_for_fsdp"},
-            {!(ff->n == 1 && !strcmp(ff->items[0], "output")), "filter_fqns"},
+            /* ["output"] is tetra's default, [] TorchTitan v0.2's */
+            {!(ff->n == 0 || (ff->n == 1 && !strcmp(ff->items[0], "output"))), "filter_fqns"},
             {v->quantize_linear_float8.emulate, "emulate"},
         };
         for (size_t i = 0; i < sizeof q / sizeof q[0] && !f8; i++)

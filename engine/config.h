@@ -117,6 +117,10 @@ size_t cfg_edit_distance(const char *a, const char *b);
 void cfg_print_help(FILE *f);
 
 const cfg_key_desc *cfg_find_key(const char *section, const char *key);
+/* Set (by the file or the command line) to a value other than its default. */
+int cfg_is_changed(const tetra_config *c, const cfg_key_desc *d);
+/* A key's value as TOML text (4, true, "x", ["a", "b"]), cut to fit buf. */
+const char *cfg_value_text(const tetra_config *c, const cfg_key_desc *d, char *buf, size_t n);
 /* "configs/x.toml:12", "command line" or "default" for a key's current value. */
 const char *cfg_origin_str(const tetra_config *c, const char *section, const char *key, char *buf, size_t n);
 

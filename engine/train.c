@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/config.h"
+#include "engine/config_compat.h"
 #include "engine/log.h"
 #include "engine/run_guard.h"
 #include "engine/trainer.h"
@@ -109,6 +110,12 @@ static void log_quick_start(const tetra_config *cfg) {
  * With several ranks the job ends through comm_abort_explained: no rank is left waiting, and
  * the explanation stays the last thing printed (ending through MPI_Finalize with a non-zero
  * status would make mpirun print its own banner after it). */
+/* A key that is set but means nothing in C: said once, at start-up */
+static void note_line(const char *line, void *ctx) {
+    (void)ctx;
+    log_info("note: %s", line);
+}
+
 static int end_failed(int world, int rc) {
     if (world > 1) {
         /* mpirun forwards each rank's output through its daemon, and an abort can overtake
@@ -153,7 +160,7 @@ int train_main(int argc, char **argv) {
 
     tetra_config cfg;
     cfg_init(&cfg);
-    char err[2048];
+    char err[8192]; /* every key a ported config names wrongly, one line each */
     int rc = cfg_parse_args(&cfg, argc, argv, stdout, err, sizeof err);
     if (rc == 1) {
         cfg_free(&cfg);
@@ -161,6 +168,8 @@ int train_main(int argc, char **argv) {
         return 0;
     }
     if (rc == 0 && cfg.v.metrics.disable_color_printing) log_set_color(0);
+    /* TorchTitan's memory_estimation: the dry run's estimate instead of training */
+    if (rc == 0 && cfg.v.memory_estimation.enable) topt.dry_run = 1;
     cfg_parallel_dims dims;
     if (rc == 0) rc = cfg_validate(&cfg, world, &dims, err, sizeof err);
     /* a dry run only plans: it may plan for a GPU this build cannot drive */
@@ -182,6 +191,7 @@ int train_main(int argc, char **argv) {
         return end_failed(world, 1);
     }
     if (rank == 0) log_quick_start(&cfg);
+    if (rank == 0) cfg_compat_notices(&cfg, note_line, NULL);
     if (cfg.v.job.print_config && rank == 0) cfg_print_toml(&cfg, stdout);
     if (cfg.v.job.save_config_file && rank == 0) {
         if (save_config_file(&cfg, cfg.v.job.save_config_file, err, sizeof err)) {
