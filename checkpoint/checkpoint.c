@@ -16,7 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint/ckpt_hf.h"
 #include "data/crc32c.h"
 
 #define PATH_LEN 4096
@@ -310,8 +309,10 @@ struct ckpt_saver {
     /* the save in flight (or being done synchronously) */
     int in_flight;
     int64_t step;
-    int model_only, hf;
-    tetra_dtype dtype, hf_dtype;
+    int model_only;
+    tetra_dtype dtype;
+    ckpt_convert_fn convert;
+    const void *convert_ctx;
     char tmp[PATH_LEN], final[PATH_LEN], file[PATH_LEN];
     ck_meta local;
     plan_entry *plan;
@@ -654,19 +655,16 @@ static int finalise_rank0(ckpt_saver *s, char **texts, int world, char *err, siz
                     strerror(errno));
         rc = -1;
     }
-    if (rc == 0 && s->hf) {
-        char hf_tmp[PATH_LEN + 16];
-        ck_snprintf(hf_tmp, sizeof hf_tmp, "%s-hf", s->tmp);
-        ckpt_hf_options ho;
-        memset(&ho, 0, sizeof ho);
-        ho.dtype = s->hf_dtype;
-        rc = ckpt_export_hf(s->tmp, hf_tmp, &ho, err, errlen);
-        if (rc == 0 && publish(hf_tmp, s->final, s->tmp_id) != 0) {
-            ck_snprintf(err, errlen, "checkpoint step %" PRId64 ": cannot rename '%s' to '%s': %s", s->step, hf_tmp,
+    if (rc == 0 && s->convert) {
+        char out_tmp[PATH_LEN + 16];
+        ck_snprintf(out_tmp, sizeof out_tmp, "%s-out", s->tmp);
+        rc = s->convert(s->tmp, out_tmp, s->convert_ctx, err, errlen);
+        if (rc == 0 && publish(out_tmp, s->final, s->tmp_id) != 0) {
+            ck_snprintf(err, errlen, "checkpoint step %" PRId64 ": cannot rename '%s' to '%s': %s", s->step, out_tmp,
                         s->final, strerror(errno));
             rc = -1;
         }
-        if (rc != 0) ckpt_remove_tree(hf_tmp);
+        if (rc != 0) ckpt_remove_tree(out_tmp);
         ckpt_remove_tree(s->tmp);
     } else if (rc == 0 && publish(s->tmp, s->final, s->tmp_id) != 0) {
         ck_snprintf(err, errlen, "checkpoint step %" PRId64 ": cannot rename '%s' to '%s': %s", s->step, s->tmp,
@@ -679,7 +677,7 @@ static int finalise_rank0(ckpt_saver *s, char **texts, int world, char *err, siz
         rc = -1;
     }
     if (rc != 0) ckpt_remove_tree(s->tmp);
-    else if (!s->hf) prune(s);
+    else if (!s->convert) prune(s);
     s->last.total_bytes = total;
     ck_meta_free(&m);
     return rc;
@@ -778,9 +776,9 @@ int ckpt_save(ckpt_saver *s, const ckpt_save_request *r, char *err, size_t errle
     s->stage_s = s->write_s = 0.0;
     s->step = r->step;
     s->model_only = r->model_only;
-    s->hf = r->hf;
+    s->convert = r->convert;
+    s->convert_ctx = r->convert_ctx;
     s->dtype = r->dtype;
-    s->hf_dtype = r->hf_dtype;
     ck_snprintf(s->tmp, sizeof s->tmp, "%s/step-%" PRId64 ".tmp-%ld", s->dir, r->step, s->tmp_id);
     ck_snprintf(s->final, sizeof s->final, "%s/step-%" PRId64, s->dir, r->step);
     ck_snprintf(s->file, sizeof s->file, "%s/rank_%05d.bin", s->tmp, s->o.rank);

@@ -72,6 +72,13 @@ typedef struct {
     int keep_latest_k; /* 0 = keep all */
 } ckpt_saver_options;
 
+/* A final save published in another format: convert(step_dir, out_dir, ctx, ...) reads
+ * the complete tetra checkpoint in step_dir and writes out_dir, which is then published
+ * as step-N in its place. The model provides it (Hugging Face safetensors:
+ * models/llama3/hf_checkpoint.h), so this module never knows the model. */
+typedef int (*ckpt_convert_fn)(const char *step_dir, const char *out_dir, const void *ctx, char *err,
+                               size_t errlen);
+
 typedef struct {
     int64_t step;
     const ckpt_group *groups;
@@ -79,8 +86,8 @@ typedef struct {
     tetra_dtype dtype; /* stored element type (float32; export dtype for model-only saves) */
     int model_only;
     const json_t *state; /* rank 0's: top-level objects stored verbatim (train_state, ...) */
-    int hf;              /* publish step-N as Hugging Face safetensors (final save) */
-    tetra_dtype hf_dtype;
+    ckpt_convert_fn convert; /* NULL: step-N is the tetra checkpoint itself */
+    const void *convert_ctx;
     int sync; /* synchronous even in async mode (the last save of a run) */
 } ckpt_save_request;
 

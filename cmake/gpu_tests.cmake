@@ -79,7 +79,7 @@ if(TETRA_CUDA_SIM)
 
   # `tetra` itself on the simulated kernels: the trainer's whole command line, data
   # loader and layouts on "device" memory (tests/sh/test_sim_layouts.sh)
-  add_executable(tetra-sim ${CMAKE_SOURCE_DIR}/engine/main.c $<TARGET_OBJECTS:tetra_sim_backend>)
+  add_executable(tetra-sim ${CMAKE_SOURCE_DIR}/cli/main.c $<TARGET_OBJECTS:tetra_sim_backend>)
   set_target_properties(tetra-sim PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests LINKER_LANGUAGE CXX)
   target_compile_options(tetra-sim PRIVATE ${TETRA_C_WARNINGS})
   target_link_libraries(tetra-sim PRIVATE tetra_lib)

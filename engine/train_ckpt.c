@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint/ckpt_hf.h"
+#include "models/llama3/hf_checkpoint.h"
 #include "engine/log.h"
 #include "engine/trainer_internal.h"
 
@@ -100,7 +100,7 @@ static json_t *state_json(const trainer *t, int model_only) {
     json_object_set_new(o, "step", json_integer(tc->step));
     json_object_set_new(o, "tokens_seen", json_integer(tc->tokens_seen));
     json_object_set_new(st, "train_state", o);
-    json_object_set_new(st, "model", ckpt_llama3_model_json(args, T));
+    json_object_set_new(st, "model", llama3_ckpt_model_json(args, T));
     o = json_object();
     json_object_set_new(o, "world", json_integer(dims->world));
     json_object_set_new(o, "pp", json_integer(dims->pp));
@@ -329,6 +329,23 @@ int train_find_checkpoint(trainer *t, char *load_path, size_t n, int *model_only
     return found;
 }
 
+/* The final save as Hugging Face safetensors (checkpoint.last_save_in_hf): ctx points
+ * at the export dtype, one of EXPORT_DTYPES, which outlive any save. */
+static const tetra_dtype EXPORT_DTYPES[] = {TETRA_F32, TETRA_BF16, TETRA_F16};
+
+static const void *dtype_ref(tetra_dtype t) {
+    for (size_t i = 0; i < sizeof EXPORT_DTYPES / sizeof EXPORT_DTYPES[0]; i++)
+        if (EXPORT_DTYPES[i] == t) return &EXPORT_DTYPES[i];
+    return &EXPORT_DTYPES[0];
+}
+
+static int export_hf(const char *step_dir, const char *out_dir, const void *ctx, char *err, size_t errlen) {
+    llama3_hf_options o;
+    memset(&o, 0, sizeof o);
+    o.dtype = *(const tetra_dtype *)ctx;
+    return llama3_hf_export(step_dir, out_dir, &o, err, errlen);
+}
+
 int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, char *err, size_t errlen) {
     const tetra_config_values *c = t->c;
     tetra_dtype edt = TETRA_F32;
@@ -342,8 +359,10 @@ int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, ch
     rq.dtype = model_only && !(last && c->checkpoint.last_save_in_hf) && step > 0 ? edt : TETRA_F32;
     rq.model_only = model_only;
     rq.state = st;
-    rq.hf = last && c->checkpoint.last_save_in_hf;
-    rq.hf_dtype = edt;
+    if (last && c->checkpoint.last_save_in_hf) {
+        rq.convert = export_hf;
+        rq.convert_ctx = dtype_ref(edt);
+    }
     rq.sync = last || step == 0;
     double ts = now_s();
     int rc = 0;

@@ -21,7 +21,7 @@
 //   applied to the fp32 accumulator afterwards, as the hardware does, so the CPU emulates
 //   an fp8 GEMM exactly up to summation order. OpenBLAS picks its kernels when it is loaded;
 //   where that was a pre-AVX2 fallback, ops_cpu_blas_coretype names the set to restart with
-//   (engine/main.c does).
+//   (cli/main.c does).
 // A bf16 C gets alpha AB + beta C in fp32, rounded once (both routes).
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>

@@ -19,7 +19,7 @@
 
 #include "engine/config.h"
 #include "engine/converter.h"
-#include "engine/train.h"
+#include "cli/train.h"
 
 static int failures;
 #define CHECK(cond, ...)                                                  \

@@ -1,4 +1,4 @@
-#include "engine/info.h"
+#include "cli/info.h"
 
 #include <cblas.h>
 #include <mpi.h>

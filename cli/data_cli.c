@@ -1,5 +1,5 @@
 /* data_cli.c — `tetra data encode | decode | train-tokenizer | prepare`. */
-#include "data/data_cli.h"
+#include "cli/data_cli.h"
 
 #include <errno.h>
 #include <stdint.h>

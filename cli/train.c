@@ -1,4 +1,4 @@
-#include "engine/train.h"
+#include "cli/train.h"
 
 #include <errno.h>
 #include <mpi.h>

@@ -5,12 +5,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "checkpoint/ckpt_cli.h"
-#include "data/data_cli.h"
+#include "cli/ckpt_cli.h"
+#include "cli/data_cli.h"
 #include "engine/config.h"
-#include "engine/info.h"
+#include "cli/info.h"
 #include "engine/plan.h"
-#include "engine/train.h"
+#include "cli/train.h"
 #include "kernels/ops.h"
 
 #define TETRA_VERSION "0.1.0"

@@ -1,5 +1,5 @@
-/* ckpt_hf.c — Hugging Face safetensors export/import for tetra checkpoints (see ckpt_hf.h). */
-#include "checkpoint/ckpt_hf.h"
+/* hf_checkpoint.c — Hugging Face safetensors export/import for tetra checkpoints (see hf_checkpoint.h). */
+#include "models/llama3/hf_checkpoint.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -17,7 +17,7 @@
 
 static const char *st_dtype(tetra_dtype t) { return t == TETRA_BF16 ? "BF16" : t == TETRA_F16 ? "F16" : "F32"; }
 
-json_t *ckpt_llama3_model_json(const llama3_args *a, int max_seq_len) {
+json_t *llama3_ckpt_model_json(const llama3_args *a, int max_seq_len) {
     json_t *m = json_object();
     json_object_set_new(m, "name", json_string("llama3"));
     json_object_set_new(m, "flavor", json_string(a->flavor ? a->flavor : ""));
@@ -53,7 +53,7 @@ static double jnum(json_t *o, const char *k, double def) {
     return json_is_number(v) ? json_number_value(v) : def;
 }
 
-json_t *ckpt_hf_config_json(json_t *model, tetra_dtype dtype, int64_t bos_id, int64_t eos_id) {
+json_t *llama3_hf_config_json(json_t *model, tetra_dtype dtype, int64_t bos_id, int64_t eos_id) {
     json_t *c = json_object(), *arch = json_array();
     int64_t dim = jint(model, "dim"), nh = jint(model, "n_heads");
     json_array_append_new(arch, json_string("LlamaForCausalLM"));
@@ -176,9 +176,9 @@ static int write_tensor(ckpt_reader *r, const ex_tensor *e, FILE *f, tetra_dtype
     return 0;
 }
 
-int ckpt_export_hf(const char *step_dir, const char *out_dir, const ckpt_hf_options *o, char *err, size_t errlen) {
+int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_options *o, char *err, size_t errlen) {
     const tetra_dtype dt = o->dtype;
-    const uint64_t max_shard = o->max_shard_bytes ? o->max_shard_bytes : CKPT_HF_DEFAULT_SHARD_BYTES;
+    const uint64_t max_shard = o->max_shard_bytes ? o->max_shard_bytes : LLAMA3_HF_DEFAULT_SHARD_BYTES;
     ckpt_reader *r = ckpt_reader_open(step_dir, err, errlen);
     if (!r) return -1;
     const ck_meta *m = ckpt_reader_meta(r);
@@ -326,7 +326,7 @@ int ckpt_export_hf(const char *step_dir, const char *out_dir, const ckpt_hf_opti
         if (!o->quiet) printf("wrote %s\n", p);
     }
     json_t *tok = json_object_get(m->state, "tokenizer");
-    config = ckpt_hf_config_json(model, dt, json_is_object(tok) ? jint(tok, "bos_id") : -1,
+    config = llama3_hf_config_json(model, dt, json_is_object(tok) ? jint(tok, "bos_id") : -1,
                                  json_is_object(tok) ? jint(tok, "eos_id") : -1);
     ck_snprintf(p, sizeof p, "%s/config.json", out_dir);
     if (write_json_file(p, config, err, errlen)) goto done;
@@ -391,7 +391,7 @@ static int match_flavor(const char *hf_path, char *out, size_t n, char *err, siz
     return found ? 0 : -1;
 }
 
-int ckpt_import_hf(const char *hf_path, const char *ckpt_dir, int64_t step, const char *flavor, char *err,
+int llama3_hf_import(const char *hf_path, const char *ckpt_dir, int64_t step, const char *flavor, char *err,
                    size_t errlen) {
     char fl[64];
     if (flavor) ck_snprintf(fl, sizeof fl, "%s", flavor);
@@ -441,7 +441,7 @@ int ckpt_import_hf(const char *hf_path, const char *ckpt_dir, int64_t step, cons
     json_object_set_new(tsj, "step", json_integer((json_int_t)step));
     json_object_set_new(tsj, "tokens_seen", json_integer(0));
     json_object_set_new(state, "train_state", tsj);
-    json_object_set_new(state, "model", ckpt_llama3_model_json(&a, a.rope_original_max_pos));
+    json_object_set_new(state, "model", llama3_ckpt_model_json(&a, a.rope_original_max_pos));
     json_t *src = json_object();
     json_object_set_new(src, "imported_from", json_string(hf_path));
     json_object_set_new(state, "source", src);

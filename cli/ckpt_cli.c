@@ -1,5 +1,5 @@
 /* ckpt_cli.c — `tetra checkpoint` (see ckpt_cli.h). */
-#include "checkpoint/ckpt_cli.h"
+#include "cli/ckpt_cli.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/ckpt_hf.h"
+#include "models/llama3/hf_checkpoint.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tetra checkpoint <command> ...\n"
@@ -281,7 +281,7 @@ static int cmd_export(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    ckpt_hf_options o;
+    llama3_hf_options o;
     memset(&o, 0, sizeof o);
     if (ck_dtype_parse(dtype, &o.dtype)) {
         fprintf(stderr, "tetra checkpoint export: --dtype '%s' is not float32, bfloat16 or float16\n", dtype);
@@ -324,7 +324,7 @@ static int cmd_export(int argc, char **argv) {
         return 1;
     }
     double t0 = now_s();
-    if (ckpt_export_hf(step_dir, out, &o, err, sizeof err)) {
+    if (llama3_hf_export(step_dir, out, &o, err, sizeof err)) {
         fprintf(stderr, "tetra checkpoint export: %s\n", err);
         return 1;
     }
@@ -357,7 +357,7 @@ static int cmd_import(int argc, char **argv) {
                         "or choose another --step\n", target);
         return 1;
     }
-    if (ckpt_import_hf(src, out, step, flavor, err, sizeof err)) {
+    if (llama3_hf_import(src, out, step, flavor, err, sizeof err)) {
         fprintf(stderr, "tetra checkpoint import: %s\n", err);
         return 1;
     }

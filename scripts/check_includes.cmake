@@ -1,0 +1,63 @@
+# check_includes.cmake — the dependency rule between tetra's folders, as a build fact.
+#
+#   cmake -DROOT=<source tree> -P scripts/check_includes.cmake
+#
+# Every build runs it before compiling (CMakeLists.txt, target tetra_include_rule): an
+# #include "folder/..." from a file in another folder must follow an arrow below, or
+# the build stops naming the file, the include and the arrows its folder has.
+#
+#   cli        -> everything: the subcommands' front doors
+#   engine     -> models, float8, checkpoint, data, parallel, kernels: the trainer
+#   models     -> parallel, kernels, checkpoint: a model owns how it is parallelized
+#                 and how its weights convert (Hugging Face); never the engine
+#   float8     -> parallel, kernels; models until the converter interface speaks of
+#                 "a linear" instead of the Llama model (docs/float8.md)
+#   checkpoint -> parallel, kernels, data (crc32c): never the model
+#   parallel   -> kernels: never a model
+#   data       -> nothing
+#   kernels    -> nothing: kernels never know of ranks
+#   tools      -> engine (the TOML decoder of the toml-test suite)
+# tests/ and bench/ may include anything.
+cmake_minimum_required(VERSION 3.20)
+if(NOT ROOT)
+  message(FATAL_ERROR "check_includes.cmake: pass -DROOT=<source tree>")
+endif()
+
+set(MODULES cli engine models float8 checkpoint parallel data kernels tools)
+set(ALLOWED_cli engine models float8 checkpoint parallel data kernels)
+set(ALLOWED_engine models float8 checkpoint data parallel kernels)
+set(ALLOWED_models parallel kernels checkpoint)
+set(ALLOWED_float8 parallel kernels models)
+set(ALLOWED_checkpoint parallel kernels data)
+set(ALLOWED_parallel kernels)
+set(ALLOWED_data)
+set(ALLOWED_kernels)
+set(ALLOWED_tools engine)
+
+set(violations 0)
+foreach(mod IN LISTS MODULES)
+  file(GLOB_RECURSE files RELATIVE ${ROOT} ${ROOT}/${mod}/*.c ${ROOT}/${mod}/*.h ${ROOT}/${mod}/*.cu
+       ${ROOT}/${mod}/*.cuh)
+  foreach(f IN LISTS files)
+    file(STRINGS ${ROOT}/${f} incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"[^\"]+/")
+    foreach(line IN LISTS incs)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"/]+)/.*" "\\1" target "${line}")
+      if(target STREQUAL mod OR NOT target IN_LIST MODULES)
+        continue()
+      endif()
+      if(NOT target IN_LIST ALLOWED_${mod})
+        string(STRIP "${line}" shown)
+        string(REPLACE ";" ", " arrows "${ALLOWED_${mod}}")
+        if(NOT arrows)
+          set(arrows "none")
+        endif()
+        message(SEND_ERROR "${f}: ${shown}: ${mod}/ may not include ${target}/ "
+                "(${mod}/ may include: ${arrows}; the rule is scripts/check_includes.cmake)")
+        math(EXPR violations "${violations} + 1")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(violations GREATER 0)
+  message(FATAL_ERROR "${violations} include(s) against the dependency rule")
+endif()

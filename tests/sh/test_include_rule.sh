@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The dependency rule between folders (scripts/check_includes.cmake), which every build
+# runs before compiling: the tree follows it, and an include against it fails, naming the
+# file, the include and the arrows its folder has.
+set -uo pipefail
+ROOT="${TETRA_ROOT:-$(pwd)}"
+CHECK="$ROOT/scripts/check_includes.cmake"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok()  { pass=$((pass+1)); echo "ok   $*"; }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+
+cmake -DROOT="$ROOT" -P "$CHECK" >"$T/tree.log" 2>&1 && ok "the source tree follows the rule" ||
+  bad "the source tree breaks the rule: $(cat "$T/tree.log")"
+
+# a tree of one file per case: FOLDER/FILE includes TARGET
+case_tree() { # dir folder target
+  rm -rf "$1"; mkdir -p "$1/$2"
+  printf '#include <stdio.h>\n#include "%s/x.h"\n' "$3" >"$1/$2/probe.c"
+}
+for c in kernels:parallel kernels:engine parallel:models checkpoint:models models:engine data:kernels engine:cli; do
+  from=${c%:*}; to=${c#*:}
+  case_tree "$T/$from-$to" "$from" "$to"
+  # cmake wraps its messages: read them as one line
+  if cmake -DROOT="$T/$from-$to" -P "$CHECK" 2>&1 | tr '\n' ' ' | tr -s ' ' >"$T/c.log"; [ "${PIPESTATUS[0]}" = 0 ]; then
+    bad "$from/ including $to/ passed the rule"
+  elif grep -q "$from/probe.c: #include \"$to/x.h\": $from/ may not include $to/" "$T/c.log"; then
+    ok "$from/ including $to/ is refused: $(grep -o "may not include.*" "$T/c.log" | head -1 | tr -s ' ')"
+  else
+    bad "$from/ including $to/: the message does not name the file and the arrow: $(cat "$T/c.log")"
+  fi
+done
+for c in engine:models models:parallel parallel:kernels cli:checkpoint checkpoint:data kernels:kernels; do
+  from=${c%:*}; to=${c#*:}
+  case_tree "$T/$from-$to" "$from" "$to"
+  cmake -DROOT="$T/$from-$to" -P "$CHECK" >"$T/c.log" 2>&1 && ok "$from/ may include $to/" ||
+    bad "$from/ including $to/ was refused: $(cat "$T/c.log")"
+done
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
