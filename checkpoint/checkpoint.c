@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 
 #define PATH_LEN 4096
 #define MSG_LEN 2048
@@ -420,7 +420,7 @@ double ckpt_last_stage_s(const ckpt_saver *s) { return s->stage_s; }
  * laid out back to back at 64-byte aligned offsets of its file. */
 static int build_plan(ckpt_saver *s, const ckpt_save_request *r, char *err, size_t errlen) {
     if (!s->o.writer) return 0;
-    const size_t es = ops_dtype_size(r->dtype);
+    const size_t es = tetra_dtype_size(r->dtype);
     uint64_t off = 0;
     for (int g = 0; g < r->n_groups; g++) {
         const ckpt_group *grp = &r->groups[g];
@@ -485,7 +485,7 @@ static int write_file(ckpt_saver *s, const unsigned char *staging, char *err, si
                     strerror(errno));
         return -1;
     }
-    const size_t es = ops_dtype_size(s->dtype);
+    const size_t es = tetra_dtype_size(s->dtype);
     float *host = NULL;
     unsigned char *bytes = NULL;
     int rc = 0;
@@ -1037,7 +1037,7 @@ int ckpt_reader_read_region(ckpt_reader *r, const ck_tensor *t, const ck_region 
         if (ck_overlap(t->ndim, &src, want, NULL, NULL) == 0) continue;
         const unsigned char *raw = get_chunk(r, t, c, err, errlen);
         if (!raw) return -1;
-        decode_ctx d = {raw, ops_dtype_size(t->dtype), t->dtype, out};
+        decode_ctx d = {raw, tetra_dtype_size(t->dtype), t->dtype, out};
         covered += ck_overlap(t->ndim, &src, want, decode_run, &d);
     }
     if (covered != want->count) {

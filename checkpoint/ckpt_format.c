@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 #include "kernels/ops_math.h"
 
 int ck_snprintf(char *out, size_t n, const char *fmt, ...) {
@@ -231,7 +231,7 @@ static json_t *tensors_json(const ck_meta *m) {
     for (int i = 0; i < m->n_tensors; i++) {
         const ck_tensor *t = &m->tensors[i];
         json_t *o = json_object(), *ch = json_array();
-        json_object_set_new(o, "dtype", json_string(ops_dtype_name(t->dtype)));
+        json_object_set_new(o, "dtype", json_string(tetra_dtype_name(t->dtype)));
         json_object_set_new(o, "shape", int_array(t->shape, t->ndim));
         for (int c = 0; c < t->n_chunks; c++) json_array_append_new(ch, chunk_json(&t->chunks[c], t->ndim));
         json_object_set_new(o, "chunks", ch);
@@ -302,7 +302,7 @@ static int parse_tensor(ck_meta *m, const char *name, json_t *o, const char *whe
         ck_snprintf(err, errlen, "%s: tensor '%s' is described twice with different dtype or shape", where, name);
         return -1;
     }
-    const size_t es = ops_dtype_size(dt);
+    const size_t es = tetra_dtype_size(dt);
     size_t ci;
     json_t *cj;
     json_array_foreach(chunks, ci, cj) {
@@ -336,7 +336,7 @@ static int parse_tensor(ck_meta *m, const char *name, json_t *o, const char *whe
             ck_snprintf(err, errlen,
                         "%s: tensor '%s' chunk %zu is inconsistent (elements [%" PRIu64 ", %" PRIu64 ") of a %" PRIu64
                         "-element box, %" PRIu64 " bytes for %s)",
-                        where, name, ci, c.start, c.start + c.count, box, c.length, ops_dtype_name(dt));
+                        where, name, ci, c.start, c.start + c.count, box, c.length, tetra_dtype_name(dt));
             return -1;
         }
         if (check_files) {

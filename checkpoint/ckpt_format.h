@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/ops.h"
+#include "util/dtype.h"
 #include "parallel/dtensor.h"
 
 #define CK_FORMAT_NAME "tetra-checkpoint"

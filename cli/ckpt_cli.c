@@ -102,7 +102,7 @@ static int inspect_step(const char *dir, int show_tensors, int show_chunks, int 
     int n_chunks = 0;
     for (int i = 0; i < m->n_files; i++) total += m->files[i].size;
     for (int i = 0; i < m->n_tensors; i++) {
-        data += (uint64_t)ck_tensor_numel(&m->tensors[i]) * ops_dtype_size(m->tensors[i].dtype);
+        data += (uint64_t)ck_tensor_numel(&m->tensors[i]) * tetra_dtype_size(m->tensors[i].dtype);
         n_chunks += m->tensors[i].n_chunks;
     }
     char hb[32];
@@ -119,8 +119,8 @@ static int inspect_step(const char *dir, int show_tensors, int show_chunks, int 
             for (int d = 0; d < t->ndim && o < sizeof shape; d++)
                 o += (size_t)ck_snprintf(shape + o, sizeof shape - o, "%s%" PRId64, d ? ", " : "", t->shape[d]);
             if (o < sizeof shape) ck_snprintf(shape + o, sizeof shape - o, "]");
-            human(hb, sizeof hb, (double)ck_tensor_numel(t) * (double)ops_dtype_size(t->dtype));
-            printf("%-58s %-9s %-16s %11s %6d\n", t->name, ops_dtype_name(t->dtype), shape, hb, t->n_chunks);
+            human(hb, sizeof hb, (double)ck_tensor_numel(t) * (double)tetra_dtype_size(t->dtype));
+            printf("%-58s %-9s %-16s %11s %6d\n", t->name, tetra_dtype_name(t->dtype), shape, hb, t->n_chunks);
             for (int c = 0; show_chunks && c < t->n_chunks; c++) {
                 const ck_chunk *ch = &t->chunks[c];
                 printf("    chunk %d: %s bytes %" PRIu64 "..%" PRIu64 ", elements [%" PRIu64 ", %" PRIu64
@@ -328,7 +328,7 @@ static int cmd_export(int argc, char **argv) {
         fprintf(stderr, "tetra checkpoint export: %s\n", err);
         return 1;
     }
-    printf("exported %s to %s (%s) in %.2f s\n", step_dir, out, ops_dtype_name(o.dtype), now_s() - t0);
+    printf("exported %s to %s (%s) in %.2f s\n", step_dir, out, tetra_dtype_name(o.dtype), now_s() - t0);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "data/bpe.h"
 #include "data/pretok.h"
 #include "data/tokenizer.h"
+#include "util/err.h"
 
 const char *const BPE_TRAIN_DEFAULT_SPECIALS[] = {
     "<|begin_of_text|>",           "<|end_of_text|>",         "<|reserved_special_token_0|>",
@@ -22,14 +23,6 @@ const char *const BPE_TRAIN_DEFAULT_SPECIALS[] = {
     "<|start_header_id|>",         "<|end_header_id|>",       "<|eom_id|>",
     "<|eot_id|>",                  "<|python_tag|>"};
 const size_t BPE_TRAIN_N_DEFAULT_SPECIALS = sizeof BPE_TRAIN_DEFAULT_SPECIALS / sizeof BPE_TRAIN_DEFAULT_SPECIALS[0];
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -126,7 +119,7 @@ static void wordtab_free(wordtab *w) {
 static char *slurp(const char *path, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 20, n = 0;
@@ -148,7 +141,7 @@ static char *slurp(const char *path, size_t *len, char *err, size_t errlen) {
     fclose(f);
     if (!buf || bad) {
         free(buf);
-        seterr(err, errlen, "%s: %s", path, bad ? "read error" : "out of memory");
+        util_set_err(err, errlen, "%s: %s", path, bad ? "read error" : "out of memory");
         return NULL;
     }
     *len = n;
@@ -356,13 +349,13 @@ static int write_text(const char *dir, const char *name, const char *text, size_
     size_t pl = strlen(dir) + strlen(name) + 2;
     char *path = malloc(pl);
     if (!path) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     snprintf(path, pl, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
     if (!f) {
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: %s", path, strerror(errno));
         free(path);
         return -1;
     }
@@ -370,7 +363,7 @@ static int write_text(const char *dir, const char *name, const char *text, size_
     bad |= fflush(f) != 0;
     bad |= fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
-    if (bad) seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
+    if (bad) util_set_err(err, errlen, "%s: write failed: %s", path, strerror(errno));
     free(path);
     return bad ? -1 : 0;
 }
@@ -399,7 +392,7 @@ static int write_tiktoken(const bpe_vocab *v, uint32_t n_ranks, const char *dir,
     size_t cap = (size_t)n_ranks * 16 + v->pool_len * 2 + 64, o = 0;
     char *buf = malloc(cap);
     if (!buf) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     for (uint32_t id = 0; id < n_ranks; id++) {
@@ -410,7 +403,7 @@ static int write_tiktoken(const bpe_vocab *v, uint32_t n_ranks, const char *dir,
             char *nb = realloc(buf, cap);
             if (!nb) {
                 free(buf);
-                seterr(err, errlen, "out of memory");
+                util_set_err(err, errlen, "out of memory");
                 return -1;
             }
             buf = nb;
@@ -438,14 +431,14 @@ static json_t *added_token_json(uint32_t id, const char *content, int with_id) {
 static int write_json_file(json_t *root, const char *dir, const char *name, char *err, size_t errlen) {
     char *s = json_dumps(root, JSON_INDENT(2));
     if (!s) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     size_t n = strlen(s);
     char *t = realloc(s, n + 2);
     if (!t) {
         free(s);
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     t[n] = '\n';
@@ -566,7 +559,7 @@ static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *spe
     rc = 0;
     goto out;
 oom:
-    seterr(err, errlen, "out of memory");
+    util_set_err(err, errlen, "out of memory");
 out:
     free(loc);
     json_decref(root);
@@ -603,39 +596,39 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
     const char *const *sp = o->specials ? o->specials : BPE_TRAIN_DEFAULT_SPECIALS;
     size_t n_sp = o->specials ? o->n_specials : BPE_TRAIN_N_DEFAULT_SPECIALS;
     if (!o->output_dir || !*o->output_dir) {
-        seterr(err, errlen, "no output folder given");
+        util_set_err(err, errlen, "no output folder given");
         return -1;
     }
     if (!o->n_inputs) {
-        seterr(err, errlen, "no input files given");
+        util_set_err(err, errlen, "no input files given");
         return -1;
     }
     for (size_t i = 0; i < n_sp; i++) {
         size_t l = strlen(sp[i]);
         if (!l || bpe_utf8_check((const uint8_t *)sp[i], l) != l) {
-            seterr(err, errlen, "special token %zu is empty or not UTF-8", i);
+            util_set_err(err, errlen, "special token %zu is empty or not UTF-8", i);
             return -1;
         }
         for (size_t j = 0; j < i; j++)
             if (!strcmp(sp[i], sp[j])) {
-                seterr(err, errlen, "special token %s is listed twice", sp[i]);
+                util_set_err(err, errlen, "special token %s is listed twice", sp[i]);
                 return -1;
             }
     }
     if (o->vocab_size < 256 + n_sp + 1) {
-        seterr(err, errlen, "vocab size %u is too small: 256 byte tokens + %zu special tokens leave no room to learn",
+        util_set_err(err, errlen, "vocab size %u is too small: 256 byte tokens + %zu special tokens leave no room to learn",
                o->vocab_size, n_sp);
         return -1;
     }
     struct stat sst;
     if (lstat(o->output_dir, &sst) == 0) {
-        seterr(err, errlen, "%s already exists; refusing to overwrite it (choose a new folder)", o->output_dir);
+        util_set_err(err, errlen, "%s already exists; refusing to overwrite it (choose a new folder)", o->output_dir);
         return -1;
     }
     {
         char *parent = strdup(o->output_dir);
         if (!parent) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             return -1;
         }
         size_t pl = strlen(parent);
@@ -643,7 +636,7 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
         char *slash = strrchr(parent, '/');
         const char *pdir = slash ? (slash == parent ? "/" : (*slash = 0, parent)) : ".";
         int ok = stat(pdir, &sst) == 0 && S_ISDIR(sst.st_mode) && access(pdir, W_OK) == 0;
-        if (!ok) seterr(err, errlen, "%s: the folder to create it in (%s) does not exist or is not writable",
+        if (!ok) util_set_err(err, errlen, "%s: the folder to create it in (%s) does not exist or is not writable",
                         o->output_dir, pdir);
         free(parent);
         if (!ok) return -1;
@@ -660,7 +653,7 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
     pretok *re = pretok_compile(PRETOK_LLAMA3_PATTERN, err, errlen);
     pretok_ctx *pc = re ? pretok_ctx_new(re) : NULL;
     if (!pc) {
-        if (re) seterr(err, errlen, "out of memory");
+        if (re) util_set_err(err, errlen, "out of memory");
         goto out;
     }
     /* 1. count pieces */
@@ -671,19 +664,19 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
         size_t bad = bpe_utf8_check((const uint8_t *)text, len);
         if (bad < len) {
             free(text);
-            seterr(err, errlen, "%s: invalid UTF-8 at byte offset %zu", o->inputs[i], bad);
+            util_set_err(err, errlen, "%s: invalid UTF-8 at byte offset %zu", o->inputs[i], bad);
             goto out;
         }
         int r = pretok_split(re, pc, (const uint8_t *)text, len, count_piece, &T.words, err, errlen);
         free(text);
         if (r) {
-            if (T.words.oom) seterr(err, errlen, "out of memory");
+            if (T.words.oom) util_set_err(err, errlen, "out of memory");
             goto out;
         }
         st->bytes += len;
     }
     if (!st->bytes) {
-        seterr(err, errlen, "the input is empty: nothing to train on");
+        util_set_err(err, errlen, "the input is empty: nothing to train on");
         goto out;
     }
     st->pieces = T.words.pieces;
@@ -776,7 +769,7 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
                     target, (long long)cur);
     }
     if (next_id < n_ranks) {
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "the input supports only %u learned tokens but vocab size %u needs %u: give more text or a smaller "
                "--vocab-size",
                next_id - 256, o->vocab_size, target);
@@ -793,7 +786,7 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
     snprintf(tmpdir, dl + 32, "%s.tmp-%ld", od, (long)getpid());
     free(od);
     if (mkdir(tmpdir, 0755)) {
-        seterr(err, errlen, "%s: cannot create: %s", tmpdir, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot create: %s", tmpdir, strerror(errno));
         free(tmpdir);
         tmpdir = NULL;
         goto out;
@@ -812,11 +805,11 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
     uint32_t got = tok_vocab_size(tk);
     tok_free(tk);
     if (got != o->vocab_size) {
-        seterr(err, errlen, "internal error: wrote %u ids, wanted %u", got, o->vocab_size);
+        util_set_err(err, errlen, "internal error: wrote %u ids, wanted %u", got, o->vocab_size);
         goto out;
     }
     if (rename(tmpdir, o->output_dir)) {
-        seterr(err, errlen, "cannot rename %s to %s: %s", tmpdir, o->output_dir, strerror(errno));
+        util_set_err(err, errlen, "cannot rename %s to %s: %s", tmpdir, o->output_dir, strerror(errno));
         goto out;
     }
     free(tmpdir);
@@ -842,7 +835,7 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
     tok_free(tk);
     goto out;
 oom:
-    seterr(err, errlen, "out of memory");
+    util_set_err(err, errlen, "out of memory");
 out:
     if (tmpdir) {
         remove_tree(tmpdir);

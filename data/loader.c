@@ -2,11 +2,12 @@
 #include "data/loader.h"
 #include "data/loader_internal.h"
 
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 
 #include "data/megatron.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "util/err.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -15,14 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- the permutation: a keyed Feistel network with cycle walking ------------- */
 
@@ -96,13 +89,13 @@ static int finish_open(dl_loader *dl, const char *what, char *err, size_t errlen
     const dl_config *cfg = &dl->cfg;
     dl->window = malloc(((size_t)cfg->seq_len + 1) * sizeof *dl->window);
     if (!dl->window) {
-        seterr(err, errlen, "data loader: out of memory");
+        util_set_err(err, errlen, "data loader: out of memory");
         return -1;
     }
     dl->W = dl->n_tokens / ((uint64_t)cfg->seq_len + 1);
     dl->G = (uint64_t)cfg->dp_size * (uint64_t)cfg->local_batch_size;
     if (dl->W == 0) {
-        seterr(err, errlen, "%s has %llu tokens, fewer than one sequence of seq_len+1 = %d", what,
+        util_set_err(err, errlen, "%s has %llu tokens, fewer than one sequence of seq_len+1 = %d", what,
                (unsigned long long)dl->n_tokens, cfg->seq_len + 1);
         return -1;
     }
@@ -115,17 +108,17 @@ static int finish_open(dl_loader *dl, const char *what, char *err, size_t errlen
 static dl_loader *open_megatron(dl_loader *dl, const char *path, char *err, size_t errlen) {
     const uint32_t V = dl->cfg.expected_vocab_size;
     if (!(dl->mg = calloc(1, sizeof *dl->mg)) || !(dl->dir = strdup(path)) || !(dl->split = strdup("all"))) {
-        seterr(err, errlen, "data loader: out of memory");
+        util_set_err(err, errlen, "data loader: out of memory");
         goto fail;
     }
     if (mg_open(dl->mg, path, err, errlen) != 0) goto fail;
     if (V == 0) {
-        seterr(err, errlen, "%s.idx: a Megatron dataset records no vocabulary; the model's vocab_size is needed to check "
+        util_set_err(err, errlen, "%s.idx: a Megatron dataset records no vocabulary; the model's vocab_size is needed to check "
                "its ids", dl->mg->prefix);
         goto fail;
     }
     if (mg_dtype_max(dl->mg->dtype) < (uint64_t)V - 1) {
-        seterr(err, errlen, "%s.idx: its ids are %s, at most %llu, but the model's vocab_size is %u: the dataset was "
+        util_set_err(err, errlen, "%s.idx: its ids are %s, at most %llu, but the model's vocab_size is %u: the dataset was "
                "tokenized with a smaller vocabulary (another tokenizer); tokenize it with the model's, or set "
                "model.vocab_size", dl->mg->prefix, mg_dtype_name(dl->mg->dtype),
                (unsigned long long)mg_dtype_max(dl->mg->dtype), V);
@@ -147,19 +140,19 @@ fail:
 
 dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *cfg, char *err, size_t errlen) {
     if (!dir || !split || !cfg) {
-        seterr(err, errlen, "data loader: no corpus folder or split given");
+        util_set_err(err, errlen, "data loader: no corpus folder or split given");
         return NULL;
     }
     if (cfg->seq_len < 1 || cfg->local_batch_size < 1 || cfg->dp_size < 1 || cfg->dp_rank < 0 ||
         cfg->dp_rank >= cfg->dp_size) {
-        seterr(err, errlen, "data loader: bad geometry (seq_len %d, local_batch_size %d, dp rank %d of %d)",
+        util_set_err(err, errlen, "data loader: bad geometry (seq_len %d, local_batch_size %d, dp rank %d of %d)",
                cfg->seq_len, cfg->local_batch_size, cfg->dp_rank, cfg->dp_size);
         return NULL;
     }
     if (mg_is_dataset(dir)) {
         dl_loader *dl = calloc(1, sizeof *dl);
         if (!dl) {
-            seterr(err, errlen, "data loader: out of memory");
+            util_set_err(err, errlen, "data loader: out of memory");
             return NULL;
         }
         dl->cfg = *cfg;
@@ -170,7 +163,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     dl_loader *dl = calloc(1, sizeof *dl);
     if (!dl) {
         shard_index_free(&ix);
-        seterr(err, errlen, "data loader: out of memory");
+        util_set_err(err, errlen, "data loader: out of memory");
         return NULL;
     }
     dl->cfg = *cfg;
@@ -182,29 +175,29 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     const shard_index_split *sp = shard_index_find(&ix, split);
     if (!sp) {
         if (strcmp(split, "val") == 0)
-            seterr(err, errlen,
+            util_set_err(err, errlen,
                    "%s: the corpus has no \"val\" split (prepare it with `tetra data prepare ... --val-fraction F`, "
                    "F > 0)",
                    dir);
         else
-            seterr(err, errlen, "%s: the corpus has no \"%s\" split", dir, split);
+            util_set_err(err, errlen, "%s: the corpus has no \"%s\" split", dir, split);
         goto fail;
     }
     if (cfg->expected_vocab_size && cfg->expected_vocab_size != ix.vocab_size) {
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "%s: the corpus was tokenized with a vocabulary of %u tokens but the model's vocab_size is %u; "
                "prepare the corpus with the model's tokenizer, or set model.vocab_size = %u",
                dir, ix.vocab_size, cfg->expected_vocab_size, ix.vocab_size);
         goto fail;
     }
     if (sp->n_shards == 0 || sp->n_tokens == 0) {
-        seterr(err, errlen, "%s: split \"%s\" is empty", dir, split);
+        util_set_err(err, errlen, "%s: split \"%s\" is empty", dir, split);
         goto fail;
     }
     dl->shards = calloc((size_t)sp->n_shards, sizeof *dl->shards);
     dl->starts = calloc((size_t)sp->n_shards + 1, sizeof *dl->starts);
     if (!dl->dir || !dl->split || !dl->shards || !dl->starts) {
-        seterr(err, errlen, "data loader: out of memory");
+        util_set_err(err, errlen, "data loader: out of memory");
         goto fail;
     }
     uint32_t fp = crc32c(0, &ix.vocab_size, sizeof ix.vocab_size);
@@ -212,21 +205,21 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
         const shard_index_shard *e = &sp->shards[i];
         char *path = join(dir, e->file);
         if (!path) {
-            seterr(err, errlen, "data loader: out of memory");
+            util_set_err(err, errlen, "data loader: out of memory");
             goto fail;
         }
         int rc = shard_open(&dl->shards[i], path, !cfg->skip_verify, err, errlen);
         if (rc == 0) {
             const shard_header *h = &dl->shards[i].h;
             if (h->n_tokens != e->n_tokens || h->crc32c != e->crc32c) {
-                seterr(err, errlen,
+                util_set_err(err, errlen,
                        "%s: does not match %s/index.json (%llu tokens, CRC %08x; the index says %llu tokens, CRC "
                        "%08x)",
                        path, dir, (unsigned long long)h->n_tokens, h->crc32c, (unsigned long long)e->n_tokens,
                        e->crc32c);
                 rc = -1;
             } else if (h->vocab_size != ix.vocab_size || h->token_bytes != ix.token_bytes) {
-                seterr(err, errlen, "%s: vocab size %u / token width %u differ from index.json's %u / %u", path,
+                util_set_err(err, errlen, "%s: vocab size %u / token width %u differ from index.json's %u / %u", path,
                        h->vocab_size, h->token_bytes, ix.vocab_size, ix.token_bytes);
                 rc = -1;
             }
@@ -396,38 +389,38 @@ int dl_state_save(const dl_loader *dl, void *buf, size_t n) {
 int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t errlen) {
     const unsigned char *p = buf;
     if (n < DL_STATE_BYTES || memcmp(p, DL_STATE_MAGIC, 8) != 0) {
-        seterr(err, errlen, "data loader state: not a loader state (%zu bytes)", n);
+        util_set_err(err, errlen, "data loader state: not a loader state (%zu bytes)", n);
         return -1;
     }
     if (get32(p + 60) != crc32c(0, p, 60)) {
-        seterr(err, errlen, "data loader state: corrupt (checksum mismatch)");
+        util_set_err(err, errlen, "data loader state: corrupt (checksum mismatch)");
         return -1;
     }
     if (get32(p + 8) != DL_STATE_VERSION) {
-        seterr(err, errlen, "data loader state: version %u is not supported", get32(p + 8));
+        util_set_err(err, errlen, "data loader state: version %u is not supported", get32(p + 8));
         return -1;
     }
     uint32_t seq_len = get32(p + 12), shuffle = get32(p + 32), fp = get32(p + 36);
     uint64_t seed = get64(p + 24), ntok = get64(p + 40);
     if (fp != dl->fingerprint || ntok != dl->n_tokens) {
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "data loader state: saved for another corpus (split of %llu tokens, fingerprint %08x); split \"%s\" "
                "of %s has %llu tokens, fingerprint %08x",
                (unsigned long long)ntok, fp, dl->split, dl->dir, (unsigned long long)dl->n_tokens, dl->fingerprint);
         return -1;
     }
     if (seq_len != (uint32_t)dl->cfg.seq_len) {
-        seterr(err, errlen, "data loader state: saved with seq_len %u; this run has seq_len %d", seq_len,
+        util_set_err(err, errlen, "data loader state: saved with seq_len %u; this run has seq_len %d", seq_len,
                dl->cfg.seq_len);
         return -1;
     }
     if (dl->n_src && seed != dl->cfg.seed) {
-        seterr(err, errlen, "data loader state: saved with seed %llu; this run has seed %llu, and a mixture's order "
+        util_set_err(err, errlen, "data loader state: saved with seed %llu; this run has seed %llu, and a mixture's order "
                "of sources follows the seed", (unsigned long long)seed, (unsigned long long)dl->cfg.seed);
         return -1;
     }
     if ((shuffle != 0) != (dl->cfg.shuffle != 0) || (shuffle && seed != dl->cfg.seed)) {
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "data loader state: saved with shuffle %s, seed %llu; this run has shuffle %s, seed %llu",
                shuffle ? "on" : "off", (unsigned long long)seed, dl->cfg.shuffle ? "on" : "off",
                (unsigned long long)dl->cfg.seed);
@@ -460,7 +453,7 @@ static int has_index(const char *dir) {
 
 static int copy_out(char *out, size_t n, const char *s, char *err, size_t errlen) {
     if (strlen(s) >= n) {
-        seterr(err, errlen, "dataset path too long: %s", s);
+        util_set_err(err, errlen, "dataset path too long: %s", s);
         return -1;
     }
     strcpy(out, s);
@@ -502,16 +495,16 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
     if (!tok_file) {
         struct stat st;
         if (tok_path && *tok_path && stat(tok_path, &st) == 0)
-            seterr(err, errlen, "%s holds no tokenizer.json or tokenizer.model", tok_path);
+            util_set_err(err, errlen, "%s holds no tokenizer.json or tokenizer.model", tok_path);
         else
-            seterr(err, errlen, "%s does not exist", tok_path && *tok_path ? tok_path : "(none)");
+            util_set_err(err, errlen, "%s does not exist", tok_path && *tok_path ? tok_path : "(none)");
         return 1;
     }
     free(tok_file);
     char e[1024];
     tok_tokenizer *t = tok_load(tok_path, e, sizeof e);
     if (!t) {
-        seterr(err, errlen, "%s", e);
+        util_set_err(err, errlen, "%s", e);
         return -1;
     }
     char fp[17];
@@ -523,13 +516,13 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
         if (mg_is_dataset(dirs[i])) continue; /* its index records no tokenizer */
         shard_index ix;
         if (shard_index_read(dirs[i], &ix, e, sizeof e)) {
-            seterr(err, errlen, "%s", e);
+            util_set_err(err, errlen, "%s", e);
             return -1;
         }
         const int differ = ix.tokenizer_fingerprint ? strcmp(fp, ix.tokenizer_fingerprint) != 0
                                                     : v != ix.vocab_size || bos != ix.bos_id || eos != ix.eos_id;
         if (differ)
-            seterr(err, errlen,
+            util_set_err(err, errlen,
                    "the tokenizer in %s (vocab %u, BOS %lld, EOS %lld, fingerprint %s) is not the one the token "
                    "shards in %s were prepared with (%s/index.json: tokenizer %s, vocab %u, BOS %lld, EOS %lld, "
                    "fingerprint %s): point model.hf_assets_path at that tokenizer, or prepare the corpus again with "
@@ -548,14 +541,14 @@ int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_
                        size_t errlen) {
     if (dataset_path && *dataset_path) return copy_out(out_dir, n, dataset_path, err, errlen);
     if (!dataset || !*dataset) {
-        seterr(err, errlen, "no dataset: set training.dataset = \"sample\" or training.dataset_path to a folder made "
+        util_set_err(err, errlen, "no dataset: set training.dataset = \"sample\" or training.dataset_path to a folder made "
                             "by `tetra data prepare`");
         return -1;
     }
     char where[2 * PATH_MAX + 64];
     if (!strcmp(dataset, "c4")) {
         if (!find_prepared("c4", out_dir, n, where, sizeof where)) return 0;
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "dataset \"c4\" is not prepared: no c4/ at %s. Download C4's English files (allenai/c4, "
                "en/c4-train.*.json.gz and en/c4-validation.*.json.gz), then run `tetra data prepare --tokenizer "
                "<model.hf_assets_path> --input <folder of .json.gz files> --output $TETRA_DATA_DIR/c4` "
@@ -566,7 +559,7 @@ int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_
     /* c4_validation: the held-out split of c4 where it is prepared, else of the sample */
     if (!strcmp(dataset, "c4_validation") && !find_prepared("c4", out_dir, n, where, sizeof where)) return 0;
     if (strcmp(dataset, "sample") != 0 && strcmp(dataset, "c4_test") != 0 && strcmp(dataset, "c4_validation") != 0) {
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "unknown dataset \"%s\": the names are \"sample\" (the shipped Moby Dick; \"c4_test\" is its "
                "alias), \"c4\" (C4 prepared with `tetra data prepare`) and \"c4_validation\"; for any other "
                "corpus run `tetra data prepare --tokenizer DIR --input FILE|DIR --output DIR` and set "
@@ -575,7 +568,7 @@ int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_
         return -1;
     }
     if (!find_prepared("sample", out_dir, n, where, sizeof where)) return 0;
-    seterr(err, errlen,
+    util_set_err(err, errlen,
            "dataset \"%s\": the prepared sample corpus was not found at %s (the build prepares it: cmake --build "
            "<build dir>; or set TETRA_DATA_DIR to a folder holding sample/)",
            dataset, where);

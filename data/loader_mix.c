@@ -4,23 +4,16 @@
  * its windows: the mixture decides which source's which sample every global window is
  * (mixture.h), so the state is the one global position and resumes, under any
  * data-parallel degree, into the same sample stream. */
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 #include "data/loader.h"
 #include "data/loader_internal.h"
+#include "util/err.h"
 
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void quiet(void *user, uint64_t e, const char *msg) { (void)user, (void)e, (void)msg; }
 
@@ -43,35 +36,35 @@ static int open_sources(dl_loader *dl, const char *const *entries, int n, const 
     char e[1024], path[PATH_MAX];
     for (int i = 0; i < n; i++) {
         if (mix_parse_entry(entries[i], path, sizeof path, &w[i], e, sizeof e) != 0) {
-            seterr(err, errlen, "mixture source %d: %s", i + 1, e);
+            util_set_err(err, errlen, "mixture source %d: %s", i + 1, e);
             return -1;
         }
         for (int k = 0; k < i; k++)
             if (!strcmp(dl->src_name[k], path)) {
-                seterr(err, errlen, "mixture source %d: %s is listed twice (sources %d and %d)", i + 1, path, k + 1,
+                util_set_err(err, errlen, "mixture source %d: %s is listed twice (sources %d and %d)", i + 1, path, k + 1,
                        i + 1);
                 return -1;
             }
         if (!(dl->src_name[i] = strdup(path))) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             return -1;
         }
         dl_config sub = dl->cfg;
         sub.on_epoch = quiet; /* the mixture says when a source wraps around */
         if (!(dl->src[i] = dl_open_config(path, split, &sub, e, sizeof e))) {
-            seterr(err, errlen, "mixture source %d (%s): %s", i + 1, path, e);
+            util_set_err(err, errlen, "mixture source %d (%s): %s", i + 1, path, e);
             return -1;
         }
         const dl_loader *s = dl->src[i], *s0 = dl->src[0];
         if (s->vocab != s0->vocab || (s->bos >= 0 && s0->bos >= 0 && s->bos != s0->bos) ||
             (s->eos >= 0 && s0->eos >= 0 && s->eos != s0->eos)) {
-            seterr(err, errlen, "mixture sources %s (vocab %u, BOS %lld, EOS %lld) and %s (vocab %u, BOS %lld, EOS %lld) "
+            util_set_err(err, errlen, "mixture sources %s (vocab %u, BOS %lld, EOS %lld) and %s (vocab %u, BOS %lld, EOS %lld) "
                    "were tokenized differently", dl->src_name[0], s0->vocab, (long long)s0->bos, (long long)s0->eos,
                    path, s->vocab, (long long)s->bos, (long long)s->eos);
             return -1;
         }
         if (dl->cfg.single_pass && s->W < s->G) {
-            seterr(err, errlen, "mixture source %s: its \"%s\" split holds %llu sequences of %d tokens, fewer than one "
+            util_set_err(err, errlen, "mixture source %s: its \"%s\" split holds %llu sequences of %d tokens, fewer than one "
                    "global batch of %llu", path, split, (unsigned long long)s->W, dl->cfg.seq_len + 1,
                    (unsigned long long)s->G);
             return -1;
@@ -83,7 +76,7 @@ static int open_sources(dl_loader *dl, const char *const *entries, int n, const 
 dl_loader *dl_open_mix(const char *const *entries, int n, const char *split, const dl_config *cfg, char *err,
                        size_t errlen) {
     if (n < 1 || n > MIX_MAX_SOURCES || !entries || !split || !cfg) {
-        seterr(err, errlen, "a mixture needs 1 to %d sources (got %d)", MIX_MAX_SOURCES, n);
+        util_set_err(err, errlen, "a mixture needs 1 to %d sources (got %d)", MIX_MAX_SOURCES, n);
         return NULL;
     }
     dl_loader *dl = calloc(1, sizeof *dl);
@@ -91,7 +84,7 @@ dl_loader *dl_open_mix(const char *const *entries, int n, const char *split, con
     if (!dl || !w) {
         free(dl);
         free(w);
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return NULL;
     }
     dl->cfg = *cfg;
@@ -104,12 +97,12 @@ dl_loader *dl_open_mix(const char *const *entries, int n, const char *split, con
     dl->window = malloc(((size_t)cfg->seq_len + 1) * sizeof *dl->window);
     char e[1024];
     if (!dl->src || !dl->src_name || !dl->counted || !dl->dir || !dl->split || !dl->window) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         goto fail;
     }
     if (open_sources(dl, entries, n, split, w, err, errlen) != 0) goto fail;
     if (mix_plan_init(&dl->mix, w, n, cfg->seed, e, sizeof e) != 0) {
-        seterr(err, errlen, "mixture: %s", e);
+        util_set_err(err, errlen, "mixture: %s", e);
         goto fail;
     }
     dl->vocab = dl->src[0]->vocab;

@@ -1,7 +1,8 @@
 /* megatron.c — Megatron-LM indexed datasets, memory-mapped (see megatron.h). */
 #include "data/megatron.h"
 
-#include "data/crc32c.h"
+#include "util/crc32c.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,14 +16,6 @@
 
 #define MG_MAGIC "MMIDIDX\0\0"
 #define MG_HEADER 34u
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const struct {
     const char *name;
@@ -79,7 +72,7 @@ static int map_whole(const char *path, const unsigned char **data, size_t *len, 
     int fd = open(path, O_RDONLY);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
-        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
         return -1;
     }
@@ -88,7 +81,7 @@ static int map_whole(const char *path, const unsigned char **data, size_t *len, 
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
-            seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot map: %s", path, strerror(errno));
             close(fd);
             return -1;
         }
@@ -110,44 +103,44 @@ void mg_close(mg_dataset *d) {
 static int check_header(mg_dataset *d, const char *ip, char *err, size_t errlen) {
     const unsigned char *x = d->idx;
     if (d->idx_len < MG_HEADER || memcmp(x, MG_MAGIC, 9) != 0) {
-        seterr(err, errlen, "%s: not a Megatron index (%s; expected the magic \"MMIDIDX\" and a 34-byte header)", ip,
+        util_set_err(err, errlen, "%s: not a Megatron index (%s; expected the magic \"MMIDIDX\" and a 34-byte header)", ip,
                d->idx_len < MG_HEADER ? "too short" : "wrong magic");
         return -1;
     }
     if (rd64(x + 9) != 1) {
-        seterr(err, errlen, "%s: Megatron index version %llu; only version 1 is known", ip,
+        util_set_err(err, errlen, "%s: Megatron index version %llu; only version 1 is known", ip,
                (unsigned long long)rd64(x + 9));
         return -1;
     }
     d->dtype = x[17];
     if (d->dtype < 1 || d->dtype > 8) {
-        seterr(err, errlen, "%s: unknown dtype code %d (Megatron's are 1..8)", ip, d->dtype);
+        util_set_err(err, errlen, "%s: unknown dtype code %d (Megatron's are 1..8)", ip, d->dtype);
         return -1;
     }
     if (d->dtype == 6 || d->dtype == 7) {
-        seterr(err, errlen, "%s: dtype %s holds no token ids", ip, mg_dtype_name(d->dtype));
+        util_set_err(err, errlen, "%s: dtype %s holds no token ids", ip, mg_dtype_name(d->dtype));
         return -1;
     }
     d->width = g_dtypes[d->dtype].width;
     const uint64_t S = rd64(x + 18), D = rd64(x + 26), body = d->idx_len - MG_HEADER;
     if (S > body / 12 || (body - 12 * S) / 8 < D) {
-        seterr(err, errlen, "%s: truncated or corrupt index: %llu sequences and %llu document indices need more than "
+        util_set_err(err, errlen, "%s: truncated or corrupt index: %llu sequences and %llu document indices need more than "
                "its %zu bytes", ip, (unsigned long long)S, (unsigned long long)D, d->idx_len);
         return -1;
     }
     const uint64_t rest = body - 12 * S - 8 * D;
     if (rest == S && S > 0) {
-        seterr(err, errlen, "%s: unsupported: a multimodal dataset (it has sequence modes)", ip);
+        util_set_err(err, errlen, "%s: unsupported: a multimodal dataset (it has sequence modes)", ip);
         return -1;
     }
     if (rest != 0) {
-        seterr(err, errlen, "%s: corrupt index: %llu bytes more than %llu sequences and %llu document indices take", ip,
+        util_set_err(err, errlen, "%s: corrupt index: %llu bytes more than %llu sequences and %llu document indices take", ip,
                (unsigned long long)rest, (unsigned long long)S, (unsigned long long)D);
         return -1;
     }
     d->n_sequences = S;
     if (D < 1) {
-        seterr(err, errlen, "%s: corrupt index: no document indices (there must be at least the leading 0)", ip);
+        util_set_err(err, errlen, "%s: corrupt index: no document indices (there must be at least the leading 0)", ip);
         return -1;
     }
     d->n_documents = D - 1;
@@ -162,24 +155,24 @@ static int check_arrays(mg_dataset *d, const char *ip, const char *bp, char *err
         const int32_t n = (int32_t)rd32(len + 4 * i);
         const uint64_t p = rd64(ptr + 8 * i);
         if (n < 0) {
-            seterr(err, errlen, "%s: corrupt index: sequence %llu has length %d", ip, (unsigned long long)i, n);
+            util_set_err(err, errlen, "%s: corrupt index: sequence %llu has length %d", ip, (unsigned long long)i, n);
             return -1;
         }
         if (p != at) {
-            seterr(err, errlen, "%s: sequence %llu starts at byte %llu of %s, not at %llu where the one before it ends "
+            util_set_err(err, errlen, "%s: sequence %llu starts at byte %llu of %s, not at %llu where the one before it ends "
                    "(unsupported: sequences not stored back to back, or a corrupt index)", ip, (unsigned long long)i,
                    (unsigned long long)p, bp, (unsigned long long)at);
             return -1;
         }
         if ((uint64_t)n * (uint64_t)d->width > d->bin_len - at) {
-            seterr(err, errlen, "%s: sequence %llu (%d tokens at byte %llu) runs past the end of %s (%zu bytes): "
+            util_set_err(err, errlen, "%s: sequence %llu (%d tokens at byte %llu) runs past the end of %s (%zu bytes): "
                    "truncated data", ip, (unsigned long long)i, n, (unsigned long long)at, bp, d->bin_len);
             return -1;
         }
         at += (uint64_t)n * (uint64_t)d->width;
     }
     if (at != d->bin_len) {
-        seterr(err, errlen, "%s: has %zu bytes but the %llu sequences of %s take %llu", bp, d->bin_len,
+        util_set_err(err, errlen, "%s: has %zu bytes but the %llu sequences of %s take %llu", bp, d->bin_len,
                (unsigned long long)d->n_sequences, ip, (unsigned long long)at);
         return -1;
     }
@@ -188,7 +181,7 @@ static int check_arrays(mg_dataset *d, const char *ip, const char *bp, char *err
     for (uint64_t k = 0; k <= d->n_documents; k++) {
         const uint64_t v = rd64(doc + 8 * k);
         if ((k == 0 && v != 0) || v < prev || v > d->n_sequences || (k == d->n_documents && v != d->n_sequences)) {
-            seterr(err, errlen, "%s: corrupt index: document index %llu is %llu (they rise from 0 to the %llu "
+            util_set_err(err, errlen, "%s: corrupt index: document index %llu is %llu (they rise from 0 to the %llu "
                    "sequences)", ip, (unsigned long long)k, (unsigned long long)v,
                    (unsigned long long)d->n_sequences);
             return -1;
@@ -203,7 +196,7 @@ int mg_open(mg_dataset *d, const char *path, char *err, size_t errlen) {
     d->prefix = prefix_of(path);
     char *ip = d->prefix ? with_suffix(d->prefix, ".idx") : NULL, *bp = d->prefix ? with_suffix(d->prefix, ".bin") : NULL;
     int rc = -1;
-    if (!ip || !bp) seterr(err, errlen, "out of memory");
+    if (!ip || !bp) util_set_err(err, errlen, "out of memory");
     else if (map_whole(ip, &d->idx, &d->idx_len, err, errlen) == 0 && map_whole(bp, &d->bin, &d->bin_len, err, errlen) == 0 &&
              check_header(d, ip, err, errlen) == 0 && check_arrays(d, ip, bp, err, errlen) == 0)
         rc = 0;
@@ -241,14 +234,14 @@ static uint64_t sequence_of(const mg_dataset *d, uint64_t i) {
 
 int mg_read(const mg_dataset *d, uint64_t first, size_t n, uint32_t vocab, int32_t *out, char *err, size_t errlen) {
     if (first > d->n_tokens || n > d->n_tokens - first) {
-        seterr(err, errlen, "%s.bin: tokens [%llu, %llu) are past its %llu tokens", d->prefix,
+        util_set_err(err, errlen, "%s.bin: tokens [%llu, %llu) are past its %llu tokens", d->prefix,
                (unsigned long long)first, (unsigned long long)(first + n), (unsigned long long)d->n_tokens);
         return -1;
     }
     for (size_t k = 0; k < n; k++) {
         const int64_t v = token_at(d, first + k);
         if (v < 0 || v >= (int64_t)vocab) {
-            seterr(err, errlen, "%s.bin: token %llu (sequence %llu) holds id %lld, outside the model's vocabulary of %u "
+            util_set_err(err, errlen, "%s.bin: token %llu (sequence %llu) holds id %lld, outside the model's vocabulary of %u "
                    "ids (a Megatron dataset records no tokenizer: was it tokenized with another one?)", d->prefix,
                    (unsigned long long)(first + k), (unsigned long long)sequence_of(d, first + k), (long long)v,
                    vocab);

@@ -2,6 +2,7 @@
 #include "data/mixture.h"
 
 #include "data/loader.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <math.h>
@@ -13,30 +14,22 @@
 /* keeps the block orders apart from the shuffling permutations of the same seed */
 #define MIX_KEY 0x6d69787475726573ull
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 int mix_parse_entry(const char *entry, char *path, size_t pathlen, double *weight, char *err, size_t errlen) {
     const char *colon = entry ? strrchr(entry, ':') : NULL;
     if (!colon || colon == entry || !colon[1]) {
-        seterr(err, errlen, "\"%s\": expected \"PATH:WEIGHT\", e.g. \"data/fineweb:0.7\"", entry ? entry : "");
+        util_set_err(err, errlen, "\"%s\": expected \"PATH:WEIGHT\", e.g. \"data/fineweb:0.7\"", entry ? entry : "");
         return -1;
     }
     char *end;
     errno = 0;
     double w = strtod(colon + 1, &end);
     if (errno || *end || !isfinite(w) || !(w > 0)) {
-        seterr(err, errlen, "\"%s\": the weight \"%s\" is not a positive number", entry, colon + 1);
+        util_set_err(err, errlen, "\"%s\": the weight \"%s\" is not a positive number", entry, colon + 1);
         return -1;
     }
     size_t n = (size_t)(colon - entry);
     if (n >= pathlen) {
-        seterr(err, errlen, "\"%s\": path too long", entry);
+        util_set_err(err, errlen, "\"%s\": path too long", entry);
         return -1;
     }
     memcpy(path, entry, n);
@@ -57,13 +50,13 @@ void mix_plan_free(mix_plan *m) {
 int mix_plan_init(mix_plan *m, const double *weights, int n, uint64_t seed, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     if (n < 1 || n > MIX_MAX_SOURCES) {
-        seterr(err, errlen, "a mixture needs 1 to %d sources, not %d", MIX_MAX_SOURCES, n);
+        util_set_err(err, errlen, "a mixture needs 1 to %d sources, not %d", MIX_MAX_SOURCES, n);
         return -1;
     }
     double sum = 0;
     for (int i = 0; i < n; i++) {
         if (!isfinite(weights[i]) || !(weights[i] > 0)) {
-            seterr(err, errlen, "source %d: weight %g is not a positive number", i + 1, weights[i]);
+            util_set_err(err, errlen, "source %d: weight %g is not a positive number", i + 1, weights[i]);
             return -1;
         }
         sum += weights[i];
@@ -79,7 +72,7 @@ int mix_plan_init(mix_plan *m, const double *weights, int n, uint64_t seed, char
     if (!m->weight || !m->quota || !m->first || !m->table_src || !m->table_rank || !frac) {
         free(frac);
         mix_plan_free(m);
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     uint32_t dealt = 0;
@@ -102,7 +95,7 @@ int mix_plan_init(mix_plan *m, const double *weights, int n, uint64_t seed, char
     free(frac);
     for (int i = 0; i < n; i++) {
         if (m->quota[i] == 0) {
-            seterr(err, errlen, "source %d: weight %g is %.2g of the total, less than one sample in %u", i + 1,
+            util_set_err(err, errlen, "source %d: weight %g is %.2g of the total, less than one sample in %u", i + 1,
                    weights[i], m->weight[i], MIX_BLOCK);
             mix_plan_free(m);
             return -1;

@@ -6,6 +6,7 @@
 #include "data/prepare_spool.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "util/err.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -132,13 +133,6 @@ size_t data_prepare_split_point(const char *text, size_t len, double val_fractio
 
 /* ---- messages ---------------------------------------------------------------------- */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static char *xstrdup_printf(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -232,12 +226,12 @@ static void list_free(in_list *l) {
 
 static int walk(in_list *l, const char *dir, int depth, char *err, size_t errlen) {
     if (depth > 64) {
-        seterr(err, errlen, "%s: folders nested too deeply (a symlink loop?)", dir);
+        util_set_err(err, errlen, "%s: folders nested too deeply (a symlink loop?)", dir);
         return -1;
     }
     DIR *d = opendir(dir);
     if (!d) {
-        seterr(err, errlen, "%s: cannot read folder: %s", dir, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot read folder: %s", dir, strerror(errno));
         return -1;
     }
     struct dirent *e;
@@ -247,12 +241,12 @@ static int walk(in_list *l, const char *dir, int depth, char *err, size_t errlen
         char *p = xstrdup_printf("%s/%s", dir, e->d_name);
         struct stat st;
         if (!p) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             rc = -1;
             break;
         }
         if (stat(p, &st) != 0) {
-            seterr(err, errlen, "%s: %s", p, strerror(errno));
+            util_set_err(err, errlen, "%s: %s", p, strerror(errno));
             rc = -1;
         } else if (S_ISDIR(st.st_mode)) {
             rc = walk(l, p, depth + 1, err, errlen);
@@ -260,7 +254,7 @@ static int walk(in_list *l, const char *dir, int depth, char *err, size_t errlen
             int comp;
             int kind = kind_of(p, &comp);
             if (list_add(l, p, kind, comp, (uint64_t)st.st_size) != 0) {
-                seterr(err, errlen, "out of memory");
+                util_set_err(err, errlen, "out of memory");
                 rc = -1;
             }
         } else {
@@ -280,13 +274,13 @@ static int cmp_files(const void *a, const void *b) {
 static int collect_inputs(in_list *l, const char *input, char *err, size_t errlen) {
     struct stat st;
     if (stat(input, &st) != 0) {
-        seterr(err, errlen, "%s: cannot read input: %s", input, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot read input: %s", input, strerror(errno));
         return -1;
     }
     if (S_ISDIR(st.st_mode)) {
         if (walk(l, input, 0, err, errlen) != 0) return -1;
         if (l->n == 0) {
-            seterr(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) nor "
+            util_set_err(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) nor "
                                 ".parquet files in the folder", input);
             return -1;
         }
@@ -296,13 +290,13 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     int comp;
     int kind = kind_of(input, &comp);
     if (!S_ISREG(st.st_mode) || kind < 0) {
-        seterr(err, errlen,
+        util_set_err(err, errlen,
                "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst), a .parquet "
                "file or a folder", input);
         return -1;
     }
     if (list_add(l, input, kind, comp, (uint64_t)st.st_size) != 0) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     return 0;
@@ -339,7 +333,7 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
     if (comp == COMP_GZ) {
         gzFile g = gzopen(path, "rb");
         if (!g) {
-            seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
             return -1;
         }
         for (;;) {
@@ -347,12 +341,12 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
             if (k < 0) {
                 int zerr = 0;
                 const char *msg = gzerror(g, &zerr);
-                seterr(err, errlen, "%s: corrupt gzip data after %zu bytes: %s", path, len, msg ? msg : "?");
+                util_set_err(err, errlen, "%s: corrupt gzip data after %zu bytes: %s", path, len, msg ? msg : "?");
                 rc = -1;
                 break;
             }
             if (gzdirect(g)) { /* zlib passes other data through: a .gz file must be gzip */
-                seterr(err, errlen, "%s: not gzip data (the .gz suffix says it is)", path);
+                util_set_err(err, errlen, "%s: not gzip data (the .gz suffix says it is)", path);
                 rc = -1;
                 break;
             }
@@ -360,13 +354,13 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
                 int zerr = 0;
                 gzerror(g, &zerr);
                 if (zerr == Z_BUF_ERROR) { /* the stream ended inside a member */
-                    seterr(err, errlen, "%s: truncated gzip data (%zu bytes decompressed)", path, len);
+                    util_set_err(err, errlen, "%s: truncated gzip data (%zu bytes decompressed)", path, len);
                     rc = -1;
                 }
                 break;
             }
             if (grow(&buf, &len, &cap, chunk, (size_t)k)) {
-                seterr(err, errlen, "%s: out of memory decompressing (%zu bytes so far)", path, len);
+                util_set_err(err, errlen, "%s: out of memory decompressing (%zu bytes so far)", path, len);
                 rc = -1;
                 break;
             }
@@ -377,14 +371,14 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
         int fd = open(path, O_RDONLY);
         struct stat st;
         if (fd < 0 || fstat(fd, &st) != 0) {
-            seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
             if (fd >= 0) close(fd);
             return -1;
         }
         if (st.st_size > 0) {
             void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
             if (p == MAP_FAILED) {
-                seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+                util_set_err(err, errlen, "%s: cannot map: %s", path, strerror(errno));
                 close(fd);
                 return -1;
             }
@@ -399,21 +393,21 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
             ZSTD_outBuffer out = {chunk, sizeof chunk, 0};
             last = ZSTD_decompressStream(z, &out, &in);
             if (ZSTD_isError(last)) {
-                seterr(err, errlen, "%s: corrupt zstd data after %zu bytes: %s", path, len, ZSTD_getErrorName(last));
+                util_set_err(err, errlen, "%s: corrupt zstd data after %zu bytes: %s", path, len, ZSTD_getErrorName(last));
                 rc = -1;
                 break;
             }
             if (out.pos && grow(&buf, &len, &cap, chunk, out.pos)) {
-                seterr(err, errlen, "%s: out of memory decompressing (%zu bytes so far)", path, len);
+                util_set_err(err, errlen, "%s: out of memory decompressing (%zu bytes so far)", path, len);
                 rc = -1;
                 break;
             }
         }
         if (!z) {
-            seterr(err, errlen, "%s: cannot start zstd", path);
+            util_set_err(err, errlen, "%s: cannot start zstd", path);
             rc = -1;
         } else if (rc == 0 && last != 0) {
-            seterr(err, errlen, "%s: truncated zstd data (%zu bytes decompressed)", path, len);
+            util_set_err(err, errlen, "%s: truncated zstd data (%zu bytes decompressed)", path, len);
             rc = -1;
         }
         ZSTD_freeDStream(z);
@@ -434,19 +428,19 @@ static int map_file(const char *path, int comp, fmap *m, char *err, size_t errle
     if (comp != COMP_NONE) return inflate_file(path, comp, m, err, errlen);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
-        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
-            seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot map: %s", path, strerror(errno));
             close(fd);
             return -1;
         }
@@ -646,7 +640,7 @@ static int out_open_shard(out_state *o, int split, char *err, size_t errlen) {
     if (!o->have_dir[split]) {
         char *d = xstrdup_printf("%s/%s", o->tmpdir, split_name(split));
         if (!d || mkdir(d, 0755) != 0) {
-            seterr(err, errlen, "%s: cannot create folder: %s", d ? d : o->tmpdir, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot create folder: %s", d ? d : o->tmpdir, strerror(errno));
             free(d);
             return -1;
         }
@@ -657,7 +651,7 @@ static int out_open_shard(out_state *o, int split, char *err, size_t errlen) {
         int cap = o->cap[split] ? 2 * o->cap[split] : 8;
         shard_index_shard *v = realloc(sp->shards, (size_t)cap * sizeof *v);
         if (!v) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             return -1;
         }
         sp->shards = v;
@@ -667,7 +661,7 @@ static int out_open_shard(out_state *o, int split, char *err, size_t errlen) {
     char *path = rel ? xstrdup_printf("%s/%s", o->tmpdir, rel) : NULL;
     if (!path) {
         free(rel);
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     o->w = shard_writer_open(path, o->vocab, o->bos, o->eos, err, errlen);
@@ -731,7 +725,7 @@ static void rm_tree(const char *path) {
 static int mkdir_parents(const char *path, char *err, size_t errlen) {
     char buf[PATH_MAX];
     if (strlen(path) >= sizeof buf) {
-        seterr(err, errlen, "%s: path too long", path);
+        util_set_err(err, errlen, "%s: path too long", path);
         return -1;
     }
     strcpy(buf, path);
@@ -739,13 +733,13 @@ static int mkdir_parents(const char *path, char *err, size_t errlen) {
         if (*p != '/') continue;
         *p = 0;
         if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-            seterr(err, errlen, "%s: cannot create folder: %s", buf, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot create folder: %s", buf, strerror(errno));
             return -1;
         }
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-        seterr(err, errlen, "%s: cannot create folder: %s", buf, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot create folder: %s", buf, strerror(errno));
         return -1;
     }
     return 0;
@@ -1001,14 +995,14 @@ static int flush_batch(prep *p) {
 
     int rc = 0;
     if (g_interrupted) {
-        seterr(p->err, sizeof p->err, "interrupted");
+        util_set_err(p->err, sizeof p->err, "interrupted");
         rc = -1;
     }
     uint32_t bos = (uint32_t)p->out.bos, eos = (uint32_t)p->out.eos;
     for (size_t i = 0; i < p->n_items && rc == 0; i++) {
         item *it = &p->items[i];
         if (it->error || it->failed) {
-            seterr(p->err, sizeof p->err, "%s", it->error ? it->error : "out of memory");
+            util_set_err(p->err, sizeof p->err, "%s", it->error ? it->error : "out of memory");
             rc = -1;
             break;
         }
@@ -1078,7 +1072,7 @@ static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, in
 static int push_single(prep *p, size_t fi, const char *text, size_t len, const char *where, char *rule, size_t rn) {
     size_t cut = data_prepare_split_point(text, len, p->o.val_fraction);
     if (!cut) {
-        seterr(p->err, sizeof p->err,
+        util_set_err(p->err, sizeof p->err,
                "%s: a single document of %zu bytes is too short to hold out a validation part; use --val-fraction 0",
                where, len);
         return -1;
@@ -1101,7 +1095,7 @@ static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t 
     uint64_t row = 0;
     for (int g = 0; g < pq_num_row_groups(pf) && rc == 0; g++) {
         if (g_interrupted) {
-            seterr(p->err, sizeof p->err, "interrupted");
+            util_set_err(p->err, sizeof p->err, "interrupted");
             rc = -1;
             break;
         }
@@ -1113,7 +1107,7 @@ static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t 
         memset(&m, 0, sizeof m);
         m.col = calloc(1, sizeof *m.col);
         if (!m.col) {
-            seterr(p->err, sizeof p->err, "out of memory");
+            util_set_err(p->err, sizeof p->err, "out of memory");
             rc = -1;
             break;
         }
@@ -1132,7 +1126,7 @@ static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t 
                 free(p->owned_text);
                 p->owned_text = malloc(v->len ? v->len : 1);
                 if (!p->owned_text) {
-                    seterr(p->err, sizeof p->err, "out of memory");
+                    util_set_err(p->err, sizeof p->err, "out of memory");
                     rc = -1;
                 } else {
                     if (v->len) memcpy(p->owned_text, v->ptr, v->len);
@@ -1146,7 +1140,7 @@ static int push_parquet(prep *p, size_t fi, int single, uint64_t *doc, uint64_t 
         }
         if (add_pending(p, m) != 0) {
             unmap_file(&m);
-            seterr(p->err, sizeof p->err, "out of memory");
+            util_set_err(p->err, sizeof p->err, "out of memory");
             rc = -1;
         }
     }
@@ -1160,7 +1154,7 @@ static int setup(prep *p) {
     prep_opts *o = &p->o;
     struct stat st;
     if (lstat(o->output, &st) == 0) {
-        seterr(p->err, sizeof p->err, "%s: already exists; refusing to overwrite it (remove it or choose another --output)",
+        util_set_err(p->err, sizeof p->err, "%s: already exists; refusing to overwrite it (remove it or choose another --output)",
                o->output);
         return -1;
     }
@@ -1169,7 +1163,7 @@ static int setup(prep *p) {
     if (!p->tok) return -1;
     uint32_t vocab = tok_vocab_size(p->tok);
     if (o->vocab_check >= 0 && (long long)vocab != o->vocab_check) {
-        seterr(p->err, sizeof p->err,
+        util_set_err(p->err, sizeof p->err,
                "%s: the tokenizer's vocab size is %u but the model's vocab_size is %lld (--vocab-size)", o->tokenizer,
                vocab, o->vocab_check);
         return -1;
@@ -1178,7 +1172,7 @@ static int setup(prep *p) {
     p->out.bos = tok_bos_id(p->tok);
     p->out.eos = tok_eos_id(p->tok);
     if (p->out.bos < 0 && p->out.eos < 0) {
-        seterr(p->err, sizeof p->err, "%s: the tokenizer has neither a BOS nor an EOS token to delimit documents",
+        util_set_err(p->err, sizeof p->err, "%s: the tokenizer has neither a BOS nor an EOS token to delimit documents",
                o->tokenizer);
         return -1;
     }
@@ -1225,7 +1219,7 @@ static int make_staging(prep *p) {
         const char *base = slash ? slash + 1 : o->output;
         int plen = slash ? (int)(slash - o->output) : 0;
         if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) {
-            seterr(p->err, sizeof p->err, "%s: --output must name a new folder", o->output);
+            util_set_err(p->err, sizeof p->err, "%s: --output must name a new folder", o->output);
             rc = -1;
         }
         if (!rc && plen > 0) {
@@ -1259,7 +1253,7 @@ static int make_staging(prep *p) {
             free(parent);
             free(prefix);
             if (mkdir(name, 0755) != 0) {
-                seterr(p->err, sizeof p->err, "%s: cannot create folder: %s", name, strerror(errno));
+                util_set_err(p->err, sizeof p->err, "%s: cannot create folder: %s", name, strerror(errno));
                 rc = -1;
             }
         }
@@ -1267,7 +1261,7 @@ static int make_staging(prep *p) {
     if (agree(p, rc)) return -1;
     pd_bcast_str(&p->w, name, sizeof name);
     if (!(p->out.tmpdir = strdup(name))) {
-        seterr(p->err, sizeof p->err, "out of memory");
+        util_set_err(p->err, sizeof p->err, "out of memory");
         return -1;
     }
     return 0;
@@ -1282,7 +1276,7 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
         in_file *f = &p->files.v[fi];
         if (f->n_docs == 0) continue;
         if (g_interrupted) {
-            seterr(p->err, sizeof p->err, "interrupted");
+            util_set_err(p->err, sizeof p->err, "interrupted");
             return -1;
         }
         if (f->kind == IN_PARQUET) {
@@ -1296,13 +1290,13 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
             if (single) {
                 size_t bad = data_prepare_utf8_check((const unsigned char *)m.data, m.len);
                 if (bad < m.len) {
-                    seterr(p->err, sizeof p->err, "%s: invalid UTF-8 at byte offset %zu (byte 0x%02x)", f->path, bad,
+                    util_set_err(p->err, sizeof p->err, "%s: invalid UTF-8 at byte offset %zu (byte 0x%02x)", f->path, bad,
                            (unsigned char)m.data[bad]);
                     rc = -1;
                 } else {
                     size_t cut = data_prepare_split_point(m.data, m.len, o->val_fraction);
                     if (!cut) {
-                        seterr(p->err, sizeof p->err,
+                        util_set_err(p->err, sizeof p->err,
                                "%s: a single document of %zu bytes is too short to hold out a validation part; "
                                "use --val-fraction 0",
                                f->path, m.len);
@@ -1332,25 +1326,25 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
                         json_t *root = json_loadb(m.data + pos, end - pos, JSON_ALLOW_NUL, &jerr);
                         json_t *v = root && json_is_object(root) ? json_object_get(root, o->field) : NULL;
                         if (!root) {
-                            seterr(p->err, sizeof p->err, "%s:%llu: invalid JSON at byte offset %llu: %s", f->path,
+                            util_set_err(p->err, sizeof p->err, "%s:%llu: invalid JSON at byte offset %llu: %s", f->path,
                                    (unsigned long long)line, (unsigned long long)(pos + (size_t)(jerr.position > 0 ? jerr.position : 0)),
                                    jerr.text);
                             rc = -1;
                         } else if (!json_is_string(v)) {
-                            seterr(p->err, sizeof p->err, "%s:%llu: expected a JSON object with a \"%s\" string field",
+                            util_set_err(p->err, sizeof p->err, "%s:%llu: expected a JSON object with a \"%s\" string field",
                                    f->path, (unsigned long long)line, o->field);
                             rc = -1;
                         } else {
                             size_t tl = json_string_length(v);
                             p->owned_text = malloc(tl ? tl : 1);
                             if (!p->owned_text) {
-                                seterr(p->err, sizeof p->err, "out of memory");
+                                util_set_err(p->err, sizeof p->err, "out of memory");
                                 rc = -1;
                             } else {
                                 memcpy(p->owned_text, json_string_value(v), tl);
                                 size_t cut = data_prepare_split_point(p->owned_text, tl, o->val_fraction);
                                 if (!cut) {
-                                    seterr(p->err, sizeof p->err,
+                                    util_set_err(p->err, sizeof p->err,
                                            "%s:%llu: a single document of %zu bytes is too short to hold out a "
                                            "validation part; use --val-fraction 0",
                                            f->path, (unsigned long long)line, tl);
@@ -1385,7 +1379,7 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
         }
         if (add_pending(p, m) != 0) {
             unmap_file(&m);
-            seterr(p->err, sizeof p->err, "out of memory");
+            util_set_err(p->err, sizeof p->err, "out of memory");
             return -1;
         }
         if (rc != 0) return -1;
@@ -1419,11 +1413,11 @@ static int publish(prep *p, shard_index_split sp_in[2], uint64_t docs[2]) {
     ix.splits = sp;
     if (shard_index_write(p->out.tmpdir, &ix, p->err, sizeof p->err) != 0) return -1;
     if (g_interrupted) {
-        seterr(p->err, sizeof p->err, "interrupted");
+        util_set_err(p->err, sizeof p->err, "interrupted");
         return -1;
     }
     if (rename(p->out.tmpdir, o->output) != 0) {
-        seterr(p->err, sizeof p->err, "%s: cannot rename %s to it: %s", o->output, p->out.tmpdir, strerror(errno));
+        util_set_err(p->err, sizeof p->err, "%s: cannot rename %s to it: %s", o->output, p->out.tmpdir, strerror(errno));
         return -1;
     }
     shard_fsync_parent(o->output);
@@ -1456,7 +1450,7 @@ static int finish_ranks(prep *p, uint64_t D) {
     const int R = p->w.size;
     uint64_t *v = calloc((size_t)R * 2 + 4, sizeof *v);
     int rc = v ? 0 : -1;
-    if (rc) seterr(p->err, sizeof p->err, "out of memory");
+    if (rc) util_set_err(p->err, sizeof p->err, "out of memory");
     if (agree(p, rc)) {
         free(v);
         return -1;
@@ -1482,7 +1476,7 @@ static int finish_ranks(prep *p, uint64_t D) {
     ps_spool_remove(&p->spool);
     if (pd_any(&p->w, 0)) return -1; /* every spool is gone before the rename */
     if (sp[0].n_tokens == 0 && sp[1].n_tokens == 0) {
-        seterr(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", p->o.input,
+        util_set_err(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", p->o.input,
                (unsigned long long)D);
         ps_splits_free(sp);
         return fail_alike(p);
@@ -1501,7 +1495,7 @@ static int run(prep *p) {
     /* Pass 1: count documents (each rank its files; then every rank knows every count). */
     uint64_t *nd = calloc(p->files.n + 1, sizeof *nd);
     rc = nd ? 0 : -1;
-    if (!nd) seterr(p->err, sizeof p->err, "out of memory");
+    if (!nd) util_set_err(p->err, sizeof p->err, "out of memory");
     for (size_t i = p->f0; i < p->f1 && rc == 0; i++) {
         rc = count_docs(&p->files.v[i], o->field, p->err, sizeof p->err);
         if (!rc) nd[i] = p->files.v[i].n_docs;
@@ -1521,10 +1515,10 @@ static int run(prep *p) {
     free(nd);
     if (D == 0) {
         if (p->files.n == 1)
-            seterr(p->err, sizeof p->err, "%s: empty input (%llu bytes, no documents)", p->files.v[0].path,
+            util_set_err(p->err, sizeof p->err, "%s: empty input (%llu bytes, no documents)", p->files.v[0].path,
                    (unsigned long long)p->files.v[0].size);
         else
-            seterr(p->err, sizeof p->err, "%s: empty input: its %zu files hold no documents", o->input, p->files.n);
+            util_set_err(p->err, sizeof p->err, "%s: empty input: its %zu files hold no documents", o->input, p->files.n);
         return fail_alike(p);
     }
     int single = D == 1 && o->val_fraction > 0;
@@ -1537,7 +1531,7 @@ static int run(prep *p) {
     if (make_staging(p) != 0) return -1;
     p->items = malloc(BATCH_ITEMS * sizeof *p->items);
     rc = p->items ? 0 : -1;
-    if (rc) seterr(p->err, sizeof p->err, "out of memory");
+    if (rc) util_set_err(p->err, sizeof p->err, "out of memory");
     p->t0 = p->last_progress = now_s();
     snprintf(p->rule, sizeof p->rule, "none");
     if (p->w.size > 1) {
@@ -1564,7 +1558,7 @@ static int run(prep *p) {
 
     if (out_close_shard(&p->out, p->err, sizeof p->err) != 0) return -1;
     if (p->out.splits[0].n_tokens == 0 && p->out.splits[1].n_tokens == 0) {
-        seterr(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", o->input,
+        util_set_err(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", o->input,
                (unsigned long long)D);
         return -1;
     }

@@ -1,6 +1,7 @@
 /* prepare_spool.c — per-rank token spools and the shards cut from them (see
  * prepare_spool.h). */
 #include "data/prepare_spool.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,14 +16,6 @@
 #define COPY_TOKENS ((size_t)1 << 20)
 
 static const char *split_name(int s) { return s ? "val" : "train"; }
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void spool_path(char *out, size_t n, const char *dir, int rank, int split) {
     snprintf(out, n, "%s/.rank-%d.%s.ids", dir, rank, split_name(split));
@@ -44,12 +37,12 @@ static int spool_flush(ps_spool *s, char *err, size_t errlen) {
         spool_path(path, sizeof path, s->dir, s->rank, sp);
         s->fd[sp] = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (s->fd[sp] < 0) {
-            seterr(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot create: %s", path, strerror(errno));
             return -1;
         }
     }
     if (shard_write_all(s->fd[sp], s->buf, s->buf_n) != 0) {
-        seterr(err, errlen, "%s: cannot write the %s tokens of rank %d: %s", s->dir, split_name(sp), s->rank,
+        util_set_err(err, errlen, "%s: cannot write the %s tokens of rank %d: %s", s->dir, split_name(sp), s->rank,
                strerror(errno));
         return -1;
     }
@@ -59,7 +52,7 @@ static int spool_flush(ps_spool *s, char *err, size_t errlen) {
 
 int ps_spool_append(ps_spool *s, int split, const uint32_t *ids, size_t n, char *err, size_t errlen) {
     if (!s->buf && !(s->buf = malloc(SPOOL_BUF))) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     if (s->buf_n && s->buf_split != split && spool_flush(s, err, errlen) != 0) return -1;
@@ -77,7 +70,7 @@ int ps_spool_close(ps_spool *s, char *err, size_t errlen) {
     for (int sp = 0; sp < 2; sp++)
         if (s->fd[sp] >= 0) {
             if (close(s->fd[sp]) != 0 && rc == 0) {
-                seterr(err, errlen, "%s: cannot close the spool of rank %d: %s", s->dir, s->rank, strerror(errno));
+                util_set_err(err, errlen, "%s: cannot close the spool of rank %d: %s", s->dir, s->rank, strerror(errno));
                 rc = -1;
             }
             s->fd[sp] = -1;
@@ -111,7 +104,7 @@ static int copy_range(const char *dir, int split, uint32_t width, const uint64_t
             spool_path(path, sizeof path, dir, r, split);
             int fd = open(path, O_RDONLY);
             if (fd < 0) {
-                seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+                util_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
                 return -1;
             }
             while (a < b && a < end) {
@@ -123,7 +116,7 @@ static int copy_range(const char *dir, int split, uint32_t width, const uint64_t
                     ssize_t m = pread(fd, raw + got, bytes - got, (off_t)((a - start) * width + got));
                     if (m < 0 && errno == EINTR) continue;
                     if (m <= 0) {
-                        seterr(err, errlen, "%s: read error: %s", path, m < 0 ? strerror(errno) : "file too short");
+                        util_set_err(err, errlen, "%s: read error: %s", path, m < 0 ? strerror(errno) : "file too short");
                         close(fd);
                         return -1;
                     }
@@ -162,7 +155,7 @@ int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t 
     uint32_t *ids = malloc(COPY_TOKENS * sizeof *ids);
     unsigned char *raw = malloc(COPY_TOKENS * width);
     int rc = ids && raw ? 0 : -1;
-    if (rc) seterr(err, errlen, "out of memory");
+    if (rc) util_set_err(err, errlen, "out of memory");
     memset(out, 0, 2 * sizeof *out);
     for (int sp = 0; sp < 2 && rc == 0; sp++) {
         uint64_t total = 0;
@@ -173,7 +166,7 @@ int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t 
         if (!n_shards) continue;
         out[sp].shards = calloc((size_t)n_shards, sizeof *out[sp].shards);
         if (!out[sp].shards) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             rc = -1;
             break;
         }
@@ -181,7 +174,7 @@ int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t 
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, split_name(sp));
         if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-            seterr(err, errlen, "%s: cannot create folder: %s", path, strerror(errno));
+            util_set_err(err, errlen, "%s: cannot create folder: %s", path, strerror(errno));
             rc = -1;
             break;
         }
@@ -190,7 +183,7 @@ int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t 
             char name[64];
             snprintf(name, sizeof name, "%s/shard_%05llu.bin", split_name(sp), (unsigned long long)k);
             if (!(e->file = strdup(name))) {
-                seterr(err, errlen, "out of memory");
+                util_set_err(err, errlen, "out of memory");
                 rc = -1;
                 break;
             }
@@ -215,7 +208,7 @@ int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t 
     free(ids);
     free(raw);
     if (pd_any(w, rc)) {
-        if (!rc) seterr(err, errlen, "another rank failed writing shards");
+        if (!rc) util_set_err(err, errlen, "another rank failed writing shards");
         ps_splits_free(out);
         return -1;
     }
@@ -224,7 +217,7 @@ int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t 
         const int n = out[sp].n_shards;
         uint64_t *v = calloc((size_t)(2 * n + 1), sizeof *v);
         if (pd_any(w, v == NULL)) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             free(v);
             ps_splits_free(out);
             return -1;

@@ -1,7 +1,8 @@
 /* shard.c — token shard files and index.json (format in shard.h). */
 #include "data/shard.h"
 
-#include "data/crc32c.h"
+#include "util/crc32c.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,14 +16,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 uint32_t shard_token_bytes_for_vocab(uint32_t vocab_size) { return vocab_size <= 65536u ? 2u : 4u; }
 
@@ -64,24 +57,24 @@ int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size
                         shard_header *h, char *err, size_t errlen) {
     if (len < SHARD_HEADER_BYTES) {
         if (len >= 8 && memcmp(buf, SHARD_MAGIC, 8) != 0)
-            seterr(err, errlen, "%s: not a tetra token shard (wrong magic; expected \"%s\")", path, SHARD_MAGIC);
+            util_set_err(err, errlen, "%s: not a tetra token shard (wrong magic; expected \"%s\")", path, SHARD_MAGIC);
         else
-            seterr(err, errlen, "%s: truncated shard: %zu bytes, shorter than the %u-byte header", path, len,
+            util_set_err(err, errlen, "%s: truncated shard: %zu bytes, shorter than the %u-byte header", path, len,
                    SHARD_HEADER_BYTES);
         return -1;
     }
     if (memcmp(buf, SHARD_MAGIC, 8) != 0) {
-        seterr(err, errlen, "%s: not a tetra token shard (wrong magic; expected \"%s\")", path, SHARD_MAGIC);
+        util_set_err(err, errlen, "%s: not a tetra token shard (wrong magic; expected \"%s\")", path, SHARD_MAGIC);
         return -1;
     }
     uint32_t version = get32(buf + 8);
     if (version != SHARD_VERSION) {
-        seterr(err, errlen, "%s: shard format version %u is not supported (this build reads version %u)", path,
+        util_set_err(err, errlen, "%s: shard format version %u is not supported (this build reads version %u)", path,
                version, SHARD_VERSION);
         return -1;
     }
     if (get32(buf + 60) != crc32c(0, buf, 60) || get32(buf + 12) != SHARD_HEADER_BYTES) {
-        seterr(err, errlen, "%s: corrupt shard header (header checksum mismatch)", path);
+        util_set_err(err, errlen, "%s: corrupt shard header (header checksum mismatch)", path);
         return -1;
     }
     memset(h, 0, sizeof *h);
@@ -94,24 +87,24 @@ int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size
     h->eos_id = u32_to_id(get32(buf + 40));
     if (h->vocab_size == 0 || (h->token_bytes != 2 && h->token_bytes != 4) ||
         (h->token_bytes == 2 && h->vocab_size > 65536u)) {
-        seterr(err, errlen, "%s: invalid shard header (vocab size %u, token width %u bytes)", path, h->vocab_size,
+        util_set_err(err, errlen, "%s: invalid shard header (vocab size %u, token width %u bytes)", path, h->vocab_size,
                h->token_bytes);
         return -1;
     }
     if (h->n_tokens > (UINT64_MAX - SHARD_HEADER_BYTES) / h->token_bytes) {
-        seterr(err, errlen, "%s: invalid shard header (token count %llu)", path, (unsigned long long)h->n_tokens);
+        util_set_err(err, errlen, "%s: invalid shard header (token count %llu)", path, (unsigned long long)h->n_tokens);
         return -1;
     }
     if (file_size) {
         uint64_t want = SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
         if (file_size < want) {
-            seterr(err, errlen,
+            util_set_err(err, errlen,
                    "%s: truncated shard: the header says %llu tokens (%llu bytes) but the file has %llu bytes", path,
                    (unsigned long long)h->n_tokens, (unsigned long long)want, (unsigned long long)file_size);
             return -1;
         }
         if (file_size > want) {
-            seterr(err, errlen, "%s: corrupt shard: %llu bytes after the %llu tokens the header announces", path,
+            util_set_err(err, errlen, "%s: corrupt shard: %llu bytes after the %llu tokens the header announces", path,
                    (unsigned long long)(file_size - want), (unsigned long long)h->n_tokens);
             return -1;
         }
@@ -172,20 +165,20 @@ struct shard_writer {
 shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t bos_id, int64_t eos_id,
                                 char *err, size_t errlen) {
     if (vocab_size == 0) {
-        seterr(err, errlen, "%s: vocab size must be positive", path);
+        util_set_err(err, errlen, "%s: vocab size must be positive", path);
         return NULL;
     }
     shard_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
     if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5)) || !(w->buf = malloc(WRITER_BUF))) {
-        seterr(err, errlen, "%s: out of memory", path);
+        util_set_err(err, errlen, "%s: out of memory", path);
         goto fail;
     }
     memcpy(w->tmp, path, n);
     memcpy(w->tmp + n, ".tmp", 5);
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (w->fd < 0) {
-        seterr(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
         goto fail;
     }
     w->h.version = SHARD_VERSION;
@@ -199,7 +192,7 @@ shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t b
      * closes, after the data: a file cut short by a crash is never taken for a shard. */
     memset(hdr, 0, 8);
     if (shard_write_all(w->fd, hdr, sizeof hdr) != 0) {
-        seterr(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         close(w->fd);
         unlink(w->tmp);
         goto fail;
@@ -219,7 +212,7 @@ static int writer_flush(shard_writer *w, char *err, size_t errlen) {
     if (!w->used) return 0;
     w->h.crc32c = crc32c(w->h.crc32c, w->buf, w->used);
     if (shard_write_all(w->fd, w->buf, w->used) != 0) {
-        seterr(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         return -1;
     }
     w->used = 0;
@@ -231,7 +224,7 @@ int shard_writer_append(shard_writer *w, const uint32_t *ids, size_t n, char *er
     for (size_t i = 0; i < n; i++) {
         uint32_t v = ids[i];
         if (v >= w->h.vocab_size) {
-            seterr(err, errlen, "%s: token id %u is outside the vocabulary (size %u)", w->path, v, w->h.vocab_size);
+            util_set_err(err, errlen, "%s: token id %u is outside the vocabulary (size %u)", w->path, v, w->h.vocab_size);
             return -1;
         }
         if (w->used + tb > WRITER_BUF && writer_flush(w, err, errlen) != 0) return -1;
@@ -269,21 +262,21 @@ int shard_writer_close(shard_writer *w, shard_header *out, char *err, size_t err
     if (writer_flush(w, err, errlen) != 0) goto fail;
     shard_header_encode(&w->h, hdr);
     if (lseek(w->fd, 0, SEEK_SET) != 0 || shard_write_all(w->fd, hdr, sizeof hdr) != 0) {
-        seterr(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         goto fail;
     }
     if (fsync(w->fd) != 0) {
-        seterr(err, errlen, "%s: fsync failed: %s", w->tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: fsync failed: %s", w->tmp, strerror(errno));
         goto fail;
     }
     if (close(w->fd) != 0) {
         w->fd = -1;
-        seterr(err, errlen, "%s: close failed: %s", w->tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: close failed: %s", w->tmp, strerror(errno));
         goto fail;
     }
     w->fd = -1;
     if (rename(w->tmp, w->path) != 0) {
-        seterr(err, errlen, "%s: cannot rename to %s: %s", w->tmp, w->path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot rename to %s: %s", w->tmp, w->path, strerror(errno));
         goto fail;
     }
     shard_fsync_parent(w->path);
@@ -301,17 +294,17 @@ int shard_open(shard_file *s, const char *path, int verify, char *err, size_t er
     memset(s, 0, sizeof *s);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
-        seterr(err, errlen, "%s: cannot open shard: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot open shard: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
-        seterr(err, errlen, "%s: not a regular file", path);
+        util_set_err(err, errlen, "%s: not a regular file", path);
         close(fd);
         return -1;
     }
@@ -327,7 +320,7 @@ int shard_open(shard_file *s, const char *path, int verify, char *err, size_t er
     void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (map == MAP_FAILED) {
-        seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot map: %s", path, strerror(errno));
         return -1;
     }
     s->map = map;
@@ -337,13 +330,13 @@ int shard_open(shard_file *s, const char *path, int verify, char *err, size_t er
     if (verify) {
         uint32_t c = crc32c(0, s->tokens, (size_t)(s->h.n_tokens * s->h.token_bytes));
         if (c != s->h.crc32c) {
-            seterr(err, errlen, "%s: checksum mismatch: payload CRC-32C is %08x, the header says %08x (corrupt shard)",
+            util_set_err(err, errlen, "%s: checksum mismatch: payload CRC-32C is %08x, the header says %08x (corrupt shard)",
                    path, c, s->h.crc32c);
             goto fail;
         }
     }
     if (!(s->path = strdup(path))) {
-        seterr(err, errlen, "%s: out of memory", path);
+        util_set_err(err, errlen, "%s: out of memory", path);
         goto fail;
     }
     return 0;
@@ -387,7 +380,7 @@ int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t 
     char *path = path_join(dir, "index.json"), *tmp = NULL, *text = NULL;
     json_t *root = json_object(), *splits = json_object();
     if (!path || !root || !splits) {
-        seterr(err, errlen, "%s/index.json: out of memory", dir);
+        util_set_err(err, errlen, "%s/index.json: out of memory", dir);
         goto out;
     }
     json_object_set_new(root, "format", json_string(SHARD_INDEX_FORMAT));
@@ -423,27 +416,27 @@ int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t 
     size_t n = strlen(path);
     tmp = malloc(n + 5);
     if (!text || !tmp) {
-        seterr(err, errlen, "%s: out of memory", path);
+        util_set_err(err, errlen, "%s: out of memory", path);
         goto out;
     }
     memcpy(tmp, path, n);
     memcpy(tmp + n, ".tmp", 5);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        seterr(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
     size_t len = strlen(text);
     text[len] = '\n'; /* json_dumps leaves room for the NUL; reuse it */
     if (shard_write_all(fd, text, len + 1) != 0 || fsync(fd) != 0) {
-        seterr(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+        util_set_err(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
         goto out;
     }
     close(fd);
     if (rename(tmp, path) != 0) {
-        seterr(err, errlen, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        util_set_err(err, errlen, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
         unlink(tmp);
         goto out;
     }
@@ -474,7 +467,7 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     memset(ix, 0, sizeof *ix);
     char *path = path_join(dir, "index.json");
     if (!path) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     int rc = -1;
@@ -482,39 +475,39 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     json_t *root = NULL;
     struct stat st;
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) { /* e.g. its index.json, or a text corpus */
-        seterr(err, errlen, "%s is a file, not a corpus folder: name the folder `tetra data prepare` wrote (the one "
+        util_set_err(err, errlen, "%s is a file, not a corpus folder: name the folder `tetra data prepare` wrote (the one "
                "holding index.json and the token shards), or prepare one from this file with `tetra data prepare`",
                dir);
         goto out;
     }
     if (stat(dir, &st) != 0) {
-        seterr(err, errlen, "%s: no such corpus folder (prepare one with `tetra data prepare`)", dir);
+        util_set_err(err, errlen, "%s: no such corpus folder (prepare one with `tetra data prepare`)", dir);
         goto out;
     }
     if (access(path, F_OK) != 0) {
-        seterr(err, errlen, "%s: not found; %s is not a prepared corpus (make one with `tetra data prepare`)", path,
+        util_set_err(err, errlen, "%s: not found; %s is not a prepared corpus (make one with `tetra data prepare`)", path,
                dir);
         goto out;
     }
     root = json_load_file(path, 0, &jerr);
     if (!root) {
-        seterr(err, errlen, "%s:%d: invalid JSON: %s", path, jerr.line, jerr.text);
+        util_set_err(err, errlen, "%s:%d: invalid JSON: %s", path, jerr.line, jerr.text);
         goto out;
     }
     json_t *fmt = json_object_get(root, "format");
     if (!json_is_object(root) || !json_is_string(fmt) || strcmp(json_string_value(fmt), SHARD_INDEX_FORMAT) != 0) {
-        seterr(err, errlen, "%s: not a tetra token-shard index (\"format\" is not \"%s\")", path, SHARD_INDEX_FORMAT);
+        util_set_err(err, errlen, "%s: not a tetra token-shard index (\"format\" is not \"%s\")", path, SHARD_INDEX_FORMAT);
         goto out;
     }
     uint64_t version, vocab, tb;
     if (get_uint(root, "version", INT32_MAX, &version) != 0 || version != SHARD_INDEX_VERSION) {
-        seterr(err, errlen, "%s: index version is not supported (this build reads version %d)", path,
+        util_set_err(err, errlen, "%s: index version is not supported (this build reads version %d)", path,
                SHARD_INDEX_VERSION);
         goto out;
     }
     if (get_uint(root, "vocab_size", UINT32_MAX, &vocab) != 0 || vocab == 0 ||
         get_uint(root, "token_bytes", 4, &tb) != 0 || tb != shard_token_bytes_for_vocab((uint32_t)vocab)) {
-        seterr(err, errlen, "%s: bad \"vocab_size\" or \"token_bytes\"", path);
+        util_set_err(err, errlen, "%s: bad \"vocab_size\" or \"token_bytes\"", path);
         goto out;
     }
     ix->vocab_size = (uint32_t)vocab;
@@ -526,7 +519,7 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     ix->tokenizer_fingerprint = dup_opt_string(root, "tokenizer_fingerprint");
     if (ix->tokenizer_fingerprint && (strlen(ix->tokenizer_fingerprint) != 16 ||
                                       strspn(ix->tokenizer_fingerprint, "0123456789abcdef") != 16)) {
-        seterr(err, errlen, "%s: \"tokenizer_fingerprint\" must be 16 lowercase hex digits, got \"%.40s\"", path,
+        util_set_err(err, errlen, "%s: \"tokenizer_fingerprint\" must be 16 lowercase hex digits, got \"%.40s\"", path,
                ix->tokenizer_fingerprint);
         goto out;
     }
@@ -536,13 +529,13 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     ix->val_fraction = json_is_number(vf) ? json_number_value(vf) : 0.0;
     json_t *splits = json_object_get(root, "splits");
     if (!json_is_object(splits)) {
-        seterr(err, errlen, "%s: no \"splits\" object", path);
+        util_set_err(err, errlen, "%s: no \"splits\" object", path);
         goto out;
     }
     size_t ns = json_object_size(splits);
     ix->splits = calloc(ns ? ns : 1, sizeof *ix->splits);
     if (!ix->splits) {
-        seterr(err, errlen, "%s: out of memory", path);
+        util_set_err(err, errlen, "%s: out of memory", path);
         goto out;
     }
     const char *name;
@@ -554,13 +547,13 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
         if (!sp->name || !json_is_object(so) || !json_is_array(arr) ||
             get_uint(so, "tokens", UINT64_MAX >> 1, &sp->n_tokens) != 0 ||
             get_uint(so, "documents", UINT64_MAX >> 1, &sp->n_documents) != 0) {
-            seterr(err, errlen, "%s: split \"%s\" lacks \"documents\", \"tokens\" or \"shards\"", path, name);
+            util_set_err(err, errlen, "%s: split \"%s\" lacks \"documents\", \"tokens\" or \"shards\"", path, name);
             goto out;
         }
         size_t nk = json_array_size(arr);
         sp->shards = calloc(nk ? nk : 1, sizeof *sp->shards);
         if (!sp->shards) {
-            seterr(err, errlen, "%s: out of memory", path);
+            util_set_err(err, errlen, "%s: out of memory", path);
             goto out;
         }
         uint64_t sum = 0;
@@ -569,13 +562,13 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
             uint64_t nt, crc;
             if (!json_is_string(f) || get_uint(sh, "tokens", UINT64_MAX >> 1, &nt) != 0 ||
                 get_uint(sh, "crc32c", UINT32_MAX, &crc) != 0) {
-                seterr(err, errlen, "%s: split \"%s\" shard %zu lacks \"file\", \"tokens\" or \"crc32c\"", path, name,
+                util_set_err(err, errlen, "%s: split \"%s\" shard %zu lacks \"file\", \"tokens\" or \"crc32c\"", path, name,
                        k);
                 goto out;
             }
             const char *fs = json_string_value(f);
             if (fs[0] == '/' || strstr(fs, "..")) {
-                seterr(err, errlen, "%s: shard file \"%s\" must be a path inside the corpus folder", path, fs);
+                util_set_err(err, errlen, "%s: shard file \"%s\" must be a path inside the corpus folder", path, fs);
                 goto out;
             }
             shard_index_shard *s = &sp->shards[sp->n_shards++];
@@ -583,13 +576,13 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
             s->n_tokens = nt;
             s->crc32c = (uint32_t)crc;
             if (!s->file) {
-                seterr(err, errlen, "%s: out of memory", path);
+                util_set_err(err, errlen, "%s: out of memory", path);
                 goto out;
             }
             sum += nt;
         }
         if (sum != sp->n_tokens) {
-            seterr(err, errlen, "%s: split \"%s\" says %llu tokens but its shards hold %llu", path, name,
+            util_set_err(err, errlen, "%s: split \"%s\" says %llu tokens but its shards hold %llu", path, name,
                    (unsigned long long)sp->n_tokens, (unsigned long long)sum);
             goto out;
         }

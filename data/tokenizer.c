@@ -15,6 +15,7 @@
 
 #include "data/bpe.h"
 #include "data/pretok.h"
+#include "util/err.h"
 
 /* ---- per-thread encode state ------------------------------------------------ */
 #define CACHE_MAX_PIECE 64       /* pieces longer than this are not cached */
@@ -163,15 +164,6 @@ static void cache_put(tok_state *s, const uint8_t *p, size_t n, uint64_t h, cons
 }
 
 /* ---- errors ------------------------------------------------------------------ */
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* malloc'ed formatted string, or NULL */
 static char *strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *strfmt(const char *fmt, ...) {
@@ -250,18 +242,18 @@ void tok_free(tok_tokenizer *t) {
 static int add_special(tok_tokenizer *t, uint32_t id, const uint8_t *bytes, size_t len, const char *where,
                        int in_vocab_ok, char *err, size_t errlen) {
     if (len == 0) {
-        seterr(err, errlen, "%s: special token %u is empty", where, id);
+        util_set_err(err, errlen, "%s: special token %u is empty", where, id);
         return -1;
     }
     for (uint32_t i = 0; i < t->n_sp; i++) {
         if (t->sp[i].len == len && !memcmp(t->sp[i].bytes, bytes, len)) {
             if (t->sp[i].id == id) return 0;
-            seterr(err, errlen, "%s: special token '%.*s' has two ids (%u and %u)", where, (int)len, (const char *)bytes,
+            util_set_err(err, errlen, "%s: special token '%.*s' has two ids (%u and %u)", where, (int)len, (const char *)bytes,
                    t->sp[i].id, id);
             return -1;
         }
         if (t->sp[i].id == id) {
-            seterr(err, errlen, "%s: id %u names two special tokens", where, id);
+            util_set_err(err, errlen, "%s: id %u names two special tokens", where, id);
             return -1;
         }
     }
@@ -269,24 +261,24 @@ static int add_special(tok_tokenizer *t, uint32_t id, const uint8_t *bytes, size
         size_t ol;
         const uint8_t *ob = bpe_vocab_bytes(&t->v, id, &ol);
         if (!in_vocab_ok && (ol != len || memcmp(ob, bytes, len))) {
-            seterr(err, errlen, "%s: special token '%.*s' reuses id %u of another token", where, (int)len,
+            util_set_err(err, errlen, "%s: special token '%.*s' reuses id %u of another token", where, (int)len,
                    (const char *)bytes, id);
             return -1;
         }
     } else if (bpe_vocab_set(&t->v, id, bytes, len, BPE_TOK_SPECIAL)) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     special *sp = realloc(t->sp, (t->n_sp + 1) * sizeof *sp);
     if (!sp) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     t->sp = sp;
     special *s = &t->sp[t->n_sp];
     s->bytes = malloc(len);
     if (!s->bytes) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     memcpy(s->bytes, bytes, len);
@@ -325,7 +317,7 @@ static int init_bytes(tok_tokenizer *t, const char *what, char *err, size_t errl
         uint8_t c = (uint8_t)b;
         t->byte_id[b] = bpe_vocab_find(&t->v, &c, 1);
         if (t->byte_id[b] == BPE_NONE) {
-            seterr(err, errlen, "%s: no token for the single byte 0x%02X (a byte-level BPE vocabulary needs all 256)",
+            util_set_err(err, errlen, "%s: no token for the single byte 0x%02X (a byte-level BPE vocabulary needs all 256)",
                    what, b);
             return -1;
         }
@@ -346,7 +338,7 @@ static int build_rank_pairs(tok_tokenizer *t, char *err, size_t errlen) {
             uint32_t r = bpe_vocab_find(&t->v, b + k, len - k);
             if (r == BPE_NONE) continue;
             if (bpe_pairmap_put(&t->pairs, l, r, id, id)) {
-                seterr(err, errlen, "out of memory");
+                util_set_err(err, errlen, "out of memory");
                 return -1;
             }
         }
@@ -368,7 +360,7 @@ static int is_file(const char *p) {
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        util_set_err(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 20, n = 0;
@@ -390,7 +382,7 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen) 
     fclose(f);
     if (!buf || bad) {
         free(buf);
-        seterr(err, errlen, "%s: %s", path, bad ? "read error" : "out of memory");
+        util_set_err(err, errlen, "%s: %s", path, bad ? "read error" : "out of memory");
         return NULL;
     }
     buf[n] = 0;
@@ -418,7 +410,7 @@ static int load_config(const char *dir, tok_config *c, char *err, size_t errlen)
     memset(c, 0, sizeof *c);
     char *path = strfmt("%s/tokenizer_config.json", dir);
     if (!path) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     if (!is_file(path)) {
@@ -428,7 +420,7 @@ static int load_config(const char *dir, tok_config *c, char *err, size_t errlen)
     json_error_t je;
     c->root = json_load_file(path, 0, &je);
     if (!c->root) {
-        seterr(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        util_set_err(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
         free(path);
         return -1;
     }
@@ -445,7 +437,7 @@ static int config_specials(tok_tokenizer *t, const tok_config *c, const char *di
     json_t *val;
     char *where = strfmt("%s/tokenizer_config.json: added_tokens_decoder", dir);
     if (!where) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     int rc = -1;
@@ -455,7 +447,7 @@ static int config_specials(tok_tokenizer *t, const tok_config *c, const char *di
         unsigned long id = strtoul(key, &end, 10);
         const char *content = config_token(val);
         if (*key == 0 || *end || errno || id >= BPE_NONE || !content) {
-            seterr(err, errlen, "%s: entry \"%s\" needs a numeric id and a \"content\" string", where, key);
+            util_set_err(err, errlen, "%s: entry \"%s\" needs a numeric id and a \"content\" string", where, key);
             goto out;
         }
         if (add_special(t, (uint32_t)id, (const uint8_t *)content, strlen(content), where, 0, err, errlen)) goto out;
@@ -477,7 +469,7 @@ static int resolve_bos_eos(tok_tokenizer *t, const tok_config *c, const char *di
             if (v != BPE_NONE) id = v;
         }
         if (id < 0) {
-            seterr(err, errlen, "%s/tokenizer_config.json: %s \"%s\" is not a token of this tokenizer", dir,
+            util_set_err(err, errlen, "%s/tokenizer_config.json: %s \"%s\" is not a token of this tokenizer", dir,
                    k ? "eos_token" : "bos_token", names[k]);
             return -1;
         }
@@ -499,7 +491,7 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
     uint8_t *tmp = malloc(len / 4 * 3 + 4);
     if (!tmp) {
         free(buf);
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     int rc = -1;
@@ -522,46 +514,46 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
         }
         char *sp = memchr(p, ' ', (size_t)(q - p));
         if (!sp) {
-            seterr(err, errlen, "%s:%zu: expected '<base64 token> <rank>'", path, lineno);
+            util_set_err(err, errlen, "%s:%zu: expected '<base64 token> <rank>'", path, lineno);
             goto out;
         }
         long bl = bpe_b64_decode(p, (size_t)(sp - p), tmp);
         if (bl <= 0) {
-            seterr(err, errlen, "%s:%zu: token is not valid base64", path, lineno);
+            util_set_err(err, errlen, "%s:%zu: token is not valid base64", path, lineno);
             goto out;
         }
         char *r = sp + 1;
         uint64_t rank = 0;
         if (r == q) {
-            seterr(err, errlen, "%s:%zu: missing rank", path, lineno);
+            util_set_err(err, errlen, "%s:%zu: missing rank", path, lineno);
             goto out;
         }
         for (; r < q; r++) {
             if (*r < '0' || *r > '9' || rank >= (1u << 24)) {
-                seterr(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far "
+                util_set_err(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far "
                        "smaller)", path, lineno);
                 goto out;
             }
             rank = rank * 10 + (uint64_t)(*r - '0');
         }
         if (rank >= (1u << 24)) {
-            seterr(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far smaller)",
+            util_set_err(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far smaller)",
                    path, lineno);
             goto out;
         }
         if (rank >= n_lines) {
-            seterr(err, errlen, "%s:%zu: rank %llu, but the file has %zu lines: a tiktoken file numbers its tokens "
+            util_set_err(err, errlen, "%s:%zu: rank %llu, but the file has %zu lines: a tiktoken file numbers its tokens "
                    "0, 1, 2, ... one per line", path, lineno, (unsigned long long)rank, n_lines);
             goto out;
         }
         int e = bpe_vocab_set(&t->v, (uint32_t)rank, tmp, (size_t)bl, BPE_TOK_NORMAL);
         if (e == -2 || e == -3) {
-            seterr(err, errlen, "%s:%zu: %s", path, lineno,
+            util_set_err(err, errlen, "%s:%zu: %s", path, lineno,
                    e == -2 ? "token appears twice" : "rank appears twice");
             goto out;
         }
         if (e) {
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             goto out;
         }
         n_ranks++;
@@ -569,7 +561,7 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
         p = le + 1;
     }
     if (!n_ranks) {
-        seterr(err, errlen, "%s: no tokens", path);
+        util_set_err(err, errlen, "%s: no tokens", path);
         goto out;
     }
     rc = 0;
@@ -602,11 +594,11 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
         json_t *aps = json_object_get(pt, "add_prefix_space");
         json_t *ur = json_object_get(pt, "use_regex");
         if (json_is_true(aps)) {
-            seterr(err, errlen, "%s: pre_tokenizer.add_prefix_space = true is not supported", path);
+            util_set_err(err, errlen, "%s: pre_tokenizer.add_prefix_space = true is not supported", path);
             return -1;
         }
         if (ur && !json_is_true(ur)) {
-            seterr(err, errlen, "%s: a lone ByteLevel pre_tokenizer with use_regex = false is not supported", path);
+            util_set_err(err, errlen, "%s: a lone ByteLevel pre_tokenizer with use_regex = false is not supported", path);
             return -1;
         }
         *pattern = PRETOK_GPT2_PATTERN;
@@ -623,11 +615,11 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
                 const char *rx = json_string_value(json_object_get(pat, "Regex"));
                 const char *beh = json_string_value(json_object_get(sp, "behavior"));
                 if (!rx) {
-                    seterr(err, errlen, "%s: pre_tokenizer.pretokenizers[0].pattern must be {\"Regex\": ...}", path);
+                    util_set_err(err, errlen, "%s: pre_tokenizer.pretokenizers[0].pattern must be {\"Regex\": ...}", path);
                     return -1;
                 }
                 if (!beh || strcmp(beh, "Isolated") || json_is_true(json_object_get(sp, "invert"))) {
-                    seterr(err, errlen,
+                    util_set_err(err, errlen,
                            "%s: pre_tokenizer.pretokenizers[0]: only behavior \"Isolated\" with invert false is "
                            "supported",
                            path);
@@ -635,7 +627,7 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
                 }
                 if (json_is_true(json_object_get(bl, "add_prefix_space")) ||
                     json_is_true(json_object_get(bl, "use_regex"))) {
-                    seterr(err, errlen,
+                    util_set_err(err, errlen,
                            "%s: pre_tokenizer.pretokenizers[1]: ByteLevel needs add_prefix_space and use_regex false",
                            path);
                     return -1;
@@ -645,7 +637,7 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
             }
         }
     }
-    seterr(err, errlen,
+    util_set_err(err, errlen,
            "%s: pre_tokenizer: expected Sequence[Split(Regex, Isolated), ByteLevel] (Llama 3) or ByteLevel (GPT-2)",
            path);
     return -1;
@@ -656,35 +648,35 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root) {
-        seterr(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        util_set_err(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
         return -1;
     }
     int rc = -1;
     uint8_t *tmp = NULL, *tmp2 = NULL;
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) {
-        seterr(err, errlen, "%s: no \"model\" object", path);
+        util_set_err(err, errlen, "%s: no \"model\" object", path);
         goto out;
     }
     const char *mtype = json_string_value(json_object_get(model, "type"));
     if (mtype && strcmp(mtype, "BPE")) {
-        seterr(err, errlen, "%s: model.type is \"%s\"; only BPE is supported", path, mtype);
+        util_set_err(err, errlen, "%s: model.type is \"%s\"; only BPE is supported", path, mtype);
         goto out;
     }
     if (json_is_true(json_object_get(model, "byte_fallback"))) {
-        seterr(err, errlen, "%s: model.byte_fallback = true is not supported (byte-level BPE needs none)", path);
+        util_set_err(err, errlen, "%s: model.byte_fallback = true is not supported (byte-level BPE needs none)", path);
         goto out;
     }
     json_t *dropout = json_object_get(model, "dropout");
     if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0)) {
-        seterr(err, errlen, "%s: model.dropout is not supported", path);
+        util_set_err(err, errlen, "%s: model.dropout is not supported", path);
         goto out;
     }
     const char *sfx[2] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
         const char *s = json_string_value(json_object_get(model, sfx[k]));
         if (s && *s) {
-            seterr(err, errlen, "%s: model.%s is not supported", path, sfx[k]);
+            util_set_err(err, errlen, "%s: model.%s is not supported", path, sfx[k]);
             goto out;
         }
     }
@@ -693,7 +685,7 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
         json_t *list = json_object_get(norm, "normalizers");
         const char *nt = json_string_value(json_object_get(norm, "type"));
         if (!(nt && !strcmp(nt, "Sequence") && json_is_array(list) && json_array_size(list) == 0)) {
-            seterr(err, errlen, "%s: normalizer \"%s\" is not supported (byte-level BPE uses none)", path,
+            util_set_err(err, errlen, "%s: normalizer \"%s\" is not supported (byte-level BPE uses none)", path,
                    nt ? nt : "?");
             goto out;
         }
@@ -701,7 +693,7 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
     if (hf_pretokenizer(json_object_get(root, "pre_tokenizer"), pattern_out, path, err, errlen)) goto out;
     *pattern_copy = strdup(*pattern_out);
     if (!*pattern_copy) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         goto out;
     }
     *pattern_out = *pattern_copy;
@@ -709,7 +701,7 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
 
     json_t *vocab = json_object_get(model, "vocab");
     if (!json_is_object(vocab)) {
-        seterr(err, errlen, "%s: model.vocab must be an object", path);
+        util_set_err(err, errlen, "%s: model.vocab must be an object", path);
         goto out;
     }
     size_t maxlen = 64;
@@ -726,12 +718,12 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
     tmp = malloc(2 * maxlen + 8);
     tmp2 = malloc(2 * maxlen + 8);
     if (!tmp || !tmp2) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         goto out;
     }
     json_object_foreach(vocab, key, val) {
         if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= id_limit) {
-            seterr(err, errlen, "%s: model.vocab[\"%s\"]: id must be a non-negative integer below %lld (the number "
+            util_set_err(err, errlen, "%s: model.vocab[\"%s\"]: id must be a non-negative integer below %lld (the number "
                    "of tokens, plus 1024)", path, key, (long long)id_limit);
             goto out;
         }
@@ -743,18 +735,18 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
         else
             e = bpe_vocab_set(&t->v, id, tmp, (size_t)bl, BPE_TOK_NORMAL);
         if (e == -3) {
-            seterr(err, errlen, "%s: model.vocab: id %u is used twice (again by \"%s\")", path, id, key);
+            util_set_err(err, errlen, "%s: model.vocab: id %u is used twice (again by \"%s\")", path, id, key);
             goto out;
         }
         if (e) {
-            seterr(err, errlen, "%s: model.vocab[\"%s\"]: %s", path, key,
+            util_set_err(err, errlen, "%s: model.vocab[\"%s\"]: %s", path, key,
                    e == -2 ? "two entries have the same bytes" : "out of memory");
             goto out;
         }
     }
     json_t *merges = json_object_get(model, "merges");
     if (!json_is_array(merges)) {
-        seterr(err, errlen, "%s: model.merges must be an array", path);
+        util_set_err(err, errlen, "%s: model.merges must be an array", path);
         goto out;
     }
     size_t mi;
@@ -768,7 +760,7 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
             if (spc && !strchr(spc + 1, ' ')) {
                 owned = strdup(s);
                 if (!owned) {
-                    seterr(err, errlen, "out of memory");
+                    util_set_err(err, errlen, "out of memory");
                     goto out;
                 }
                 owned[spc - s] = 0;
@@ -781,7 +773,7 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
         }
         if (!a || !b) {
             free(owned);
-            seterr(err, errlen, "%s: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", path, mi);
+            util_set_err(err, errlen, "%s: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", path, mi);
             goto out;
         }
         size_t la = strlen(a), lb = strlen(b);
@@ -804,21 +796,21 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
             }
         }
         if (ia == BPE_NONE || ib == BPE_NONE || im == BPE_NONE) {
-            seterr(err, errlen, "%s: model.merges[%zu]: \"%s %s\": %s is not in the vocab", path, mi, a, b,
+            util_set_err(err, errlen, "%s: model.merges[%zu]: \"%s %s\": %s is not in the vocab", path, mi, a, b,
                    ia == BPE_NONE ? "the left part" : ib == BPE_NONE ? "the right part" : "the merged token");
             free(owned);
             goto out;
         }
         free(owned);
         if (bpe_pairmap_put(&t->pairs, ia, ib, (uint32_t)mi, im)) { /* a later duplicate wins, as in HF */
-            seterr(err, errlen, "out of memory");
+            util_set_err(err, errlen, "out of memory");
             goto out;
         }
     }
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added)) {
         if (!json_is_array(added)) {
-            seterr(err, errlen, "%s: added_tokens must be an array", path);
+            util_set_err(err, errlen, "%s: added_tokens must be an array", path);
             goto out;
         }
         size_t ai;
@@ -830,7 +822,7 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
             snprintf(where, sizeof where, "added_tokens[%zu]", ai);
             if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= id_limit ||
                 !content) {
-                seterr(err, errlen, "%s: %s: needs an integer \"id\" below %lld (the number of tokens, plus 1024) and "
+                util_set_err(err, errlen, "%s: %s: needs an integer \"id\" below %lld (the number of tokens, plus 1024) and "
                        "a \"content\" string", path, where, (long long)id_limit);
                 goto out;
             }
@@ -845,14 +837,14 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
                 int same = (ol == cl && !memcmp(ob, content, cl)) ||
                            (bl >= 0 && (size_t)bl == ol && !memcmp(ob, tmp, ol));
                 if (!same) {
-                    seterr(err, errlen, "%s: %s: \"%s\" reuses id %u of another vocab entry", path, where, content,
+                    util_set_err(err, errlen, "%s: %s: \"%s\" reuses id %u of another vocab entry", path, where, content,
                            id);
                     goto out;
                 }
             }
             char *w2 = strfmt("%s: %s", path, where);
             int bad = !w2 || add_special(t, id, (const uint8_t *)content, cl, w2, in_vocab, err, errlen);
-            if (!w2) seterr(err, errlen, "out of memory");
+            if (!w2) util_set_err(err, errlen, "out of memory");
             free(w2);
             if (bad) goto out;
         }
@@ -887,13 +879,13 @@ tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     char *file = NULL, *dir = NULL;
     int hf;
     if (!path || !*path) {
-        seterr(err, errlen, "no tokenizer path given");
+        util_set_err(err, errlen, "no tokenizer path given");
         return NULL;
     }
     if (is_dir(path)) {
         file = tok_find_file(path);
         if (!file) {
-            seterr(err, errlen, "%s: no tokenizer.json or tokenizer.model in this folder", path);
+            util_set_err(err, errlen, "%s: no tokenizer.json or tokenizer.model in this folder", path);
             return NULL;
         }
         dir = strdup(path);
@@ -906,7 +898,7 @@ tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
         if (!file || !dir) goto oom;
         hf = ends_with(path, ".json");
     } else {
-        seterr(err, errlen, "%s: no such tokenizer file or folder", path);
+        util_set_err(err, errlen, "%s: no such tokenizer file or folder", path);
         return NULL;
     }
     tok_tokenizer *t = tok_new();
@@ -947,7 +939,7 @@ tok_tokenizer *tok_load(const char *path, char *err, size_t errlen) {
     if (!t->re) { /* the pattern comes from the file (HF's pre_tokenizer): name it */
         char why[512];
         snprintf(why, sizeof why, "%s", err);
-        seterr(err, errlen, "%s: %s%s", file, hf ? "pre_tokenizer.pretokenizers[0].pattern.Regex: " : "", why);
+        util_set_err(err, errlen, "%s: %s%s", file, hf ? "pre_tokenizer.pretokenizers[0].pattern.Regex: " : "", why);
         goto fail;
     }
     free(pattern_copy);
@@ -965,7 +957,7 @@ fail:
 oom:
     free(file);
     free(dir);
-    seterr(err, errlen, "out of memory");
+    util_set_err(err, errlen, "out of memory");
     return NULL;
 }
 
@@ -1027,7 +1019,7 @@ uint64_t tok_fingerprint(const tok_tokenizer *t) {
 
 int tok_check_vocab_size(const tok_tokenizer *t, int64_t model_vocab_size, char *err, size_t errlen) {
     if (model_vocab_size == (int64_t)t->v.n) return 0;
-    seterr(err, errlen,
+    util_set_err(err, errlen,
            "the tokenizer has %u ids (special tokens included) but the model's vocab_size is %lld; set "
            "model.vocab_size to %u or use the tokenizer the model was built for",
            t->v.n, (long long)model_vocab_size, t->v.n);
@@ -1110,7 +1102,7 @@ static int piece_cb(const uint8_t *p, size_t n, void *user) {
 static int encode_ordinary(enc_ctx *e, const uint8_t *p, size_t n, char *err, size_t errlen) {
     if (!n) return 0;
     int r = pretok_split(e->t->re, e->s->pc, p, n, piece_cb, e, err, errlen);
-    if (r && e->oom) seterr(err, errlen, "out of memory");
+    if (r && e->oom) util_set_err(err, errlen, "out of memory");
     return r ? -1 : 0;
 }
 
@@ -1121,16 +1113,16 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int bos, in
     const uint8_t *p = (const uint8_t *)text;
     size_t bad = bpe_utf8_check(p, len);
     if (bad < len) {
-        seterr(err, errlen, "invalid UTF-8 at byte offset %zu", bad);
+        util_set_err(err, errlen, "invalid UTF-8 at byte offset %zu", bad);
         return -1;
     }
     if ((bos && t->bos < 0) || (eos && t->eos < 0)) {
-        seterr(err, errlen, "this tokenizer has no %s token", bos && t->bos < 0 ? "BOS" : "EOS");
+        util_set_err(err, errlen, "this tokenizer has no %s token", bos && t->bos < 0 ? "BOS" : "EOS");
         return -1;
     }
     enc_ctx e = {.t = t, .s = get_state(t)};
     if (!e.s) {
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return -1;
     }
     if (out_reserve(&e, len / 4 + 16)) goto oom;
@@ -1170,7 +1162,7 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int bos, in
     *n_ids = e.n;
     return 0;
 oom:
-    seterr(err, errlen, "out of memory");
+    util_set_err(err, errlen, "out of memory");
 fail:
     free(e.ids);
     return -1;
@@ -1182,7 +1174,7 @@ char *tok_decode(const tok_tokenizer *t, const uint32_t *ids, size_t n_ids, size
     size_t total = 0;
     for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] >= t->v.n || t->v.kind[ids[i]] == BPE_TOK_HOLE) {
-            seterr(err, errlen, "id %u at position %zu is not a token of this tokenizer (vocab size %u)", ids[i], i,
+            util_set_err(err, errlen, "id %u at position %zu is not a token of this tokenizer (vocab size %u)", ids[i], i,
                    t->v.n);
             return NULL;
         }
@@ -1193,7 +1185,7 @@ char *tok_decode(const tok_tokenizer *t, const uint32_t *ids, size_t n_ids, size
     if (!raw || !out) {
         free(raw);
         free(out);
-        seterr(err, errlen, "out of memory");
+        util_set_err(err, errlen, "out of memory");
         return NULL;
     }
     size_t o = 0;

@@ -14,6 +14,7 @@
 #include "data/mixture.h"
 #include "engine/toml.h"
 #include "models/llama3/llama3_args.h"
+#include "util/err.h"
 
 /* ---- the descriptor tables, expanded from the schema ---------------------- */
 
@@ -84,14 +85,6 @@ const cfg_section_desc cfg_sections[] = {
 const int cfg_n_sections = (int)(sizeof cfg_sections / sizeof cfg_sections[0]);
 
 /* ---- small helpers ------------------------------------------------------- */
-
-static void set_err(char *err, size_t n, const char *fmt, ...) {
-    if (!err || n == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
 
 static char *xstrdup(const char *s) {
     if (!s) return NULL;
@@ -295,7 +288,7 @@ static int check_choice(const cfg_key_desc *d, const char *v, const char *where,
         if (!bar) break;
         p = bar + 1;
     }
-    set_err(err, n, "%s: %s.%s must be one of %s, got \"%s\"", where, d->section, d->key, d->choices, v);
+    util_set_err(err, n, "%s: %s.%s must be one of %s, got \"%s\"", where, d->section, d->key, d->choices, v);
     return -1;
 }
 
@@ -345,7 +338,7 @@ static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_valu
     case CFG_T_ENUM:
         if (v->type != TOML_STRING) goto type_error;
         if (strlen(v->u.s.ptr) != v->u.s.len) {
-            set_err(err, n, "%s: %s.%s contains a NUL character", where, d->section, d->key);
+            util_set_err(err, n, "%s: %s.%s contains a NUL character", where, d->section, d->key);
             return -1;
         }
         if (check_choice(d, v->u.s.ptr, where, err, n)) return -1;
@@ -360,7 +353,7 @@ static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_valu
             const toml_value *it = v->u.arr.items[i];
             if (it->type != TOML_STRING) {
                 describe_toml_value(it, got, sizeof got);
-                set_err(err, n, "%s:%d: %s.%s expects an array of strings; item %zu is %s", file, it->line,
+                util_set_err(err, n, "%s:%d: %s.%s expects an array of strings; item %zu is %s", file, it->line,
                         d->section, d->key, i, got);
                 return -1;
             }
@@ -373,7 +366,7 @@ static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_valu
     c->origin[key_index(d)].line = line;
     return 0;
 type_error:
-    set_err(err, n, "%s: %s.%s expects %s, got %s", where, d->section, d->key, type_word(d->type), got);
+    util_set_err(err, n, "%s: %s.%s expects %s, got %s", where, d->section, d->key, type_word(d->type), got);
     return -1;
 }
 
@@ -402,8 +395,8 @@ static void report_key(key_report *r, const char *fmt, ...) {
 /* 0 when nothing was reported, else -1 with every line in err */
 static int report_finish(const key_report *r, char *err, size_t n) {
     if (r->count == 0) return 0;
-    if (r->count == 1) set_err(err, n, "%s", r->text + 3);
-    else set_err(err, n, "%d keys are not taken (all of them below):%s", r->count, r->text);
+    if (r->count == 1) util_set_err(err, n, "%s", r->text + 3);
+    else util_set_err(err, n, "%d keys are not taken (all of them below):%s", r->count, r->text);
     return -1;
 }
 
@@ -506,7 +499,7 @@ static int load_string(tetra_config *c, const char *name, const char *text, size
     char perr[512];
     toml_value *root = toml_parse(text, len, perr, sizeof perr);
     if (!root) {
-        set_err(err, n, "%s:%s", name, perr);
+        util_set_err(err, n, "%s:%s", name, perr);
         return -1;
     }
     int rc = load_table(c, root, "", name, r, err, n);
@@ -527,13 +520,13 @@ int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t 
 static int load_file(tetra_config *c, const char *path, key_report *r, char *err, size_t n) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a folder; only the read fails */
-        set_err(err, n, "config file '%s' is a folder; job.config_file names a TOML file, such as "
+        util_set_err(err, n, "config file '%s' is a folder; job.config_file names a TOML file, such as "
                 "configs/debug_model.toml", path);
         return -1;
     }
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, n, "cannot open config file '%s': %s", path, strerror(errno));
+        util_set_err(err, n, "cannot open config file '%s': %s", path, strerror(errno));
         return -1;
     }
     size_t cap = 1 << 14, len = 0;
@@ -546,7 +539,7 @@ static int load_file(tetra_config *c, const char *path, key_report *r, char *err
         if (cap >= (size_t)16 << 20) { /* a config is a few KiB: this is the wrong file */
             fclose(f);
             free(buf);
-            set_err(err, n, "config file '%s' is larger than 16 MiB; not a TOML config", path);
+            util_set_err(err, n, "config file '%s' is larger than 16 MiB; not a TOML config", path);
             return -1;
         }
         cap *= 2;
@@ -561,7 +554,7 @@ static int load_file(tetra_config *c, const char *path, key_report *r, char *err
     fclose(f);
     if (!buf || rd_err) {
         free(buf);
-        set_err(err, n, "cannot read config file '%s': %s", path, strerror(buf ? rd_err : ENOMEM));
+        util_set_err(err, n, "cannot read config file '%s': %s", path, strerror(buf ? rd_err : ENOMEM));
         return -1;
     }
     int rc = load_string(c, path, buf, len, r, err, n);
@@ -604,14 +597,14 @@ static int set_from_text(tetra_config *c, const cfg_key_desc *d, const char *v, 
         if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1")) *(int *)p = 1;
         else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "0")) *(int *)p = 0;
         else {
-            set_err(err, n, "%s: --%s.%s expects true or false, got \"%s\"", where, d->section, d->key, v);
+            util_set_err(err, n, "%s: --%s.%s expects true or false, got \"%s\"", where, d->section, d->key, v);
             return -1;
         }
         break;
     case CFG_T_INT: {
         int64_t x;
         if (parse_int64(v, &x)) {
-            set_err(err, n, "%s: --%s.%s expects an integer, got \"%s\"", where, d->section, d->key, v);
+            util_set_err(err, n, "%s: --%s.%s expects an integer, got \"%s\"", where, d->section, d->key, v);
             return -1;
         }
         *(int64_t *)p = x;
@@ -620,7 +613,7 @@ static int set_from_text(tetra_config *c, const cfg_key_desc *d, const char *v, 
     case CFG_T_FLOAT: {
         double x;
         if (parse_double(v, &x)) {
-            set_err(err, n, "%s: --%s.%s expects a number, got \"%s\"", where, d->section, d->key, v);
+            util_set_err(err, n, "%s: --%s.%s expects a number, got \"%s\"", where, d->section, d->key, v);
             return -1;
         }
         *(double *)p = x;
@@ -719,7 +712,7 @@ static int find_config_file(int argc, char **argv, FILE *out, const char **file,
             strcmp(name, "job.config_file") != 0)
             continue;
         if (!value && i + 1 >= argc) {
-            set_err(err, n, "command line: --job.config_file needs a file name");
+            util_set_err(err, n, "command line: --job.config_file needs a file name");
             return -1;
         }
         *file = value ? value : argv[++i];
@@ -736,7 +729,7 @@ static int set_negated(tetra_config *c, const char *name, const char *value, int
     const cfg_key_desc *b = find_full(pos);
     if (!b || b->type != CFG_T_BOOL) return 0;
     if (value) {
-        set_err(err, n, "command line: --%s takes no value", name);
+        util_set_err(err, n, "command line: --%s takes no value", name);
         *rc = -1;
     } else {
         *rc = set_from_text(c, b, "false", err, n);
@@ -750,11 +743,11 @@ static int parse_options(tetra_config *c, int argc, char **argv, key_report *r, 
         const char *a = argv[i], *value;
         char name[512];
         if (strncmp(a, "--", 2) != 0 || !a[2]) {
-            set_err(err, n, "command line: unexpected argument '%s' (options look like --section.key VALUE)", a);
+            util_set_err(err, n, "command line: unexpected argument '%s' (options look like --section.key VALUE)", a);
             return -1;
         }
         if (option_name(a, name, sizeof name, &value)) {
-            set_err(err, n, "command line: option too long: %.60s...", a);
+            util_set_err(err, n, "command line: option too long: %.60s...", a);
             return -1;
         }
         if (!strcmp(name, "job.config_file")) {
@@ -770,7 +763,7 @@ static int parse_options(tetra_config *c, int argc, char **argv, key_report *r, 
         if (!value && (!d || d->type != CFG_T_BOOL)) {
             if (i + 1 >= argc || (!d && !strncmp(argv[i + 1], "--", 2))) {
                 if (d) {
-                    set_err(err, n, "command line: --%s needs a value (%s)", name, type_word(d->type));
+                    util_set_err(err, n, "command line: --%s needs a value (%s)", name, type_word(d->type));
                     return -1;
                 }
             } else {
@@ -997,32 +990,32 @@ static int check_dataset_mix(const tetra_config *c, char *err, size_t n) {
     if (l->n == 0) return 0;
     const char *where = WHERE("training", "dataset_mix");
     if (c->v.training.dataset_path && *c->v.training.dataset_path) {
-        set_err(err, n, "%s: training.dataset_mix and training.dataset_path (%s) are both set: the mixture lists every "
+        util_set_err(err, n, "%s: training.dataset_mix and training.dataset_path (%s) are both set: the mixture lists every "
                 "corpus, so leave dataset_path out", where, WHERE("training", "dataset_path"));
         return -1;
     }
     if (l->n > MIX_MAX_SOURCES) {
-        set_err(err, n, "%s: training.dataset_mix has %d sources, more than %d", where, l->n, MIX_MAX_SOURCES);
+        util_set_err(err, n, "%s: training.dataset_mix has %d sources, more than %d", where, l->n, MIX_MAX_SOURCES);
         return -1;
     }
     double w[MIX_MAX_SOURCES];
     char e[1024], path[4096], other[4096];
     for (int i = 0; i < l->n; i++) {
         if (mix_parse_entry(l->items[i], path, sizeof path, &w[i], e, sizeof e) != 0) {
-            set_err(err, n, "%s: training.dataset_mix item %d: %s", where, i + 1, e);
+            util_set_err(err, n, "%s: training.dataset_mix item %d: %s", where, i + 1, e);
             return -1;
         }
         for (int k = 0; k < i; k++) {
             double wk;
             if (mix_parse_entry(l->items[k], other, sizeof other, &wk, e, sizeof e) == 0 && !strcmp(other, path)) {
-                set_err(err, n, "%s: training.dataset_mix lists %s twice (items %d and %d)", where, path, k + 1, i + 1);
+                util_set_err(err, n, "%s: training.dataset_mix lists %s twice (items %d and %d)", where, path, k + 1, i + 1);
                 return -1;
             }
         }
     }
     mix_plan m;
     if (mix_plan_init(&m, w, l->n, 0, e, sizeof e) != 0) {
-        set_err(err, n, "%s: training.dataset_mix: %s", where, e);
+        util_set_err(err, n, "%s: training.dataset_mix: %s", where, e);
         return -1;
     }
     mix_plan_free(&m);
@@ -1037,7 +1030,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (check_dataset_mix(c, err, n) != 0) return -1;
 
     if (world < 1) {
-        set_err(err, n, "world size must be at least 1 (got %d)", world);
+        util_set_err(err, n, "world size must be at least 1 (got %d)", world);
         return -1;
     }
     struct {
@@ -1052,18 +1045,18 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         {"expert_tensor_parallel_degree", v->parallelism.expert_tensor_parallel_degree},
     };
     if (!strcmp(v->comm.backend, "nccl") && !strcmp(v->training.device, "cpu")) {
-        set_err(err, n, "%s: comm.backend = \"nccl\" moves GPU buffers, but training.device = \"cpu\" keeps them in "
+        util_set_err(err, n, "%s: comm.backend = \"nccl\" moves GPU buffers, but training.device = \"cpu\" keeps them in "
                 "host memory (use \"auto\" or \"mpi\")", WHERE("comm", "backend"));
         return -1;
     }
     for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
         if (deg[i].val < 1) {
-            set_err(err, n, "%s: parallelism.%s must be >= 1 (got %" PRId64 ")", WHERE(par, deg[i].key), deg[i].key,
+            util_set_err(err, n, "%s: parallelism.%s must be >= 1 (got %" PRId64 ")", WHERE(par, deg[i].key), deg[i].key,
                     deg[i].val);
             return -1;
         }
     if (v->parallelism.expert_parallel_degree != 1 || v->parallelism.expert_tensor_parallel_degree != 1) {
-        set_err(err, n, "%s: expert parallelism needs a mixture-of-experts model; Llama 3 is dense, so keep it 1",
+        util_set_err(err, n, "%s: expert parallelism needs a mixture-of-experts model; Llama 3 is dense, so keep it 1",
                 WHERE(par, v->parallelism.expert_parallel_degree != 1 ? "expert_parallel_degree"
                                                                       : "expert_tensor_parallel_degree"));
         return -1;
@@ -1074,7 +1067,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     int64_t others = rep * tp * pp * cp;
     if (shard == -1) {
         if (world % others != 0) {
-            set_err(err, n,
+            util_set_err(err, n,
                     "parallel layout: world size %d is not divisible by data_parallel_replicate_degree (%" PRId64
                     ") x tensor_parallel_degree (%" PRId64 ") x pipeline_parallel_degree (%" PRId64
                     ") x context_parallel_degree (%" PRId64 ") = %" PRId64
@@ -1084,12 +1077,12 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         }
         shard = world / others;
     } else if (shard < 1) {
-        set_err(err, n, "%s: parallelism.data_parallel_shard_degree must be -1 or >= 1 (got %" PRId64 ")",
+        util_set_err(err, n, "%s: parallelism.data_parallel_shard_degree must be -1 or >= 1 (got %" PRId64 ")",
                 WHERE(par, "data_parallel_shard_degree"), shard);
         return -1;
     }
     if (shard * others != world) {
-        set_err(err, n,
+        util_set_err(err, n,
                 "parallel layout: pipeline (%" PRId64 ") x data_parallel_replicate (%" PRId64 ") x data_parallel_shard (%" PRId64
                 ") x context (%" PRId64 ") x tensor (%" PRId64 ") = %" PRId64 " ranks, but the world size is %d "
                 "(NGPU / mpirun -np); set data_parallel_shard_degree = -1 to take the rest",
@@ -1099,33 +1092,33 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
 
     llama3_args a;
     if (strcmp(v->model.name, "llama3") != 0) {
-        set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"), v->model.name);
+        util_set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"), v->model.name);
         return -1;
     }
     if (llama3_flavor(v->model.flavor, &a) != 0) {
-        set_err(err, n, "%s: model.flavor \"%s\" is unknown (flavors: %s)", WHERE("model", "flavor"), v->model.flavor,
+        util_set_err(err, n, "%s: model.flavor \"%s\" is unknown (flavors: %s)", WHERE("model", "flavor"), v->model.flavor,
                 llama3_flavor_names());
         return -1;
     }
     if (v->model.n_layers < 0) {
-        set_err(err, n, "%s: model.n_layers must be >= 0 (0 = the flavor's %d), got %" PRId64,
+        util_set_err(err, n, "%s: model.n_layers must be >= 0 (0 = the flavor's %d), got %" PRId64,
                 WHERE("model", "n_layers"), a.n_layers, v->model.n_layers);
         return -1;
     }
     if (v->model.vocab_size < 0 || v->model.vocab_size > (int64_t)1 << 30) {
-        set_err(err, n, "%s: model.vocab_size must be between 1 and 2^30 (0 = the flavor's %d), got %" PRId64,
+        util_set_err(err, n, "%s: model.vocab_size must be between 1 and 2^30 (0 = the flavor's %d), got %" PRId64,
                 WHERE("model", "vocab_size"), a.vocab_size, v->model.vocab_size);
         return -1;
     }
     if (v->model.vocab_size > 0) a.vocab_size = (int)v->model.vocab_size;
     if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
-        set_err(err, n,
+        util_set_err(err, n,
                 "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",
                 WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
         return -1;
     }
     if (tp > 1 && (a.vocab_size % tp != 0 || llama3_ffn_hidden(&a) % tp != 0)) {
-        set_err(err, n,
+        util_set_err(err, n,
                 "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's vocab_size (%d) and FFN hidden size "
                 "(%lld): each rank holds a whole share of the vocabulary and of the hidden units",
                 WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.vocab_size, (long long)llama3_ffn_hidden(&a));
@@ -1133,43 +1126,43 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     }
     int64_t seq = v->training.seq_len;
     if (seq < 1) {
-        set_err(err, n, "%s: training.seq_len must be >= 1 (got %" PRId64 ")", WHERE("training", "seq_len"), seq);
+        util_set_err(err, n, "%s: training.seq_len must be >= 1 (got %" PRId64 ")", WHERE("training", "seq_len"), seq);
         return -1;
     }
     if (cp > 1 && seq % (2 * cp * tp) != 0) {
-        set_err(err, n,
+        util_set_err(err, n,
                 "%s: training.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
                 "tensor_parallel_degree = %" PRId64 " (context parallel splits it into 2*cp load-balanced chunks)",
                 WHERE("training", "seq_len"), seq, 2 * cp * tp);
         return -1;
     }
     if (cp > 1 && v->validation.enable && v->validation.seq_len % (2 * cp * tp) != 0) {
-        set_err(err, n,
+        util_set_err(err, n,
                 "%s: validation.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
                 "tensor_parallel_degree = %" PRId64, WHERE("validation", "seq_len"), v->validation.seq_len,
                 2 * cp * tp);
         return -1;
     }
     if (tp > 1 && seq % tp != 0) {
-        set_err(err, n, "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
+        util_set_err(err, n, "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
                 " (sequence parallel)", WHERE("training", "seq_len"), seq, tp);
         return -1;
     }
     if (tp > 1 && v->validation.enable && v->validation.seq_len % tp != 0) {
-        set_err(err, n, "%s: validation.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
+        util_set_err(err, n, "%s: validation.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
                 " (sequence parallel)", WHERE("validation", "seq_len"), v->validation.seq_len, tp);
         return -1;
     }
     if (v->training.local_batch_size < 1) {
-        set_err(err, n, "%s: training.local_batch_size must be >= 1", WHERE("training", "local_batch_size"));
+        util_set_err(err, n, "%s: training.local_batch_size must be >= 1", WHERE("training", "local_batch_size"));
         return -1;
     }
     if (v->training.steps < 1) {
-        set_err(err, n, "%s: training.steps must be >= 1", WHERE("training", "steps"));
+        util_set_err(err, n, "%s: training.steps must be >= 1", WHERE("training", "steps"));
         return -1;
     }
     if (v->training.max_norm <= 0 || isnan(v->training.max_norm)) {
-        set_err(err, n, "%s: training.max_norm must be > 0", WHERE("training", "max_norm"));
+        util_set_err(err, n, "%s: training.max_norm must be > 0", WHERE("training", "max_norm"));
         return -1;
     }
     int64_t dp = rep * shard;
@@ -1177,7 +1170,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     int64_t per_step = v->training.local_batch_size * dp;
     if (gbs == -1) gbs = per_step;
     if (gbs < 1 || gbs % per_step != 0) {
-        set_err(err, n,
+        util_set_err(err, n,
                 "%s: training.global_batch_size %" PRId64 " must be -1 or a multiple of local_batch_size (%" PRId64
                 ") x data-parallel degree (%" PRId64 ") = %" PRId64,
                 WHERE("training", "global_batch_size"), v->training.global_batch_size, v->training.local_batch_size, dp,
@@ -1185,19 +1178,19 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         return -1;
     }
     if (v->parallelism.pipeline_parallel_microbatch_size < 1) {
-        set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
+        util_set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
                 WHERE(par, "pipeline_parallel_microbatch_size"));
         return -1;
     }
     if (pp > 1 && v->training.local_batch_size % v->parallelism.pipeline_parallel_microbatch_size != 0) {
-        set_err(err, n, "%s: training.local_batch_size %" PRId64 " must be divisible by "
+        util_set_err(err, n, "%s: training.local_batch_size %" PRId64 " must be divisible by "
                 "parallelism.pipeline_parallel_microbatch_size %" PRId64,
                 WHERE("training", "local_batch_size"), v->training.local_batch_size,
                 v->parallelism.pipeline_parallel_microbatch_size);
         return -1;
     }
     if (v->parallelism.module_fqns_per_model_part.n > 0) {
-        set_err(err, n, "%s: parallelism.module_fqns_per_model_part (a split by module names) is not supported; "
+        util_set_err(err, n, "%s: parallelism.module_fqns_per_model_part (a split by module names) is not supported; "
                 "tetra splits Llama by pipeline_parallel_layers_per_stage and "
                 "pipeline_parallel_first/last_stage_less_layers", WHERE(par, "module_fqns_per_model_part"));
         return -1;
@@ -1205,36 +1198,36 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (v->parallelism.pipeline_parallel_first_stage_less_layers < 0 ||
         v->parallelism.pipeline_parallel_last_stage_less_layers < 0 ||
         v->parallelism.pipeline_parallel_layers_per_stage < 0) {
-        set_err(err, n, "%s: parallelism.pipeline_parallel_first_stage_less_layers, _last_stage_less_layers and "
+        util_set_err(err, n, "%s: parallelism.pipeline_parallel_first_stage_less_layers, _last_stage_less_layers and "
                 "_layers_per_stage must be >= 0", WHERE(par, "pipeline_parallel_layers_per_stage"));
         return -1;
     }
     if (pp == 1 && v->parallelism.pipeline_parallel_schedule_csv && v->parallelism.pipeline_parallel_schedule_csv[0]) {
-        set_err(err, n, "%s: parallelism.pipeline_parallel_schedule_csv is set but pipeline_parallel_degree is 1: "
+        util_set_err(err, n, "%s: parallelism.pipeline_parallel_schedule_csv is set but pipeline_parallel_degree is 1: "
                 "a pipeline schedule needs at least 2 pipeline ranks", WHERE(par, "pipeline_parallel_schedule_csv"));
         return -1;
     }
     if (v->comm.trace_buf_size < 0 || v->comm.trace_buf_size > 10000000) {
-        set_err(err, n, "%s: comm.trace_buf_size must be 0 (no flight recorder) to 10000000 operations, got %" PRId64,
+        util_set_err(err, n, "%s: comm.trace_buf_size must be 0 (no flight recorder) to 10000000 operations, got %" PRId64,
                 WHERE("comm", "trace_buf_size"), v->comm.trace_buf_size);
         return -1;
     }
     if (!*v->comm.save_traces_folder || strchr(v->comm.save_traces_file_prefix, '/')) {
-        set_err(err, n, "%s: comm.save_traces_folder must not be empty and comm.save_traces_file_prefix must not "
+        util_set_err(err, n, "%s: comm.save_traces_folder must not be empty and comm.save_traces_file_prefix must not "
                         "hold a '/'", WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
         return -1;
     }
     if (v->training.max_consecutive_nonfinite_steps < 0) {
-        set_err(err, n, "%s: training.max_consecutive_nonfinite_steps must be >= 0 (0 = no limit), got %" PRId64,
+        util_set_err(err, n, "%s: training.max_consecutive_nonfinite_steps must be >= 0 (0 = no limit), got %" PRId64,
                 WHERE("training", "max_consecutive_nonfinite_steps"), v->training.max_consecutive_nonfinite_steps);
         return -1;
     }
     if (v->lr_scheduler.warmup_steps < 0) {
-        set_err(err, n, "%s: lr_scheduler.warmup_steps must be >= 0", WHERE("lr_scheduler", "warmup_steps"));
+        util_set_err(err, n, "%s: lr_scheduler.warmup_steps must be >= 0", WHERE("lr_scheduler", "warmup_steps"));
         return -1;
     }
     if (!isnan(v->lr_scheduler.decay_ratio) && (v->lr_scheduler.decay_ratio < 0 || v->lr_scheduler.decay_ratio > 1)) {
-        set_err(err, n, "%s: lr_scheduler.decay_ratio must be between 0 and 1 (got %g)",
+        util_set_err(err, n, "%s: lr_scheduler.decay_ratio must be between 0 and 1 (got %g)",
                 WHERE("lr_scheduler", "decay_ratio"), v->lr_scheduler.decay_ratio);
         return -1;
     }
@@ -1251,59 +1244,59 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                    {v->training.max_norm, "training", "max_norm"}};
         for (size_t i = 0; i < sizeof fin / sizeof fin[0]; i++)
             if (!isfinite(fin[i].x)) {
-                set_err(err, n, "%s: %s.%s must be a finite number, got %g", WHERE(fin[i].section, fin[i].key),
+                util_set_err(err, n, "%s: %s.%s must be a finite number, got %g", WHERE(fin[i].section, fin[i].key),
                         fin[i].section, fin[i].key, fin[i].x);
                 return -1;
             }
         if (!isnan(v->lr_scheduler.decay_ratio) && !isfinite(v->lr_scheduler.decay_ratio)) {
-            set_err(err, n, "%s: lr_scheduler.decay_ratio must be finite", WHERE("lr_scheduler", "decay_ratio"));
+            util_set_err(err, n, "%s: lr_scheduler.decay_ratio must be finite", WHERE("lr_scheduler", "decay_ratio"));
             return -1;
         }
         if (!isnan(v->metrics.peak_flops) && !(isfinite(v->metrics.peak_flops) && v->metrics.peak_flops > 0)) {
-            set_err(err, n, "%s: metrics.peak_flops must be a positive finite number (FLOP/s), got %g",
+            util_set_err(err, n, "%s: metrics.peak_flops must be a positive finite number (FLOP/s), got %g",
                     WHERE("metrics", "peak_flops"), v->metrics.peak_flops);
             return -1;
         }
     }
     if (v->lr_scheduler.min_lr_factor < 0 || v->lr_scheduler.min_lr_factor > 1) {
-        set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1", WHERE("lr_scheduler", "min_lr_factor"));
+        util_set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1", WHERE("lr_scheduler", "min_lr_factor"));
         return -1;
     }
     if (v->optimizer.lr < 0 || v->optimizer.eps <= 0 || v->optimizer.beta1 < 0 || v->optimizer.beta1 >= 1 ||
         v->optimizer.beta2 < 0 || v->optimizer.beta2 >= 1 || v->optimizer.weight_decay < 0) {
-        set_err(err, n, "[optimizer]: need lr >= 0, eps > 0, 0 <= beta1, beta2 < 1 and weight_decay >= 0 (%s)",
+        util_set_err(err, n, "[optimizer]: need lr >= 0, eps > 0, 0 <= beta1, beta2 < 1 and weight_decay >= 0 (%s)",
                 WHERE("optimizer", "lr"));
         return -1;
     }
     if (v->profiling.profile_freq < 1 || v->profiling.profiler_active < 1) {
-        set_err(err, n, "%s: profiling.profile_freq and profiling.profiler_active must be >= 1",
+        util_set_err(err, n, "%s: profiling.profile_freq and profiling.profiler_active must be >= 1",
                 WHERE("profiling", "profile_freq"));
         return -1;
     }
     if (v->metrics.log_freq < 1) {
-        set_err(err, n, "%s: metrics.log_freq must be >= 1", WHERE("metrics", "log_freq"));
+        util_set_err(err, n, "%s: metrics.log_freq must be >= 1", WHERE("metrics", "log_freq"));
         return -1;
     }
     if (v->metrics.enable_wandb) {
-        set_err(err, n, "%s: metrics.enable_wandb is not available in tetra; use metrics.enable_tensorboard "
+        util_set_err(err, n, "%s: metrics.enable_wandb is not available in tetra; use metrics.enable_tensorboard "
                 "(metrics.jsonl is always written)", WHERE("metrics", "enable_wandb"));
         return -1;
     }
     if (cfg_compat_check(c, err, n)) return -1;
     if (v->checkpoint.keep_latest_k == 1 || v->checkpoint.keep_latest_k < 0) {
-        set_err(err, n, "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
+        util_set_err(err, n, "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
                 "always survives a failed save", WHERE("checkpoint", "keep_latest_k"));
         return -1;
     }
     if (v->checkpoint.interval < 1) {
-        set_err(err, n, "%s: checkpoint.interval must be >= 1", WHERE("checkpoint", "interval"));
+        util_set_err(err, n, "%s: checkpoint.interval must be >= 1", WHERE("checkpoint", "interval"));
         return -1;
     }
     const char *ac = v->activation_checkpoint.selective_ac_option;
     if (!strcmp(v->activation_checkpoint.mode, "selective") && strcmp(ac, "op") != 0) {
         int64_t every;
         if (parse_int64(ac, &every) || every < 1) {
-            set_err(err, n, "%s: activation_checkpoint.selective_ac_option must be a positive integer (as a string, "
+            util_set_err(err, n, "%s: activation_checkpoint.selective_ac_option must be a positive integer (as a string, "
                     "e.g. \"2\") or \"op\", got \"%s\"", WHERE("activation_checkpoint", "selective_ac_option"), ac);
             return -1;
         }
@@ -1312,13 +1305,13 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         if (!converter_find(v->model.converters.items[i])) {
             char names[256];
             converter_list(names, sizeof names);
-            set_err(err, n, "%s: model.converters: unknown converter \"%s\" (available: %s)",
+            util_set_err(err, n, "%s: model.converters: unknown converter \"%s\" (available: %s)",
                     WHERE("model", "converters"), v->model.converters.items[i], names);
             return -1;
         }
         for (int j = 0; j < i; j++)
             if (!strcmp(v->model.converters.items[i], v->model.converters.items[j])) {
-                set_err(err, n, "%s: model.converters: \"%s\" is listed twice", WHERE("model", "converters"),
+                util_set_err(err, n, "%s: model.converters: \"%s\" is listed twice", WHERE("model", "converters"),
                         v->model.converters.items[i]);
                 return -1;
             }
@@ -1347,7 +1340,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         };
         for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
             if (no[i].set) {
-                set_err(err, n, "%s: %s.%s is not supported: %s", WHERE(no[i].section, no[i].key), no[i].section,
+                util_set_err(err, n, "%s: %s.%s is not supported: %s", WHERE(no[i].section, no[i].key), no[i].section,
                         no[i].key, no[i].why);
                 return -1;
             }
@@ -1371,7 +1364,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         };
         for (size_t i = 0; i < sizeof q / sizeof q[0] && !f8; i++)
             if (q[i].set) {
-                set_err(err, n, "%s: quantize.linear.float8.%s has no effect without model.converters = "
+                util_set_err(err, n, "%s: quantize.linear.float8.%s has no effect without model.converters = "
                         "[\"float8\"]: add the converter or leave the key at its default",
                         WHERE("quantize.linear.float8", q[i].key), q[i].key);
                 return -1;
@@ -1383,20 +1376,20 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         for (size_t j = 0; j < sizeof exclusions / sizeof exclusions[0]; j++)
             ok |= !strcmp(v->checkpoint.exclude_from_loading.items[i], exclusions[j]);
         if (!ok) {
-            set_err(err, n, "%s: checkpoint.exclude_from_loading: unknown state \"%s\" (model, optimizer, "
+            util_set_err(err, n, "%s: checkpoint.exclude_from_loading: unknown state \"%s\" (model, optimizer, "
                     "lr_scheduler, dataloader, train_state)", WHERE("checkpoint", "exclude_from_loading"),
                     v->checkpoint.exclude_from_loading.items[i]);
             return -1;
         }
     }
     if (v->optimizer.early_step_in_backward && pp > 1) {
-        set_err(err, n, "%s: optimizer.early_step_in_backward cannot be combined with pipeline parallel",
+        util_set_err(err, n, "%s: optimizer.early_step_in_backward cannot be combined with pipeline parallel",
                 WHERE("optimizer", "early_step_in_backward"));
         return -1;
     }
     if (v->validation.enable && (v->validation.freq < 1 || v->validation.local_batch_size < 1 ||
                                  v->validation.seq_len < 1)) {
-        set_err(err, n, "%s: validation.freq, local_batch_size and seq_len must be >= 1",
+        util_set_err(err, n, "%s: validation.freq, local_batch_size and seq_len must be >= 1",
                 WHERE("validation", "enable"));
         return -1;
     }
@@ -1418,13 +1411,13 @@ int cfg_check_build(const tetra_config *c, char *err, size_t n) {
 #ifndef TETRA_HAVE_CUDA
     if (!strcmp(c->v.training.device, "cuda")) {
         char where[256];
-        set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
+        util_set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
                 "toolkit and rebuild with -DTETRA_CUDA=ON)", cfg_origin_str(c, "training", "device", where, sizeof where));
         return -1;
     }
     if (!strcmp(c->v.comm.backend, "nccl")) {
         char where[256];
-        set_err(err, n, "%s: comm.backend = \"nccl\" but this tetra was built without CUDA and NCCL",
+        util_set_err(err, n, "%s: comm.backend = \"nccl\" but this tetra was built without CUDA and NCCL",
                 cfg_origin_str(c, "comm", "backend", where, sizeof where));
         return -1;
     }

@@ -1,4 +1,5 @@
 #include "engine/config_compat.h"
+#include "util/err.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -103,13 +104,6 @@ const char *cfg_compat_retired(const char *full_key) {
 
 /* ---- moved keys and the 2026 names -------------------------------------------- */
 
-static void set_err(char *err, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
-
 static cfg_origin *origin_of(tetra_config *c, const char *section, const char *key) {
     return &c->origin[cfg_find_key(section, key) - cfg_keys];
 }
@@ -124,7 +118,7 @@ static int take(tetra_config *c, const char *fs, const char *fk, const char *ts,
                 int64_t value, char *err, size_t n) {
     char w1[256], w2[256];
     if (is_set(c, ts, tk) && *dst != value) {
-        set_err(err, n, "%s: %s.%s = %" PRId64 " and %s: %s.%s gives %" PRId64 ": set one of them (they are the "
+        util_set_err(err, n, "%s: %s.%s = %" PRId64 " and %s: %s.%s gives %" PRId64 ": set one of them (they are the "
                 "same key in TorchTitan's other spelling)", cfg_origin_str(c, ts, tk, w1, sizeof w1), ts, tk, *dst,
                 cfg_origin_str(c, fs, fk, w2, sizeof w2), fs, fk, value);
         return -1;
@@ -140,7 +134,7 @@ static int tokens_to_sequences(tetra_config *c, const char *key, int64_t tokens,
     const int64_t T = c->v.training.seq_len;
     char w[256];
     if (tokens < 1 || T < 1 || tokens % T != 0) {
-        set_err(err, n, "%s: training.%s = %" PRId64 " is not a whole number of sequences of training.seq_len = "
+        util_set_err(err, n, "%s: training.%s = %" PRId64 " is not a whole number of sequences of training.seq_len = "
                 "%" PRId64 " tokens; tetra batches whole sequences (TorchTitan's 2026 name converts only when "
                 "seq_len divides it)", cfg_origin_str(c, "training", key, w, sizeof w), key, tokens, T);
         return -1;
@@ -175,7 +169,7 @@ static int resolve_batch(tetra_config *c, char *err, size_t n) {
     const int nmb = is_set(c, "parallelism", "num_pp_microbatches");
     if (nmb && v->parallelism.num_pp_microbatches < 1) {
         char w[256];
-        set_err(err, n, "%s: parallelism.num_pp_microbatches must be >= 1",
+        util_set_err(err, n, "%s: parallelism.num_pp_microbatches must be >= 1",
                 cfg_origin_str(c, "parallelism", "num_pp_microbatches", w, sizeof w));
         return -1;
     }
@@ -249,7 +243,7 @@ int cfg_compat_check(const tetra_config *c, char *err, size_t n) {
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
         if (no[i].set) {
             char w[256];
-            set_err(err, n, "%s: %s.%s is not supported: %s", cfg_origin_str(c, no[i].section, no[i].key, w, sizeof w),
+            util_set_err(err, n, "%s: %s.%s is not supported: %s", cfg_origin_str(c, no[i].section, no[i].key, w, sizeof w),
                     no[i].section, no[i].key, no[i].why);
             return -1;
         }

@@ -12,6 +12,7 @@
 
 #include "engine/metrics.h"
 #include "kernels/ops.h"
+#include "util/err.h"
 
 /* Sizes: GEMMs big enough to leave the cache-bound regime on any CPU, arrays
  * several times any last-level cache, messages past MPI's eager/rendezvous
@@ -21,14 +22,6 @@ enum { GEMM_REPS = 4, TRIAD_REPS = 5, MPI_REPS = 5 };
 #define TRIAD_BYTES ((size_t)128 << 20) /* per array; three arrays */
 #define P2P_BYTES ((size_t)32 << 20)
 #define ALLREDUCE_BYTES ((size_t)64 << 20)
-
-static void set_err(char *err, size_t n, const char *fmt, ...) {
-    if (!err || n == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
 
 static void say(FILE *log, const char *fmt, ...) {
     if (!log) return;
@@ -156,7 +149,7 @@ int plan_calibrate(plan_hw *out, const plan_hw *base, int threads, FILE *log, ch
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
-        set_err(err, errlen, "calibrate: MPI is not initialised");
+        util_set_err(err, errlen, "calibrate: MPI is not initialised");
         return -1;
     }
     /* Before any buffer of ours: what the process holds with nothing of the model in it. */
@@ -206,8 +199,8 @@ int plan_calibrate(plan_hw *out, const plan_hw *base, int threads, FILE *log, ch
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     int rc = -1;
     if (!all_ok) {
-        if (ok) set_err(err, errlen, "calibrate: another rank could not set up its buffers");
-        else set_err(err, errlen, "calibrate: rank %d: %s", rank, why);
+        if (ok) util_set_err(err, errlen, "calibrate: another rank could not set up its buffers");
+        else util_set_err(err, errlen, "calibrate: rank %d: %s", rank, why);
         goto done;
     }
 
@@ -286,7 +279,7 @@ int plan_calibrate(plan_hw *out, const plan_hw *base, int threads, FILE *log, ch
 
     say(log, "host memory: %.2f GiB (the smallest node's, or its container limit)", gib(host_min));
     if (!(flops > 0) || !(mem_bw > 0) || !(host_min > 0)) {
-        set_err(err, errlen, "calibrate: a measurement failed (gemm %g FLOP/s, memory %g B/s, host memory %g B)",
+        util_set_err(err, errlen, "calibrate: a measurement failed (gemm %g FLOP/s, memory %g B/s, host memory %g B)",
                 flops, mem_bw, host_min);
         goto done;
     }

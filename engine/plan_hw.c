@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "engine/toml.h"
+#include "util/err.h"
 
 #define GIB 1073741824.0 /* memory sizes are GiB in the file, bytes in plan_hw */
 
@@ -65,14 +66,6 @@ enum { HW_NKEYS = (int)(sizeof hw_keys / sizeof hw_keys[0]) };
 
 enum { HW_MAX_FILE = 1 << 20, HW_MAX_PROFILES = 256 };
 
-static void set_err(char *err, size_t n, const char *fmt, ...) {
-    if (!err || n == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
-
 static double *num_field(plan_hw *hw, const hw_key *k) { return (double *)((char *)hw + k->off); }
 static double num_value(const plan_hw *hw, const hw_key *k) {
     return *(const double *)((const char *)hw + k->off);
@@ -111,13 +104,13 @@ static const char *article(const char *noun) { return strchr("aeiou", noun[0]) ?
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, errlen, "cannot open hardware profile %s: %s", path, strerror(errno));
+        util_set_err(err, errlen, "cannot open hardware profile %s: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = malloc(HW_MAX_FILE + 1);
     if (!buf) {
         fclose(f);
-        set_err(err, errlen, "%s: out of memory", path);
+        util_set_err(err, errlen, "%s: out of memory", path);
         return NULL;
     }
     size_t n = fread(buf, 1, HW_MAX_FILE + 1, f);
@@ -125,12 +118,12 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen) 
     fclose(f);
     if (bad) {
         free(buf);
-        set_err(err, errlen, "cannot read hardware profile %s", path);
+        util_set_err(err, errlen, "cannot read hardware profile %s", path);
         return NULL;
     }
     if (n > HW_MAX_FILE) {
         free(buf);
-        set_err(err, errlen, "%s: larger than %d bytes; a hardware profile is a few lines", path, HW_MAX_FILE);
+        util_set_err(err, errlen, "%s: larger than %d bytes; a hardware profile is a few lines", path, HW_MAX_FILE);
         return NULL;
     }
     buf[n] = 0;
@@ -145,16 +138,16 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
     const char *tn = toml_type_name(v->type);
     if (k->kind == KIND_STRING) {
         if (v->type != TOML_STRING) {
-            set_err(err, errlen, "%s:%d: %s must be a string, not %s %s", path, e->line, k->key, article(tn), tn);
+            util_set_err(err, errlen, "%s:%d: %s must be a string, not %s %s", path, e->line, k->key, article(tn), tn);
             return -1;
         }
         if (strlen(v->u.s.ptr) != v->u.s.len || v->u.s.len >= k->cap) {
-            set_err(err, errlen, "%s:%d: %s must be at most %zu bytes without NUL characters", path, e->line, k->key,
+            util_set_err(err, errlen, "%s:%d: %s must be at most %zu bytes without NUL characters", path, e->line, k->key,
                     k->cap - 1);
             return -1;
         }
         if (k->range == RANGE_POSITIVE && v->u.s.len == 0) {
-            set_err(err, errlen, "%s:%d: %s must not be empty", path, e->line, k->key);
+            util_set_err(err, errlen, "%s:%d: %s must not be empty", path, e->line, k->key);
             return -1;
         }
         memcpy((char *)hw + k->off, v->u.s.ptr, v->u.s.len + 1);
@@ -162,7 +155,7 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
     }
     if (k->kind == KIND_BOOL) {
         if (v->type != TOML_BOOLEAN) {
-            set_err(err, errlen, "%s:%d: %s must be true or false, not %s %s", path, e->line, k->key, article(tn), tn);
+            util_set_err(err, errlen, "%s:%d: %s must be true or false, not %s %s", path, e->line, k->key, article(tn), tn);
             return -1;
         }
         *(int *)((char *)hw + k->off) = v->u.b != 0;
@@ -171,7 +164,7 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
     double x;
     if (k->kind == KIND_INT) {
         if (v->type != TOML_INTEGER) {
-            set_err(err, errlen, "%s:%d: %s must be an integer, not %s %s", path, e->line, k->key, article(tn), tn);
+            util_set_err(err, errlen, "%s:%d: %s must be an integer, not %s %s", path, e->line, k->key, article(tn), tn);
             return -1;
         }
         x = (double)v->u.i;
@@ -180,12 +173,12 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
     } else if (v->type == TOML_FLOAT) {
         x = v->u.f;
     } else {
-        set_err(err, errlen, "%s:%d: %s must be a number, not %s %s", path, e->line, k->key, article(tn), tn);
+        util_set_err(err, errlen, "%s:%d: %s must be a number, not %s %s", path, e->line, k->key, article(tn), tn);
         return -1;
     }
     const char *why = range_problem(k, x);
     if (why) {
-        set_err(err, errlen, "%s:%d: %s %s (got %g)", path, e->line, k->key, why, x);
+        util_set_err(err, errlen, "%s:%d: %s %s (got %g)", path, e->line, k->key, why, x);
         return -1;
     }
     if (k->kind == KIND_INT) hw->gpus_per_node = (int)v->u.i;
@@ -201,7 +194,7 @@ static const char *cross_problem(const plan_hw *hw) {
 
 static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
     if (strlen(path) >= sizeof out->path) {
-        set_err(err, errlen, "hardware profile path longer than %zu bytes: %.64s...", sizeof out->path - 1, path);
+        util_set_err(err, errlen, "hardware profile path longer than %zu bytes: %.64s...", sizeof out->path - 1, path);
         return -1;
     }
     size_t len = 0;
@@ -211,7 +204,7 @@ static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
     toml_value *root = toml_parse(text, len, perr, sizeof perr);
     free(text);
     if (!root) {
-        set_err(err, errlen, "%s:%s", path, perr);
+        util_set_err(err, errlen, "%s:%s", path, perr);
         return -1;
     }
     plan_hw hw;
@@ -225,12 +218,12 @@ static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
         if (which < 0) {
             const char *near = nearest_key(e->key);
             if (e->value->type == TOML_TABLE)
-                set_err(err, errlen, "%s:%d: unknown table [%s]: a hardware profile is one flat table of keys", path,
+                util_set_err(err, errlen, "%s:%d: unknown table [%s]: a hardware profile is one flat table of keys", path,
                         e->line, e->key);
             else if (near)
-                set_err(err, errlen, "%s:%d: unknown key '%s' (did you mean %s?)", path, e->line, e->key, near);
+                util_set_err(err, errlen, "%s:%d: unknown key '%s' (did you mean %s?)", path, e->line, e->key, near);
             else
-                set_err(err, errlen, "%s:%d: unknown key '%s' (configs/hardware/h100-sxm.toml shows every key)", path,
+                util_set_err(err, errlen, "%s:%d: unknown key '%s' (configs/hardware/h100-sxm.toml shows every key)", path,
                         e->line, e->key);
             rc = -1;
             break;
@@ -251,13 +244,13 @@ static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
             nmissing++;
         }
     if (nmissing) {
-        set_err(err, errlen, "%s: missing key%s %s (every key of a hardware profile is required)", path,
+        util_set_err(err, errlen, "%s: missing key%s %s (every key of a hardware profile is required)", path,
                 nmissing > 1 ? "s" : "", missing);
         return -1;
     }
     const char *why = cross_problem(&hw);
     if (why) {
-        set_err(err, errlen, "%s:%d: %s (%g >= %g)", path, reserved_line, why, hw.reserved_bytes / GIB,
+        util_set_err(err, errlen, "%s:%d: %s (%g >= %g)", path, reserved_line, why, hw.reserved_bytes / GIB,
                 hw.memory_bytes / GIB);
         return -1;
     }
@@ -335,7 +328,7 @@ static int is_path(const char *name) {
 
 int plan_hw_load(const char *name, plan_hw *out, char *err, size_t errlen) {
     if (!name || !*name) {
-        set_err(err, errlen, "empty hardware profile name");
+        util_set_err(err, errlen, "empty hardware profile name");
         return -1;
     }
     if (is_path(name)) return load_file(name, out, err, errlen);
@@ -365,7 +358,7 @@ int plan_hw_load(const char *name, plan_hw *out, char *err, size_t errlen) {
                                      d[i].from_env ? "$TETRA_HARDWARE_DIR=" : "", d[i].dir,
                                      !exists ? "no such directory" : count <= 0 ? "no profiles" : found);
     }
-    set_err(err, errlen, "no hardware profile '%s' (a name, or a path to a .toml file); looked in %s", name, looked);
+    util_set_err(err, errlen, "no hardware profile '%s' (a name, or a path to a .toml file); looked in %s", name, looked);
     return -1;
 }
 
@@ -390,7 +383,7 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
         if (k->kind == KIND_STRING) {
             size_t len = strnlen((const char *)hw + k->off, k->cap);
             if (len >= k->cap || (k->range == RANGE_POSITIVE && len == 0)) {
-                set_err(err, errlen, "cannot write hardware profile %s: %s must be %s %zu bytes", path, k->key,
+                util_set_err(err, errlen, "cannot write hardware profile %s: %s must be %s %zu bytes", path, k->key,
                         k->range == RANGE_POSITIVE ? "1 to" : "at most", k->cap - 1);
                 return -1;
             }
@@ -400,24 +393,24 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
         double x = k->kind == KIND_INT ? (double)hw->gpus_per_node : num_value(hw, k) / k->unit;
         const char *why = range_problem(k, x);
         if (why) {
-            set_err(err, errlen, "cannot write hardware profile %s: %s %s (got %g)", path, k->key, why, x);
+            util_set_err(err, errlen, "cannot write hardware profile %s: %s %s (got %g)", path, k->key, why, x);
             return -1;
         }
     }
     const char *why = cross_problem(hw);
     if (why) {
-        set_err(err, errlen, "cannot write hardware profile %s: %s", path, why);
+        util_set_err(err, errlen, "cannot write hardware profile %s: %s", path, why);
         return -1;
     }
 
     char tmp[1200];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        set_err(err, errlen, "hardware profile path too long: %.64s...", path);
+        util_set_err(err, errlen, "hardware profile path too long: %.64s...", path);
         return -1;
     }
     FILE *f = fopen(tmp, "w");
     if (!f) {
-        set_err(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        util_set_err(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
         return -1;
     }
     fputs("# Hardware profile for `tetra plan`, written by tetra. Rates are per device (FLOP/s,\n"
@@ -443,7 +436,7 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
     int bad = ferror(f) != 0;
     if (fclose(f) != 0) bad = 1;
     if (bad || rename(tmp, path) != 0) {
-        set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        util_set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
         remove(tmp);
         return -1;
     }

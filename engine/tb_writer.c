@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 
 /* ---- TFRecord CRC masking ------------------------------------------------- */
 

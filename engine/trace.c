@@ -264,7 +264,7 @@ static void w_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g
     const int batch = g->batch > 1 ? g->batch : 1;
     char xb[16] = "";
     if (batch > 1) snprintf(xb, sizeof xb, " x%d", batch);
-    trace_begin(op_trace, "gemm", "gemm %dx%dx%d%s %s", g->m, g->n, g->k, xb, ops_dtype_name(g->a_type));
+    trace_begin(op_trace, "gemm", "gemm %dx%dx%d%s %s", g->m, g->n, g->k, xb, tetra_dtype_name(g->a_type));
     if (op_trace->depth > 0 && op_trace->open[op_trace->depth - 1] >= 0)
         op_trace->ev[op_trace->open[op_trace->depth - 1]].flops = 2.0 * g->m * (double)g->n * g->k * batch;
     op_base->gemm(c, a, b, g);

@@ -351,7 +351,7 @@ static size_t residual_elems(const train_stage *s, size_t ntok) {
     return ntok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim;
 }
 static size_t residual_bytes(const train_stage *s, size_t ntok) {
-    return residual_elems(s, ntok) * ops_dtype_size(s->model.compute_dtype);
+    return residual_elems(s, ntok) * tetra_dtype_size(s->model.compute_dtype);
 }
 static comm_dtype residual_comm_dtype(const train_stage *s) {
     return s->model.compute_dtype == TETRA_BF16 ? COMM_BF16 : COMM_F32;

@@ -210,7 +210,7 @@ static void describe_stage(const train_stage *s, char *buf, size_t n) {
 
 /* One gradient of a stage's input, as the pipeline sends it back: [B, Tl / tp, dim]. */
 static size_t send_bytes(const trainer *t, const train_stage *s) {
-    return t->tok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim * ops_dtype_size(s->model.compute_dtype);
+    return t->tok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim * tetra_dtype_size(s->model.compute_dtype);
 }
 
 /* What this rank's dry run lays out (trainer.h). */
@@ -274,7 +274,7 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
     }
     if (t->pp_size > 1) {
         const double msg = (double)t->tok / s0->model.layout.tp_size * s0->model.args.dim *
-                           (double)ops_dtype_size(s0->model.compute_dtype);
+                           (double)tetra_dtype_size(s0->model.compute_dtype);
         for (int i = 0; i < t->n_local; i++)
             p->pp_bytes += (double)mbs * msg * (t->st[i].remote_next + t->st[i].remote_prev);
     }

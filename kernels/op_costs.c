@@ -94,7 +94,7 @@ static const char *dt(tetra_dtype t) {
     return "?";
 }
 
-static double es(tetra_dtype t) { return (double)ops_dtype_size(t); }
+static double es(tetra_dtype t) { return (double)tetra_dtype_size(t); }
 
 /* One elementwise kernel: r bytes read, w written, f fp32 operations. */
 static void kernel(op_cost *o, double r, double w, double f) {

@@ -29,24 +29,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/dtype.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// ----------------------------------------------------------------------------
-// element types
-
-typedef enum {
-    TETRA_F32 = 0,
-    TETRA_BF16 = 1,
-    TETRA_F16 = 2,
-    TETRA_FP8_E4M3 = 3,  // float8_e4m3fn: max 448, no inf, NaN = 0x7f/0xff
-    TETRA_FP8_E5M2 = 4,  // float8_e5m2: max 57344, inf, NaN = 0x7e/0xfe (as ml_dtypes/torch)
-    TETRA_I32 = 5,
-} tetra_dtype;
-
-size_t ops_dtype_size(tetra_dtype t);
-const char *ops_dtype_name(tetra_dtype t);
+// element types: util/dtype.h
 
 #define OPS_IGNORE_INDEX (-100)  // cross-entropy target that contributes no loss and no grad
 #define OPS_FP8_E4M3_MAX 448.0f

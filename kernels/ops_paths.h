@@ -28,7 +28,7 @@ static inline int ops_path_gemm_fp8_pair(tetra_dtype a, tetra_dtype b) {
  * 16 bytes. */
 static inline int ops_path_gemm_fp8_shape(const ops_gemm_desc *g, const void *c) {
     const int batch = g->batch > 1 ? g->batch : 1;
-    const int64_t cs = (int64_t)ops_dtype_size(g->c_type);
+    const int64_t cs = (int64_t)tetra_dtype_size(g->c_type);
     return g->m % 16 == 0 && g->n % 16 == 0 && g->k % 16 == 0 && ((int64_t)g->ldc * cs) % 16 == 0 &&
            ops_path_aligned16(c) && (batch <= 1 || (g->stride_c * cs) % 16 == 0);
 }

@@ -46,9 +46,9 @@ void dt_describe(const dt_tensor *t, char *buf, size_t n) {
     for (int d = 0; d < t->ndim && o < sizeof shape; d++)
         o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%" PRId64, d ? ", " : "", t->shape[d]);
     if (t->n_pieces == 0)
-        snprintf(buf, n, "%s [%s] %s: no elements on this rank", t->name, shape, ops_dtype_name(t->dtype));
+        snprintf(buf, n, "%s [%s] %s: no elements on this rank", t->name, shape, tetra_dtype_name(t->dtype));
     else
         snprintf(buf, n, "%s [%s] %s: elements [%zu, %zu) of %zu at local offset %zu", t->name, shape,
-                 ops_dtype_name(t->dtype), t->piece.start, t->piece.start + t->piece.count, dt_box_numel(t),
+                 tetra_dtype_name(t->dtype), t->piece.start, t->piece.start + t->piece.count, dt_box_numel(t),
                  t->piece.local_offset);
 }

@@ -12,27 +12,29 @@
 #                 and how its weights convert (Hugging Face); never the engine
 #   float8     -> parallel, kernels; models until the converter interface speaks of
 #                 "a linear" instead of the Llama model (docs/float8.md)
-#   checkpoint -> parallel, kernels, data (crc32c): never the model
+#   checkpoint -> parallel, kernels: never the model
 #   parallel   -> kernels: never a model
-#   data       -> nothing
-#   kernels    -> nothing: kernels never know of ranks
+#   data       -> util only
+#   kernels    -> util only: kernels never know of ranks
 #   tools      -> engine (the TOML decoder of the toml-test suite)
+#   util       -> nothing; every folder may include it (dtypes, crc32c, error messages)
 # tests/ and bench/ may include anything.
 cmake_minimum_required(VERSION 3.20)
 if(NOT ROOT)
   message(FATAL_ERROR "check_includes.cmake: pass -DROOT=<source tree>")
 endif()
 
-set(MODULES cli engine models float8 checkpoint parallel data kernels tools)
-set(ALLOWED_cli engine models float8 checkpoint parallel data kernels)
-set(ALLOWED_engine models float8 checkpoint data parallel kernels)
-set(ALLOWED_models parallel kernels checkpoint)
-set(ALLOWED_float8 parallel kernels models)
-set(ALLOWED_checkpoint parallel kernels data)
-set(ALLOWED_parallel kernels)
-set(ALLOWED_data)
-set(ALLOWED_kernels)
-set(ALLOWED_tools engine)
+set(MODULES cli engine models float8 checkpoint parallel data kernels tools util)
+set(ALLOWED_cli engine models float8 checkpoint parallel data kernels util)
+set(ALLOWED_engine models float8 checkpoint data parallel kernels util)
+set(ALLOWED_models parallel kernels checkpoint util)
+set(ALLOWED_float8 parallel kernels models util)
+set(ALLOWED_checkpoint parallel kernels util)
+set(ALLOWED_parallel kernels util)
+set(ALLOWED_data util)
+set(ALLOWED_kernels util)
+set(ALLOWED_tools engine util)
+set(ALLOWED_util)
 
 set(violations 0)
 foreach(mod IN LISTS MODULES)

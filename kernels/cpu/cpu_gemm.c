@@ -417,7 +417,7 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
 
 void cpu_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
     int batch = g->batch > 1 ? g->batch : 1;
-    size_t ea = ops_dtype_size(g->a_type), eb = ops_dtype_size(g->b_type), ec = ops_dtype_size(g->c_type);
+    size_t ea = tetra_dtype_size(g->a_type), eb = tetra_dtype_size(g->b_type), ec = tetra_dtype_size(g->c_type);
     for (int i = 0; i < batch; i++) {
         gemm_one((char *)c + (size_t)i * (size_t)g->stride_c * ec,
                  (const char *)a + (size_t)i * (size_t)g->stride_a * ea,

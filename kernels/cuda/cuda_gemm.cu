@@ -98,7 +98,7 @@ static cudaDataType lt_type(tetra_dtype t) {
     case TETRA_FP8_E5M2: return CUDA_R_8F_E5M2;
     default: break;
     }
-    fprintf(stderr, "[tetra] cuda_gemm: unsupported operand type %s\n", ops_dtype_name(t));
+    fprintf(stderr, "[tetra] cuda_gemm: unsupported operand type %s\n", tetra_dtype_name(t));
     abort();
 }
 
@@ -180,7 +180,7 @@ static void pack(void *dst, tetra_dtype out, const void *src, tetra_dtype in, in
     PACK_CASE(TETRA_BF16, TETRA_F32)
     PACK_CASE(TETRA_F32, TETRA_F32)
 #undef PACK_CASE
-    fprintf(stderr, "[tetra] cuda_gemm: no conversion %s -> %s\n", ops_dtype_name(in), ops_dtype_name(out));
+    fprintf(stderr, "[tetra] cuda_gemm: no conversion %s -> %s\n", tetra_dtype_name(in), tetra_dtype_name(out));
     abort();
 }
 
@@ -395,7 +395,7 @@ static operand widen(const ops_gemm_desc *g, operand o, int is_b, tetra_dtype to
     int rows, cols;
     stored_shape(g, is_b, o.trans, &rows, &cols);
     size_t per = (size_t)rows * (size_t)cols;
-    void *dst = cuda_scratch(slot, per * (size_t)batch * ops_dtype_size(to) + 256);
+    void *dst = cuda_scratch(slot, per * (size_t)batch * tetra_dtype_size(to) + 256);
     pack(dst, to, o.p, o.t, rows, cols, o.ld, o.stride, batch, 0);
     operand r = {dst, to, o.trans, (int64_t)cols, (int64_t)per};
     return r;
@@ -474,7 +474,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
     const int batch = g->batch > 1 ? g->batch : 1;
     if (g->m <= 0 || g->n <= 0) return;
     if (g->c_type != TETRA_F32 && g->c_type != TETRA_BF16) {
-        fprintf(stderr, "[tetra] cuda_gemm: C must be float32 or bfloat16, not %s\n", ops_dtype_name(g->c_type));
+        fprintf(stderr, "[tetra] cuda_gemm: C must be float32 or bfloat16, not %s\n", tetra_dtype_name(g->c_type));
         abort();
     }
     const int rowwise = g->scale_rowwise && (g->a_scale || g->b_scale);

@@ -90,7 +90,7 @@ json_t *llama3_hf_config_json(json_t *model, tetra_dtype dtype, int64_t bos_id, 
     json_object_set_new(c, "pretraining_tp", json_integer(1));
     json_object_set_new(c, "tie_word_embeddings", json_false());
     json_object_set_new(c, "use_cache", json_true());
-    json_object_set_new(c, "torch_dtype", json_string(ops_dtype_name(dtype)));
+    json_object_set_new(c, "torch_dtype", json_string(tetra_dtype_name(dtype)));
     if (bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer((json_int_t)bos_id));
     if (eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer((json_int_t)eos_id));
     return c;
@@ -147,7 +147,7 @@ static int write_tensor(ckpt_reader *r, const ex_tensor *e, FILE *f, tetra_dtype
     int64_t per = (int64_t)(BLOCK_ELEMS / (uint64_t)(cols * unit));
     if (per < 1) per = 1;
     const int64_t block_rows = per * unit;
-    const size_t es = ops_dtype_size(dt);
+    const size_t es = tetra_dtype_size(dt);
     for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
         int64_t nr = rows - r0 < block_rows ? rows - r0 : block_rows;
         ck_region want;
@@ -219,7 +219,7 @@ int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_
                         step_dir, t->name, t->shape[0], e->heads);
             goto done;
         }
-        e->bytes = (uint64_t)ck_tensor_numel(t) * ops_dtype_size(dt);
+        e->bytes = (uint64_t)ck_tensor_numel(t) * tetra_dtype_size(dt);
         int64_t cols = 1;
         for (int d = 1; d < t->ndim; d++) cols *= t->shape[d];
         if (cols > max_cols) max_cols = cols;

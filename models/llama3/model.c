@@ -1010,7 +1010,7 @@ void llama3_model_free(llama3_model *m) {
 
 int llama3_model_set_compute_dtype(llama3_model *m, tetra_dtype t, char *err, size_t errlen) {
     if (t != TETRA_F32 && t != TETRA_BF16) {
-        snprintf(err, errlen, "llama3: compute dtype %s is not supported (float32 or bfloat16)", ops_dtype_name(t));
+        snprintf(err, errlen, "llama3: compute dtype %s is not supported (float32 or bfloat16)", tetra_dtype_name(t));
         return -1;
     }
     if (m->own_storage) {

@@ -695,7 +695,7 @@ static void run_gemm(const gemm_case *gc) {
     g.stride_b = (int64_t)br * g.ldb;
     g.stride_c = (int64_t)gc->m * g.ldc;
     size_t na = (size_t)g.stride_a * batch, nb = (size_t)g.stride_b * batch, nc = (size_t)g.stride_c * batch;
-    size_t ea = ops_dtype_size(gc->at), eb = ops_dtype_size(gc->bt), ec = ops_dtype_size(gc->ct);
+    size_t ea = tetra_dtype_size(gc->at), eb = tetra_dtype_size(gc->bt), ec = tetra_dtype_size(gc->ct);
     void *a = make_operand(gc->at, na, 64.0f), *b = make_operand(gc->bt, nb, 16.0f);
     // C: random when beta != 0, else NaN (beta = 0 must not read C)
     float *cf = hrandn(nc, 1);

@@ -15,7 +15,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/ckpt_format.h"
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 #include "kernels/ops.h"
 #include "kernels/ops_math.h"
 
@@ -194,7 +194,7 @@ static void add_chunk(ck_meta *m, int ti, int file, uint64_t off, uint64_t start
     memset(&c, 0, sizeof c);
     c.file = file;
     c.offset = off;
-    c.length = count * ops_dtype_size(t->dtype);
+    c.length = count * tetra_dtype_size(t->dtype);
     for (int d = 0; d < t->ndim; d++) c.box_shape[d] = t->shape[d];
     c.start = start;
     c.count = count;

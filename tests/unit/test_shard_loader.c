@@ -9,7 +9,7 @@
  * shard, wrong magic, checksum mismatch, vocab mismatch, missing index, missing
  * split, state mismatches. Also the text helpers of `tetra data prepare`.
  */
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/shard.h"

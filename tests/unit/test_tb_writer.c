@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "engine/metrics.h"
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 #include "engine/tb_writer.h"
 
 static int failures = 0, checks = 0;

@@ -1,8 +1,8 @@
-// kernels/ops_dtype.c — element types of the op table (ops.h). Its own file: the CUDA
-// backend library (lib/libtetra_cuda.so, kernels/cuda_plugin.h) is built with it too.
-#include "kernels/ops.h"
+// util/dtype.c — element types (dtype.h). The CUDA backend library (lib/libtetra_cuda.so,
+// kernels/cuda_plugin.h) is built with this file too.
+#include "util/dtype.h"
 
-size_t ops_dtype_size(tetra_dtype t) {
+size_t tetra_dtype_size(tetra_dtype t) {
     switch (t) {
     case TETRA_F32: return 4;
     case TETRA_BF16: return 2;
@@ -14,7 +14,7 @@ size_t ops_dtype_size(tetra_dtype t) {
     return 0;
 }
 
-const char *ops_dtype_name(tetra_dtype t) {
+const char *tetra_dtype_name(tetra_dtype t) {
     switch (t) {
     case TETRA_F32: return "float32";
     case TETRA_BF16: return "bfloat16";

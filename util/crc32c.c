@@ -1,4 +1,4 @@
-#include "data/crc32c.h"
+#include "util/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
