@@ -22,19 +22,9 @@
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/mesh.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0, world_rank = 0;
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        checks++;                                                                              \
-        if (!(cond)) {                                                                         \
-            failures++;                                                                        \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s: ", world_rank, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fputc('\n', stderr);                                                               \
-        }                                                                                      \
-    } while (0)
 
 static float val(int r, size_t i) { return (float)((r + 1) * 10 + (int)(i % 7)); }
 
@@ -207,7 +197,7 @@ static void run_mesh(int world, int rep, int shard, const char *mname) {
     o.init_timeout_s = 120;
     o.train_timeout_s = 120;
     o.cuda_device = -1;
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     CHECK(w != NULL, "%s", err);
     if (!w) return;
     for (int g = 0; g < MESH_N_GROUPS; g++) test_group(comm_get(w, (mesh_group_id)g), mname);
@@ -224,7 +214,7 @@ static int stuck_test(int world) {
     o.init_timeout_s = 60;
     o.train_timeout_s = 2;
     o.cuda_device = -1;
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     if (!w) {
         fprintf(stderr, "%s\n", err);
         return 2;
@@ -233,7 +223,7 @@ static int stuck_test(int world) {
     comm_set_step(w, 7);
     float *a = dev(4 * (size_t)world);
     comm_group *g = comm_get(w, MESH_G_FSDP);
-    if (world_rank != 1) {
+    if (check_rank != 1) {
         /* comm_wait only orders the compute stream (here the legacy one) after it: the
          * host goes on, and blocks for ever at the first read of the result, unless the
          * watchdog ends the job */
@@ -243,20 +233,20 @@ static int stuck_test(int world) {
     } else {
         sleep(60);
     }
-    fprintf(stderr, "rank %d: the stuck collective returned\n", world_rank);
+    fprintf(stderr, "rank %d: the stuck collective returned\n", check_rank);
     return 3;
 }
 
 int main(int argc, char **argv) {
     int provided = 0, world = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_rank(MPI_COMM_WORLD, &check_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     int ndev = tetra_nccl_built() ? tetra_nccl_device_count() : 0;
     int min_dev = ndev;
     MPI_Allreduce(&ndev, &min_dev, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!tetra_nccl_built() || min_dev == 0 || world > min_dev) {
-        if (world_rank == 0)
+        if (check_rank == 0)
             printf("test_comm_nccl: SKIP: %s\n",
                    !tetra_nccl_built() ? "this build has no NCCL backend"
                    : min_dev == 0      ? "no CUDA device visible"
@@ -276,7 +266,7 @@ int main(int argc, char **argv) {
     if (world % 2 == 0 && world > 2) run_mesh(world, 2, -1, "hsdp");
     int f = failures, all = 0;
     MPI_Allreduce(&f, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (world_rank == 0) printf("test_comm_nccl: %d ranks, %d checks per rank, %d failures\n", world, checks, all);
+    if (check_rank == 0) printf("test_comm_nccl: %d ranks, %d checks per rank, %d failures\n", world, checks, all);
     MPI_Finalize();
     return all ? 1 : 0;
 }

@@ -1,16 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of the tetra CLI: help, print_config, bad configs, launcher.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-PY="${TETRA_PYTHON:-python3}"
-[ -x "$PY" ] || PY=python3
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # expect_error NAME EXPECTED_SUBSTRING CMD... : non-zero exit and the substring on stderr
 expect_error() {
@@ -193,5 +184,4 @@ if command -v mpirun >/dev/null; then
   else ok "NGPU=2 ./run_train.sh > file: no colour codes"; fi
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

@@ -5,19 +5,12 @@
 # collective: one rank never arrives, so the others must end the job within the
 # 2-second timeout, naming the operation, the group and the rank.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD="${TETRA_BUILD:-$ROOT/build}"
 EXE="$BUILD/tests/test_comm_mpi"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
 
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
 [ -x "$EXE" ] || { echo "FAIL $EXE not built"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
 MPI=(mpirun --oversubscribe --bind-to none)
 

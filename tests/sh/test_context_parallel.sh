@@ -11,20 +11,12 @@
 #   3. a cp 2 checkpoint of step 3 resumes under cp 2 (bit for bit), 1 rank and cp 4;
 #   4. bad input is refused naming the key.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD="${TETRA_BUILD:-$ROOT/build}"
-TETRA="$BIN/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
-fail=0
-bad() { echo "FAIL $*"; fail=1; }
 
 for np in 2 4; do
   mpirun -np $np --oversubscribe --bind-to none "$BUILD/tests/test_cp" >"$T/unit$np.log" 2>&1 ||
@@ -142,4 +134,4 @@ refuse bad_seq "divisible by 2 x context_parallel_degree" 2 --training.seq_len 5
 refuse bad_rotate "context_parallel_rotate_method" 2 "${CP[@]}" 2 $ROT ring
 
 [ $fail = 0 ] && echo "context parallel: all checks passed"
-exit $fail
+finish

@@ -21,15 +21,10 @@
 #      compat/libtetra_glibc_compat.so supplies arc4random on the GPU machine; that library
 #      builds and its arc4random_uniform stays in range.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD="${TETRA_BUILD:-$ROOT/build}"
 GC="$ROOT/scripts/gpu_check"
 TOOLS="$ROOT/scripts/gpu_check_tools.py"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
 [ -x "$GC" ] || { echo "FAIL $GC is missing"; exit 1; }
 [ -x "${TETRA_BIN:-$BUILD/bin}/tetra" ] || { echo "FAIL ${TETRA_BIN:-$BUILD/bin}/tetra is not built"; exit 1; }
 export OMP_WAIT_POLICY=PASSIVE

@@ -3,13 +3,8 @@
 # runs before compiling: the tree follows it, and an include against it fails, naming the
 # file, the include and the arrows its folder has.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CHECK="$ROOT/scripts/check_includes.cmake"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
 
 cmake -DROOT="$ROOT" -P "$CHECK" >"$T/tree.log" 2>&1 && ok "the source tree follows the rule" ||
   bad "the source tree breaks the rule: $(cat "$T/tree.log")"
@@ -37,5 +32,4 @@ for c in engine:models models:parallel parallel:kernels cli:checkpoint checkpoin
   cmake -DROOT="$T/$from-$to" -P "$CHECK" >"$T/c.log" 2>&1 && ok "$from/ may include $to/" ||
     bad "$from/ including $to/ was refused: $(cat "$T/c.log")"
 done
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

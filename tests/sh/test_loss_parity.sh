@@ -10,19 +10,13 @@
 #
 #   PARITY_STEPS=50 tests/sh/test_loss_parity.sh     longer curve
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 STEPS="${PARITY_STEPS:-10}"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
 
 if ! command -v mpirun >/dev/null; then
   echo "FAIL mpirun not found (install openmpi-bin)"; exit 1
 fi
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS  # threads per rank = cores / ranks (training.threads = 0)
 
@@ -42,7 +36,6 @@ LAYOUTS=(
   "fsdp4_accum2 4 1 1 -1"
 )
 
-fail=0
 t0=$SECONDS
 for l in "${LAYOUTS[@]}"; do
   set -- $l

@@ -10,20 +10,11 @@
 #   3. tools/plot_memory draws the snapshots of both runs to a PNG of the size asked for;
 #      a file that is not a snapshot is refused with its name.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
 command -v gnuplot >/dev/null || { echo "FAIL gnuplot is not installed (apt-get install gnuplot-nox)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64 --training.threads 1
         --activation_checkpoint.mode none --validation.enable false --metrics.disable_color_printing

@@ -15,13 +15,9 @@
 #   5. mixed_precision_reduce = bfloat16 is refused with a message naming the key.
 # With DEVICE=cuda and fewer GPUs than ranks, step 3 is skipped with a message.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 DEVICE="${DEVICE:-cpu}"
 STEPS="${MP_STEPS:-12}"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 if [ "$DEVICE" = cuda ]; then
   gpus="$("$TETRA" info --gpu-count 2>/dev/null || echo 0)"
@@ -29,8 +25,6 @@ if [ "$DEVICE" = cuda ]; then
 else
   gpus=0
 fi
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
 
@@ -38,7 +32,6 @@ COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.devi
         --training.seq_len 128 --training.global_batch_size 8 --training.steps "$STEPS" --training.seed 7
         --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
         --comm.init_timeout_seconds 120 --comm.train_timeout_seconds 120)
-fail=0
 run() {  # name ranks [args...]
   local name=$1 np=$2
   shift 2

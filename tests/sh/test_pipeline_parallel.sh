@@ -16,19 +16,11 @@
 #      Face export of a pp 2 run is byte-identical to a 1-rank run's.
 #   4. Bad layouts and schedules are refused before training, naming key and numbers.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
-fail=0
-bad() { echo "FAIL $*"; fail=1; }
 
 STEPS=6
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
@@ -194,4 +186,4 @@ refuse bad_csv_pp1 "pipeline_parallel_degree is 1" 1 --training.local_batch_size
   --parallelism.pipeline_parallel_schedule_csv "$T/zbv.csv"
 
 [ $fail = 0 ] && echo "pipeline parallel: all checks passed"
-exit $fail
+finish

@@ -11,14 +11,7 @@
 #      through cuBLASLt and its attention through cuDNN.
 #   4. Refusals: a block outside the model, a CPU profile (exit 2 with the reason).
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 
 DEBUG=(--job.config_file "$ROOT/configs/debug_model.toml")
@@ -95,5 +88,4 @@ fi
 [ $rc = 2 ] && grep -q "CPU profile" "$T/c.err" && ok "--hardware cpu: exit 2, says why" \
   || bad "--hardware cpu: exit $rc: $(head -2 "$T/c.err")"
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

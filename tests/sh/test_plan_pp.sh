@@ -6,14 +6,7 @@
 # a hand-written CSV runs, and a deadlocking one is reported; bad input exits
 # non-zero with a clear message.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 
 # the number after a label in the summary ("bubble fraction   0.272727  (...)")

@@ -2,13 +2,8 @@
 # tools/plot_loss: two runs (one with validation records, one given as a
 # folder with a label) drawn to a PNG; clear errors without gnuplot or input.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PLOT="$ROOT/tools/plot_loss"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
 
 if ! command -v gnuplot >/dev/null; then
   echo "FAIL gnuplot is not installed (Debian: apt-get install gnuplot-nox; scripts/setup.sh installs it)"

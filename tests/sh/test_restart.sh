@@ -6,13 +6,8 @@
 # run's bit for bit. Prints the seconds from the kill to the next logged step.
 # Without restarts left the launcher exits with the run's code.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
 cd "$ROOT"
 
 STEPS=24

@@ -10,17 +10,8 @@
 #   - moved keys (debug.seed), 2026 names (tokens per microbatch), tyro's dashed flags,
 #     the start-up notice of a key without effect, and memory_estimation.enable.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-PY="${TETRA_PYTHON:-python3}"
-[ -x "$PY" ] || PY=python3
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 F="$ROOT/tests/toml/torchtitan"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
 DRY=(train --dry-run --job.dump_folder "$T/dump")
 
 # 1. the v0.2.2 key list: every key in the schema (train --help), all of them at once accepted
@@ -132,5 +123,4 @@ pc --training.dataloader.num_workers 4 --compile.enable >"$T/n1" &&
   [ ! -e "$T/est/metrics.jsonl" ] && ok "memory_estimation.enable prints the dry run's estimate and trains nothing" ||
   bad "memory_estimation.enable: $(tail -3 "$T/m1")"
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

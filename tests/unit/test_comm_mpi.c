@@ -26,19 +26,9 @@
 #include "parallel/comm.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0, world_rank = 0;
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        checks++;                                                                              \
-        if (!(cond)) {                                                                         \
-            failures++;                                                                        \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s: ", world_rank, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fputc('\n', stderr);                                                               \
-        }                                                                                      \
-    } while (0)
 
 /* value that world rank r contributes at element i: small integers, exact in fp32 sums */
 static float val(int r, size_t i) { return (float)((r + 1) * 10 + (int)(i % 7)); }
@@ -349,7 +339,7 @@ static void run_mesh(int world, int rep, int shard, int cp, int tp, const char *
     o.backend = COMM_BACKEND_MPI;
     o.init_timeout_s = 60;
     o.train_timeout_s = 60;
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     CHECK(w != NULL, "%s", err);
     if (!w) return;
     for (int g = 0; g < MESH_N_GROUPS; g++) test_group(comm_get(w, (mesh_group_id)g), mname);
@@ -407,7 +397,7 @@ static void run_mesh_staged(int world, int rep, int shard, int cp, int tp, const
     o.init_timeout_s = 60;
     o.train_timeout_s = 60;
     memset(&staged, 0, sizeof staged);
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     CHECK(w != NULL, "%s", err);
     if (!w) return;
     for (int g = 0; g < MESH_N_GROUPS; g++) test_group(comm_get(w, (mesh_group_id)g), mname);
@@ -449,7 +439,7 @@ static int stuck_test(int world) {
     memset(&o, 0, sizeof o);
     o.init_timeout_s = 2;
     o.train_timeout_s = 2;
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     if (!w) {
         fprintf(stderr, "%s\n", err);
         return 2;
@@ -458,9 +448,9 @@ static int stuck_test(int world) {
     float x[4] = {1, 2, 3, 4}, y[64];
     comm_set_step(w, 7);
     comm_all_gather(g, y, x, 4, COMM_F32, NULL); /* everybody */
-    if (world_rank != 1) {
+    if (check_rank != 1) {
         comm_all_gather(g, y, x, 4, COMM_F32, NULL); /* rank 1 never arrives */
-        fprintf(stderr, "rank %d: the stuck collective returned\n", world_rank);
+        fprintf(stderr, "rank %d: the stuck collective returned\n", check_rank);
     } else {
         sleep(60); /* stuck elsewhere (a hung kernel, a dead host): the others must end the job */
     }
@@ -471,7 +461,7 @@ static int stuck_test(int world) {
 int main(int argc, char **argv) {
     int provided = 0, world = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_rank(MPI_COMM_WORLD, &check_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     const char *stuck = getenv("TETRA_COMM_TEST_STUCK");
     if (stuck && !strcmp(stuck, "1")) {
@@ -497,7 +487,7 @@ int main(int argc, char **argv) {
     }
     int f = failures, all = 0, c = checks;
     MPI_Allreduce(&f, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (world_rank == 0) printf("test_comm_mpi: %d ranks, %d checks per rank, %d failures\n", world, c, all);
+    if (check_rank == 0) printf("test_comm_mpi: %d ranks, %d checks per rank, %d failures\n", world, c, all);
     MPI_Finalize();
     return all ? 1 : 0;
 }

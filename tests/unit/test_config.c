@@ -7,19 +7,9 @@
 
 #include "engine/config.h"
 #include "engine/config_compat.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        checks++;                                                         \
-        if (!(cond)) {                                                    \
-            failures++;                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fputc('\n', stderr);                                          \
-        }                                                                 \
-    } while (0)
 
 static int load(tetra_config *c, const char *text, char *err, size_t n) {
     return cfg_load_string(c, "t.toml", text, strlen(text), err, n);

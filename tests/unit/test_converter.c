@@ -20,17 +20,8 @@
 #include "engine/config.h"
 #include "engine/converter.h"
 #include "cli/train.h"
+#include "tests/check.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);          \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fprintf(stderr, "\n");                                        \
-            failures++;                                                   \
-        }                                                                 \
-    } while (0)
 
 /* what the hooks saw, in order */
 static char trace[4096];

@@ -15,19 +15,9 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        checks++;                                               \
-        if (!(cond)) {                                          \
-            failures++;                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                       \
-            fprintf(stderr, "\n");                              \
-        }                                                       \
-    } while (0)
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static unsigned char rnd_byte(void) {

@@ -17,19 +17,9 @@
 #include "parallel/comm.h"
 #include "parallel/cp.h"
 #include "parallel/mesh.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0, world_rank = 0;
 
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        checks++;                                                                               \
-        if (!(cond)) {                                                                          \
-            failures++;                                                                         \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s: ", world_rank, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fputc('\n', stderr);                                                                \
-        }                                                                                       \
-    } while (0)
 
 static uint64_t lcg_state;
 static void seed(uint64_t s) { lcg_state = s * 0x9E3779B97F4A7C15ull + 1; }
@@ -274,7 +264,7 @@ static void test_attention(comm_group *g, int bf16) {
                 for (int i = 2; i < 5; i++)
                     CHECK(e[i] <= fmax(1e-6, 2.0 * xr[i - 1]), "cp %d fp32 %s %s: %s %.3g from the unsharded op (its own error %.3g)",
                           cp, mname, bname, what[i], e[i], xr[i - 1]);
-            if (world_rank == 0)
+            if (check_rank == 0)
                 printf("cp %d %-4s %-9s %-8s: vs unsharded op: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; "
                        "vs fp64 truth (unsharded op): out %.1e (%.1e) dq %.1e (%.1e) dk %.1e (%.1e) dv %.1e (%.1e)\n",
                        cp, bf16 ? "bf16" : "fp32", mname, bname, e[0], e[1], e[2], e[3], e[4], xc[0], xr[0], xc[1],
@@ -290,7 +280,7 @@ static void test_attention(comm_group *g, int bf16) {
 int main(int argc, char **argv) {
     int provided = 0, world = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_rank(MPI_COMM_WORLD, &check_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     for (int cp = 1; cp <= 4; cp *= 2) test_split(cp);
     mesh m;
@@ -305,7 +295,7 @@ int main(int argc, char **argv) {
     o.backend = COMM_BACKEND_MPI;
     o.init_timeout_s = 120;
     o.train_timeout_s = 120;
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     if (!w) {
         fprintf(stderr, "%s\n", err);
         MPI_Finalize();
@@ -317,7 +307,7 @@ int main(int argc, char **argv) {
     comm_world_free(w);
     int f = failures, all = 0;
     MPI_Allreduce(&f, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (world_rank == 0) printf("test_cp: %d ranks, %d checks per rank, %d failures\n", world, checks, all);
+    if (check_rank == 0) printf("test_cp: %d ranks, %d checks per rank, %d failures\n", world, checks, all);
     MPI_Finalize();
     return all ? 1 : 0;
 }

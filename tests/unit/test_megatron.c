@@ -19,19 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "tests/check.h"
 
-static int g_fail, g_checks;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        g_checks++;                                                         \
-        if (!(cond)) {                                                      \
-            g_fail++;                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static char g_dir[256];
 
@@ -284,6 +274,6 @@ int main(void) {
     test_loader();
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-    printf("test_megatron: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    printf("test_megatron: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
 }

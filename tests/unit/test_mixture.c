@@ -27,19 +27,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "tests/check.h"
 
-static int g_fail, g_checks;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        g_checks++;                                                         \
-        if (!(cond)) {                                                      \
-            g_fail++;                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 #define T 15               /* windows of 16 tokens */
 #define VOCAB 65536u
@@ -359,6 +349,6 @@ int main(void) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-    printf("test_mixture: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    printf("test_mixture: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
 }

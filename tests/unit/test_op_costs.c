@@ -23,19 +23,9 @@
 #include "kernels/op_costs.h"
 #include "kernels/ops.h"
 #include "kernels/ops_record.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        checks++;                                                           \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static int near(double a, double b) { return a == b || (a - b) * (a - b) <= 1e-18 * (a * a + b * b); }
 

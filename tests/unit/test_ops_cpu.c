@@ -23,18 +23,9 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "kernels/ops_math.h"
+#include "tests/check.h"
 
-static int failures = 0;
 
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        if (!(cond)) {                                          \
-            failures++;                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                       \
-            fprintf(stderr, "\n");                              \
-        }                                                       \
-    } while (0)
 
 // ----------------------------------------------------------------------------
 // small helpers

@@ -17,19 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "tests/check.h"
 
-static int g_fail, g_checks;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        g_checks++;                                                         \
-        if (!(cond)) {                                                      \
-            g_fail++;                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static void test_ints(void) {
     thr_reader r;
@@ -193,6 +183,6 @@ int main(int argc, char **argv) {
     test_struct();
     test_limits();
     test_refusals();
-    printf("test_parquet: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    printf("test_parquet: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
 }

@@ -16,20 +16,10 @@
 
 #include "engine/metrics.h"
 #include "engine/plan_hw.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 static char tmpdir[64];
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        checks++;                                                           \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 #define GIB 1073741824.0
 

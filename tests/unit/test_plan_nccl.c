@@ -13,19 +13,9 @@
 
 #include "engine/plan_nccl.h"
 #include "parallel/mesh.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        checks++;                                               \
-        if (!(cond)) {                                          \
-            failures++;                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                       \
-            fprintf(stderr, "\n");                              \
-        }                                                       \
-    } while (0)
 
 #define MIB (1024.0 * 1024.0)
 

@@ -19,19 +19,9 @@
 #include "parallel/pp/generate.h"
 #include "parallel/pp/lower.h"
 #include "parallel/pp/schedule.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        checks++;                                                           \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static char tmpdir[64];
 

@@ -22,19 +22,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "tests/check.h"
 
-static int g_fail, g_checks;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        g_checks++;                                                         \
-        if (!(cond)) {                                                      \
-            g_fail++;                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static char g_root[1024];
 
@@ -717,6 +707,6 @@ int main(void) {
     test_out_of_vocab();
     test_text_helpers();
     rm_tree(g_root);
-    printf("test_shard_loader: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    printf("test_shard_loader: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
 }

@@ -13,20 +13,9 @@
 #include "data/bpe.h"
 #include "data/pretok.h"
 #include "data/tokenizer.h"
+#include "tests/check.h"
 
-static int n_pass, n_fail;
 
-#define CHECK(cond, ...)                                      \
-    do {                                                      \
-        if (cond) {                                           \
-            n_pass++;                                         \
-        } else {                                              \
-            n_fail++;                                         \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                     \
-            fprintf(stderr, "\n");                            \
-        }                                                     \
-    } while (0)
 
 /* ---- deterministic RNG ---------------------------------------------------------- */
 static uint64_t rng_state = 0x1234567887654321ULL;
@@ -563,6 +552,6 @@ int main(void) {
     test_pretok();
     test_files();
     test_cl100k();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    printf("%d passed, %d failed\n", checks - failures, failures);
+    return failures ? 1 : 0;
 }

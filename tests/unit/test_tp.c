@@ -27,19 +27,9 @@
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "parallel/tp.h"
+#include "tests/check.h"
 
-static int failures = 0, checks = 0, world_rank = 0;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        checks++;                                                                          \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s: ", world_rank, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
 
 static uint64_t lcg_state;
 static void seed(uint64_t s) { lcg_state = s * 0x9E3779B97F4A7C15ull + 1; }
@@ -462,7 +452,7 @@ static void test_model(comm_group *g) {
 int main(int argc, char **argv) {
     int provided = 0, world = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_rank(MPI_COMM_WORLD, &check_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     mesh m;
     char err[512];
@@ -476,7 +466,7 @@ int main(int argc, char **argv) {
     o.backend = COMM_BACKEND_MPI;
     o.init_timeout_s = 120;
     o.train_timeout_s = 120;
-    comm_world *w = comm_world_create(&m, world_rank, &o, err, sizeof err);
+    comm_world *w = comm_world_create(&m, check_rank, &o, err, sizeof err);
     if (!w) {
         fprintf(stderr, "%s\n", err);
         MPI_Finalize();
@@ -488,7 +478,7 @@ int main(int argc, char **argv) {
     comm_world_free(w);
     int f = failures, all = 0;
     MPI_Allreduce(&f, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (world_rank == 0) printf("test_tp: %d ranks, %d checks per rank, %d failures\n", world, checks, all);
+    if (check_rank == 0) printf("test_tp: %d ranks, %d checks per rank, %d failures\n", world, checks, all);
     MPI_Finalize();
     return all ? 1 : 0;
 }
