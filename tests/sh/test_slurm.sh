@@ -22,6 +22,8 @@ set -euo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
 KILLWAIT=10
+# slurmctld and slurmd live in /usr/sbin, which a user's PATH may lack
+PATH="$PATH:/usr/sbin:/sbin"
 
 for c in slurmctld slurmd sbatch srun scancel squeue scontrol sinfo; do
   if ! command -v "$c" >/dev/null; then
