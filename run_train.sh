@@ -18,8 +18,9 @@
 # Extra arguments are passed to `tetra train` (--section.key value ...).
 #
 # Signals (Slurm's SIGTERM or --signal=B:USR1@N, Ctrl-C, kill): SIGTERM, SIGINT, SIGUSR1 and
-# SIGHUP to this script, or to its process group, reach every rank at once; each finishes the
-# step in progress, the step is saved, and the exit status is 0. A second Ctrl-C abandons the
+# SIGHUP to this script, to its process group, or to every process of a Slurm job (scancel),
+# reach every rank at once; each finishes the step in progress, the step is saved, and the exit
+# status is 0. A second Ctrl-C abandons the
 # save (exit 130). The output goes on to metrics.jsonl when stdout or stderr is closed
 # (| head). Exit status: 0 when training finished or stopped with its checkpoint saved; 130
 # when a second Ctrl-C abandoned the save; 128+N for a signal N before the run started (while
@@ -95,6 +96,11 @@ fi
 # output reaches ours through relays that keep reading when ours is closed (tee -p, with
 # /dev/null as a second output that never closes), and this script passes the first signal
 # on as SIGUSR1 (to mpirun, which forwards it to every rank at once, or to the one rank).
+# A session of its own is not enough under Slurm: at scancel, preemption or a time limit it
+# signals every process of the job (proctrack/cgroup, linuxproc), mpirun included. So mpirun
+# also starts with SIGTERM, SIGINT and SIGHUP blocked: they stay pending and it never acts on
+# them. Its ranks take them as usual (Open MPI unblocks every signal in a rank before exec, and
+# tetra unblocks its own), and Slurm's SIGKILL after KillWait still ends everything.
 mkdir -p "$LOG_DIR"
 exec {RUN_OUT}> >(trap '' INT TERM HUP USR1; exec tee -p /dev/null)
 OUT_PID=$!
@@ -119,13 +125,16 @@ if setpriv --pdeathsig KILL true 2>/dev/null; then RUN_WRAP=(setpriv --pdeathsig
 # SIGUSR1 ignored until mpirun and tetra install their handlers: one that comes earlier is
 # dropped (the stop-request file below still stops the run) instead of killing them
 if env --ignore-signal=USR1 true 2>/dev/null; then RUN_WRAP=(env --ignore-signal=USR1 ${RUN_WRAP[@]+"${RUN_WRAP[@]}"}); fi
+MPIRUN_WRAP=() # SIGTERM, SIGINT and SIGHUP blocked for mpirun (above: Slurm signals every process)
+if env --block-signal=TERM true 2>/dev/null; then MPIRUN_WRAP=(env --block-signal=TERM --block-signal=INT --block-signal=HUP); fi
 CHILD="" STOP_SIG="" ABANDONED=0 SIGNALS=0 RC=0
 start_run() {
   if [ "$NGPU" = 1 ]; then
     setsid -w ${RUN_WRAP[@]+"${RUN_WRAP[@]}"} "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   else
-    setsid -w ${RUN_WRAP[@]+"${RUN_WRAP[@]}"} mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR -x TETRA_STOP_FILE \
+    setsid -w ${RUN_WRAP[@]+"${RUN_WRAP[@]}"} ${MPIRUN_WRAP[@]+"${MPIRUN_WRAP[@]}"} \
+      mpirun -np "$NGPU" --oversubscribe --bind-to none -x TETRA_COLOR -x TETRA_STOP_FILE \
       ./scripts/rank_exec.sh "$LOG_RANK" "$LOG_DIR" "$TETRA" train --job.config_file "$CONFIG_FILE" \
       ${QUICK[@]+"${QUICK[@]}"} "$@" </dev/null >&"$RUN_OUT" 2>&"$RUN_ERR" &
   fi

@@ -42,6 +42,11 @@ static size_t abandon_len;
 static pthread_mutex_t target_mu = PTHREAD_MUTEX_INITIALIZER;
 static char stop_target[4200];
 static int stop_target_set = 0;
+/* Set (under target_mu) from the moment a rank samples its stop request for the end of a step
+ * until the all-reduce has decided: a signal arriving then may stop the run after this step
+ * (another rank saw it first) or after the next, so the reporter waits for the decision. */
+static pthread_cond_t decided_cv = PTHREAD_COND_INITIALIZER;
+static int deciding = 0;
 
 const char *run_guard_signal_name(int sig) {
     if (sig > RUN_GUARD_FROM_LAUNCHER) sig -= RUN_GUARD_FROM_LAUNCHER;
@@ -102,13 +107,20 @@ static void *signal_reporter(void *arg) {
     for (;;) {
         if (sem_wait(&sig_sem) != 0) continue;
         const int sig = last_sig;
-        const long step = (long)cur_step;
         const int asked = sig == SIGUSR1 ? stop_file_signal() : 0; /* passed on by run_train.sh */
         char what[64];
         if (asked && asked != SIGUSR1)
             snprintf(what, sizeof what, "%s (from the launcher, as SIGUSR1)", run_guard_signal_name(asked));
         else snprintf(what, sizeof what, "%s", run_guard_signal_name(sig));
         pthread_mutex_lock(&target_mu);
+        /* the step the stop will save is known once the step's stop decision is (an all-reduce:
+         * milliseconds); a collective that never ends is the watchdog's, not a reason to be silent */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 5;
+        while (deciding)
+            if (pthread_cond_timedwait(&decided_cv, &target_mu, &until) != 0) break;
+        const long step = (long)cur_step;
         if (++seen > 1)
             log_warn("%s again: already stopping after step %ld (SIGINT abandons the save)", what, step);
         else if (step == 0)
@@ -153,11 +165,40 @@ void run_guard_catch_signals(int rank) {
 
 int run_guard_stop_signal(void) { return (int)stop_sig; }
 
+/* Test hook: ranks other than 0 come to each stop decision this many milliseconds late, so
+ * that rank 0 spends most of a step inside the decision's all-reduce, where a signal it
+ * receives can no longer be in its own request (tests/sh/test_preemption.sh). */
+static void decision_delay(int rank) {
+    static long ms = -1;
+    if (ms < 0) {
+        const char *s = getenv("TETRA_TEST_STOP_DECISION_DELAY_MS");
+        ms = s && atol(s) > 0 ? atol(s) : 0;
+    }
+    if (rank == 0 || ms == 0) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 int run_guard_stop_request(int rank) {
+    decision_delay(rank);
+    /* marked before the sample: a signal after the mark either is in the sample or waits for
+     * the decision in the reporter; one before it is in the sample */
+    pthread_mutex_lock(&target_mu);
+    deciding = 1;
+    pthread_mutex_unlock(&target_mu);
     /* the launcher's word outranks a rank's own signal in the all-reduce (max), so every rank
      * names the signal the user sent, not the SIGUSR1 that carried it */
     const int file = rank == 0 ? stop_file_signal() : 0;
     return file ? RUN_GUARD_FROM_LAUNCHER + file : (int)stop_sig;
+}
+
+void run_guard_stop_decided(int stop, int64_t next_step) {
+    pthread_mutex_lock(&target_mu);
+    if (!stop) cur_step = (sig_atomic_t)next_step;
+    deciding = 0;
+    pthread_cond_broadcast(&decided_cv);
+    pthread_mutex_unlock(&target_mu);
 }
 
 void run_guard_set_step(int64_t step) { cur_step = (sig_atomic_t)step; }

@@ -36,6 +36,11 @@ int run_guard_stop_signal(void);
  * run_guard_signal_name names either. */
 #define RUN_GUARD_FROM_LAUNCHER 64
 int run_guard_stop_request(int rank);
+/* The all-reduced decision that followed run_guard_stop_request: stop after the current step,
+ * or go on to next_step. Until it is known, a signal's "saving step N" waits (a signal that
+ * came after this rank's request may still stop the run at this step, if another rank's
+ * request carried it, or else at the next). */
+void run_guard_stop_decided(int stop, int64_t next_step);
 const char *run_guard_signal_name(int sig);
 /* What a stop will do, for the message printed when a signal arrives: the checkpoint
  * folder a stop saves to, or NULL when nothing will be saved. */

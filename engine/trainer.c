@@ -1470,8 +1470,11 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
      * progress finishes, every rank learns of the signal at its end, a checkpoint is written
      * and the run exits 0. A signal during start-up stops the run before its first step. */
     run_guard_set_stop_target(t->saver && !c->checkpoint.load_only ? t->ckpt_dir : NULL);
-    const int64_t early =
-        first_step <= c->training.steps ? comm_all_reduce_i64(t->g_world, run_guard_stop_request(rank), COMM_MAX) : 0;
+    int64_t early = 0;
+    if (first_step <= c->training.steps) {
+        early = comm_all_reduce_i64(t->g_world, run_guard_stop_request(rank), COMM_MAX);
+        run_guard_stop_decided(early != 0, first_step);
+    }
     if (early) {
         if (rank == 0)
             log_warn("stopped by %s during start-up, before step %lld of %lld: nothing was trained, so nothing was "
@@ -1615,6 +1618,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         }
         /* a stop signal on any rank stops every rank after the same step */
         const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)run_guard_stop_request(rank), COMM_MAX);
+        run_guard_stop_decided(sig && !last, last ? step : step + 1);
         if (sig && !last) {
             const int saved = t->saver && !c->checkpoint.load_only && step % c->checkpoint.interval == 0;
             if (t->saver && !c->checkpoint.load_only && !saved &&

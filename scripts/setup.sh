@@ -3,9 +3,10 @@
 #
 #   scripts/setup.sh            build dependencies + build (what run_train.sh needs)
 #   scripts/setup.sh --tests    also the test references: PyTorch, toml-test cases,
-#                               and a Python venv with tiktoken, tokenizers, ...; and
-#                               the CUDA simulator tests (TETRA_CUDA_SIM=ON): a build
-#                               folder configured without them is reconfigured
+#                               a one-node Slurm's programs, and a Python venv with
+#                               tiktoken, tokenizers, ...; and the CUDA simulator tests
+#                               (TETRA_CUDA_SIM=ON): a build folder configured without
+#                               them is reconfigured
 #   scripts/setup.sh --configure-only   everything but the build itself
 #
 # As root, missing packages are installed with apt-get; otherwise the exact
@@ -24,7 +25,7 @@ for a in "$@"; do
   case "$a" in
     --tests) WITH_TESTS=1 ;;
     --configure-only) BUILD=0 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +37,9 @@ PKGS=(build-essential cmake pkg-config libopenblas-dev libdnnl-dev libopenmpi-de
 if [ "$WITH_TESTS" = 1 ]; then
   PKGS+=(python3 python3-venv python3-pip python3-torch python3-numpy
          golang-github-burntsushi-toml-dev gnuplot-nox zstd)
+  # tests/sh/test_slurm.sh starts a private one-node Slurm from a slurm.conf of its own; the
+  # system's services stay unconfigured (they start only with an /etc/slurm/slurm.conf)
+  PKGS+=(slurmctld slurmd slurm-client)
 fi
 
 missing=()

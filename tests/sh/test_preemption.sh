@@ -4,7 +4,8 @@
 #      the run says where and exits 0; running the same command again resumes, and every
 #      step's loss equals an uninterrupted run's bit for bit.
 #   2. SIGUSR1 to one rank of fsdp 2 (Slurm's --signal): both ranks stop after the same step,
-#      save and exit 0; the resume is bit-exact too.
+#      save and exit 0; the resume is bit-exact too. A signal that comes while a step's stop
+#      decision is under way: rank 0's "saving step N" names the step that is saved.
 #   3. Without checkpointing the stop says nothing was saved (exit 0); a second SIGINT exits
 #      at once (130).
 #   4. `tetra train | head -1`: training goes on to the last step after the pipe closes.
@@ -90,6 +91,31 @@ mpirun -np 2 --oversubscribe --bind-to none "$TETRA" "${COMMON[@]}" "${F2[@]}" -
   >"$T/f2_resume.log" 2>&1 || bad "fsdp 2 resume exited with $?"
 same_losses "$T/f2full" "$T/f2" && ok "fsdp 2 resumed after SIGUSR1: losses equal the uninterrupted run's" ||
   bad "fsdp 2 resumed after SIGUSR1: losses differ"
+
+# ---- 2b. a signal while a step's stop decision is under way ---------------------------------------
+# Rank 1 comes to each step's stop decision 300 ms late (a test hook), so rank 0 spends most of
+# each step in the decision's all-reduce, its own request already made: a SIGUSR1 to rank 0 there
+# stops the run after the next step, and rank 0's "saving step N" must name that step (it used
+# to name the step in progress, one before the checkpoint written).
+TETRA_TEST_STOP_DECISION_DELAY_MS=300 mpirun -np 2 --oversubscribe --bind-to none "$TETRA" "${COMMON[@]}" "${F2[@]}" \
+  --job.dump_folder "$T/dec" >"$T/dec.log" 2>&1 &
+mp=$!
+wait_steps "$T/dec" 3 || bad "the run with a late rank 1 did not start"
+sleep 0.1
+r0=""
+for p in $(pgrep -P "$mp" -x tetra); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && r0=$p
+done
+if [ -n "$r0" ]; then kill -USR1 "$r0"; else bad "rank 0's process not found under mpirun"; fi
+wait $mp
+rc=$?
+said=$(grep -o "SIGUSR1 received during step [0-9]*: saving step [0-9]*" "$T/dec.log" | grep -o '[0-9]*$' | head -1)
+n=$(grep -o "stopped by SIGUSR1 after step [0-9]*" "$T/dec.log" | grep -o '[0-9]*$')
+if [ $rc = 0 ] && [ -n "$n" ] && [ "$said" = "$n" ] && [ -f "$T/dec/checkpoint/step-$n/metadata.json" ]; then
+  ok "SIGUSR1 to rank 0 waiting in a step's stop decision: 'saving step $said', stopped after step $n, step-$n saved"
+else
+  bad "SIGUSR1 during the stop decision: exit $rc, rank 0 said 'saving step ${said}', stopped after step '${n}'"
+fi
 
 # ---- 3. no checkpointing; SIGINT twice --------------------------------------------------------------
 "$TETRA" "${COMMON[@]}" --training.local_batch_size 2 --checkpoint.no_enable --job.dump_folder "$T/nock" \
