@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "util/crc32c.h"
+#include "util/host.h"
 
 #define PATH_LEN 4096
 #define MSG_LEN 2048
@@ -27,23 +27,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int mpi_world(void) {
-    int init = 0, fin = 0;
-    MPI_Initialized(&init);
-    if (!init) return 1;
-    MPI_Finalized(&fin);
-    if (fin) return 1;
-    int w = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &w);
-    return w;
-}
-
-static int mpi_rank(void) {
-    if (mpi_world() <= 1) return 0;
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
+static int mpi_world(void) { return host_world(); }
+static int mpi_rank(void) { return host_rank(); }
 
 /* ----------------------------------------------------------------------------
  * files and folders */
@@ -280,12 +265,11 @@ int ckpt_find(const char *dir, int64_t load_step, char *out, size_t n, char *not
 int ckpt_agree(int failed, char *err, size_t errlen) {
     if (mpi_world() <= 1) return failed ? -1 : 0;
     int world = mpi_world(), rank = mpi_rank();
-    int who = failed ? rank : world;
-    MPI_Allreduce(MPI_IN_PLACE, &who, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    const int who = host_min_int(failed ? rank : world);
     if (who == world) return 0;
     char msg[MSG_LEN];
     if (rank == who) ck_snprintf(msg, sizeof msg, "%s", err);
-    MPI_Bcast(msg, MSG_LEN, MPI_CHAR, who, MPI_COMM_WORLD);
+    host_bcast(msg, MSG_LEN, who);
     msg[MSG_LEN - 1] = '\0';
     ck_snprintf(err, errlen, "%s", msg);
     return -1;
@@ -381,7 +365,7 @@ ckpt_saver *ckpt_saver_create(const ckpt_saver_options *o, char *err, size_t err
     s->o.dir = s->dir;
     s->mpi = mpi_world() > 1;
     s->tmp_id = (long)getpid();
-    if (s->mpi) MPI_Bcast(&s->tmp_id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    if (s->mpi) host_bcast(&s->tmp_id, sizeof s->tmp_id, 0);
     pthread_mutex_init(&s->mu, NULL);
     ck_meta_init(&s->local);
     return s;
@@ -699,20 +683,14 @@ static int finalise(ckpt_saver *s, char *err, size_t errlen) {
         lens = calloc((size_t)world, sizeof *lens);
         displs = calloc((size_t)world, sizeof *displs);
     }
-    if (s->mpi) {
-        MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
-        if (rank == 0) {
-            long tot = 0;
-            for (int r = 0; r < world; r++) {
-                displs[r] = (int)tot;
-                tot += lens[r];
-            }
-            all = malloc((size_t)tot + 1);
+    /* every rank's chunk list (each with its NUL) end to end at rank 0 */
+    int gathered = rank != 0 || lens ? host_gather_text(mine ? mine : "", len, &all, lens) : -1;
+    if (rank == 0 && gathered == 0 && displs) {
+        long tot = 0;
+        for (int r = 0; r < world; r++) {
+            displs[r] = (int)tot;
+            tot += lens[r];
         }
-        MPI_Gatherv(mine ? mine : "", len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, MPI_COMM_WORLD);
-    } else if (rank == 0 && lens) {
-        lens[0] = len;
-        all = mine ? strdup(mine) : NULL;
     }
     if (rank == 0) {
         int ok = texts && lens && displs && all;
@@ -730,8 +708,8 @@ static int finalise(ckpt_saver *s, char *err, size_t errlen) {
         }
     }
     if (s->mpi) {
-        MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-        MPI_Bcast(msg, MSG_LEN, MPI_CHAR, 0, MPI_COMM_WORLD);
+        host_bcast(&rc, sizeof rc, 0);
+        host_bcast(msg, MSG_LEN, 0);
         msg[MSG_LEN - 1] = '\0';
     }
     free(mine);
@@ -757,7 +735,7 @@ int ckpt_poll(ckpt_saver *s, int wait, char *err, size_t errlen) {
     pthread_mutex_lock(&s->mu);
     int done = s->done;
     pthread_mutex_unlock(&s->mu);
-    if (s->mpi) MPI_Allreduce(MPI_IN_PLACE, &done, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (s->mpi) done = host_min_int(done);
     if (!done) return 0;
     if (s->thread_running) {
         pthread_join(s->thread, NULL);

@@ -1,13 +1,13 @@
 #include "cli/info.h"
 
 #include <cblas.h>
-#include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "kernels/cuda_plugin.h"
+#include "util/host.h"
 
 /* OpenBLAS-specific introspection; declared here so the generic cblas.h suffices. */
 char *openblas_get_config(void);
@@ -28,11 +28,8 @@ int info_main(int argc, char **argv) {
         fprintf(stderr, "usage: tetra info [--gpu-count]\n");
         return !(strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) * 2;
     }
-    char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    MPI_Get_library_version(mpi_version, &len);
-    char *nl = strchr(mpi_version, ',');
-    if (nl) *nl = 0;
+    char mpi_version[256];
+    host_mpi_version(mpi_version, sizeof mpi_version);
     printf("tetra 0.1.0\n");
     printf("  cpu cores (online):  %ld\n", sysconf(_SC_NPROCESSORS_ONLN));
     printf("  openmp max threads:  %d\n", omp_get_max_threads());

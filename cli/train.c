@@ -1,7 +1,6 @@
 #include "cli/train.h"
 
 #include <errno.h>
-#include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include "engine/run_guard.h"
 #include "engine/trainer.h"
 #include "parallel/comm.h"
+#include "util/host.h"
 
 /* Write the merged config to `path` atomically: a crash never leaves half a file. */
 static int save_config_file(const tetra_config *c, const char *path, char *err, size_t n) {
@@ -54,14 +54,14 @@ static int configs_differ(const tetra_config *cfg, int rank) {
     cfg_print_toml(cfg, f);
     fclose(f);
     long long n = rank == 0 ? (long long)len : 0;
-    MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    host_bcast(&n, sizeof n, 0);
     char *ref = malloc((size_t)n + 1);
     if (!ref) {
         free(mine);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        host_abort(1);
     }
     if (rank == 0) memcpy(ref, mine, (size_t)n);
-    MPI_Bcast(ref, (int)n, MPI_CHAR, 0, MPI_COMM_WORLD);
+    host_bcast(ref, (size_t)n, 0);
     ref[n] = 0;
     int differ = (size_t)n != len || memcmp(ref, mine, len) != 0;
     if (differ) { /* the first line that differs, and the section it is in */
@@ -86,8 +86,7 @@ static int configs_differ(const tetra_config *cfg, int rank) {
     }
     free(ref);
     free(mine);
-    int any = 0;
-    MPI_Allreduce(&differ, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int any = host_max_int(differ);
     if (any && rank == 0 && !differ) log_error("the ranks were given different configurations (see the rank that differs)");
     return any;
 }
@@ -126,7 +125,7 @@ static int end_failed(int world, int rc) {
         nanosleep(&pause, NULL);
         comm_abort_explained(rc);
     }
-    MPI_Finalize();
+    host_end();
     return rc;
 }
 
@@ -141,11 +140,8 @@ int train_main(int argc, char **argv) {
     if (!env_rank) env_rank = getenv("PMI_RANK");
     if (!env_rank) env_rank = getenv("SLURM_PROCID");
     run_guard_catch_signals(env_rank ? atoi(env_rank) : 0);
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    int rank = 0, world = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    host_start(&argc, &argv);
+    const int rank = host_rank(), world = host_world();
     log_init(rank, world);
 
     /* --dry-run is an action, not a config key: taken out before the keys are parsed */
@@ -164,7 +160,7 @@ int train_main(int argc, char **argv) {
     int rc = cfg_parse_args(&cfg, argc, argv, stdout, err, sizeof err);
     if (rc == 1) {
         cfg_free(&cfg);
-        MPI_Finalize();
+        host_end();
         return 0;
     }
     if (rc == 0 && cfg.v.metrics.disable_color_printing) log_set_color(0);
@@ -209,6 +205,6 @@ int train_main(int argc, char **argv) {
     run_guard_end();
     /* a failing rank must not leave the others waiting: it ends the job */
     if (rc != 0) return end_failed(world, rc);
-    MPI_Finalize();
+    host_end();
     return rc;
 }

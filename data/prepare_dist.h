@@ -3,7 +3,8 @@
  * Launched by an MPI launcher (its environment says so: Open MPI's OMPI_COMM_WORLD_SIZE,
  * MPICH's and Slurm's PMI_SIZE, PMIx's PMIX_RANK), prepare runs as one rank of several:
  * MPI is started and the few collective steps below go through it. Started by hand it is
- * one rank and MPI is never started. This file is the only one of data/ that calls MPI. */
+ * one rank and MPI is never started. The exchanges go through the host control plane
+ * (util/host.h). */
 #ifndef TETRA_PREPARE_DIST_H
 #define TETRA_PREPARE_DIST_H
 

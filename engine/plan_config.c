@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include "engine/plan_estimate.h"
 #include "engine/plan_hw.h"
 #include "engine/plan_ops.h"
+#include "util/host.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -331,16 +331,14 @@ static int calibrate_main(int argc, char **argv) {
             return 2;
         }
     }
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    host_start(&argc, &argv);
+    const int rank = host_rank();
     char err[2048];
     plan_hw base, out;
     int rc = 0;
     if (plan_hw_load(basep, &base, err, sizeof err)) {
         if (rank == 0) fprintf(stderr, "tetra plan --calibrate: %s\n", err);
-        MPI_Finalize();
+        host_end();
         return 2;
     }
     if (plan_calibrate(&out, &base, threads, rank == 0 ? stdout : NULL, err, sizeof err)) {
@@ -363,7 +361,7 @@ static int calibrate_main(int argc, char **argv) {
         }
         if (!rc) printf("wrote %s (use it with --hardware %s)\n", outp, outp);
     }
-    MPI_Finalize();
+    host_end();
     return rc;
 }
 

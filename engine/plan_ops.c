@@ -3,7 +3,6 @@
  * a float8 config what the conversion adds over the same step in bf16. */
 #include <jansson.h>
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "kernels/op_costs.h"
 #include "kernels/ops_record.h"
 #include "models/llama3/llama3_args.h"
+#include "util/host.h"
 
 /* A launch's fixed cost on the device, an assumption (not a measurement): reported
  * beside the roofline, never added to it. */
@@ -456,12 +456,7 @@ int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int jso
                         "profile, e.g. --hardware h100-sxm)\n", hw->name);
         return 2;
     }
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-        int provided = 0;
-        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-    }
+    const int started = host_start(NULL, NULL);
     const op_cost_device dev = op_cost_device_h100();
     char err[4096];
     recording r, bf;
@@ -475,7 +470,7 @@ int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int jso
         fprintf(stderr, "tetra plan --ops: %s\n", err);
         recording_free(&r);
         recording_free(&bf);
-        if (!inited) MPI_Finalize();
+        if (started) host_end();
         return rc == -2 ? 2 : 1;
     }
     f8_delta d;
@@ -492,6 +487,6 @@ int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int jso
     }
     recording_free(&r);
     recording_free(&bf);
-    if (!inited) MPI_Finalize();
+    if (started) host_end();
     return 0;
 }

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <mpi.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -17,6 +16,7 @@
 
 #include "engine/log.h"
 #include "engine/tb_writer.h"
+#include "util/host.h"
 
 /* ---- standard streams ------------------------------------------------------ */
 
@@ -376,8 +376,7 @@ int run_guard_start(const tetra_config_values *c, int rank) {
         if (!bad && c->checkpoint.enable && !c->checkpoint.load_only && !inside(ckpt, dump))
             bad = lock_folder(1, ckpt, "checkpoint.folder");
     }
-    int any = bad;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    const int any = host_max_int(bad);
     if (any && !bad && rank == 0)
         log_error("another rank cannot write one of the run's output folders (see its log, LOG_RANK=all)");
     if (any) run_guard_end();

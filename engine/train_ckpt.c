@@ -2,7 +2,6 @@
  * the protocol, docs/checkpoint.md the user's view): which checkpoint a run starts
  * from, what a save holds, and loading it back under any layout. */
 #include <inttypes.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include "models/llama3/hf_checkpoint.h"
 #include "engine/log.h"
 #include "engine/trainer_internal.h"
+#include "util/host.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -61,8 +61,8 @@ static int find_agreed(int rank, const char *dir, int64_t load_step, int newest_
         ck_snprintf(buf, sizeof buf, "%s", rc == 1 ? path : rc < 0 ? err : "");
         if (note[0]) log_info("checkpoint: %s", note);
     }
-    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    MPI_Bcast(buf, (int)sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+    host_bcast(&rc, sizeof rc, 0);
+    host_bcast(buf, sizeof buf, 0);
     buf[sizeof buf - 1] = '\0';
     if (rc == 1) ck_snprintf(path, n, "%s", buf);
     if (rc < 0) ck_snprintf(err, errlen, "%s", buf);

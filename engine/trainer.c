@@ -4,7 +4,6 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <mpi.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +26,7 @@
 #include "parallel/cp.h"
 #include "parallel/pp/generate.h"
 #include "parallel/tp.h"
+#include "util/host.h"
 
 /* OpenBLAS' own thread control; declared here to keep to the generic cblas.h. */
 void openblas_set_num_threads(int num_threads);
@@ -38,24 +38,10 @@ static double now_s(void) {
 }
 
 /* Ranks on this host, so CPU threads are split between them. */
-static int local_ranks(void) {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int n = 1;
-    MPI_Comm_size(node, &n);
-    MPI_Comm_free(&node);
-    return n;
-}
+static int local_ranks(void) { return host_node_ranks(); }
 
 /* This rank's index among the ranks of its host. */
-static int node_local_rank(void) {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int r = 0;
-    MPI_Comm_rank(node, &r);
-    MPI_Comm_free(&node);
-    return r;
-}
+static int node_local_rank(void) { return host_node_rank(); }
 
 /* comm.backend: NCCL where each rank of a node has a GPU of its own (NCCL refuses two
  * ranks of a communicator on one device), MPI otherwise; MPI on device buffers goes

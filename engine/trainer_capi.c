@@ -7,7 +7,6 @@
  * schedule, FSDP hooks, gradient clipping, AdamW and the LR schedule of a real run
  * (collective: every rank calls it). MPI is initialised on first use (a singleton
  * outside mpirun) and finalised at exit. */
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "engine/log.h"
 #include "engine/trainer_internal.h"
 #include "models/llama3/hf.h"
+#include "util/host.h"
 
 /* Exported helpers (not in a header: only ctypes calls them). */
 void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen);
@@ -29,23 +29,9 @@ typedef struct {
     trainer *t;
 } capi;
 
-static void finalize_mpi(void) {
-    int fin = 0;
-    MPI_Finalized(&fin);
-    if (!fin) MPI_Finalize();
-}
-
 void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-        int provided = 0;
-        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-        atexit(finalize_mpi);
-    }
-    int rank = 0, world = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (host_start(NULL, NULL)) host_end_at_exit();
+    const int rank = host_rank(), world = host_world();
     log_init(rank, world);
     capi *c = calloc(1, sizeof *c);
     if (!c) {

@@ -19,6 +19,10 @@
 #   tools      -> engine (the TOML decoder of the toml-test suite)
 #   util       -> nothing; every folder may include it (dtypes, crc32c, error messages)
 # tests/ and bench/ may include anything.
+#
+# MPI (<mpi.h>) is named in parallel/ and in util/host.c, the host control plane every
+# other folder uses for its whole-job exchanges; engine/plan_calibrate.c measures MPI's own
+# link rates, so it calls MPI too.
 cmake_minimum_required(VERSION 3.20)
 if(NOT ROOT)
   message(FATAL_ERROR "check_includes.cmake: pass -DROOT=<source tree>")
@@ -36,11 +40,21 @@ set(ALLOWED_kernels util)
 set(ALLOWED_tools engine util)
 set(ALLOWED_util)
 
+set(MPI_FILES util/host.c engine/plan_calibrate.c)
+
 set(violations 0)
 foreach(mod IN LISTS MODULES)
   file(GLOB_RECURSE files RELATIVE ${ROOT} ${ROOT}/${mod}/*.c ${ROOT}/${mod}/*.h ${ROOT}/${mod}/*.cu
        ${ROOT}/${mod}/*.cuh)
   foreach(f IN LISTS files)
+    if(NOT mod STREQUAL "parallel" AND NOT f IN_LIST MPI_FILES)
+      file(STRINGS ${ROOT}/${f} mpi REGEX "^[ \t]*#[ \t]*include[ \t]*<mpi\\.h>")
+      if(mpi)
+        message(SEND_ERROR "${f}: #include <mpi.h>: outside parallel/, MPI goes through util/host.h "
+                "(the rule is scripts/check_includes.cmake)")
+        math(EXPR violations "${violations} + 1")
+      endif()
+    endif()
     file(STRINGS ${ROOT}/${f} incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"[^\"]+/")
     foreach(line IN LISTS incs)
       string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"/]+)/.*" "\\1" target "${line}")

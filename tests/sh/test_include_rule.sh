@@ -32,4 +32,15 @@ for c in engine:models models:parallel parallel:kernels cli:checkpoint checkpoin
   cmake -DROOT="$T/$from-$to" -P "$CHECK" >"$T/c.log" 2>&1 && ok "$from/ may include $to/" ||
     bad "$from/ including $to/ was refused: $(cat "$T/c.log")"
 done
+# MPI outside parallel/ and the host control plane
+mkdir -p "$T/mpi/engine" "$T/mpi/parallel" "$T/mpi/util"
+printf '#include <mpi.h>\n' >"$T/mpi/engine/probe.c"
+cmake -DROOT="$T/mpi" -P "$CHECK" 2>&1 | tr '\n' ' ' | tr -s ' ' >"$T/m.log"
+grep -q 'engine/probe.c: #include <mpi.h>: outside parallel/, MPI goes through util/host.h' "$T/m.log" &&
+  ok "engine/ including <mpi.h> is refused" || bad "engine/ including <mpi.h>: $(cat "$T/m.log")"
+rm "$T/mpi/engine/probe.c"
+printf '#include <mpi.h>\n' >"$T/mpi/parallel/probe.c"
+printf '#include <mpi.h>\n' >"$T/mpi/util/host.c"
+cmake -DROOT="$T/mpi" -P "$CHECK" >"$T/m2.log" 2>&1 && ok "parallel/ and util/host.c may include <mpi.h>" ||
+  bad "parallel/ or util/host.c including <mpi.h> was refused: $(cat "$T/m2.log")"
 finish
