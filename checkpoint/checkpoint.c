@@ -17,6 +17,7 @@
 
 #include "util/crc32c.h"
 #include "util/host.h"
+#include "util/file.h"
 
 #define PATH_LEN 4096
 #define MSG_LEN 2048
@@ -337,19 +338,6 @@ static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off) {
         p += w;
         n -= (size_t)w;
         off += (uint64_t)w;
-    }
-    return 0;
-}
-
-static int pread_full(int fd, void *buf, size_t n, uint64_t off) {
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
     }
     return 0;
 }
@@ -968,7 +956,7 @@ static const unsigned char *get_chunk(ckpt_reader *r, const ck_tensor *t, int c,
         return NULL;
     }
     errno = 0;
-    if (pread_full(r->fds[ch->file], r->raw, (size_t)ch->length, ch->offset) != 0) {
+    if (util_pread_all(r->fds[ch->file], r->raw, (size_t)ch->length, ch->offset) != 0) {
         ck_snprintf(err, errlen,
                     "checkpoint %s: cannot read tensor '%s' chunk %d from %s/%s (bytes %" PRIu64 "..%" PRIu64
                     "): %s; refusing to load",

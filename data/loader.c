@@ -8,6 +8,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "util/err.h"
+#include "util/file.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -59,16 +60,6 @@ uint64_t dl_permute(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch) {
 
 /* ---- the loader ---------------------------------------------------------------- */
 
-
-static char *join(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    char *p = malloc(na + nb + 2);
-    if (!p) return NULL;
-    memcpy(p, a, na);
-    p[na] = '/';
-    memcpy(p + na + 1, b, nb + 1);
-    return p;
-}
 
 void dl_close(dl_loader *dl) {
     if (!dl) return;
@@ -203,7 +194,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     uint32_t fp = crc32c(0, &ix.vocab_size, sizeof ix.vocab_size);
     for (int i = 0; i < sp->n_shards; i++) {
         const shard_index_shard *e = &sp->shards[i];
-        char *path = join(dir, e->file);
+        char *path = util_path_join(dir, e->file);
         if (!path) {
             util_set_err(err, errlen, "data loader: out of memory");
             goto fail;

@@ -3,6 +3,7 @@
 
 #include "util/crc32c.h"
 #include "util/err.h"
+#include "util/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -365,19 +366,9 @@ void shard_read_tokens(const shard_file *s, uint64_t first, size_t n, int32_t *o
 
 /* ---- index.json ------------------------------------------------------------------------ */
 
-static char *path_join(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    char *p = malloc(na + nb + 2);
-    if (!p) return NULL;
-    memcpy(p, a, na);
-    p[na] = '/';
-    memcpy(p + na + 1, b, nb + 1);
-    return p;
-}
-
 int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t errlen) {
     int rc = -1;
-    char *path = path_join(dir, "index.json"), *tmp = NULL, *text = NULL;
+    char *path = util_path_join(dir, "index.json"), *tmp = NULL, *text = NULL;
     json_t *root = json_object(), *splits = json_object();
     if (!path || !root || !splits) {
         util_set_err(err, errlen, "%s/index.json: out of memory", dir);
@@ -465,7 +456,7 @@ static char *dup_opt_string(json_t *o, const char *key) {
 
 int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen) {
     memset(ix, 0, sizeof *ix);
-    char *path = path_join(dir, "index.json");
+    char *path = util_path_join(dir, "index.json");
     if (!path) {
         util_set_err(err, errlen, "out of memory");
         return -1;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kernels/ops_math.h"
+#include "util/file.h"
 
 /* host staging: blocks of rows of about this many elements (at least one row) */
 #define HF_CHUNK_ELEMS ((size_t)1 << 22)
@@ -121,19 +122,6 @@ static void decode(float *out, const unsigned char *in, size_t n, st_dtype t) {
 
 /* ----------------------------------------------------------------------------
  * loading */
-
-static int read_full(int fd, void *buf, size_t n, uint64_t off) {
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return 0;
-}
 
 /* Where one parameter's tensor lies. */
 typedef struct {
@@ -246,7 +234,7 @@ static int index_file(llama3_hf_reader *rd, int fi, char *err, size_t errlen) {
     char *hdr = NULL;
     struct stat st;
     unsigned char len8[8];
-    if (fstat(fd, &st) != 0 || st.st_size < 8 || read_full(fd, len8, 8, 0) != 0) {
+    if (fstat(fd, &st) != 0 || st.st_size < 8 || util_pread_all(fd, len8, 8, 0) != 0) {
         snprintf(err, errlen, "%s: not a safetensors file (shorter than its 8-byte header length)", file);
         goto done;
     }
@@ -258,7 +246,7 @@ static int index_file(llama3_hf_reader *rd, int fi, char *err, size_t errlen) {
         goto done;
     }
     hdr = malloc((size_t)n);
-    if (!hdr || read_full(fd, hdr, (size_t)n, 8) != 0) {
+    if (!hdr || util_pread_all(fd, hdr, (size_t)n, 8) != 0) {
         snprintf(err, errlen, "%s: cannot read the header", file);
         goto done;
     }
@@ -453,7 +441,7 @@ int llama3_hf_read(llama3_hf_reader *rd, const char *name, size_t start, size_t 
         }
         if (run > HF_CHUNK_ELEMS) run = HF_CHUNK_ELEMS;
         errno = 0;
-        if (read_full(fd, rd->bytes, run * loc->dsize, loc->data + src * loc->dsize) != 0) {
+        if (util_pread_all(fd, rd->bytes, run * loc->dsize, loc->data + src * loc->dsize) != 0) {
             snprintf(err, errlen, "%s: cannot read tensor '%s': %s", file, rd->hf[idx],
                      errno ? strerror(errno) : "file truncated");
             return -1;
