@@ -52,6 +52,12 @@ const char *mg_dtype_name(int code);
 /* The largest id the dtype holds (0 for the float dtypes). */
 uint64_t mg_dtype_max(int code);
 
+/* ids[i] for stream tokens [first, first+n): the index of the document (the index's
+ * document indices group sequences into documents) holding token first+i, less that of
+ * token first: 0 at the first token, +1 at each document start. Empty documents and
+ * sequences take no token and leave no gap. */
+void mg_doc_ids(const mg_dataset *d, uint64_t first, size_t n, int32_t *ids);
+
 /* Copy stream tokens [first, first+n) into out, each checked to be in [0, vocab): 0, or -1
  * with a message naming the .bin file, the token, its sequence and the id. */
 int mg_read(const mg_dataset *d, uint64_t first, size_t n, uint32_t vocab, int32_t *out, char *err, size_t errlen);

@@ -698,6 +698,53 @@ static void test_out_of_vocab(void) {
     dl_close(dl);
 }
 
+/* Document ids from BOS/EOS (block_causal attention): the rule on its own, then through
+ * dl_next_docs on a corpus whose ids cycle 0..6 (BOS 1, EOS 2: a document starts at every
+ * BOS and after every EOS). */
+static void test_doc_ids(void) {
+    static const int32_t tok[10] = {5, 2, 1, 7, 8, 2, 1, 9, 1, 4};
+    static const int32_t both[10] = {0, 0, 1, 1, 1, 1, 2, 2, 3, 3}, eos_only[10] = {0, 0, 1, 1, 1, 1, 2, 2, 2, 2},
+                         bos_only[10] = {0, 0, 1, 1, 1, 1, 2, 2, 3, 3}, none[10] = {0};
+    int32_t ids[10];
+    dl_doc_ids(tok, 10, 1, 2, ids);
+    CHECK(!memcmp(ids, both, sizeof ids), "BOS and EOS: a BOS right after an EOS starts one document, not two");
+    dl_doc_ids(tok, 10, -1, 2, ids);
+    CHECK(!memcmp(ids, eos_only, sizeof ids), "EOS only: a document ends at its EOS");
+    dl_doc_ids(tok, 10, 1, -1, ids);
+    CHECK(!memcmp(ids, bos_only, sizeof ids), "BOS only: a document starts at its BOS");
+    dl_doc_ids(tok, 10, -1, -1, ids);
+    CHECK(!memcmp(ids, none, sizeof ids), "no BOS, no EOS: one document");
+
+    char err[512], dir[4096];
+    snprintf(dir, sizeof dir, "%s/docs", g_root);
+    static const uint64_t sizes[2] = {300, 211};
+    make_corpus(dir, 7, sizes, 2, 0);
+    dl_config c;
+    memset(&c, 0, sizeof c);
+    c.seq_len = 15;
+    c.local_batch_size = 3;
+    c.dp_size = 1;
+    c.expected_vocab_size = 7;
+    c.shuffle = 1;
+    c.seed = 5;
+    dl_loader *dl = dl_open_config(dir, "train", &c, err, sizeof err);
+    CHECK(dl != NULL && dl_has_documents(dl), "%s", err);
+    if (!dl) return;
+    int32_t in[45], lab[45], docs[45];
+    int ok = 1;
+    for (int step = 0; step < 10; step++) {
+        ok &= dl_next_docs(dl, in, lab, docs) == 1;
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < 15; i++) { /* from the tokens themselves: starts at 1, after 2 */
+                int32_t want = 0;
+                for (int j = 1; j <= i; j++) want += in[k * 15 + j] == 1 || in[k * 15 + j - 1] == 2;
+                ok &= docs[k * 15 + i] == want;
+            }
+    }
+    CHECK(ok, "dl_next_docs: every row's ids follow its own tokens");
+    dl_close(dl);
+}
+
 int main(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_root, sizeof g_root, "%s/tetra_shard_test_XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -716,6 +763,7 @@ int main(void) {
     test_resolve();
     test_out_of_vocab();
     test_text_helpers();
+    test_doc_ids();
     rm_tree(g_root);
     printf("test_shard_loader: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
