@@ -22,6 +22,7 @@
 #include "engine/run_guard.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
+#include "models/llama3/documents.h"
 #include "models/llama3/hf.h"
 #include "models/llama3/pipeline.h"
 #include "parallel/cp.h"
@@ -1260,6 +1261,18 @@ fail:
 
 /* The mixture's realised shares so far, a record of metrics.jsonl and TensorBoard
  * scalars (docs/data.md) */
+/* The visible attention (query, key) pairs of this rank's sequences of the step just
+ * loaded: T(T+1)/2 each under the causal mask, the sum over their documents under
+ * block_causal (mfu_computed counts the attention the mask leaves). */
+static double step_attention_pairs(const trainer *t) {
+    const int rows = (int)t->c->training.local_batch_size * t->accum;
+    if (t->args.attn_mask_type != LLAMA3_MASK_BLOCK_CAUSAL || !t->h_doc)
+        return (double)rows * 0.5 * (double)t->T * (double)(t->T + 1);
+    double p = 0.0;
+    for (int r = 0; r < rows; r++) p += llama3_doc_pairs(t->h_doc + (size_t)r * t->T, t->T);
+    return p;
+}
+
 static void log_mix(trainer *t, int64_t step) {
     char line[1 << 16];
     if (dl_mix_json(t->train, line, sizeof line) != 0) return;
@@ -1487,6 +1500,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     double log_t0 = now_s(), log_data = 0.0, pp_busy = 0.0, pp_total = 0.0, pp_recv = 0.0, pp_type_s[4] = {0};
     long pp_type_n[4] = {0};
     int64_t log_steps = 0, nonfinite_run = 0; /* non-finite steps skipped in a row */
+    double log_pairs = 0.0, log_seqs = 0.0; /* visible attention pairs of this rank's sequences (mfu_computed) */
     const int64_t first_step = t->tc.step + 1;
     /* Preemption (Slurm's SIGTERM or --signal=USR1, Ctrl-C; engine/run_guard.h): the step in
      * progress finishes, every rank learns of the signal at its end, a checkpoint is written
@@ -1536,6 +1550,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         }
         log_data += now_s() - t_data;
         trace_end(t->tr);
+        log_pairs += step_attention_pairs(t);
+        log_seqs += (double)c->training.local_batch_size * t->accum;
 
         step_result r;
         train_step(t, &r);
@@ -1608,6 +1624,9 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                         (double)(t->msh.size[MESH_TP] * t->msh.size[MESH_PP] * t->msh.size[MESH_CP]);
                 s.tflops = t->flops_per_token * s.tps / 1e12;
                 s.mfu = 100.0 * t->flops_per_token * s.tps / t->peak;
+                const double fpt = llama3_flops_per_token_pairs(&t->args, log_pairs / log_seqs, t->T);
+                s.tflops_computed = fpt * s.tps / 1e12;
+                s.mfu_computed = 100.0 * fpt * s.tps / t->peak;
                 s.mem_gib = (double)metrics_peak_rss_bytes() / (1024.0 * 1024 * 1024);
                 s.mem_pct = 100.0 * (double)metrics_peak_rss_bytes() / (double)metrics_host_memory_bytes();
                 s.step_time_s = dt;
@@ -1619,6 +1638,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             log_t0 = now_s();
             log_data = 0.0;
             log_steps = 0;
+            log_pairs = log_seqs = 0.0;
         }
         const int last = step == c->training.steps;
         if (t->saver && !c->checkpoint.load_only &&

@@ -19,4 +19,8 @@ int llama3_doc_check(const int32_t *doc, int b, int T, char *err, size_t errlen)
  * first position of g's document, g = rows[i] (the row's global position; NULL: i). */
 void llama3_doc_positions(const int32_t *doc, int b, int T, const int32_t *rows, int t, int32_t *pos);
 
+/* The visible (query, key) pairs of one sequence under the causal document mask: the sum
+ * of n(n+1)/2 over its documents (n their lengths in doc [T]). */
+double llama3_doc_pairs(const int32_t *doc, int T);
+
 #endif

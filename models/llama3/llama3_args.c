@@ -85,6 +85,11 @@ int64_t llama3_num_params(const llama3_args *a) {
     return 2 * llama3_num_embedding_params(a) + a->n_layers * block + d;
 }
 
+double llama3_flops_per_token_pairs(const llama3_args *a, double pairs_per_seq, int seq_len) {
+    double n = (double)(llama3_num_params(a) - llama3_num_embedding_params(a));
+    return 6.0 * n + 12.0 * a->n_layers * a->n_heads * llama3_head_dim(a) * pairs_per_seq / seq_len;
+}
+
 double llama3_flops_per_token(const llama3_args *a, int seq_len) {
     double n = (double)(llama3_num_params(a) - llama3_num_embedding_params(a));
     return 6.0 * n + 6.0 * a->n_layers * a->n_heads * (2.0 * llama3_head_dim(a)) * seq_len;

@@ -53,7 +53,12 @@ int64_t llama3_ffn_hidden(const llama3_args *a);
 /* Total parameters and the embedding's share (untied embedding + output). */
 int64_t llama3_num_params(const llama3_args *a);
 int64_t llama3_num_embedding_params(const llama3_args *a);
-/* TorchTitan's count: 6*(N - N_emb) + 6*L*H*(2*head_dim)*T, T = seq_len. */
+/* TorchTitan's count: 6*(N - N_emb) + 6*L*H*(2*head_dim)*T, T = seq_len. It counts every
+ * query against every key of its sequence (T^2 score pairs), as if nothing were masked. */
 double llama3_flops_per_token(const llama3_args *a, int seq_len);
+/* The count with the attention the mask leaves: 6*(N - N_emb) + 12*L*H*head_dim*P/T, P the
+ * visible (query, key) pairs of a sequence of T tokens: T(T+1)/2 causal, the sum of
+ * n(n+1)/2 over its documents under block_causal. P = T^2 is TorchTitan's count. */
+double llama3_flops_per_token_pairs(const llama3_args *a, double pairs_per_seq, int seq_len);
 
 #endif

@@ -14,7 +14,9 @@
 #      the layouts' largest difference);
 #   4. debugmodel_flex_attn on the one-document sample corpus equals debugmodel (a single
 #      document is the causal mask), bit for bit;
-#   5. an unknown model.attn_mask_type is refused naming the key.
+#   5. mfu_computed (the attention the mask leaves) is below TorchTitan's mfu, more so under
+#      block_causal than causal;
+#   6. an unknown model.attn_mask_type is refused naming the key.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -121,6 +123,13 @@ for n in ("fsdp2", "tp2", "pp2", "cp2", "cp2_ring", "cp4", "cp4_ring", "4d"):
 close("reset_cp2_ring", run("reset"), 1e-6, 8)
 differs("single", "causal", "block_causal against causal")
 differs("reset", "causal_hi", "reset positions against causal")
+def ratio(name):  # mfu_computed / mfu: the FLOP counts' ratio, the same at every step of a run
+    rows = [json.loads(l) for l in open(f"{d}/{name}/metrics.jsonl") if l.strip()]
+    return [r["mfu_computed"] / r["mfu"] for r in rows if "mfu" in r]
+rc, rb = ratio("causal"), ratio("single")
+good = len(rc) == steps and len(rb) == steps and all(x < 1 for x in rc) and max(rb) < min(rc)
+ok &= good
+print(f"{'ok  ' if good else 'FAIL'} mfu_computed / mfu: causal {min(rc):.4f}, block_causal {min(rb):.4f}-{max(rb):.4f}")
 a, b = run("sample_flex"), run("sample_causal")
 good = len(a) == 2 and a == b
 ok &= good
