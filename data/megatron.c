@@ -246,6 +246,10 @@ static uint64_t doc_start(const mg_dataset *d, uint64_t k) {
     return s >= d->n_sequences ? d->n_tokens : rd64(ptr + 8 * s) / (uint64_t)d->width;
 }
 
+void mg_doc_lengths(const mg_dataset *d, doclen_hist *h) {
+    for (uint64_t k = 0; k < d->n_documents; k++) doclen_add(h, doc_start(d, k + 1) - doc_start(d, k));
+}
+
 void mg_doc_ids(const mg_dataset *d, uint64_t first, size_t n, int32_t *ids) {
     if (!d->n_documents) { /* no tokens either */
         memset(ids, 0, n * sizeof *ids);

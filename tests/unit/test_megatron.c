@@ -304,6 +304,12 @@ static void test_doc_ids(void) {
                 }
             }
         CHECK(ok, "%s: mg_doc_ids counts the index's document starts in every window", g ? "grouped" : "one per doc");
+        doclen_hist h;
+        memset(&h, 0, sizeof h);
+        mg_doc_lengths(&d, &h); /* lengths 10 0 33 5 61 2 19, or grouped 10 38 63 19: empty ones not counted */
+        CHECK(doclen_documents(&h) == (g ? 4u : 6u) && doclen_tokens(&h) == NTOK &&
+                  h.count[doclen_bucket(g ? 38 : 33)] == 1 && h.tokens[doclen_bucket(61)] == (g ? 63u : 61u),
+              "%s: mg_doc_lengths", g ? "grouped" : "one per doc");
         mg_close(&d);
         /* through the loader: T = 9, the same ids as mg_doc_ids of each window */
         dl_config c = cfg(9, 2, 0, 1, 2048);
