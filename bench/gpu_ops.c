@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
 
     GROUP = "attention (bf16, causal)";
     {
-        ops_attn_shape sh = {1, N, N, H, KV, D, 1.0f / sqrtf((float)D), 1, 0, 0};
+        ops_attn_shape sh = {1, N, N, H, KV, D, 1.0f / sqrtf((float)D), 1, 0, 0, NULL, 0};
         size_t wsb = O->attention_workspace_size_bf16(&sh);
         void *ws = dalloc(wsb ? wsb : 256);
         const double ffl = 4.0 * N * (double)N * D * H / 2; /* causal: half the square */

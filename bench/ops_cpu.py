@@ -12,9 +12,14 @@ layout (H 8, KV 2, D 128) to show the large-head-dim regime.
               (half the square), backward as 2.5x forward; tetra's workspace is printed
               (it grows linearly with S: no S x S buffer).
   cross-entropy  loss + dlogits (fused, one call) vs F.cross_entropy forward+backward
+  docmask     the attention op alone at seq 8192 on packed documents of 256-1,024 tokens
+              (mean ~600, fixed seed): block_causal (the document mask) against causal on
+              the same inputs, forward and forward+backward, in one run; the speed-up and
+              the ratio of score pairs each computes
 
-usage: TETRA_BUILD=build OMP_NUM_THREADS=2 build/bench-venv/bin/python bench/ops_cpu.py [gemm|attention|ce ...]
-(the bench venv holds PyPI's newest torch; bench/cpu_vs_pytorch creates it)
+usage: TETRA_BUILD=build OMP_NUM_THREADS=2 build/bench-venv/bin/python bench/ops_cpu.py [gemm|attention|ce|docmask ...]
+(the bench venv holds PyPI's newest torch; bench/cpu_vs_pytorch creates it; docmask needs no
+PyTorch beyond Debian's: build/venv/bin/python runs it)
 """
 import ctypes
 import importlib.util
@@ -121,6 +126,57 @@ def bench_attention():
             f"tetra workspace {T.cpu_attention_workspace_size(sp) / 2**20:.2f} MiB")
 
 
+def doc_lengths(S, seed=2026, lo=256, hi=1024, mean=600.0, sd=200.0):
+    """Document lengths packing S tokens: normal(mean, sd) clipped to [lo, hi], fixed seed;
+    the last document is cut where the sequence ends (as the loader's windows cut them)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = []
+    while sum(lens) < S:
+        n = int(round(min(max(torch.normal(mean, sd, (1,), generator=g).item(), lo), hi)))
+        lens.append(min(n, S - sum(lens)))
+    return lens
+
+
+def bench_docmask():
+    """The document mask's saving, measured: the same op on the same inputs with and without
+    the mask (ops_attn_shape.doc), forward and forward+backward, best of REPS."""
+    S = 8192
+    lens = doc_lengths(S)
+    ids = torch.tensor([i for i, n in enumerate(lens) for _ in range(n)], dtype=torch.int32)[None]
+    full = lens[:-1]  # the last one is cut by the sequence end
+    pairs_doc = sum(n * (n + 1) // 2 for n in lens)
+    pairs_causal = S * (S + 1) // 2
+    print(f"\ndocuments: {len(lens)} packed into {S} tokens; uncut lengths {min(full)}-{max(full)}, "
+          f"mean {sum(full) / len(full):.0f}; score pairs causal {pairs_causal}, block_causal {pairs_doc} "
+          f"({pairs_causal / pairs_doc:.1f}x fewer)")
+    print(f"{'attention op, seq 8192':44s} {'causal':>9s} {'docmask':>9s} {'unit':8s} {'speed-up':>9s}")
+    for (B, H, KV, D) in ((1, 16, 16, 16), (1, 16, 4, 64)):
+        q, k, v = T.f32(B, S, H, D), T.f32(B, S, KV, D), T.f32(B, S, KV, D)
+        dout = T.f32(B, S, H, D)
+        out, lse = torch.empty(B, S, H, D), torch.empty(B, H, S)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        times = {}
+        for name, doc in (("causal", None), ("docmask", ids)):
+            shp = T.AttnShape(B, S, S, H, KV, D, 1.0 / math.sqrt(D), 1, 0, 0,
+                              doc.data_ptr() if doc is not None else None, S if doc is not None else 0)
+            ws = torch.empty(T.cpu_attention_workspace_size(ctypes.byref(shp)) // 4 + 16)
+            sp = ctypes.byref(shp)
+
+            def fwd():
+                T.cpu_attention_forward(T.ptr(out), T.ptr(lse), T.ptr(q), T.ptr(k), T.ptr(v), sp, T.ptr(ws))
+
+            def fwd_bwd():
+                fwd()
+                T.cpu_attention_backward(T.ptr(dq), T.ptr(dk), T.ptr(dv), T.ptr(dout), T.ptr(q), T.ptr(k),
+                                         T.ptr(v), T.ptr(out), T.ptr(lse), sp, T.ptr(ws))
+
+            times[name] = (best(fwd), best(fwd_bwd))
+        tag = f"B{B} H{H} KV{KV} D{D}"
+        for i, what in enumerate(("fwd", "fwd+bwd")):
+            c, d = times["causal"][i] * 1e3, times["docmask"][i] * 1e3
+            print(f"{what + ' ' + tag:44s} {c:9.1f} {d:9.1f} {'ms':8s} {c / d:8.2f}x")
+
+
 def bench_cross_entropy():
     print(f"\n{'cross-entropy loss + dlogits':44s} {'tetra':>9s} {'torch':>9s} {'unit':8s} {'ratio':>7s}")
     N, V = 8 * 2048, 2048
@@ -142,6 +198,6 @@ def bench_cross_entropy():
 if __name__ == "__main__":
     print(f"threads {threads} (OMP_NUM_THREADS; torch.set_num_threads the same), best of {REPS}; "
           f"torch {torch.__version__}")
-    parts = {"gemm": bench_gemm, "attention": bench_attention, "ce": bench_cross_entropy}
+    parts = {"gemm": bench_gemm, "attention": bench_attention, "ce": bench_cross_entropy, "docmask": bench_docmask}
     for name in sys.argv[1:] or parts:
         parts[name]()

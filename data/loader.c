@@ -295,8 +295,32 @@ uint64_t dl_window_of(dl_loader *dl, uint64_t g) {
     return dl_feistel_apply(&dl->perm, i);
 }
 
-int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
-    if (dl->n_src) return dl_mix_next(dl, inputs, labels);
+void dl_doc_ids(const int32_t *tokens, int n, int64_t bos, int64_t eos, int32_t *ids) {
+    int32_t id = 0;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && ((eos >= 0 && tokens[i - 1] == eos) || (bos >= 0 && tokens[i] == bos))) id++;
+        ids[i] = id;
+    }
+}
+
+void dl_window_docs(const dl_loader *dl, uint64_t first, const int32_t *window, int n, int32_t *ids) {
+    if (dl->mg) mg_doc_ids(dl->mg, first, (size_t)n, ids);
+    else dl_doc_ids(window, n, dl->bos, dl->eos, ids);
+}
+
+int dl_has_documents(const dl_loader *dl) {
+    if (dl->n_src) {
+        for (int i = 0; i < dl->n_src; i++)
+            if (!dl_has_documents(dl->src[i])) return 0;
+        return 1;
+    }
+    return dl->mg != NULL || dl->bos >= 0 || dl->eos >= 0;
+}
+
+int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) { return dl_next_docs(dl, inputs, labels, NULL); }
+
+int dl_next_docs(dl_loader *dl, int32_t *inputs, int32_t *labels, int32_t *docs) {
+    if (dl->n_src) return dl_mix_next(dl, inputs, labels, docs);
     const size_t T = (size_t)dl->cfg.seq_len;
     const uint64_t R = (uint64_t)dl->cfg.dp_size, r = (uint64_t)dl->cfg.dp_rank;
     if (dl->cfg.single_pass && dl->position + dl->G > dl->W) return 0;
@@ -306,6 +330,7 @@ int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
         if (dl_read_stream(dl, j * (T + 1), T + 1, dl->window)) return -1;
         memcpy(inputs + (size_t)k * T, dl->window, T * sizeof *inputs);
         memcpy(labels + (size_t)k * T, dl->window + 1, T * sizeof *labels);
+        if (docs) dl_window_docs(dl, j * (T + 1), dl->window, (int)T, docs + (size_t)k * T);
     }
     uint64_t old = dl->position;
     dl->position += dl->G;

@@ -103,6 +103,21 @@ void dl_close(dl_loader *dl);
  * exhausted (the buffers are then untouched), or -1 when a token id read is outside
  * the vocabulary (dl_error names the shard and the token). */
 int dl_next(dl_loader *dl, int32_t *inputs, int32_t *labels);
+/* dl_next, and the document id of every input token into docs [local_batch_size][seq_len]
+ * (NULL: none), for document-masked attention (model.attn_mask_type = "block_causal") and
+ * positions that restart at document boundaries. Ids count documents from 0 at each row's
+ * first token and rise by one at every boundary inside the row, so they are nondecreasing:
+ * in prepared shards a document starts after an EOS and at a BOS (dl_doc_ids); in a
+ * Megatron dataset at the first token of each document of its index (sequences grouped by
+ * its document indices), whatever the tokens. */
+int dl_next_docs(dl_loader *dl, int32_t *inputs, int32_t *labels, int32_t *docs);
+/* Does this corpus mark its documents (BOS or EOS known, or a Megatron index)? Without,
+ * every row is one document. */
+int dl_has_documents(const dl_loader *dl);
+/* ids[i] for tokens[0, n): 0 at i = 0, +1 wherever a document starts: after an EOS
+ * (TorchTitan's block_causal: a document ends at its EOS) or at a BOS not right after an
+ * EOS. bos, eos: ids, or -1 when the corpus has none. */
+void dl_doc_ids(const int32_t *tokens, int n, int64_t bos, int64_t eos, int32_t *ids);
 const char *dl_error(const dl_loader *dl);
 
 /* Single-pass mode: start the split again from its first window. */

@@ -51,7 +51,10 @@ uint64_t dl_window_of(dl_loader *dl, uint64_t g);
 /* Copy stream tokens [first, first+n), ids checked: 0, or -1 with dl->error set. */
 int dl_read_stream(dl_loader *dl, uint64_t first, size_t n, int32_t *out);
 
-int dl_mix_next(dl_loader *dl, int32_t *inputs, int32_t *labels);
+/* The document ids of the window that starts at stream token `first` (dl_next_docs). */
+void dl_window_docs(const dl_loader *dl, uint64_t first, const int32_t *window, int n, int32_t *ids);
+
+int dl_mix_next(dl_loader *dl, int32_t *inputs, int32_t *labels, int32_t *docs);
 void dl_mix_rewind(dl_loader *dl);
 void dl_mix_free(dl_loader *dl);
 

@@ -127,9 +127,9 @@ fail:
 }
 
 /* Single pass (validation): the sources one after another, each in whole global batches. */
-static int next_in_turn(dl_loader *dl, int32_t *inputs, int32_t *labels) {
+static int next_in_turn(dl_loader *dl, int32_t *inputs, int32_t *labels, int32_t *docs) {
     while (dl->cur_src < dl->n_src) {
-        int got = dl_next(dl->src[dl->cur_src], inputs, labels);
+        int got = dl_next_docs(dl->src[dl->cur_src], inputs, labels, docs);
         if (got == 1) {
             dl->last_src = dl->cur_src;
             dl->position += dl->G;
@@ -161,8 +161,8 @@ static void report_epochs(dl_loader *dl, const uint64_t *after) {
     }
 }
 
-int dl_mix_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
-    if (dl->cfg.single_pass) return next_in_turn(dl, inputs, labels);
+int dl_mix_next(dl_loader *dl, int32_t *inputs, int32_t *labels, int32_t *docs) {
+    if (dl->cfg.single_pass) return next_in_turn(dl, inputs, labels, docs);
     const size_t T = (size_t)dl->cfg.seq_len;
     const uint64_t R = (uint64_t)dl->cfg.dp_size, r = (uint64_t)dl->cfg.dp_rank;
     for (int k = 0; k < dl->cfg.local_batch_size; k++) {
@@ -170,12 +170,14 @@ int dl_mix_next(dl_loader *dl, int32_t *inputs, int32_t *labels) {
         uint64_t j;
         mix_map(&dl->mix, dl->position + (uint64_t)k * R + r, &i, &j);
         dl_loader *s = dl->src[i];
-        if (dl_read_stream(s, dl_window_of(s, j) * (T + 1), T + 1, dl->window)) {
+        const uint64_t first = dl_window_of(s, j) * (T + 1);
+        if (dl_read_stream(s, first, T + 1, dl->window)) {
             snprintf(dl->error, sizeof dl->error, "%s", s->error);
             return -1;
         }
         memcpy(inputs + (size_t)k * T, dl->window, T * sizeof *inputs);
         memcpy(labels + (size_t)k * T, dl->window + 1, T * sizeof *labels);
+        if (docs) dl_window_docs(s, first, dl->window, (int)T, docs + (size_t)k * T);
     }
     uint64_t after[MIX_MAX_SOURCES];
     mix_counts(&dl->mix, dl->position + dl->G, after);

@@ -232,6 +232,39 @@ static uint64_t sequence_of(const mg_dataset *d, uint64_t i) {
     return lo;
 }
 
+/* The first stream token of document k (k = n_documents: the stream's end). */
+static uint64_t doc_start(const mg_dataset *d, uint64_t k) {
+    const unsigned char *ptr = d->idx + MG_HEADER + 4 * d->n_sequences, *doc = ptr + 8 * d->n_sequences;
+    const uint64_t s = rd64(doc + 8 * k);
+    return s >= d->n_sequences ? d->n_tokens : rd64(ptr + 8 * s) / (uint64_t)d->width;
+}
+
+void mg_doc_lengths(const mg_dataset *d, doclen_hist *h) {
+    for (uint64_t k = 0; k < d->n_documents; k++) doclen_add(h, doc_start(d, k + 1) - doc_start(d, k));
+}
+
+void mg_doc_ids(const mg_dataset *d, uint64_t first, size_t n, int32_t *ids) {
+    if (!d->n_documents) { /* no tokens either */
+        memset(ids, 0, n * sizeof *ids);
+        return;
+    }
+    uint64_t lo = 0, hi = d->n_documents ? d->n_documents - 1 : 0;
+    while (lo < hi) { /* the last document that starts at or before token first */
+        uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (doc_start(d, mid) <= first) lo = mid;
+        else hi = mid - 1;
+    }
+    uint64_t k = lo, next = doc_start(d, k + 1);
+    int32_t id = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (first + i >= next) { /* a new document (skipping empty ones) */
+            while (first + i >= next && k + 1 < d->n_documents) next = doc_start(d, ++k + 1);
+            id++;
+        }
+        ids[i] = id;
+    }
+}
+
 int mg_read(const mg_dataset *d, uint64_t first, size_t n, uint32_t vocab, int32_t *out, char *err, size_t errlen) {
     if (first > d->n_tokens || n > d->n_tokens - first) {
         util_set_err(err, errlen, "%s.bin: tokens [%llu, %llu) are past its %llu tokens", d->prefix,

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/doclen.h"
+
 typedef struct {
     char *prefix;                 /* the path without .bin / .idx */
     const unsigned char *idx, *bin;
@@ -51,6 +53,16 @@ void mg_close(mg_dataset *d);
 const char *mg_dtype_name(int code);
 /* The largest id the dtype holds (0 for the float dtypes). */
 uint64_t mg_dtype_max(int code);
+
+/* ids[i] for stream tokens [first, first+n): the index of the document (the index's
+ * document indices group sequences into documents) holding token first+i, less that of
+ * token first: 0 at the first token, +1 at each document start. Empty documents and
+ * sequences take no token and leave no gap. */
+void mg_doc_ids(const mg_dataset *d, uint64_t first, size_t n, int32_t *ids);
+
+/* Its documents' lengths in tokens, into h (data/doclen.h): what `tetra plan` models
+ * document-masked attention with. */
+void mg_doc_lengths(const mg_dataset *d, doclen_hist *h);
 
 /* Copy stream tokens [first, first+n) into out, each checked to be in [0, vocab): 0, or -1
  * with a message naming the .bin file, the token, its sequence and the id. */

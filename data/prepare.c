@@ -925,6 +925,8 @@ typedef struct {
     size_t n_pending, cap_pending;
     char *owned_text;    /* single-document jsonl: the decoded text */
     uint64_t total_bytes, done_bytes, tokens, docs[2], empty_docs;
+    doclen_hist doclen[2];  /* each split's document lengths (stored tokens, BOS and EOS included) */
+    uint64_t cur_len[2];    /* tokens so far of each split's document being written */
     double t0, last_progress;
     int progress;
     pd_world w;          /* this rank among those of an mpirun; 1 rank otherwise */
@@ -970,6 +972,15 @@ static void show_progress(prep *p, int final) {
 }
 
 /* Tokenize the items of the current batch on the threads, then write them in order. */
+/* A document's length is its pieces' tokens: a piece that starts a document closes one
+ * left open (a document cut into the two splits ends without its EOS), one with the EOS
+ * closes its own. */
+static void count_length(prep *p, int split, int bos, int eos, size_t n) {
+    if (bos && p->cur_len[split]) doclen_add(&p->doclen[split], p->cur_len[split]), p->cur_len[split] = 0;
+    p->cur_len[split] += n;
+    if (eos) doclen_add(&p->doclen[split], p->cur_len[split]), p->cur_len[split] = 0;
+}
+
 static int flush_batch(prep *p) {
     if (p->n_items == 0) {
         release_pending(p);
@@ -1016,7 +1027,9 @@ static int flush_batch(prep *p) {
             rc = -1;
         if (rc) break;
         if (it->bos) p->docs[it->split]++;
-        p->tokens += it->n_ids + (size_t)(it->bos && p->out.bos >= 0) + (size_t)(it->eos && p->out.eos >= 0);
+        const size_t n = it->n_ids + (size_t)(it->bos && p->out.bos >= 0) + (size_t)(it->eos && p->out.eos >= 0);
+        p->tokens += n;
+        count_length(p, it->split, it->bos, it->eos, n);
     }
     for (size_t i = 0; i < p->n_items; i++) {
         p->done_bytes += p->items[i].kind == ITEM_TEXT ? p->items[i].len : p->items[i].len + 1;
@@ -1408,6 +1421,7 @@ static int publish(prep *p, shard_index_split sp_in[2], uint64_t docs[2]) {
         sp[ix.n_splits] = sp_in[s];
         sp[ix.n_splits].name = (char *)split_name(s);
         sp[ix.n_splits].n_documents = docs[s];
+        sp[ix.n_splits].doc_lengths = &p->doclen[s];
         if (s == 0 || sp_in[s].n_shards > 0) ix.n_splits++;
     }
     ix.splits = sp;
@@ -1448,7 +1462,8 @@ static int publish(prep *p, shard_index_split sp_in[2], uint64_t docs[2]) {
 /* Several ranks: the shards from every rank's spool, then rank 0 publishes. */
 static int finish_ranks(prep *p, uint64_t D) {
     const int R = p->w.size;
-    uint64_t *v = calloc((size_t)R * 2 + 4, sizeof *v);
+    const size_t nh = 2 * 2 * DOCLEN_BUCKETS; /* the splits' document-length histograms, summed */
+    uint64_t *v = calloc((size_t)R * 2 + 4 + nh, sizeof *v);
     int rc = v ? 0 : -1;
     if (rc) util_set_err(p->err, sizeof p->err, "out of memory");
     if (agree(p, rc)) {
@@ -1461,7 +1476,18 @@ static int finish_ranks(prep *p, uint64_t D) {
     v[R * 2 + 1] = p->docs[1];
     v[R * 2 + 2] = p->empty_docs;
     v[R * 2 + 3] = p->done_bytes;
-    pd_sum_u64(&p->w, v, (size_t)R * 2 + 4);
+    for (int s = 0; s < 2; s++) {
+        if (p->cur_len[s]) doclen_add(&p->doclen[s], p->cur_len[s]), p->cur_len[s] = 0; /* a file ends a document */
+        memcpy(v + R * 2 + 4 + (size_t)s * 2 * DOCLEN_BUCKETS, p->doclen[s].count, sizeof p->doclen[s].count);
+        memcpy(v + R * 2 + 4 + (size_t)s * 2 * DOCLEN_BUCKETS + DOCLEN_BUCKETS, p->doclen[s].tokens,
+               sizeof p->doclen[s].tokens);
+    }
+    pd_sum_u64(&p->w, v, (size_t)R * 2 + 4 + nh);
+    for (int s = 0; s < 2; s++) {
+        memcpy(p->doclen[s].count, v + R * 2 + 4 + (size_t)s * 2 * DOCLEN_BUCKETS, sizeof p->doclen[s].count);
+        memcpy(p->doclen[s].tokens, v + R * 2 + 4 + (size_t)s * 2 * DOCLEN_BUCKETS + DOCLEN_BUCKETS,
+               sizeof p->doclen[s].tokens);
+    }
     uint64_t docs[2] = {v[R * 2], v[R * 2 + 1]};
     p->empty_docs = v[R * 2 + 2];
     p->done_bytes = v[R * 2 + 3];
@@ -1562,6 +1588,8 @@ static int run(prep *p) {
                (unsigned long long)D);
         return -1;
     }
+    for (int s = 0; s < 2; s++)
+        if (p->cur_len[s]) doclen_add(&p->doclen[s], p->cur_len[s]), p->cur_len[s] = 0;
     return publish(p, p->out.splits, p->docs);
 }
 

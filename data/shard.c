@@ -366,6 +366,36 @@ void shard_read_tokens(const shard_file *s, uint64_t first, size_t n, int32_t *o
 
 /* ---- index.json ------------------------------------------------------------------------ */
 
+/* A split's optional "document_lengths": its buckets must be bucket starts, each with
+ * tokens between count x its shortest and count x the next bucket's start. */
+static int read_doc_lengths(json_t *dl, shard_index_split *sp, const char *path, char *err, size_t errlen) {
+    if (!dl) return 0;
+    if (!json_is_array(dl) || !(sp->doc_lengths = calloc(1, sizeof *sp->doc_lengths))) {
+        util_set_err(err, errlen, "%s: split \"%s\": \"document_lengths\" is not an array (or out of memory)", path, sp->name);
+        return -1;
+    }
+    for (size_t i = 0; i < json_array_size(dl); i++) {
+        json_int_t low = 0, count = 0, tokens = 0;
+        if (json_unpack(json_array_get(dl, i), "[I, I, I]", &low, &count, &tokens) != 0 || low < 1 || count < 1) {
+            util_set_err(err, errlen, "%s: split \"%s\": document_lengths[%zu] is not [length, documents, tokens]", path,
+                   sp->name, i);
+            return -1;
+        }
+        const int b = doclen_bucket((uint64_t)low);
+        const double hi = b + 1 < DOCLEN_BUCKETS ? (double)doclen_bucket_low(b + 1) : 1e300;
+        if (doclen_bucket_low(b) != (uint64_t)low || (double)tokens < (double)count * (double)low ||
+            (double)tokens >= (double)count * hi) {
+            util_set_err(err, errlen, "%s: split \"%s\": document_lengths[%zu] = [%lld, %lld, %lld] is not a bucket of "
+                   "lengths from %lld", path, sp->name, i, (long long)low, (long long)count, (long long)tokens,
+                   (long long)low);
+            return -1;
+        }
+        sp->doc_lengths->count[b] = (uint64_t)count;
+        sp->doc_lengths->tokens[b] = (uint64_t)tokens;
+    }
+    return 0;
+}
+
 int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t errlen) {
     int rc = -1;
     char *path = util_path_join(dir, "index.json"), *tmp = NULL, *text = NULL;
@@ -399,6 +429,15 @@ int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t 
             json_array_append_new(arr, s);
         }
         json_object_set_new(o, "shards", arr);
+        if (sp->doc_lengths) {
+            json_t *dl = json_array();
+            for (int b = 0; b < DOCLEN_BUCKETS; b++)
+                if (sp->doc_lengths->count[b])
+                    json_array_append_new(dl, json_pack("[I, I, I]", (json_int_t)doclen_bucket_low(b),
+                                                        (json_int_t)sp->doc_lengths->count[b],
+                                                        (json_int_t)sp->doc_lengths->tokens[b]));
+            json_object_set_new(o, "document_lengths", dl);
+        }
         json_object_set_new(splits, sp->name, o);
     }
     json_object_set_new(root, "splits", splits);
@@ -577,6 +616,7 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
                    (unsigned long long)sp->n_tokens, (unsigned long long)sum);
             goto out;
         }
+        if (read_doc_lengths(json_object_get(so, "document_lengths"), sp, path, err, errlen) != 0) goto out;
     }
     rc = 0;
 out:
@@ -591,6 +631,7 @@ void shard_index_free(shard_index *ix) {
         for (int k = 0; k < ix->splits[i].n_shards; k++) free(ix->splits[i].shards[k].file);
         free(ix->splits[i].shards);
         free(ix->splits[i].name);
+        free(ix->splits[i].doc_lengths);
     }
     free(ix->splits);
     free(ix->tokenizer);

@@ -46,6 +46,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/doclen.h"
+
 #define SHARD_MAGIC "TTOKSHRD"
 #define SHARD_VERSION 1u
 #define SHARD_HEADER_BYTES 64u
@@ -126,6 +128,10 @@ typedef struct {
     uint64_t n_tokens;
     int n_shards;
     shard_index_shard *shards;
+    /* "document_lengths" (data/doclen.h): [[shortest length of a bucket, documents, tokens],
+     * ...] for the non-empty buckets; NULL when the index has none (written before it was
+     * recorded). Read: owned by the index; written: the caller's. */
+    doclen_hist *doc_lengths;
 } shard_index_split;
 
 typedef struct {

@@ -1111,6 +1111,13 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         return -1;
     }
     if (v->model.vocab_size > 0) a.vocab_size = (int)v->model.vocab_size;
+    llama3_mask mask;
+    if (v->model.attn_mask_type && llama3_parse_mask(v->model.attn_mask_type, &mask) != 0) {
+        util_set_err(err, n, "%s: model.attn_mask_type \"%s\" is unknown (causal or block_causal; not set = the flavor's, "
+                "%s for %s)", WHERE("model", "attn_mask_type"), v->model.attn_mask_type,
+                llama3_mask_name(a.attn_mask_type), a.flavor);
+        return -1;
+    }
     if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
         util_set_err(err, n,
                 "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",

@@ -249,9 +249,11 @@ void metrics_close(metrics_logger *m) {
 void metrics_log_step(metrics_logger *m, const metrics_step *s) {
     double wt = wall_now();
     const int c = m->color;
-    char tps[64], tflops[64], line[768];
+    char tps[64], tflops[64], line[768], computed[64] = "";
     metrics_format_grouped(tps, sizeof tps, s->tps, 0);
     metrics_format_grouped(tflops, sizeof tflops, s->tflops, 2);
+    const int has_computed = s->mfu_computed > 0.0; /* 0 or NaN: not known */
+    if (has_computed) snprintf(computed, sizeof computed, "  mfu(computed): %.2f%%", s->mfu_computed);
     snprintf(line, sizeof line,
              "%sstep: %2" PRId64 "  "
              "%sloss: %7.4f  "
@@ -260,10 +262,10 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
              "%smemory: %5.2fGiB(%.2f%%)  "
              "%stps: %s  "
              "%stflops: %s  "
-             "%smfu: %.2f%%%s",
+             "%smfu: %.2f%%%s%s",
              c ? C_RED : "", s->step, c ? C_GREEN : "", s->loss, c ? C_ORANGE : "", s->grad_norm,
              c ? C_YELLOW : "", s->lr, c ? C_TURQUOISE : "", s->mem_gib, s->mem_pct, c ? C_BLUE : "", tps,
-             c ? C_CYAN : "", tflops, c ? C_MAGENTA : "", s->mfu, c ? C_RESET : "");
+             c ? C_CYAN : "", tflops, c ? C_MAGENTA : "", s->mfu, computed, c ? C_RESET : "");
     log_info("%s", line);
 
     if (m->jsonl) {
@@ -282,6 +284,12 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
         json_number(f, s->tflops);
         fputs(",\"mfu\":", f);
         json_number(f, s->mfu);
+        if (has_computed) {
+            fputs(",\"tflops_computed\":", f);
+            json_number(f, s->tflops_computed);
+            fputs(",\"mfu_computed\":", f);
+            json_number(f, s->mfu_computed);
+        }
         fputs(",\"mem_gib\":", f);
         json_number(f, s->mem_gib);
         fputs(",\"mem_pct\":", f);
@@ -297,8 +305,8 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
     }
 
     if (m->tb) {
-        const char *tags[13];
-        float vals[13];
+        const char *tags[15];
+        float vals[15];
         int n = 0;
 #define ADD(tag, v) (tags[n] = (tag), vals[n] = (float)(v), n++)
         ADD("loss_metrics/global_avg_loss", s->loss);
@@ -308,6 +316,10 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
         ADD("throughput(tps)", s->tps);
         ADD("tflops", s->tflops);
         ADD("mfu(%)", s->mfu);
+        if (has_computed) {
+            ADD("tflops_computed", s->tflops_computed);
+            ADD("mfu_computed(%)", s->mfu_computed);
+        }
         ADD("time_metrics/end_to_end(s)", s->step_time_s);
         ADD("time_metrics/data_loading(s)", s->data_time_s);
         ADD("time_metrics/data_loading(%)", s->step_time_s > 0 ? 100.0 * s->data_time_s / s->step_time_s : 0.0);

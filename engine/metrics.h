@@ -33,6 +33,10 @@ typedef struct {
     double step_time_s;   /* end-to-end seconds per step (avg since last log) */
     double data_time_s;   /* data loading seconds per step (avg since last log) */
     int64_t tokens_seen;
+    /* the same two counting the attention the mask leaves (causal: half the score pairs;
+     * block_causal: those within documents) instead of TorchTitan's T^2; NAN: not known */
+    double tflops_computed;
+    double mfu_computed;  /* percent */
 } metrics_step;
 
 /* Opens <dump_folder>/metrics.jsonl for appending (creating dump_folder if

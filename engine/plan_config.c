@@ -113,6 +113,11 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
     json_object_set_new(o, "step_time_s", json_real(r->step_time_s));
     json_object_set_new(o, "tokens_per_s_per_gpu", json_real(r->tokens_per_s_per_gpu));
     json_object_set_new(o, "mfu", json_real(r->mfu));
+    json_object_set_new(o, "mfu_computed", json_real(r->mfu_computed));
+    /* pairs as an integer (the expected count rounded): the JSON's reals keep 6 digits */
+    json_object_set_new(o, "attention", json_pack("{s:s,s:I,s:s}", "mask", r->block_causal ? "block_causal" : "causal",
+                                                  "pairs_per_sequence", (json_int_t)llround(r->attn_pairs_per_seq),
+                                                  "source", r->attn_source));
     json_object_set_new(o, "bubble_fraction", json_real(r->bubble_fraction));
     json_t *mem = json_object();
     json_object_set_new(mem, "pipeline_rank", json_integer(r->worst_pp_rank));
@@ -244,6 +249,8 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     printf("  tokens/s/GPU          %10.0f\n", r->tokens_per_s_per_gpu);
     printf("  MFU                   %9.1f%%  (%.3g FLOPs/token, peak %.3g FLOP/s)\n", 100.0 * r->mfu,
            r->model_flops_per_token, hw->peak_bf16_flops);
+    printf("  MFU (computed)        %9.1f%%  (the attention the mask leaves: %s)\n", 100.0 * r->mfu_computed,
+           r->attn_source);
 }
 
 int plan_cfg_with(tetra_config *dst, const tetra_config *src, const char **kv, int n, char *err, size_t errlen) {

@@ -36,7 +36,8 @@ typedef struct {
 } stage_time;
 
 /* The roofline of one microbatch on one stage of rank plan p (index k of its stages). */
-static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a, int T, const cfg_parallel_dims *d,
+/* keys: the keys a query row sees on average (T/2 causal; fewer under a document mask) */
+static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a, double keys, const cfg_parallel_dims *d,
                              const plan_hw *hw, int float8) {
     stage_time st = {0, 0, 0, 0, 0};
     const double tp = d->tp, dim = a->dim, kv = (double)a->n_kv_heads * llama3_head_dim(a);
@@ -52,7 +53,7 @@ static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a,
 
     /* per row, forward */
     const double lin_block = 2.0 * (2.0 * dim * dim + 2.0 * dim * kv + 3.0 * dim * ffn) / tp;
-    const double attn_block = 2.0 * T * dim / tp; /* causal: half of 4 * T * dim */
+    const double attn_block = 4.0 * keys * dim / tp; /* Q K^T and P V over the keys a row sees */
     const double elem_block = es * (12.0 * dim + 3.0 * ffn) / tp;
     const double head = p->stage_head[k] ? 2.0 * dim * V / tp : 0.0;
     const double loss_bytes = p->stage_head[k] ? 3.0 * 4.0 * V / tp : 0.0;
@@ -136,6 +137,9 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     if (c->model.n_layers > 0) a.n_layers = (int)c->model.n_layers;
     const int T = (int)c->training.seq_len;
     out->model_flops_per_token = llama3_flops_per_token(&a, T);
+    plan_attention_pairs(out, c, T);
+    /* causal keeps its T/2 keys a row; a document mask its expected pairs over T */
+    const double keys = out->block_causal ? out->attn_pairs_per_seq / T : T / 2.0;
     out->tokens_per_step = (double)d->global_batch_size * T;
     const trainer_plan *p0 = &out->rank[0];
     const int rounds = d->pp > 1 ? p0->accum : 1, n_mb = p0->n_microbatches;
@@ -144,7 +148,7 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
         const trainer_plan *p = &out->rank[pr];
         double busy = 0, fl = 0, at = 0;
         for (int k = 0; k < p->n_local && k < TRAINER_PLAN_MAX_STAGES; k++) {
-            stage_time st = stage_cost(p, k, &a, T, d, hw, out->float8);
+            stage_time st = stage_cost(p, k, &a, keys, d, hw, out->float8);
             if (st.f > fmx) fmx = st.f;
             if (st.i > imax) imax = st.i;
             if (st.w > wmax) wmax = st.w;
@@ -263,6 +267,8 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     out->step_time_s = pp_time + exposed + out->optimizer_s;
     out->tokens_per_s_per_gpu = out->tokens_per_step / out->step_time_s / ngpu;
     out->mfu = out->model_flops_per_token * out->tokens_per_s_per_gpu / hw->peak_bf16_flops;
+    out->mfu_computed = llama3_flops_per_token_pairs(&a, out->attn_pairs_per_seq, T) * out->tokens_per_s_per_gpu /
+                        hw->peak_bf16_flops;
 #undef LINK
 #undef INTER
     return 0;

@@ -66,7 +66,18 @@ typedef struct {
     int n_comm;
     double step_time_s, tokens_per_s_per_gpu, mfu;
     int float8;                    /* linears in fp8 */
+    /* attention as planned: the mask, the visible (query, key) pairs of a sequence (causal
+     * T(T+1)/2; block_causal: expected from the corpus's recorded document lengths,
+     * data/doclen.h) and where they come from; the MFU counting those pairs */
+    int block_causal;
+    double attn_pairs_per_seq;
+    char attn_source[512];
+    double mfu_computed;
 } plan_result;
+
+/* The attention fields of out (block_causal, attn_pairs_per_seq, attn_source) for c at
+ * sequence length T (engine/plan_attention.c). */
+void plan_attention_pairs(plan_result *out, const tetra_config_values *c, int T);
 
 /* Estimate cfg (already parsed; validated here for ngpu ranks) on hw with gpus_per_node
  * ranks per node (<= 0: the profile's). 0, or -1 with err (a config that cannot run at

@@ -360,12 +360,19 @@ static comm_dtype residual_comm_dtype(const train_stage *s) {
 /* ----------------------------------------------------------------------------
  * a stage, unit by unit */
 
-static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab, float dloss_scale,
-                            int64_t *n_valid) {
+/* doc: the microbatch's document ids (whole sequences), or NULL when the model needs none.
+ * Every stage keeps them with its activations: each runs attention. */
+static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab, const int32_t *doc,
+                            float dloss_scale, int64_t *n_valid) {
     llama3_model *m = &s->model;
     fsdp *fs = s->fs;
     double loss = 0.0;
     trace *tr = s->tr;
+    char err[256];
+    if (doc && llama3_acts_set_documents(m, a, doc, err, sizeof err) != 0) {
+        log_error("training data: %s", err);
+        comm_abort_explained(1);
+    }
     int u = llama3_embedding_unit(m);
     if (u >= 0) {
         fsdp_pre_forward(fs, u);
@@ -453,6 +460,10 @@ static void stage_backward(train_stage *s, llama3_acts *a, int what, int last) {
  * the schedule's callbacks */
 
 static size_t mb_offset(const trainer *t, int mb) { return ((size_t)t->round * (size_t)t->n_mb + (size_t)mb) * t->tok; }
+/* a microbatch's document ids: whole sequences, cp_size times its local tokens */
+static const int32_t *mb_docs(const trainer *t, int mb) {
+    return t->h_doc ? t->h_doc + mb_offset(t, mb) * (size_t)t->cp_size : NULL;
+}
 
 static void cb_forward(void *user, int stage, int mb) {
     trainer *t = user;
@@ -460,7 +471,7 @@ static void cb_forward(void *user, int stage, int mb) {
     llama3_acts *a = acts_take(s, mb);
     int64_t nv = 0;
     trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
-    t->step_loss_sum += stage_forward(s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb),
+    t->step_loss_sum += stage_forward(s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb), mb_docs(t, mb),
                                       t->dloss_scale, &nv);
     trace_end(t->tr);
     t->step_valid += nv;
@@ -757,7 +768,7 @@ void train_step(trainer *t, step_result *r) {
 }
 
 double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
-                          float dloss_scale, int64_t *n_valid) {
+                          const int32_t *doc, float dloss_scale, int64_t *n_valid) {
     double loss = 0.0;
     int64_t nv = 0;
     /* stages in ascending order: each rank receives a stage's input just as the rank
@@ -771,7 +782,7 @@ double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int
             comm_recv(t->g_pp, llama3_acts_residual(acts[i], L->layer_start), cnt, dt,
                       t->run_sched->stage_rank[s->index - 1], NULL);
         int64_t n = 0;
-        loss += stage_forward(s, acts[i], in, lab, dloss_scale, &n);
+        loss += stage_forward(s, acts[i], in, lab, doc, dloss_scale, &n);
         nv += n;
         if (s->local_next >= 0)
             t->ops->copy(llama3_acts_residual(acts[s->local_next], L->layer_end),
@@ -794,6 +805,7 @@ void train_warmup(trainer *t) {
     const size_t n = (size_t)t->n_mb * t->tok;
     memset(t->h_in, 0, n * sizeof(int32_t));
     memset(t->h_lab, 0, n * sizeof(int32_t));
+    if (t->h_doc) memset(t->h_doc, 0, n * (size_t)t->cp_size * sizeof(int32_t)); /* one document a sequence */
     t->dloss_scale = 0.0f;
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
     if (t->pp_size == 1) {

@@ -21,6 +21,7 @@
 #include "engine/run_guard.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
+#include "models/llama3/documents.h"
 #include "models/llama3/hf.h"
 #include "models/llama3/pipeline.h"
 #include "parallel/cp.h"
@@ -464,6 +465,8 @@ void trainer_teardown(trainer *t) {
     free(t->hf_in);
     free(t->hf_lab);
     free(t->hvf_in);
+    free(t->h_doc);
+    free(t->hv_doc);
     free(t->hvf_lab);
     if (t->val) dl_close(t->val);
     if (t->train) dl_close(t->train);
@@ -802,6 +805,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     llama3_flavor(c->model.flavor, &t->args);
     if (c->model.vocab_size > 0) t->args.vocab_size = (int)c->model.vocab_size;
     if (c->model.n_layers > 0) t->args.n_layers = (int)c->model.n_layers;
+    if (c->model.attn_mask_type) llama3_parse_mask(c->model.attn_mask_type, &t->args.attn_mask_type); /* validated */
+    t->args.reset_positions = c->model.reset_positions_at_document_boundaries != 0;
     t->T = (int)c->training.seq_len;
     t->VB = (int)c->validation.local_batch_size;
     t->VT = (int)c->validation.seq_len;
@@ -985,6 +990,15 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             log_error("training data: %s", err);
             goto fail;
         }
+        if (llama3_needs_documents(&t->args) && !dl_has_documents(t->train)) {
+            log_error("%s needs each sequence's document boundaries, and the corpus %s marks none (no BOS or EOS "
+                      "id in its index.json): prepare it with `tetra data prepare`, which wraps every document in "
+                      "BOS ... EOS, or use model.attn_mask_type = \"causal\"",
+                      c->model.reset_positions_at_document_boundaries ? "model.reset_positions_at_document_boundaries"
+                                                                       : "model.attn_mask_type = \"block_causal\"",
+                      t->data_dir);
+            goto fail;
+        }
         const char *corpora[MIX_MAX_SOURCES + 1];
         int n_corpora = dl_num_sources(t->train);
         for (int i = 0; i < n_corpora; i++) corpora[i] = dl_source_name(t->train, i);
@@ -1072,6 +1086,14 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             t->hvf_in = malloc(sizeof(int32_t) * vtok * (size_t)t->cp_size);
             t->hvf_lab = malloc(sizeof(int32_t) * vtok * (size_t)t->cp_size);
             cp_oom |= !t->hvf_in || !t->hvf_lab;
+        }
+    }
+    if (llama3_needs_documents(&t->args)) { /* whole sequences' ids; zeros (one document each) until loaded */
+        t->h_doc = calloc(step_tok * (size_t)t->cp_size, sizeof(int32_t));
+        cp_oom |= !t->h_doc;
+        if (t->val) {
+            t->hv_doc = calloc(vtok * (size_t)t->cp_size, sizeof(int32_t));
+            cp_oom |= !t->hv_doc;
         }
     }
     if (!t->h_in || !t->h_lab || (t->val && (!t->hv_in || !t->hv_lab)) || cp_oom) {
@@ -1225,6 +1247,18 @@ fail:
 
 /* The mixture's realised shares so far, a record of metrics.jsonl and TensorBoard
  * scalars (docs/data.md) */
+/* The visible attention (query, key) pairs of this rank's sequences of the step just
+ * loaded: T(T+1)/2 each under the causal mask, the sum over their documents under
+ * block_causal (mfu_computed counts the attention the mask leaves). */
+static double step_attention_pairs(const trainer *t) {
+    const int rows = (int)t->c->training.local_batch_size * t->accum;
+    if (t->args.attn_mask_type != LLAMA3_MASK_BLOCK_CAUSAL || !t->h_doc)
+        return (double)rows * 0.5 * (double)t->T * (double)(t->T + 1);
+    double p = 0.0;
+    for (int r = 0; r < rows; r++) p += llama3_doc_pairs(t->h_doc + (size_t)r * t->T, t->T);
+    return p;
+}
+
 static void log_mix(trainer *t, int64_t step) {
     char line[1 << 16];
     if (dl_mix_json(t->train, line, sizeof line) != 0) return;
@@ -1247,7 +1281,7 @@ static void run_validation(trainer *t, int64_t step) {
     int64_t src_batches[MIX_MAX_SOURCES] = {0};
     for (int64_t s = 0; n_src > 1 || vsteps < 0 || s < vsteps; s++) {
         if (t->cp_size > 1) {
-            int got = dl_next(t->val, t->hvf_in, t->hvf_lab);
+            int got = dl_next_docs(t->val, t->hvf_in, t->hvf_lab, t->hv_doc);
             if (got < 0) {
                 log_error("validation data: %s", dl_error(t->val));
                 comm_abort_explained(1);
@@ -1255,7 +1289,7 @@ static void run_validation(trainer *t, int64_t step) {
             if (!got) break;
             train_shard_batch(t, t->hv_in, t->hv_lab, t->hvf_in, t->hvf_lab, t->VB, t->VT);
         } else {
-            int got = dl_next(t->val, t->hv_in, t->hv_lab);
+            int got = dl_next_docs(t->val, t->hv_in, t->hv_lab, t->hv_doc);
             if (got < 0) {
                 log_error("validation data: %s", dl_error(t->val));
                 comm_abort_explained(1);
@@ -1263,7 +1297,8 @@ static void run_validation(trainer *t, int64_t step) {
             if (!got) break;
         }
         int64_t nv = 0;
-        const double l = train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, &nv);
+        const double l =
+            train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, t->hv_doc, 0.0f, &nv);
         loss_sum += l;
         tokens += nv;
         src_loss[dl_last_source(t->val)] += l;
@@ -1395,7 +1430,7 @@ static int prepare_run(trainer *t) {
         if (t->vacts && t->vacts_own) {
             memset(t->hv_in, 0, (size_t)t->VB * (size_t)t->VTl * sizeof(int32_t));
             memset(t->hv_lab, 0, (size_t)t->VB * (size_t)t->VTl * sizeof(int32_t));
-            train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, 0.0f, NULL);
+            train_forward_only(t, t->vacts, (size_t)t->VB * (size_t)t->VTl, t->hv_in, t->hv_lab, t->hv_doc, 0.0f, NULL);
         }
         ops->synchronize();
     }
@@ -1451,6 +1486,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     double log_t0 = now_s(), log_data = 0.0, pp_busy = 0.0, pp_total = 0.0, pp_recv = 0.0, pp_type_s[4] = {0};
     long pp_type_n[4] = {0};
     int64_t log_steps = 0, nonfinite_run = 0; /* non-finite steps skipped in a row */
+    double log_pairs = 0.0, log_seqs = 0.0; /* visible attention pairs of this rank's sequences (mfu_computed) */
     const int64_t first_step = t->tc.step + 1;
     /* Preemption (Slurm's SIGTERM or --signal=USR1, Ctrl-C; engine/run_guard.h): the step in
      * progress finishes, every rank learns of the signal at its end, a checkpoint is written
@@ -1487,12 +1523,14 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         int data_ok = 1;
         if (t->cp_size > 1) {
             for (int a = 0; a < t->accum && data_ok; a++)
-                data_ok = dl_next(t->train, t->hf_in + (size_t)a * stride, t->hf_lab + (size_t)a * stride) > 0;
+                data_ok = dl_next_docs(t->train, t->hf_in + (size_t)a * stride, t->hf_lab + (size_t)a * stride,
+                                       t->h_doc ? t->h_doc + (size_t)a * stride : NULL) > 0;
             train_shard_batch(t, t->h_in, t->h_lab, t->hf_in, t->hf_lab, (int)c->training.local_batch_size * t->accum,
                               t->T);
         } else {
             for (int a = 0; a < t->accum && data_ok; a++)
-                data_ok = dl_next(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride) > 0;
+                data_ok = dl_next_docs(t->train, t->h_in + (size_t)a * stride, t->h_lab + (size_t)a * stride,
+                                       t->h_doc ? t->h_doc + (size_t)a * stride : NULL) > 0;
         }
         if (!data_ok) { /* every rank reads its own windows: the one that failed says why */
             log_error("training data, step %lld: %s", (long long)step, dl_error(t->train));
@@ -1501,6 +1539,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         }
         log_data += now_s() - t_data;
         trace_end(t->tr);
+        log_pairs += step_attention_pairs(t);
+        log_seqs += (double)c->training.local_batch_size * t->accum;
 
         step_result r;
         train_step(t, &r);
@@ -1573,6 +1613,9 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                         (double)(t->msh.size[MESH_TP] * t->msh.size[MESH_PP] * t->msh.size[MESH_CP]);
                 s.tflops = t->flops_per_token * s.tps / 1e12;
                 s.mfu = 100.0 * t->flops_per_token * s.tps / t->peak;
+                const double fpt = llama3_flops_per_token_pairs(&t->args, log_pairs / log_seqs, t->T);
+                s.tflops_computed = fpt * s.tps / 1e12;
+                s.mfu_computed = 100.0 * fpt * s.tps / t->peak;
                 s.mem_gib = (double)metrics_peak_rss_bytes() / (1024.0 * 1024 * 1024);
                 s.mem_pct = 100.0 * (double)metrics_peak_rss_bytes() / (double)metrics_host_memory_bytes();
                 s.step_time_s = dt;
@@ -1584,6 +1627,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             log_t0 = now_s();
             log_data = 0.0;
             log_steps = 0;
+            log_pairs = log_seqs = 0.0;
         }
         const int last = step == c->training.steps;
         if (t->saver && !c->checkpoint.load_only &&

@@ -22,6 +22,8 @@ void trainer_capi_free(void *h);
 int trainer_capi_batch_tokens(void *h);
 const char *trainer_capi_backend(void *h);
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr);
+double trainer_capi_step_docs(void *h, const int32_t *inputs, const int32_t *labels, const int32_t *docs,
+                              double *grad_norm, double *lr);
 int trainer_capi_save_hf(void *h, const char *path, char *err, size_t errlen);
 
 typedef struct {
@@ -81,8 +83,20 @@ int trainer_capi_batch_tokens(void *h) {
  * hold -100). Returns the loss (global mean over valid tokens); the gradient norm before
  * clipping and the learning rate used go to *grad_norm, *lr. */
 double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, double *grad_norm, double *lr) {
+    return trainer_capi_step_docs(h, inputs, labels, NULL, grad_norm, lr);
+}
+
+/* The same with the batch's document ids [accum * local_batch * seq_len] (whole sequences,
+ * as the loader's dl_next_docs gives them), for a block_causal model or positions reset at
+ * document boundaries; NULL: each sequence one document. */
+double trainer_capi_step_docs(void *h, const int32_t *inputs, const int32_t *labels, const int32_t *docs,
+                              double *grad_norm, double *lr) {
     trainer *t = ((capi *)h)->t;
     const size_t n = (size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T;
+    if (t->h_doc) {
+        if (docs) memcpy(t->h_doc, docs, n * sizeof(int32_t));
+        else memset(t->h_doc, 0, n * sizeof(int32_t));
+    }
     if (t->cp_size > 1) { /* whole sequences in, this rank's rows kept */
         train_shard_batch(t, t->h_in, t->h_lab, inputs, labels, (int)(n / (size_t)t->T), t->T);
     } else {

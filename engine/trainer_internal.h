@@ -131,6 +131,10 @@ struct trainer {
     int32_t *hv_in, *hv_lab;   /* [VB * VTl] */
     int32_t *hf_in, *hf_lab;   /* context parallel: [accum * local_batch * T] whole sequences as loaded */
     int32_t *hvf_in, *hvf_lab; /* [VB * VT] */
+    /* block_causal attention or positions reset at document boundaries: the document ids of
+     * the whole sequences as loaded (every cp rank keeps all of them), else NULL */
+    int32_t *h_doc;            /* [accum * local_batch * T] */
+    int32_t *hv_doc;           /* [VB * VT] */
 
     /* optimizer */
     lr_schedule lrs;
@@ -179,7 +183,7 @@ void train_step(trainer *t, step_result *r);
  * activations along the pipeline; acts[i] serves st[i], each of ntok tokens. The summed loss of the batch
  * on every rank (0 with no valid token). */
 double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
-                          float dloss_scale, int64_t *n_valid);
+                          const int32_t *doc, float dloss_scale, int64_t *n_valid);
 /* Forward and backward of one microbatch without an optimizer step (warm-up). */
 void train_warmup(trainer *t);
 

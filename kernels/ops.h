@@ -81,6 +81,16 @@ typedef struct {
 // visible blocks and fully masked blocks. A query row that sees no key gets out = 0 and
 // lse = -inf, which the merge treats as "no contribution".
 // GQA: query head h reads key/value head h / (H / KV), without copies.
+// Document mask (TorchTitan's block_causal, kernels/ops_docmask.h): with `doc`, key j is
+// visible to query i iff it is causally visible AND doc[q_offset + i] == doc[k_offset + j],
+// where doc holds the document id of every GLOBAL position of each sequence (row b at
+// doc + b * doc_len). Ids are nondecreasing along a sequence (documents packed end to
+// end), so a query sees one contiguous range of keys, [start of its document, itself],
+// and a tile whose queries and keys lie in different documents is skipped whole. Ring
+// attention passes the same rows with its blocks' global offsets. `doc` is backend
+// memory, requires causal = 1 and q_offset + sq, k_offset + sk <= doc_len; NULL is the
+// plain mask. Every query sees at least itself in its diagonal block; in other blocks a
+// row that sees nothing gets out = 0, lse = -inf as above.
 typedef struct {
     int b;         // batch
     int sq, sk;    // query rows, key rows
@@ -90,6 +100,8 @@ typedef struct {
     int causal;    // 0: every key visible; 1: causal by global position
     int q_offset;  // global position of query row 0
     int k_offset;  // global position of key row 0
+    const int32_t *doc;  // [B, doc_len] document id of each global position, or NULL
+    int doc_len;         // positions per sequence in doc (the global sequence length)
 } ops_attn_shape;
 
 // ----------------------------------------------------------------------------

@@ -59,10 +59,12 @@ static inline int ops_path_gemm_direct(const ops_gemm_desc *g, tetra_dtype commo
 /* The shapes the fused SDPA takes on a device of compute capability sm_major with cuDNN
  * `version` (0: none): cuDNN >= 9.0, sm >= 8.0, d % 8 == 0 and d <= 128 (256 on sm_90),
  * h % kv == 0, and either causal with q_offset == k_offset and sq == sk (top-left
- * diagonal) or non-causal. */
+ * diagonal) or non-causal; no document mask (cuDNN's ragged/padding-mask SDPA could take
+ * one, but tetra has not been able to check that path on a device: docs/cuda.md). */
 static inline int ops_path_cudnn_sdpa_shape(const ops_attn_shape *s, int sm_major, int version) {
     if (!s || s->b <= 0 || s->sq <= 0 || s->sk <= 0 || s->h <= 0 || s->kv <= 0 || s->d <= 0 || s->h % s->kv != 0)
         return 0;
+    if (s->doc) return 0;
     if (version < 90000 || sm_major < 8) return 0;
     if (s->d % 8 != 0) return 0;
     if (s->causal && (s->q_offset != s->k_offset || s->sq != s->sk)) return 0;

@@ -65,7 +65,11 @@ typedef struct {
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static ops_attn_shape call_shape(const cp_attn_dims *d, int sq, int sk, int causal, int q_off, int k_off) {
+/* One call on sequence b. Under a document mask the call is causal whatever the block
+ * pair (the op's document mask requires it; for a pair below the diagonal it masks
+ * nothing more) and reads sequence b's ids. */
+static ops_attn_shape call_shape(const cp_ctx *c, const cp_attn_dims *d, int b, int sq, int sk, int causal, int q_off,
+                                 int k_off) {
     ops_attn_shape s;
     memset(&s, 0, sizeof s);
     s.b = 1;
@@ -75,9 +79,13 @@ static ops_attn_shape call_shape(const cp_attn_dims *d, int sq, int sk, int caus
     s.kv = d->kv;
     s.d = d->d;
     s.scale = d->scale;
-    s.causal = causal;
+    s.causal = causal || d->doc;
     s.q_offset = q_off;
     s.k_offset = k_off;
+    if (d->doc) {
+        s.doc_len = d->t * comm_group_size(c->g);
+        s.doc = d->doc + (size_t)b * (size_t)s.doc_len;
+    }
     return s;
 }
 
@@ -112,7 +120,7 @@ static size_t layout(const cp_ctx *c, const tetra_ops *ops, const cp_attn_dims *
         TAKE(b->dkl, nkv * 4);
         TAKE(b->dvl, nkv * 4);
         rows_max = T;
-        s = call_shape(d, (int)ch, (int)T, 1, (int)(T - ch), 0);
+        s = call_shape(c, d, 0, (int)ch, (int)T, 1, (int)(T - ch), 0);
     } else {
         for (int k = 0; k < 2; k++) {
             TAKE(b->kv[k], 2 * nkv * es);
@@ -123,7 +131,7 @@ static size_t layout(const cp_ctx *c, const tetra_ops *ops, const cp_attn_dims *
         TAKE(b->part, ch * (size_t)d->h * (size_t)d->d * es);
         if (bf16) TAKE(b->dq32, nq * 4);
         rows_max = ch;
-        s = call_shape(d, (int)ch, (int)ch, 1, 0, 0);
+        s = call_shape(c, d, 0, (int)ch, (int)ch, 1, 0, 0);
     }
     if (bf16)
         for (int k = 0; k < 3; k++) TAKE(b->tmp16[k], rows_max * wide * 2);
@@ -202,7 +210,7 @@ static void ag_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffe
     for (int b = 0; b < d->b; b++)
         for (int i = 0; i < ns; i++) {
             const size_t j = (size_t)cp_segment_chunk(cp, c->balanced, r, i);
-            ops_attn_shape s = call_shape(d, (int)ch, (int)((j + 1) * ch), 1, (int)(j * ch), 0);
+            ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)((j + 1) * ch), 1, (int)(j * ch), 0);
             const size_t qo = ((size_t)b * t + (size_t)i * ch) * qrow;
             attn_fwd(ops, bf16, at(out, qo, es), w->lse_stage, at(q, qo, es), at(w->kf, (size_t)b * T * krow, es),
                      at(w->vf, (size_t)b * T * krow, es), &s, w->attn_ws);
@@ -236,7 +244,7 @@ static void ag_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buff
     for (int b = 0; b < d->b; b++)
         for (int i = 0; i < ns; i++) {
             const size_t j = (size_t)cp_segment_chunk(cp, c->balanced, r, i), sk = (j + 1) * ch;
-            ops_attn_shape s = call_shape(d, (int)ch, (int)sk, 1, (int)(j * ch), 0);
+            ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)sk, 1, (int)(j * ch), 0);
             const size_t qo = ((size_t)b * t + (size_t)i * ch) * qrow, ko = (size_t)b * T * krow;
             lse_get(ops, w->lse_stage, lse, d, b, i, (int)ch);
             if (bf16) {
@@ -289,7 +297,7 @@ static void ring_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buf
                 for (int i2 = 0; i2 < ns; i2++) {
                     const int jk = cp_segment_chunk(cp, c->balanced, src, i2);
                     if (jk > jq) continue; /* in the future of every query of the chunk */
-                    ops_attn_shape s = call_shape(d, (int)ch, (int)ch, jk == jq, (int)(jq * ch), (int)(jk * ch));
+                    ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)ch, jk == jq, (int)(jq * ch), (int)(jk * ch));
                     const size_t ko = ((size_t)b * t + (size_t)i2 * ch) * krow;
                     attn_fwd(ops, bf16, w->part, w->lse_stage, at(q, qo, es), at(w->kv[cur], ko, es),
                              at(w->kv[cur], nkv + ko, es), &s, w->attn_ws);
@@ -341,7 +349,7 @@ static void ring_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_bu
                 for (int i2 = 0; i2 < ns; i2++) {
                     const int jk = cp_segment_chunk(cp, c->balanced, src, i2);
                     if (jk > jq) continue;
-                    ops_attn_shape s = call_shape(d, (int)ch, (int)ch, jk == jq, (int)(jq * ch), (int)(jk * ch));
+                    ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)ch, jk == jq, (int)(jq * ch), (int)(jk * ch));
                     const size_t ko = ((size_t)b * t + (size_t)i2 * ch) * krow;
                     if (bf16) {
                         ops->attention_backward_bf16(w->tmp16[0], w->tmp16[1], w->tmp16[2], at(dout, qo, es),

@@ -28,6 +28,12 @@
  * variants keep the blocks in bf16 and every sum (merges, dQ/dK/dV over blocks,
  * the reduce-scatter) in fp32.
  *
+ * Document masks (block_causal): with dims.doc, the document ids of every GLOBAL
+ * position of each sequence (every rank holds all of them, not only its chunks'), each
+ * call passes its sequence's row with the blocks' global offsets, so the op masks
+ * across documents and skips the tiles between them; chunks and load balancing stay
+ * as they are (a block pair whose documents never meet costs the op almost nothing).
+ *
  * Everything here is collective over the cp group. Nothing allocates: the caller
  * provides cp_workspace_bytes of backend memory.
  */
@@ -68,6 +74,7 @@ void cp_shard_tokens(int cp, int balanced, int r, int32_t *out, const int32_t *i
 typedef struct {
     int b, t, h, kv, d;
     float scale;
+    const int32_t *doc; /* [b, t * cp] document ids of the global positions (backend memory), or NULL */
 } cp_attn_dims;
 
 /* Backend bytes cp_attention_forward/backward need for these dims (t local), in

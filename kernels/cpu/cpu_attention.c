@@ -40,10 +40,12 @@
 //   pair instead of 5), in exchange for parallelism over blocks rather than heads.
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops_docmask.h"
 #include "kernels/ops_math.h"
 
 #define BQ CPU_ATTN_BQ
@@ -254,21 +256,52 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
         hi = r0 + (W) - 1 + nvis0 < 0 ? 0 : (r0 + (W) - 1 + nvis0 > cols ? cols : r0 + (W) - 1 + nvis0); \
     }
 
+// The document mask's lower bound (kfirst: each query's first visible key, in the key
+// block's coordinates; NULL: none): key c is visible to lane q only if c >= lane_lo[q].
+// Keys [fa, fe) pass both bounds in every lane (fa: the largest lower bound of the live
+// lanes, which is the last one's, ids being nondecreasing); keys [0, fa) and [fe, hi)
+// take the lane masks. Without a document mask fa = 0 and fe = lo, as before.
+#define DOC_SPAN(IT, W)                                                                      \
+    IT lane_lo = (IT){} - (BK + 1);                                                          \
+    int fa = 0;                                                                              \
+    if (kfirst) {                                                                            \
+        lane_lo = V_LD(IT, kfirst + r0) - j0;                                                \
+        fa = kfirst[(rows - r0 < (W) ? rows : r0 + (W)) - 1] - j0;                           \
+        fa = fa < 0 ? 0 : (fa > hi ? hi : fa);                                               \
+    }                                                                                        \
+    const int fe = fa > lo ? fa : lo;
+
 // Online-softmax update of a transposed score tile ST [cols][rows] (ld BQ), in place to
 // P^T. m, l: the running max and sum of each query; corr receives the factor that
 // rescales each query's accumulator (1 when it had seen nothing or the max holds). Lanes
 // past `rows` compute on whatever the buffers hold and are never read.
+// keys [c0, c1) of the max pass that take the lane masks
+#define FWD_MAX_MASKED(VT, IT, c0, c1)                                                       \
+    for (int c = (c0); c < (c1); c++) {                                                      \
+        VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                           \
+        mx = V_SEL(VT, IT, (x > mx) & (c <= lane) & (c >= lane_lo), x, mx);                  \
+    }
+// keys [c0, c1) of the exp pass, with the lane masks (masked = 1) or visible to every lane
+#define FWD_EXP_RANGE(VT, IT, VEXP, c0, c1, masked)                                          \
+    for (int c = (c0); c < (c1); c++) {                                                      \
+        float *sp = ST + (size_t)c * BQ + r0;                                                \
+        VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                              \
+        if (masked) p = V_SEL(VT, IT, (c <= lane) & (c >= lane_lo), p, (VT){});              \
+        V_ST(VT, sp, p);                                                                     \
+        lv += p;                                                                             \
+    }
 #define FWD_TILE_BODY(VT, IT, W, VEXP)                                                           \
     IT iota = {0};                                                                           \
     for (int q = 0; q < (W); q++) iota[q] = q;                                               \
     for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
         TILE_SPAN(W)                                                                         \
+        DOC_SPAN(IT, W)                                                                      \
         const IT lane = iota + r0 + nvis0 - 1; /* key c is visible to the lanes with c <= lane */ \
         /* the max in four independent chains (a max is exact in any order): one chain    \
            would wait out the compare's latency at every key */                              \
         VT m_old = V_LD(VT, m + r0), mx = m_old, mx1 = m_old, mx2 = m_old, mx3 = m_old;      \
-        int c4 = 0;                                                                          \
-        for (; c4 + 4 <= lo; c4 += 4) {                                                      \
+        int c4 = fa;                                                                         \
+        for (; c4 + 4 <= fe; c4 += 4) {                                                      \
             const float *sp = ST + (size_t)c4 * BQ + r0;                                     \
             VT x0 = V_LD(VT, sp), x1 = V_LD(VT, sp + BQ);                                    \
             VT x2 = V_LD(VT, sp + 2 * BQ), x3 = V_LD(VT, sp + 3 * BQ);                       \
@@ -280,30 +313,19 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
         mx = V_SEL(VT, IT, mx1 > mx, mx1, mx);                                               \
         mx2 = V_SEL(VT, IT, mx3 > mx2, mx3, mx2);                                            \
         mx = V_SEL(VT, IT, mx2 > mx, mx2, mx);                                               \
-        for (int c = c4; c < lo; c++) {                                                      \
+        for (int c = c4; c < fe; c++) {                                                      \
             VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                       \
             mx = V_SEL(VT, IT, x > mx, x, mx);                                               \
         }                                                                                    \
-        for (int c = lo; c < hi; c++) {                                                      \
-            VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                       \
-            mx = V_SEL(VT, IT, (x > mx) & (c <= lane), x, mx);                               \
-        }                                                                                    \
+        FWD_MAX_MASKED(VT, IT, 0, fa)                                                        \
+        FWD_MAX_MASKED(VT, IT, fe, hi)                                                       \
         /* a query that has seen no key yet keeps m = -inf, l = 0 and an empty accumulator */ \
         VT cr = V_SEL(VT, IT, mx == -INFINITY, (VT){} + 1.0f, VEXP(VT, IT, m_old - mx)); \
         VT lv = V_LD(VT, l + r0) * cr;                                                       \
-        for (int c = 0; c < lo; c++) {                                                       \
-            float *sp = ST + (size_t)c * BQ + r0;                                            \
-            VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                      \
-            V_ST(VT, sp, p);                                                                 \
-            lv += p;                                                                         \
-        }                                                                                    \
-        for (int c = lo; c < hi; c++) {                                                      \
-            float *sp = ST + (size_t)c * BQ + r0;                                            \
-            VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                      \
-            p = V_SEL(VT, IT, c <= lane, p, (VT){});                                         \
-            V_ST(VT, sp, p);                                                                 \
-            lv += p;                                                                         \
-        }                                                                                    \
+        /* in key order, so the sum is the causal kernel's where there is no document mask */ \
+        FWD_EXP_RANGE(VT, IT, VEXP, 0, fa, 1)                                                \
+        FWD_EXP_RANGE(VT, IT, VEXP, fa, fe, 0)                                               \
+        FWD_EXP_RANGE(VT, IT, VEXP, fe, hi, 1)                                               \
         for (int c = hi; c < cols; c++) V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});          \
         V_ST(VT, m + r0, mx);                                                                \
         V_ST(VT, l + r0, lv);                                                                \
@@ -313,23 +335,29 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
 // A transposed tile pair in place: ST -> P^T = exp(S^T - lse), dPT -> dS^T = P^T (dP^T - Dv),
 // both [cols][rows] (ld BQ); masked entries become 0, and so does P for a query that sees
 // no key (lse = -inf). lse and Dv are read through a zero-padded copy past `rows`.
+// keys [c0, c1) of a backward tile, with the lane masks (masked = 1) or visible to every lane
+#define BWD_RANGE(VT, IT, VEXP, c0, c1, masked)                                              \
+    for (int c = (c0); c < (c1); c++) {                                                      \
+        float *sp = ST + (size_t)c * BQ + r0, *dp = dPT + (size_t)c * BQ + r0;               \
+        const IT in_ = masked ? (c <= lane) & (c >= lane_lo) : live;                         \
+        VT p = V_SEL(VT, IT, live & in_, VEXP(VT, IT, V_LD(VT, sp) - L), (VT){});            \
+        VT ds = p * (V_LD(VT, dp) - dvv);                                                    \
+        V_ST(VT, sp, p);                                                                     \
+        V_ST(VT, dp, masked ? V_SEL(VT, IT, in_, ds, (VT){}) : ds);                          \
+    }
 #define BWD_TILE_BODY(VT, IT, W, VEXP)                                                           \
     IT iota = {0};                                                                           \
     for (int q = 0; q < (W); q++) iota[q] = q;                                               \
     for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
         TILE_SPAN(W)                                                                         \
+        DOC_SPAN(IT, W)                                                                      \
         const IT lane = iota + r0 + nvis0 - 1;                                               \
         const int nw = rows - r0 < (W) ? rows - r0 : (W);                                    \
         VT L = V_LDB(VT, W, lse + r0, nw), dvv = V_LDB(VT, W, dv + r0, nw);                  \
         const IT live = L != -INFINITY;                                                      \
-        for (int c = 0; c < hi; c++) {                                                       \
-            float *sp = ST + (size_t)c * BQ + r0, *dp = dPT + (size_t)c * BQ + r0;           \
-            IT vis = c < lo ? live : live & (c <= lane);                                     \
-            VT p = V_SEL(VT, IT, vis, VEXP(VT, IT, V_LD(VT, sp) - L), (VT){});          \
-            VT ds = p * (V_LD(VT, dp) - dvv);                                                \
-            V_ST(VT, sp, p);                                                                 \
-            V_ST(VT, dp, c < lo ? ds : V_SEL(VT, IT, c <= lane, ds, (VT){}));               \
-        }                                                                                    \
+        BWD_RANGE(VT, IT, VEXP, 0, fa, 1)                                                    \
+        BWD_RANGE(VT, IT, VEXP, fa, fe, 0)                                                   \
+        BWD_RANGE(VT, IT, VEXP, fe, hi, 1)                                                   \
         for (int c = hi; c < cols; c++) {                                                    \
             V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});                                      \
             V_ST(VT, dPT + (size_t)c * BQ + r0, (VT){});                                     \
@@ -338,11 +366,12 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
 
 typedef int v8i __attribute__((vector_size(32)));
 CPU_SIMD static void fwd_tile8(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows,
-                               int cols, int nvis0, int causal) {
+                               int cols, int nvis0, int causal, const int *restrict kfirst, int j0) {
     FWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)
 }
 CPU_SIMD static void bwd_tile8(float *restrict ST, float *restrict dPT, const float *restrict lse,
-                               const float *restrict dv, int rows, int cols, int nvis0, int causal) {
+                               const float *restrict dv, int rows, int cols, int nvis0, int causal,
+                               const int *restrict kfirst, int j0) {
     BWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)
 }
 #ifdef MK_HAVE_W16
@@ -360,24 +389,24 @@ typedef int v16i __attribute__((vector_size(64)));
     })
 __attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void fwd_tile16(
     float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows, int cols, int nvis0,
-    int causal) {
+    int causal, const int *restrict kfirst, int j0) {
     FWD_TILE_BODY(v16f, v16i, 16, V_EXP_SM16)
 }
 __attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void bwd_tile16(
     float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv, int rows, int cols,
-    int nvis0, int causal) {
+    int nvis0, int causal, const int *restrict kfirst, int j0) {
     BWD_TILE_BODY(v16f, v16i, 16, V_EXP_SM16)
 }
 #endif
 
 static void fwd_tile_t(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows,
-                       int cols, int nvis0, int causal) {
-    BY_WIDTH(fwd_tile, ST, m, l, corr, rows, cols, nvis0, causal);
+                       int cols, int nvis0, int causal, const int *restrict kfirst, int j0) {
+    BY_WIDTH(fwd_tile, ST, m, l, corr, rows, cols, nvis0, causal, kfirst, j0);
 }
 
 static void bwd_tile_t(float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv,
-                       int rows, int cols, int nvis0, int causal) {
-    BY_WIDTH(bwd_tile, ST, dPT, lse, dv, rows, cols, nvis0, causal);
+                       int rows, int cols, int nvis0, int causal, const int *restrict kfirst, int j0) {
+    BY_WIDTH(bwd_tile, ST, dPT, lse, dv, rows, cols, nvis0, causal, kfirst, j0);
 }
 
 // ----------------------------------------------------------------------------
@@ -487,6 +516,7 @@ typedef struct {
     float *dQp;             // its dQ, transposed [D][BQ] (backward)
     float *acc;             // output accumulator, transposed [D][BQ] (forward)
     float *m, *l, *corr;    // per-query statistics [BQ] (forward)
+    int *kfirst;            // each query's first visible key under the document mask [BQ]
     float *Kp, *Vp;         // the kv head's K, V rows, contiguous [Sk][D]
     float *dKp, *dVp;       // their gradients (backward)
 } attn_bufs;
@@ -496,7 +526,7 @@ static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 static attn_bufs bufs_alloc(int d, int sk, int backward) {
     size_t tile = align16((size_t)BK * BQ), blk = align16((size_t)BQ * d), vec = align16(BQ);
     size_t kv = align16((size_t)sk * d);
-    size_t n = 2 * tile + 6 * blk + 3 * vec + (backward ? 4 : 2) * kv;
+    size_t n = 2 * tile + 6 * blk + 4 * vec + (backward ? 4 : 2) * kv;
     float *p = NULL;
     if (posix_memalign((void **)&p, 64, n * sizeof(float)) != 0) abort();
     // tiles, packs and statistics start as zeros: the softmax passes compute whole vectors,
@@ -514,6 +544,7 @@ static attn_bufs bufs_alloc(int d, int sk, int backward) {
     t.m = p, p += vec;
     t.l = p, p += vec;
     t.corr = p, p += vec;
+    t.kfirst = (int *)p, p += vec;  // an int is a float's size
     t.Kp = p, p += kv;
     t.Vp = p, p += kv;
     t.dKp = backward ? p : NULL, p += backward ? kv : 0;
@@ -521,9 +552,11 @@ static attn_bufs bufs_alloc(int d, int sk, int backward) {
     return t;
 }
 
-// rows [0, n) of kv head g of batch b, contiguous [n][D]
-static void pack_kv(float *restrict dst, const float *restrict x, const ops_attn_shape *s, int b, int g, int n) {
-    copy_rows_k(dst, x + ((size_t)b * s->sk * s->kv + g) * s->d, (long)s->kv * s->d, n, s->d);
+// rows [j, n) of kv head g of batch b, contiguous [n][D] (rows before j are not written)
+static void pack_kv(float *restrict dst, const float *restrict x, const ops_attn_shape *s, int b, int g, int j, int n) {
+    if (n <= j) return;
+    const long ld = (long)s->kv * s->d;
+    copy_rows_k(dst + (size_t)j * s->d, x + ((size_t)b * s->sk * s->kv + g) * s->d + j * ld, ld, n - j, s->d);
 }
 
 // The workspace holds the backward's row term rowsum(dout * out), [B, H, Sq]: linear in
@@ -549,6 +582,40 @@ static inline int visible_keys(const ops_attn_shape *s, int i) {
 static inline int tile_nvis0(const ops_attn_shape *s, long long delta, int i0, int j0, int cols) {
     long long nv0 = s->causal ? delta + i0 + 1 - j0 : cols;
     return nv0 < -BQ ? -BQ : (nv0 > cols ? cols : (int)nv0);
+}
+
+// The keys query block [i0, i0 + rows) of sequence b sees: [*kbeg, return value). Under a
+// document mask kfirst[r] gets row r's first visible key (its document's start; rows past
+// `rows` repeat the last one's, so every vector lane reads a bound) and *kbeg the first
+// row's, the smallest; the scan is O(BQ) after one binary search. Without one *kbeg = 0
+// and kfirst is not touched.
+static int block_keys(const ops_attn_shape *s, int b, int i0, int rows, int *kfirst, int *kbeg) {
+    const int kend = visible_keys(s, i0 + rows - 1);
+    *kbeg = 0;
+    if (!s->doc) return kend;
+    const int32_t *doc = s->doc + (size_t)b * s->doc_len;
+    int f = ops_doc_key_begin(s, b, i0);
+    kfirst[0] = f;
+    for (int r = 1; r < BQ; r++) {
+        const int p = s->q_offset + i0 + r;
+        if (r < rows && doc[p] != doc[p - 1]) {
+            long long j = (long long)p - s->k_offset;
+            f = j < 0 ? 0 : (j > s->sk ? s->sk : (int)j);
+        }
+        kfirst[r] = f;
+    }
+    *kbeg = kfirst[0];
+    return kend;
+}
+
+// the document mask needs the causal one (ops.h)
+static void check_doc(const ops_attn_shape *s) {
+    if (s->doc && (!s->causal || s->q_offset + s->sq > s->doc_len || s->k_offset + s->sk > s->doc_len)) {
+        fprintf(stderr, "[tetra] cpu attention: a document mask needs causal = 1 and the rows inside doc_len "
+                        "(causal %d, q %d+%d, k %d+%d, doc_len %d)\n",
+                s->causal, s->q_offset, s->sq, s->k_offset, s->sk, s->doc_len);
+        abort();
+    }
 }
 
 
@@ -590,6 +657,7 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
     const long ldq = (long)H * D;
     const long long delta = (long long)s->q_offset - s->k_offset;
     (void)workspace;
+    check_doc(s);
     if (!mk_width) cpu_attention_set_vector_width(0);
     const int nqb = (Sq + BQ - 1) / BQ, groups = B * KV;
     const int nch = query_chunks(groups, nqb), per = (nqb + nch - 1) / nch;
@@ -606,20 +674,24 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
             int qb0 = ch * per, qb1 = qb0 + per < nqb ? qb0 + per : nqb;
             if (qb0 >= qb1) continue;
             int nk = visible_keys(s, (qb1 * BQ < Sq ? qb1 * BQ : Sq) - 1);  // keys the chunk sees
-            pack_kv(t.Kp, k, s, b, g, nk);
-            pack_kv(t.Vp, v, s, b, g, nk);
+            int kb0 = ops_doc_key_begin(s, b, qb0 * BQ) / BK * BK;          // and the first tile of them
+            pack_kv(t.Kp, k, s, b, g, kb0, nk);
+            pack_kv(t.Vp, v, s, b, g, kb0, nk);
             for (int qb = qb0; qb < qb1; qb++) {
-                int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ;
-                int kend = visible_keys(s, i0 + rows - 1);  // keys any row of this block can see
+                int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ, kbeg;
+                int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg);  // keys any row of this block can see
+                const int *kf = s->doc ? t.kfirst : NULL;
                 for (int h = g * rep; h < (g + 1) * rep; h++) {
                     pack_rows(t.QT, NULL, q + ((size_t)(b * Sq + i0) * H + h) * D, ldq, rows, D);
                     for (int r = 0; r < rows; r++) t.m[r] = -INFINITY, t.l[r] = 0.0f;
                     memset(t.acc, 0, (size_t)D * BQ * sizeof(float));
-                    for (int j0 = 0; j0 < kend; j0 += BK) {
+                    // tiles on the BK grid (the backward's), from the first one a row's document reaches
+                    for (int j0 = kbeg / BK * BK; j0 < kend; j0 += BK) {
                         int cols = kend - j0 < BK ? kend - j0 : BK;
                         // S^T = scale K_blk Q_blk^T
                         mk_gemm(t.ST, BQ, t.Kp + (size_t)j0 * D, D, 1, t.QT, BQ, cols, rows, D, s->scale, 0);
-                        fwd_tile_t(t.ST, t.m, t.l, t.corr, rows, cols, tile_nvis0(s, delta, i0, j0, cols), s->causal);
+                        fwd_tile_t(t.ST, t.m, t.l, t.corr, rows, cols, tile_nvis0(s, delta, i0, j0, cols), s->causal,
+                                   kf, j0);
                         scale_cols_k(t.acc, t.corr, rows, D);
                         // acc^T += V_blk^T P^T: the tile is P^T already, and a tile of the
                         // transposed product is D x BQ, wide enough for full register tiles
@@ -649,10 +721,10 @@ CPU_SIMD static void rowdot_k(float *restrict dst, const float *restrict a, cons
 // dPT = V_blk dO_blk^T -> dS^T, from the block's packed Q^T, dO^T in t and key/value rows
 // at kb, vb (row stride ldkv); li indexes the block's first query in lse and Dv.
 static void bwd_tile(const ops_attn_shape *s, attn_bufs *t, const float *kb, const float *vb, long ldkv,
-                     const float *lse, const float *Dv, int rows, int cols, int nvis0) {
+                     const float *lse, const float *Dv, int rows, int cols, int nvis0, int j0) {
     mk_gemm(t->ST, BQ, kb, ldkv, 1, t->QT, BQ, cols, rows, s->d, s->scale, 0);
     mk_gemm(t->dPT, BQ, vb, ldkv, 1, t->dOT, BQ, cols, rows, s->d, 1.0f, 0);
-    bwd_tile_t(t->ST, t->dPT, lse, Dv, rows, cols, nvis0, s->causal);
+    bwd_tile_t(t->ST, t->dPT, lse, Dv, rows, cols, nvis0, s->causal, s->doc ? t->kfirst : NULL, j0);
 }
 
 // first query row that sees key j0 (0 without the causal mask), clamped to [0, sq]
@@ -668,6 +740,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     const int B = s->b, Sq = s->sq, Sk = s->sk, H = s->h, KV = s->kv, D = s->d;
     const int rep = H / KV;
     float *Dv = (float *)workspace;
+    check_doc(s);
     if (!mk_width) cpu_attention_set_vector_width(0);
     float *owned = NULL;
     if (!Dv) {
@@ -703,24 +776,26 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 #pragma omp for schedule(dynamic, 1)
             for (int task = 0; task < groups; task++) {
                 int b = task / KV, g = task % KV;
-                int nk = visible_keys(s, Sq - 1);
-                pack_kv(t.Kp, k, s, b, g, nk);
-                pack_kv(t.Vp, v, s, b, g, nk);
-                memset(t.dKp, 0, (size_t)nk * D * sizeof(float));
-                memset(t.dVp, 0, (size_t)nk * D * sizeof(float));
+                int nk = visible_keys(s, Sq - 1), kb0 = ops_doc_key_begin(s, b, 0) / BK * BK;
+                if (kb0 > nk) kb0 = nk;
+                pack_kv(t.Kp, k, s, b, g, kb0, nk);
+                pack_kv(t.Vp, v, s, b, g, kb0, nk);
+                memset(t.dKp + (size_t)kb0 * D, 0, (size_t)(nk - kb0) * D * sizeof(float));
+                memset(t.dVp + (size_t)kb0 * D, 0, (size_t)(nk - kb0) * D * sizeof(float));
                 for (int i0 = 0; i0 < Sq; i0 += BQ) {
-                    int rows = Sq - i0 < BQ ? Sq - i0 : BQ;
-                    int kend = visible_keys(s, i0 + rows - 1);
-                    if (kend == 0) continue;
+                    int rows = Sq - i0 < BQ ? Sq - i0 : BQ, kbeg;
+                    int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg);
+                    if (kend <= kbeg) continue;
                     for (int h = g * rep; h < (g + 1) * rep; h++) {
                         size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
                         pack_rows(t.QT, t.Qp, q + qoff, ldq, rows, D);
                         pack_rows(t.dOT, t.dOp, dout + qoff, ldq, rows, D);
                         memset(t.dQp, 0, (size_t)D * BQ * sizeof(float));
-                        for (int j0 = 0; j0 < kend; j0 += BK) {
+                        for (int j0 = kbeg / BK * BK; j0 < kend; j0 += BK) {
                             int cols = kend - j0 < BK ? kend - j0 : BK;
                             float *kb = t.Kp + (size_t)j0 * D, *vb = t.Vp + (size_t)j0 * D;
-                            bwd_tile(s, &t, kb, vb, D, lse + li, Dv + li, rows, cols, tile_nvis0(s, delta, i0, j0, cols));
+                            bwd_tile(s, &t, kb, vb, D, lse + li, Dv + li, rows, cols,
+                                     tile_nvis0(s, delta, i0, j0, cols), j0);
                             // dV_blk += P^T dO ; dK_blk += scale dS^T Q ; dQ_blk += scale dS K_blk
                             mk_gemm(t.dVp + (size_t)j0 * D, D, t.ST, BQ, 1, t.dOp, D, cols, D, rows, 1.0f, 1);
                             mk_gemm(t.dKp + (size_t)j0 * D, D, t.dPT, BQ, 1, t.Qp, D, cols, D, rows, s->scale, 1);
@@ -729,9 +804,9 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                         tr_rows(dq + qoff, ldq, t.dQp, BQ, NULL, D, rows, 1);
                     }
                 }
-                size_t koff = ((size_t)b * Sk * KV + g) * D;
-                add_rows_k(dk + koff, ldk, t.dKp, nk, D);
-                add_rows_k(dv + koff, ldk, t.dVp, nk, D);
+                size_t koff = ((size_t)(b * Sk + kb0) * KV + g) * D;
+                add_rows_k(dk + koff, ldk, t.dKp + (size_t)kb0 * D, nk - kb0, D);
+                add_rows_k(dv + koff, ldk, t.dVp + (size_t)kb0 * D, nk - kb0, D);
             }
             free(t.ST);
         }
@@ -745,16 +820,17 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
             for (long long task = 0; task < nt1; task++) {
                 int qb = nqb - 1 - (int)(task / (B * H));
                 int bh = (int)(task % (B * H)), b = bh / H, h = bh % H, g = h / rep;
-                int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ;
-                int kend = visible_keys(s, i0 + rows - 1);
+                int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ, kbeg;
+                int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg);
+                if (kend <= kbeg) continue;
                 size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
                 pack_rows(t.QT, NULL, q + qoff, ldq, rows, D);
                 pack_rows(t.dOT, NULL, dout + qoff, ldq, rows, D);
-                for (int j0 = 0; j0 < kend; j0 += BK) {
+                for (int j0 = kbeg / BK * BK; j0 < kend; j0 += BK) {
                     int cols = kend - j0 < BK ? kend - j0 : BK;
                     size_t koff = ((size_t)(b * Sk + j0) * KV + g) * D;
                     bwd_tile(s, &t, k + koff, v + koff, ldk, lse + li, Dv + li, rows, cols,
-                             tile_nvis0(s, delta, i0, j0, cols));
+                             tile_nvis0(s, delta, i0, j0, cols), j0);
                     mk_gemm(dq + qoff, ldq, t.dPT, 1, BQ, k + koff, ldk, rows, D, cols, s->scale, 1);
                 }
             }
@@ -771,14 +847,18 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                 int bg = (int)(task % groups), b = bg / KV, g = bg % KV;
                 int j0 = kb * BK, cols = Sk - j0 < BK ? Sk - j0 : BK;
                 size_t koff = ((size_t)(b * Sk + j0) * KV + g) * D;
-                for (int i0 = first_query(s, delta, j0) / BQ * BQ; i0 < Sq; i0 += BQ) {
-                    int rows = Sq - i0 < BQ ? Sq - i0 : BQ;
+                // queries from the first that sees key j0 to the last whose document holds a key of the block
+                const int qend = ops_doc_query_end(s, b, j0 + cols - 1);
+                for (int i0 = first_query(s, delta, j0) / BQ * BQ; i0 < qend; i0 += BQ) {
+                    int rows = Sq - i0 < BQ ? Sq - i0 : BQ, kbeg;
+                    int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg);
+                    if (kend <= j0 || kbeg >= j0 + cols) continue;  // no row of the block sees a key of the tile
                     for (int h = g * rep; h < (g + 1) * rep; h++) {
                         size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
                         pack_rows(t.QT, NULL, q + qoff, ldq, rows, D);
                         pack_rows(t.dOT, NULL, dout + qoff, ldq, rows, D);
                         bwd_tile(s, &t, k + koff, v + koff, ldk, lse + li, Dv + li, rows, cols,
-                                 tile_nvis0(s, delta, i0, j0, cols));
+                                 tile_nvis0(s, delta, i0, j0, cols), j0);
                         mk_gemm(dv + koff, ldk, t.ST, BQ, 1, dout + qoff, ldq, cols, D, rows, 1.0f, 1);
                         mk_gemm(dk + koff, ldk, t.dPT, BQ, 1, q + qoff, ldq, cols, D, rows, s->scale, 1);
                     }

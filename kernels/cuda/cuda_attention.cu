@@ -9,7 +9,11 @@
 // key/value head g = h / (H/KV) directly, never expanding K/V. Query row i has global
 // position q_offset + i, key j has k_offset + j; under `causal`, key j is visible to
 // query i iff k_offset + j <= q_offset + i. A row that sees no key gets out = 0 and
-// lse = -inf (ring attention's "no contribution"), exactly as the CPU backend.
+// lse = -inf (ring attention's "no contribution"), exactly as the CPU backend. Under a
+// document mask (ops_attn_shape.doc, device memory) key j is visible only where the ids of
+// the two global positions are equal too; a query tile starts at the key tile its first
+// row's document starts in, and a key tile's backward stops at the last query of its
+// last key's document (kernels/ops_docmask.h), so tiles across documents are skipped.
 //
 // Kernels (256 threads as a 16 x 16 grid; a thread owns rows ty + 16 i and columns
 // tx + 16 j of each tile, so shared-memory reads are conflict-free broadcasts):
@@ -40,6 +44,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops_docmask.h"
 #include "kernels/ops_math.h"
 
 #include <type_traits>
@@ -51,6 +56,9 @@ typedef struct {
     float scale;
     int causal;
     long long delta;  // q_offset - k_offset
+    int q_offset, k_offset;
+    const int32_t *doc;  // [B, doc_len] document ids of the global positions, or NULL
+    int doc_len;
 } attn_args;
 
 static attn_args make_args(const ops_attn_shape *s) {
@@ -65,6 +73,10 @@ static attn_args make_args(const ops_attn_shape *s) {
     a.scale = s->scale;
     a.causal = s->causal;
     a.delta = (long long)s->q_offset - (long long)s->k_offset;
+    a.q_offset = s->q_offset;
+    a.k_offset = s->k_offset;
+    a.doc = s->doc;
+    a.doc_len = s->doc_len;
     return a;
 }
 
@@ -82,8 +94,25 @@ __host__ __device__ static inline int first_query(const attn_args &a, int j) {
     return i < 0 ? 0 : (i > a.Sq ? a.Sq : (int)i);
 }
 
-__device__ __forceinline__ bool key_visible(const attn_args &a, int qi, int kj) {
-    return !a.causal || (long long)kj <= a.delta + qi;
+// the first key row query row i of sequence b sees under the document mask (0 without)
+__device__ static inline int doc_key_begin(const attn_args &a, int b, int i) {
+    if (!a.doc) return 0;
+    long long f = (long long)ops_doc_first(a.doc + (size_t)b * a.doc_len, a.q_offset + i) - a.k_offset;
+    return f < 0 ? 0 : (f > a.Sk ? a.Sk : (int)f);
+}
+
+// one past the last query row of sequence b that sees key row j under the document mask
+__device__ static inline int doc_query_end(const attn_args &a, int b, int j) {
+    if (!a.doc) return a.Sq;
+    long long e = (long long)ops_doc_end(a.doc + (size_t)b * a.doc_len, a.k_offset + j, a.doc_len) - a.q_offset;
+    return e < 0 ? 0 : (e > a.Sq ? a.Sq : (int)e);
+}
+
+__device__ __forceinline__ bool key_visible(const attn_args &a, int b, int qi, int kj) {
+    if (a.causal && (long long)kj > a.delta + qi) return false;
+    if (!a.doc) return true;
+    const int32_t *d = a.doc + (size_t)b * a.doc_len;
+    return d[a.q_offset + qi] == d[a.k_offset + kj];
 }
 
 // Load `rows` rows of D floats (row stride ld) into a [BR][LD] tile, zero-padding rows
@@ -145,7 +174,8 @@ __device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, co
         for (int j = 0; j < DJ; j++) o[i][j] = 0.0f;
 
     const int kend = visible_keys(a, i0 + rows - 1);  // keys any row of this tile sees
-    for (int j0 = 0; j0 < kend; j0 += BK) {
+    // from the key tile where the first row's document starts (the BK grid of the backward)
+    for (int j0 = doc_key_begin(a, b, i0) / BK * BK; j0 < kend; j0 += BK) {
         const int cols = min(BK, kend - j0);
         __syncthreads();  // the previous tile is consumed
         const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
@@ -179,7 +209,7 @@ __device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, co
 #pragma unroll
             for (int jj = 0; jj < RJ; jj++) {
                 int r = ty + 16 * i, c = tx + 16 * jj;
-                bool vis = r < rows && c < cols && key_visible(a, i0 + r, j0 + c);
+                bool vis = r < rows && c < cols && key_visible(a, b, i0 + r, j0 + c);
                 sP[r * LDP + c] = vis ? a.scale * s[i][jj] : -INFINITY;
             }
         }
@@ -289,7 +319,7 @@ struct BwdCfg {
 template <int DMAX, int BQ, int BK>
 __device__ __forceinline__ void bwd_scores(float *sP, float *sdS, const float *sQ, const float *sdO, const float *sK,
                                            const float *sV, const float *sLse, const float *sDv, const attn_args &a,
-                                           int i0, int rows, int j0, int cols) {
+                                           int b, int i0, int rows, int j0, int cols) {
     constexpr int LD = DMAX + 1, LDP = BK + 1, RI = BQ / 16, RJ = BK / 16;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     float s[RI][RJ], dp[RI][RJ];
@@ -324,7 +354,7 @@ __device__ __forceinline__ void bwd_scores(float *sP, float *sdS, const float *s
 #pragma unroll
         for (int jj = 0; jj < RJ; jj++) {
             const int c = tx + 16 * jj;
-            bool vis = r < rows && c < cols && L != -INFINITY && key_visible(a, i0 + r, j0 + c);
+            bool vis = r < rows && c < cols && L != -INFINITY && key_visible(a, b, i0 + r, j0 + c);
             float p = vis ? tetra_expf(a.scale * s[i][jj] - L) : 0.0f;
             sP[r * LDP + c] = p;
             sdS[r * LDP + c] = p * (dp[i][jj] - Dr);
@@ -363,10 +393,11 @@ __device__ __forceinline__ void attn_bwd_dkdv_body(T *dk, T *dv, const T *dout, 
 #pragma unroll
         for (int j = 0; j < DJ; j++) dkacc[i][j] = dvacc[i][j] = 0.0f;
 
-    const int qstart = first_query(a, j0);
+    // queries from the first that sees key j0 to the last of the tile's last key's document
+    const int qstart = first_query(a, j0), qend = cols > 0 ? doc_query_end(a, b, j0 + cols - 1) : 0;
     for (int hh = 0; hh < a.rep; hh++) {
         const int h = g * a.rep + hh;
-        for (int i0 = qstart; i0 < a.Sq; i0 += BQ) {
+        for (int i0 = qstart; i0 < qend; i0 += BQ) {
             const int rows = min(BQ, a.Sq - i0);
             __syncthreads();
             const size_t qoff = ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D;
@@ -378,7 +409,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_body(T *dk, T *dv, const T *dout, 
                 sDv[tid] = tid < rows ? Dv[li] : 0.0f;
             }
             __syncthreads();
-            bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, i0, rows, j0, cols);
+            bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, b, i0, rows, j0, cols);
             __syncthreads();
             // dV += P^T dO ; dK += dS^T Q (scale applied at the end)
             for (int r = 0; r < rows; r++) {
@@ -453,14 +484,14 @@ __device__ __forceinline__ void attn_bwd_dq_body(T *dq, const T *dout, const T *
         for (int j = 0; j < DJ; j++) dqacc[i][j] = 0.0f;
 
     const int kend = visible_keys(a, i0 + rows - 1);
-    for (int j0 = 0; j0 < kend; j0 += BK) {
+    for (int j0 = doc_key_begin(a, b, i0) / BK * BK; j0 < kend; j0 += BK) {
         const int cols = min(BK, kend - j0);
         __syncthreads();
         const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
         load_tile<BK, DMAX, LD, T>(sK, k + koff, ldk, cols, D);
         load_tile<BK, DMAX, LD, T>(sV, v + koff, ldk, cols, D);
         __syncthreads();
-        bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, i0, rows, j0, cols);
+        bwd_scores<DMAX, BQ, BK>(sP, sdS, sQ, sdO, sK, sV, sLse, sDv, a, b, i0, rows, j0, cols);
         __syncthreads();
         // dQ += dS K (scale applied at the end)
         for (int c = 0; c < cols; c++) {
@@ -594,6 +625,12 @@ static void check_shape(const ops_attn_shape *s) {
                 s->d, s->h, s->kv);
         abort();
     }
+    if (s->doc && (!s->causal || s->q_offset + s->sq > s->doc_len || s->k_offset + s->sk > s->doc_len)) {
+        fprintf(stderr, "[tetra] cuda attention: a document mask needs causal = 1 and the rows inside doc_len "
+                        "(causal %d, q %d+%d, k %d+%d, doc_len %d)\n",
+                s->causal, s->q_offset, s->sq, s->k_offset, s->sk, s->doc_len);
+        abort();
+    }
 }
 
 extern "C" size_t cuda_attention_workspace_size(const ops_attn_shape *s) {
@@ -686,7 +723,7 @@ static void log_path(int backward, int why, const ops_attn_shape *s, const char 
     const int ver = cuda_cudnn_version();
     char shape[160];
     snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d kv%d d%d %s q@%d k@%d", s->b, s->sq, s->sk, s->h, s->kv, s->d,
-             s->causal ? "causal" : "full", s->q_offset, s->k_offset);
+             s->doc ? "block_causal" : (s->causal ? "causal" : "full"), s->q_offset, s->k_offset);
     switch (why) {
     case WHY_CUDNN:
         fprintf(stderr, "cuda: attention bf16 %s via cuDNN %d.%d fused SDPA\n", dir, ver / 10000, (ver / 100) % 100);

@@ -3,19 +3,25 @@
 #include <math.h>
 #include <string.h>
 
-/* dim, layers, heads, kv_heads, vocab, multiple_of, ffn multiplier */
+/* dim, layers, heads, kv_heads, vocab, multiple_of, ffn multiplier, mask */
 static const struct {
     const char *name;
     int dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
     double ffn_dim_multiplier;
+    llama3_mask mask;
 } flavors[] = {
-    {"debugmodel", 256, 6, 16, 16, 2048, 256, 0.0},
+    {"debugmodel", 256, 6, 16, 16, 2048, 256, 0.0, LLAMA3_MASK_CAUSAL},
+    /* TorchTitan v0.2.2's document-masked flavors (its flex / varlen attention backends) */
+    {"debugmodel_flex_attn", 256, 6, 16, 16, 2048, 256, 0.0, LLAMA3_MASK_BLOCK_CAUSAL},
+    {"debugmodel_varlen_attn", 256, 6, 16, 16, 2048, 256, 0.0, LLAMA3_MASK_BLOCK_CAUSAL},
     /* tiny models for fast tests: GQA and odd sizes on purpose */
-    {"tiny", 64, 2, 4, 2, 2048, 32, 0.0},
-    {"small", 512, 8, 8, 4, 2048, 256, 0.0},
-    {"8B", 4096, 32, 32, 8, 128256, 1024, 1.3},
-    {"70B", 8192, 80, 64, 8, 128256, 4096, 1.3},
-    {"405B", 16384, 126, 128, 8, 128256, 4096, 1.2},
+    {"tiny", 64, 2, 4, 2, 2048, 32, 0.0, LLAMA3_MASK_CAUSAL},
+    {"small", 512, 8, 8, 4, 2048, 256, 0.0, LLAMA3_MASK_CAUSAL},
+    {"8B", 4096, 32, 32, 8, 128256, 1024, 1.3, LLAMA3_MASK_CAUSAL},
+    {"8B_flex", 4096, 32, 32, 8, 128256, 1024, 1.3, LLAMA3_MASK_BLOCK_CAUSAL},
+    {"8B_varlen", 4096, 32, 32, 8, 128256, 1024, 1.3, LLAMA3_MASK_BLOCK_CAUSAL},
+    {"70B", 8192, 80, 64, 8, 128256, 4096, 1.3, LLAMA3_MASK_CAUSAL},
+    {"405B", 16384, 126, 128, 8, 128256, 4096, 1.2, LLAMA3_MASK_CAUSAL},
 };
 
 int llama3_flavor(const char *name, llama3_args *a) {
@@ -36,12 +42,28 @@ int llama3_flavor(const char *name, llama3_args *a) {
         a->rope_low_freq_factor = 1.0;
         a->rope_high_freq_factor = 4.0;
         a->rope_original_max_pos = 8192;
+        a->attn_mask_type = flavors[i].mask;
         return 0;
     }
     return -1;
 }
 
-const char *llama3_flavor_names(void) { return "debugmodel, tiny, small, 8B, 70B, 405B"; }
+const char *llama3_flavor_names(void) {
+    return "debugmodel, debugmodel_flex_attn, debugmodel_varlen_attn, tiny, small, 8B, 8B_flex, 8B_varlen, 70B, 405B";
+}
+
+int llama3_parse_mask(const char *name, llama3_mask *out) {
+    if (!strcmp(name, "causal")) *out = LLAMA3_MASK_CAUSAL;
+    else if (!strcmp(name, "block_causal")) *out = LLAMA3_MASK_BLOCK_CAUSAL;
+    else return -1;
+    return 0;
+}
+
+const char *llama3_mask_name(llama3_mask m) { return m == LLAMA3_MASK_BLOCK_CAUSAL ? "block_causal" : "causal"; }
+
+int llama3_needs_documents(const llama3_args *a) {
+    return a->attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL || a->reset_positions;
+}
 
 int llama3_head_dim(const llama3_args *a) { return a->dim / a->n_heads; }
 
@@ -61,6 +83,11 @@ int64_t llama3_num_params(const llama3_args *a) {
     int64_t ffn = 3 * d * f;
     int64_t block = attn + ffn + 2 * d; /* two RMSNorm weights */
     return 2 * llama3_num_embedding_params(a) + a->n_layers * block + d;
+}
+
+double llama3_flops_per_token_pairs(const llama3_args *a, double pairs_per_seq, int seq_len) {
+    double n = (double)(llama3_num_params(a) - llama3_num_embedding_params(a));
+    return 6.0 * n + 12.0 * a->n_layers * a->n_heads * llama3_head_dim(a) * pairs_per_seq / seq_len;
 }
 
 double llama3_flops_per_token(const llama3_args *a, int seq_len) {

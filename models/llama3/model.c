@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/llama3/documents.h"
 #include "models/llama3/init.h"
 #include "parallel/cp.h"
 #include "parallel/tp.h"
@@ -230,6 +231,10 @@ static void rope_bwd(const llama3_model *m, void *dx, const void *dout, const in
     else
         m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
 }
+/* RoPE on a microbatch's q or k [b, t, nh, D]: at each row's position within its document
+ * (a->dpos, per sequence: one call per sequence), else at the rows' global positions. */
+static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, int nh);
+static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh);
 static void zero_acts(const llama3_model *m, void *x, size_t elems) {
     if (mixed(m))
         m->ops->fill(x, 0.0f, elems / 2); /* bf16 zeros as fp32 zeros (elems is even: a multiple of dim) */
@@ -297,6 +302,8 @@ struct llama3_acts {
     size_t bytes;
     int32_t *inputs;      /* [N] backend copy of the token ids (embedding) */
     int32_t *pos;         /* [t] global positions of the rows (context parallel), else NULL */
+    int32_t *doc;         /* [b, t * cp] document ids of every global position (block_causal), else NULL */
+    int32_t *dpos;        /* [b, t] each row's position within its document (reset_positions), else NULL */
     int32_t *targets;     /* [N] (head) */
     float *loss_sum;      /* [1] */
     size_t nl;            /* rows of the residual stream on this rank: N / P */
@@ -356,8 +363,40 @@ static cp_ctx cp_of(const llama3_model *m) {
 
 static cp_attn_dims cp_dims(const llama3_model *m, int b, int t) {
     ops_attn_shape s = attn_shape(m, b, t);
-    cp_attn_dims d = {b, t, s.h, s.kv, s.d, s.scale};
+    cp_attn_dims d = {b, t, s.h, s.kv, s.d, s.scale, NULL};
     return d;
+}
+
+/* A microbatch's attention: its shape, with its document ids under block_causal. */
+static ops_attn_shape attn_shape_acts(const llama3_model *m, const llama3_acts *a) {
+    ops_attn_shape s = attn_shape(m, a->b, a->t);
+    s.doc = a->doc;
+    s.doc_len = a->doc ? a->t * cpn(m) : 0;
+    return s;
+}
+static cp_attn_dims cp_dims_acts(const llama3_model *m, const llama3_acts *a) {
+    cp_attn_dims d = cp_dims(m, a->b, a->t);
+    d.doc = a->doc;
+    return d;
+}
+
+static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, int nh) {
+    if (!a->dpos) {
+        rope_fwd(m, x, a->pos, a->b, a->t, nh);
+        return;
+    }
+    const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
+    for (int r = 0; r < a->b; r++) rope_fwd(m, act_at(m, x, (size_t)r * seq), a->dpos + (size_t)r * a->t, 1, a->t, nh);
+}
+static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh) {
+    if (!a->dpos) {
+        rope_bwd(m, dx, dout, a->pos, a->b, a->t, nh);
+        return;
+    }
+    const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
+    for (int r = 0; r < a->b; r++)
+        rope_bwd(m, act_at(m, dx, (size_t)r * seq), act_at(m, (void *)dout, (size_t)r * seq), a->dpos + (size_t)r * a->t,
+                 1, a->t, nh);
 }
 
 static size_t scratch_cols(const llama3_model *m) {
@@ -529,6 +568,14 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
         p = carve(&cv, (size_t)a->t * sizeof(int32_t));
         if (!measuring) a->pos = p;
     }
+    if (m->args.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL) { /* the whole sequences' ids, on every cp rank */
+        p = carve(&cv, (size_t)a->b * (size_t)a->t * (size_t)cpn(m) * sizeof(int32_t));
+        if (!measuring) a->doc = p;
+    }
+    if (m->args.reset_positions) {
+        p = carve(&cv, a->n * sizeof(int32_t));
+        if (!measuring) a->dpos = p;
+    }
     if (m->layout.has_embedding) {
         p = carve(&cv, n * sizeof(int32_t));
         if (!measuring) a->inputs = p;
@@ -651,11 +698,44 @@ llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, 
         m->ops->copy_h2d(a->pos, h, (size_t)t * sizeof *h);
         free(h);
     }
+    if (llama3_needs_documents(&m->args)) { /* until the first llama3_acts_set_documents: one document a sequence */
+        int32_t *zero = calloc((size_t)b * (size_t)t * (size_t)cpn(m), sizeof *zero);
+        if (!zero) goto oom;
+        int rc = llama3_acts_set_documents(m, a, zero, err, errlen);
+        free(zero);
+        if (rc != 0) {
+            llama3_acts_free(m, a);
+            return NULL;
+        }
+    }
     return a;
 oom:
     snprintf(err, errlen, "llama3 activations: out of host memory");
     llama3_acts_free(m, a);
     return NULL;
+}
+
+int llama3_acts_set_documents(const llama3_model *m, llama3_acts *a, const int32_t *doc, char *err, size_t errlen) {
+    const int T = a->t * cpn(m);
+    if (!a->doc && !a->dpos) return 0; /* causal, positions by sequence: nothing to keep */
+    if (llama3_doc_check(doc, a->b, T, err, errlen) != 0) return -1;
+    if (a->doc) m->ops->copy_h2d(a->doc, doc, (size_t)a->b * (size_t)T * sizeof *doc);
+    if (a->dpos) {
+        int32_t *rows = NULL, *pos = malloc(a->n * sizeof *pos);
+        if (cpn(m) > 1) rows = malloc((size_t)a->t * sizeof *rows);
+        if (!pos || (cpn(m) > 1 && !rows)) {
+            free(pos);
+            free(rows);
+            snprintf(err, errlen, "llama3 activations: out of host memory");
+            return -1;
+        }
+        if (rows) cp_positions(cpn(m), m->cp_balanced, m->layout.cp_rank, T, rows);
+        llama3_doc_positions(doc, a->b, T, rows, a->t, pos);
+        m->ops->copy_h2d(a->dpos, pos, a->n * sizeof *pos);
+        free(pos);
+        free(rows);
+    }
+    return 0;
 }
 
 llama3_acts *llama3_acts_create(const llama3_model *m, int b, int t, char *err, size_t errlen) {
@@ -1333,14 +1413,14 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
         }
     }
     if (qkv.compute) rows_all(m, a, &qkv); /* projections whose input was kept (not gathered now) */
-    if (compute & LLAMA3_KEEP_Q) rope_fwd(m, t->q, a->pos, a->b, a->t, H);
-    if (compute & LLAMA3_KEEP_K) rope_fwd(m, t->k, a->pos, a->b, a->t, KV);
+    if (compute & LLAMA3_KEEP_Q) rope_fwd_acts(m, a, t->q, H);
+    if (compute & LLAMA3_KEEP_K) rope_fwd_acts(m, a, t->k, KV);
     if ((compute & LLAMA3_KEEP_ATT) && cpn(m) > 1) {
         cp_ctx cc = cp_of(m);
-        cp_attn_dims dim = cp_dims(m, a->b, a->t);
+        cp_attn_dims dim = cp_dims_acts(m, a);
         cp_attention_forward(&cc, ops, mixed(m), t->att, t->lse, t->q, t->k, t->v, &dim, ws->cp_ws);
     } else if (compute & LLAMA3_KEEP_ATT) {
-        ops_attn_shape s = attn_shape(m, a->b, a->t);
+        ops_attn_shape s = attn_shape_acts(m, a);
         if (mixed(m))
             ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
         else
@@ -1579,10 +1659,10 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     void *dk = act_at(m, dq, a->n * (size_t)HD);   /* [N, KVD] */
     void *dv = act_at(m, dk, a->n * (size_t)KVD);  /* [N, KVD] */
     if (!tp) lin_bwd_input(m, pidx_block(m, l, P_WO), datt, dh_full, n, -1, 0.0f);
-    ops_attn_shape s = attn_shape(m, a->b, a->t);
+    ops_attn_shape s = attn_shape_acts(m, a);
     if (cpn(m) > 1) {
         cp_ctx cc = cp_of(m);
-        cp_attn_dims dim = cp_dims(m, a->b, a->t);
+        cp_attn_dims dim = cp_dims_acts(m, a);
         cp_attention_backward(&cc, ops, mixed(m), dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &dim, ws->cp_ws);
     } else if (mixed(m)) {
         ops->attention_backward_bf16(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
@@ -1590,8 +1670,8 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
         ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     }
-    rope_bwd(m, t->q, dq, a->pos, a->b, a->t, H);
-    rope_bwd(m, t->k, dk, a->pos, a->b, a->t, KV);
+    rope_bwd_acts(m, a, t->q, dq, H);
+    rope_bwd_acts(m, a, t->k, dk, KV);
     ops->copy(t->v, dv, a->n * (size_t)KVD * es);
     const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
     if (tp) {

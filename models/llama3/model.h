@@ -320,6 +320,15 @@ double llama3_recompute_linear_flops(const llama3_args *a, unsigned keep, int tp
  * max_b max_t); keep[i] is the mask of local block i (NULL: keep everything). */
 llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, const unsigned *keep, int b, int t,
                                    char *err, size_t errlen);
+/* The documents of the microbatch these activations are about to run (block_causal
+ * attention, positions reset at document boundaries; see models/llama3/documents.h):
+ * doc [b, t * cp_size] host memory, the document id of every global position of each
+ * sequence, nondecreasing along it (every context-parallel rank passes whole sequences).
+ * Kept with the activations, so the backward and any recomputation see the same mask.
+ * Until called, each sequence is one document. A no-op when the model needs no document
+ * ids; 0, or -1 with err when the ids are not nondecreasing. */
+int llama3_acts_set_documents(const llama3_model *m, llama3_acts *a, const int32_t *doc, char *err, size_t errlen);
+
 /* The same with a private workspace, every activation kept (tests, tools). */
 llama3_acts *llama3_acts_create(const llama3_model *m, int b, int t, char *err, size_t errlen);
 void llama3_acts_free(const llama3_model *m, llama3_acts *a);

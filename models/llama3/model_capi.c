@@ -23,6 +23,9 @@ int llama3_capi_set(void *h, const char *name, const float *in);
 size_t llama3_capi_acts_bytes(void *h, int b, int t);
 double llama3_capi_forward_backward(void *h, int b, int t, const int32_t *inputs, const int32_t *targets,
                                     float *logits_out);
+int llama3_capi_set_reset_positions(void *h, int on);
+double llama3_capi_forward_backward_docs(void *h, int b, int t, const int32_t *inputs, const int32_t *targets,
+                                         const int32_t *docs, float *logits_out);
 int llama3_capi_save_hf(void *h, const char *path, const char *dtype, int grad, char *err, size_t errlen);
 int llama3_capi_load_hf(void *h, const char *path, char *err, size_t errlen);
 
@@ -88,10 +91,27 @@ int llama3_capi_set(void *h, const char *name, const float *in) {
 
 size_t llama3_capi_acts_bytes(void *h, int b, int t) { return llama3_acts_bytes(&((capi *)h)->m, b, t); }
 
+/* model.reset_positions_at_document_boundaries for the next activations (before the first
+ * forward of a size): 0. */
+int llama3_capi_set_reset_positions(void *h, int on) {
+    capi *c = h;
+    llama3_acts_free(&c->m, c->acts);
+    c->acts = NULL;
+    c->m.args.reset_positions = on != 0;
+    return 0;
+}
+
 /* Zero the gradients, run forward and backward on one batch with the loss
  * averaged over its valid targets; returns that mean loss (NAN on error). */
 double llama3_capi_forward_backward(void *h, int b, int t, const int32_t *inputs, const int32_t *targets,
                                     float *logits_out) {
+    return llama3_capi_forward_backward_docs(h, b, t, inputs, targets, NULL, logits_out);
+}
+
+/* The same with the batch's document ids [b, t] (NULL: the ids given last; at first one
+ * document a sequence), for a block_causal flavor or positions reset at document boundaries. */
+double llama3_capi_forward_backward_docs(void *h, int b, int t, const int32_t *inputs, const int32_t *targets,
+                                         const int32_t *docs, float *logits_out) {
     capi *c = h;
     char err[256];
     if (!c->acts || c->b != b || c->t != t) {
@@ -105,6 +125,10 @@ double llama3_capi_forward_backward(void *h, int b, int t, const int32_t *inputs
         c->t = t;
     }
     if (llama3_acts_keep_logits(&c->m, c->acts, logits_out != NULL) != 0) return NAN;
+    if (docs && llama3_acts_set_documents(&c->m, c->acts, docs, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return NAN;
+    }
     int64_t valid = 0;
     for (size_t i = 0; i < (size_t)b * (size_t)t; i++) valid += targets[i] != OPS_IGNORE_INDEX;
     if (valid == 0) return NAN;

@@ -1139,12 +1139,32 @@ static void test_swiglu_bf16(void) {
 // ----------------------------------------------------------------------------
 // attention
 
-static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko) {
-    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko};
+// Document ids [b, n] (host) for block-causal cases: row r is cut into documents whose
+// lengths cycle through lens[] from index r (so rows differ); ids rise by 2 from 3 (only
+// their order matters).
+static int32_t *doc_ids(int b, int n, const int *lens, int nlens) {
+    int32_t *d = (int32_t *)malloc((size_t)b * n * sizeof(int32_t));
+    for (int r = 0; r < b; r++) {
+        int id = 3, li = r, left = lens[r % nlens];
+        for (int p = 0; p < n; p++, left--) {
+            if (left == 0) id += 2, li++, left = lens[li % nlens];
+            d[(size_t)r * n + p] = id;
+        }
+    }
+    return d;
+}
+
+// doc: NULL, or the document ids [b, doc_len] (host memory) of a block-causal case; the
+// CPU reads them there, the device from its own copy.
+static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko,
+                                const int32_t *doc, int doc_len) {
+    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko, doc, doc_len};
+    ops_attn_shape sg = s;
+    if (doc) sg.doc = (const int32_t *)dup_gpu(doc, (size_t)b * doc_len * sizeof(int32_t));
     const size_t nq = (size_t)b * sq * h * d, nk = (size_t)b * sk * kv * d, nl = (size_t)b * h * sq;
     char shape[96];
     snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d kv%d d%d %s q@%d k@%d", b, sq, sk, h, kv, d,
-             causal ? "causal" : "full", qo, ko);
+             doc ? "block_causal" : (causal ? "causal" : "full"), qo, ko);
     float *q = hrandn(nq, 1), *k = hrandn(nk, 1), *v = hrandn(nk, 1), *dout = hrandn(nq, 1);
     float *out = (float *)malloc(nq * 4), *lse = (float *)malloc(nl * 4);
     float *dq = hrandn(nq, 1), *dk = hrandn(nk, 1), *dv = hrandn(nk, 1);  // accumulated into
@@ -1154,7 +1174,7 @@ static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int
     void *ws = G->alloc(G->attention_workspace_size(&s));
 
     C->attention_forward(out, lse, q, k, v, &s, NULL);
-    G->attention_forward(d_out, d_lse, d_q, d_k, d_v, &s, ws);
+    G->attention_forward(d_out, d_lse, d_q, d_k, d_v, &sg, ws);
     float *g_out = (float *)from_gpu(d_out, nq * 4), *g_lse = (float *)from_gpu(d_lse, nl * 4);
     check_close("attention_forward out", shape, g_out, out, nq, 1e-4);
     check_close("attention_forward lse", shape, g_lse, lse, nl, 1e-4);
@@ -1163,7 +1183,7 @@ static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int
     G->copy_h2d(d_out, out, nq * 4);
     G->copy_h2d(d_lse, lse, nl * 4);
     C->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, &s, NULL);
-    G->attention_backward(d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, &s, (sq & 1) ? NULL : ws);
+    G->attention_backward(d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, &sg, (sq & 1) ? NULL : ws);
     float *g_dq = (float *)from_gpu(d_dq, nq * 4), *g_dk = (float *)from_gpu(d_dk, nk * 4);
     float *g_dv = (float *)from_gpu(d_dv, nk * 4);
     check_close("attention_backward dq (+=)", shape, g_dq, dq, nq, 1e-4);
@@ -1174,19 +1194,37 @@ static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int
     free(g_out); free(g_lse); free(g_dq); free(g_dk); free(g_dv);
     G->release(d_q); G->release(d_k); G->release(d_v); G->release(d_do); G->release(d_out); G->release(d_lse);
     G->release(d_dq); G->release(d_dk); G->release(d_dv); G->release(ws);
+    if (doc) G->release((void *)sg.doc);
 }
 
 static void test_attention(void) {
-    test_attention_case(1, 1, 1, 1, 1, 16, 1, 0, 0);
-    test_attention_case(2, 67, 67, 4, 2, 16, 1, 0, 0);      // the debug model's head dim, GQA
-    test_attention_case(1, 130, 130, 8, 8, 64, 1, 0, 0);
-    test_attention_case(2, 45, 77, 6, 3, 40, 0, 0, 0);      // full attention, odd head dim
-    test_attention_case(1, 64, 64, 4, 1, 128, 1, 64, 0);    // ring block: every key visible
-    test_attention_case(1, 64, 96, 4, 2, 128, 1, 0, 32);    // ring block: rows 0..31 see nothing
-    test_attention_case(1, 50, 50, 2, 2, 32, 1, 0, 100);    // fully masked block pair
-    test_attention_case(1, 33, 70, 4, 4, 256, 1, 40, 0);    // head dim 256
-    test_attention_case(1, 200, 200, 8, 2, 128, 1, 0, 0);   // Llama 3 head dim, GQA 4, many tiles
-    test_attention_case(3, 97, 97, 2, 1, 24, 1, 0, 0);
+    test_attention_case(1, 1, 1, 1, 1, 16, 1, 0, 0, NULL, 0);
+    test_attention_case(2, 67, 67, 4, 2, 16, 1, 0, 0, NULL, 0);      // the debug model's head dim, GQA
+    test_attention_case(1, 130, 130, 8, 8, 64, 1, 0, 0, NULL, 0);
+    test_attention_case(2, 45, 77, 6, 3, 40, 0, 0, 0, NULL, 0);      // full attention, odd head dim
+    test_attention_case(1, 64, 64, 4, 1, 128, 1, 64, 0, NULL, 0);    // ring block: every key visible
+    test_attention_case(1, 64, 96, 4, 2, 128, 1, 0, 32, NULL, 0);    // ring block: rows 0..31 see nothing
+    test_attention_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);    // fully masked block pair
+    test_attention_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);    // head dim 256
+    test_attention_case(1, 200, 200, 8, 2, 128, 1, 0, 0, NULL, 0);   // Llama 3 head dim, GQA 4, many tiles
+    test_attention_case(3, 97, 97, 2, 1, 24, 1, 0, 0, NULL, 0);
+    // block_causal: boundaries on the kernels' 32- and 64-row tile edges and inside tiles,
+    // one whole-sequence document, 1-token documents, and a ring block whose first rows'
+    // document starts after its keys end (they see nothing: out 0, lse -inf)
+    static const int edges[] = {1, 31, 32, 64, 5, 17}, whole[] = {130}, single[] = {1}, ring[] = {40, 100, 52};
+    int32_t *doc = doc_ids(2, 150, edges, 6);
+    test_attention_case(2, 150, 150, 8, 2, 16, 1, 0, 0, doc, 150);
+    free(doc);
+    doc = doc_ids(1, 130, whole, 1);
+    test_attention_case(1, 130, 130, 4, 4, 128, 1, 0, 0, doc, 130);
+    free(doc);
+    doc = doc_ids(1, 70, single, 1);
+    test_attention_case(1, 70, 70, 2, 1, 32, 1, 0, 0, doc, 70);
+    free(doc);
+    doc = doc_ids(1, 192, ring, 3);
+    test_attention_case(1, 64, 64, 4, 2, 64, 1, 128, 0, doc, 192);
+    test_attention_case(1, 64, 64, 4, 2, 64, 1, 128, 64, doc, 192);
+    free(doc);
 
     // merge of partial results (incl. rows where either side saw nothing)
     const int b = 2, sq = 41, h = 3, d = 24;
@@ -1212,8 +1250,12 @@ static void test_attention(void) {
 // floored at 1e-4 of the largest value (the fp32 attention tolerance), lse 1e-4. cuDNN's
 // fused SDPA rounds P and dS to bf16 inside: out 2e-2, gradients 5e-2, lse 1e-3 relative to
 // the largest reference value.
-static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko) {
-    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko};
+static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko,
+                                     const int32_t *doc, int doc_len) {
+    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko, doc, doc_len};
+    ops_attn_shape sg = s;
+    if (doc) sg.doc = (const int32_t *)dup_gpu(doc, (size_t)b * doc_len * sizeof(int32_t));
+    const char *mask = doc ? "block_causal" : (causal ? "causal" : "full");
     const size_t nq = (size_t)b * sq * h * d, nk = (size_t)b * sk * kv * d, nl = (size_t)b * h * sq;
     char shape[128];
     uint16_t *q = hrandn_bf16(nq, 1), *k = hrandn_bf16(nk, 1), *v = hrandn_bf16(nk, 1), *dout = hrandn_bf16(nq, 1);
@@ -1250,16 +1292,17 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     uint16_t *d_dq = (uint16_t *)dup_gpu(junk, nq * 2), *d_dk = (uint16_t *)dup_gpu(junk, nk * 2);
     uint16_t *d_dv = (uint16_t *)dup_gpu(junk, nk * 2);
     const int use_ws = !(sq & 1);  // half the cases with the caller's workspace, half with NULL
-    const size_t ws_bytes = G->attention_workspace_size_bf16(&s);
+    const size_t ws_bytes = G->attention_workspace_size_bf16(&sg);
     void *ws = use_ws ? G->alloc(ws_bytes) : NULL;
 
-    G->attention_forward_bf16(d_out, d_lse, d_q, d_k, d_v, &s, ws);
+    G->attention_forward_bf16(d_out, d_lse, d_q, d_k, d_v, &sg, ws);
     const char *fpath = cuda_attention_bf16_last_path();
     const int fcudnn = !strcmp(fpath, "cudnn");
     uint16_t *g_out = (uint16_t *)from_gpu(d_out, nq * 2);
     float *g_lse = (float *)from_gpu(d_lse, nl * 4);
     snprintf(shape, sizeof shape, "b%d s%d/%d h%d/%d d%d %s@%d/%d [%s] %s", b, sq, sk, h, kv, d,
-             causal ? "causal" : "full", qo, ko, fpath, cpu_fwd ? "ref:bf16" : "ref:f32");
+             mask, qo, ko, fpath, cpu_fwd ? "ref:bf16" : "ref:f32");
+    if (doc) report("attention_forward_bf16 doc mask path", shape, fcudnn, 0, !fcudnn);  // built-in only
     if (fcudnn)
         check_bf16_rel("attention_forward_bf16 out", shape, g_out, out, nq, 2e-2);
     else
@@ -1269,13 +1312,14 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     // backward from the CPU's out and lse (isolates the op)
     G->copy_h2d(d_out, out, nq * 2);
     G->copy_h2d(d_lse, lse, nl * 4);
-    G->attention_backward_bf16(d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, &s, ws);
+    G->attention_backward_bf16(d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, &sg, ws);
     const char *bpath = cuda_attention_bf16_last_path();
     const int bcudnn = !strcmp(bpath, "cudnn");
     snprintf(shape, sizeof shape, "b%d s%d/%d h%d/%d d%d %s@%d/%d [%s] %s", b, sq, sk, h, kv, d,
-             causal ? "causal" : "full", qo, ko, bpath, cpu_bwd ? "ref:bf16" : "ref:f32");
+             mask, qo, ko, bpath, cpu_bwd ? "ref:bf16" : "ref:f32");
     uint16_t *g_dq = (uint16_t *)from_gpu(d_dq, nq * 2), *g_dk = (uint16_t *)from_gpu(d_dk, nk * 2);
     uint16_t *g_dv = (uint16_t *)from_gpu(d_dv, nk * 2);
+    if (doc) report("attention_backward_bf16 doc mask path", shape, bcudnn, 0, !bcudnn);
     if (bcudnn) {
         check_bf16_rel("attention_backward_bf16 dq", shape, g_dq, dq, nq, 5e-2);
         check_bf16_rel("attention_backward_bf16 dk", shape, g_dk, dk, nk, 5e-2);
@@ -1290,16 +1334,25 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     G->release(d_q); G->release(d_k); G->release(d_v); G->release(d_do); G->release(d_out); G->release(d_lse);
     G->release(d_dq); G->release(d_dk); G->release(d_dv);
     if (ws) G->release(ws);
+    if (doc) G->release((void *)sg.doc);
 }
 
 static void test_attention_bf16(void) {
-    test_attention_bf16_case(2, 67, 67, 4, 2, 16, 1, 0, 0);     // GQA 2, causal diagonal
-    test_attention_bf16_case(1, 130, 130, 8, 2, 128, 1, 0, 0);  // Llama 3 head dim, GQA 4
-    test_attention_bf16_case(2, 45, 77, 6, 3, 40, 0, 0, 0);     // full attention, odd head dim
-    test_attention_bf16_case(1, 64, 64, 4, 1, 64, 1, 64, 0);    // ring block: every key visible
-    test_attention_bf16_case(1, 64, 96, 4, 2, 64, 1, 0, 32);    // ring block: rows 0..31 see nothing
-    test_attention_bf16_case(1, 50, 50, 2, 2, 32, 1, 0, 100);   // fully masked pair: zeros, lse -inf
-    test_attention_bf16_case(1, 33, 70, 4, 4, 256, 1, 40, 0);   // head dim 256
+    test_attention_bf16_case(2, 67, 67, 4, 2, 16, 1, 0, 0, NULL, 0);     // GQA 2, causal diagonal
+    test_attention_bf16_case(1, 130, 130, 8, 2, 128, 1, 0, 0, NULL, 0);  // Llama 3 head dim, GQA 4
+    test_attention_bf16_case(2, 45, 77, 6, 3, 40, 0, 0, 0, NULL, 0);     // full attention, odd head dim
+    test_attention_bf16_case(1, 64, 64, 4, 1, 64, 1, 64, 0, NULL, 0);    // ring block: every key visible
+    test_attention_bf16_case(1, 64, 96, 4, 2, 64, 1, 0, 32, NULL, 0);    // ring block: rows 0..31 see nothing
+    test_attention_bf16_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);   // fully masked pair: zeros, lse -inf
+    test_attention_bf16_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);   // head dim 256
+    // block_causal (always the built-in kernels: cuDNN's SDPA is not used with a document mask)
+    static const int lens[] = {3, 29, 32, 1}, ring[] = {40, 100, 52};
+    int32_t *doc = doc_ids(2, 67, lens, 4);
+    test_attention_bf16_case(2, 67, 67, 4, 2, 16, 1, 0, 0, doc, 67);
+    free(doc);
+    doc = doc_ids(1, 192, ring, 3);
+    test_attention_bf16_case(1, 64, 64, 4, 2, 64, 1, 128, 0, doc, 192);
+    free(doc);
 }
 
 // ----------------------------------------------------------------------------
@@ -2049,7 +2102,7 @@ static void lc_attention(const tetra_ops *R, float *X, uint16_t *H, float *L, vo
     const size_t per = 8192; /* elements of each tensor's slot */
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         const int *c = cs[i];
-        ops_attn_shape s = {c[0], c[1], c[2], c[3], c[4], c[5], 0.25f, c[6], c[7], 0};
+        ops_attn_shape s = {c[0], c[1], c[2], c[3], c[4], c[5], 0.25f, c[6], c[7], 0, NULL, 0};
         char shape[96];
         snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d/%d d%d%s q@%d", c[0], c[1], c[2], c[3], c[4], c[5],
                  c[6] ? " causal" : "", c[7]);

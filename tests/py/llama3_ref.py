@@ -13,6 +13,11 @@ therefore also checks the q/k permutation of tetra's safetensors writer and read
 Attention is written out (scores, causal mask, softmax) because the Debian torch
 predates scaled_dot_product_attention; GQA repeats each KV head n_heads/n_kv_heads
 times. RoPE uses Llama 3.1 frequency scaling (Meta's apply_scaling).
+
+Document masks (TorchTitan's block_causal): forward(tokens, docs) with docs [B, T] the
+document id of every token masks, besides the future, every key of another document
+(an explicit boolean mask, no flex attention in this torch); with reset_positions=True
+RoPE takes each token's position within its document instead of within the sequence.
 """
 
 import math
@@ -77,10 +82,27 @@ def rope_inv_freq(cfg):
     return torch.stack(out).float()
 
 
-def rope_cos_sin(cfg, seq_len):
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_inv_freq(cfg))  # [T, hd/2]
-    emb = torch.cat([angles, angles], dim=-1)                                           # [T, hd]
+def rope_cos_sin(cfg, seq_len, positions=None):
+    """cos, sin [T, hd] at positions 0..T-1, or [B, 1, T, hd] at positions [B, T] (per token)"""
+    if positions is None:
+        angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_inv_freq(cfg))  # [T, hd/2]
+    else:
+        angles = positions.float()[:, None, :, None] * rope_inv_freq(cfg)                  # [B, 1, T, hd/2]
+    emb = torch.cat([angles, angles], dim=-1)
     return emb.cos(), emb.sin()
+
+
+def positions_in_documents(docs):
+    """[B, T] position of each token within its document (docs: ids, nondecreasing per row)"""
+    b, t = docs.shape
+    pos = torch.zeros(b, t, dtype=torch.long)
+    for r in range(b):
+        start = 0
+        for i in range(t):
+            if i > 0 and docs[r, i] != docs[r, i - 1]:
+                start = i
+            pos[r, i] = i - start
+    return pos
 
 
 def rotate_half(x):
@@ -97,11 +119,15 @@ def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def attention(q, k, v):
-    """q [B, H, T, hd], k/v [B, H, T, hd] (already repeated for GQA); causal."""
+def attention(q, k, v, docs=None):
+    """q [B, H, T, hd], k/v [B, H, T, hd] (already repeated for GQA); causal, and with
+    docs [B, T] also block_causal: no key of another document."""
     t = q.shape[2]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1)                        # True: masked
+    if docs is not None:
+        mask = mask[None] | (docs[:, :, None] != docs[:, None, :])           # [B, T, T]
+        mask = mask[:, None]                                                 # over the heads
     scores = scores.masked_fill(mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
@@ -121,12 +147,13 @@ class Llama3:
     def parameters(self):
         return [self.params[n] for n in hf_names(self.cfg)]
 
-    def forward(self, tokens):
-        """tokens [B, T] (int64) -> logits [B, T, V]"""
+    def forward(self, tokens, docs=None, reset_positions=False, block_causal=True):
+        """tokens [B, T] (int64) -> logits [B, T, V]; docs [B, T]: block_causal attention (unless
+        block_causal=False: the causal mask, docs for the positions only)"""
         cfg, P = self.cfg, self.params
         b, t = tokens.shape
         hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        cos, sin = rope_cos_sin(cfg, t)
+        cos, sin = rope_cos_sin(cfg, t, positions_in_documents(docs) if reset_positions else None)
         x = P["model.embed_tokens.weight"][tokens]
         for l in range(cfg.n_layers):
             p = f"model.layers.{l}."
@@ -137,7 +164,7 @@ class Llama3:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             rep = nh // nkv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            a = attention(q, k, v).transpose(1, 2).reshape(b, t, nh * hd)
+            a = attention(q, k, v, docs if block_causal else None).transpose(1, 2).reshape(b, t, nh * hd)
             x = x + a @ P[p + "self_attn.o_proj.weight"].T
             n2 = rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.norm_eps)
             ff = F.silu(n2 @ P[p + "mlp.gate_proj.weight"].T) * (n2 @ P[p + "mlp.up_proj.weight"].T)

@@ -63,11 +63,16 @@ capi_param_name = sig("llama3_capi_param_name", c_char_p, c_void, c_int)
 capi_param_shape = sig("llama3_capi_param_shape", c_int, c_void, c_int, ctypes.POINTER(c_i64))
 capi_get = sig("llama3_capi_get", c_int, c_void, c_char_p, c_int, c_void)
 capi_fwd_bwd = sig("llama3_capi_forward_backward", c_double, c_void, c_int, c_int, c_void, c_void, c_void)
+capi_fwd_bwd_docs = sig("llama3_capi_forward_backward_docs", c_double, c_void, c_int, c_int, c_void, c_void, c_void,
+                        c_void)
+capi_reset_positions = sig("llama3_capi_set_reset_positions", c_int, c_void, c_int)
 trainer_create = sig("trainer_capi_create", c_void, c_int, ctypes.POINTER(c_char_p), c_char_p, c_size)
 trainer_free = sig("trainer_capi_free", None, c_void)
 trainer_tokens = sig("trainer_capi_batch_tokens", c_int, c_void)
 trainer_step = sig("trainer_capi_step", c_double, c_void, c_void, c_void, ctypes.POINTER(c_double),
                    ctypes.POINTER(c_double))
+trainer_step_docs = sig("trainer_capi_step_docs", c_double, c_void, c_void, c_void, c_void, ctypes.POINTER(c_double),
+                        ctypes.POINTER(c_double))
 trainer_save = sig("trainer_capi_save_hf", c_int, c_void, c_char_p, c_char_p, c_size)
 capi_save = sig("llama3_capi_save_hf", c_int, c_void, c_char_p, c_char_p, c_int, c_char_p, c_size)
 capi_load = sig("llama3_capi_load_hf", c_int, c_void, c_char_p, c_char_p, c_size)
@@ -126,13 +131,16 @@ class Tetra:
         if capi_load(self.h, path.encode(), err, 1024) != 0:
             raise RuntimeError(err.value.decode())
 
-    def forward_backward(self, inputs, targets, want_logits=False):
-        """inputs, targets: [b, t] integer tensors; returns (mean loss, logits [b, t, V] or None)."""
+    def forward_backward(self, inputs, targets, want_logits=False, docs=None):
+        """inputs, targets: [b, t] integer tensors; docs: [b, t] document ids (block_causal
+        flavors, reset positions) or None; returns (mean loss, logits [b, t, V] or None)."""
         b, t = inputs.shape
         inp = inputs.to(torch.int32).contiguous()
         tgt = targets.to(torch.int32).contiguous()
+        dc = docs.to(torch.int32).contiguous() if docs is not None else None
         logits = torch.empty((b, t, self.vocab), dtype=torch.float32) if want_logits else None
-        loss = capi_fwd_bwd(self.h, b, t, inp.data_ptr(), tgt.data_ptr(), logits.data_ptr() if want_logits else None)
+        loss = capi_fwd_bwd_docs(self.h, b, t, inp.data_ptr(), tgt.data_ptr(), dc.data_ptr() if dc is not None else None,
+                                 logits.data_ptr() if want_logits else None)
         return loss, logits
 
     @property
@@ -274,19 +282,21 @@ def test_init(tm, seed, tmp):
 
 # --------------------------------------------------------------------------- 2./4. one batch
 
-def compare_one_batch(label, tm, cfg, tmp, b, t, seed):
+def compare_one_batch(label, tm, cfg, tmp, b, t, seed, make_docs=None, reset_positions=False, block_causal=True):
+    """make_docs(gen, b, t) -> [b, t] document ids, for a block_causal flavor and/or reset positions"""
     wpath = os.path.join(tmp, f"{label}_model.safetensors")
     gpath = os.path.join(tmp, f"{label}_grads.safetensors")
     tm.save(wpath)
     model = ref.Llama3.from_safetensors(cfg, wpath)
     gen = torch.Generator().manual_seed(seed)
     inputs, targets = make_batch(gen, b, t, cfg.vocab_size)
+    docs = make_docs(gen, b, t) if make_docs else None
 
-    loss_c, logits_c = tm.forward_backward(inputs, targets, want_logits=True)
+    loss_c, logits_c = tm.forward_backward(inputs, targets, want_logits=True, docs=docs)
     tm.save(gpath, grad=True)
     grads_c = load_file(gpath)
 
-    logits = model.forward(inputs)
+    logits = model.forward(inputs, docs, reset_positions, block_causal)
     loss = model.loss(logits, targets)
     loss.backward()
 
@@ -324,12 +334,14 @@ class Trainer:
         if getattr(self, "h", None):
             trainer_free(self.h)
 
-    def step(self, inputs, targets):
+    def step(self, inputs, targets, docs=None):
         inp = inputs.to(torch.int32).contiguous()
         tgt = targets.to(torch.int32).contiguous()
+        dc = docs.to(torch.int32).contiguous() if docs is not None else None
         assert inp.numel() == trainer_tokens(self.h)
         gn, lr = c_double(), c_double()
-        loss = trainer_step(self.h, inp.data_ptr(), tgt.data_ptr(), ctypes.byref(gn), ctypes.byref(lr))
+        loss = trainer_step_docs(self.h, inp.data_ptr(), tgt.data_ptr(), dc.data_ptr() if dc is not None else None,
+                                 ctypes.byref(gn), ctypes.byref(lr))
         return loss, gn.value, lr.value
 
     def save(self, path):
@@ -338,10 +350,11 @@ class Trainer:
             raise RuntimeError(err.value.decode())
 
 
-def compare_training(cfg, tmp, b, t, steps=10):
+def compare_training(cfg, tmp, b, t, steps=10, flavor="debugmodel", make_docs=None):
+    """make_docs(gen, b, t): each step's document ids (a block_causal flavor)"""
     lr, betas, eps, wd, max_norm = 1e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
     warmup, decay_ratio, decay_type, min_lr = 3, 0.5, "cosine", 0.1
-    tr = Trainer("--model.flavor", "debugmodel", "--training.device", "cpu", "--training.seed", "20240601",
+    tr = Trainer("--model.flavor", flavor, "--training.device", "cpu", "--training.seed", "20240601",
                  "--training.seq_len", str(t), "--training.local_batch_size", str(b),
                  "--training.global_batch_size", str(b), "--training.steps", str(steps),
                  "--training.max_norm", str(max_norm), "--training.threads", os.environ.get("OMP_NUM_THREADS", "2"),
@@ -369,13 +382,14 @@ def compare_training(cfg, tmp, b, t, steps=10):
     worst = 0.0
     for s in range(steps):
         inputs, targets = make_batch(gen, b, t, cfg.vocab_size)
+        docs = make_docs(gen, b, t) if make_docs else None
         f_c = lr_factor_c(ctypes.byref(cs), s)
         f_py = ref.lr_factor(s, steps, warmup, decay_ratio, decay_type, min_lr)
         check(abs(f_c - f_py) <= 1e-12, f"lr factor step {s}: C {f_c} vs python {f_py}")
-        loss_c, gn_c, lr_c = tr.step(inputs, targets)
+        loss_c, gn_c, lr_c = tr.step(inputs, targets, docs)
 
         opt.zero_grad()
-        loss = model.loss(model.forward(inputs), targets)
+        loss = model.loss(model.forward(inputs, docs), targets)
         loss.backward()
         gn64 = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in params))
         gn = torch.nn.utils.clip_grad_norm_(params, max_norm).item()

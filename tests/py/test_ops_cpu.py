@@ -69,7 +69,8 @@ F32, BF16, F16, E4M3, E5M2 = 0, 1, 2, 3, 4
 
 class AttnShape(ctypes.Structure):
     _fields_ = [("b", c_int), ("sq", c_int), ("sk", c_int), ("h", c_int), ("kv", c_int), ("d", c_int),
-                ("scale", c_float), ("causal", c_int), ("q_offset", c_int), ("k_offset", c_int)]
+                ("scale", c_float), ("causal", c_int), ("q_offset", c_int), ("k_offset", c_int),
+                ("doc", c_void), ("doc_len", c_int)]
 
 
 class GemmDesc(ctypes.Structure):

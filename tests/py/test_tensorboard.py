@@ -50,6 +50,8 @@ class MetricsStep(ctypes.Structure):
         ("step_time_s", ctypes.c_double),
         ("data_time_s", ctypes.c_double),
         ("tokens_seen", ctypes.c_int64),
+        ("tflops_computed", ctypes.c_double),
+        ("mfu_computed", ctypes.c_double),
     ]
 
 
@@ -72,6 +74,8 @@ TAGS = {
     "throughput(tps)": lambda s: s["tps"],
     "tflops": lambda s: s["tflops"],
     "mfu(%)": lambda s: s["mfu"],
+    "tflops_computed": lambda s: s["tflops_computed"],  # tetra's: the attention the mask leaves
+    "mfu_computed(%)": lambda s: s["mfu_computed"],
     "time_metrics/end_to_end(s)": lambda s: s["step_time_s"],
     "time_metrics/data_loading(s)": lambda s: s["data_time_s"],
     "time_metrics/data_loading(%)": lambda s: 100.0 * s["data_time_s"] / s["step_time_s"],
@@ -93,6 +97,7 @@ def make_step(step, seed):
         "lr": 8e-4 * min(1.0, step / 3.0), "tps": 1234.5678 * step + seed, "tflops": 0.0123 * step,
         "mfu": 0.5 + step / 100.0, "mem_gib": 0.75 + step / 1024.0, "mem_pct": 1.25 + step / 10.0,
         "step_time_s": 0.2 + step / 1000.0, "data_time_s": 0.01 + step / 1e5, "tokens_seen": 8192 * step,
+        "tflops_computed": 0.0061 * step, "mfu_computed": 0.25 + step / 200.0,
     }
 
 
@@ -241,7 +246,7 @@ def main():
                 m = open_logger(dump4, 1, color)
                 s = make_step(3, 0)
                 s.update(loss=10.123456, grad_norm=1.5, lr=3e-4, mem_gib=1.5, mem_pct=2.25, tps=1234567.4,
-                         tflops=1234.5678, mfu=45.678)
+                         tflops=1234.5678, mfu=45.678, mfu_computed=22.504)
                 log_steps(m, [s])
                 lib.metrics_log_validation(m, 3, 9.87654, 1.25)
                 lib.metrics_close(m)
@@ -252,7 +257,7 @@ def main():
         text = open(out).read()
         sys.stdout.write(text)
         plain = ("step:  3  loss: 10.1235  grad_norm:  1.5000  lr: 3.0000e-04  memory:  1.50GiB(2.25%)  "
-                 "tps: 1,234,567  tflops: 1,234.57  mfu: 45.68%")
+                 "tps: 1,234,567  tflops: 1,234.57  mfu: 45.68%  mfu(computed): 22.50%")
         line_re = r"\[tetra(\|rank \d+)?\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - "
         check(re.search(line_re + re.escape(plain) + "$", text, re.M) is not None, "plain step line")
         check(re.search(line_re + re.escape("validate step:  3  loss:  9.8765  time: 1.25s") + "$", text, re.M)

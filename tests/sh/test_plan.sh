@@ -17,6 +17,10 @@
 #   5. NCCL's device memory (a model) on a GPU profile: a line of the peak, zero for one
 #      rank, growing with the communicators, none on the CPU profile, no NVLS buffers
 #      without NVSwitch.
+#   6. block_causal: the attention pairs planned from the document lengths `tetra data
+#      prepare` recorded equal an independent evaluation of the same histogram (rounded
+#      to an integer), the step is shorter than causal's, and a corpus without recorded
+#      lengths is planned as causal and says so.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
@@ -203,6 +207,54 @@ then
   else bad "no NCCL line in the text report"; cat "$T/nccl_text.out"; fi
   ok "NCCL memory model"
 else bad "NCCL memory model"; fi
+
+# 6. document-masked attention planned from the corpus's document lengths
+python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs.jsonl" <<'EOF'
+import json, sys
+words = open(sys.argv[1], encoding="utf-8").read().split()[:40000]
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    i = k = 0
+    while i < len(words):
+        n = (37 * k) % 150 + 10
+        f.write(json.dumps({"text": " ".join(words[i:i + n])}) + "\n")
+        i, k = i + n, k + 1
+EOF
+"$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$T/docs.jsonl" --output "$T/docs" \
+  --val-fraction 0 --quiet
+cp -r "$T/docs" "$T/docs_old"
+python3 -c 'import json,sys; p=sys.argv[1]+"/index.json"; ix=json.load(open(p)); del ix["splits"]["train"]["document_lengths"]; json.dump(ix, open(p, "w"))' "$T/docs_old"
+DOC=(--job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 2048 --ngpu 1 --json)
+"$TETRA" plan "${DOC[@]}" --training.dataset_path "$T/docs" >"$T/dm_causal.json" 2>"$T/dm.err" &&
+"$TETRA" plan "${DOC[@]}" --training.dataset_path "$T/docs" --model.attn_mask_type block_causal >"$T/dm_block.json" \
+  2>>"$T/dm.err" &&
+"$TETRA" plan "${DOC[@]}" --training.dataset_path "$T/docs_old" --model.flavor debugmodel_flex_attn \
+  >"$T/dm_old.json" 2>>"$T/dm.err"
+if python3 - "$T" <<'EOF'
+import json, sys
+d = sys.argv[1]
+c, b, o = (json.load(open(f"{d}/dm_{n}.json")) for n in ("causal", "block", "old"))
+T = 2048
+causal = T * (T + 1) / 2
+# the expected pairs, evaluated here from the histogram: a token i places into a sequence sees
+# min(A, i) + 1 keys, A its offset in its document; P(A >= k) = sum_docs max(n - k, 0) / tokens
+buckets = json.load(open(f"{d}/docs/index.json"))["splits"]["train"]["document_lengths"]
+tokens = sum(t for _, _, t in buckets)
+def tail(k):
+    return sum(cnt * max(t / cnt - k, 0.0) for _, cnt, t in buckets) / tokens
+want = T + sum((T - k) * tail(k) for k in range(1, T))
+got = b["attention"]["pairs_per_sequence"]
+assert abs(got - want) <= 0.5, (got, want)  # the JSON holds the count rounded
+assert c["attention"]["mask"] == "causal" and c["attention"]["pairs_per_sequence"] == causal
+assert b["attention"]["mask"] == "block_causal" and got < 0.2 * causal, got
+assert b["step_time_s"] < c["step_time_s"] and b["mfu_computed"] < b["mfu"], (b["step_time_s"], c["step_time_s"])
+src = o["attention"]["source"]
+assert o["attention"]["pairs_per_sequence"] == causal and "planned as causal" in src, o["attention"]
+assert "records no document lengths" in src, src
+print("block_causal plan: %.0f pairs a sequence (%.1f%% of causal), step %.2f ms against causal %.2f ms" %
+      (got, 100 * got / causal, 1e3 * b["step_time_s"], 1e3 * c["step_time_s"]))
+EOF
+then ok "block_causal planned from the corpus's document lengths"
+else bad "block_causal plan: $(cat "$T/dm.err")"; fi
 
 echo "test_plan: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

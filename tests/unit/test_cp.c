@@ -6,7 +6,9 @@
  *     sequences: each rank's out and lse equal the unsharded op's rows within 1e-6
  *     (Frobenius, fp32), and so do dq, dk, dv for allgather; against a
  *     double-precision truth every result is as accurate as the unsharded op's
- *     (within 3x its error, or 1e-6; bf16 1e-2). */
+ *     (within 3x its error, or 1e-6; bf16 1e-2);
+ *   - the same with a document mask (block_causal): documents crossing chunk edges and
+ *     short ones inside chunks, so some block pairs see nothing; the truth is masked too. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -42,9 +44,11 @@ static double rel(const float *a, const float *b, size_t n) {
 
 /* Causal attention over whole sequences in double precision: the ground truth both
  * the unsharded op and context parallel are measured against. q/out/dout [B, T, H, D],
- * k/v [B, T, KV, D]. */
+ * k/v [B, T, KV, D]; doc [B, T] document ids (NULL: causal only): query i sees keys
+ * j <= i of its own document. */
 static void exact_attention(double *out, double *dq, double *dk, double *dv, const float *q, const float *k,
-                            const float *v, const float *dout, int B, int T, int H, int KV, int D, double scale) {
+                            const float *v, const float *dout, const int32_t *doc, int B, int T, int H, int KV, int D,
+                            double scale) {
     double *p = malloc((size_t)T * sizeof *p);
     memset(dq, 0, (size_t)B * T * H * D * sizeof *dq);
     memset(dk, 0, (size_t)B * T * KV * D * sizeof *dk);
@@ -55,22 +59,25 @@ static void exact_attention(double *out, double *dq, double *dk, double *dv, con
             for (int i = 0; i < T; i++) {
                 const float *qi = q + (((size_t)b * T + i) * H + h) * D, *di = dout + (((size_t)b * T + i) * H + h) * D;
                 double m = -INFINITY, l = 0, dd = 0;
-                for (int j = 0; j <= i; j++) {
+                int j0 = i; /* the first key of the query's document */
+                while (doc && j0 > 0 && doc[(size_t)b * T + j0 - 1] == doc[(size_t)b * T + i]) j0--;
+                if (!doc) j0 = 0;
+                for (int j = j0; j <= i; j++) {
                     const float *kj = k + (((size_t)b * T + j) * KV + kh) * D;
                     double x = 0;
                     for (int e = 0; e < D; e++) x += (double)qi[e] * kj[e];
                     p[j] = x * scale;
                     m = fmax(m, p[j]);
                 }
-                for (int j = 0; j <= i; j++) l += (p[j] = exp(p[j] - m));
+                for (int j = j0; j <= i; j++) l += (p[j] = exp(p[j] - m));
                 double *oi = out + (((size_t)b * T + i) * H + h) * D;
                 for (int e = 0; e < D; e++) {
                     double a = 0;
-                    for (int j = 0; j <= i; j++) a += p[j] / l * v[(((size_t)b * T + j) * KV + kh) * D + e];
+                    for (int j = j0; j <= i; j++) a += p[j] / l * v[(((size_t)b * T + j) * KV + kh) * D + e];
                     oi[e] = a;
                     dd += a * di[e];
                 }
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     const float *kj = k + (((size_t)b * T + j) * KV + kh) * D, *vj = v + (((size_t)b * T + j) * KV + kh) * D;
                     double dp = 0, pj = p[j] / l;
                     for (int e = 0; e < D; e++) dp += (double)di[e] * vj[e];
@@ -134,10 +141,24 @@ static void local_rows(float *out, const float *full, int B, int T, int n, const
 static void to_bf16(uint16_t *o, const float *x, size_t n) { ops_cpu()->cast_f32_to_bf16(o, x, n); }
 static void from_bf16(float *o, const uint16_t *x, size_t n) { ops_cpu()->cast_bf16_to_f32(o, x, n); }
 
-static void test_attention(comm_group *g, int bf16) {
+/* Document ids [2, T]: row 0 documents of 5, 11, 1, 9, ... tokens (crossing chunk edges,
+ * one of a single token), row 1 documents of 3 (most block pairs see nothing). */
+static int32_t *make_docs(int T) {
+    static const int lens[4] = {5, 11, 1, 9};
+    int32_t *doc = malloc(2 * (size_t)T * sizeof *doc);
+    for (int i = 0, id = 0, li = 0, left = lens[0]; i < T; i++, left--) {
+        if (!left) id++, li++, left = lens[li % 4];
+        doc[i] = id;
+    }
+    for (int i = 0; i < T; i++) doc[T + i] = i / 3;
+    return doc;
+}
+
+static void test_attention(comm_group *g, int bf16, int docs) {
     const tetra_ops *ops = ops_cpu();
     const int cp = comm_group_size(g), r = comm_group_rank(g);
     const int B = 2, T = 16 * cp, H = 4, KV = 2, D = 16, t = T / cp;
+    int32_t *doc = docs ? make_docs(T) : NULL;
     const size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KV * D;
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
     float *out = malloc(nq * 4), *lse = malloc((size_t)B * H * T * 4), *dq = calloc(nq, 4), *dk = calloc(nk, 4),
@@ -156,6 +177,8 @@ static void test_attention(comm_group *g, int bf16) {
     s.d = D;
     s.scale = 0.25f;
     s.causal = 1;
+    s.doc = doc;
+    s.doc_len = doc ? T : 0;
     /* the unsharded reference (bf16: the bf16 op on the rounded inputs) */
     uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *o16 = malloc(nq * 2),
              *do16 = malloc(nq * 2), *dq16 = malloc(nq * 2), *dk16 = malloc(nk * 2), *dv16 = malloc(nk * 2);
@@ -179,7 +202,7 @@ static void test_attention(comm_group *g, int bf16) {
         ops->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, &s, NULL);
     }
     double *xo = malloc(nq * 8), *xdq = malloc(nq * 8), *xdk = malloc(nk * 8), *xdv = malloc(nk * 8);
-    exact_attention(xo, xdq, xdk, xdv, q, k, v, dout, B, T, H, KV, D, 0.25);
+    exact_attention(xo, xdq, xdk, xdv, q, k, v, dout, doc, B, T, H, KV, D, 0.25);
     const size_t lq = (size_t)B * t * H * D, lk = (size_t)B * t * KV * D, ll = (size_t)B * H * t;
     double *eo = malloc(lq * 8), *edq = malloc(lq * 8), *edk = malloc(lk * 8), *edv = malloc(lk * 8);
     float *xq = malloc(lq * 4), *xk = malloc(lk * 4), *xv = malloc(lk * 4), *xdo = malloc(lq * 4);
@@ -220,7 +243,7 @@ static void test_attention(comm_group *g, int bf16) {
                 memcpy(lv_in, xv, lk * 4);
                 memcpy(ldo, xdo, lq * 4);
             }
-            cp_attn_dims dim = {B, t, H, KV, D, 0.25f};
+            cp_attn_dims dim = {B, t, H, KV, D, 0.25f, doc};
             void *ws = malloc(cp_workspace_bytes(&c, ops, &dim, bf16));
             cp_attention_forward(&c, ops, bf16, lo, wl, lq_in, lk_in, lv_in, &dim, ws);
             cp_attention_backward(&c, ops, bf16, ldq, ldk, ldv, ldo, lq_in, lk_in, lv_in, lo, wl, &dim, ws);
@@ -249,7 +272,8 @@ static void test_attention(comm_group *g, int bf16) {
             const double xc[4] = {err64(wo, eo, lq), err64(wdq, edq, lq), err64(wdk, edk, lk), err64(wdv, edv, lk)};
             const double xr[4] = {err64(ro, eo, lq), err64(rdq, edq, lq), err64(rdk, edk, lk), err64(rdv, edv, lk)};
             static const char *const what[5] = {"out", "lse", "dq", "dk", "dv"};
-            const char *mname = method ? "alltoall" : "allgather", *bname = bal ? "headtail" : "none";
+            const char *mname = method ? "alltoall" : "allgather";
+            const char *bname = bal ? (doc ? "headtail block_causal" : "headtail") : (doc ? "none block_causal" : "none");
             CHECK(e[0] <= tol && e[1] <= 1e-6, "cp %d %s %s %s: out %.3g lse %.3g", cp, bf16 ? "bf16" : "fp32",
                   mname, bname, e[0], e[1]);
             for (int i = 0; i < 4; i++)
@@ -275,6 +299,7 @@ static void test_attention(comm_group *g, int bf16) {
                    xdo, wo, wl, wdq, wdk, wdv, ro, rl, rdq, rdk, rdv, lq_in, lk_in, lv_in, ldo, lo, ldq, ldk,
                    ldv};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    free(doc);
 }
 
 int main(int argc, char **argv) {
@@ -302,8 +327,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     comm_group *g = comm_get(w, MESH_G_CP);
-    test_attention(g, 0);
-    test_attention(g, 1);
+    for (int docs = 0; docs < 2; docs++) {
+        test_attention(g, 0, docs);
+        test_attention(g, 1, docs);
+    }
     comm_world_free(w);
     int f = failures, all = 0;
     MPI_Allreduce(&f, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

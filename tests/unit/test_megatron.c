@@ -36,6 +36,7 @@ typedef struct {
     int bin_extra;     /* bytes appended to (>0) or cut from (<0) the .bin */
     int bad_doc;       /* document index 2 set to 0 */
     int cut_idx;       /* bytes cut from the .idx's end */
+    int grouped;       /* 4 documents of sequences {0,1} {2,3} {4,5} {6} instead of 7 of one */
 } spec;
 
 static void put(FILE *f, uint64_t v, int n) {
@@ -65,14 +66,16 @@ static char *write_ds(const char *name, const spec *s, const int64_t *override) 
     put(f, s->version ? s->version : 1, 8);
     put(f, (uint64_t)s->code, 1);
     put(f, 7, 8);
-    put(f, 8, 8);
+    put(f, s->grouped ? 5 : 8, 8);
     for (int i = 0; i < 7; i++) put(f, (uint64_t)g_lens[i], 4);
     uint64_t at = 0;
     for (int i = 0; i < 7; i++) {
         put(f, at + (i == 2 ? (uint64_t)(int64_t)s->shift_ptr : 0), 8);
         at += (uint64_t)g_lens[i] * (uint64_t)s->width;
     }
-    for (int i = 0; i < 8; i++) put(f, (uint64_t)(s->bad_doc && i == 2 ? 0 : i), 8);
+    static const uint64_t grouped[5] = {0, 2, 4, 6, 7};
+    for (int i = 0; i < (s->grouped ? 5 : 8); i++)
+        put(f, s->grouped ? grouped[i] : (uint64_t)(s->bad_doc && i == 2 ? 0 : i), 8);
     if (s->modes)
         for (int i = 0; i < 7; i++) fputc(0, f);
     fclose(f);
@@ -264,6 +267,61 @@ static void test_loader(void) {
     mg_close(&d);
 }
 
+/* Document ids of windows, by the index's documents (not the tokens), against a count of
+ * the document starts inside each window; one sequence per document and grouped ones. */
+static void test_doc_ids(void) {
+    /* sequence starts 0 10 10 43 48 109 111 (lengths 10 0 33 5 61 2 19) */
+    static const int starts1[] = {0, 10, 10, 43, 48, 109, 111}, starts4[] = {0, 10, 48, 111};
+    for (int g = 0; g < 2; g++) {
+        spec s = ok_spec(8, 2);
+        s.grouped = g;
+        const int *st = g ? starts4 : starts1, nst = g ? 4 : 7;
+        char prefix[600];
+        snprintf(prefix, sizeof prefix, "%s", write_ds(g ? "docs4" : "docs7", &s, NULL));
+        char err[640] = "";
+        mg_dataset d;
+        CHECK(mg_open(&d, prefix, err, sizeof err) == 0, "%s", err);
+        int ok = 1;
+        for (int first = 0; first < NTOK; first += 3)
+            for (int n = 1; first + n <= NTOK; n += 7) {
+                int32_t ids[NTOK];
+                mg_doc_ids(&d, (uint64_t)first, (size_t)n, ids);
+                for (int i = 0; i < n; i++) { /* starts in (first, first + i], empty documents counted once */
+                    int want = 0, last = -1;
+                    for (int k = 0; k < nst; k++)
+                        if (st[k] > first && st[k] <= first + i && st[k] != last) want++, last = st[k];
+                    if (ids[i] != want) ok = 0;
+                }
+            }
+        CHECK(ok, "%s: mg_doc_ids counts the index's document starts in every window", g ? "grouped" : "one per doc");
+        doclen_hist h;
+        memset(&h, 0, sizeof h);
+        mg_doc_lengths(&d, &h); /* lengths 10 0 33 5 61 2 19, or grouped 10 38 63 19: empty ones not counted */
+        CHECK(doclen_documents(&h) == (g ? 4u : 6u) && doclen_tokens(&h) == NTOK &&
+                  h.count[doclen_bucket(g ? 38 : 33)] == 1 && h.tokens[doclen_bucket(61)] == (g ? 63u : 61u),
+              "%s: mg_doc_lengths", g ? "grouped" : "one per doc");
+        mg_close(&d);
+        /* through the loader: T = 9, the same ids as mg_doc_ids of each window */
+        dl_config c = cfg(9, 2, 0, 1, 2048);
+        c.on_epoch = quiet_epoch;
+        dl_loader *dl = dl_open_config(prefix, "train", &c, err, sizeof err);
+        CHECK(dl != NULL && dl_has_documents(dl), "%s", err);
+        int32_t in[18], lab[18], docs[18], want[9];
+        CHECK(mg_open(&d, prefix, err, sizeof err) == 0, "%s", err);
+        int lok = 1;
+        for (int step = 0; dl && step < 6; step++) {
+            lok &= dl_next_docs(dl, in, lab, docs) == 1;
+            for (int k = 0; k < 2; k++) {
+                mg_doc_ids(&d, (uint64_t)(2 * step + k) * 10, 9, want);
+                lok &= !memcmp(docs + 9 * k, want, sizeof want);
+            }
+        }
+        CHECK(lok, "%s: dl_next_docs gives each window's document ids", g ? "grouped" : "one per doc");
+        mg_close(&d);
+        dl_close(dl);
+    }
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/tetra_test_megatron_%ld", (long)getpid());
     char cmd[300];
@@ -272,6 +330,7 @@ int main(void) {
     test_dtypes();
     test_refusals();
     test_loader();
+    test_doc_ids();
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
     printf("test_megatron: %d checks, %d failed\n", checks, failures);

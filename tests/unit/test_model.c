@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kernels/ops.h"
+#include "models/llama3/documents.h"
 #include "models/llama3/hf.h"
 #include "models/llama3/init.h"
 #include "models/llama3/model.h"
@@ -823,6 +824,30 @@ static void test_linear_impl(void) {
     llama3_model_free(&m);
 }
 
+/* Document helpers and the FLOP count with the attention a mask leaves (mfu_computed). */
+static void test_documents(void) {
+    static const int32_t doc[8] = {4, 4, 4, 7, 7, 9, 9, 9}, bad[4] = {0, 1, 1, 0};
+    CHECK(llama3_doc_pairs(doc, 8) == 6 + 3 + 6, "pairs within documents of 3, 2, 3: %g", llama3_doc_pairs(doc, 8));
+    int32_t pos[8], rows[3] = {7, 3, 0};
+    llama3_doc_positions(doc, 1, 8, NULL, 8, pos);
+    static const int32_t want[8] = {0, 1, 2, 0, 1, 0, 1, 2};
+    CHECK(!memcmp(pos, want, sizeof want), "positions within documents");
+    llama3_doc_positions(doc, 1, 8, rows, 3, pos);
+    CHECK(pos[0] == 2 && pos[1] == 0 && pos[2] == 0, "positions of rows at global positions 7, 3, 0");
+    char err[256] = "";
+    CHECK(llama3_doc_check(doc, 1, 8, err, sizeof err) == 0, "nondecreasing ids pass");
+    CHECK(llama3_doc_check(bad, 1, 4, err, sizeof err) != 0 && strstr(err, "position 3"), "falling ids: %s", err);
+    llama3_args a;
+    llama3_flavor("debugmodel_flex_attn", &a);
+    CHECK(a.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL, "debugmodel_flex_attn is block_causal");
+    const int T = 2048;
+    const double tt = llama3_flops_per_token(&a, T), full = llama3_flops_per_token_pairs(&a, (double)T * T, T);
+    CHECK(fabs(full - tt) <= 1e-9 * tt, "T^2 pairs is TorchTitan's count: %.9g vs %.9g", full, tt);
+    const double dense = 6.0 * (double)(llama3_num_params(&a) - llama3_num_embedding_params(&a));
+    const double causal = llama3_flops_per_token_pairs(&a, 0.5 * T * (T + 1.0), T);
+    CHECK(fabs((causal - dense) / (tt - dense) - (T + 1.0) / (2.0 * T)) < 1e-12, "causal: half the attention");
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/tetra_test_model_XXXXXX", base && *base ? base : "/tmp");
@@ -839,6 +864,7 @@ int main(void) {
     test_stage_local();
     test_keep_policy();
     test_linear_impl();
+    test_documents();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -124,7 +124,7 @@ static void test_attention(void) {
     const op_cost_device h100 = op_cost_device_h100();
     op_cost c;
     /* 8B: b1 h32/8 s8192 d128 causal: q, k, v in, out and lse out */
-    ops_attn_shape s = {1, 8192, 8192, 32, 8, 128, 0.088f, 1, 0, 0};
+    ops_attn_shape s = {1, 8192, 8192, 32, 8, 128, 0.088f, 1, 0, 0, NULL, 0};
     const double nq = 8192.0 * 32 * 128, nk = 8192.0 * 8 * 128, rows = 32 * 8192.0;
     const double pairs = 8192.0 * 8193 / 2;
     CHECK(near(opc_attention_pairs(&s), pairs), "causal pairs %g", opc_attention_pairs(&s));

@@ -62,7 +62,7 @@ static double rel_err(const float *a, const float *b, size_t n) {
 }
 
 static ops_attn_shape shape(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko) {
-    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko};
+    ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko, NULL, 0};
     return s;
 }
 

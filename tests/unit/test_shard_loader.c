@@ -15,6 +15,7 @@
 #include "data/shard.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -688,6 +689,125 @@ static void test_out_of_vocab(void) {
     dl_close(dl);
 }
 
+/* Document ids from BOS/EOS (block_causal attention): the rule on its own, then through
+ * dl_next_docs on a corpus whose ids cycle 0..6 (BOS 1, EOS 2: a document starts at every
+ * BOS and after every EOS). */
+static void test_doc_ids(void) {
+    static const int32_t tok[10] = {5, 2, 1, 7, 8, 2, 1, 9, 1, 4};
+    static const int32_t both[10] = {0, 0, 1, 1, 1, 1, 2, 2, 3, 3}, eos_only[10] = {0, 0, 1, 1, 1, 1, 2, 2, 2, 2},
+                         bos_only[10] = {0, 0, 1, 1, 1, 1, 2, 2, 3, 3}, none[10] = {0};
+    int32_t ids[10];
+    dl_doc_ids(tok, 10, 1, 2, ids);
+    CHECK(!memcmp(ids, both, sizeof ids), "BOS and EOS: a BOS right after an EOS starts one document, not two");
+    dl_doc_ids(tok, 10, -1, 2, ids);
+    CHECK(!memcmp(ids, eos_only, sizeof ids), "EOS only: a document ends at its EOS");
+    dl_doc_ids(tok, 10, 1, -1, ids);
+    CHECK(!memcmp(ids, bos_only, sizeof ids), "BOS only: a document starts at its BOS");
+    dl_doc_ids(tok, 10, -1, -1, ids);
+    CHECK(!memcmp(ids, none, sizeof ids), "no BOS, no EOS: one document");
+
+    char err[512], dir[4096];
+    snprintf(dir, sizeof dir, "%s/docs", g_root);
+    static const uint64_t sizes[2] = {300, 211};
+    make_corpus(dir, 7, sizes, 2, 0);
+    dl_config c;
+    memset(&c, 0, sizeof c);
+    c.seq_len = 15;
+    c.local_batch_size = 3;
+    c.dp_size = 1;
+    c.expected_vocab_size = 7;
+    c.shuffle = 1;
+    c.seed = 5;
+    dl_loader *dl = dl_open_config(dir, "train", &c, err, sizeof err);
+    CHECK(dl != NULL && dl_has_documents(dl), "%s", err);
+    if (!dl) return;
+    int32_t in[45], lab[45], docs[45];
+    int ok = 1;
+    for (int step = 0; step < 10; step++) {
+        ok &= dl_next_docs(dl, in, lab, docs) == 1;
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < 15; i++) { /* from the tokens themselves: starts at 1, after 2 */
+                int32_t want = 0;
+                for (int j = 1; j <= i; j++) want += in[k * 15 + j] == 1 || in[k * 15 + j - 1] == 2;
+                ok &= docs[k * 15 + i] == want;
+            }
+    }
+    CHECK(ok, "dl_next_docs: every row's ids follow its own tokens");
+    dl_close(dl);
+}
+
+/* Document-length histograms (data/doclen.h): buckets, the expected visible pairs of a
+ * packed sequence against the windows the loader cuts, and index.json's round trip. */
+static void test_doclen(void) {
+    int ok = 1;
+    for (uint64_t len = 1; len < 200000; len++) { /* buckets rise with the length and start at their low end */
+        const int b = doclen_bucket(len);
+        ok &= doclen_bucket_low(b) <= len && doclen_bucket(doclen_bucket_low(b)) == b && b >= doclen_bucket(len - 1 ? len - 1 : 1);
+    }
+    CHECK(ok && doclen_bucket(1ull << 40) == DOCLEN_BUCKETS - 1, "buckets of four per octave, from their low end");
+    doclen_hist h;
+    memset(&h, 0, sizeof h);
+    for (int i = 0; i < 1000; i++) doclen_add(&h, 1);
+    CHECK(doclen_expected_pairs(&h, 64) == 64.0, "one-token documents: each token sees itself");
+    memset(&h, 0, sizeof h);
+    doclen_add(&h, 1u << 30);
+    const double causal = 64.0 * 65.0 / 2.0;
+    CHECK(fabs(doclen_expected_pairs(&h, 64) - causal) < 1e-3 * causal, "a document far longer than T: causal");
+    /* the stream of documents 8, 35, 12, ... repeated, cut into windows of 65 tokens as the loader does */
+    static const int lens[10] = {8, 35, 12, 80, 20, 50, 9, 27, 64, 15};
+    const int T = 64, n_docs = 20000;
+    memset(&h, 0, sizeof h);
+    int32_t *doc = malloc((size_t)n_docs * 80 * sizeof *doc);
+    size_t n = 0;
+    for (int d = 0; d < n_docs; d++) {
+        doclen_add(&h, (uint64_t)lens[d % 10]);
+        for (int i = 0; i < lens[d % 10]; i++) doc[n++] = d;
+    }
+    double pairs = 0.0;
+    size_t windows = 0;
+    for (size_t w = 0; (w + 1) * (size_t)(T + 1) <= n; w++, windows++) {
+        const int32_t *x = doc + w * (size_t)(T + 1);
+        for (int i = 0, start = 0; i < T; i++) {
+            if (i && x[i] != x[i - 1]) start = i;
+            pairs += i - start + 1;
+        }
+    }
+    free(doc);
+    const double want = pairs / (double)windows, got = doclen_expected_pairs(&h, T);
+    CHECK(fabs(got - want) <= 0.03 * want, "expected pairs %.2f, the loader's windows hold %.2f on average", got, want);
+    printf("doclen: expected pairs per 64-token sequence %.2f, measured %.2f (causal %.0f)\n", got, want, causal);
+
+    char err[512], dir[4096];
+    snprintf(dir, sizeof dir, "%s/doclen", g_root);
+    mkdir(dir, 0755);
+    shard_index ix, back;
+    memset(&ix, 0, sizeof ix);
+    ix.vocab_size = 7;
+    ix.token_bytes = 2;
+    ix.bos_id = ix.eos_id = -1;
+    shard_index_split sp;
+    memset(&sp, 0, sizeof sp);
+    sp.name = "train";
+    sp.doc_lengths = &h;
+    ix.n_splits = 1;
+    ix.splits = &sp;
+    CHECK(shard_index_write(dir, &ix, err, sizeof err) == 0, "%s", err);
+    CHECK(shard_index_read(dir, &back, err, sizeof err) == 0, "%s", err);
+    const shard_index_split *bs = shard_index_find(&back, "train");
+    CHECK(bs && bs->doc_lengths && !memcmp(bs->doc_lengths, &h, sizeof h), "document_lengths read back");
+    shard_index_free(&back);
+    FILE *f = fopen(pathf("%s/index.json", dir), "w"); /* a bucket that is not one */
+    if (f) {
+        fputs("{\"format\":\"tetra-token-shards\",\"version\":1,\"vocab_size\":7,\"token_bytes\":2,\"bos_id\":-1,"
+              "\"eos_id\":-1,\"splits\":{\"train\":{\"documents\":1,\"tokens\":0,\"shards\":[],"
+              "\"document_lengths\":[[9,1,9]]}}}\n", f);
+        fclose(f);
+    }
+    CHECK(shard_index_read(dir, &back, err, sizeof err) != 0 && strstr(err, "document_lengths[0]"), "bad bucket: %s",
+          err);
+    shard_index_free(&back);
+}
+
 int main(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_root, sizeof g_root, "%s/tetra_shard_test_XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -706,6 +826,8 @@ int main(void) {
     test_resolve();
     test_out_of_vocab();
     test_text_helpers();
+    test_doc_ids();
+    test_doclen();
     rm_tree(g_root);
     printf("test_shard_loader: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
