@@ -272,6 +272,8 @@ typedef struct trainer {
     size_t *touched;
     size_t n_touched, cap_touched;
     uint32_t step;
+    uint8_t *cat;     /* scratch: the bytes of the pair being merged */
+    size_t cat_cap;
 } trainer;
 
 static int touch(trainer *T, size_t pi) {
@@ -342,6 +344,7 @@ static void trainer_free(trainer *T) {
     free(T->hp.a);
     bpe_vocab_free(&T->v);
     free(T->touched);
+    free(T->cat);
 }
 
 /* ---- output files -------------------------------------------------------------- */
@@ -448,58 +451,68 @@ static int write_json_file(json_t *root, const char *dir, const char *name, char
     return rc;
 }
 
-static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *specials, size_t n_sp,
-                    const char *bos, const char *eos, const char *dir, char *err, size_t errlen) {
-    int rc = -1;
-    json_t *root = json_object(), *vocab = json_object(), *merges = json_array(), *added = json_array();
+/* The merge rule "left right" for the split (l, r), in byte-level text; NULL on out-of-memory. */
+static char *merge_string(const bpe_vocab *v, msplit m) {
+    size_t ll, rl;
+    const uint8_t *lb = bpe_vocab_bytes(v, m.l, &ll), *rb = bpe_vocab_bytes(v, m.r, &rl);
+    char *ls = bytelevel_str(lb, ll), *rs = bytelevel_str(rb, rl);
+    char *s = ls && rs ? malloc(strlen(ls) + strlen(rs) + 2) : NULL;
+    if (s) sprintf(s, "%s %s", ls, rs);
+    free(ls);
+    free(rs);
+    return s;
+}
+
+/* Append to merges every split of token b (len >= 2) into two ranked tokens, ordered by (left, right);
+ * *loc is scratch grown as needed. -1 on out-of-memory. */
+static int append_token_merges(const bpe_vocab *v, uint32_t n_ranks, const uint8_t *b, size_t len, msplit **loc,
+                               size_t *cap_loc, json_t *merges) {
+    size_t nl = 0;
+    if (len > *cap_loc) {
+        msplit *l = realloc(*loc, len * sizeof *l);
+        if (!l) return -1;
+        *loc = l;
+        *cap_loc = len;
+    }
+    for (size_t k = 1; k < len; k++) {
+        uint32_t l = bpe_vocab_find(v, b, k), r = bpe_vocab_find(v, b + k, len - k);
+        if (l != BPE_NONE && r != BPE_NONE && l < n_ranks && r < n_ranks) (*loc)[nl++] = (msplit){l, r};
+    }
+    qsort(*loc, nl, sizeof **loc, msplit_cmp);
+    for (size_t k = 0; k < nl; k++) {
+        char *m = merge_string(v, (*loc)[k]);
+        if (!m || json_array_append_new(merges, json_string(m))) {
+            free(m);
+            return -1;
+        }
+        free(m);
+    }
+    return 0;
+}
+
+/* Fill the model's vocab (byte-level text -> id) and merges, token by token in rank order. -1 on out-of-memory. */
+static int hf_vocab_merges(const bpe_vocab *v, uint32_t n_ranks, json_t *vocab, json_t *merges) {
     msplit *loc = NULL;
     size_t cap_loc = 0;
-    if (!root || !vocab || !merges || !added) goto oom;
-    for (uint32_t id = 0; id < n_ranks; id++) {
+    int rc = 0;
+    for (uint32_t id = 0; id < n_ranks && !rc; id++) {
         size_t len;
         const uint8_t *b = bpe_vocab_bytes(v, id, &len);
         char *s = bytelevel_str(b, len);
         if (!s || json_object_set_new(vocab, s, json_integer(id))) {
             free(s);
-            goto oom;
+            rc = -1;
+            break;
         }
         free(s);
-        if (len < 2) continue;
-        size_t nl = 0;
-        if (len > cap_loc) {
-            cap_loc = len;
-            msplit *l = realloc(loc, cap_loc * sizeof *l);
-            if (!l) goto oom;
-            loc = l;
-        }
-        for (size_t k = 1; k < len; k++) {
-            uint32_t l = bpe_vocab_find(v, b, k), r = bpe_vocab_find(v, b + k, len - k);
-            if (l != BPE_NONE && r != BPE_NONE && l < n_ranks && r < n_ranks) loc[nl++] = (msplit){l, r};
-        }
-        qsort(loc, nl, sizeof *loc, msplit_cmp);
-        for (size_t k = 0; k < nl; k++) {
-            size_t ll, rl;
-            const uint8_t *lb = bpe_vocab_bytes(v, loc[k].l, &ll), *rb = bpe_vocab_bytes(v, loc[k].r, &rl);
-            char *ls = bytelevel_str(lb, ll), *rs = bytelevel_str(rb, rl);
-            char *m = ls && rs ? malloc(strlen(ls) + strlen(rs) + 2) : NULL;
-            if (m) sprintf(m, "%s %s", ls, rs);
-            free(ls);
-            free(rs);
-            if (!m || json_array_append_new(merges, json_string(m))) {
-                free(m);
-                goto oom;
-            }
-            free(m);
-        }
+        if (len >= 2) rc = append_token_merges(v, n_ranks, b, len, &loc, &cap_loc, merges);
     }
-    for (size_t k = 0; k < n_sp; k++)
-        if (json_array_append_new(added, added_token_json(n_ranks + (uint32_t)k, specials[k], 1))) goto oom;
+    free(loc);
+    return rc;
+}
 
-    json_object_set_new(root, "version", json_string("1.0"));
-    json_object_set_new(root, "truncation", json_null());
-    json_object_set_new(root, "padding", json_null());
-    json_object_set(root, "added_tokens", added);
-    json_object_set_new(root, "normalizer", json_null());
+/* Llama 3's pre-tokenizer: Split on its regex, then ByteLevel without a regex of its own. */
+static json_t *hf_pre_tokenizer(void) {
     json_t *split = json_object(), *pat = json_object(), *bl = json_object(), *seq = json_object(),
            *list = json_array();
     json_object_set_new(pat, "Regex", json_string(PRETOK_LLAMA3_PATTERN));
@@ -515,14 +528,11 @@ static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *spe
     json_array_append_new(list, bl);
     json_object_set_new(seq, "type", json_string("Sequence"));
     json_object_set_new(seq, "pretokenizers", list);
-    json_object_set_new(root, "pre_tokenizer", seq);
-    json_object_set_new(root, "post_processor", json_null());
-    json_t *dec = json_object();
-    json_object_set_new(dec, "type", json_string("ByteLevel"));
-    json_object_set_new(dec, "add_prefix_space", json_true());
-    json_object_set_new(dec, "trim_offsets", json_true());
-    json_object_set_new(dec, "use_regex", json_true());
-    json_object_set_new(root, "decoder", dec);
+    return seq;
+}
+
+/* The BPE model object; vocab and merges are shared, not stolen (the caller releases its references). */
+static json_t *hf_model(json_t *vocab, json_t *merges) {
     json_t *model = json_object();
     json_object_set_new(model, "type", json_string("BPE"));
     json_object_set_new(model, "dropout", json_null());
@@ -534,12 +544,31 @@ static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *spe
     json_object_set_new(model, "ignore_merges", json_true());
     json_object_set(model, "vocab", vocab);
     json_object_set(model, "merges", merges);
-    json_object_set_new(root, "model", model);
-    if (write_json_file(root, dir, "tokenizer.json", err, errlen)) goto out;
+    return model;
+}
 
-    /* tokenizer_config.json */
-    json_decref(root);
-    root = json_object();
+/* Fill root with tokenizer.json's keys, in the order Hugging Face writes them. */
+static void hf_fill_tokenizer(json_t *root, json_t *added, json_t *vocab, json_t *merges) {
+    json_object_set_new(root, "version", json_string("1.0"));
+    json_object_set_new(root, "truncation", json_null());
+    json_object_set_new(root, "padding", json_null());
+    json_object_set(root, "added_tokens", added);
+    json_object_set_new(root, "normalizer", json_null());
+    json_object_set_new(root, "pre_tokenizer", hf_pre_tokenizer());
+    json_object_set_new(root, "post_processor", json_null());
+    json_t *dec = json_object();
+    json_object_set_new(dec, "type", json_string("ByteLevel"));
+    json_object_set_new(dec, "add_prefix_space", json_true());
+    json_object_set_new(dec, "trim_offsets", json_true());
+    json_object_set_new(dec, "use_regex", json_true());
+    json_object_set_new(root, "decoder", dec);
+    json_object_set_new(root, "model", hf_model(vocab, merges));
+}
+
+/* tokenizer_config.json: the specials by id, bos and eos (JSON null when absent). */
+static json_t *hf_tokenizer_config(uint32_t n_ranks, const char *const *specials, size_t n_sp, const char *bos,
+                                   const char *eos) {
+    json_t *root = json_object();
     json_t *dec_map = json_object();
     for (size_t k = 0; k < n_sp; k++) {
         char key[16];
@@ -555,13 +584,29 @@ static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *spe
     json_array_append_new(names, json_string("attention_mask"));
     json_object_set_new(root, "model_input_names", names);
     json_object_set_new(root, "tokenizer_class", json_string("PreTrainedTokenizerFast"));
+    return root;
+}
+
+static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *specials, size_t n_sp,
+                    const char *bos, const char *eos, const char *dir, char *err, size_t errlen) {
+    int rc = -1;
+    json_t *root = json_object(), *vocab = json_object(), *merges = json_array(), *added = json_array();
+    if (!root || !vocab || !merges || !added) goto oom;
+    if (hf_vocab_merges(v, n_ranks, vocab, merges)) goto oom;
+    for (size_t k = 0; k < n_sp; k++)
+        if (json_array_append_new(added, added_token_json(n_ranks + (uint32_t)k, specials[k], 1))) goto oom;
+    hf_fill_tokenizer(root, added, vocab, merges);
+    if (write_json_file(root, dir, "tokenizer.json", err, errlen)) goto out;
+
+    /* tokenizer_config.json */
+    json_decref(root);
+    root = hf_tokenizer_config(n_ranks, specials, n_sp, bos, eos);
     if (write_json_file(root, dir, "tokenizer_config.json", err, errlen)) goto out;
     rc = 0;
     goto out;
 oom:
     util_set_err(err, errlen, "out of memory");
 out:
-    free(loc);
     json_decref(root);
     json_decref(vocab);
     json_decref(merges);
@@ -588,21 +633,8 @@ static void remove_tree(const char *dir) {
 }
 
 /* ---- training ------------------------------------------------------------------ */
-int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t errlen) {
-    bpe_train_stats dummy;
-    if (!st) st = &dummy;
-    memset(st, 0, sizeof *st);
-    double t0 = now_s();
-    const char *const *sp = o->specials ? o->specials : BPE_TRAIN_DEFAULT_SPECIALS;
-    size_t n_sp = o->specials ? o->n_specials : BPE_TRAIN_N_DEFAULT_SPECIALS;
-    if (!o->output_dir || !*o->output_dir) {
-        util_set_err(err, errlen, "no output folder given");
-        return -1;
-    }
-    if (!o->n_inputs) {
-        util_set_err(err, errlen, "no input files given");
-        return -1;
-    }
+/* Each special token is non-empty UTF-8 and listed once. */
+static int check_specials(const char *const *sp, size_t n_sp, char *err, size_t errlen) {
     for (size_t i = 0; i < n_sp; i++) {
         size_t l = strlen(sp[i]);
         if (!l || bpe_utf8_check((const uint8_t *)sp[i], l) != l) {
@@ -615,210 +647,248 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
                 return -1;
             }
     }
+    return 0;
+}
+
+/* The output folder must not exist yet and its parent must be a writable folder, checked before the
+ * (long) training rather than after it. */
+static int check_output_dir(const char *output_dir, char *err, size_t errlen) {
+    struct stat sst;
+    if (lstat(output_dir, &sst) == 0) {
+        util_set_err(err, errlen, "%s already exists; refusing to overwrite it (choose a new folder)", output_dir);
+        return -1;
+    }
+    char *parent = strdup(output_dir);
+    if (!parent) {
+        util_set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t pl = strlen(parent);
+    while (pl > 1 && parent[pl - 1] == '/') parent[--pl] = 0;
+    char *slash = strrchr(parent, '/');
+    const char *pdir = slash ? (slash == parent ? "/" : (*slash = 0, parent)) : ".";
+    int ok = stat(pdir, &sst) == 0 && S_ISDIR(sst.st_mode) && access(pdir, W_OK) == 0;
+    if (!ok) util_set_err(err, errlen, "%s: the folder to create it in (%s) does not exist or is not writable",
+                    output_dir, pdir);
+    free(parent);
+    return ok ? 0 : -1;
+}
+
+/* Validate the options (sp/n_sp: the special tokens in effect). */
+static int check_opts(const bpe_train_opts *o, const char *const *sp, size_t n_sp, char *err, size_t errlen) {
+    if (!o->output_dir || !*o->output_dir) {
+        util_set_err(err, errlen, "no output folder given");
+        return -1;
+    }
+    if (!o->n_inputs) {
+        util_set_err(err, errlen, "no input files given");
+        return -1;
+    }
+    if (check_specials(sp, n_sp, err, errlen)) return -1;
     if (o->vocab_size < 256 + n_sp + 1) {
         util_set_err(err, errlen, "vocab size %u is too small: 256 byte tokens + %zu special tokens leave no room to learn",
                o->vocab_size, n_sp);
         return -1;
     }
-    struct stat sst;
-    if (lstat(o->output_dir, &sst) == 0) {
-        util_set_err(err, errlen, "%s already exists; refusing to overwrite it (choose a new folder)", o->output_dir);
-        return -1;
-    }
-    {
-        char *parent = strdup(o->output_dir);
-        if (!parent) {
-            util_set_err(err, errlen, "out of memory");
-            return -1;
-        }
-        size_t pl = strlen(parent);
-        while (pl > 1 && parent[pl - 1] == '/') parent[--pl] = 0;
-        char *slash = strrchr(parent, '/');
-        const char *pdir = slash ? (slash == parent ? "/" : (*slash = 0, parent)) : ".";
-        int ok = stat(pdir, &sst) == 0 && S_ISDIR(sst.st_mode) && access(pdir, W_OK) == 0;
-        if (!ok) util_set_err(err, errlen, "%s: the folder to create it in (%s) does not exist or is not writable",
-                        o->output_dir, pdir);
-        free(parent);
-        if (!ok) return -1;
-    }
-    uint32_t n_ranks = o->vocab_size - (uint32_t)n_sp, target = n_ranks - 256;
+    return check_output_dir(o->output_dir, err, errlen);
+}
 
-    trainer T;
-    memset(&T, 0, sizeof T);
-    bpe_vocab_init(&T.v);
-    int rc = -1;
-    char *tmpdir = NULL;
-    uint8_t *cat = NULL;
-    size_t cat_cap = 0;
-    pretok *re = pretok_compile(PRETOK_LLAMA3_PATTERN, err, errlen);
-    pretok_ctx *pc = re ? pretok_ctx_new(re) : NULL;
-    if (!pc) {
-        if (re) util_set_err(err, errlen, "out of memory");
-        goto out;
-    }
-    /* 1. count pieces */
+/* 1. Split every input into pieces and count the distinct ones into T->words. */
+static int count_input_pieces(trainer *T, const bpe_train_opts *o, const pretok *re, pretok_ctx *pc,
+                              bpe_train_stats *st, char *err, size_t errlen) {
     for (size_t i = 0; i < o->n_inputs; i++) {
         size_t len;
         char *text = slurp(o->inputs[i], &len, err, errlen);
-        if (!text) goto out;
+        if (!text) return -1;
         size_t bad = bpe_utf8_check((const uint8_t *)text, len);
         if (bad < len) {
             free(text);
             util_set_err(err, errlen, "%s: invalid UTF-8 at byte offset %zu", o->inputs[i], bad);
-            goto out;
+            return -1;
         }
-        int r = pretok_split(re, pc, (const uint8_t *)text, len, count_piece, &T.words, err, errlen);
+        int r = pretok_split(re, pc, (const uint8_t *)text, len, count_piece, &T->words, err, errlen);
         free(text);
         if (r) {
-            if (T.words.oom) util_set_err(err, errlen, "out of memory");
-            goto out;
+            if (T->words.oom) util_set_err(err, errlen, "out of memory");
+            return -1;
         }
         st->bytes += len;
     }
     if (!st->bytes) {
         util_set_err(err, errlen, "the input is empty: nothing to train on");
-        goto out;
+        return -1;
     }
-    st->pieces = T.words.pieces;
-    st->unique_pieces = T.words.n;
+    st->pieces = T->words.pieces;
+    st->unique_pieces = T->words.n;
     if (o->verbose)
         fprintf(stderr, "train-tokenizer: %llu bytes, %llu pieces, %llu distinct\n", (unsigned long long)st->bytes,
                 (unsigned long long)st->pieces, (unsigned long long)st->unique_pieces);
+    return 0;
+}
 
-    /* 2. initial symbols and pair counts */
+/* 2. The 256 byte tokens, every word as byte symbols, the initial pair counts and the heap.
+ * -1 on out-of-memory. */
+static int init_symbols(trainer *T) {
     uint32_t byte_id[256];
     for (unsigned i = 0; i < 256; i++) {
         uint8_t b = bpe_bytelevel_order(i);
         byte_id[b] = i;
-        if (bpe_vocab_set(&T.v, i, &b, 1, BPE_TOK_NORMAL)) goto oom;
+        if (bpe_vocab_set(&T->v, i, &b, 1, BPE_TOK_NORMAL)) return -1;
     }
-    size_t nw = T.words.n;
-    T.woff = malloc(nw * sizeof *T.woff);
-    T.wlen = malloc(nw * sizeof *T.wlen);
-    T.sym = malloc((T.words.pool_len ? T.words.pool_len : 1) * sizeof *T.sym);
-    if (!T.woff || !T.wlen || !T.sym) goto oom;
+    size_t nw = T->words.n;
+    T->woff = malloc(nw * sizeof *T->woff);
+    T->wlen = malloc(nw * sizeof *T->wlen);
+    T->sym = malloc((T->words.pool_len ? T->words.pool_len : 1) * sizeof *T->sym);
+    if (!T->woff || !T->wlen || !T->sym) return -1;
     for (size_t w = 0; w < nw; w++) {
-        T.woff[w] = T.words.off[w];
-        T.wlen[w] = T.words.len[w];
-        const uint8_t *b = T.words.pool + T.words.off[w];
-        uint32_t *s = T.sym + T.woff[w];
-        for (uint32_t i = 0; i < T.wlen[w]; i++) s[i] = byte_id[b[i]];
-        for (uint32_t i = 0; i + 1 < T.wlen[w]; i++)
-            if (change(&T, s[i], s[i + 1], (int64_t)T.words.count[w], (uint32_t)w, 1)) goto oom;
+        T->woff[w] = T->words.off[w];
+        T->wlen[w] = T->words.len[w];
+        const uint8_t *b = T->words.pool + T->words.off[w];
+        uint32_t *s = T->sym + T->woff[w];
+        for (uint32_t i = 0; i < T->wlen[w]; i++) s[i] = byte_id[b[i]];
+        for (uint32_t i = 0; i + 1 < T->wlen[w]; i++)
+            if (change(T, s[i], s[i + 1], (int64_t)T->words.count[w], (uint32_t)w, 1)) return -1;
     }
-    for (size_t i = 0; i < T.pairs.n; i++)
-        if (T.pairs.e[i].count > 0 && heap_push(&T.hp, T.pairs.e[i].count, T.pairs.e[i].key)) goto oom;
+    for (size_t i = 0; i < T->pairs.n; i++)
+        if (T->pairs.e[i].count > 0 && heap_push(&T->hp, T->pairs.e[i].count, T->pairs.e[i].key)) return -1;
+    return 0;
+}
 
-    /* 3. merge loop */
-    uint32_t next_id = 256;
-    while (next_id < n_ranks) {
-        if (!T.hp.n) break;
-        hent top = heap_pop(&T.hp);
-        size_t pi = ptab_get(&T.pairs, top.key);
-        if (pi == SIZE_MAX) goto oom;
-        int64_t cur = T.pairs.e[pi].count;
+/* Grow T->cat to hold at least need bytes (to twice that, keeping its contents). */
+static int cat_reserve(trainer *T, size_t need) {
+    if (need <= T->cat_cap) return 0;
+    size_t cap = 2 * need;
+    uint8_t *c = realloc(T->cat, cap);
+    if (!c) return -1;
+    T->cat = c;
+    T->cat_cap = cap;
+    return 0;
+}
+
+/* The bytes of token a followed by those of token b, in T->cat; -1 on out-of-memory. */
+static int concat_pair(trainer *T, uint32_t a, uint32_t b, size_t *len) {
+    size_t la, lb;
+    const uint8_t *ba = bpe_vocab_bytes(&T->v, a, &la);
+    if (cat_reserve(T, la + 64)) return -1;
+    memcpy(T->cat, ba, la);
+    const uint8_t *bb = bpe_vocab_bytes(&T->v, b, &lb);
+    if (cat_reserve(T, la + lb)) return -1;
+    memcpy(T->cat + la, bb, lb);
+    *len = la + lb;
+    return 0;
+}
+
+/* Merge pair pi = (a,b) into token t in every word that holds it, retire the pair, and push the pairs
+ * whose counts grew (the heap keeps stale entries; shrunk ones are requeued when popped). */
+static int apply_merge(trainer *T, size_t pi, uint32_t a, uint32_t b, uint32_t t) {
+    T->n_touched = 0;
+    for (uint32_t k = 0; k < T->pairs.e[pi].nw; k++) {
+        uint32_t w = T->pairs.e[pi].words[k];
+        if (merge_word(T, w, a, b, t)) return -1;
+    }
+    tpair *p = &T->pairs.e[pi];
+    p->count = 0;
+    free(p->words);
+    p->words = NULL;
+    p->nw = p->cw = 0;
+    p->last = 0;
+    for (size_t k = 0; k < T->n_touched; k++) {
+        tpair *q = &T->pairs.e[T->touched[k]];
+        if (q->count > q->before && heap_push(&T->hp, q->count, q->key)) return -1;
+    }
+    T->step++;
+    return 0;
+}
+
+/* 3. The merge loop: learn tokens until n_ranks ids exist or no pair is left; *next_id gets the first
+ * unlearned id. -1 on out-of-memory. */
+static int learn_merges(trainer *T, uint32_t n_ranks, uint32_t target, int verbose, bpe_train_stats *st,
+                        uint32_t *next_id) {
+    uint32_t next = 256;
+    while (next < n_ranks) {
+        if (!T->hp.n) break;
+        hent top = heap_pop(&T->hp);
+        size_t pi = ptab_get(&T->pairs, top.key);
+        if (pi == SIZE_MAX) return -1;
+        int64_t cur = T->pairs.e[pi].count;
         if (cur <= 0) continue;
         if (cur != top.count) {
-            if (heap_push(&T.hp, cur, top.key)) goto oom;
+            if (heap_push(&T->hp, cur, top.key)) return -1;
             continue;
         }
         uint32_t a = (uint32_t)(top.key >> 32), b = (uint32_t)top.key;
-        size_t la, lb;
-        const uint8_t *ba = bpe_vocab_bytes(&T.v, a, &la);
-        if (la + 64 > cat_cap) {
-            cat_cap = 2 * (la + 64);
-            uint8_t *c = realloc(cat, cat_cap);
-            if (!c) goto oom;
-            cat = c;
-        }
-        memcpy(cat, ba, la);
-        const uint8_t *bb = bpe_vocab_bytes(&T.v, b, &lb);
-        if (la + lb > cat_cap) {
-            cat_cap = 2 * (la + lb);
-            uint8_t *c = realloc(cat, cat_cap);
-            if (!c) goto oom;
-            cat = c;
-        }
-        memcpy(cat + la, bb, lb);
-        uint32_t t = bpe_vocab_find(&T.v, cat, la + lb);
+        size_t len;
+        if (concat_pair(T, a, b, &len)) return -1;
+        uint32_t t = bpe_vocab_find(&T->v, T->cat, len);
         if (t == BPE_NONE) {
-            t = next_id++;
-            if (bpe_vocab_set(&T.v, t, cat, la + lb, BPE_TOK_NORMAL)) goto oom;
+            t = next++;
+            if (bpe_vocab_set(&T->v, t, T->cat, len, BPE_TOK_NORMAL)) return -1;
             st->merges++;
         } else {
             st->duplicate_merges++;
         }
-        T.n_touched = 0;
-        for (uint32_t k = 0; k < T.pairs.e[pi].nw; k++) {
-            uint32_t w = T.pairs.e[pi].words[k];
-            if (merge_word(&T, w, a, b, t)) goto oom;
-        }
-        tpair *p = &T.pairs.e[pi];
-        p->count = 0;
-        free(p->words);
-        p->words = NULL;
-        p->nw = p->cw = 0;
-        p->last = 0;
-        for (size_t k = 0; k < T.n_touched; k++) {
-            tpair *q = &T.pairs.e[T.touched[k]];
-            if (q->count > q->before && heap_push(&T.hp, q->count, q->key)) goto oom;
-        }
-        T.step++;
-        if (o->verbose && t == next_id - 1 && (next_id - 256) % 1000 == 0)
-            fprintf(stderr, "train-tokenizer: %u/%u tokens learned (last pair seen %lld times)\n", next_id - 256,
+        if (apply_merge(T, pi, a, b, t)) return -1;
+        if (verbose && t == next - 1 && (next - 256) % 1000 == 0)
+            fprintf(stderr, "train-tokenizer: %u/%u tokens learned (last pair seen %lld times)\n", next - 256,
                     target, (long long)cur);
     }
-    if (next_id < n_ranks) {
-        util_set_err(err, errlen,
-               "the input supports only %u learned tokens but vocab size %u needs %u: give more text or a smaller "
-               "--vocab-size",
-               next_id - 256, o->vocab_size, target);
-        goto out;
-    }
+    *next_id = next;
+    return 0;
+}
 
-    /* 4. write into a temporary folder, then rename */
-    size_t dl = strlen(o->output_dir);
-    tmpdir = malloc(dl + 32);
-    if (!tmpdir) goto oom;
-    char *od = strdup(o->output_dir);
-    if (!od) goto oom;
+/* 4a. Create <output_dir>.tmp-<pid> (trailing slashes dropped) to write into; NULL with err set. */
+static char *make_tmpdir(const char *output_dir, char *err, size_t errlen) {
+    size_t dl = strlen(output_dir);
+    char *tmpdir = malloc(dl + 32), *od = tmpdir ? strdup(output_dir) : NULL;
+    if (!od) {
+        free(tmpdir);
+        util_set_err(err, errlen, "out of memory");
+        return NULL;
+    }
     while (dl > 1 && od[dl - 1] == '/') od[--dl] = 0;
     snprintf(tmpdir, dl + 32, "%s.tmp-%ld", od, (long)getpid());
     free(od);
     if (mkdir(tmpdir, 0755)) {
         util_set_err(err, errlen, "%s: cannot create: %s", tmpdir, strerror(errno));
         free(tmpdir);
-        tmpdir = NULL;
-        goto out;
+        return NULL;
     }
+    return tmpdir;
+}
+
+/* 4b. Write the tiktoken and Hugging Face files into dir; bos and eos are the Llama 3 ones when listed. */
+static int write_files(const bpe_vocab *v, uint32_t n_ranks, const char *const *sp, size_t n_sp, const char *dir,
+                       char *err, size_t errlen) {
     const char *bos = NULL, *eos = NULL;
     for (size_t k = 0; k < n_sp; k++) {
         if (!strcmp(sp[k], "<|begin_of_text|>")) bos = sp[k];
         if (!strcmp(sp[k], "<|end_of_text|>")) eos = sp[k];
     }
-    if (write_tiktoken(&T.v, n_ranks, tmpdir, err, errlen)) goto out;
-    if (write_hf(&T.v, n_ranks, sp, n_sp, bos, eos, tmpdir, err, errlen)) goto out;
+    if (write_tiktoken(v, n_ranks, dir, err, errlen)) return -1;
+    return write_hf(v, n_ranks, sp, n_sp, bos, eos, dir, err, errlen);
+}
 
-    /* 5. check that the written tokenizer loads, then move it into place */
+/* 5. Check that the written tokenizer loads with the wanted vocab size, then move it into place. */
+static int install_tokenizer(const char *tmpdir, const bpe_train_opts *o, char *err, size_t errlen) {
     tok_tokenizer *tk = tok_load(tmpdir, err, errlen);
-    if (!tk) goto out;
+    if (!tk) return -1;
     uint32_t got = tok_vocab_size(tk);
     tok_free(tk);
     if (got != o->vocab_size) {
         util_set_err(err, errlen, "internal error: wrote %u ids, wanted %u", got, o->vocab_size);
-        goto out;
+        return -1;
     }
     if (rename(tmpdir, o->output_dir)) {
         util_set_err(err, errlen, "cannot rename %s to %s: %s", tmpdir, o->output_dir, strerror(errno));
-        goto out;
+        return -1;
     }
-    free(tmpdir);
-    tmpdir = NULL;
-    rc = 0;
+    return 0;
+}
 
-    /* 6. measure it on the input (informational: failures leave tokens at 0) */
+/* 6. Measure it on the input (informational: failures leave tokens at 0). */
+static void measure_tokens(const bpe_train_opts *o, bpe_train_stats *st) {
     char merr[256];
-    tk = tok_load(o->output_dir, merr, sizeof merr);
+    tok_tokenizer *tk = tok_load(o->output_dir, merr, sizeof merr);
     for (size_t i = 0; tk && i < o->n_inputs; i++) {
         size_t len, n;
         uint32_t *ids;
@@ -833,6 +903,50 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
         st->tokens += n;
     }
     tok_free(tk);
+}
+
+int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t errlen) {
+    bpe_train_stats dummy;
+    if (!st) st = &dummy;
+    memset(st, 0, sizeof *st);
+    double t0 = now_s();
+    const char *const *sp = o->specials ? o->specials : BPE_TRAIN_DEFAULT_SPECIALS;
+    size_t n_sp = o->specials ? o->n_specials : BPE_TRAIN_N_DEFAULT_SPECIALS;
+    if (check_opts(o, sp, n_sp, err, errlen)) return -1;
+    uint32_t n_ranks = o->vocab_size - (uint32_t)n_sp, target = n_ranks - 256;
+
+    trainer T;
+    memset(&T, 0, sizeof T);
+    bpe_vocab_init(&T.v);
+    int rc = -1;
+    char *tmpdir = NULL;
+    pretok *re = pretok_compile(PRETOK_LLAMA3_PATTERN, err, errlen);
+    pretok_ctx *pc = re ? pretok_ctx_new(re) : NULL;
+    if (!pc) {
+        if (re) util_set_err(err, errlen, "out of memory");
+        goto out;
+    }
+    if (count_input_pieces(&T, o, re, pc, st, err, errlen)) goto out;
+    if (init_symbols(&T)) goto oom;
+    uint32_t next_id;
+    if (learn_merges(&T, n_ranks, target, o->verbose, st, &next_id)) goto oom;
+    if (next_id < n_ranks) {
+        util_set_err(err, errlen,
+               "the input supports only %u learned tokens but vocab size %u needs %u: give more text or a smaller "
+               "--vocab-size",
+               next_id - 256, o->vocab_size, target);
+        goto out;
+    }
+
+    /* 4. write into a temporary folder, then rename */
+    tmpdir = make_tmpdir(o->output_dir, err, errlen);
+    if (!tmpdir) goto out;
+    if (write_files(&T.v, n_ranks, sp, n_sp, tmpdir, err, errlen)) goto out;
+    if (install_tokenizer(tmpdir, o, err, errlen)) goto out;
+    free(tmpdir);
+    tmpdir = NULL;
+    rc = 0;
+    measure_tokens(o, st);
     goto out;
 oom:
     util_set_err(err, errlen, "out of memory");
@@ -841,7 +955,6 @@ out:
         remove_tree(tmpdir);
         free(tmpdir);
     }
-    free(cat);
     pretok_ctx_free(pc);
     pretok_free(re);
     trainer_free(&T);

@@ -643,41 +643,28 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
     return -1;
 }
 
-static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out, char **pattern_copy, char *err,
-                   size_t errlen) {
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) {
-        util_set_err(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
-        return -1;
-    }
-    int rc = -1;
-    uint8_t *tmp = NULL, *tmp2 = NULL;
-    json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model)) {
-        util_set_err(err, errlen, "%s: no \"model\" object", path);
-        goto out;
-    }
+/* Refuse the model and normalizer settings that a plain byte-level BPE cannot honour. */
+static int hf_check_model(json_t *root, json_t *model, const char *path, char *err, size_t errlen) {
     const char *mtype = json_string_value(json_object_get(model, "type"));
     if (mtype && strcmp(mtype, "BPE")) {
         util_set_err(err, errlen, "%s: model.type is \"%s\"; only BPE is supported", path, mtype);
-        goto out;
+        return -1;
     }
     if (json_is_true(json_object_get(model, "byte_fallback"))) {
         util_set_err(err, errlen, "%s: model.byte_fallback = true is not supported (byte-level BPE needs none)", path);
-        goto out;
+        return -1;
     }
     json_t *dropout = json_object_get(model, "dropout");
     if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0)) {
         util_set_err(err, errlen, "%s: model.dropout is not supported", path);
-        goto out;
+        return -1;
     }
     const char *sfx[2] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
         const char *s = json_string_value(json_object_get(model, sfx[k]));
         if (s && *s) {
             util_set_err(err, errlen, "%s: model.%s is not supported", path, sfx[k]);
-            goto out;
+            return -1;
         }
     }
     json_t *norm = json_object_get(root, "normalizer");
@@ -687,9 +674,237 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
         if (!(nt && !strcmp(nt, "Sequence") && json_is_array(list) && json_array_size(list) == 0)) {
             util_set_err(err, errlen, "%s: normalizer \"%s\" is not supported (byte-level BPE uses none)", path,
                    nt ? nt : "?");
-            goto out;
+            return -1;
         }
     }
+    return 0;
+}
+
+/* State shared by the phases of load_hf. */
+typedef struct hf_load {
+    tok_tokenizer *t;
+    const char *path;
+    json_t *root, *model;
+    size_t maxlen;       /* longest vocab string (at least 64): bounds the decode buffers */
+    json_int_t id_limit; /* ids at or above this are refused */
+    uint8_t *tmp, *tmp2; /* 2 * maxlen + 8 bytes each */
+    char *err;
+    size_t errlen;
+} hf_load;
+
+/* Size the decode buffers by the longest vocab string and set the id limit. */
+static int hf_vocab_limits(hf_load *L, json_t *vocab) {
+    L->maxlen = 64;
+    const char *key;
+    json_t *val;
+    json_object_foreach(vocab, key, val) {
+        if (strlen(key) > L->maxlen) L->maxlen = strlen(key);
+    }
+    /* ids number the tokens (a few gaps at most): tables are sized by the largest id, so an
+     * id far past the count is refused rather than allocated */
+    const json_t *added_all = json_object_get(L->root, "added_tokens");
+    L->id_limit = (json_int_t)json_object_size(vocab) +
+                  (json_is_array(added_all) ? (json_int_t)json_array_size(added_all) : 0) + 1024;
+    L->tmp = malloc(2 * L->maxlen + 8);
+    L->tmp2 = malloc(2 * L->maxlen + 8);
+    if (!L->tmp || !L->tmp2) {
+        util_set_err(L->err, L->errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* model.vocab: every entry into t->v, byte-level strings decoded to their bytes. */
+static int hf_load_vocab(hf_load *L) {
+    const char *path = L->path;
+    json_t *vocab = json_object_get(L->model, "vocab");
+    if (!json_is_object(vocab)) {
+        util_set_err(L->err, L->errlen, "%s: model.vocab must be an object", path);
+        return -1;
+    }
+    if (hf_vocab_limits(L, vocab)) return -1;
+    const char *key;
+    json_t *val;
+    json_object_foreach(vocab, key, val) {
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= L->id_limit) {
+            util_set_err(L->err, L->errlen,
+                         "%s: model.vocab[\"%s\"]: id must be a non-negative integer below %lld (the number of "
+                         "tokens, plus 1024)",
+                         path, key, (long long)L->id_limit);
+            return -1;
+        }
+        uint32_t id = (uint32_t)json_integer_value(val);
+        long bl = bytelevel_decode(key, L->tmp);
+        int e;
+        if (bl < 0) /* not a byte-level string: keep its text for decoding only */
+            e = bpe_vocab_set(&L->t->v, id, (const uint8_t *)key, strlen(key), BPE_TOK_DECODE_ONLY);
+        else
+            e = bpe_vocab_set(&L->t->v, id, L->tmp, (size_t)bl, BPE_TOK_NORMAL);
+        if (e == -3) {
+            util_set_err(L->err, L->errlen, "%s: model.vocab: id %u is used twice (again by \"%s\")", path, id, key);
+            return -1;
+        }
+        if (e) {
+            util_set_err(L->err, L->errlen, "%s: model.vocab[\"%s\"]: %s", path, key,
+                   e == -2 ? "two entries have the same bytes" : "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The two parts of merge m, "a b" or ["a", "b"]; *a and *b stay NULL when m has neither form. The
+ * string form is copied to *owned (freed by the caller). -1 on out-of-memory. */
+static int hf_merge_parts(json_t *m, const char **a, const char **b, char **owned) {
+    if (json_is_string(m)) {
+        const char *s = json_string_value(m);
+        const char *spc = strchr(s, ' ');
+        if (spc && !strchr(spc + 1, ' ')) {
+            *owned = strdup(s);
+            if (!*owned) return -1;
+            (*owned)[spc - s] = 0;
+            *a = *owned;
+            *b = *owned + (spc - s) + 1;
+        }
+    } else if (json_is_array(m) && json_array_size(m) == 2) {
+        *a = json_string_value(json_array_get(m, 0));
+        *b = json_string_value(json_array_get(m, 1));
+    }
+    return 0;
+}
+
+/* The ids of a merge's left part, right part and merged token (BPE_NONE for those not in the vocab). */
+static void hf_merge_ids(hf_load *L, const char *a, const char *b, uint32_t *ia, uint32_t *ib, uint32_t *im) {
+    const bpe_vocab *v = &L->t->v;
+    size_t la = strlen(a), lb = strlen(b);
+    uint8_t *ab = NULL;
+    long ba = -1, bb = -1;
+    if (la + lb <= 2 * L->maxlen) {
+        ba = bytelevel_decode(a, L->tmp);
+        bb = bytelevel_decode(b, L->tmp2);
+    }
+    *ia = *ib = *im = BPE_NONE;
+    if (ba >= 0 && bb >= 0) {
+        *ia = bpe_vocab_find(v, L->tmp, (size_t)ba);
+        *ib = bpe_vocab_find(v, L->tmp2, (size_t)bb);
+        ab = malloc((size_t)(ba + bb) + 1);
+        if (ab) {
+            memcpy(ab, L->tmp, (size_t)ba);
+            memcpy(ab + ba, L->tmp2, (size_t)bb);
+            *im = bpe_vocab_find(v, ab, (size_t)(ba + bb));
+            free(ab);
+        }
+    }
+}
+
+/* model.merges: each into t->pairs, its index the priority. */
+static int hf_load_merges(hf_load *L) {
+    const char *path = L->path;
+    json_t *merges = json_object_get(L->model, "merges");
+    if (!json_is_array(merges)) {
+        util_set_err(L->err, L->errlen, "%s: model.merges must be an array", path);
+        return -1;
+    }
+    size_t mi;
+    json_t *m;
+    json_array_foreach(merges, mi, m) {
+        const char *a = NULL, *b = NULL;
+        char *owned = NULL;
+        if (hf_merge_parts(m, &a, &b, &owned)) {
+            util_set_err(L->err, L->errlen, "out of memory");
+            return -1;
+        }
+        if (!a || !b) {
+            free(owned);
+            util_set_err(L->err, L->errlen, "%s: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", path, mi);
+            return -1;
+        }
+        uint32_t ia, ib, im;
+        hf_merge_ids(L, a, b, &ia, &ib, &im);
+        if (ia == BPE_NONE || ib == BPE_NONE || im == BPE_NONE) {
+            util_set_err(L->err, L->errlen, "%s: model.merges[%zu]: \"%s %s\": %s is not in the vocab", path, mi, a, b,
+                   ia == BPE_NONE ? "the left part" : ib == BPE_NONE ? "the right part" : "the merged token");
+            free(owned);
+            return -1;
+        }
+        free(owned);
+        if (bpe_pairmap_put(&L->t->pairs, ia, ib, (uint32_t)mi, im)) { /* a later duplicate wins, as in HF */
+            util_set_err(L->err, L->errlen, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One entry of added_tokens (at index ai) as a special token. */
+static int hf_added_token(hf_load *L, size_t ai, json_t *at) {
+    tok_tokenizer *t = L->t;
+    const char *path = L->path;
+    json_t *jid = json_object_get(at, "id");
+    const char *content = json_string_value(json_object_get(at, "content"));
+    char where[64];
+    snprintf(where, sizeof where, "added_tokens[%zu]", ai);
+    if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= L->id_limit || !content) {
+        util_set_err(L->err, L->errlen,
+                     "%s: %s: needs an integer \"id\" below %lld (the number of tokens, plus 1024) and a "
+                     "\"content\" string",
+                     path, where, (long long)L->id_limit);
+        return -1;
+    }
+    uint32_t id = (uint32_t)json_integer_value(jid);
+    size_t cl = strlen(content);
+    int in_vocab = id < t->v.n && t->v.kind[id] != BPE_TOK_HOLE && t->v.kind[id] != BPE_TOK_SPECIAL;
+    if (in_vocab) {
+        /* an added token that is also in model.vocab: must be the same token */
+        size_t ol;
+        const uint8_t *ob = bpe_vocab_bytes(&t->v, id, &ol);
+        long bl = cl <= L->maxlen ? bytelevel_decode(content, L->tmp) : -1;
+        int same = (ol == cl && !memcmp(ob, content, cl)) || (bl >= 0 && (size_t)bl == ol && !memcmp(ob, L->tmp, ol));
+        if (!same) {
+            util_set_err(L->err, L->errlen, "%s: %s: \"%s\" reuses id %u of another vocab entry", path, where,
+                         content, id);
+            return -1;
+        }
+    }
+    char *w2 = strfmt("%s: %s", path, where);
+    int bad = !w2 || add_special(t, id, (const uint8_t *)content, cl, w2, in_vocab, L->err, L->errlen);
+    if (!w2) util_set_err(L->err, L->errlen, "out of memory");
+    free(w2);
+    return bad ? -1 : 0;
+}
+
+/* added_tokens (absent or null: none). */
+static int hf_load_added(hf_load *L) {
+    json_t *added = json_object_get(L->root, "added_tokens");
+    if (!added || json_is_null(added)) return 0;
+    if (!json_is_array(added)) {
+        util_set_err(L->err, L->errlen, "%s: added_tokens must be an array", L->path);
+        return -1;
+    }
+    size_t ai;
+    json_t *at;
+    json_array_foreach(added, ai, at) {
+        if (hf_added_token(L, ai, at)) return -1;
+    }
+    return 0;
+}
+
+static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out, char **pattern_copy, char *err,
+                   size_t errlen) {
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        util_set_err(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        return -1;
+    }
+    int rc = -1;
+    hf_load L = {.t = t, .path = path, .root = root, .err = err, .errlen = errlen};
+    L.model = json_object_get(root, "model");
+    if (!json_is_object(L.model)) {
+        util_set_err(err, errlen, "%s: no \"model\" object", path);
+        goto out;
+    }
+    if (hf_check_model(root, L.model, path, err, errlen)) goto out;
     if (hf_pretokenizer(json_object_get(root, "pre_tokenizer"), pattern_out, path, err, errlen)) goto out;
     *pattern_copy = strdup(*pattern_out);
     if (!*pattern_copy) {
@@ -697,162 +912,12 @@ static int load_hf(tok_tokenizer *t, const char *path, const char **pattern_out,
         goto out;
     }
     *pattern_out = *pattern_copy;
-    t->whole_piece = json_is_true(json_object_get(model, "ignore_merges"));
-
-    json_t *vocab = json_object_get(model, "vocab");
-    if (!json_is_object(vocab)) {
-        util_set_err(err, errlen, "%s: model.vocab must be an object", path);
-        goto out;
-    }
-    size_t maxlen = 64;
-    const char *key;
-    json_t *val;
-    json_object_foreach(vocab, key, val) {
-        if (strlen(key) > maxlen) maxlen = strlen(key);
-    }
-    /* ids number the tokens (a few gaps at most): tables are sized by the largest id, so an
-     * id far past the count is refused rather than allocated */
-    const json_t *added_all = json_object_get(root, "added_tokens");
-    const json_int_t id_limit = (json_int_t)json_object_size(vocab) +
-                                (json_is_array(added_all) ? (json_int_t)json_array_size(added_all) : 0) + 1024;
-    tmp = malloc(2 * maxlen + 8);
-    tmp2 = malloc(2 * maxlen + 8);
-    if (!tmp || !tmp2) {
-        util_set_err(err, errlen, "out of memory");
-        goto out;
-    }
-    json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= id_limit) {
-            util_set_err(err, errlen, "%s: model.vocab[\"%s\"]: id must be a non-negative integer below %lld (the number "
-                   "of tokens, plus 1024)", path, key, (long long)id_limit);
-            goto out;
-        }
-        uint32_t id = (uint32_t)json_integer_value(val);
-        long bl = bytelevel_decode(key, tmp);
-        int e;
-        if (bl < 0) /* not a byte-level string: keep its text for decoding only */
-            e = bpe_vocab_set(&t->v, id, (const uint8_t *)key, strlen(key), BPE_TOK_DECODE_ONLY);
-        else
-            e = bpe_vocab_set(&t->v, id, tmp, (size_t)bl, BPE_TOK_NORMAL);
-        if (e == -3) {
-            util_set_err(err, errlen, "%s: model.vocab: id %u is used twice (again by \"%s\")", path, id, key);
-            goto out;
-        }
-        if (e) {
-            util_set_err(err, errlen, "%s: model.vocab[\"%s\"]: %s", path, key,
-                   e == -2 ? "two entries have the same bytes" : "out of memory");
-            goto out;
-        }
-    }
-    json_t *merges = json_object_get(model, "merges");
-    if (!json_is_array(merges)) {
-        util_set_err(err, errlen, "%s: model.merges must be an array", path);
-        goto out;
-    }
-    size_t mi;
-    json_t *m;
-    json_array_foreach(merges, mi, m) {
-        const char *a = NULL, *b = NULL;
-        char *owned = NULL;
-        if (json_is_string(m)) {
-            const char *s = json_string_value(m);
-            const char *spc = strchr(s, ' ');
-            if (spc && !strchr(spc + 1, ' ')) {
-                owned = strdup(s);
-                if (!owned) {
-                    util_set_err(err, errlen, "out of memory");
-                    goto out;
-                }
-                owned[spc - s] = 0;
-                a = owned;
-                b = owned + (spc - s) + 1;
-            }
-        } else if (json_is_array(m) && json_array_size(m) == 2) {
-            a = json_string_value(json_array_get(m, 0));
-            b = json_string_value(json_array_get(m, 1));
-        }
-        if (!a || !b) {
-            free(owned);
-            util_set_err(err, errlen, "%s: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", path, mi);
-            goto out;
-        }
-        size_t la = strlen(a), lb = strlen(b);
-        uint8_t *ab = NULL;
-        long ba = -1, bb = -1;
-        if (la + lb <= 2 * maxlen) {
-            ba = bytelevel_decode(a, tmp);
-            bb = bytelevel_decode(b, tmp2);
-        }
-        uint32_t ia = BPE_NONE, ib = BPE_NONE, im = BPE_NONE;
-        if (ba >= 0 && bb >= 0) {
-            ia = bpe_vocab_find(&t->v, tmp, (size_t)ba);
-            ib = bpe_vocab_find(&t->v, tmp2, (size_t)bb);
-            ab = malloc((size_t)(ba + bb) + 1);
-            if (ab) {
-                memcpy(ab, tmp, (size_t)ba);
-                memcpy(ab + ba, tmp2, (size_t)bb);
-                im = bpe_vocab_find(&t->v, ab, (size_t)(ba + bb));
-                free(ab);
-            }
-        }
-        if (ia == BPE_NONE || ib == BPE_NONE || im == BPE_NONE) {
-            util_set_err(err, errlen, "%s: model.merges[%zu]: \"%s %s\": %s is not in the vocab", path, mi, a, b,
-                   ia == BPE_NONE ? "the left part" : ib == BPE_NONE ? "the right part" : "the merged token");
-            free(owned);
-            goto out;
-        }
-        free(owned);
-        if (bpe_pairmap_put(&t->pairs, ia, ib, (uint32_t)mi, im)) { /* a later duplicate wins, as in HF */
-            util_set_err(err, errlen, "out of memory");
-            goto out;
-        }
-    }
-    json_t *added = json_object_get(root, "added_tokens");
-    if (added && !json_is_null(added)) {
-        if (!json_is_array(added)) {
-            util_set_err(err, errlen, "%s: added_tokens must be an array", path);
-            goto out;
-        }
-        size_t ai;
-        json_t *at;
-        json_array_foreach(added, ai, at) {
-            json_t *jid = json_object_get(at, "id");
-            const char *content = json_string_value(json_object_get(at, "content"));
-            char where[64];
-            snprintf(where, sizeof where, "added_tokens[%zu]", ai);
-            if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= id_limit ||
-                !content) {
-                util_set_err(err, errlen, "%s: %s: needs an integer \"id\" below %lld (the number of tokens, plus 1024) and "
-                       "a \"content\" string", path, where, (long long)id_limit);
-                goto out;
-            }
-            uint32_t id = (uint32_t)json_integer_value(jid);
-            size_t cl = strlen(content);
-            int in_vocab = id < t->v.n && t->v.kind[id] != BPE_TOK_HOLE && t->v.kind[id] != BPE_TOK_SPECIAL;
-            if (in_vocab) {
-                /* an added token that is also in model.vocab: must be the same token */
-                size_t ol;
-                const uint8_t *ob = bpe_vocab_bytes(&t->v, id, &ol);
-                long bl = cl <= maxlen ? bytelevel_decode(content, tmp) : -1;
-                int same = (ol == cl && !memcmp(ob, content, cl)) ||
-                           (bl >= 0 && (size_t)bl == ol && !memcmp(ob, tmp, ol));
-                if (!same) {
-                    util_set_err(err, errlen, "%s: %s: \"%s\" reuses id %u of another vocab entry", path, where, content,
-                           id);
-                    goto out;
-                }
-            }
-            char *w2 = strfmt("%s: %s", path, where);
-            int bad = !w2 || add_special(t, id, (const uint8_t *)content, cl, w2, in_vocab, err, errlen);
-            if (!w2) util_set_err(err, errlen, "out of memory");
-            free(w2);
-            if (bad) goto out;
-        }
-    }
+    t->whole_piece = json_is_true(json_object_get(L.model, "ignore_merges"));
+    if (hf_load_vocab(&L) || hf_load_merges(&L) || hf_load_added(&L)) goto out;
     rc = 0;
 out:
-    free(tmp);
-    free(tmp2);
+    free(L.tmp);
+    free(L.tmp2);
     json_decref(root);
     return rc;
 }

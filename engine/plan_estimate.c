@@ -76,27 +76,13 @@ static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a,
     return st;
 }
 
-int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw,
-                  char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
-    const tetra_config_values *c = &cfg->v;
-    cfg_parallel_dims *d = &out->dims;
-    if (cfg_validate(cfg, ngpu, d, err, errlen)) return -1;
-    if (d->pp > PLAN_MAX_PP) {
-        snprintf(err, errlen, "tetra plan: pipeline_parallel_degree %d: at most %d", d->pp, PLAN_MAX_PP);
-        return -1;
-    }
-    out->ngpu = ngpu;
-    out->gpus_per_node = gpus_per_node > 0 ? gpus_per_node : hw->gpus_per_node;
-    if (out->gpus_per_node < 1) out->gpus_per_node = 1;
-    out->float8 = has_float8(c);
-
-    /* ---- memory: each pipeline rank's dry run, in this process ---- */
-    mesh m;
-    if (mesh_init(&m, ngpu, d->pp, d->dp_replicate, d->dp_shard, d->cp, d->tp, err, errlen)) return -1;
+/* Each pipeline rank's dry run of the trainer, in this process: its memory plan, and the worst one. */
+static int dry_run_ranks(plan_result *out, const tetra_config *cfg, const mesh *m, int ngpu, char *err,
+                         size_t errlen) {
+    const cfg_parallel_dims *d = &out->dims;
     for (int pr = 0; pr < d->pp; pr++) {
         int co[MESH_NDIMS] = {pr, 0, 0, 0, 0};
-        const int rank = mesh_rank(&m, co);
+        const int rank = mesh_rank(m, co);
         trainer_options o;
         memset(&o, 0, sizeof o);
         o.dry_run = 1;
@@ -114,6 +100,17 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
         }
         if (out->rank[pr].total_bytes > out->rank[out->worst_pp_rank].total_bytes) out->worst_pp_rank = pr;
     }
+    return 0;
+}
+
+/* ---- memory: each pipeline rank's dry run, in this process ---- */
+static int estimate_memory(plan_result *out, const tetra_config *cfg, int ngpu, const plan_hw *hw, char *err,
+                           size_t errlen) {
+    const tetra_config_values *c = &cfg->v;
+    const cfg_parallel_dims *d = &out->dims;
+    mesh m;
+    if (mesh_init(&m, ngpu, d->pp, d->dp_replicate, d->dp_shard, d->cp, d->tp, err, errlen)) return -1;
+    if (dry_run_ranks(out, cfg, &m, ngpu, err, errlen)) return -1;
     out->reserved_bytes = hw->reserved_bytes;
     /* a CPU profile's memory is the host's, shared by the ranks placed on it */
     const int host_shared = plan_hw_is_host(hw);
@@ -129,26 +126,40 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     const int on_node = ngpu < out->gpus_per_node ? ngpu : out->gpus_per_node;
     out->device_bytes = host_shared ? hw->memory_bytes / on_node : hw->memory_bytes;
     out->fits = out->peak_bytes <= out->device_bytes;
+    return 0;
+}
 
-    /* ---- compute ---- */
+/* What the time model's phases share. */
+typedef struct est {
+    plan_result *out;
+    const tetra_config_values *c;
+    const cfg_parallel_dims *d;
+    const plan_hw *hw;
+    int host_shared; /* a CPU profile: the ranks share the host */
     llama3_args a;
-    llama3_flavor(c->model.flavor, &a);
-    if (c->model.vocab_size > 0) a.vocab_size = (int)c->model.vocab_size;
-    if (c->model.n_layers > 0) a.n_layers = (int)c->model.n_layers;
-    const int T = (int)c->training.seq_len;
-    out->model_flops_per_token = llama3_flops_per_token(&a, T);
-    plan_attention_pairs(out, c, T);
-    /* causal keeps its T/2 keys a row; a document mask its expected pairs over T */
-    const double keys = out->block_causal ? out->attn_pairs_per_seq / T : T / 2.0;
-    out->tokens_per_step = (double)d->global_batch_size * T;
-    const trainer_plan *p0 = &out->rank[0];
-    const int rounds = d->pp > 1 ? p0->accum : 1, n_mb = p0->n_microbatches;
-    double fmx = 0, imax = 0, wmax = 0, attn_total = 0;
-    for (int pr = 0; pr < d->pp; pr++) {
+    int T;                                /* sequence length */
+    double keys;                          /* keys a query row sees: T/2 causal, fewer under a document mask */
+    int rounds, n_mb;                     /* gradient-accumulation rounds (pipeline), microbatches per round */
+    double fmx, imax, wmax;               /* the slowest stage's forward, backward-input, backward-weight */
+    double attn_total;                    /* the busiest rank's attention time of a step */
+    double es;                            /* bytes of an activation element */
+    double intra, inter;                  /* effective link bandwidths within and between nodes */
+    const trainer_plan *p0, *pw;          /* pipeline rank 0's plan, the worst rank's */
+} est;
+
+/* Whether a group over mesh dims [outer..MESH_TP] spans nodes, and the bandwidth it gets. */
+static int crosses_nodes(const est *E, int outer) { return group_span(E->d, outer) > E->out->gpus_per_node; }
+static double link_rate(const est *E, int outer) { return crosses_nodes(E, outer) ? E->inter : E->intra; }
+
+/* ---- compute: the busiest pipeline rank's roofline time of a step ---- */
+static void estimate_compute(est *E) {
+    plan_result *out = E->out;
+    double fmx = 0, imax = 0, wmax = 0;
+    for (int pr = 0; pr < E->d->pp; pr++) {
         const trainer_plan *p = &out->rank[pr];
         double busy = 0, fl = 0, at = 0;
         for (int k = 0; k < p->n_local && k < TRAINER_PLAN_MAX_STAGES; k++) {
-            stage_time st = stage_cost(p, k, &a, keys, d, hw, out->float8);
+            stage_time st = stage_cost(p, k, &E->a, E->keys, E->d, E->hw, out->float8);
             if (st.f > fmx) fmx = st.f;
             if (st.i > imax) imax = st.i;
             if (st.w > wmax) wmax = st.w;
@@ -156,120 +167,168 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
             fl += st.hw_flops;
             at += st.attn;
         }
-        busy *= (double)n_mb * rounds;
+        busy *= (double)E->n_mb * E->rounds;
         if (busy > out->compute_s) {
             out->compute_s = busy;
-            out->hw_flops_per_rank = fl * n_mb * rounds;
-            attn_total = at * n_mb * rounds;
+            out->hw_flops_per_rank = fl * E->n_mb * E->rounds;
+            E->attn_total = at * E->n_mb * E->rounds;
         }
     }
-    const double es = p0->mixed ? 2.0 : 4.0;
-    const double intra = hw->intra_node_bandwidth * hw->comm_efficiency;
-    const double inter = hw->inter_node_bandwidth * hw->inter_node_comm_efficiency;
-#define LINK(outer) (group_span(d, outer) > out->gpus_per_node ? inter : intra)
-#define INTER(outer) (group_span(d, outer) > out->gpus_per_node)
+    E->fmx = fmx;
+    E->imax = imax;
+    E->wmax = wmax;
+}
 
-    /* ---- pipeline: the schedule simulated with the slowest stage's times ---- */
-    const trainer_plan *pw = &out->rank[out->worst_pp_rank];
-    double pp_time = out->compute_s;
-    if (d->pp > 1) {
-        const double msg = (double)p0->local_batch * p0->rows * a.dim / d->tp * es;
-        const double tcomm = msg / LINK(MESH_PP);
-        pp_schedule_kind k;
-        pp_schedule *s = NULL;
-        char why[1024] = "";
-        const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
-        if (csv && csv[0]) {
-            snprintf(err, errlen, "tetra plan: parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
-                                  "named schedule it follows instead");
-            return -1;
-        }
-        if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &k) == 0)
-            s = pp_schedule_generate(k, d->pp, p0->n_stages / d->pp, n_mb, why, sizeof why);
-        if (!s) {
-            snprintf(err, errlen, "tetra plan: pipeline schedule %s: %s", c->parallelism.pipeline_parallel_schedule,
-                     why);
-            return -1;
-        }
-        pp_sim_times tm = {fmx, imax, wmax, tcomm};
-        pp_sim_result *r = pp_sim_run(s, &tm, why, sizeof why);
-        pp_schedule_free(s);
-        if (!r) {
-            snprintf(err, errlen, "tetra plan: simulating the pipeline schedule: %s", why);
-            return -1;
-        }
-        out->pp_makespan_s = r->makespan * rounds;
-        out->bubble_fraction = r->bubble_fraction;
-        pp_time = out->pp_makespan_s;
-        pp_sim_free(r);
-        plan_comm *q = &out->comm[out->n_comm++];
-        q->name = "pp";
-        q->group_size = d->pp;
-        q->inter_node = INTER(MESH_PP);
-        q->bytes = pw->pp_bytes;
-        q->time_s = pw->pp_bytes / LINK(MESH_PP);
-        q->exposed_s = 0; /* inside the simulated makespan (tcomm per dependency) */
+/* A new entry of out->comm for a group over mesh dims [outer..MESH_TP]. */
+static plan_comm *add_comm(est *E, const char *name, int group_size, int outer) {
+    plan_comm *q = &E->out->comm[E->out->n_comm++];
+    q->name = name;
+    q->group_size = group_size;
+    q->inter_node = crosses_nodes(E, outer);
+    return q;
+}
+
+/* ---- pipeline: the schedule simulated with the slowest stage's times ---- */
+static int estimate_pipeline(est *E, char *err, size_t errlen) {
+    const tetra_config_values *c = E->c;
+    const cfg_parallel_dims *d = E->d;
+    const trainer_plan *p0 = E->p0, *pw = E->pw;
+    plan_result *out = E->out;
+    const double msg = (double)p0->local_batch * p0->rows * E->a.dim / d->tp * E->es;
+    const double tcomm = msg / link_rate(E, MESH_PP);
+    pp_schedule_kind k;
+    pp_schedule *s = NULL;
+    char why[1024] = "";
+    const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
+    if (csv && csv[0]) {
+        snprintf(err, errlen, "tetra plan: parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
+                              "named schedule it follows instead");
+        return -1;
     }
+    if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &k) == 0)
+        s = pp_schedule_generate(k, d->pp, p0->n_stages / d->pp, E->n_mb, why, sizeof why);
+    if (!s) {
+        snprintf(err, errlen, "tetra plan: pipeline schedule %s: %s", c->parallelism.pipeline_parallel_schedule, why);
+        return -1;
+    }
+    pp_sim_times tm = {E->fmx, E->imax, E->wmax, tcomm};
+    pp_sim_result *r = pp_sim_run(s, &tm, why, sizeof why);
+    pp_schedule_free(s);
+    if (!r) {
+        snprintf(err, errlen, "tetra plan: simulating the pipeline schedule: %s", why);
+        return -1;
+    }
+    out->pp_makespan_s = r->makespan * E->rounds;
+    out->bubble_fraction = r->bubble_fraction;
+    pp_sim_free(r);
+    plan_comm *q = add_comm(E, "pp", d->pp, MESH_PP);
+    q->bytes = pw->pp_bytes;
+    q->time_s = pw->pp_bytes / link_rate(E, MESH_PP);
+    q->exposed_s = 0; /* inside the simulated makespan (tcomm per dependency) */
+    return 0;
+}
 
-    /* ---- collectives ---- */
+/* Context parallel's K/V traffic and what of it attention does not hide. */
+static double cp_comm(est *E) {
+    const cfg_parallel_dims *d = E->d;
+    const trainer_plan *pw = E->pw;
+    plan_comm *q = add_comm(E, "cp", d->cp, MESH_CP);
+    const double kv = (double)E->a.n_kv_heads * llama3_head_dim(&E->a);
+    int recompute_attn = 0;
+    for (int k = 0; k < pw->n_local; k++) recompute_attn += pw->stage_recompute_attention[k];
+    /* K and V gathered in forward, gathered again and dK, dV reduce-scattered in
+     * backward, gathered once more where the attention is recomputed */
+    const double per_block = (double)pw->local_batch * pw->rows * 2.0 * kv / d->tp * E->es * (d->cp - 1);
+    q->bytes = (double)E->n_mb * E->rounds * per_block * (3.0 * pw->n_blocks + recompute_attn);
+    q->time_s = q->bytes / link_rate(E, MESH_CP);
+    q->exposed_s = E->host_shared ? q->time_s : fmax(0.0, q->time_s - E->attn_total);
+    return q->exposed_s;
+}
+
+/* ---- collectives: each group's traffic and its exposed time (returned in total) ---- */
+static double estimate_collectives(est *E) {
+    const cfg_parallel_dims *d = E->d;
+    const trainer_plan *pw = E->pw;
     double exposed = 0;
     if (d->dp_shard * d->cp > 1) {
-        plan_comm *q = &out->comm[out->n_comm++];
-        q->name = "fsdp";
-        q->group_size = d->dp_shard * d->cp;
-        q->inter_node = INTER(MESH_DP_SHARD);
+        plan_comm *q = add_comm(E, "fsdp", d->dp_shard * d->cp, MESH_DP_SHARD);
         q->bytes = pw->fsdp_all_gather + pw->fsdp_reduce_scatter;
-        q->time_s = q->bytes / LINK(MESH_DP_SHARD);
+        q->time_s = q->bytes / link_rate(E, MESH_DP_SHARD);
         const double units = pw->n_blocks + 1;
-        q->exposed_s = host_shared ? q->time_s
-                                   : fmax(0.0, q->time_s - out->compute_s) + q->time_s / units / ((double)n_mb * rounds);
+        q->exposed_s = E->host_shared ? q->time_s
+                                      : fmax(0.0, q->time_s - E->out->compute_s) +
+                                            q->time_s / units / ((double)E->n_mb * E->rounds);
         exposed += q->exposed_s;
     }
     if (d->dp_replicate > 1) {
-        plan_comm *q = &out->comm[out->n_comm++];
-        q->name = "replicate";
-        q->group_size = d->dp_replicate;
-        q->inter_node = INTER(MESH_DP_REPLICATE);
+        plan_comm *q = add_comm(E, "replicate", d->dp_replicate, MESH_DP_REPLICATE);
         q->bytes = pw->replicate_all_reduce;
-        q->time_s = q->bytes / LINK(MESH_DP_REPLICATE);
+        q->time_s = q->bytes / link_rate(E, MESH_DP_REPLICATE);
         q->exposed_s = q->time_s;
         exposed += q->exposed_s;
     }
     if (d->tp > 1) {
-        plan_comm *q = &out->comm[out->n_comm++];
-        q->name = "tp";
-        q->group_size = d->tp;
-        q->inter_node = INTER(MESH_TP);
+        plan_comm *q = add_comm(E, "tp", d->tp, MESH_TP);
         q->bytes = pw->tp_bytes;
-        q->time_s = q->bytes / LINK(MESH_TP);
-        q->exposed_s = c->parallelism.enable_async_tensor_parallel && !host_shared ? 0.5 * q->time_s : q->time_s;
+        q->time_s = q->bytes / link_rate(E, MESH_TP);
+        q->exposed_s =
+            E->c->parallelism.enable_async_tensor_parallel && !E->host_shared ? 0.5 * q->time_s : q->time_s;
         exposed += q->exposed_s;
     }
-    if (d->cp > 1) {
-        plan_comm *q = &out->comm[out->n_comm++];
-        q->name = "cp";
-        q->group_size = d->cp;
-        q->inter_node = INTER(MESH_CP);
-        const double kv = (double)a.n_kv_heads * llama3_head_dim(&a);
-        int recompute_attn = 0;
-        for (int k = 0; k < pw->n_local; k++) recompute_attn += pw->stage_recompute_attention[k];
-        /* K and V gathered in forward, gathered again and dK, dV reduce-scattered in
-         * backward, gathered once more where the attention is recomputed */
-        const double per_block = (double)pw->local_batch * pw->rows * 2.0 * kv / d->tp * es * (d->cp - 1);
-        q->bytes = (double)n_mb * rounds * per_block * (3.0 * pw->n_blocks + recompute_attn);
-        q->time_s = q->bytes / LINK(MESH_CP);
-        q->exposed_s = host_shared ? q->time_s : fmax(0.0, q->time_s - attn_total);
-        exposed += q->exposed_s;
+    if (d->cp > 1) exposed += cp_comm(E);
+    return exposed;
+}
+
+int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw,
+                  char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    const tetra_config_values *c = &cfg->v;
+    cfg_parallel_dims *d = &out->dims;
+    if (cfg_validate(cfg, ngpu, d, err, errlen)) return -1;
+    if (d->pp > PLAN_MAX_PP) {
+        snprintf(err, errlen, "tetra plan: pipeline_parallel_degree %d: at most %d", d->pp, PLAN_MAX_PP);
+        return -1;
     }
+    out->ngpu = ngpu;
+    out->gpus_per_node = gpus_per_node > 0 ? gpus_per_node : hw->gpus_per_node;
+    if (out->gpus_per_node < 1) out->gpus_per_node = 1;
+    out->float8 = has_float8(c);
+    if (estimate_memory(out, cfg, ngpu, hw, err, errlen)) return -1;
+
+    /* ---- compute ---- */
+    est E = {.out = out, .c = c, .d = d, .hw = hw, .host_shared = plan_hw_is_host(hw)};
+    llama3_flavor(c->model.flavor, &E.a);
+    if (c->model.vocab_size > 0) E.a.vocab_size = (int)c->model.vocab_size;
+    if (c->model.n_layers > 0) E.a.n_layers = (int)c->model.n_layers;
+    E.T = (int)c->training.seq_len;
+    out->model_flops_per_token = llama3_flops_per_token(&E.a, E.T);
+    plan_attention_pairs(out, c, E.T);
+    /* causal keeps its T/2 keys a row; a document mask its expected pairs over T */
+    E.keys = out->block_causal ? out->attn_pairs_per_seq / E.T : E.T / 2.0;
+    out->tokens_per_step = (double)d->global_batch_size * E.T;
+    E.p0 = &out->rank[0];
+    E.rounds = d->pp > 1 ? E.p0->accum : 1;
+    E.n_mb = E.p0->n_microbatches;
+    estimate_compute(&E);
+    E.es = E.p0->mixed ? 2.0 : 4.0;
+    E.intra = hw->intra_node_bandwidth * hw->comm_efficiency;
+    E.inter = hw->inter_node_bandwidth * hw->inter_node_comm_efficiency;
+    E.pw = &out->rank[out->worst_pp_rank];
+
+    double pp_time = out->compute_s;
+    if (d->pp > 1) {
+        if (estimate_pipeline(&E, err, errlen)) return -1;
+        pp_time = out->pp_makespan_s;
+    }
+    const double exposed = estimate_collectives(&E);
     /* AdamW reads parameter, gradient, m, v and writes parameter, m, v (+ the bf16 copy) */
-    const double shard_params = pw->grad_bytes / 4.0;
-    out->optimizer_s = shard_params * (7.0 * 4.0 + (p0->mixed ? 2.0 : 0.0)) / (hw->memory_bandwidth * hw->memory_efficiency);
+    const double shard_params = E.pw->grad_bytes / 4.0;
+    out->optimizer_s =
+        shard_params * (7.0 * 4.0 + (E.p0->mixed ? 2.0 : 0.0)) / (hw->memory_bandwidth * hw->memory_efficiency);
     out->step_time_s = pp_time + exposed + out->optimizer_s;
     out->tokens_per_s_per_gpu = out->tokens_per_step / out->step_time_s / ngpu;
     out->mfu = out->model_flops_per_token * out->tokens_per_s_per_gpu / hw->peak_bf16_flops;
-    out->mfu_computed = llama3_flops_per_token_pairs(&a, out->attn_pairs_per_seq, T) * out->tokens_per_s_per_gpu /
+    out->mfu_computed = llama3_flops_per_token_pairs(&E.a, out->attn_pairs_per_seq, E.T) * out->tokens_per_s_per_gpu /
                         hw->peak_bf16_flops;
-#undef LINK
-#undef INTER
     return 0;
 }

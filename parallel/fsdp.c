@@ -158,34 +158,9 @@ static void *unit_buf_params(const fsdp *f, int u) {
     return x->resident ? x->own_params : x->pslot >= 0 ? f->ps[x->pslot].buf : NULL;
 }
 
-fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
-    fsdp *f = calloc(1, sizeof *f);
-    if (!f) {
-        snprintf(err, errlen, "fsdp: out of host memory");
-        return NULL;
-    }
-    f->cfg = *cfg;
-    f->ops = cfg->ops;
-    f->S = comm_group_size(cfg->shard);
-    f->R = comm_group_size(cfg->replicate);
-    f->k = comm_group_rank(cfg->shard);
-    f->T = cfg->tp ? comm_group_size(cfg->tp) : 1;
-    f->tr = cfg->tp ? comm_group_rank(cfg->tp) : 0;
-    const int mixed = cfg->compute_dtype == TETRA_BF16;
-    f->esz = mixed ? sizeof(uint16_t) : sizeof(float);
-    f->units = calloc((size_t)(cfg->n_units > 0 ? cfg->n_units : 1), sizeof *f->units);
-    f->tensors = calloc((size_t)(cfg->n_params > 0 ? cfg->n_params : 1), sizeof *f->tensors);
-    if (!f->units || !f->tensors) {
-        snprintf(err, errlen, "fsdp: out of host memory");
-        fsdp_free(f);
-        return NULL;
-    }
-    for (int i = 0; i < N_PSLOTS; i++) f->ps[i].unit = -1;
-    for (int i = 0; i < N_GSLOTS; i++) f->gs[i].unit = -1;
-    for (int i = 0; i < N_RS; i++) f->rs[i].unit = -1;
-    for (int i = 0; i < N_F8; i++) f->f8s[i].unit = -1;
-
-    /* unit layout */
+/* Each unit's shard size, padding and local offset, and the largest sizes the buffers are cut to. */
+static void layout_units(fsdp *f) {
+    const fsdp_config *cfg = &f->cfg;
     size_t local = 0, total = 0;
     for (int u = 0; u < cfg->n_units; u++) {
         unit_state *x = &f->units[u];
@@ -212,54 +187,58 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
         if (x->shard > f->max_shard) f->max_shard = x->shard;
     }
     f->local_numel = f->S == 1 ? total : local;
+}
 
-    /* each parameter's piece: the part of its box that falls in this rank's shard */
-    for (int i = 0; i < cfg->n_params; i++) {
-        const dt_param_decl *d = &cfg->params_decl[i];
-        dt_tensor *t = &f->tensors[i];
-        if (d->unit < 0 || d->unit >= cfg->n_units || d->ndim < 1 || d->ndim > DT_MAX_DIMS) {
-            snprintf(err, errlen, "fsdp: parameter %s: unit %d or rank %d out of range", d->name, d->unit, d->ndim);
-            fsdp_free(f);
-            return NULL;
-        }
-        const unit_state *x = &f->units[d->unit];
-        if (d->offset < x->offset || d->offset + d->numel > x->offset + x->numel) {
-            snprintf(err, errlen, "fsdp: parameter %s [%zu, %zu) lies outside its unit %d", d->name, d->offset,
-                     d->offset + d->numel, d->unit);
-            fsdp_free(f);
-            return NULL;
-        }
-        snprintf(t->name, sizeof t->name, "%s", d->name);
-        t->dtype = TETRA_F32;
-        t->ndim = d->ndim;
-        t->unit = d->unit;
-        size_t numel = 1, box = 1;
-        for (int j = 0; j < d->ndim; j++) {
-            t->shape[j] = d->shape[j];
-            t->box_start[j] = d->box_shape[0] ? d->box_start[j] : 0;
-            t->box_shape[j] = d->box_shape[0] ? d->box_shape[j] : d->shape[j];
-            numel *= (size_t)d->shape[j];
-            box *= (size_t)t->box_shape[j];
-        }
-        t->numel = numel;
-        if (box != d->numel) {
-            snprintf(err, errlen, "fsdp: parameter %s: its box holds %zu elements but %zu are declared", d->name, box,
-                     d->numel);
-            fsdp_free(f);
-            return NULL;
-        }
-        const size_t rel = d->offset - x->offset; /* parameter start inside the unit */
-        const size_t s_lo = (size_t)f->k * x->shard, s_hi = s_lo + x->valid;
-        size_t lo = rel > s_lo ? rel : s_lo, hi = rel + d->numel < s_hi ? rel + d->numel : s_hi;
-        if (hi > lo) {
-            t->n_pieces = 1;
-            t->piece.start = lo - rel;
-            t->piece.count = hi - lo;
-            t->piece.local_offset = x->local_offset + (lo - s_lo);
-        }
+/* Parameter i's tensor: its shape and box, and its piece — the part of its box that falls in this
+ * rank's shard. */
+static int place_param(fsdp *f, int i, char *err, size_t errlen) {
+    const fsdp_config *cfg = &f->cfg;
+    const dt_param_decl *d = &cfg->params_decl[i];
+    dt_tensor *t = &f->tensors[i];
+    if (d->unit < 0 || d->unit >= cfg->n_units || d->ndim < 1 || d->ndim > DT_MAX_DIMS) {
+        snprintf(err, errlen, "fsdp: parameter %s: unit %d or rank %d out of range", d->name, d->unit, d->ndim);
+        return -1;
     }
+    const unit_state *x = &f->units[d->unit];
+    if (d->offset < x->offset || d->offset + d->numel > x->offset + x->numel) {
+        snprintf(err, errlen, "fsdp: parameter %s [%zu, %zu) lies outside its unit %d", d->name, d->offset,
+                 d->offset + d->numel, d->unit);
+        return -1;
+    }
+    snprintf(t->name, sizeof t->name, "%s", d->name);
+    t->dtype = TETRA_F32;
+    t->ndim = d->ndim;
+    t->unit = d->unit;
+    size_t numel = 1, box = 1;
+    for (int j = 0; j < d->ndim; j++) {
+        t->shape[j] = d->shape[j];
+        t->box_start[j] = d->box_shape[0] ? d->box_start[j] : 0;
+        t->box_shape[j] = d->box_shape[0] ? d->box_shape[j] : d->shape[j];
+        numel *= (size_t)d->shape[j];
+        box *= (size_t)t->box_shape[j];
+    }
+    t->numel = numel;
+    if (box != d->numel) {
+        snprintf(err, errlen, "fsdp: parameter %s: its box holds %zu elements but %zu are declared", d->name, box,
+                 d->numel);
+        return -1;
+    }
+    const size_t rel = d->offset - x->offset; /* parameter start inside the unit */
+    const size_t s_lo = (size_t)f->k * x->shard, s_hi = s_lo + x->valid;
+    size_t lo = rel > s_lo ? rel : s_lo, hi = rel + d->numel < s_hi ? rel + d->numel : s_hi;
+    if (hi > lo) {
+        t->n_pieces = 1;
+        t->piece.start = lo - rel;
+        t->piece.count = hi - lo;
+        t->piece.local_offset = x->local_offset + (lo - s_lo);
+    }
+    return 0;
+}
 
-    /* memory plan */
+/* The memory plan (f->mem): shard, optimizer and, at S > 1, working and staging bytes. */
+static void plan_memory(fsdp *f) {
+    const fsdp_config *cfg = &f->cfg;
+    const int mixed = cfg->compute_dtype == TETRA_BF16;
     fsdp_memory *mr = &f->mem;
     mr->param_bytes = f->local_numel * sizeof(float);
     mr->compute_bytes = mixed ? f->local_numel * sizeof(uint16_t) : 0;
@@ -269,82 +248,136 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
         const unit_state *x = &f->units[u];
         if (x->numel * sizeof(float) > mr->max_unit_bytes) mr->max_unit_bytes = x->numel * sizeof(float);
     }
+    if (f->S == 1) return;
     size_t work_p = 0, work_g = 0;
-    if (f->S > 1) {
-        for (int u = 0; u < cfg->n_units; u++) {
-            const unit_state *x = &f->units[u];
-            if (x->resident) {
-                work_p += align64b(x->padded * f->esz);
-                mr->resident_units++;
-            }
-            if (cfg->reduce_at_last_microbatch) work_g += align64b(x->padded * sizeof(float));
+    for (int u = 0; u < cfg->n_units; u++) {
+        const unit_state *x = &f->units[u];
+        if (x->resident) {
+            work_p += align64b(x->padded * f->esz);
+            mr->resident_units++;
         }
-        if (f->max_transient_padded) work_p += N_PSLOTS * align64b(f->max_transient_padded * f->esz);
-        if (!cfg->reduce_at_last_microbatch) work_g += N_GSLOTS * align64b(f->max_padded * sizeof(float));
-        mr->work_param_bytes = work_p;
-        mr->work_grad_bytes = work_g;
-        mr->reduce_bytes = N_RS * align64b(f->max_shard * sizeof(float));
+        if (cfg->reduce_at_last_microbatch) work_g += align64b(x->padded * sizeof(float));
     }
-    if (cfg->plan_only) return f;
+    if (f->max_transient_padded) work_p += N_PSLOTS * align64b(f->max_transient_padded * f->esz);
+    if (!cfg->reduce_at_last_microbatch) work_g += N_GSLOTS * align64b(f->max_padded * sizeof(float));
+    mr->work_param_bytes = work_p;
+    mr->work_grad_bytes = work_g;
+    mr->reduce_bytes = N_RS * align64b(f->max_shard * sizeof(float));
+}
 
-    /* storage */
+/* The norm scalar, the master shard (with its bf16 copy under mixed precision) and the gradient shard,
+ * zeroed. */
+static int alloc_shards(fsdp *f, char *err, size_t errlen) {
     const tetra_ops *ops = f->ops;
     f->scalar = ops->alloc(sizeof(float));
     if (!f->scalar) {
         snprintf(err, errlen, "fsdp: cannot allocate a 4-byte scalar");
-        goto fail;
+        return -1;
     }
     const size_t master_b = align64b(f->local_numel * sizeof(float));
-    f->param_mem = ops->alloc(master_b + mr->compute_bytes);
+    f->param_mem = ops->alloc(master_b + f->mem.compute_bytes);
     f->grad_mem = ops->alloc(f->local_numel * sizeof(float) + 4);
     if (!f->param_mem || !f->grad_mem) {
         snprintf(err, errlen, "fsdp: cannot allocate the parameter and gradient %s (%.1f MiB each)",
                  f->S > 1 ? "shards" : "buffers", (double)f->local_numel * 4.0 / (1024.0 * 1024.0));
-        goto fail;
+        return -1;
     }
     f->master = f->param_mem;
-    if (mixed) f->compute = (uint16_t *)((char *)f->param_mem + master_b);
+    if (f->cfg.compute_dtype == TETRA_BF16) f->compute = (uint16_t *)((char *)f->param_mem + master_b);
     f->grad = f->grad_mem;
     ops->fill(f->master, 0.0f, f->local_numel);
     ops->fill(f->grad, 0.0f, f->local_numel);
-    if (f->S > 1) {
-        f->work_param_mem = work_p ? ops->alloc(work_p) : NULL;
-        const int external = cfg->reduce_at_last_microbatch && cfg->external_work_grads;
-        f->work_grad_mem = work_g && !external ? ops->alloc(work_g) : NULL;
-        f->rs_mem = ops->alloc(mr->reduce_bytes);
-        if ((work_p && !f->work_param_mem) || (work_g && !external && !f->work_grad_mem) || !f->rs_mem) {
-            snprintf(err, errlen, "fsdp: cannot allocate the working buffers (%.1f MiB parameters, %.1f MiB "
-                     "gradients, %.1f MiB staging)", (double)work_p / 1048576.0, (double)work_g / 1048576.0,
-                     (double)mr->reduce_bytes / 1048576.0);
-            goto fail;
+    return 0;
+}
+
+/* Cut the working allocations (S > 1) into the resident units' buffers, the parameter and gradient
+ * slots and the reduce staging buffers, in the order plan_memory counted them. */
+static void carve_working(fsdp *f, int external) {
+    const fsdp_config *cfg = &f->cfg;
+    char *p = f->work_param_mem;
+    for (int u = 0; u < cfg->n_units; u++) {
+        unit_state *x = &f->units[u];
+        if (!x->resident) continue;
+        x->own_params = p;
+        p += align64b(x->padded * f->esz);
+    }
+    if (f->max_transient_padded)
+        for (int i = 0; i < N_PSLOTS; i++) {
+            f->ps[i].buf = p;
+            p += align64b(f->max_transient_padded * f->esz);
         }
-        char *p = f->work_param_mem;
-        for (int u = 0; u < cfg->n_units; u++) {
-            unit_state *x = &f->units[u];
-            if (!x->resident) continue;
-            x->own_params = p;
-            p += align64b(x->padded * f->esz);
-        }
-        if (f->max_transient_padded)
-            for (int i = 0; i < N_PSLOTS; i++) {
-                f->ps[i].buf = p;
-                p += align64b(f->max_transient_padded * f->esz);
-            }
-        char *g = f->work_grad_mem;
-        if (cfg->reduce_at_last_microbatch) {
-            if (!external) fsdp_set_work_grads(f, g);
-        } else {
-            for (int i = 0; i < N_GSLOTS; i++) {
-                f->gs[i].buf = (float *)g;
-                g += align64b(f->max_padded * sizeof(float));
-            }
-        }
-        char *r = (char *)f->rs_mem;
-        for (int i = 0; i < N_RS; i++) {
-            f->rs[i].recv = (float *)r;
-            r += align64b(f->max_shard * sizeof(float));
+    char *g = f->work_grad_mem;
+    if (cfg->reduce_at_last_microbatch) {
+        if (!external) fsdp_set_work_grads(f, g);
+    } else {
+        for (int i = 0; i < N_GSLOTS; i++) {
+            f->gs[i].buf = (float *)g;
+            g += align64b(f->max_padded * sizeof(float));
         }
     }
+    char *r = (char *)f->rs_mem;
+    for (int i = 0; i < N_RS; i++) {
+        f->rs[i].recv = (float *)r;
+        r += align64b(f->max_shard * sizeof(float));
+    }
+}
+
+/* The working buffers of S > 1 (working gradients live in the caller's memory with
+ * external_work_grads). */
+static int alloc_working(fsdp *f, char *err, size_t errlen) {
+    const fsdp_config *cfg = &f->cfg;
+    const tetra_ops *ops = f->ops;
+    const fsdp_memory *mr = &f->mem;
+    const size_t work_p = mr->work_param_bytes, work_g = mr->work_grad_bytes;
+    f->work_param_mem = work_p ? ops->alloc(work_p) : NULL;
+    const int external = cfg->reduce_at_last_microbatch && cfg->external_work_grads;
+    f->work_grad_mem = work_g && !external ? ops->alloc(work_g) : NULL;
+    f->rs_mem = ops->alloc(mr->reduce_bytes);
+    if ((work_p && !f->work_param_mem) || (work_g && !external && !f->work_grad_mem) || !f->rs_mem) {
+        snprintf(err, errlen, "fsdp: cannot allocate the working buffers (%.1f MiB parameters, %.1f MiB "
+                 "gradients, %.1f MiB staging)", (double)work_p / 1048576.0, (double)work_g / 1048576.0,
+                 (double)mr->reduce_bytes / 1048576.0);
+        return -1;
+    }
+    carve_working(f, external);
+    return 0;
+}
+
+fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
+    fsdp *f = calloc(1, sizeof *f);
+    if (!f) {
+        snprintf(err, errlen, "fsdp: out of host memory");
+        return NULL;
+    }
+    f->cfg = *cfg;
+    f->ops = cfg->ops;
+    f->S = comm_group_size(cfg->shard);
+    f->R = comm_group_size(cfg->replicate);
+    f->k = comm_group_rank(cfg->shard);
+    f->T = cfg->tp ? comm_group_size(cfg->tp) : 1;
+    f->tr = cfg->tp ? comm_group_rank(cfg->tp) : 0;
+    f->esz = cfg->compute_dtype == TETRA_BF16 ? sizeof(uint16_t) : sizeof(float);
+    f->units = calloc((size_t)(cfg->n_units > 0 ? cfg->n_units : 1), sizeof *f->units);
+    f->tensors = calloc((size_t)(cfg->n_params > 0 ? cfg->n_params : 1), sizeof *f->tensors);
+    if (!f->units || !f->tensors) {
+        snprintf(err, errlen, "fsdp: out of host memory");
+        fsdp_free(f);
+        return NULL;
+    }
+    for (int i = 0; i < N_PSLOTS; i++) f->ps[i].unit = -1;
+    for (int i = 0; i < N_GSLOTS; i++) f->gs[i].unit = -1;
+    for (int i = 0; i < N_RS; i++) f->rs[i].unit = -1;
+    for (int i = 0; i < N_F8; i++) f->f8s[i].unit = -1;
+
+    layout_units(f);
+    for (int i = 0; i < cfg->n_params; i++)
+        if (place_param(f, i, err, errlen)) goto fail;
+    plan_memory(f);
+    if (cfg->plan_only) return f;
+
+    /* storage */
+    if (alloc_shards(f, err, errlen)) goto fail;
+    if (f->S > 1 && alloc_working(f, err, errlen)) goto fail;
     /* the caller's tables: nothing gathered yet (S > 1), or bound for good (S = 1) */
     for (int u = 0; u < cfg->n_units; u++) {
         f->units[u].gathered = f->S == 1;

@@ -176,8 +176,189 @@ static int write_tensor(ckpt_reader *r, const ex_tensor *e, FILE *f, tetra_dtype
     return 0;
 }
 
+/* State shared by the phases of llama3_hf_export. */
+typedef struct exporter {
+    ckpt_reader *r;
+    const char *step_dir, *out_dir;
+    tetra_dtype dt;
+    ex_tensor *ex; /* the model tensors, then sorted by Hugging Face name */
+    int n, n_shards;
+    uint64_t total;   /* bytes of all tensors */
+    int64_t max_unit; /* most elements that must move together (whole heads for q/k) */
+    float *buf, *perm;
+    unsigned char *bytes;
+    int quiet;
+    char *err;
+    size_t errlen;
+} exporter;
+
+/* The checkpoint's model tensors with their Hugging Face names, head counts (q/k rows are permuted
+ * by head) and sizes in the export dtype. */
+static int collect_tensors(exporter *X, const ck_meta *m, int64_t n_heads, int64_t n_kv) {
+    X->max_unit = 1;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const ck_tensor *t = &m->tensors[i];
+        if (strncmp(t->name, "model/", 6) != 0) continue;
+        const char *name = t->name + 6;
+        ex_tensor *e = &X->ex[X->n];
+        e->t = t;
+        if (llama3_hf_name(name, e->hf, sizeof e->hf) != 0) {
+            ck_snprintf(X->err, X->errlen, "checkpoint %s: tensor '%s' has no Hugging Face Llama name", X->step_dir,
+                        t->name);
+            return -1;
+        }
+        e->heads = ends_with(name, "attention.wq.weight")   ? (int)n_heads
+                   : ends_with(name, "attention.wk.weight") ? (int)n_kv
+                                                            : 0;
+        if (e->heads && (t->ndim != 2 || t->shape[0] % e->heads != 0 || (t->shape[0] / e->heads) % 2 != 0)) {
+            ck_snprintf(X->err, X->errlen,
+                        "checkpoint %s: tensor '%s' [%" PRId64 " rows] does not split into %d heads of even "
+                        "size",
+                        X->step_dir, t->name, t->shape[0], e->heads);
+            return -1;
+        }
+        e->bytes = (uint64_t)ck_tensor_numel(t) * tetra_dtype_size(X->dt);
+        int64_t cols = 1;
+        for (int d = 1; d < t->ndim; d++) cols *= t->shape[d];
+        int64_t unit = e->heads ? t->shape[0] / e->heads : 1;
+        if (unit * cols > X->max_unit) X->max_unit = unit * cols;
+        X->n++;
+    }
+    if (X->n == 0) {
+        ck_snprintf(X->err, X->errlen, "checkpoint %s holds no model tensors", X->step_dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* shards: greedy in name order, a new one when the next tensor would pass the limit */
+static void assign_shards(exporter *X, uint64_t max_shard) {
+    uint64_t cur = 0;
+    X->n_shards = 1;
+    X->total = 0;
+    for (int i = 0; i < X->n; i++) {
+        if (cur > 0 && cur + X->ex[i].bytes > max_shard) {
+            X->n_shards++;
+            cur = 0;
+        }
+        X->ex[i].shard = X->n_shards - 1;
+        cur += X->ex[i].bytes;
+        X->total += X->ex[i].bytes;
+    }
+}
+
+/* Shard s's safetensors header (compact JSON, malloc'ed; NULL on out-of-memory); its tensors also go
+ * into the index's weight map under fname. */
+static char *shard_header(const exporter *X, int s, const char *fname, json_t *wmap) {
+    json_t *hdr = json_object(), *hm = json_object();
+    json_object_set_new(hm, "format", json_string("pt"));
+    json_object_set_new(hdr, "__metadata__", hm);
+    uint64_t off = 0;
+    for (int i = 0; i < X->n; i++) {
+        const ex_tensor *e = &X->ex[i];
+        if (e->shard != s) continue;
+        json_t *te = json_object(), *shape = json_array(), *offs = json_array();
+        for (int d = 0; d < e->t->ndim; d++) json_array_append_new(shape, json_integer(e->t->shape[d]));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += e->bytes;
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_object_set_new(te, "dtype", json_string(st_dtype(X->dt)));
+        json_object_set_new(te, "shape", shape);
+        json_object_set_new(te, "data_offsets", offs);
+        json_object_set_new(hdr, e->hf, te);
+        json_object_set_new(wmap, e->hf, json_string(fname));
+    }
+    char *htext = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(hdr);
+    return htext;
+}
+
+/* Open tmp and write the safetensors preamble: the header's length (little-endian u64), then the header
+ * padded with spaces to a multiple of 8. NULL with err set on failure (tmp removed). */
+static FILE *open_shard(exporter *X, const char *tmp, const char *htext) {
+    size_t hlen = strlen(htext), pad = (8 - hlen % 8) % 8;
+    uint64_t hn = hlen + pad;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(hn >> (8 * i));
+    FILE *f = fopen(tmp, "wb");
+    int bad = !f;
+    if (f) {
+        bad |= fwrite(len8, 1, 8, f) != 8 || fwrite(htext, 1, hlen, f) != hlen;
+        for (size_t i = 0; i < pad && !bad; i++) bad = fputc(' ', f) == EOF;
+    }
+    if (bad) {
+        ck_snprintf(X->err, X->errlen, "cannot write '%s': %s", tmp, strerror(errno));
+        if (f) fclose(f);
+        unlink(tmp);
+        return NULL;
+    }
+    return f;
+}
+
+/* Write shard s (of n_shards) under a temporary name, then rename it into place. */
+static int write_shard(exporter *X, int s, json_t *wmap) {
+    char fname[128], path[4300], tmp[4400];
+    if (X->n_shards == 1) ck_snprintf(fname, sizeof fname, "model.safetensors");
+    else ck_snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, X->n_shards);
+    ck_snprintf(path, sizeof path, "%s/%s", X->out_dir, fname);
+    ck_snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    char *htext = shard_header(X, s, fname, wmap);
+    if (!htext) {
+        ck_snprintf(X->err, X->errlen, "checkpoint export: out of host memory");
+        return -1;
+    }
+    FILE *f = open_shard(X, tmp, htext);
+    free(htext);
+    if (!f) return -1;
+    for (int i = 0; i < X->n; i++) {
+        if (X->ex[i].shard != s) continue;
+        if (write_tensor(X->r, &X->ex[i], f, X->dt, X->buf, X->perm, X->bytes, tmp, X->err, X->errlen)) {
+            fclose(f);
+            unlink(tmp);
+            return -1;
+        }
+    }
+    int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        ck_snprintf(X->err, X->errlen, "cannot write '%s': %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (!X->quiet) printf("wrote %s\n", path);
+    return 0;
+}
+
+/* The block buffers: at least BLOCK_ELEMS elements and one whole unit, plus a unit of slack. */
+static int alloc_blocks(exporter *X) {
+    uint64_t block = BLOCK_ELEMS > (uint64_t)X->max_unit ? BLOCK_ELEMS : (uint64_t)X->max_unit;
+    block += (uint64_t)X->max_unit; /* a block rounds down to whole units, at least one */
+    X->buf = malloc((size_t)block * sizeof(float));
+    X->perm = malloc((size_t)block * sizeof(float));
+    X->bytes = malloc((size_t)block * sizeof(float));
+    return X->buf && X->perm && X->bytes ? 0 : -1;
+}
+
+/* The shards, then (when there are several) model.safetensors.index.json. */
+static int write_shards(exporter *X) {
+    json_t *index = json_object();
+    json_t *meta = json_object(), *wmap = json_object();
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)X->total));
+    json_object_set_new(index, "metadata", meta);
+    json_object_set_new(index, "weight_map", wmap);
+    int rc = 0;
+    for (int s = 0; s < X->n_shards && !rc; s++) rc = write_shard(X, s, wmap);
+    if (!rc && X->n_shards > 1) {
+        char p[4300];
+        ck_snprintf(p, sizeof p, "%s/model.safetensors.index.json", X->out_dir);
+        rc = write_json_file(p, index, X->err, X->errlen);
+        if (!rc && !X->quiet) printf("wrote %s\n", p);
+    }
+    json_decref(index);
+    return rc;
+}
+
 int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_options *o, char *err, size_t errlen) {
-    const tetra_dtype dt = o->dtype;
     const uint64_t max_shard = o->max_shard_bytes ? o->max_shard_bytes : LLAMA3_HF_DEFAULT_SHARD_BYTES;
     ckpt_reader *r = ckpt_reader_open(step_dir, err, errlen);
     if (!r) return -1;
@@ -185,11 +366,10 @@ int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_
     json_t *model = json_object_get(m->state, "model");
     int64_t n_heads = jint(model, "n_heads"), n_kv = jint(model, "n_kv_heads");
     int rc = -1;
-    ex_tensor *ex = calloc((size_t)(m->n_tensors ? m->n_tensors : 1), sizeof *ex);
-    float *buf = NULL, *perm = NULL;
-    unsigned char *bytes = NULL;
-    json_t *index = NULL, *config = NULL;
-    int n = 0;
+    exporter X = {.r = r, .step_dir = step_dir, .out_dir = out_dir, .dt = o->dtype, .quiet = o->quiet,
+                  .err = err, .errlen = errlen};
+    X.ex = calloc((size_t)(m->n_tensors ? m->n_tensors : 1), sizeof *X.ex);
+    json_t *config = NULL;
     if (!json_is_object(model) || n_heads <= 0 || n_kv <= 0) {
         ck_snprintf(err, errlen,
                     "checkpoint %s: metadata.json has no \"model\" description (n_heads, n_kv_heads, ...) "
@@ -197,137 +377,20 @@ int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_
                     step_dir);
         goto done;
     }
-    if (!ex) goto oom;
-    int64_t max_cols = 1, max_unit = 1;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const ck_tensor *t = &m->tensors[i];
-        if (strncmp(t->name, "model/", 6) != 0) continue;
-        const char *name = t->name + 6;
-        ex_tensor *e = &ex[n];
-        e->t = t;
-        if (llama3_hf_name(name, e->hf, sizeof e->hf) != 0) {
-            ck_snprintf(err, errlen, "checkpoint %s: tensor '%s' has no Hugging Face Llama name", step_dir, t->name);
-            goto done;
-        }
-        e->heads = ends_with(name, "attention.wq.weight")   ? (int)n_heads
-                   : ends_with(name, "attention.wk.weight") ? (int)n_kv
-                                                            : 0;
-        if (e->heads && (t->ndim != 2 || t->shape[0] % e->heads != 0 || (t->shape[0] / e->heads) % 2 != 0)) {
-            ck_snprintf(err, errlen,
-                        "checkpoint %s: tensor '%s' [%" PRId64 " rows] does not split into %d heads of even "
-                        "size",
-                        step_dir, t->name, t->shape[0], e->heads);
-            goto done;
-        }
-        e->bytes = (uint64_t)ck_tensor_numel(t) * tetra_dtype_size(dt);
-        int64_t cols = 1;
-        for (int d = 1; d < t->ndim; d++) cols *= t->shape[d];
-        if (cols > max_cols) max_cols = cols;
-        int64_t unit = e->heads ? t->shape[0] / e->heads : 1;
-        if (unit * cols > max_unit) max_unit = unit * cols;
-        n++;
-    }
-    if (n == 0) {
-        ck_snprintf(err, errlen, "checkpoint %s holds no model tensors", step_dir);
-        goto done;
-    }
-    qsort(ex, (size_t)n, sizeof *ex, cmp_ex);
-    /* shards: greedy in name order, a new one when the next tensor would pass the limit */
-    int n_shards = 1;
-    uint64_t cur = 0, total = 0;
-    for (int i = 0; i < n; i++) {
-        if (cur > 0 && cur + ex[i].bytes > max_shard) {
-            n_shards++;
-            cur = 0;
-        }
-        ex[i].shard = n_shards - 1;
-        cur += ex[i].bytes;
-        total += ex[i].bytes;
-    }
-    uint64_t block = BLOCK_ELEMS > (uint64_t)max_unit ? BLOCK_ELEMS : (uint64_t)max_unit;
-    block += (uint64_t)max_unit; /* a block rounds down to whole units, at least one */
-    buf = malloc((size_t)block * sizeof(float));
-    perm = malloc((size_t)block * sizeof(float));
-    bytes = malloc((size_t)block * sizeof(float));
-    if (!buf || !perm || !bytes) goto oom;
+    if (!X.ex) goto oom;
+    if (collect_tensors(&X, m, n_heads, n_kv)) goto done;
+    qsort(X.ex, (size_t)X.n, sizeof *X.ex, cmp_ex);
+    assign_shards(&X, max_shard);
+    if (alloc_blocks(&X)) goto oom;
     if (ck_mkdir_p(out_dir) != 0) {
         ck_snprintf(err, errlen, "cannot create '%s': %s", out_dir, strerror(errno));
         goto done;
     }
-    index = json_object();
-    json_t *meta = json_object(), *wmap = json_object();
-    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
-    json_object_set_new(index, "metadata", meta);
-    json_object_set_new(index, "weight_map", wmap);
-    for (int s = 0; s < n_shards; s++) {
-        char fname[128], path[4300], tmp[4400];
-        if (n_shards == 1) ck_snprintf(fname, sizeof fname, "model.safetensors");
-        else ck_snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        ck_snprintf(path, sizeof path, "%s/%s", out_dir, fname);
-        ck_snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-        json_t *hdr = json_object(), *hm = json_object();
-        json_object_set_new(hm, "format", json_string("pt"));
-        json_object_set_new(hdr, "__metadata__", hm);
-        uint64_t off = 0;
-        for (int i = 0; i < n; i++) {
-            if (ex[i].shard != s) continue;
-            json_t *te = json_object(), *shape = json_array(), *offs = json_array();
-            for (int d = 0; d < ex[i].t->ndim; d++) json_array_append_new(shape, json_integer(ex[i].t->shape[d]));
-            json_array_append_new(offs, json_integer((json_int_t)off));
-            off += ex[i].bytes;
-            json_array_append_new(offs, json_integer((json_int_t)off));
-            json_object_set_new(te, "dtype", json_string(st_dtype(dt)));
-            json_object_set_new(te, "shape", shape);
-            json_object_set_new(te, "data_offsets", offs);
-            json_object_set_new(hdr, ex[i].hf, te);
-            json_object_set_new(wmap, ex[i].hf, json_string(fname));
-        }
-        char *htext = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        json_decref(hdr);
-        if (!htext) goto oom;
-        size_t hlen = strlen(htext), pad = (8 - hlen % 8) % 8;
-        uint64_t hn = hlen + pad;
-        unsigned char len8[8];
-        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(hn >> (8 * i));
-        FILE *f = fopen(tmp, "wb");
-        int bad = !f;
-        if (f) {
-            bad |= fwrite(len8, 1, 8, f) != 8 || fwrite(htext, 1, hlen, f) != hlen;
-            for (size_t i = 0; i < pad && !bad; i++) bad = fputc(' ', f) == EOF;
-        }
-        free(htext);
-        if (bad) {
-            ck_snprintf(err, errlen, "cannot write '%s': %s", tmp, strerror(errno));
-            if (f) fclose(f);
-            unlink(tmp);
-            goto done;
-        }
-        for (int i = 0; i < n; i++) {
-            if (ex[i].shard != s) continue;
-            if (write_tensor(r, &ex[i], f, dt, buf, perm, bytes, tmp, err, errlen)) {
-                fclose(f);
-                unlink(tmp);
-                goto done;
-            }
-        }
-        bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
-        bad |= fclose(f) != 0;
-        if (bad || rename(tmp, path) != 0) {
-            ck_snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
-            unlink(tmp);
-            goto done;
-        }
-        if (!o->quiet) printf("wrote %s\n", path);
-    }
-    char p[4300];
-    if (n_shards > 1) {
-        ck_snprintf(p, sizeof p, "%s/model.safetensors.index.json", out_dir);
-        if (write_json_file(p, index, err, errlen)) goto done;
-        if (!o->quiet) printf("wrote %s\n", p);
-    }
+    if (write_shards(&X)) goto done;
     json_t *tok = json_object_get(m->state, "tokenizer");
-    config = llama3_hf_config_json(model, dt, json_is_object(tok) ? jint(tok, "bos_id") : -1,
-                                 json_is_object(tok) ? jint(tok, "eos_id") : -1);
+    config = llama3_hf_config_json(model, X.dt, json_is_object(tok) ? jint(tok, "bos_id") : -1,
+                                   json_is_object(tok) ? jint(tok, "eos_id") : -1);
+    char p[4300];
     ck_snprintf(p, sizeof p, "%s/config.json", out_dir);
     if (write_json_file(p, config, err, errlen)) goto done;
     if (!o->quiet) printf("wrote %s\n", p);
@@ -336,12 +399,11 @@ int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_
 oom:
     ck_snprintf(err, errlen, "checkpoint export: out of host memory");
 done:
-    json_decref(index);
     json_decref(config);
-    free(ex);
-    free(buf);
-    free(perm);
-    free(bytes);
+    free(X.ex);
+    free(X.buf);
+    free(X.perm);
+    free(X.bytes);
     ckpt_reader_close(r);
     return rc;
 }
