@@ -9,7 +9,11 @@
 #     Interleaved1F1B, ZBVZeroBubble and DualPipeV, cp 2 (allgather and alltoall), and
 #     pp 2 x fsdp 2 x cp 2 x tp 2 on 16 ranks follow the simulated 1-rank run within
 #     1e-5 at every step (the CPU parity tests' gate); fsdp 2 x tp 2 in bf16 within 1e-3
-#     of the 1-rank bf16 run; fsdp 2 x tp 2 with float8 within 1e-4 of 1-rank float8.
+#     of the 1-rank bf16 run; fsdp 2 x tp 2 with float8 within 1e-4 of 1-rank float8;
+#   - block_causal on a corpus of short documents (seq 32): cp 2 (alltoall) on the
+#     simulated kernels, the document ids in device memory, follows the CPU backend's
+#     1-rank block_causal run within 1e-5 (the mask moves these losses 4e-5 to 7e-5 from
+#     causal ones, so a mask lost on the way fails the gate).
 # Built with -DTETRA_CUDA_SIM=ON (./run_tests.sh does); each run's start-up line must
 # name the staged path, so a layout that silently took another path fails.
 set -uo pipefail
@@ -76,6 +80,23 @@ run fsdp2_tp2_bf16 4 --training.local_batch_size 2 "${TP2[@]}" --training.mixed_
 run fsdp2_tp2_f8 4 --training.local_batch_size 2 "${TP2[@]}" "${F8[@]}"
 run pp2_fsdp2_cp2_tp2 16 --training.local_batch_size 2 "${TP2[@]}" --parallelism.pipeline_parallel_degree 2 \
   --parallelism.context_parallel_degree 2 --parallelism.data_parallel_shard_degree 2
+# block_causal needs documents shorter than a sequence: Moby-Dick cut into 8-80 word pieces
+python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs.jsonl" <<'P'
+import json, sys
+words = open(sys.argv[1], encoding="utf-8").read().split()[:20000]
+lens = [8, 35, 12, 80, 20, 50, 9, 27, 64, 15]
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    i = k = 0
+    while i < len(words):
+        f.write(json.dumps({"text": " ".join(words[i:i + lens[k % 10]])}) + "\n")
+        i, k = i + lens[k % 10], k + 1
+P
+"$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$T/docs.jsonl" --output "$T/docs" \
+  --val-fraction 0 --quiet || bad "data prepare"
+BC=(--model.attn_mask_type block_causal --training.seq_len 32 --training.dataset_path "$T/docs")
+"$TETRA" "${COMMON[@]}" --training.device cpu --training.local_batch_size 4 "${BC[@]}" --job.dump_folder "$T/cpu_bc" \
+  >"$T/cpu_bc.log" 2>&1 || bad "the CPU block_causal run exited with $?"
+run cp2_alltoall_bc 2 --training.local_batch_size 4 "${BC[@]}" "${CP2[@]}" alltoall
 
 python3 - "$T" "$STEPS" <<'P' || fail=1
 import json, sys
@@ -106,6 +127,7 @@ for n in ("pp2_interleaved", "pp2_zbv", "pp2_dualpipev"):
     close(n, "single_l4", 1e-5)
 close("fsdp2_tp2_bf16", "single_bf16", 1e-3)
 close("fsdp2_tp2_f8", "single_f8", 1e-4)
+close("cp2_alltoall_bc", "cpu_bc", 1e-5)
 # the runs are not all the same run: bf16 and float8 move the losses
 b, f, s = losses("single_bf16"), losses("single_f8"), losses("single")
 moved = s and b and f and b[steps] != s[steps] and f[steps] != s[steps]

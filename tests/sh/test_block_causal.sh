@@ -16,7 +16,8 @@
 #      document is the causal mask), bit for bit;
 #   5. mfu_computed (the attention the mask leaves) is below TorchTitan's mfu, more so under
 #      block_causal than causal;
-#   6. an unknown model.attn_mask_type is refused naming the key.
+#   6. an unknown model.attn_mask_type is refused naming the key, and block_causal on a
+#      corpus that marks no documents (no BOS, no EOS) is refused at start-up.
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -141,6 +142,13 @@ P
 out=$("$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --model.attn_mask_type sliding \
   --training.steps 1 --job.dump_folder "$T/bad" 2>&1) && bad "attn_mask_type sliding accepted"
 echo "$out" | grep -q "model.attn_mask_type \"sliding\" is unknown" || bad "refusal message: $out"
+
+cp -r "$T/corpus" "$T/nodocs"
+python3 -c 'import json,sys; p=sys.argv[1]+"/index.json"; ix=json.load(open(p)); ix["bos_id"]=ix["eos_id"]=-1; json.dump(ix, open(p, "w"))' "$T/nodocs"
+out=$("$TETRA" "${COMMON[@]}" --training.local_batch_size 4 "${BC[@]}" --training.dataset_path "$T/nodocs" \
+  --job.dump_folder "$T/nodocs_run" 2>&1) && bad "block_causal on a corpus without documents accepted"
+echo "$out" | grep -q 'model.attn_mask_type = "block_causal" needs each sequence.s document boundaries' ||
+  bad "no-documents refusal: $out"
 
 [ $fail = 0 ] && echo "test_block_causal: all passed" || echo "test_block_causal: FAILED"
 exit $fail
