@@ -19,19 +19,11 @@
 #   6. an unknown model.attn_mask_type is refused naming the key, and block_causal on a
 #      corpus that marks no documents (no BOS, no EOS) is refused at start-up.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BIN="${TETRA_BIN:-$ROOT/build/bin}"
-TETRA="$BIN/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
 export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
-fail=0
-bad() { echo "FAIL $*"; fail=1; }
 
 # a corpus of short documents: word counts cycle through a fixed list
 python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs.jsonl" <<'P'
@@ -151,4 +143,4 @@ echo "$out" | grep -q 'model.attn_mask_type = "block_causal" needs each sequence
   bad "no-documents refusal: $out"
 
 [ $fail = 0 ] && echo "test_block_causal: all passed" || echo "test_block_causal: FAILED"
-exit $fail
+[ "$fail" = 0 ]
