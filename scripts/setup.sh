@@ -40,6 +40,8 @@ if [ "$WITH_TESTS" = 1 ]; then
   # tests/sh/test_slurm.sh starts a private one-node Slurm from a slurm.conf of its own; the
   # system's services stay unconfigured (they start only with an /etc/slurm/slurm.conf)
   PKGS+=(slurmctld slurmd slurm-client)
+  # sh/test_format checks every C, CUDA and header file against .clang-format
+  PKGS+=(clang-format)
 fi
 
 missing=()

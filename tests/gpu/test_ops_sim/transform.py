@@ -26,8 +26,10 @@ def transform(src):
         j = src.find('<<<', i)
         if j < 0:
             out += src[i:]; break
-        # callee start
+        # callee start (a formatted launch may break the line before `<<<`)
         k = j
+        while k > 0 and src[k-1] in ' \t\n': k -= 1
+        end = k
         if src[k-1] == '>':
             depth = 0; k -= 1
             while True:
@@ -37,7 +39,7 @@ def transform(src):
                     if depth == 0: break
                 k -= 1
         while k > 0 and (src[k-1].isalnum() or src[k-1] == '_'): k -= 1
-        name = src[k:j]
+        name = src[k:end]
         e = src.find('>>>', j)
         cfg = split_top(src[j+3:e])
         assert src[e+3] == '(', src[e:e+20]
