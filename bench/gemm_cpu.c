@@ -22,18 +22,18 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#define CHECK(x)                                                                  \
-    do {                                                                          \
-        if (!(x)) {                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #x); \
-            exit(1);                                                              \
-        }                                                                         \
+#define CHECK(x)                                                                                                       \
+    do {                                                                                                               \
+        if (!(x)) {                                                                                                    \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #x);                                      \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 #define DNNL_CHECK(x) CHECK((x) == dnnl_success)
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int,
-                               float, float *, int);
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                               float *, int);
 
 static const char *isa_name(dnnl_cpu_isa_t isa) {
     if (isa >= dnnl_cpu_isa_avx512_core_amx) return "AMX";
@@ -152,17 +152,17 @@ static int cmp_d(const void *x, const void *y) {
 
 #define REPS 7
 // median seconds of REPS runs of one library on one shape
-#define TIME(call)                                                       \
-    ({                                                                   \
-        double ts[REPS];                                                 \
-        call;                                                            \
-        for (int r = 0; r < REPS; r++) {                                 \
-            double t0 = now();                                           \
-            call;                                                        \
-            ts[r] = now() - t0;                                          \
-        }                                                                \
-        qsort(ts, REPS, sizeof ts[0], cmp_d);                            \
-        ts[REPS / 2];                                                    \
+#define TIME(call)                                                                                                     \
+    ({                                                                                                                 \
+        double ts[REPS];                                                                                               \
+        call;                                                                                                          \
+        for (int r = 0; r < REPS; r++) {                                                                               \
+            double t0 = now();                                                                                         \
+            call;                                                                                                      \
+            ts[r] = now() - t0;                                                                                        \
+        }                                                                                                              \
+        qsort(ts, REPS, sizeof ts[0], cmp_d);                                                                          \
+        ts[REPS / 2];                                                                                                  \
     })
 
 int main(int argc, char **argv) {
@@ -179,11 +179,14 @@ int main(int argc, char **argv) {
     omp_set_num_threads(threads);
     void *hob = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
     void *hbl = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
-    if (!hob) { fprintf(stderr, "gemm_cpu: libopenblas.so.0: %s\n", dlerror()); return 1; }
+    if (!hob) {
+        fprintf(stderr, "gemm_cpu: libopenblas.so.0: %s\n", dlerror());
+        return 1;
+    }
     cblas_sgemm_fn ob = (cblas_sgemm_fn)dlsym(hob, "cblas_sgemm");
     cblas_sgemm_fn bl = hbl ? (cblas_sgemm_fn)dlsym(hbl, "cblas_sgemm") : NULL;
     void (*ob_threads)(int) = (void (*)(int))dlsym(hob, "openblas_set_num_threads");
-    if (ob_threads) ob_threads(1);  // serial inside each panel, as the backend runs it
+    if (ob_threads) ob_threads(1); // serial inside each panel, as the backend runs it
     if (hbl) {
         void (*bl_threads)(int) = (void (*)(int))dlsym(hbl, "bli_thread_set_num_threads");
         if (bl_threads) bl_threads(1);
@@ -194,9 +197,9 @@ int main(int argc, char **argv) {
     // tokens x dims of the debug model (dim 256, ffn 768, vocab 2048) at seq 512 x batch 4
     // and 2048 x 8, and of `small` (dim 512, ffn 1536) at 512 x 4
     shape all[] = {
-        {"debug qkvo fwd", 2048, 256, 256, 0, 1},  {"debug w1/w3 fwd", 2048, 768, 256, 0, 1},
-        {"debug w2 fwd", 2048, 256, 768, 0, 1},    {"debug out fwd", 2048, 2048, 256, 0, 1},
-        {"debug w1 dgrad", 2048, 256, 768, 0, 0},  {"debug w1 wgrad", 768, 256, 2048, 1, 0},
+        {"debug qkvo fwd", 2048, 256, 256, 0, 1},   {"debug w1/w3 fwd", 2048, 768, 256, 0, 1},
+        {"debug w2 fwd", 2048, 256, 768, 0, 1},     {"debug out fwd", 2048, 2048, 256, 0, 1},
+        {"debug w1 dgrad", 2048, 256, 768, 0, 0},   {"debug w1 wgrad", 768, 256, 2048, 1, 0},
         {"debug out wgrad", 2048, 256, 2048, 1, 0}, {"debug 16K w1 fwd", 16384, 768, 256, 0, 1},
         {"small w1/w3 fwd", 2048, 1536, 512, 0, 1}, {"small w2 fwd", 2048, 512, 1536, 0, 1},
         {"small w1 wgrad", 1536, 512, 2048, 1, 0},  {"square 2048", 2048, 2048, 2048, 0, 0},
@@ -204,8 +207,8 @@ int main(int argc, char **argv) {
     // OpenBLAS picks its kernels by CPU model; on a model it does not know it falls back to
     // old ones (Prescott: SSE3), whatever the ISA
     const char *(*ob_core)(void) = (const char *(*)(void))dlsym(hob, "openblas_get_corename");
-    printf("threads %d; GFLOP/s, median of %d; rel err vs OpenBLAS; OpenBLAS kernels: %s; oneDNN ISA: %s\n",
-           threads, REPS, ob_core ? ob_core() : "?", isa_name(dnnl_get_effective_cpu_isa()));
+    printf("threads %d; GFLOP/s, median of %d; rel err vs OpenBLAS; OpenBLAS kernels: %s; oneDNN ISA: %s\n", threads,
+           REPS, ob_core ? ob_core() : "?", isa_name(dnnl_get_effective_cpu_isa()));
     printf("%-18s %6s %6s %6s | %9s %9s %9s %9s %9s | %8s %8s\n", "shape", "m", "n", "k", "openblas", "blis",
            "dnnl_sgemm", "dnnl_f32", "dnnl_bf16", "err f32", "err bf16");
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {

@@ -91,25 +91,27 @@ static void *rnd(size_t bytes) {
 }
 
 static void row(const char *label, double ms, double bytes, double flops) {
-    if (flops > 0)
-        printf("| %s | %s | %.3f | %.1f TFLOP/s | - |\n", GROUP, label, ms, flops / ms / 1e9);
-    else
-        printf("| %s | %s | %.3f | %.1f GB/s | %.0f |\n", GROUP, label, ms, bytes / ms / 1e6, bytes / 1e6);
+    if (flops > 0) printf("| %s | %s | %.3f | %.1f TFLOP/s | - |\n", GROUP, label, ms, flops / ms / 1e9);
+    else printf("| %s | %s | %.3f | %.1f GB/s | %.0f |\n", GROUP, label, ms, bytes / ms / 1e6, bytes / 1e6);
     fflush(stdout);
 }
 
-#define TIME(label, work, bytes, flops)                        \
-    do {                                                       \
-        for (int w_ = 0; w_ < 2; w_++) { work; }               \
-        O->synchronize();                                      \
-        double t0_ = now();                                    \
-        for (int r_ = 0; r_ < REPS; r_++) { work; }            \
-        O->synchronize();                                      \
-        row(label, (now() - t0_) * 1e3 / REPS, (double)(bytes), (double)(flops)); \
+#define TIME(label, work, bytes, flops)                                                                                \
+    do {                                                                                                               \
+        for (int w_ = 0; w_ < 2; w_++) {                                                                               \
+            work;                                                                                                      \
+        }                                                                                                              \
+        O->synchronize();                                                                                              \
+        double t0_ = now();                                                                                            \
+        for (int r_ = 0; r_ < REPS; r_++) {                                                                            \
+            work;                                                                                                      \
+        }                                                                                                              \
+        O->synchronize();                                                                                              \
+        row(label, (now() - t0_) * 1e3 / REPS, (double)(bytes), (double)(flops));                                      \
     } while (0)
 
-static ops_gemm_desc desc(tetra_dtype ab, tetra_dtype c, int ta, int tb, int m, int n, int k, int lda, int ldb,
-                          int ldc, float beta) {
+static ops_gemm_desc desc(tetra_dtype ab, tetra_dtype c, int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc,
+                          float beta) {
     ops_gemm_desc g;
     memset(&g, 0, sizeof g);
     g.a_type = g.b_type = ab;
@@ -123,9 +125,10 @@ static ops_gemm_desc desc(tetra_dtype ab, tetra_dtype c, int ta, int tb, int m, 
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: gpu_ops [--device cuda|cpu] [--reps N] [--small]\n"
-               "  per-op timings of the op table at Llama 3 8B shapes (seq 8192, bf16); --small: debug-model\n"
-               "  shapes (seq 256, dim 256), for a quick check of the calls on the CPU\n");
+    fprintf(f,
+            "usage: gpu_ops [--device cuda|cpu] [--reps N] [--small]\n"
+            "  per-op timings of the op table at Llama 3 8B shapes (seq 8192, bf16); --small: debug-model\n"
+            "  shapes (seq 256, dim 256), for a quick check of the calls on the CPU\n");
 }
 
 int main(int argc, char **argv) {
@@ -193,7 +196,7 @@ int main(int argc, char **argv) {
         int out, in;
         uint16_t *w, *x, *y;
     } L[] = {{"wq", HD, C, w_c, xn, q},  {"wk", KVD, C, w_kv, xn, k}, {"wv", KVD, C, w_kv, xn, v},
-             {"wo", C, HD, w_c, att, h}, {"w1", F, C, w_big, xn, a}, {"w3", F, C, w_big, xn, gg},
+             {"wo", C, HD, w_c, att, h}, {"w1", F, C, w_big, xn, a},  {"w3", F, C, w_big, xn, gg},
              {"w2", C, F, w_big, s, h}};
     for (int i = 0; i < 7; i++) {
         const double fl = 2.0 * N * L[i].out * (double)L[i].in;

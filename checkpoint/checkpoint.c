@@ -843,7 +843,8 @@ static int check_step_folder(const ckpt_reader *r, const char *meta_path, char *
     base = base ? base + 1 : r->dir;
     const int64_t named = ck_parse_step_dir(base);
     if (named < 0 || named == r->meta.step) return 0;
-    ck_snprintf(why, n, "%s records \"step\": %" PRId64 " but its folder is named %s (renamed, or its files copied "
+    ck_snprintf(why, n,
+                "%s records \"step\": %" PRId64 " but its folder is named %s (renamed, or its files copied "
                 "from another step); rename the folder to step-%" PRId64 " if that is the step it holds",
                 meta_path, r->meta.step, base, r->meta.step);
     return -1;

@@ -76,8 +76,7 @@ typedef struct {
  * the complete tetra checkpoint in step_dir and writes out_dir, which is then published
  * as step-N in its place. The model provides it (Hugging Face safetensors:
  * models/llama3/hf_checkpoint.h), so this module never knows the model. */
-typedef int (*ckpt_convert_fn)(const char *step_dir, const char *out_dir, const void *ctx, char *err,
-                               size_t errlen);
+typedef int (*ckpt_convert_fn)(const char *step_dir, const char *out_dir, const void *ctx, char *err, size_t errlen);
 
 typedef struct {
     int64_t step;
@@ -85,7 +84,7 @@ typedef struct {
     int n_groups;
     tetra_dtype dtype; /* stored element type (float32; export dtype for model-only saves) */
     int model_only;
-    const json_t *state; /* rank 0's: top-level objects stored verbatim (train_state, ...) */
+    const json_t *state;     /* rank 0's: top-level objects stored verbatim (train_state, ...) */
     ckpt_convert_fn convert; /* NULL: step-N is the tetra checkpoint itself */
     const void *convert_ctx;
     int sync; /* synchronous even in async mode (the last save of a run) */

@@ -312,9 +312,9 @@ static int parse_tensor(ck_meta *m, const char *name, json_t *o, const char *whe
         const char *crc = json_string_value(json_object_get(cj, "crc32c"));
         char *end = NULL;
         int bad = !json_is_object(cj) || get_u64(cj, "file", &file) || get_u64(cj, "offset", &c.offset) ||
-                  get_u64(cj, "length", &c.length) || get_u64(cj, "start", &c.start) ||
-                  get_u64(cj, "count", &c.count) || get_dims(cj, "box_start", ndim, c.box_start, 1) ||
-                  get_dims(cj, "box_shape", ndim, c.box_shape, 0) || !crc || strlen(crc) != 8;
+            get_u64(cj, "length", &c.length) || get_u64(cj, "start", &c.start) || get_u64(cj, "count", &c.count) ||
+            get_dims(cj, "box_start", ndim, c.box_start, 1) || get_dims(cj, "box_shape", ndim, c.box_shape, 0) ||
+            !crc || strlen(crc) != 8;
         if (!bad) {
             errno = 0;
             unsigned long v = strtoul(crc, &end, 16);
@@ -422,8 +422,8 @@ int ck_meta_from_json(ck_meta *m, json_t *root, const char *where, char *err, si
 }
 
 /* One counter of the training state: absent is fine, else an integer in [0, max]. */
-static int check_counter(const ck_meta *m, const char *obj, const char *key, int64_t max, const char *where,
-                         char *err, size_t errlen) {
+static int check_counter(const ck_meta *m, const char *obj, const char *key, int64_t max, const char *where, char *err,
+                         size_t errlen) {
     json_t *o = json_object_get(m->state, obj), *v = json_object_get(o, key);
     if (!v) return 0;
     if (!json_is_integer(v)) {
@@ -432,8 +432,10 @@ static int check_counter(const ck_meta *m, const char *obj, const char *key, int
     }
     const int64_t x = (int64_t)json_integer_value(v);
     if (x < 0 || x > max) {
-        ck_snprintf(err, errlen, "%s: %s.%s is %" PRId64 "; it counts steps or tokens, so it lies in [0, %" PRId64
-                    "] (the metadata was edited or damaged)", where, obj, key, x, max);
+        ck_snprintf(err, errlen,
+                    "%s: %s.%s is %" PRId64 "; it counts steps or tokens, so it lies in [0, %" PRId64
+                    "] (the metadata was edited or damaged)",
+                    where, obj, key, x, max);
         return -1;
     }
     return 0;
@@ -444,17 +446,18 @@ int ck_meta_check_state(const ck_meta *m, const char *where, char *err, size_t e
         const char *obj, *key;
         int64_t max;
     } counters[] = {
-        {"train_state", "step", INT64_MAX},         {"train_state", "tokens_seen", INT64_MAX},
-        {"lr_scheduler", "count", INT64_MAX},       {"optimizer", "step", INT32_MAX}, /* AdamW's step is an int */
+        {"train_state", "step", INT64_MAX},    {"train_state", "tokens_seen", INT64_MAX},
+        {"lr_scheduler", "count", INT64_MAX},  {"optimizer", "step", INT32_MAX}, /* AdamW's step is an int */
         {"dataloader", "position", INT64_MAX},
     };
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (check_counter(m, counters[i].obj, counters[i].key, counters[i].max, where, err, errlen)) return -1;
     json_t *ts = json_object_get(json_object_get(m->state, "train_state"), "step");
     if (ts && (int64_t)json_integer_value(ts) != m->step) {
-        ck_snprintf(err, errlen, "%s: train_state.step is %" PRId64 " but \"step\" is %" PRId64 "; a save records "
-                    "one step in both (the metadata was edited or damaged)", where,
-                    (int64_t)json_integer_value(ts), m->step);
+        ck_snprintf(err, errlen,
+                    "%s: train_state.step is %" PRId64 " but \"step\" is %" PRId64 "; a save records "
+                    "one step in both (the metadata was edited or damaged)",
+                    where, (int64_t)json_integer_value(ts), m->step);
         return -1;
     }
     return 0;
@@ -514,8 +517,10 @@ int ck_meta_read(ck_meta *m, const char *path, char *err, size_t errlen) {
         json_object_del(root, "metadata_crc32c");
         uint32_t got = 0;
         if (meta_crc(root, &got) || want != (json_int_t)got) {
-            ck_snprintf(err, errlen, "%s: the metadata checksum does not match (recorded %lld, computed %u): the file "
-                        "was edited or damaged", path, (long long)want, got);
+            ck_snprintf(err, errlen,
+                        "%s: the metadata checksum does not match (recorded %lld, computed %u): the file "
+                        "was edited or damaged",
+                        path, (long long)want, got);
             json_decref(root);
             return -1;
         }

@@ -15,20 +15,21 @@
 #include "models/llama3/hf_checkpoint.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: tetra checkpoint <command> ...\n"
-               "\n"
-               "  inspect PATH [--chunks] [--no-verify]\n"
-               "      PATH = a step folder (step-N): its training state, every tensor (dtype, shape,\n"
-               "      size, chunks) and a CRC-32C check of every chunk; or a checkpoint folder: its\n"
-               "      steps, each checked. Exit status 1 on any damage, naming file and tensor.\n"
-               "  export --hf OUT_DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB] [--force] PATH\n"
-               "      Hugging Face Llama safetensors (q/k rotary permutation applied) + config.json;\n"
-               "      sharded with model.safetensors.index.json above the shard size. PATH = a step\n"
-               "      folder, or a checkpoint folder (its newest complete step).\n"
-               "  import --hf SRC OUT_FOLDER [--flavor NAME] [--step N] [--force]\n"
-               "      Hugging Face Llama weights (file, folder or index) into a model-only tetra\n"
-               "      checkpoint OUT_FOLDER/step-N (default step 0), e.g. to start training from it\n"
-               "      with checkpoint.initial_load_path. The flavor is found from config.json.\n");
+    fprintf(f,
+            "usage: tetra checkpoint <command> ...\n"
+            "\n"
+            "  inspect PATH [--chunks] [--no-verify]\n"
+            "      PATH = a step folder (step-N): its training state, every tensor (dtype, shape,\n"
+            "      size, chunks) and a CRC-32C check of every chunk; or a checkpoint folder: its\n"
+            "      steps, each checked. Exit status 1 on any damage, naming file and tensor.\n"
+            "  export --hf OUT_DIR [--dtype float32|bfloat16|float16] [--max-shard-size 5GB] [--force] PATH\n"
+            "      Hugging Face Llama safetensors (q/k rotary permutation applied) + config.json;\n"
+            "      sharded with model.safetensors.index.json above the shard size. PATH = a step\n"
+            "      folder, or a checkpoint folder (its newest complete step).\n"
+            "  import --hf SRC OUT_FOLDER [--flavor NAME] [--step N] [--force]\n"
+            "      Hugging Face Llama weights (file, folder or index) into a model-only tetra\n"
+            "      checkpoint OUT_FOLDER/step-N (default step 0), e.g. to start training from it\n"
+            "      with checkpoint.initial_load_path. The flavor is found from config.json.\n");
 }
 
 static double now_s(void) {
@@ -251,8 +252,7 @@ static int dir_empty_or_absent(const char *path) {
     if (!d) return access(path, F_OK) != 0;
     struct dirent *e;
     int empty = 1;
-    while (empty && (e = readdir(d)))
-        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    while (empty && (e = readdir(d))) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
     closedir(d);
     return empty;
 }
@@ -319,8 +319,10 @@ static int cmd_export(int argc, char **argv) {
         free(l);
     }
     if (!force && !dir_empty_or_absent(out)) {
-        fprintf(stderr, "tetra checkpoint export: %s exists and is not empty; pass --force to write the export into it "
-                        "(its model.safetensors, index and config.json are replaced)\n", out);
+        fprintf(stderr,
+                "tetra checkpoint export: %s exists and is not empty; pass --force to write the export into it "
+                "(its model.safetensors, index and config.json are replaced)\n",
+                out);
         return 1;
     }
     double t0 = now_s();
@@ -353,8 +355,10 @@ static int cmd_import(int argc, char **argv) {
     char err[2048], target[4200];
     ck_snprintf(target, sizeof target, "%s/step-%" PRId64, out, step);
     if (!force && !dir_empty_or_absent(target)) {
-        fprintf(stderr, "tetra checkpoint import: %s already exists and would be replaced; pass --force to replace it, "
-                        "or choose another --step\n", target);
+        fprintf(stderr,
+                "tetra checkpoint import: %s already exists and would be replaced; pass --force to replace it, "
+                "or choose another --step\n",
+                target);
         return 1;
     }
     if (llama3_hf_import(src, out, step, flavor, err, sizeof err)) {

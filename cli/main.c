@@ -51,7 +51,7 @@ static void blas_restart(char **argv) {
     self[n] = '\0';
     if (setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
     execv(self, argv);
-    unsetenv("OPENBLAS_CORETYPE");  /* not restarted: say nothing untrue to child processes */
+    unsetenv("OPENBLAS_CORETYPE"); /* not restarted: say nothing untrue to child processes */
 }
 
 /* The command a typo most likely meant ("trian" -> "train"), or NULL when none is close. */
@@ -84,8 +84,8 @@ static void hold_stop_signals(int argc, char **argv, char **envp) {
     sigprocmask(SIG_BLOCK, &s, NULL);
 }
 
-__attribute__((section(".preinit_array"), used)) static void (*const hold_early)(int, char **, char **) =
-    hold_stop_signals;
+__attribute__((section(".preinit_array"), used)) static void (*const hold_early)(int, char **,
+                                                                                 char **) = hold_stop_signals;
 
 int main(int argc, char **argv) {
     blas_restart(argv);

@@ -72,8 +72,8 @@ static int configs_differ(const tetra_config *cfg, int rank) {
             size_t la = ea ? (size_t)(ea - a) : strlen(a), lb = eb ? (size_t)(eb - b) : strlen(b);
             if (la != lb || memcmp(a, b, la) != 0) {
                 log_error("rank %d's configuration differs from rank 0's: [%s] rank 0 has '%.*s', rank %d has '%.*s' "
-                          "(every rank must get the same config file and options)", rank, section, (int)la, a, rank,
-                          (int)lb, b);
+                          "(every rank must get the same config file and options)",
+                          rank, section, (int)la, a, rank, (int)lb, b);
                 break;
             }
             if (la > 2 && a[0] == '[') {
@@ -87,7 +87,8 @@ static int configs_differ(const tetra_config *cfg, int rank) {
     free(ref);
     free(mine);
     int any = host_max_int(differ);
-    if (any && rank == 0 && !differ) log_error("the ranks were given different configurations (see the rank that differs)");
+    if (any && rank == 0 && !differ)
+        log_error("the ranks were given different configurations (see the rank that differs)");
     return any;
 }
 
@@ -101,8 +102,9 @@ static void log_quick_start(const tetra_config *cfg) {
     const long long s = (long long)cfg->v.training.seq_len, b = (long long)cfg->v.training.local_batch_size;
     if (s != qs && b != qb) return;
     log_info("run_train.sh: no GPU: CPU quick start, %s at seq_len %lld%s x local_batch_size %lld%s (CONFIG_FILE=%s "
-             "runs it as written)", cfg->file ? cfg->file : "the default config", s,
-             s == qs ? "" : " (command line)", b, b == qb ? "" : " (command line)", cfg->file ? cfg->file : "FILE");
+             "runs it as written)",
+             cfg->file ? cfg->file : "the default config", s, s == qs ? "" : " (command line)", b,
+             b == qb ? "" : " (command line)", cfg->file ? cfg->file : "FILE");
 }
 
 /* A failure that this rank, or another for a failure they all met, has explained in the log.

@@ -406,7 +406,7 @@ uint32_t bpe_utf8_next(const uint8_t *s, size_t n, size_t *adv) {
     }
     *adv = 4;
     return ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
-           (s[3] & 0x3F);
+        (s[3] & 0x3F);
 }
 
 size_t bpe_utf8_put(uint32_t cp, uint8_t *out) {

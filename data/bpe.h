@@ -33,15 +33,15 @@ enum {
 };
 
 typedef struct bpe_vocab {
-    uint32_t n;         /* ids 0 .. n-1 */
+    uint32_t n; /* ids 0 .. n-1 */
     uint32_t cap;
-    uint8_t *pool;      /* token bytes */
+    uint8_t *pool; /* token bytes */
     size_t pool_len, pool_cap;
-    uint64_t *off;      /* per id: offset into pool */
-    uint32_t *len;      /* per id: byte length */
-    uint8_t *kind;      /* per id: BPE_TOK_* */
+    uint64_t *off;          /* per id: offset into pool */
+    uint32_t *len;          /* per id: byte length */
+    uint8_t *kind;          /* per id: BPE_TOK_* */
     struct bpe_slot *slots; /* bytes -> id for NORMAL tokens (open addressing) */
-    size_t mask;        /* slots size - 1 */
+    size_t mask;            /* slots size - 1 */
     size_t n_mapped;
 } bpe_vocab;
 
@@ -75,8 +75,7 @@ void bpe_pairmap_free(bpe_pairmap *m);
 /* insert or overwrite; -1 on out-of-memory */
 int bpe_pairmap_put(bpe_pairmap *m, uint32_t a, uint32_t b, uint32_t prio, uint32_t merged);
 
-static inline int bpe_pairmap_get(const bpe_pairmap *m, uint32_t a, uint32_t b, uint32_t *prio,
-                                  uint32_t *merged) {
+static inline int bpe_pairmap_get(const bpe_pairmap *m, uint32_t a, uint32_t b, uint32_t *prio, uint32_t *merged) {
     if (!m->count) return 0;
     uint64_t key = ((uint64_t)a << 32) | b;
     size_t i = (size_t)bpe_mix64(key) & m->mask;

@@ -17,11 +17,17 @@
 #include "data/tokenizer.h"
 #include "util/err.h"
 
-const char *const BPE_TRAIN_DEFAULT_SPECIALS[] = {
-    "<|begin_of_text|>",           "<|end_of_text|>",         "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
-    "<|start_header_id|>",         "<|end_header_id|>",       "<|eom_id|>",
-    "<|eot_id|>",                  "<|python_tag|>"};
+const char *const BPE_TRAIN_DEFAULT_SPECIALS[] = {"<|begin_of_text|>",
+                                                  "<|end_of_text|>",
+                                                  "<|reserved_special_token_0|>",
+                                                  "<|reserved_special_token_1|>",
+                                                  "<|finetune_right_pad_id|>",
+                                                  "<|reserved_special_token_2|>",
+                                                  "<|start_header_id|>",
+                                                  "<|end_header_id|>",
+                                                  "<|eom_id|>",
+                                                  "<|eot_id|>",
+                                                  "<|python_tag|>"};
 const size_t BPE_TRAIN_N_DEFAULT_SPECIALS = sizeof BPE_TRAIN_DEFAULT_SPECIALS / sizeof BPE_TRAIN_DEFAULT_SPECIALS[0];
 
 static double now_s(void) {
@@ -263,16 +269,16 @@ static hent heap_pop(heap *h) {
 /* ---- trainer state ------------------------------------------------------------ */
 typedef struct trainer {
     wordtab words;
-    uint32_t *sym;    /* all words' symbols */
-    uint64_t *woff;   /* per word: offset into sym */
-    uint32_t *wlen;   /* per word: current symbol count */
+    uint32_t *sym;  /* all words' symbols */
+    uint64_t *woff; /* per word: offset into sym */
+    uint32_t *wlen; /* per word: current symbol count */
     ptab pairs;
     heap hp;
-    bpe_vocab v;      /* learned vocabulary (ids = ranks) */
+    bpe_vocab v; /* learned vocabulary (ids = ranks) */
     size_t *touched;
     size_t n_touched, cap_touched;
     uint32_t step;
-    uint8_t *cat;     /* scratch: the bytes of the pair being merged */
+    uint8_t *cat; /* scratch: the bytes of the pair being merged */
     size_t cat_cap;
 } trainer;
 
@@ -587,8 +593,8 @@ static json_t *hf_tokenizer_config(uint32_t n_ranks, const char *const *specials
     return root;
 }
 
-static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *specials, size_t n_sp,
-                    const char *bos, const char *eos, const char *dir, char *err, size_t errlen) {
+static int write_hf(const bpe_vocab *v, uint32_t n_ranks, const char *const *specials, size_t n_sp, const char *bos,
+                    const char *eos, const char *dir, char *err, size_t errlen) {
     int rc = -1;
     json_t *root = json_object(), *vocab = json_object(), *merges = json_array(), *added = json_array();
     if (!root || !vocab || !merges || !added) goto oom;
@@ -668,8 +674,9 @@ static int check_output_dir(const char *output_dir, char *err, size_t errlen) {
     char *slash = strrchr(parent, '/');
     const char *pdir = slash ? (slash == parent ? "/" : (*slash = 0, parent)) : ".";
     int ok = stat(pdir, &sst) == 0 && S_ISDIR(sst.st_mode) && access(pdir, W_OK) == 0;
-    if (!ok) util_set_err(err, errlen, "%s: the folder to create it in (%s) does not exist or is not writable",
-                    output_dir, pdir);
+    if (!ok)
+        util_set_err(err, errlen, "%s: the folder to create it in (%s) does not exist or is not writable", output_dir,
+                     pdir);
     free(parent);
     return ok ? 0 : -1;
 }
@@ -686,8 +693,9 @@ static int check_opts(const bpe_train_opts *o, const char *const *sp, size_t n_s
     }
     if (check_specials(sp, n_sp, err, errlen)) return -1;
     if (o->vocab_size < 256 + n_sp + 1) {
-        util_set_err(err, errlen, "vocab size %u is too small: 256 byte tokens + %zu special tokens leave no room to learn",
-               o->vocab_size, n_sp);
+        util_set_err(err, errlen,
+                     "vocab size %u is too small: 256 byte tokens + %zu special tokens leave no room to learn",
+                     o->vocab_size, n_sp);
         return -1;
     }
     return check_output_dir(o->output_dir, err, errlen);
@@ -829,8 +837,8 @@ static int learn_merges(trainer *T, uint32_t n_ranks, uint32_t target, int verbo
         }
         if (apply_merge(T, pi, a, b, t)) return -1;
         if (verbose && t == next - 1 && (next - 256) % 1000 == 0)
-            fprintf(stderr, "train-tokenizer: %u/%u tokens learned (last pair seen %lld times)\n", next - 256,
-                    target, (long long)cur);
+            fprintf(stderr, "train-tokenizer: %u/%u tokens learned (last pair seen %lld times)\n", next - 256, target,
+                    (long long)cur);
     }
     *next_id = next;
     return 0;
@@ -931,10 +939,11 @@ int bpe_train(const bpe_train_opts *o, bpe_train_stats *st, char *err, size_t er
     uint32_t next_id;
     if (learn_merges(&T, n_ranks, target, o->verbose, st, &next_id)) goto oom;
     if (next_id < n_ranks) {
-        util_set_err(err, errlen,
-               "the input supports only %u learned tokens but vocab size %u needs %u: give more text or a smaller "
-               "--vocab-size",
-               next_id - 256, o->vocab_size, target);
+        util_set_err(
+            err, errlen,
+            "the input supports only %u learned tokens but vocab size %u needs %u: give more text or a smaller "
+            "--vocab-size",
+            next_id - 256, o->vocab_size, target);
         goto out;
     }
 

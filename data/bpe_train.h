@@ -31,19 +31,19 @@
 typedef struct bpe_train_opts {
     const char *const *inputs; /* text files (UTF-8) */
     size_t n_inputs;
-    uint32_t vocab_size;               /* total ids, special tokens included */
-    const char *const *specials;       /* NULL: the default list below */
+    uint32_t vocab_size;         /* total ids, special tokens included */
+    const char *const *specials; /* NULL: the default list below */
     size_t n_specials;
     const char *output_dir;
     int verbose; /* progress lines on stderr */
 } bpe_train_opts;
 
 typedef struct bpe_train_stats {
-    uint64_t bytes;         /* training text */
-    uint64_t pieces;        /* pre-tokenizer pieces */
+    uint64_t bytes;  /* training text */
+    uint64_t pieces; /* pre-tokenizer pieces */
     uint64_t unique_pieces;
-    uint64_t tokens;        /* the training text encoded with the result */
-    uint32_t merges;        /* learned tokens */
+    uint64_t tokens;           /* the training text encoded with the result */
+    uint32_t merges;           /* learned tokens */
     uint32_t duplicate_merges; /* merges whose result already was a token */
     double seconds;
 } bpe_train_stats;

@@ -60,7 +60,6 @@ uint64_t dl_permute(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch) {
 
 /* ---- the loader ---------------------------------------------------------------- */
 
-
 void dl_close(dl_loader *dl) {
     if (!dl) return;
     dl_mix_free(dl);
@@ -87,7 +86,7 @@ static int finish_open(dl_loader *dl, const char *what, char *err, size_t errlen
     dl->G = (uint64_t)cfg->dp_size * (uint64_t)cfg->local_batch_size;
     if (dl->W == 0) {
         util_set_err(err, errlen, "%s has %llu tokens, fewer than one sequence of seq_len+1 = %d", what,
-               (unsigned long long)dl->n_tokens, cfg->seq_len + 1);
+                     (unsigned long long)dl->n_tokens, cfg->seq_len + 1);
         return -1;
     }
     return 0;
@@ -104,15 +103,18 @@ static dl_loader *open_megatron(dl_loader *dl, const char *path, char *err, size
     }
     if (mg_open(dl->mg, path, err, errlen) != 0) goto fail;
     if (V == 0) {
-        util_set_err(err, errlen, "%s.idx: a Megatron dataset records no vocabulary; the model's vocab_size is needed to check "
-               "its ids", dl->mg->prefix);
+        util_set_err(err, errlen,
+                     "%s.idx: a Megatron dataset records no vocabulary; the model's vocab_size is needed to check "
+                     "its ids",
+                     dl->mg->prefix);
         goto fail;
     }
     if (mg_dtype_max(dl->mg->dtype) < (uint64_t)V - 1) {
-        util_set_err(err, errlen, "%s.idx: its ids are %s, at most %llu, but the model's vocab_size is %u: the dataset was "
-               "tokenized with a smaller vocabulary (another tokenizer); tokenize it with the model's, or set "
-               "model.vocab_size", dl->mg->prefix, mg_dtype_name(dl->mg->dtype),
-               (unsigned long long)mg_dtype_max(dl->mg->dtype), V);
+        util_set_err(err, errlen,
+                     "%s.idx: its ids are %s, at most %llu, but the model's vocab_size is %u: the dataset was "
+                     "tokenized with a smaller vocabulary (another tokenizer); tokenize it with the model's, or set "
+                     "model.vocab_size",
+                     dl->mg->prefix, mg_dtype_name(dl->mg->dtype), (unsigned long long)mg_dtype_max(dl->mg->dtype), V);
         goto fail;
     }
     dl->vocab = V;
@@ -137,7 +139,7 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     if (cfg->seq_len < 1 || cfg->local_batch_size < 1 || cfg->dp_size < 1 || cfg->dp_rank < 0 ||
         cfg->dp_rank >= cfg->dp_size) {
         util_set_err(err, errlen, "data loader: bad geometry (seq_len %d, local_batch_size %d, dp rank %d of %d)",
-               cfg->seq_len, cfg->local_batch_size, cfg->dp_rank, cfg->dp_size);
+                     cfg->seq_len, cfg->local_batch_size, cfg->dp_rank, cfg->dp_size);
         return NULL;
     }
     if (mg_is_dataset(dir)) {
@@ -166,19 +168,19 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
     const shard_index_split *sp = shard_index_find(&ix, split);
     if (!sp) {
         if (strcmp(split, "val") == 0)
-            util_set_err(err, errlen,
-                   "%s: the corpus has no \"val\" split (prepare it with `tetra data prepare ... --val-fraction F`, "
-                   "F > 0)",
-                   dir);
-        else
-            util_set_err(err, errlen, "%s: the corpus has no \"%s\" split", dir, split);
+            util_set_err(
+                err, errlen,
+                "%s: the corpus has no \"val\" split (prepare it with `tetra data prepare ... --val-fraction F`, "
+                "F > 0)",
+                dir);
+        else util_set_err(err, errlen, "%s: the corpus has no \"%s\" split", dir, split);
         goto fail;
     }
     if (cfg->expected_vocab_size && cfg->expected_vocab_size != ix.vocab_size) {
         util_set_err(err, errlen,
-               "%s: the corpus was tokenized with a vocabulary of %u tokens but the model's vocab_size is %u; "
-               "prepare the corpus with the model's tokenizer, or set model.vocab_size = %u",
-               dir, ix.vocab_size, cfg->expected_vocab_size, ix.vocab_size);
+                     "%s: the corpus was tokenized with a vocabulary of %u tokens but the model's vocab_size is %u; "
+                     "prepare the corpus with the model's tokenizer, or set model.vocab_size = %u",
+                     dir, ix.vocab_size, cfg->expected_vocab_size, ix.vocab_size);
         goto fail;
     }
     if (sp->n_shards == 0 || sp->n_tokens == 0) {
@@ -204,14 +206,14 @@ dl_loader *dl_open_config(const char *dir, const char *split, const dl_config *c
             const shard_header *h = &dl->shards[i].h;
             if (h->n_tokens != e->n_tokens || h->crc32c != e->crc32c) {
                 util_set_err(err, errlen,
-                       "%s: does not match %s/index.json (%llu tokens, CRC %08x; the index says %llu tokens, CRC "
-                       "%08x)",
-                       path, dir, (unsigned long long)h->n_tokens, h->crc32c, (unsigned long long)e->n_tokens,
-                       e->crc32c);
+                             "%s: does not match %s/index.json (%llu tokens, CRC %08x; the index says %llu tokens, CRC "
+                             "%08x)",
+                             path, dir, (unsigned long long)h->n_tokens, h->crc32c, (unsigned long long)e->n_tokens,
+                             e->crc32c);
                 rc = -1;
             } else if (h->vocab_size != ix.vocab_size || h->token_bytes != ix.token_bytes) {
                 util_set_err(err, errlen, "%s: vocab size %u / token width %u differ from index.json's %u / %u", path,
-                       h->vocab_size, h->token_bytes, ix.vocab_size, ix.token_bytes);
+                             h->vocab_size, h->token_bytes, ix.vocab_size, ix.token_bytes);
                 rc = -1;
             }
             if (rc != 0) shard_close(&dl->shards[i]);
@@ -419,27 +421,30 @@ int dl_state_load(dl_loader *dl, const void *buf, size_t n, char *err, size_t er
     uint32_t seq_len = get32(p + 12), shuffle = get32(p + 32), fp = get32(p + 36);
     uint64_t seed = get64(p + 24), ntok = get64(p + 40);
     if (fp != dl->fingerprint || ntok != dl->n_tokens) {
-        util_set_err(err, errlen,
-               "data loader state: saved for another corpus (split of %llu tokens, fingerprint %08x); split \"%s\" "
-               "of %s has %llu tokens, fingerprint %08x",
-               (unsigned long long)ntok, fp, dl->split, dl->dir, (unsigned long long)dl->n_tokens, dl->fingerprint);
+        util_set_err(
+            err, errlen,
+            "data loader state: saved for another corpus (split of %llu tokens, fingerprint %08x); split \"%s\" "
+            "of %s has %llu tokens, fingerprint %08x",
+            (unsigned long long)ntok, fp, dl->split, dl->dir, (unsigned long long)dl->n_tokens, dl->fingerprint);
         return -1;
     }
     if (seq_len != (uint32_t)dl->cfg.seq_len) {
         util_set_err(err, errlen, "data loader state: saved with seq_len %u; this run has seq_len %d", seq_len,
-               dl->cfg.seq_len);
+                     dl->cfg.seq_len);
         return -1;
     }
     if (dl->n_src && seed != dl->cfg.seed) {
-        util_set_err(err, errlen, "data loader state: saved with seed %llu; this run has seed %llu, and a mixture's order "
-               "of sources follows the seed", (unsigned long long)seed, (unsigned long long)dl->cfg.seed);
+        util_set_err(err, errlen,
+                     "data loader state: saved with seed %llu; this run has seed %llu, and a mixture's order "
+                     "of sources follows the seed",
+                     (unsigned long long)seed, (unsigned long long)dl->cfg.seed);
         return -1;
     }
     if ((shuffle != 0) != (dl->cfg.shuffle != 0) || (shuffle && seed != dl->cfg.seed)) {
         util_set_err(err, errlen,
-               "data loader state: saved with shuffle %s, seed %llu; this run has shuffle %s, seed %llu",
-               shuffle ? "on" : "off", (unsigned long long)seed, dl->cfg.shuffle ? "on" : "off",
-               (unsigned long long)dl->cfg.seed);
+                     "data loader state: saved with shuffle %s, seed %llu; this run has shuffle %s, seed %llu",
+                     shuffle ? "on" : "off", (unsigned long long)seed, dl->cfg.shuffle ? "on" : "off",
+                     (unsigned long long)dl->cfg.seed);
         return -1;
     }
     dl->position = get64(p + 16);
@@ -512,8 +517,7 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
         struct stat st;
         if (tok_path && *tok_path && stat(tok_path, &st) == 0)
             util_set_err(err, errlen, "%s holds no tokenizer.json or tokenizer.model", tok_path);
-        else
-            util_set_err(err, errlen, "%s does not exist", tok_path && *tok_path ? tok_path : "(none)");
+        else util_set_err(err, errlen, "%s does not exist", tok_path && *tok_path ? tok_path : "(none)");
         return 1;
     }
     free(tok_file);
@@ -538,15 +542,15 @@ int dl_check_tokenizer(const char *const *dirs, int n, const char *tok_path, cha
         const int differ = ix.tokenizer_fingerprint ? strcmp(fp, ix.tokenizer_fingerprint) != 0
                                                     : v != ix.vocab_size || bos != ix.bos_id || eos != ix.eos_id;
         if (differ)
-            util_set_err(err, errlen,
-                   "the tokenizer in %s (vocab %u, BOS %lld, EOS %lld, fingerprint %s) is not the one the token "
-                   "shards in %s were prepared with (%s/index.json: tokenizer %s, vocab %u, BOS %lld, EOS %lld, "
-                   "fingerprint %s): point model.hf_assets_path at that tokenizer, or prepare the corpus again with "
-                   "`tetra data prepare --tokenizer %s`",
-                   tok_path, v, (long long)bos, (long long)eos, fp, dirs[i], dirs[i],
-                   ix.tokenizer ? ix.tokenizer : "(not recorded)", ix.vocab_size, (long long)ix.bos_id,
-                   (long long)ix.eos_id, ix.tokenizer_fingerprint ? ix.tokenizer_fingerprint : "not recorded",
-                   tok_path);
+            util_set_err(
+                err, errlen,
+                "the tokenizer in %s (vocab %u, BOS %lld, EOS %lld, fingerprint %s) is not the one the token "
+                "shards in %s were prepared with (%s/index.json: tokenizer %s, vocab %u, BOS %lld, EOS %lld, "
+                "fingerprint %s): point model.hf_assets_path at that tokenizer, or prepare the corpus again with "
+                "`tetra data prepare --tokenizer %s`",
+                tok_path, v, (long long)bos, (long long)eos, fp, dirs[i], dirs[i],
+                ix.tokenizer ? ix.tokenizer : "(not recorded)", ix.vocab_size, (long long)ix.bos_id,
+                (long long)ix.eos_id, ix.tokenizer_fingerprint ? ix.tokenizer_fingerprint : "not recorded", tok_path);
         shard_index_free(&ix);
         if (differ) return -1;
     }
@@ -557,36 +561,37 @@ int dl_resolve_dataset(const char *dataset, const char *dataset_path, char *out_
                        size_t errlen) {
     if (dataset_path && *dataset_path) return copy_out(out_dir, n, dataset_path, err, errlen);
     if (!dataset || !*dataset) {
-        util_set_err(err, errlen, "no dataset: set training.dataset = \"sample\" or training.dataset_path to a folder made "
-                            "by `tetra data prepare`");
+        util_set_err(err, errlen,
+                     "no dataset: set training.dataset = \"sample\" or training.dataset_path to a folder made "
+                     "by `tetra data prepare`");
         return -1;
     }
     char where[2 * PATH_MAX + 64];
     if (!strcmp(dataset, "c4")) {
         if (!find_prepared("c4", out_dir, n, where, sizeof where)) return 0;
         util_set_err(err, errlen,
-               "dataset \"c4\" is not prepared: no c4/ at %s. Download C4's English files (allenai/c4, "
-               "en/c4-train.*.json.gz and en/c4-validation.*.json.gz), then run `tetra data prepare --tokenizer "
-               "<model.hf_assets_path> --input <folder of .json.gz files> --output $TETRA_DATA_DIR/c4` "
-               "(docs/data.md), or set training.dataset_path",
-               where);
+                     "dataset \"c4\" is not prepared: no c4/ at %s. Download C4's English files (allenai/c4, "
+                     "en/c4-train.*.json.gz and en/c4-validation.*.json.gz), then run `tetra data prepare --tokenizer "
+                     "<model.hf_assets_path> --input <folder of .json.gz files> --output $TETRA_DATA_DIR/c4` "
+                     "(docs/data.md), or set training.dataset_path",
+                     where);
         return -1;
     }
     /* c4_validation: the held-out split of c4 where it is prepared, else of the sample */
     if (!strcmp(dataset, "c4_validation") && !find_prepared("c4", out_dir, n, where, sizeof where)) return 0;
     if (strcmp(dataset, "sample") != 0 && strcmp(dataset, "c4_test") != 0 && strcmp(dataset, "c4_validation") != 0) {
         util_set_err(err, errlen,
-               "unknown dataset \"%s\": the names are \"sample\" (the shipped Moby Dick; \"c4_test\" is its "
-               "alias), \"c4\" (C4 prepared with `tetra data prepare`) and \"c4_validation\"; for any other "
-               "corpus run `tetra data prepare --tokenizer DIR --input FILE|DIR --output DIR` and set "
-               "dataset_path = DIR",
-               dataset);
+                     "unknown dataset \"%s\": the names are \"sample\" (the shipped Moby Dick; \"c4_test\" is its "
+                     "alias), \"c4\" (C4 prepared with `tetra data prepare`) and \"c4_validation\"; for any other "
+                     "corpus run `tetra data prepare --tokenizer DIR --input FILE|DIR --output DIR` and set "
+                     "dataset_path = DIR",
+                     dataset);
         return -1;
     }
     if (!find_prepared("sample", out_dir, n, where, sizeof where)) return 0;
     util_set_err(err, errlen,
-           "dataset \"%s\": the prepared sample corpus was not found at %s (the build prepares it: cmake --build "
-           "<build dir>; or set TETRA_DATA_DIR to a folder holding sample/)",
-           dataset, where);
+                 "dataset \"%s\": the prepared sample corpus was not found at %s (the build prepares it: cmake --build "
+                 "<build dir>; or set TETRA_DATA_DIR to a folder holding sample/)",
+                 dataset, where);
     return -1;
 }

@@ -66,15 +66,15 @@ typedef struct dl_loader dl_loader;
 typedef void (*dl_epoch_fn)(void *user, uint64_t finished_epoch, const char *msg);
 
 typedef struct {
-    int seq_len;                 /* T */
-    int local_batch_size;        /* B: rows per rank per dl_next */
-    int dp_rank, dp_size;        /* this rank's place among the data-parallel ranks */
-    int shuffle;                 /* permute the window order of each epoch */
-    uint64_t seed;               /* the permutation's key */
-    uint32_t expected_vocab_size;/* the model's vocab_size; 0 = do not check */
-    int single_pass;             /* 1 = validation: stop at the end of the epoch */
-    int skip_verify;             /* 1 = do not verify payload checksums at open */
-    dl_epoch_fn on_epoch;        /* NULL = print to stderr on dp_rank 0 */
+    int seq_len;                  /* T */
+    int local_batch_size;         /* B: rows per rank per dl_next */
+    int dp_rank, dp_size;         /* this rank's place among the data-parallel ranks */
+    int shuffle;                  /* permute the window order of each epoch */
+    uint64_t seed;                /* the permutation's key */
+    uint32_t expected_vocab_size; /* the model's vocab_size; 0 = do not check */
+    int single_pass;              /* 1 = validation: stop at the end of the epoch */
+    int skip_verify;              /* 1 = do not verify payload checksums at open */
+    dl_epoch_fn on_epoch;         /* NULL = print to stderr on dp_rank 0 */
     void *on_epoch_user;
 } dl_config;
 
@@ -141,17 +141,17 @@ uint64_t dl_windows_per_epoch(const dl_loader *dl); /* W */
 uint64_t dl_steps_per_epoch(const dl_loader *dl);   /* W / G: whole global batches per epoch */
 uint64_t dl_num_tokens(const dl_loader *dl);        /* tokens in the split */
 uint32_t dl_vocab_size(const dl_loader *dl);
-int64_t dl_bos_id(const dl_loader *dl);             /* -1 = none */
-int64_t dl_eos_id(const dl_loader *dl);             /* -1 = none */
+int64_t dl_bos_id(const dl_loader *dl); /* -1 = none */
+int64_t dl_eos_id(const dl_loader *dl); /* -1 = none */
 
 /* ---- mixtures (a single corpus is a mixture of one) -------------------------------- */
 
 int dl_num_sources(const dl_loader *dl);
-const char *dl_source_name(const dl_loader *dl, int i);   /* the path given */
-double dl_source_weight(const dl_loader *dl, int i);      /* normalised */
-uint64_t dl_source_windows(const dl_loader *dl, int i);   /* its windows per epoch */
-int dl_last_source(const dl_loader *dl);                  /* single pass: the last batch's source */
-void dl_skip_source(dl_loader *dl);                       /* single pass: go on with the next source */
+const char *dl_source_name(const dl_loader *dl, int i); /* the path given */
+double dl_source_weight(const dl_loader *dl, int i);    /* normalised */
+uint64_t dl_source_windows(const dl_loader *dl, int i); /* its windows per epoch */
+int dl_last_source(const dl_loader *dl);                /* single pass: the last batch's source */
+void dl_skip_source(dl_loader *dl);                     /* single pass: go on with the next source */
 /* counts[i] = samples of source i among the first n global samples (n = dl_position: so far). */
 void dl_source_counts(const dl_loader *dl, uint64_t n, uint64_t *counts);
 /* "NAME: weight W, realised S (K of N samples, E epochs); ..." for the first n samples;

@@ -32,18 +32,18 @@ struct dl_loader {
     uint32_t vocab;
     int64_t bos, eos;
     uint32_t fingerprint;
-    int32_t *window;         /* [seq_len+1] */
+    int32_t *window; /* [seq_len+1] */
     feistel perm;
     uint64_t perm_epoch;
     int perm_ready;
-    char error[640];         /* why dl_next returned -1 */
+    char error[640]; /* why dl_next returned -1 */
     /* a mixture (loader_mix.c): n_src > 0 sources, each a loader of its own */
     int n_src;
     dl_loader **src;
     char **src_name;
     mix_plan mix;
-    uint64_t *counted;       /* looping: samples of each source before position */
-    int cur_src, last_src;   /* single pass: the source being read, the last batch's */
+    uint64_t *counted;     /* looping: samples of each source before position */
+    int cur_src, last_src; /* single pass: the source being read, the last batch's */
 };
 
 /* The window of the stream that global window g is (epoch order, shuffling). */

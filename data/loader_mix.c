@@ -41,8 +41,8 @@ static int open_sources(dl_loader *dl, const char *const *entries, int n, const 
         }
         for (int k = 0; k < i; k++)
             if (!strcmp(dl->src_name[k], path)) {
-                util_set_err(err, errlen, "mixture source %d: %s is listed twice (sources %d and %d)", i + 1, path, k + 1,
-                       i + 1);
+                util_set_err(err, errlen, "mixture source %d: %s is listed twice (sources %d and %d)", i + 1, path,
+                             k + 1, i + 1);
                 return -1;
             }
         if (!(dl->src_name[i] = strdup(path))) {
@@ -58,15 +58,18 @@ static int open_sources(dl_loader *dl, const char *const *entries, int n, const 
         const dl_loader *s = dl->src[i], *s0 = dl->src[0];
         if (s->vocab != s0->vocab || (s->bos >= 0 && s0->bos >= 0 && s->bos != s0->bos) ||
             (s->eos >= 0 && s0->eos >= 0 && s->eos != s0->eos)) {
-            util_set_err(err, errlen, "mixture sources %s (vocab %u, BOS %lld, EOS %lld) and %s (vocab %u, BOS %lld, EOS %lld) "
-                   "were tokenized differently", dl->src_name[0], s0->vocab, (long long)s0->bos, (long long)s0->eos,
-                   path, s->vocab, (long long)s->bos, (long long)s->eos);
+            util_set_err(err, errlen,
+                         "mixture sources %s (vocab %u, BOS %lld, EOS %lld) and %s (vocab %u, BOS %lld, EOS %lld) "
+                         "were tokenized differently",
+                         dl->src_name[0], s0->vocab, (long long)s0->bos, (long long)s0->eos, path, s->vocab,
+                         (long long)s->bos, (long long)s->eos);
             return -1;
         }
         if (dl->cfg.single_pass && s->W < s->G) {
-            util_set_err(err, errlen, "mixture source %s: its \"%s\" split holds %llu sequences of %d tokens, fewer than one "
-                   "global batch of %llu", path, split, (unsigned long long)s->W, dl->cfg.seq_len + 1,
-                   (unsigned long long)s->G);
+            util_set_err(err, errlen,
+                         "mixture source %s: its \"%s\" split holds %llu sequences of %d tokens, fewer than one "
+                         "global batch of %llu",
+                         path, split, (unsigned long long)s->W, dl->cfg.seq_len + 1, (unsigned long long)s->G);
             return -1;
         }
     }
@@ -153,8 +156,9 @@ static void report_epochs(dl_loader *dl, const uint64_t *after) {
             char msg[PATH_MAX + 256];
             snprintf(msg, sizeof msg,
                      "data: mixture source %s finished epoch %llu of its \"%s\" split (%llu sequences of %d tokens); "
-                     "wrapping around to epoch %llu", dl->src_name[i], (unsigned long long)(e + 1), dl->split,
-                     (unsigned long long)W, dl->cfg.seq_len + 1, (unsigned long long)(e + 2));
+                     "wrapping around to epoch %llu",
+                     dl->src_name[i], (unsigned long long)(e + 1), dl->split, (unsigned long long)W,
+                     dl->cfg.seq_len + 1, (unsigned long long)(e + 2));
             if (dl->cfg.on_epoch) dl->cfg.on_epoch(dl->cfg.on_epoch_user, e + 1, msg);
             else if (dl->cfg.dp_rank == 0) fprintf(stderr, "%s\n", msg);
         }
@@ -218,9 +222,8 @@ int dl_mix_summary(const dl_loader *dl, uint64_t n, char *buf, size_t len) {
     for (int i = 0; i < k && at < len; i++) {
         const double share = n ? (double)c[i] / (double)n : 0.0;
         int w = snprintf(buf + at, len - at, "%s%s: weight %.4f, realised %.4f (%llu of %llu samples, %.2f epochs)",
-                         i ? "; " : "", dl_source_name(dl, i), dl_source_weight(dl, i), share,
-                         (unsigned long long)c[i], (unsigned long long)n,
-                         (double)c[i] / (double)dl_source_windows(dl, i));
+                         i ? "; " : "", dl_source_name(dl, i), dl_source_weight(dl, i), share, (unsigned long long)c[i],
+                         (unsigned long long)n, (double)c[i] / (double)dl_source_windows(dl, i));
         if (w < 0) break;
         at += (size_t)w;
     }

@@ -21,9 +21,9 @@ static const struct {
     const char *name;
     int width;
     uint64_t max;
-} g_dtypes[9] = {{"?", 0, 0},          {"uint8", 1, 255},         {"int8", 1, 127},
-                 {"int16", 2, 32767},  {"int32", 4, 2147483647u}, {"int64", 8, INT64_MAX},
-                 {"float64", 8, 0},    {"float32", 4, 0},         {"uint16", 2, 65535}};
+} g_dtypes[9] = {{"?", 0, 0},         {"uint8", 1, 255},         {"int8", 1, 127},
+                 {"int16", 2, 32767}, {"int32", 4, 2147483647u}, {"int64", 8, INT64_MAX},
+                 {"float64", 8, 0},   {"float32", 4, 0},         {"uint16", 2, 65535}};
 
 const char *mg_dtype_name(int code) { return code >= 1 && code <= 8 ? g_dtypes[code].name : "unknown"; }
 uint64_t mg_dtype_max(int code) { return code >= 1 && code <= 8 ? g_dtypes[code].max : 0; }
@@ -103,13 +103,13 @@ void mg_close(mg_dataset *d) {
 static int check_header(mg_dataset *d, const char *ip, char *err, size_t errlen) {
     const unsigned char *x = d->idx;
     if (d->idx_len < MG_HEADER || memcmp(x, MG_MAGIC, 9) != 0) {
-        util_set_err(err, errlen, "%s: not a Megatron index (%s; expected the magic \"MMIDIDX\" and a 34-byte header)", ip,
-               d->idx_len < MG_HEADER ? "too short" : "wrong magic");
+        util_set_err(err, errlen, "%s: not a Megatron index (%s; expected the magic \"MMIDIDX\" and a 34-byte header)",
+                     ip, d->idx_len < MG_HEADER ? "too short" : "wrong magic");
         return -1;
     }
     if (rd64(x + 9) != 1) {
         util_set_err(err, errlen, "%s: Megatron index version %llu; only version 1 is known", ip,
-               (unsigned long long)rd64(x + 9));
+                     (unsigned long long)rd64(x + 9));
         return -1;
     }
     d->dtype = x[17];
@@ -124,8 +124,10 @@ static int check_header(mg_dataset *d, const char *ip, char *err, size_t errlen)
     d->width = g_dtypes[d->dtype].width;
     const uint64_t S = rd64(x + 18), D = rd64(x + 26), body = d->idx_len - MG_HEADER;
     if (S > body / 12 || (body - 12 * S) / 8 < D) {
-        util_set_err(err, errlen, "%s: truncated or corrupt index: %llu sequences and %llu document indices need more than "
-               "its %zu bytes", ip, (unsigned long long)S, (unsigned long long)D, d->idx_len);
+        util_set_err(err, errlen,
+                     "%s: truncated or corrupt index: %llu sequences and %llu document indices need more than "
+                     "its %zu bytes",
+                     ip, (unsigned long long)S, (unsigned long long)D, d->idx_len);
         return -1;
     }
     const uint64_t rest = body - 12 * S - 8 * D;
@@ -134,8 +136,9 @@ static int check_header(mg_dataset *d, const char *ip, char *err, size_t errlen)
         return -1;
     }
     if (rest != 0) {
-        util_set_err(err, errlen, "%s: corrupt index: %llu bytes more than %llu sequences and %llu document indices take", ip,
-               (unsigned long long)rest, (unsigned long long)S, (unsigned long long)D);
+        util_set_err(err, errlen,
+                     "%s: corrupt index: %llu bytes more than %llu sequences and %llu document indices take", ip,
+                     (unsigned long long)rest, (unsigned long long)S, (unsigned long long)D);
         return -1;
     }
     d->n_sequences = S;
@@ -159,21 +162,24 @@ static int check_arrays(mg_dataset *d, const char *ip, const char *bp, char *err
             return -1;
         }
         if (p != at) {
-            util_set_err(err, errlen, "%s: sequence %llu starts at byte %llu of %s, not at %llu where the one before it ends "
-                   "(unsupported: sequences not stored back to back, or a corrupt index)", ip, (unsigned long long)i,
-                   (unsigned long long)p, bp, (unsigned long long)at);
+            util_set_err(err, errlen,
+                         "%s: sequence %llu starts at byte %llu of %s, not at %llu where the one before it ends "
+                         "(unsupported: sequences not stored back to back, or a corrupt index)",
+                         ip, (unsigned long long)i, (unsigned long long)p, bp, (unsigned long long)at);
             return -1;
         }
         if ((uint64_t)n * (uint64_t)d->width > d->bin_len - at) {
-            util_set_err(err, errlen, "%s: sequence %llu (%d tokens at byte %llu) runs past the end of %s (%zu bytes): "
-                   "truncated data", ip, (unsigned long long)i, n, (unsigned long long)at, bp, d->bin_len);
+            util_set_err(err, errlen,
+                         "%s: sequence %llu (%d tokens at byte %llu) runs past the end of %s (%zu bytes): "
+                         "truncated data",
+                         ip, (unsigned long long)i, n, (unsigned long long)at, bp, d->bin_len);
             return -1;
         }
         at += (uint64_t)n * (uint64_t)d->width;
     }
     if (at != d->bin_len) {
         util_set_err(err, errlen, "%s: has %zu bytes but the %llu sequences of %s take %llu", bp, d->bin_len,
-               (unsigned long long)d->n_sequences, ip, (unsigned long long)at);
+                     (unsigned long long)d->n_sequences, ip, (unsigned long long)at);
         return -1;
     }
     d->n_tokens = at / (uint64_t)d->width;
@@ -181,9 +187,10 @@ static int check_arrays(mg_dataset *d, const char *ip, const char *bp, char *err
     for (uint64_t k = 0; k <= d->n_documents; k++) {
         const uint64_t v = rd64(doc + 8 * k);
         if ((k == 0 && v != 0) || v < prev || v > d->n_sequences || (k == d->n_documents && v != d->n_sequences)) {
-            util_set_err(err, errlen, "%s: corrupt index: document index %llu is %llu (they rise from 0 to the %llu "
-                   "sequences)", ip, (unsigned long long)k, (unsigned long long)v,
-                   (unsigned long long)d->n_sequences);
+            util_set_err(err, errlen,
+                         "%s: corrupt index: document index %llu is %llu (they rise from 0 to the %llu "
+                         "sequences)",
+                         ip, (unsigned long long)k, (unsigned long long)v, (unsigned long long)d->n_sequences);
             return -1;
         }
         prev = v;
@@ -194,11 +201,13 @@ static int check_arrays(mg_dataset *d, const char *ip, const char *bp, char *err
 int mg_open(mg_dataset *d, const char *path, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
     d->prefix = prefix_of(path);
-    char *ip = d->prefix ? with_suffix(d->prefix, ".idx") : NULL, *bp = d->prefix ? with_suffix(d->prefix, ".bin") : NULL;
+    char *ip = d->prefix ? with_suffix(d->prefix, ".idx") : NULL,
+         *bp = d->prefix ? with_suffix(d->prefix, ".bin") : NULL;
     int rc = -1;
     if (!ip || !bp) util_set_err(err, errlen, "out of memory");
-    else if (map_whole(ip, &d->idx, &d->idx_len, err, errlen) == 0 && map_whole(bp, &d->bin, &d->bin_len, err, errlen) == 0 &&
-             check_header(d, ip, err, errlen) == 0 && check_arrays(d, ip, bp, err, errlen) == 0)
+    else if (map_whole(ip, &d->idx, &d->idx_len, err, errlen) == 0 &&
+             map_whole(bp, &d->bin, &d->bin_len, err, errlen) == 0 && check_header(d, ip, err, errlen) == 0 &&
+             check_arrays(d, ip, bp, err, errlen) == 0)
         rc = 0;
     if (rc == 0) d->idx_crc = crc32c(0, d->idx, d->idx_len);
     free(ip);
@@ -268,16 +277,17 @@ void mg_doc_ids(const mg_dataset *d, uint64_t first, size_t n, int32_t *ids) {
 int mg_read(const mg_dataset *d, uint64_t first, size_t n, uint32_t vocab, int32_t *out, char *err, size_t errlen) {
     if (first > d->n_tokens || n > d->n_tokens - first) {
         util_set_err(err, errlen, "%s.bin: tokens [%llu, %llu) are past its %llu tokens", d->prefix,
-               (unsigned long long)first, (unsigned long long)(first + n), (unsigned long long)d->n_tokens);
+                     (unsigned long long)first, (unsigned long long)(first + n), (unsigned long long)d->n_tokens);
         return -1;
     }
     for (size_t k = 0; k < n; k++) {
         const int64_t v = token_at(d, first + k);
         if (v < 0 || v >= (int64_t)vocab) {
-            util_set_err(err, errlen, "%s.bin: token %llu (sequence %llu) holds id %lld, outside the model's vocabulary of %u "
-                   "ids (a Megatron dataset records no tokenizer: was it tokenized with another one?)", d->prefix,
-                   (unsigned long long)(first + k), (unsigned long long)sequence_of(d, first + k), (long long)v,
-                   vocab);
+            util_set_err(err, errlen,
+                         "%s.bin: token %llu (sequence %llu) holds id %lld, outside the model's vocabulary of %u "
+                         "ids (a Megatron dataset records no tokenizer: was it tokenized with another one?)",
+                         d->prefix, (unsigned long long)(first + k), (unsigned long long)sequence_of(d, first + k),
+                         (long long)v, vocab);
             return -1;
         }
         out[k] = (int32_t)v;

@@ -32,14 +32,14 @@
 #include "data/doclen.h"
 
 typedef struct {
-    char *prefix;                 /* the path without .bin / .idx */
+    char *prefix; /* the path without .bin / .idx */
     const unsigned char *idx, *bin;
     size_t idx_len, bin_len;
-    int dtype;                    /* the code */
-    int width;                    /* bytes per id */
+    int dtype; /* the code */
+    int width; /* bytes per id */
     uint64_t n_sequences, n_documents;
     uint64_t n_tokens;
-    uint32_t idx_crc;             /* CRC-32C of the .idx file: which dataset this is */
+    uint32_t idx_crc; /* CRC-32C of the .idx file: which dataset this is */
 } mg_dataset;
 
 /* Is path a Megatron dataset: PREFIX with PREFIX.idx beside it, or PREFIX.idx / PREFIX.bin? */

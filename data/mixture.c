@@ -96,7 +96,7 @@ int mix_plan_init(mix_plan *m, const double *weights, int n, uint64_t seed, char
     for (int i = 0; i < n; i++) {
         if (m->quota[i] == 0) {
             util_set_err(err, errlen, "source %d: weight %g is %.2g of the total, less than one sample in %u", i + 1,
-                   weights[i], m->weight[i], MIX_BLOCK);
+                         weights[i], m->weight[i], MIX_BLOCK);
             mix_plan_free(m);
             return -1;
         }

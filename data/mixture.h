@@ -31,9 +31,9 @@
 
 typedef struct {
     int n;
-    double *weight;     /* normalised */
-    uint32_t *quota;    /* samples per block */
-    uint32_t *first;    /* [n+1]: first slot of each source in a block */
+    double *weight;  /* normalised */
+    uint32_t *quota; /* samples per block */
+    uint32_t *first; /* [n+1]: first slot of each source in a block */
     uint64_t seed;
     /* the table of one block: each sample's source and its rank among that source's */
     uint64_t table_block;

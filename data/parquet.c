@@ -118,31 +118,37 @@ static int find_column(pq_file *f, const schema_elem *el, int64_t n, char *err, 
         while (depth > 0 && rem[depth] == 0) depth--;
         if (depth == 0) {
             pq_seterr(err, errlen, "%s: corrupt footer: schema element %lld is outside the root's children", f->name,
-                   (long long)i);
+                      (long long)i);
             return -1;
         }
         rem[depth]--;
         const schema_elem *e = &el[i];
         if (depth == 1) {
-            int k = snprintf(names + nl, sizeof names - nl, "%s'%.*s'", nl ? ", " : "", (int)(e->name_len > 64 ? 64 : e->name_len),
-                             (const char *)e->name);
+            int k = snprintf(names + nl, sizeof names - nl, "%s'%.*s'", nl ? ", " : "",
+                             (int)(e->name_len > 64 ? 64 : e->name_len), (const char *)e->name);
             if (k > 0 && nl + (size_t)k < sizeof names) nl += (size_t)k;
         }
         if (depth == 1 && found < 0 && name_is(e, f->column)) {
             char b[32];
             if (e->num_children > 0) {
-                pq_seterr(err, errlen, "%s: column '%s': unsupported: a nested (group) column; the text must be a "
-                       "top-level string column", f->name, f->column);
+                pq_seterr(err, errlen,
+                          "%s: column '%s': unsupported: a nested (group) column; the text must be a "
+                          "top-level string column",
+                          f->name, f->column);
                 return -1;
             }
             if (e->repetition == REP_REPEATED) {
-                pq_seterr(err, errlen, "%s: column '%s': unsupported: a repeated column (a list of strings); the text "
-                       "must be one string per row", f->name, f->column);
+                pq_seterr(err, errlen,
+                          "%s: column '%s': unsupported: a repeated column (a list of strings); the text "
+                          "must be one string per row",
+                          f->name, f->column);
                 return -1;
             }
             if (e->type != T_BYTE_ARRAY) {
-                pq_seterr(err, errlen, "%s: column '%s': unsupported: type %s; the text column must be BYTE_ARRAY "
-                       "(string)", f->name, f->column, NAME(pq_type_names, e->type, b));
+                pq_seterr(err, errlen,
+                          "%s: column '%s': unsupported: type %s; the text column must be BYTE_ARRAY "
+                          "(string)",
+                          f->name, f->column, NAME(pq_type_names, e->type, b));
                 return -1;
             }
             f->max_def = e->repetition == REP_OPTIONAL;
@@ -164,8 +170,8 @@ static int find_column(pq_file *f, const schema_elem *el, int64_t n, char *err, 
         return -1;
     }
     if (found < 0) {
-        pq_seterr(err, errlen, "%s: no column '%s' (the columns are %s); choose it with --text-field", f->name, f->column,
-               names);
+        pq_seterr(err, errlen, "%s: no column '%s' (the columns are %s); choose it with --text-field", f->name,
+                  f->column, names);
         return -1;
     }
     f->leaf = found;
@@ -268,41 +274,52 @@ static int read_row_group(thr_reader *r, pq_file *f, int g, char *err, size_t er
     const char *fn = f->name, *col = f->column;
     char b[32];
     if (n_cols != f->n_leaves || c->num_rows < 0) {
-        pq_seterr(err, errlen, "%s: corrupt footer: row group %d has %lld column chunks and %lld rows; the schema has %d "
-               "columns", fn, g, (long long)n_cols, (long long)c->num_rows, f->n_leaves);
+        pq_seterr(err, errlen,
+                  "%s: corrupt footer: row group %d has %lld column chunks and %lld rows; the schema has %d "
+                  "columns",
+                  fn, g, (long long)n_cols, (long long)c->num_rows, f->n_leaves);
         return -1;
     }
     if (k.other_file || k.encrypted || !k.has_meta) {
         pq_seterr(err, errlen, "%s: row group %d, column '%s': unsupported: %s", fn, g, col,
-               k.other_file ? "the column's data is in another file (file_path)"
-                            : "an encrypted column (or one without column metadata)");
+                  k.other_file ? "the column's data is in another file (file_path)"
+                               : "an encrypted column (or one without column metadata)");
         return -1;
     }
     if (k.type != T_BYTE_ARRAY || !k.path_ok) {
-        pq_seterr(err, errlen, "%s: row group %d, column '%s': corrupt: the chunk's metadata (type %s) does not match the "
-               "schema's BYTE_ARRAY column '%s'", fn, g, col, NAME(pq_type_names, k.type, b), col);
+        pq_seterr(err, errlen,
+                  "%s: row group %d, column '%s': corrupt: the chunk's metadata (type %s) does not match the "
+                  "schema's BYTE_ARRAY column '%s'",
+                  fn, g, col, NAME(pq_type_names, k.type, b), col);
         return -1;
     }
     if (c->codec != C_NONE && c->codec != C_SNAPPY && c->codec != C_GZIP && c->codec != C_ZSTD) {
-        pq_seterr(err, errlen, "%s: row group %d, column '%s': unsupported: compression %s (supported: UNCOMPRESSED, "
-               "SNAPPY, GZIP, ZSTD)", fn, g, col, NAME(pq_codec_names, c->codec, b));
+        pq_seterr(err, errlen,
+                  "%s: row group %d, column '%s': unsupported: compression %s (supported: UNCOMPRESSED, "
+                  "SNAPPY, GZIP, ZSTD)",
+                  fn, g, col, NAME(pq_codec_names, c->codec, b));
         return -1;
     }
     if (c->num_values != c->num_rows) {
-        pq_seterr(err, errlen, "%s: row group %d, column '%s': corrupt: the chunk holds %lld values but the row group "
-               "has %lld rows", fn, g, col, (long long)c->num_values, (long long)c->num_rows);
+        pq_seterr(err, errlen,
+                  "%s: row group %d, column '%s': corrupt: the chunk holds %lld values but the row group "
+                  "has %lld rows",
+                  fn, g, col, (long long)c->num_values, (long long)c->num_rows);
         return -1;
     }
     if (c->start < 4 || (uint64_t)c->start > f->data_end || c->total_compressed < 0 || c->total_uncompressed < 0 ||
         (uint64_t)c->total_compressed > f->data_end - (uint64_t)c->start) {
-        pq_seterr(err, errlen, "%s: row group %d, column '%s': corrupt: the chunk at byte %lld (%lld bytes) lies outside "
-               "the data of the file (bytes 4 to %llu)", fn, g, col, (long long)c->start,
-               (long long)c->total_compressed, (unsigned long long)f->data_end);
+        pq_seterr(err, errlen,
+                  "%s: row group %d, column '%s': corrupt: the chunk at byte %lld (%lld bytes) lies outside "
+                  "the data of the file (bytes 4 to %llu)",
+                  fn, g, col, (long long)c->start, (long long)c->total_compressed, (unsigned long long)f->data_end);
         return -1;
     }
     if ((uint64_t)c->total_compressed > f->lim.max_chunk_bytes) {
-        pq_seterr(err, errlen, "%s: row group %d, column '%s': refused: the chunk holds %lld bytes, more than the limit "
-               "of %llu", fn, g, col, (long long)c->total_compressed, (unsigned long long)f->lim.max_chunk_bytes);
+        pq_seterr(err, errlen,
+                  "%s: row group %d, column '%s': refused: the chunk holds %lld bytes, more than the limit "
+                  "of %llu",
+                  fn, g, col, (long long)c->total_compressed, (unsigned long long)f->lim.max_chunk_bytes);
         return -1;
     }
     return 0;
@@ -344,11 +361,14 @@ static int parse_footer(pq_file *f, const uint8_t *buf, size_t len, char *err, s
     thr_struct_end(&r);
     if (r.bad) {
         pq_seterr(err, errlen, "%s: corrupt footer (FileMetaData) at byte %zu of its %zu: %s", f->name, r.bad_at, len,
-               r.why);
+                  r.why);
         goto out;
     }
     if (n_el < 0 || !have_rg || num_rows < 0) {
-        pq_seterr(err, errlen, "%s: corrupt footer: no %s", f->name, n_el < 0 ? "schema" : !have_rg ? "row groups" : "row count");
+        pq_seterr(err, errlen, "%s: corrupt footer: no %s", f->name,
+                  n_el < 0       ? "schema"
+                      : !have_rg ? "row groups"
+                                 : "row count");
         goto out;
     }
     if (find_column(f, el, n_el, err, errlen) != 0) goto out;
@@ -371,7 +391,8 @@ static int parse_footer(pq_file *f, const uint8_t *buf, size_t len, char *err, s
     for (int g = 0; g < (int)n; g++) {
         if (read_row_group(&r, f, g, err, errlen) != 0) goto out;
         if (r.bad) {
-            pq_seterr(err, errlen, "%s: corrupt footer at byte %zu (row group %d): %s", f->name, rg_at + r.bad_at, g, r.why);
+            pq_seterr(err, errlen, "%s: corrupt footer at byte %zu (row group %d): %s", f->name, rg_at + r.bad_at, g,
+                      r.why);
             goto out;
         }
         f->n_rg = g + 1;
@@ -380,7 +401,7 @@ static int parse_footer(pq_file *f, const uint8_t *buf, size_t len, char *err, s
     }
     if (sum != num_rows) {
         pq_seterr(err, errlen, "%s: corrupt footer: the file says %lld rows but its row groups hold %lld", f->name,
-               (long long)num_rows, (long long)sum);
+                  (long long)num_rows, (long long)sum);
         goto out;
     }
     f->num_rows = num_rows;
@@ -404,7 +425,7 @@ static pq_file *open_common(pq_file *f, const char *column, const pq_limits *lim
     const uint8_t *tl = h ? pq_file_bytes(f, f->size - 8, 8, tail, err, errlen) : NULL;
     if (f->size < 12) {
         pq_seterr(err, errlen, "%s: not a Parquet file (%llu bytes; the smallest has 12)", f->name,
-               (unsigned long long)f->size);
+                  (unsigned long long)f->size);
     } else if (h && tl && !memcmp(tl + 4, "PARE", 4)) {
         pq_seterr(err, errlen, "%s: unsupported: an encrypted Parquet file (footer magic PARE)", f->name);
         tl = NULL;
@@ -418,16 +439,18 @@ static pq_file *open_common(pq_file *f, const char *column, const pq_limits *lim
     }
     uint64_t flen = pq_le32(tl);
     if (flen > f->size - 12) {
-        pq_seterr(err, errlen, "%s: corrupt or truncated Parquet file: the footer length %llu is more than the %llu bytes "
-               "before it", f->name, (unsigned long long)flen, (unsigned long long)(f->size - 12));
+        pq_seterr(err, errlen,
+                  "%s: corrupt or truncated Parquet file: the footer length %llu is more than the %llu bytes "
+                  "before it",
+                  f->name, (unsigned long long)flen, (unsigned long long)(f->size - 12));
         pq_close(f);
         return NULL;
     }
     f->data_end = f->size - 8 - flen;
     uint8_t *fbuf = f->fd >= 0 ? malloc(flen ? flen : 1) : NULL;
     const uint8_t *footer = (f->fd < 0 || fbuf) ? pq_file_bytes(f, f->data_end, flen, fbuf, err, errlen) : NULL;
-    if (f->fd >= 0 && !fbuf) pq_seterr(err, errlen, "%s: out of memory for a footer of %llu bytes", f->name,
-                                    (unsigned long long)flen);
+    if (f->fd >= 0 && !fbuf)
+        pq_seterr(err, errlen, "%s: out of memory for a footer of %llu bytes", f->name, (unsigned long long)flen);
     int rc = footer ? parse_footer(f, footer, flen, err, errlen) : -1;
     free(fbuf);
     if (rc != 0) {
@@ -482,6 +505,6 @@ int pq_num_row_groups(const pq_file *f) { return f->n_rg; }
 int64_t pq_num_rows(const pq_file *f) { return f->num_rows; }
 int64_t pq_row_group_rows(const pq_file *f, int rg) { return rg >= 0 && rg < f->n_rg ? f->rg[rg].num_rows : 0; }
 const char *pq_codec_name(const pq_file *f, int rg) {
-    return rg >= 0 && rg < f->n_rg && f->rg[rg].codec >= 0 && f->rg[rg].codec < 8 ? pq_codec_names[f->rg[rg].codec] : "?";
+    return rg >= 0 && rg < f->n_rg && f->rg[rg].codec >= 0 && f->rg[rg].codec < 8 ? pq_codec_names[f->rg[rg].codec]
+                                                                                  : "?";
 }
-

@@ -54,9 +54,9 @@ pq_file *pq_open_mem(const void *data, size_t len, const char *name, const char 
 void pq_close(pq_file *f);
 
 int pq_num_row_groups(const pq_file *f);
-int64_t pq_num_rows(const pq_file *f);                 /* all row groups */
+int64_t pq_num_rows(const pq_file *f); /* all row groups */
 int64_t pq_row_group_rows(const pq_file *f, int rg);
-const char *pq_codec_name(const pq_file *f, int rg);   /* of the text column's chunk */
+const char *pq_codec_name(const pq_file *f, int rg); /* of the text column's chunk */
 
 /* One value of the column: NULL ptr = null. */
 typedef struct {
@@ -66,13 +66,13 @@ typedef struct {
 
 /* The text column of one row group, decoded. */
 typedef struct {
-    pq_value *values;   /* one per row */
+    pq_value *values; /* one per row */
     int64_t n;
-    uint64_t text_bytes;/* sum of the values' lengths */
+    uint64_t text_bytes; /* sum of the values' lengths */
     /* owned buffers the values point into */
     void **bufs;
     int n_bufs, cap_bufs;
-    uint64_t mem;       /* bytes held */
+    uint64_t mem; /* bytes held */
 } pq_column;
 
 /* Decode the text column of row group rg into col (freed first if it held one). 0, or -1

@@ -24,12 +24,12 @@ typedef struct {
     const pq_chunk *c;
     char *err;
     size_t errlen;
-    uint64_t page_at;       /* file offset of the page being decoded */
-    pq_value *dict;         /* the dictionary page's values */
+    uint64_t page_at; /* file offset of the page being decoded */
+    pq_value *dict;   /* the dictionary page's values */
     int64_t dict_n;
     int have_dict, seen_data;
     int64_t cap_values;
-    uint64_t declared;      /* the pages' uncompressed sizes added up */
+    uint64_t declared; /* the pages' uncompressed sizes added up */
 } chunk_ctx;
 
 static int fail(chunk_ctx *x, const char *fmt, ...) {
@@ -121,9 +121,10 @@ static const uint8_t *decompress(chunk_ctx *x, const uint8_t *in, size_t n, uint
     if (!why && got != expect) why = "size";
     if (why && !strcmp(why, "size")) {
         if (got > expect)
-            fail(x, "corrupt: the %s page at byte %llu decompresses to more than the %llu bytes its header declares "
-                 "(a decompression bomb?)", pq_codec_names[codec], (unsigned long long)x->page_at,
-                 (unsigned long long)expect);
+            fail(x,
+                 "corrupt: the %s page at byte %llu decompresses to more than the %llu bytes its header declares "
+                 "(a decompression bomb?)",
+                 pq_codec_names[codec], (unsigned long long)x->page_at, (unsigned long long)expect);
         else
             fail(x, "corrupt: the %s page at byte %llu decompresses to %llu bytes, not the %llu its header declares",
                  pq_codec_names[codec], (unsigned long long)x->page_at, (unsigned long long)got,
@@ -142,7 +143,7 @@ static const uint8_t *decompress(chunk_ctx *x, const uint8_t *in, size_t n, uint
 typedef struct {
     const uint8_t *p, *end;
     int bw;
-    uint64_t left;       /* values left in the current run */
+    uint64_t left; /* values left in the current run */
     int packed;
     uint32_t value;      /* of an RLE run */
     const uint8_t *bits; /* of a bit-packed run */
@@ -218,8 +219,8 @@ static int rle_next(rle_iter *it, uint32_t *v) {
 
 /* PLAIN byte arrays: a 4-byte little-endian length, then the bytes. */
 static int plain_next(chunk_ctx *x, const uint8_t **p, const uint8_t *end, pq_value *v) {
-    if (end - *p < 4) return fail(x, "corrupt: the PLAIN values of the page at byte %llu end early",
-                                  (unsigned long long)x->page_at);
+    if (end - *p < 4)
+        return fail(x, "corrupt: the PLAIN values of the page at byte %llu end early", (unsigned long long)x->page_at);
     uint32_t len = pq_le32(*p);
     if (len > (uint64_t)(end - *p - 4))
         return fail(x, "corrupt: a PLAIN value of %u bytes runs past the end of the page at byte %llu", len,
@@ -232,8 +233,11 @@ static int plain_next(chunk_ctx *x, const uint8_t **p, const uint8_t *end, pq_va
 
 static int read_dictionary(chunk_ctx *x, int64_t n, int64_t enc, const uint8_t *data, size_t len) {
     char b[32];
-    if (x->have_dict || x->seen_data) return fail(x, "corrupt: a second dictionary page, or one after data pages, at "
-                                                  "byte %llu", (unsigned long long)x->page_at);
+    if (x->have_dict || x->seen_data)
+        return fail(x,
+                    "corrupt: a second dictionary page, or one after data pages, at "
+                    "byte %llu",
+                    (unsigned long long)x->page_at);
     if (enc != E_PLAIN && enc != E_PLAIN_DICT)
         return fail(x, "unsupported: dictionary page encoding %s", NAME(pq_encoding_names, enc, b));
     if (n < 0 || (uint64_t)n > len / 4)
@@ -255,7 +259,8 @@ static int add_values(chunk_ctx *x, int64_t n, rle_iter *def, int64_t enc, const
     pq_column *col = x->col;
     char b[32];
     if (n < 0 || n > x->c->num_rows - col->n)
-        return fail(x, "corrupt: the page at byte %llu holds %lld values, more than the %lld rows left in the row group",
+        return fail(x,
+                    "corrupt: the page at byte %llu holds %lld values, more than the %lld rows left in the row group",
                     (unsigned long long)x->page_at, (long long)n, (long long)(x->c->num_rows - col->n));
     const int dict = enc == E_RLE_DICT || enc == E_PLAIN_DICT;
     if (enc != E_PLAIN && !dict) return fail(x, "unsupported: value encoding %s", NAME(pq_encoding_names, enc, b));
@@ -291,8 +296,11 @@ static int add_values(chunk_ctx *x, int64_t n, rle_iter *def, int64_t enc, const
         if (def && !rle_next(def, &level))
             return fail(x, "corrupt: the definition levels of the page at byte %llu end after %lld of %lld values",
                         (unsigned long long)x->page_at, (long long)i, (long long)n);
-        if (level > 1) return fail(x, "corrupt: definition level %u in the page at byte %llu (the column's maximum "
-                                   "is 1)", level, (unsigned long long)x->page_at);
+        if (level > 1)
+            return fail(x,
+                        "corrupt: definition level %u in the page at byte %llu (the column's maximum "
+                        "is 1)",
+                        level, (unsigned long long)x->page_at);
         if (level == 0) {
             v->ptr = NULL;
             v->len = 0;
@@ -303,8 +311,10 @@ static int add_values(chunk_ctx *x, int64_t n, rle_iter *def, int64_t enc, const
                 return fail(x, "corrupt: the dictionary indices of the page at byte %llu end after %lld values",
                             (unsigned long long)x->page_at, (long long)i);
             if (k >= (uint64_t)x->dict_n)
-                return fail(x, "corrupt: dictionary index %u out of range in the page at byte %llu (the dictionary "
-                            "has %lld values)", k, (unsigned long long)x->page_at, (long long)x->dict_n);
+                return fail(x,
+                            "corrupt: dictionary index %u out of range in the page at byte %llu (the dictionary "
+                            "has %lld values)",
+                            k, (unsigned long long)x->page_at, (long long)x->dict_n);
             *v = x->dict[k];
         } else if (plain_next(x, &p, end, v) != 0) {
             return -1;
@@ -400,17 +410,19 @@ static int data_page_v1(chunk_ctx *x, const page_header *h, const uint8_t *store
     }
     int64_t nulls;
     if (add_values(x, h->nv, dp, h->enc, page + pos, len - pos, &nulls) != 0) return -1;
-    if (dp && def.bad) return fail(x, "corrupt: malformed definition levels in the page at byte %llu",
-                                   (unsigned long long)x->page_at);
+    if (dp && def.bad)
+        return fail(x, "corrupt: malformed definition levels in the page at byte %llu", (unsigned long long)x->page_at);
     return 0;
 }
 
 static int data_page_v2(chunk_ctx *x, const page_header *h, const uint8_t *stored) {
     if (h->def_len < 0 || h->rep_len != 0 || h->def_len > h->csize || h->def_len > h->usize ||
         (!x->f->max_def && h->def_len != 0))
-        return fail(x, "corrupt: the page at byte %llu has %lld bytes of definition and %lld of repetition levels "
-                    "(the column has %s and no repetition)", (unsigned long long)x->page_at, (long long)h->def_len,
-                    (long long)h->rep_len, x->f->max_def ? "definition levels" : "none");
+        return fail(x,
+                    "corrupt: the page at byte %llu has %lld bytes of definition and %lld of repetition levels "
+                    "(the column has %s and no repetition)",
+                    (unsigned long long)x->page_at, (long long)h->def_len, (long long)h->rep_len,
+                    x->f->max_def ? "definition levels" : "none");
     if (h->nulls < 0 || h->nulls > h->nv || h->rows != h->nv)
         return fail(x, "corrupt: the page at byte %llu declares %lld values, %lld nulls and %lld rows",
                     (unsigned long long)x->page_at, (long long)h->nv, (long long)h->nulls, (long long)h->rows);
@@ -430,8 +442,8 @@ static int data_page_v2(chunk_ctx *x, const page_header *h, const uint8_t *store
     int64_t nulls;
     if (add_values(x, h->nv, x->f->max_def ? &def : NULL, h->enc, vals, (size_t)(h->usize - h->def_len), &nulls) != 0)
         return -1;
-    if (def.bad) return fail(x, "corrupt: malformed definition levels in the page at byte %llu",
-                             (unsigned long long)x->page_at);
+    if (def.bad)
+        return fail(x, "corrupt: malformed definition levels in the page at byte %llu", (unsigned long long)x->page_at);
     if (nulls != h->nulls)
         return fail(x, "corrupt: the page at byte %llu declares %lld nulls but its levels hold %lld",
                     (unsigned long long)x->page_at, (long long)h->nulls, (long long)nulls);
@@ -452,9 +464,10 @@ static int one_page(chunk_ctx *x, const uint8_t *chunk, size_t len, size_t *pos)
     /* a bomb: pages that claim more than the chunk's metadata says they hold */
     x->declared += (uint64_t)h.usize;
     if (x->declared > (uint64_t)x->c->total_uncompressed)
-        return fail(x, "corrupt: the pages declare more than the %lld uncompressed bytes of the chunk's metadata "
-                    "(page at byte %llu declares %lld)", (long long)x->c->total_uncompressed,
-                    (unsigned long long)x->page_at, (long long)h.usize);
+        return fail(x,
+                    "corrupt: the pages declare more than the %lld uncompressed bytes of the chunk's metadata "
+                    "(page at byte %llu declares %lld)",
+                    (long long)x->c->total_uncompressed, (unsigned long long)x->page_at, (long long)h.usize);
     const uint8_t *stored = chunk + *pos + hl;
     if (h.has_crc && (uint32_t)crc32(0, stored, (uInt)h.csize) != (uint32_t)h.crc)
         return fail(x, "corrupt: the page at byte %llu fails its CRC-32 check", (unsigned long long)x->page_at);
@@ -475,7 +488,8 @@ static int one_page(chunk_ctx *x, const uint8_t *chunk, size_t len, size_t *pos)
         x->seen_data = 1;
         return data_page_v2(x, &h, stored);
     case P_INDEX: return 0;
-    default: return fail(x, "unsupported: page type %lld at byte %llu", (long long)h.type, (unsigned long long)x->page_at);
+    default:
+        return fail(x, "unsupported: page type %lld at byte %llu", (long long)h.type, (unsigned long long)x->page_at);
     }
     return fail(x, "corrupt: the page at byte %llu has no header for its type %lld", (unsigned long long)x->page_at,
                 (long long)h.type);

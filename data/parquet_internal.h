@@ -34,13 +34,13 @@ typedef struct {
 
 struct pq_file {
     char *name, *column;
-    int fd;                 /* -1: an image in memory */
+    int fd; /* -1: an image in memory */
     const uint8_t *mem;
     uint64_t size;
-    uint64_t data_end;      /* where the footer starts */
+    uint64_t data_end; /* where the footer starts */
     pq_limits lim;
-    int max_def;            /* 0: REQUIRED, 1: OPTIONAL */
-    int leaf;               /* the column's place among the schema's leaves */
+    int max_def; /* 0: REQUIRED, 1: OPTIONAL */
+    int leaf;    /* the column's place among the schema's leaves */
     int n_leaves;
     int n_rg;
     pq_chunk *rg;

@@ -31,7 +31,7 @@
 #include <zstd.h>
 
 #define DEFAULT_PIECE_BYTES ((size_t)256 << 10) /* tokenize long documents in pieces of about this size */
-#define BATCH_BYTES ((size_t)16 << 20)  /* text handed to the threads at once */
+#define BATCH_BYTES ((size_t)16 << 20)          /* text handed to the threads at once */
 #define BATCH_ITEMS 16384
 #define DEFAULT_SHARD_TOKENS 100000000ull
 #define DEFAULT_VAL_FRACTION 0.01
@@ -74,11 +74,14 @@ size_t data_prepare_utf8_check(const unsigned char *s, size_t len) {
     return len;
 }
 
-static int is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static int is_space(unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 static int is_alpha(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
 static int is_piece_boundary(const char *t, size_t len, size_t p) {
-    return p > 0 && p + 1 < len && t[p] == ' ' && !is_space((unsigned char)t[p - 1]) && is_alpha((unsigned char)t[p + 1]);
+    return p > 0 && p + 1 < len && t[p] == ' ' && !is_space((unsigned char)t[p - 1]) &&
+        is_alpha((unsigned char)t[p + 1]);
 }
 
 size_t data_prepare_piece_end(const char *text, size_t len, size_t start, size_t target) {
@@ -280,8 +283,10 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     if (S_ISDIR(st.st_mode)) {
         if (walk(l, input, 0, err, errlen) != 0) return -1;
         if (l->n == 0) {
-            util_set_err(err, errlen, "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) nor "
-                                ".parquet files in the folder", input);
+            util_set_err(err, errlen,
+                         "%s: empty input: no .txt, .jsonl or .json files (optionally .gz or .zst) nor "
+                         ".parquet files in the folder",
+                         input);
             return -1;
         }
         qsort(l->v, l->n, sizeof *l->v, cmp_files);
@@ -290,9 +295,11 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
     int comp;
     int kind = kind_of(input, &comp);
     if (!S_ISREG(st.st_mode) || kind < 0) {
-        util_set_err(err, errlen,
-               "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst), a .parquet "
-               "file or a folder", input);
+        util_set_err(
+            err, errlen,
+            "%s: unsupported input: expected a .txt, .jsonl or .json file (optionally .gz or .zst), a .parquet "
+            "file or a folder",
+            input);
         return -1;
     }
     if (list_add(l, input, kind, comp, (uint64_t)st.st_size) != 0) {
@@ -306,8 +313,8 @@ static int collect_inputs(in_list *l, const char *input, char *err, size_t errle
 typedef struct {
     const char *data;
     size_t len;
-    int owned;        /* decompressed into the heap (free), else mapped (munmap) */
-    pq_column *col;   /* instead: a Parquet row group's text column, whose values items point into */
+    int owned;      /* decompressed into the heap (free), else mapped (munmap) */
+    pq_column *col; /* instead: a Parquet row group's text column, whose values items point into */
 } fmap;
 
 /* Append n bytes to a growing heap buffer. */
@@ -393,7 +400,8 @@ static int inflate_file(const char *path, int comp, fmap *m, char *err, size_t e
             ZSTD_outBuffer out = {chunk, sizeof chunk, 0};
             last = ZSTD_decompressStream(z, &out, &in);
             if (ZSTD_isError(last)) {
-                util_set_err(err, errlen, "%s: corrupt zstd data after %zu bytes: %s", path, len, ZSTD_getErrorName(last));
+                util_set_err(err, errlen, "%s: corrupt zstd data after %zu bytes: %s", path, len,
+                             ZSTD_getErrorName(last));
                 rc = -1;
                 break;
             }
@@ -509,19 +517,19 @@ typedef struct {
     int kind;
     const char *data; /* text piece, or one JSON line */
     size_t len;
-    size_t file;      /* index into the input list */
-    uint64_t offset;  /* byte offset of data in its file */
-    uint64_t line;    /* ITEM_JSON: 1-based line number; ITEM_TEXT of a Parquet value: its row, from 1 */
-    int rg;           /* ITEM_TEXT of a Parquet value: its row group, else -1 */
-    int bos, eos;     /* first / last piece of its document */
-    int split;        /* 0 train, 1 val */
+    size_t file;     /* index into the input list */
+    uint64_t offset; /* byte offset of data in its file */
+    uint64_t line;   /* ITEM_JSON: 1-based line number; ITEM_TEXT of a Parquet value: its row, from 1 */
+    int rg;          /* ITEM_TEXT of a Parquet value: its row group, else -1 */
+    int bos, eos;    /* first / last piece of its document */
+    int split;       /* 0 train, 1 val */
     /* results */
     uint32_t *ids;
     size_t n_ids;
-    size_t n_bytes;   /* text bytes tokenized */
-    int empty;        /* a JSON document with empty text */
+    size_t n_bytes; /* text bytes tokenized */
+    int empty;      /* a JSON document with empty text */
     int failed;
-    char *error;      /* why it failed (NULL when out of memory) */
+    char *error; /* why it failed (NULL when out of memory) */
 } item;
 
 typedef struct {
@@ -544,10 +552,9 @@ static void work_item(const batch_ctx *c, item *it) {
         json_error_t jerr;
         root = json_loadb(it->data, it->len, JSON_ALLOW_NUL, &jerr);
         if (!root) {
-            it->error = xstrdup_printf("%s:%llu: invalid JSON at byte offset %llu: %s", path,
-                                       (unsigned long long)it->line,
-                                       (unsigned long long)(it->offset + (uint64_t)(jerr.position > 0 ? jerr.position : 0)),
-                                       jerr.text);
+            it->error = xstrdup_printf(
+                "%s:%llu: invalid JSON at byte offset %llu: %s", path, (unsigned long long)it->line,
+                (unsigned long long)(it->offset + (uint64_t)(jerr.position > 0 ? jerr.position : 0)), jerr.text);
             return;
         }
         json_t *v = json_is_object(root) ? json_object_get(root, c->field) : NULL;
@@ -569,7 +576,8 @@ static void work_item(const batch_ctx *c, item *it) {
         size_t bad = data_prepare_utf8_check((const unsigned char *)text, len);
         if (bad < len && it->rg >= 0)
             it->error = xstrdup_printf("%s: row group %d, row %llu: invalid UTF-8 at byte offset %llu of its text "
-                                       "(byte 0x%02x)", path, it->rg, (unsigned long long)it->line,
+                                       "(byte 0x%02x)",
+                                       path, it->rg, (unsigned long long)it->line,
                                        (unsigned long long)(it->offset + bad), (unsigned char)text[bad]);
         else if (bad < len)
             it->error = xstrdup_printf("%s: invalid UTF-8 at byte offset %llu (byte 0x%02x)", path,
@@ -578,13 +586,11 @@ static void work_item(const batch_ctx *c, item *it) {
     }
     it->n_bytes = len;
     if (tok_encode(c->tok, text, len, 0, 0, 0, &it->ids, &it->n_ids, err, sizeof err) != 0) {
-        if (it->kind == ITEM_JSON)
-            it->error = xstrdup_printf("%s:%llu: %s", path, (unsigned long long)it->line, err);
+        if (it->kind == ITEM_JSON) it->error = xstrdup_printf("%s:%llu: %s", path, (unsigned long long)it->line, err);
         else if (it->rg >= 0)
-            it->error = xstrdup_printf("%s: row group %d, row %llu: %s", path, it->rg, (unsigned long long)it->line,
-                                       err);
-        else
-            it->error = xstrdup_printf("%s: at byte offset %llu: %s", path, (unsigned long long)it->offset, err);
+            it->error =
+                xstrdup_printf("%s: row group %d, row %llu: %s", path, it->rg, (unsigned long long)it->line, err);
+        else it->error = xstrdup_printf("%s: at byte offset %llu: %s", path, (unsigned long long)it->offset, err);
         it->ids = NULL;
         it->n_ids = 0;
     } else {
@@ -607,12 +613,12 @@ static void *worker(void *arg) {
 /* ---- output ---------------------------------------------------------------------------------- */
 
 typedef struct {
-    char *tmpdir;        /* the folder being written */
+    char *tmpdir; /* the folder being written */
     uint32_t vocab;
     int64_t bos, eos;
     uint64_t shard_tokens;
-    shard_writer *w;     /* open shard or NULL */
-    ps_spool *spool;     /* several ranks: tokens go to this rank's spool instead */
+    shard_writer *w; /* open shard or NULL */
+    ps_spool *spool; /* several ranks: tokens go to this rank's spool instead */
     int cur_split;
     shard_index_split splits[2];
     int cap[2];
@@ -819,9 +825,9 @@ static int parse_args(int argc, char **argv, prep_opts *o) {
             o->quiet = 1;
             continue;
         }
-        static const char *const names[] = {"--tokenizer", "--input",     "--output",     "--val-fraction",
-                                            "--threads",   "--shard-tokens", "--text-field", "--vocab-size",
-                                            "--piece-bytes"};
+        static const char *const names[] = {"--tokenizer",    "--input",      "--output",
+                                            "--val-fraction", "--threads",    "--shard-tokens",
+                                            "--text-field",   "--vocab-size", "--piece-bytes"};
         int which = -1;
         const char *val = NULL;
         for (int k = 0; k < (int)(sizeof names / sizeof *names); k++) {
@@ -921,19 +927,19 @@ typedef struct {
     out_state out;
     item *items;
     size_t n_items, batch_bytes;
-    fmap *pending;       /* maps to release after the current batch */
+    fmap *pending; /* maps to release after the current batch */
     size_t n_pending, cap_pending;
-    char *owned_text;    /* single-document jsonl: the decoded text */
+    char *owned_text; /* single-document jsonl: the decoded text */
     uint64_t total_bytes, done_bytes, tokens, docs[2], empty_docs;
-    doclen_hist doclen[2];  /* each split's document lengths (stored tokens, BOS and EOS included) */
-    uint64_t cur_len[2];    /* tokens so far of each split's document being written */
+    doclen_hist doclen[2]; /* each split's document lengths (stored tokens, BOS and EOS included) */
+    uint64_t cur_len[2];   /* tokens so far of each split's document being written */
     double t0, last_progress;
     int progress;
-    pd_world w;          /* this rank among those of an mpirun; 1 rank otherwise */
-    size_t f0, f1;       /* the input files this rank tokenizes */
+    pd_world w;    /* this rank among those of an mpirun; 1 rank otherwise */
+    size_t f0, f1; /* the input files this rank tokenizes */
     ps_spool spool;
-    char rule[256];      /* how the val split was chosen */
-    int follower;        /* failed because another rank did: says nothing */
+    char rule[256]; /* how the val split was chosen */
+    int follower;   /* failed because another rank did: says nothing */
     char err[1024];
 } prep;
 
@@ -1085,9 +1091,10 @@ static int push_text(prep *p, size_t f, const char *base, size_t a, size_t b, in
 static int push_single(prep *p, size_t fi, const char *text, size_t len, const char *where, char *rule, size_t rn) {
     size_t cut = data_prepare_split_point(text, len, p->o.val_fraction);
     if (!cut) {
-        util_set_err(p->err, sizeof p->err,
-               "%s: a single document of %zu bytes is too short to hold out a validation part; use --val-fraction 0",
-               where, len);
+        util_set_err(
+            p->err, sizeof p->err,
+            "%s: a single document of %zu bytes is too short to hold out a validation part; use --val-fraction 0",
+            where, len);
         return -1;
     }
     snprintf(rule, rn, "single document cut at byte %zu of %zu of its text", cut, len);
@@ -1167,8 +1174,8 @@ static int setup(prep *p) {
     prep_opts *o = &p->o;
     struct stat st;
     if (lstat(o->output, &st) == 0) {
-        util_set_err(p->err, sizeof p->err, "%s: already exists; refusing to overwrite it (remove it or choose another --output)",
-               o->output);
+        util_set_err(p->err, sizeof p->err,
+                     "%s: already exists; refusing to overwrite it (remove it or choose another --output)", o->output);
         return -1;
     }
     if (collect_inputs(&p->files, o->input, p->err, sizeof p->err) != 0) return -1;
@@ -1177,8 +1184,8 @@ static int setup(prep *p) {
     uint32_t vocab = tok_vocab_size(p->tok);
     if (o->vocab_check >= 0 && (long long)vocab != o->vocab_check) {
         util_set_err(p->err, sizeof p->err,
-               "%s: the tokenizer's vocab size is %u but the model's vocab_size is %lld (--vocab-size)", o->tokenizer,
-               vocab, o->vocab_check);
+                     "%s: the tokenizer's vocab size is %u but the model's vocab_size is %lld (--vocab-size)",
+                     o->tokenizer, vocab, o->vocab_check);
         return -1;
     }
     p->out.vocab = vocab;
@@ -1186,7 +1193,7 @@ static int setup(prep *p) {
     p->out.eos = tok_eos_id(p->tok);
     if (p->out.bos < 0 && p->out.eos < 0) {
         util_set_err(p->err, sizeof p->err, "%s: the tokenizer has neither a BOS nor an EOS token to delimit documents",
-               o->tokenizer);
+                     o->tokenizer);
         return -1;
     }
     p->out.shard_tokens = o->shard_tokens;
@@ -1303,20 +1310,20 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
             if (single) {
                 size_t bad = data_prepare_utf8_check((const unsigned char *)m.data, m.len);
                 if (bad < m.len) {
-                    util_set_err(p->err, sizeof p->err, "%s: invalid UTF-8 at byte offset %zu (byte 0x%02x)", f->path, bad,
-                           (unsigned char)m.data[bad]);
+                    util_set_err(p->err, sizeof p->err, "%s: invalid UTF-8 at byte offset %zu (byte 0x%02x)", f->path,
+                                 bad, (unsigned char)m.data[bad]);
                     rc = -1;
                 } else {
                     size_t cut = data_prepare_split_point(m.data, m.len, o->val_fraction);
                     if (!cut) {
                         util_set_err(p->err, sizeof p->err,
-                               "%s: a single document of %zu bytes is too short to hold out a validation part; "
-                               "use --val-fraction 0",
-                               f->path, m.len);
+                                     "%s: a single document of %zu bytes is too short to hold out a validation part; "
+                                     "use --val-fraction 0",
+                                     f->path, m.len);
                         rc = -1;
                     } else {
-                        snprintf(p->rule, sizeof p->rule, "single document cut at byte %zu of %zu (a paragraph start)", cut,
-                                 m.len);
+                        snprintf(p->rule, sizeof p->rule, "single document cut at byte %zu of %zu (a paragraph start)",
+                                 cut, m.len);
                         rc = push_text(p, fi, m.data, 0, cut, 0);
                         if (!rc) rc = push_text(p, fi, m.data, cut, m.len, 1);
                     }
@@ -1339,13 +1346,15 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
                         json_t *root = json_loadb(m.data + pos, end - pos, JSON_ALLOW_NUL, &jerr);
                         json_t *v = root && json_is_object(root) ? json_object_get(root, o->field) : NULL;
                         if (!root) {
-                            util_set_err(p->err, sizeof p->err, "%s:%llu: invalid JSON at byte offset %llu: %s", f->path,
-                                   (unsigned long long)line, (unsigned long long)(pos + (size_t)(jerr.position > 0 ? jerr.position : 0)),
-                                   jerr.text);
+                            util_set_err(p->err, sizeof p->err, "%s:%llu: invalid JSON at byte offset %llu: %s",
+                                         f->path, (unsigned long long)line,
+                                         (unsigned long long)(pos + (size_t)(jerr.position > 0 ? jerr.position : 0)),
+                                         jerr.text);
                             rc = -1;
                         } else if (!json_is_string(v)) {
-                            util_set_err(p->err, sizeof p->err, "%s:%llu: expected a JSON object with a \"%s\" string field",
-                                   f->path, (unsigned long long)line, o->field);
+                            util_set_err(p->err, sizeof p->err,
+                                         "%s:%llu: expected a JSON object with a \"%s\" string field", f->path,
+                                         (unsigned long long)line, o->field);
                             rc = -1;
                         } else {
                             size_t tl = json_string_length(v);
@@ -1358,13 +1367,13 @@ static int tokenize_range(prep *p, uint64_t doc0, uint64_t D, uint64_t V, int si
                                 size_t cut = data_prepare_split_point(p->owned_text, tl, o->val_fraction);
                                 if (!cut) {
                                     util_set_err(p->err, sizeof p->err,
-                                           "%s:%llu: a single document of %zu bytes is too short to hold out a "
-                                           "validation part; use --val-fraction 0",
-                                           f->path, (unsigned long long)line, tl);
+                                                 "%s:%llu: a single document of %zu bytes is too short to hold out a "
+                                                 "validation part; use --val-fraction 0",
+                                                 f->path, (unsigned long long)line, tl);
                                     rc = -1;
                                 } else {
-                                    snprintf(p->rule, sizeof p->rule, "single document cut at byte %zu of %zu of its text",
-                                             cut, tl);
+                                    snprintf(p->rule, sizeof p->rule,
+                                             "single document cut at byte %zu of %zu of its text", cut, tl);
                                     rc = push_text(p, fi, p->owned_text, 0, cut, 0);
                                     if (!rc) rc = push_text(p, fi, p->owned_text, cut, tl, 1);
                                 }
@@ -1431,7 +1440,8 @@ static int publish(prep *p, shard_index_split sp_in[2], uint64_t docs[2]) {
         return -1;
     }
     if (rename(p->out.tmpdir, o->output) != 0) {
-        util_set_err(p->err, sizeof p->err, "%s: cannot rename %s to it: %s", o->output, p->out.tmpdir, strerror(errno));
+        util_set_err(p->err, sizeof p->err, "%s: cannot rename %s to it: %s", o->output, p->out.tmpdir,
+                     strerror(errno));
         return -1;
     }
     shard_fsync_parent(o->output);
@@ -1492,8 +1502,8 @@ static int finish_ranks(prep *p, uint64_t D) {
     p->empty_docs = v[R * 2 + 2];
     p->done_bytes = v[R * 2 + 3];
     shard_index_split sp[2];
-    rc = ps_write_shards(&p->w, p->out.tmpdir, p->out.vocab, p->out.bos, p->out.eos, p->out.shard_tokens, v, sp,
-                         p->err, sizeof p->err);
+    rc = ps_write_shards(&p->w, p->out.tmpdir, p->out.vocab, p->out.bos, p->out.eos, p->out.shard_tokens, v, sp, p->err,
+                         sizeof p->err);
     free(v);
     if (rc != 0) {
         if (!strcmp(p->err, "another rank failed writing shards")) p->follower = 1;
@@ -1503,7 +1513,7 @@ static int finish_ranks(prep *p, uint64_t D) {
     if (pd_any(&p->w, 0)) return -1; /* every spool is gone before the rename */
     if (sp[0].n_tokens == 0 && sp[1].n_tokens == 0) {
         util_set_err(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", p->o.input,
-               (unsigned long long)D);
+                     (unsigned long long)D);
         ps_splits_free(sp);
         return fail_alike(p);
     }
@@ -1542,9 +1552,10 @@ static int run(prep *p) {
     if (D == 0) {
         if (p->files.n == 1)
             util_set_err(p->err, sizeof p->err, "%s: empty input (%llu bytes, no documents)", p->files.v[0].path,
-                   (unsigned long long)p->files.v[0].size);
+                         (unsigned long long)p->files.v[0].size);
         else
-            util_set_err(p->err, sizeof p->err, "%s: empty input: its %zu files hold no documents", o->input, p->files.n);
+            util_set_err(p->err, sizeof p->err, "%s: empty input: its %zu files hold no documents", o->input,
+                         p->files.n);
         return fail_alike(p);
     }
     int single = D == 1 && o->val_fraction > 0;
@@ -1572,8 +1583,7 @@ static int run(prep *p) {
     /* the rule is the same on every rank but the one that cut a single document */
     if (V > 0)
         snprintf(p->rule, sizeof p->rule, "last %llu of %llu documents", (unsigned long long)V, (unsigned long long)D);
-    else if (single && p->w.size > 1) { /* the rank that cut the one document says where */
-        uint64_t c[sizeof p->rule];
+    else if (single && p->w.size > 1) { /* the rank that cut the one document says where */ uint64_t c[sizeof p->rule];
         const int mine = strcmp(p->rule, "none") != 0;
         for (size_t i = 0; i < sizeof p->rule; i++) c[i] = mine ? (unsigned char)p->rule[i] : 0;
         pd_sum_u64(&p->w, c, sizeof p->rule);
@@ -1585,7 +1595,7 @@ static int run(prep *p) {
     if (out_close_shard(&p->out, p->err, sizeof p->err) != 0) return -1;
     if (p->out.splits[0].n_tokens == 0 && p->out.splits[1].n_tokens == 0) {
         util_set_err(p->err, sizeof p->err, "%s: empty input: no text in its %llu documents", o->input,
-               (unsigned long long)D);
+                     (unsigned long long)D);
         return -1;
     }
     for (int s = 0; s < 2; s++)

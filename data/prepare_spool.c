@@ -43,7 +43,7 @@ static int spool_flush(ps_spool *s, char *err, size_t errlen) {
     }
     if (shard_write_all(s->fd[sp], s->buf, s->buf_n) != 0) {
         util_set_err(err, errlen, "%s: cannot write the %s tokens of rank %d: %s", s->dir, split_name(sp), s->rank,
-               strerror(errno));
+                     strerror(errno));
         return -1;
     }
     s->buf_n = 0;
@@ -70,7 +70,8 @@ int ps_spool_close(ps_spool *s, char *err, size_t errlen) {
     for (int sp = 0; sp < 2; sp++)
         if (s->fd[sp] >= 0) {
             if (close(s->fd[sp]) != 0 && rc == 0) {
-                util_set_err(err, errlen, "%s: cannot close the spool of rank %d: %s", s->dir, s->rank, strerror(errno));
+                util_set_err(err, errlen, "%s: cannot close the spool of rank %d: %s", s->dir, s->rank,
+                             strerror(errno));
                 rc = -1;
             }
             s->fd[sp] = -1;
@@ -116,7 +117,8 @@ static int copy_range(const char *dir, int split, uint32_t width, const uint64_t
                     ssize_t m = pread(fd, raw + got, bytes - got, (off_t)((a - start) * width + got));
                     if (m < 0 && errno == EINTR) continue;
                     if (m <= 0) {
-                        util_set_err(err, errlen, "%s: read error: %s", path, m < 0 ? strerror(errno) : "file too short");
+                        util_set_err(err, errlen, "%s: read error: %s", path,
+                                     m < 0 ? strerror(errno) : "file too short");
                         close(fd);
                         return -1;
                     }
@@ -148,9 +150,8 @@ void ps_splits_free(shard_index_split out[2]) {
     }
 }
 
-int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t bos, int64_t eos,
-                    uint64_t shard_tokens, const uint64_t *counts, shard_index_split out[2], char *err,
-                    size_t errlen) {
+int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t bos, int64_t eos, uint64_t shard_tokens,
+                    const uint64_t *counts, shard_index_split out[2], char *err, size_t errlen) {
     const uint32_t width = shard_token_bytes_for_vocab(vocab);
     uint32_t *ids = malloc(COPY_TOKENS * sizeof *ids);
     unsigned char *raw = malloc(COPY_TOKENS * width);

@@ -22,9 +22,9 @@ typedef struct {
     char *dir;
     int rank;
     uint32_t width;
-    int fd[2];            /* train, val; -1 until the first token */
-    uint64_t n[2];        /* tokens spooled */
-    unsigned char *buf;   /* ids waiting to be written */
+    int fd[2];          /* train, val; -1 until the first token */
+    uint64_t n[2];      /* tokens spooled */
+    unsigned char *buf; /* ids waiting to be written */
     size_t buf_n, buf_cap;
     int buf_split;
 } ps_spool;
@@ -42,9 +42,8 @@ void ps_spool_remove(ps_spool *s);
  * names, token counts and CRCs of every shard; n_documents left 0); free them with
  * ps_splits_free. -1 with a message when this rank failed; the caller agrees with the
  * others (pd_any) before going on. */
-int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t bos, int64_t eos,
-                    uint64_t shard_tokens, const uint64_t *counts, shard_index_split out[2], char *err,
-                    size_t errlen);
+int ps_write_shards(const pd_world *w, const char *dir, uint32_t vocab, int64_t bos, int64_t eos, uint64_t shard_tokens,
+                    const uint64_t *counts, shard_index_split out[2], char *err, size_t errlen);
 void ps_splits_free(shard_index_split out[2]);
 
 #endif

@@ -14,7 +14,8 @@ const char PRETOK_LLAMA3_PATTERN[] =
 const char PRETOK_GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 /* Unicode White_Space (what \s means in Rust's regex crate and Oniguruma). */
-#define WS_ITEMS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WS_ITEMS                                                                                                       \
+    "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
 struct pretok {
     pcre2_code *code;
@@ -151,16 +152,14 @@ void pretok_ctx_free(pretok_ctx *c) {
 
 static size_t utf8_char_len(uint8_t b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
 
-int pretok_split(const pretok *p, pretok_ctx *c, const uint8_t *text, size_t len, pretok_fn fn, void *user,
-                 char *err, size_t errlen) {
+int pretok_split(const pretok *p, pretok_ctx *c, const uint8_t *text, size_t len, pretok_fn fn, void *user, char *err,
+                 size_t errlen) {
     size_t pos = 0, gap = 0; /* gap: start of unmatched text not yet emitted */
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
     while (pos < len) {
         int rc;
-        if (p->jit)
-            rc = pcre2_jit_match(p->code, (PCRE2_SPTR)text, len, pos, 0, c->md, c->mctx);
-        else
-            rc = pcre2_match(p->code, (PCRE2_SPTR)text, len, pos, PCRE2_NO_UTF_CHECK, c->md, c->mctx);
+        if (p->jit) rc = pcre2_jit_match(p->code, (PCRE2_SPTR)text, len, pos, 0, c->md, c->mctx);
+        else rc = pcre2_match(p->code, (PCRE2_SPTR)text, len, pos, PCRE2_NO_UTF_CHECK, c->md, c->mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
             rc == PCRE2_ERROR_HEAPLIMIT) {
             /* retry without JIT (the interpreter keeps its backtracking on the heap) */

@@ -38,8 +38,8 @@ void pretok_ctx_free(pretok_ctx *c);
  * Returns 0, the callback's non-zero value, or -1 with err set when matching
  * fails. */
 typedef int (*pretok_fn)(const uint8_t *piece, size_t len, void *user);
-int pretok_split(const pretok *p, pretok_ctx *c, const uint8_t *text, size_t len, pretok_fn fn, void *user,
-                 char *err, size_t errlen);
+int pretok_split(const pretok *p, pretok_ctx *c, const uint8_t *text, size_t len, pretok_fn fn, void *user, char *err,
+                 size_t errlen);
 
 /* Rewrite \s and \S as explicit White_Space classes. Returns a malloc'ed
  * pattern, or NULL with err set (\S inside a character class is not supported). */

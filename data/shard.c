@@ -54,14 +54,14 @@ void shard_header_encode(const shard_header *h, unsigned char out[SHARD_HEADER_B
     put32(out + 60, crc32c(0, out, 60));
 }
 
-int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size, const char *path,
-                        shard_header *h, char *err, size_t errlen) {
+int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size, const char *path, shard_header *h,
+                        char *err, size_t errlen) {
     if (len < SHARD_HEADER_BYTES) {
         if (len >= 8 && memcmp(buf, SHARD_MAGIC, 8) != 0)
             util_set_err(err, errlen, "%s: not a tetra token shard (wrong magic; expected \"%s\")", path, SHARD_MAGIC);
         else
             util_set_err(err, errlen, "%s: truncated shard: %zu bytes, shorter than the %u-byte header", path, len,
-                   SHARD_HEADER_BYTES);
+                         SHARD_HEADER_BYTES);
         return -1;
     }
     if (memcmp(buf, SHARD_MAGIC, 8) != 0) {
@@ -71,7 +71,7 @@ int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size
     uint32_t version = get32(buf + 8);
     if (version != SHARD_VERSION) {
         util_set_err(err, errlen, "%s: shard format version %u is not supported (this build reads version %u)", path,
-               version, SHARD_VERSION);
+                     version, SHARD_VERSION);
         return -1;
     }
     if (get32(buf + 60) != crc32c(0, buf, 60) || get32(buf + 12) != SHARD_HEADER_BYTES) {
@@ -89,7 +89,7 @@ int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size
     if (h->vocab_size == 0 || (h->token_bytes != 2 && h->token_bytes != 4) ||
         (h->token_bytes == 2 && h->vocab_size > 65536u)) {
         util_set_err(err, errlen, "%s: invalid shard header (vocab size %u, token width %u bytes)", path, h->vocab_size,
-               h->token_bytes);
+                     h->token_bytes);
         return -1;
     }
     if (h->n_tokens > (UINT64_MAX - SHARD_HEADER_BYTES) / h->token_bytes) {
@@ -100,13 +100,14 @@ int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size
         uint64_t want = SHARD_HEADER_BYTES + h->n_tokens * h->token_bytes;
         if (file_size < want) {
             util_set_err(err, errlen,
-                   "%s: truncated shard: the header says %llu tokens (%llu bytes) but the file has %llu bytes", path,
-                   (unsigned long long)h->n_tokens, (unsigned long long)want, (unsigned long long)file_size);
+                         "%s: truncated shard: the header says %llu tokens (%llu bytes) but the file has %llu bytes",
+                         path, (unsigned long long)h->n_tokens, (unsigned long long)want,
+                         (unsigned long long)file_size);
             return -1;
         }
         if (file_size > want) {
             util_set_err(err, errlen, "%s: corrupt shard: %llu bytes after the %llu tokens the header announces", path,
-                   (unsigned long long)(file_size - want), (unsigned long long)h->n_tokens);
+                         (unsigned long long)(file_size - want), (unsigned long long)h->n_tokens);
             return -1;
         }
     }
@@ -163,8 +164,8 @@ struct shard_writer {
     size_t used;
 };
 
-shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t bos_id, int64_t eos_id,
-                                char *err, size_t errlen) {
+shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t bos_id, int64_t eos_id, char *err,
+                                size_t errlen) {
     if (vocab_size == 0) {
         util_set_err(err, errlen, "%s: vocab size must be positive", path);
         return NULL;
@@ -225,7 +226,8 @@ int shard_writer_append(shard_writer *w, const uint32_t *ids, size_t n, char *er
     for (size_t i = 0; i < n; i++) {
         uint32_t v = ids[i];
         if (v >= w->h.vocab_size) {
-            util_set_err(err, errlen, "%s: token id %u is outside the vocabulary (size %u)", w->path, v, w->h.vocab_size);
+            util_set_err(err, errlen, "%s: token id %u is outside the vocabulary (size %u)", w->path, v,
+                         w->h.vocab_size);
             return -1;
         }
         if (w->used + tb > WRITER_BUF && writer_flush(w, err, errlen) != 0) return -1;
@@ -331,8 +333,9 @@ int shard_open(shard_file *s, const char *path, int verify, char *err, size_t er
     if (verify) {
         uint32_t c = crc32c(0, s->tokens, (size_t)(s->h.n_tokens * s->h.token_bytes));
         if (c != s->h.crc32c) {
-            util_set_err(err, errlen, "%s: checksum mismatch: payload CRC-32C is %08x, the header says %08x (corrupt shard)",
-                   path, c, s->h.crc32c);
+            util_set_err(err, errlen,
+                         "%s: checksum mismatch: payload CRC-32C is %08x, the header says %08x (corrupt shard)", path,
+                         c, s->h.crc32c);
             goto fail;
         }
     }
@@ -359,8 +362,8 @@ void shard_read_tokens(const shard_file *s, uint64_t first, size_t n, int32_t *o
         for (size_t i = 0; i < n; i++, p += 2) out[i] = (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8));
     } else {
         for (size_t i = 0; i < n; i++, p += 4)
-            out[i] = (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-                               ((uint32_t)p[3] << 24));
+            out[i] =
+                (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
     }
 }
 
@@ -371,23 +374,25 @@ void shard_read_tokens(const shard_file *s, uint64_t first, size_t n, int32_t *o
 static int read_doc_lengths(json_t *dl, shard_index_split *sp, const char *path, char *err, size_t errlen) {
     if (!dl) return 0;
     if (!json_is_array(dl) || !(sp->doc_lengths = calloc(1, sizeof *sp->doc_lengths))) {
-        util_set_err(err, errlen, "%s: split \"%s\": \"document_lengths\" is not an array (or out of memory)", path, sp->name);
+        util_set_err(err, errlen, "%s: split \"%s\": \"document_lengths\" is not an array (or out of memory)", path,
+                     sp->name);
         return -1;
     }
     for (size_t i = 0; i < json_array_size(dl); i++) {
         json_int_t low = 0, count = 0, tokens = 0;
         if (json_unpack(json_array_get(dl, i), "[I, I, I]", &low, &count, &tokens) != 0 || low < 1 || count < 1) {
-            util_set_err(err, errlen, "%s: split \"%s\": document_lengths[%zu] is not [length, documents, tokens]", path,
-                   sp->name, i);
+            util_set_err(err, errlen, "%s: split \"%s\": document_lengths[%zu] is not [length, documents, tokens]",
+                         path, sp->name, i);
             return -1;
         }
         const int b = doclen_bucket((uint64_t)low);
         const double hi = b + 1 < DOCLEN_BUCKETS ? (double)doclen_bucket_low(b + 1) : 1e300;
         if (doclen_bucket_low(b) != (uint64_t)low || (double)tokens < (double)count * (double)low ||
             (double)tokens >= (double)count * hi) {
-            util_set_err(err, errlen, "%s: split \"%s\": document_lengths[%zu] = [%lld, %lld, %lld] is not a bucket of "
-                   "lengths from %lld", path, sp->name, i, (long long)low, (long long)count, (long long)tokens,
-                   (long long)low);
+            util_set_err(err, errlen,
+                         "%s: split \"%s\": document_lengths[%zu] = [%lld, %lld, %lld] is not a bucket of "
+                         "lengths from %lld",
+                         path, sp->name, i, (long long)low, (long long)count, (long long)tokens, (long long)low);
             return -1;
         }
         sp->doc_lengths->count[b] = (uint64_t)count;
@@ -433,9 +438,10 @@ int shard_index_write(const char *dir, const shard_index *ix, char *err, size_t 
             json_t *dl = json_array();
             for (int b = 0; b < DOCLEN_BUCKETS; b++)
                 if (sp->doc_lengths->count[b])
-                    json_array_append_new(dl, json_pack("[I, I, I]", (json_int_t)doclen_bucket_low(b),
-                                                        (json_int_t)sp->doc_lengths->count[b],
-                                                        (json_int_t)sp->doc_lengths->tokens[b]));
+                    json_array_append_new(dl,
+                                          json_pack("[I, I, I]", (json_int_t)doclen_bucket_low(b),
+                                                    (json_int_t)sp->doc_lengths->count[b],
+                                                    (json_int_t)sp->doc_lengths->tokens[b]));
             json_object_set_new(o, "document_lengths", dl);
         }
         json_object_set_new(splits, sp->name, o);
@@ -505,9 +511,11 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     json_t *root = NULL;
     struct stat st;
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) { /* e.g. its index.json, or a text corpus */
-        util_set_err(err, errlen, "%s is a file, not a corpus folder: name the folder `tetra data prepare` wrote (the one "
-               "holding index.json and the token shards), or prepare one from this file with `tetra data prepare`",
-               dir);
+        util_set_err(
+            err, errlen,
+            "%s is a file, not a corpus folder: name the folder `tetra data prepare` wrote (the one "
+            "holding index.json and the token shards), or prepare one from this file with `tetra data prepare`",
+            dir);
         goto out;
     }
     if (stat(dir, &st) != 0) {
@@ -515,8 +523,8 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
         goto out;
     }
     if (access(path, F_OK) != 0) {
-        util_set_err(err, errlen, "%s: not found; %s is not a prepared corpus (make one with `tetra data prepare`)", path,
-               dir);
+        util_set_err(err, errlen, "%s: not found; %s is not a prepared corpus (make one with `tetra data prepare`)",
+                     path, dir);
         goto out;
     }
     root = json_load_file(path, 0, &jerr);
@@ -526,13 +534,14 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     }
     json_t *fmt = json_object_get(root, "format");
     if (!json_is_object(root) || !json_is_string(fmt) || strcmp(json_string_value(fmt), SHARD_INDEX_FORMAT) != 0) {
-        util_set_err(err, errlen, "%s: not a tetra token-shard index (\"format\" is not \"%s\")", path, SHARD_INDEX_FORMAT);
+        util_set_err(err, errlen, "%s: not a tetra token-shard index (\"format\" is not \"%s\")", path,
+                     SHARD_INDEX_FORMAT);
         goto out;
     }
     uint64_t version, vocab, tb;
     if (get_uint(root, "version", INT32_MAX, &version) != 0 || version != SHARD_INDEX_VERSION) {
         util_set_err(err, errlen, "%s: index version is not supported (this build reads version %d)", path,
-               SHARD_INDEX_VERSION);
+                     SHARD_INDEX_VERSION);
         goto out;
     }
     if (get_uint(root, "vocab_size", UINT32_MAX, &vocab) != 0 || vocab == 0 ||
@@ -547,10 +556,10 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
     ix->eos_id = json_is_integer(e) ? json_integer_value(e) : -1;
     ix->tokenizer = dup_opt_string(root, "tokenizer");
     ix->tokenizer_fingerprint = dup_opt_string(root, "tokenizer_fingerprint");
-    if (ix->tokenizer_fingerprint && (strlen(ix->tokenizer_fingerprint) != 16 ||
-                                      strspn(ix->tokenizer_fingerprint, "0123456789abcdef") != 16)) {
+    if (ix->tokenizer_fingerprint &&
+        (strlen(ix->tokenizer_fingerprint) != 16 || strspn(ix->tokenizer_fingerprint, "0123456789abcdef") != 16)) {
         util_set_err(err, errlen, "%s: \"tokenizer_fingerprint\" must be 16 lowercase hex digits, got \"%.40s\"", path,
-               ix->tokenizer_fingerprint);
+                     ix->tokenizer_fingerprint);
         goto out;
     }
     ix->input = dup_opt_string(root, "input");
@@ -592,8 +601,8 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
             uint64_t nt, crc;
             if (!json_is_string(f) || get_uint(sh, "tokens", UINT64_MAX >> 1, &nt) != 0 ||
                 get_uint(sh, "crc32c", UINT32_MAX, &crc) != 0) {
-                util_set_err(err, errlen, "%s: split \"%s\" shard %zu lacks \"file\", \"tokens\" or \"crc32c\"", path, name,
-                       k);
+                util_set_err(err, errlen, "%s: split \"%s\" shard %zu lacks \"file\", \"tokens\" or \"crc32c\"", path,
+                             name, k);
                 goto out;
             }
             const char *fs = json_string_value(f);
@@ -613,7 +622,7 @@ int shard_index_read(const char *dir, shard_index *ix, char *err, size_t errlen)
         }
         if (sum != sp->n_tokens) {
             util_set_err(err, errlen, "%s: split \"%s\" says %llu tokens but its shards hold %llu", path, name,
-                   (unsigned long long)sp->n_tokens, (unsigned long long)sum);
+                         (unsigned long long)sp->n_tokens, (unsigned long long)sum);
             goto out;
         }
         if (read_doc_lengths(json_object_get(so, "document_lengths"), sp, path, err, errlen) != 0) goto out;

@@ -61,27 +61,27 @@ uint32_t shard_token_bytes_for_vocab(uint32_t vocab_size);
 typedef struct {
     uint32_t version;
     uint32_t vocab_size;
-    uint32_t token_bytes;   /* 2 or 4 */
+    uint32_t token_bytes; /* 2 or 4 */
     uint64_t n_tokens;
-    uint32_t crc32c;        /* of the payload */
-    int64_t bos_id;         /* -1 = none */
-    int64_t eos_id;         /* -1 = none */
+    uint32_t crc32c; /* of the payload */
+    int64_t bos_id;  /* -1 = none */
+    int64_t eos_id;  /* -1 = none */
 } shard_header;
 
 /* Encode a header into 64 bytes (computes the header CRC). */
 void shard_header_encode(const shard_header *h, unsigned char out[SHARD_HEADER_BYTES]);
 /* Decode and check a header: magic, version, header CRC, token width and vocab
  * size. file_size (when not 0) must equal 64 + n*w; errors name path. */
-int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size, const char *path,
-                        shard_header *h, char *err, size_t errlen);
+int shard_header_decode(const unsigned char *buf, size_t len, uint64_t file_size, const char *path, shard_header *h,
+                        char *err, size_t errlen);
 
 /* ---- writing ------------------------------------------------------------ */
 
 typedef struct shard_writer shard_writer;
 
 /* Create path (written as path.tmp until shard_writer_close). */
-shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t bos_id, int64_t eos_id,
-                                char *err, size_t errlen);
+shard_writer *shard_writer_open(const char *path, uint32_t vocab_size, int64_t bos_id, int64_t eos_id, char *err,
+                                size_t errlen);
 /* Append ids; every id must be < vocab_size. */
 int shard_writer_append(shard_writer *w, const uint32_t *ids, size_t n, char *err, size_t errlen);
 uint64_t shard_writer_tokens(const shard_writer *w);
@@ -96,9 +96,9 @@ void shard_writer_abort(shard_writer *w);
 typedef struct {
     char *path;
     shard_header h;
-    const unsigned char *map;     /* whole file */
+    const unsigned char *map; /* whole file */
     size_t map_len;
-    const unsigned char *tokens;  /* payload = map + 64 */
+    const unsigned char *tokens; /* payload = map + 64 */
 } shard_file;
 
 /* Map and validate path. verify = 1 also checks the payload CRC. */
@@ -117,13 +117,13 @@ void shard_read_tokens(const shard_file *s, uint64_t first, size_t n, int32_t *o
 /* ---- index.json ----------------------------------------------------------- */
 
 typedef struct {
-    char *file;            /* relative to the corpus folder */
+    char *file; /* relative to the corpus folder */
     uint64_t n_tokens;
     uint32_t crc32c;
 } shard_index_shard;
 
 typedef struct {
-    char *name;            /* "train", "val" */
+    char *name; /* "train", "val" */
     uint64_t n_documents;
     uint64_t n_tokens;
     int n_shards;
@@ -138,11 +138,11 @@ typedef struct {
     uint32_t vocab_size;
     uint32_t token_bytes;
     int64_t bos_id, eos_id;
-    char *tokenizer;       /* informational; may be NULL */
+    char *tokenizer;             /* informational; may be NULL */
     char *tokenizer_fingerprint; /* tok_fingerprint as 16 hex digits; NULL in older indexes */
-    char *input;           /* informational; may be NULL */
+    char *input;                 /* informational; may be NULL */
     double val_fraction;
-    char *val_rule;        /* informational; may be NULL */
+    char *val_rule; /* informational; may be NULL */
     int n_splits;
     shard_index_split *splits;
 } shard_index;

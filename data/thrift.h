@@ -43,10 +43,10 @@ enum {
 
 typedef struct {
     const uint8_t *start, *p, *end;
-    int bad;              /* set on the first malformed byte; sticky */
-    const char *why;      /* what was malformed (static text) */
-    size_t bad_at;        /* offset from start where it was found */
-    int depth;            /* structs entered and not yet left */
+    int bad;         /* set on the first malformed byte; sticky */
+    const char *why; /* what was malformed (static text) */
+    size_t bad_at;   /* offset from start where it was found */
+    int depth;       /* structs entered and not yet left */
 } thr_reader;
 
 void thr_init(thr_reader *r, const void *data, size_t len);
@@ -62,7 +62,7 @@ void thr_struct_end(thr_reader *r);
 
 /* An integer value of the field's type (i8, i16, i32 or i64); another type is malformed. */
 int64_t thr_int(thr_reader *r, int type);
-int thr_bool_field(int type);             /* 1 for THR_TRUE, else 0 */
+int thr_bool_field(int type); /* 1 for THR_TRUE, else 0 */
 /* A binary value: pointer into the buffer and its length (NULL, 0 when malformed). */
 const uint8_t *thr_binary(thr_reader *r, size_t *len);
 /* A list or set header: element type and count (bounded by the bytes left). */

@@ -18,8 +18,8 @@
 #include "util/err.h"
 
 /* ---- per-thread encode state ------------------------------------------------ */
-#define CACHE_MAX_PIECE 64       /* pieces longer than this are not cached */
-#define CACHE_MAX_ENTRIES 32768  /* cleared when full */
+#define CACHE_MAX_PIECE 64      /* pieces longer than this are not cached */
+#define CACHE_MAX_ENTRIES 32768 /* cleared when full */
 
 typedef struct cache_ent {
     uint64_t h;
@@ -181,11 +181,17 @@ static char *strfmt(const char *fmt, ...) {
 }
 
 /* ---- Llama 3 and cl100k_base special tokens --------------------------------- */
-static const char *const llama3_named[11] = {
-    "<|begin_of_text|>",           "<|end_of_text|>",         "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
-    "<|start_header_id|>",         "<|end_header_id|>",       "<|eom_id|>",
-    "<|eot_id|>",                  "<|python_tag|>"};
+static const char *const llama3_named[11] = {"<|begin_of_text|>",
+                                             "<|end_of_text|>",
+                                             "<|reserved_special_token_0|>",
+                                             "<|reserved_special_token_1|>",
+                                             "<|finetune_right_pad_id|>",
+                                             "<|reserved_special_token_2|>",
+                                             "<|start_header_id|>",
+                                             "<|end_header_id|>",
+                                             "<|eom_id|>",
+                                             "<|eot_id|>",
+                                             "<|python_tag|>"};
 
 const char *tok_llama3_special_name(unsigned k, char *buf, size_t buflen) {
     if (k < 11) return llama3_named[k];
@@ -248,8 +254,8 @@ static int add_special(tok_tokenizer *t, uint32_t id, const uint8_t *bytes, size
     for (uint32_t i = 0; i < t->n_sp; i++) {
         if (t->sp[i].len == len && !memcmp(t->sp[i].bytes, bytes, len)) {
             if (t->sp[i].id == id) return 0;
-            util_set_err(err, errlen, "%s: special token '%.*s' has two ids (%u and %u)", where, (int)len, (const char *)bytes,
-                   t->sp[i].id, id);
+            util_set_err(err, errlen, "%s: special token '%.*s' has two ids (%u and %u)", where, (int)len,
+                         (const char *)bytes, t->sp[i].id, id);
             return -1;
         }
         if (t->sp[i].id == id) {
@@ -262,7 +268,7 @@ static int add_special(tok_tokenizer *t, uint32_t id, const uint8_t *bytes, size
         const uint8_t *ob = bpe_vocab_bytes(&t->v, id, &ol);
         if (!in_vocab_ok && (ol != len || memcmp(ob, bytes, len))) {
             util_set_err(err, errlen, "%s: special token '%.*s' reuses id %u of another token", where, (int)len,
-                   (const char *)bytes, id);
+                         (const char *)bytes, id);
             return -1;
         }
     } else if (bpe_vocab_set(&t->v, id, bytes, len, BPE_TOK_SPECIAL)) {
@@ -317,8 +323,9 @@ static int init_bytes(tok_tokenizer *t, const char *what, char *err, size_t errl
         uint8_t c = (uint8_t)b;
         t->byte_id[b] = bpe_vocab_find(&t->v, &c, 1);
         if (t->byte_id[b] == BPE_NONE) {
-            util_set_err(err, errlen, "%s: no token for the single byte 0x%02X (a byte-level BPE vocabulary needs all 256)",
-                   what, b);
+            util_set_err(err, errlen,
+                         "%s: no token for the single byte 0x%02X (a byte-level BPE vocabulary needs all 256)", what,
+                         b);
             return -1;
         }
     }
@@ -470,7 +477,7 @@ static int resolve_bos_eos(tok_tokenizer *t, const tok_config *c, const char *di
         }
         if (id < 0) {
             util_set_err(err, errlen, "%s/tokenizer_config.json: %s \"%s\" is not a token of this tokenizer", dir,
-                   k ? "eos_token" : "bos_token", names[k]);
+                         k ? "eos_token" : "bos_token", names[k]);
             return -1;
         }
         *dst[k] = id;
@@ -530,26 +537,31 @@ static int load_tiktoken(tok_tokenizer *t, const char *path, char *err, size_t e
         }
         for (; r < q; r++) {
             if (*r < '0' || *r > '9' || rank >= (1u << 24)) {
-                util_set_err(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far "
-                       "smaller)", path, lineno);
+                util_set_err(err, errlen,
+                             "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far "
+                             "smaller)",
+                             path, lineno);
                 goto out;
             }
             rank = rank * 10 + (uint64_t)(*r - '0');
         }
         if (rank >= (1u << 24)) {
-            util_set_err(err, errlen, "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far smaller)",
-                   path, lineno);
+            util_set_err(err, errlen,
+                         "%s:%zu: rank is not a number below 16777216 (2^24; vocabularies are far smaller)", path,
+                         lineno);
             goto out;
         }
         if (rank >= n_lines) {
-            util_set_err(err, errlen, "%s:%zu: rank %llu, but the file has %zu lines: a tiktoken file numbers its tokens "
-                   "0, 1, 2, ... one per line", path, lineno, (unsigned long long)rank, n_lines);
+            util_set_err(err, errlen,
+                         "%s:%zu: rank %llu, but the file has %zu lines: a tiktoken file numbers its tokens "
+                         "0, 1, 2, ... one per line",
+                         path, lineno, (unsigned long long)rank, n_lines);
             goto out;
         }
         int e = bpe_vocab_set(&t->v, (uint32_t)rank, tmp, (size_t)bl, BPE_TOK_NORMAL);
         if (e == -2 || e == -3) {
             util_set_err(err, errlen, "%s:%zu: %s", path, lineno,
-                   e == -2 ? "token appears twice" : "rank appears twice");
+                         e == -2 ? "token appears twice" : "rank appears twice");
             goto out;
         }
         if (e) {
@@ -598,7 +610,8 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
             return -1;
         }
         if (ur && !json_is_true(ur)) {
-            util_set_err(err, errlen, "%s: a lone ByteLevel pre_tokenizer with use_regex = false is not supported", path);
+            util_set_err(err, errlen, "%s: a lone ByteLevel pre_tokenizer with use_regex = false is not supported",
+                         path);
             return -1;
         }
         *pattern = PRETOK_GPT2_PATTERN;
@@ -615,21 +628,23 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
                 const char *rx = json_string_value(json_object_get(pat, "Regex"));
                 const char *beh = json_string_value(json_object_get(sp, "behavior"));
                 if (!rx) {
-                    util_set_err(err, errlen, "%s: pre_tokenizer.pretokenizers[0].pattern must be {\"Regex\": ...}", path);
+                    util_set_err(err, errlen, "%s: pre_tokenizer.pretokenizers[0].pattern must be {\"Regex\": ...}",
+                                 path);
                     return -1;
                 }
                 if (!beh || strcmp(beh, "Isolated") || json_is_true(json_object_get(sp, "invert"))) {
                     util_set_err(err, errlen,
-                           "%s: pre_tokenizer.pretokenizers[0]: only behavior \"Isolated\" with invert false is "
-                           "supported",
-                           path);
+                                 "%s: pre_tokenizer.pretokenizers[0]: only behavior \"Isolated\" with invert false is "
+                                 "supported",
+                                 path);
                     return -1;
                 }
                 if (json_is_true(json_object_get(bl, "add_prefix_space")) ||
                     json_is_true(json_object_get(bl, "use_regex"))) {
-                    util_set_err(err, errlen,
-                           "%s: pre_tokenizer.pretokenizers[1]: ByteLevel needs add_prefix_space and use_regex false",
-                           path);
+                    util_set_err(
+                        err, errlen,
+                        "%s: pre_tokenizer.pretokenizers[1]: ByteLevel needs add_prefix_space and use_regex false",
+                        path);
                     return -1;
                 }
                 *pattern = rx;
@@ -637,9 +652,9 @@ static int hf_pretokenizer(json_t *pt, const char **pattern, const char *path, c
             }
         }
     }
-    util_set_err(err, errlen,
-           "%s: pre_tokenizer: expected Sequence[Split(Regex, Isolated), ByteLevel] (Llama 3) or ByteLevel (GPT-2)",
-           path);
+    util_set_err(
+        err, errlen,
+        "%s: pre_tokenizer: expected Sequence[Split(Regex, Isolated), ByteLevel] (Llama 3) or ByteLevel (GPT-2)", path);
     return -1;
 }
 
@@ -673,7 +688,7 @@ static int hf_check_model(json_t *root, json_t *model, const char *path, char *e
         const char *nt = json_string_value(json_object_get(norm, "type"));
         if (!(nt && !strcmp(nt, "Sequence") && json_is_array(list) && json_array_size(list) == 0)) {
             util_set_err(err, errlen, "%s: normalizer \"%s\" is not supported (byte-level BPE uses none)", path,
-                   nt ? nt : "?");
+                         nt ? nt : "?");
             return -1;
         }
     }
@@ -704,7 +719,7 @@ static int hf_vocab_limits(hf_load *L, json_t *vocab) {
      * id far past the count is refused rather than allocated */
     const json_t *added_all = json_object_get(L->root, "added_tokens");
     L->id_limit = (json_int_t)json_object_size(vocab) +
-                  (json_is_array(added_all) ? (json_int_t)json_array_size(added_all) : 0) + 1024;
+        (json_is_array(added_all) ? (json_int_t)json_array_size(added_all) : 0) + 1024;
     L->tmp = malloc(2 * L->maxlen + 8);
     L->tmp2 = malloc(2 * L->maxlen + 8);
     if (!L->tmp || !L->tmp2) {
@@ -738,15 +753,14 @@ static int hf_load_vocab(hf_load *L) {
         int e;
         if (bl < 0) /* not a byte-level string: keep its text for decoding only */
             e = bpe_vocab_set(&L->t->v, id, (const uint8_t *)key, strlen(key), BPE_TOK_DECODE_ONLY);
-        else
-            e = bpe_vocab_set(&L->t->v, id, L->tmp, (size_t)bl, BPE_TOK_NORMAL);
+        else e = bpe_vocab_set(&L->t->v, id, L->tmp, (size_t)bl, BPE_TOK_NORMAL);
         if (e == -3) {
             util_set_err(L->err, L->errlen, "%s: model.vocab: id %u is used twice (again by \"%s\")", path, id, key);
             return -1;
         }
         if (e) {
             util_set_err(L->err, L->errlen, "%s: model.vocab[\"%s\"]: %s", path, key,
-                   e == -2 ? "two entries have the same bytes" : "out of memory");
+                         e == -2 ? "two entries have the same bytes" : "out of memory");
             return -1;
         }
     }
@@ -823,7 +837,9 @@ static int hf_load_merges(hf_load *L) {
         hf_merge_ids(L, a, b, &ia, &ib, &im);
         if (ia == BPE_NONE || ib == BPE_NONE || im == BPE_NONE) {
             util_set_err(L->err, L->errlen, "%s: model.merges[%zu]: \"%s %s\": %s is not in the vocab", path, mi, a, b,
-                   ia == BPE_NONE ? "the left part" : ib == BPE_NONE ? "the right part" : "the merged token");
+                         ia == BPE_NONE       ? "the left part"
+                             : ib == BPE_NONE ? "the right part"
+                                              : "the merged token");
             free(owned);
             return -1;
         }
@@ -861,8 +877,8 @@ static int hf_added_token(hf_load *L, size_t ai, json_t *at) {
         long bl = cl <= L->maxlen ? bytelevel_decode(content, L->tmp) : -1;
         int same = (ol == cl && !memcmp(ob, content, cl)) || (bl >= 0 && (size_t)bl == ol && !memcmp(ob, L->tmp, ol));
         if (!same) {
-            util_set_err(L->err, L->errlen, "%s: %s: \"%s\" reuses id %u of another vocab entry", path, where,
-                         content, id);
+            util_set_err(L->err, L->errlen, "%s: %s: \"%s\" reuses id %u of another vocab entry", path, where, content,
+                         id);
             return -1;
         }
     }
@@ -1085,9 +1101,9 @@ uint64_t tok_fingerprint(const tok_tokenizer *t) {
 int tok_check_vocab_size(const tok_tokenizer *t, int64_t model_vocab_size, char *err, size_t errlen) {
     if (model_vocab_size == (int64_t)t->v.n) return 0;
     util_set_err(err, errlen,
-           "the tokenizer has %u ids (special tokens included) but the model's vocab_size is %lld; set "
-           "model.vocab_size to %u or use the tokenizer the model was built for",
-           t->v.n, (long long)model_vocab_size, t->v.n);
+                 "the tokenizer has %u ids (special tokens included) but the model's vocab_size is %lld; set "
+                 "model.vocab_size to %u or use the tokenizer the model was built for",
+                 t->v.n, (long long)model_vocab_size, t->v.n);
     return -1;
 }
 
@@ -1234,13 +1250,12 @@ fail:
 }
 
 /* ---- decode ------------------------------------------------------------------ */
-char *tok_decode(const tok_tokenizer *t, const uint32_t *ids, size_t n_ids, size_t *out_len, char *err,
-                 size_t errlen) {
+char *tok_decode(const tok_tokenizer *t, const uint32_t *ids, size_t n_ids, size_t *out_len, char *err, size_t errlen) {
     size_t total = 0;
     for (size_t i = 0; i < n_ids; i++) {
         if (ids[i] >= t->v.n || t->v.kind[ids[i]] == BPE_TOK_HOLE) {
-            util_set_err(err, errlen, "id %u at position %zu is not a token of this tokenizer (vocab size %u)", ids[i], i,
-                   t->v.n);
+            util_set_err(err, errlen, "id %u at position %zu is not a token of this tokenizer (vocab size %u)", ids[i],
+                         i, t->v.n);
             return NULL;
         }
         total += t->v.len[ids[i]];

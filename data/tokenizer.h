@@ -79,19 +79,18 @@ int64_t tok_eos_id(const tok_tokenizer *t); /* -1 when the tokenizer has none */
 
 /* Encode len bytes of UTF-8. On success returns 0 and sets *ids (malloc'ed,
  * caller frees) and *n_ids. Returns -1 with a message in err on failure. */
-int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int bos, int eos,
-               int allow_special, uint32_t **ids, size_t *n_ids, char *err, size_t errlen);
+int tok_encode(const tok_tokenizer *t, const char *text, size_t len, int bos, int eos, int allow_special,
+               uint32_t **ids, size_t *n_ids, char *err, size_t errlen);
 
 /* Decode ids to bytes; invalid UTF-8 sequences become U+FFFD. Returns a
  * malloc'ed NUL-terminated string (length in *out_len) or NULL with err set
  * (an id out of range). */
-char *tok_decode(const tok_tokenizer *t, const uint32_t *ids, size_t n_ids, size_t *out_len,
-                 char *err, size_t errlen);
+char *tok_decode(const tok_tokenizer *t, const uint32_t *ids, size_t n_ids, size_t *out_len, char *err, size_t errlen);
 
 /* ---- additional queries ---------------------------------------------------- */
 enum { TOK_FORMAT_TIKTOKEN = 1, TOK_FORMAT_HF = 2 };
-int tok_format(const tok_tokenizer *t);             /* TOK_FORMAT_* */
-const char *tok_pattern(const tok_tokenizer *t);    /* pre-tokenizer regex as declared */
+int tok_format(const tok_tokenizer *t);          /* TOK_FORMAT_* */
+const char *tok_pattern(const tok_tokenizer *t); /* pre-tokenizer regex as declared */
 uint32_t tok_num_special(const tok_tokenizer *t);
 int tok_is_special(const tok_tokenizer *t, uint32_t id);
 /* Bytes of one token (special tokens: their text); NULL for an unassigned id. */

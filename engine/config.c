@@ -99,9 +99,7 @@ static char *xstrdup(const char *s) {
 }
 
 static void *field(tetra_config *c, const cfg_key_desc *d) { return (char *)&c->v + d->offset; }
-static const void *cfield(const tetra_config *c, const cfg_key_desc *d) {
-    return (const char *)&c->v + d->offset;
-}
+static const void *cfield(const tetra_config *c, const cfg_key_desc *d) { return (const char *)&c->v + d->offset; }
 
 static void list_clear(cfg_list *l) {
     for (int i = 0; i < l->n; i++) free(l->items[i]);
@@ -144,8 +142,7 @@ static int key_index(const cfg_key_desc *d) { return (int)(d - cfg_keys); }
 
 const cfg_key_desc *cfg_find_key(const char *section, const char *key) {
     for (int i = 0; i < cfg_n_keys; i++)
-        if (strcmp(cfg_keys[i].section, section) == 0 && strcmp(cfg_keys[i].key, key) == 0)
-            return &cfg_keys[i];
+        if (strcmp(cfg_keys[i].section, section) == 0 && strcmp(cfg_keys[i].key, key) == 0) return &cfg_keys[i];
     return NULL;
 }
 
@@ -314,8 +311,8 @@ static void describe_toml_value(const toml_value *v, char *out, size_t n) {
     }
 }
 
-static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_value *v, const char *file,
-                         int line, char *err, size_t n) {
+static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_value *v, const char *file, int line,
+                         char *err, size_t n) {
     void *p = field(c, d);
     char where[600], got[96];
     snprintf(where, sizeof where, "%s:%d", file, line);
@@ -354,7 +351,7 @@ static int set_from_toml(tetra_config *c, const cfg_key_desc *d, const toml_valu
             if (it->type != TOML_STRING) {
                 describe_toml_value(it, got, sizeof got);
                 util_set_err(err, n, "%s:%d: %s.%s expects an array of strings; item %zu is %s", file, it->line,
-                        d->section, d->key, i, got);
+                             d->section, d->key, i, got);
                 return -1;
             }
             list_push(l, it->u.s.ptr, it->u.s.len);
@@ -479,8 +476,7 @@ static int load_table(tetra_config *c, const toml_value *t, const char *path, co
             if (is_section(sub))
                 report_key(r, "%s[[%s]] is an array of tables; a config section is one table: write [%s]", where, sub,
                            sub);
-            else
-                report_key(r, "%s[[%s]] is an array of tables, and no config section is named [%s]", where, sub, sub);
+            else report_key(r, "%s[[%s]] is an array of tables, and no config section is named [%s]", where, sub, sub);
         } else if (e->value->type == TOML_TABLE) {
             report_unknown_table(r, e->value, sub, file, e->line);
         } else if (cfg_compat_renamed(sub)) {
@@ -520,8 +516,10 @@ int cfg_load_string(tetra_config *c, const char *name, const char *text, size_t 
 static int load_file(tetra_config *c, const char *path, key_report *r, char *err, size_t n) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a folder; only the read fails */
-        util_set_err(err, n, "config file '%s' is a folder; job.config_file names a TOML file, such as "
-                "configs/debug_model.toml", path);
+        util_set_err(err, n,
+                     "config file '%s' is a folder; job.config_file names a TOML file, such as "
+                     "configs/debug_model.toml",
+                     path);
         return -1;
     }
     FILE *f = fopen(path, "rb");
@@ -940,11 +938,11 @@ void cfg_print_help(FILE *f) {
         for (int i = 0; i < cfg_n_keys; i++) {
             const cfg_key_desc *d = &cfg_keys[i];
             if (strcmp(d->section, cfg_sections[s].name) != 0) continue;
-            const char *ty = d->type == CFG_T_BOOL    ? "bool"
-                             : d->type == CFG_T_INT   ? "int"
-                             : d->type == CFG_T_FLOAT ? "float"
-                             : d->type == CFG_T_LIST  ? "list"
-                                                      : "str";
+            const char *ty = d->type == CFG_T_BOOL ? "bool"
+                : d->type == CFG_T_INT             ? "int"
+                : d->type == CFG_T_FLOAT           ? "float"
+                : d->type == CFG_T_LIST            ? "list"
+                                                   : "str";
             fprintf(f, "  --%s.%s  %s", d->section, d->key, d->type == CFG_T_ENUM ? d->choices : ty);
             fputs("  (default: ", f);
             switch (d->type) {
@@ -990,8 +988,10 @@ static int check_dataset_mix(const tetra_config *c, char *err, size_t n) {
     if (l->n == 0) return 0;
     const char *where = WHERE("training", "dataset_mix");
     if (c->v.training.dataset_path && *c->v.training.dataset_path) {
-        util_set_err(err, n, "%s: training.dataset_mix and training.dataset_path (%s) are both set: the mixture lists every "
-                "corpus, so leave dataset_path out", where, WHERE("training", "dataset_path"));
+        util_set_err(err, n,
+                     "%s: training.dataset_mix and training.dataset_path (%s) are both set: the mixture lists every "
+                     "corpus, so leave dataset_path out",
+                     where, WHERE("training", "dataset_path"));
         return -1;
     }
     if (l->n > MIX_MAX_SOURCES) {
@@ -1008,7 +1008,8 @@ static int check_dataset_mix(const tetra_config *c, char *err, size_t n) {
         for (int k = 0; k < i; k++) {
             double wk;
             if (mix_parse_entry(l->items[k], other, sizeof other, &wk, e, sizeof e) == 0 && !strcmp(other, path)) {
-                util_set_err(err, n, "%s: training.dataset_mix lists %s twice (items %d and %d)", where, path, k + 1, i + 1);
+                util_set_err(err, n, "%s: training.dataset_mix lists %s twice (items %d and %d)", where, path, k + 1,
+                             i + 1);
                 return -1;
             }
         }
@@ -1045,19 +1046,22 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         {"expert_tensor_parallel_degree", v->parallelism.expert_tensor_parallel_degree},
     };
     if (!strcmp(v->comm.backend, "nccl") && !strcmp(v->training.device, "cpu")) {
-        util_set_err(err, n, "%s: comm.backend = \"nccl\" moves GPU buffers, but training.device = \"cpu\" keeps them in "
-                "host memory (use \"auto\" or \"mpi\")", WHERE("comm", "backend"));
+        util_set_err(err, n,
+                     "%s: comm.backend = \"nccl\" moves GPU buffers, but training.device = \"cpu\" keeps them in "
+                     "host memory (use \"auto\" or \"mpi\")",
+                     WHERE("comm", "backend"));
         return -1;
     }
     for (size_t i = 0; i < sizeof deg / sizeof deg[0]; i++)
         if (deg[i].val < 1) {
-            util_set_err(err, n, "%s: parallelism.%s must be >= 1 (got %" PRId64 ")", WHERE(par, deg[i].key), deg[i].key,
-                    deg[i].val);
+            util_set_err(err, n, "%s: parallelism.%s must be >= 1 (got %" PRId64 ")", WHERE(par, deg[i].key),
+                         deg[i].key, deg[i].val);
             return -1;
         }
     if (v->parallelism.expert_parallel_degree != 1 || v->parallelism.expert_tensor_parallel_degree != 1) {
         util_set_err(err, n, "%s: expert parallelism needs a mixture-of-experts model; Llama 3 is dense, so keep it 1",
-                WHERE(par, v->parallelism.expert_parallel_degree != 1 ? "expert_parallel_degree"
+                     WHERE(par,
+                           v->parallelism.expert_parallel_degree != 1 ? "expert_parallel_degree"
                                                                       : "expert_tensor_parallel_degree"));
         return -1;
     }
@@ -1068,67 +1072,73 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (shard == -1) {
         if (world % others != 0) {
             util_set_err(err, n,
-                    "parallel layout: world size %d is not divisible by data_parallel_replicate_degree (%" PRId64
-                    ") x tensor_parallel_degree (%" PRId64 ") x pipeline_parallel_degree (%" PRId64
-                    ") x context_parallel_degree (%" PRId64 ") = %" PRId64
-                    ", so data_parallel_shard_degree = -1 cannot take the rest",
-                    world, rep, tp, pp, cp, others);
+                         "parallel layout: world size %d is not divisible by data_parallel_replicate_degree (%" PRId64
+                         ") x tensor_parallel_degree (%" PRId64 ") x pipeline_parallel_degree (%" PRId64
+                         ") x context_parallel_degree (%" PRId64 ") = %" PRId64
+                         ", so data_parallel_shard_degree = -1 cannot take the rest",
+                         world, rep, tp, pp, cp, others);
             return -1;
         }
         shard = world / others;
     } else if (shard < 1) {
         util_set_err(err, n, "%s: parallelism.data_parallel_shard_degree must be -1 or >= 1 (got %" PRId64 ")",
-                WHERE(par, "data_parallel_shard_degree"), shard);
+                     WHERE(par, "data_parallel_shard_degree"), shard);
         return -1;
     }
     if (shard * others != world) {
         util_set_err(err, n,
-                "parallel layout: pipeline (%" PRId64 ") x data_parallel_replicate (%" PRId64 ") x data_parallel_shard (%" PRId64
-                ") x context (%" PRId64 ") x tensor (%" PRId64 ") = %" PRId64 " ranks, but the world size is %d "
-                "(NGPU / mpirun -np); set data_parallel_shard_degree = -1 to take the rest",
-                pp, rep, shard, cp, tp, shard * others, world);
+                     "parallel layout: pipeline (%" PRId64 ") x data_parallel_replicate (%" PRId64
+                     ") x data_parallel_shard (%" PRId64 ") x context (%" PRId64 ") x tensor (%" PRId64 ") = %" PRId64
+                     " ranks, but the world size is %d "
+                     "(NGPU / mpirun -np); set data_parallel_shard_degree = -1 to take the rest",
+                     pp, rep, shard, cp, tp, shard * others, world);
         return -1;
     }
 
     llama3_args a;
     if (strcmp(v->model.name, "llama3") != 0) {
-        util_set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"), v->model.name);
+        util_set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"),
+                     v->model.name);
         return -1;
     }
     if (llama3_flavor(v->model.flavor, &a) != 0) {
-        util_set_err(err, n, "%s: model.flavor \"%s\" is unknown (flavors: %s)", WHERE("model", "flavor"), v->model.flavor,
-                llama3_flavor_names());
+        util_set_err(err, n, "%s: model.flavor \"%s\" is unknown (flavors: %s)", WHERE("model", "flavor"),
+                     v->model.flavor, llama3_flavor_names());
         return -1;
     }
     if (v->model.n_layers < 0) {
         util_set_err(err, n, "%s: model.n_layers must be >= 0 (0 = the flavor's %d), got %" PRId64,
-                WHERE("model", "n_layers"), a.n_layers, v->model.n_layers);
+                     WHERE("model", "n_layers"), a.n_layers, v->model.n_layers);
         return -1;
     }
     if (v->model.vocab_size < 0 || v->model.vocab_size > (int64_t)1 << 30) {
         util_set_err(err, n, "%s: model.vocab_size must be between 1 and 2^30 (0 = the flavor's %d), got %" PRId64,
-                WHERE("model", "vocab_size"), a.vocab_size, v->model.vocab_size);
+                     WHERE("model", "vocab_size"), a.vocab_size, v->model.vocab_size);
         return -1;
     }
     if (v->model.vocab_size > 0) a.vocab_size = (int)v->model.vocab_size;
     llama3_mask mask;
     if (v->model.attn_mask_type && llama3_parse_mask(v->model.attn_mask_type, &mask) != 0) {
-        util_set_err(err, n, "%s: model.attn_mask_type \"%s\" is unknown (causal or block_causal; not set = the flavor's, "
-                "%s for %s)", WHERE("model", "attn_mask_type"), v->model.attn_mask_type,
-                llama3_mask_name(a.attn_mask_type), a.flavor);
+        util_set_err(err, n,
+                     "%s: model.attn_mask_type \"%s\" is unknown (causal or block_causal; not set = the flavor's, "
+                     "%s for %s)",
+                     WHERE("model", "attn_mask_type"), v->model.attn_mask_type, llama3_mask_name(a.attn_mask_type),
+                     a.flavor);
         return -1;
     }
     if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
         util_set_err(err, n,
-                "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",
-                WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
+                     "%s: tensor_parallel_degree %" PRId64
+                     " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",
+                     WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
         return -1;
     }
     if (tp > 1 && (a.vocab_size % tp != 0 || llama3_ffn_hidden(&a) % tp != 0)) {
-        util_set_err(err, n,
-                "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's vocab_size (%d) and FFN hidden size "
-                "(%lld): each rank holds a whole share of the vocabulary and of the hidden units",
-                WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.vocab_size, (long long)llama3_ffn_hidden(&a));
+        util_set_err(
+            err, n,
+            "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's vocab_size (%d) and FFN hidden size "
+            "(%lld): each rank holds a whole share of the vocabulary and of the hidden units",
+            WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.vocab_size, (long long)llama3_ffn_hidden(&a));
         return -1;
     }
     int64_t seq = v->training.seq_len;
@@ -1138,26 +1148,30 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     }
     if (cp > 1 && seq % (2 * cp * tp) != 0) {
         util_set_err(err, n,
-                "%s: training.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
-                "tensor_parallel_degree = %" PRId64 " (context parallel splits it into 2*cp load-balanced chunks)",
-                WHERE("training", "seq_len"), seq, 2 * cp * tp);
+                     "%s: training.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
+                     "tensor_parallel_degree = %" PRId64 " (context parallel splits it into 2*cp load-balanced chunks)",
+                     WHERE("training", "seq_len"), seq, 2 * cp * tp);
         return -1;
     }
     if (cp > 1 && v->validation.enable && v->validation.seq_len % (2 * cp * tp) != 0) {
         util_set_err(err, n,
-                "%s: validation.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
-                "tensor_parallel_degree = %" PRId64, WHERE("validation", "seq_len"), v->validation.seq_len,
-                2 * cp * tp);
+                     "%s: validation.seq_len %" PRId64 " must be divisible by 2 x context_parallel_degree x "
+                     "tensor_parallel_degree = %" PRId64,
+                     WHERE("validation", "seq_len"), v->validation.seq_len, 2 * cp * tp);
         return -1;
     }
     if (tp > 1 && seq % tp != 0) {
-        util_set_err(err, n, "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
-                " (sequence parallel)", WHERE("training", "seq_len"), seq, tp);
+        util_set_err(err, n,
+                     "%s: training.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
+                     " (sequence parallel)",
+                     WHERE("training", "seq_len"), seq, tp);
         return -1;
     }
     if (tp > 1 && v->validation.enable && v->validation.seq_len % tp != 0) {
-        util_set_err(err, n, "%s: validation.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
-                " (sequence parallel)", WHERE("validation", "seq_len"), v->validation.seq_len, tp);
+        util_set_err(err, n,
+                     "%s: validation.seq_len %" PRId64 " must be divisible by tensor_parallel_degree %" PRId64
+                     " (sequence parallel)",
+                     WHERE("validation", "seq_len"), v->validation.seq_len, tp);
         return -1;
     }
     if (v->training.local_batch_size < 1) {
@@ -1178,55 +1192,65 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (gbs == -1) gbs = per_step;
     if (gbs < 1 || gbs % per_step != 0) {
         util_set_err(err, n,
-                "%s: training.global_batch_size %" PRId64 " must be -1 or a multiple of local_batch_size (%" PRId64
-                ") x data-parallel degree (%" PRId64 ") = %" PRId64,
-                WHERE("training", "global_batch_size"), v->training.global_batch_size, v->training.local_batch_size, dp,
-                per_step);
+                     "%s: training.global_batch_size %" PRId64 " must be -1 or a multiple of local_batch_size (%" PRId64
+                     ") x data-parallel degree (%" PRId64 ") = %" PRId64,
+                     WHERE("training", "global_batch_size"), v->training.global_batch_size,
+                     v->training.local_batch_size, dp, per_step);
         return -1;
     }
     if (v->parallelism.pipeline_parallel_microbatch_size < 1) {
         util_set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
-                WHERE(par, "pipeline_parallel_microbatch_size"));
+                     WHERE(par, "pipeline_parallel_microbatch_size"));
         return -1;
     }
     if (pp > 1 && v->training.local_batch_size % v->parallelism.pipeline_parallel_microbatch_size != 0) {
-        util_set_err(err, n, "%s: training.local_batch_size %" PRId64 " must be divisible by "
-                "parallelism.pipeline_parallel_microbatch_size %" PRId64,
-                WHERE("training", "local_batch_size"), v->training.local_batch_size,
-                v->parallelism.pipeline_parallel_microbatch_size);
+        util_set_err(err, n,
+                     "%s: training.local_batch_size %" PRId64 " must be divisible by "
+                     "parallelism.pipeline_parallel_microbatch_size %" PRId64,
+                     WHERE("training", "local_batch_size"), v->training.local_batch_size,
+                     v->parallelism.pipeline_parallel_microbatch_size);
         return -1;
     }
     if (v->parallelism.module_fqns_per_model_part.n > 0) {
-        util_set_err(err, n, "%s: parallelism.module_fqns_per_model_part (a split by module names) is not supported; "
-                "tetra splits Llama by pipeline_parallel_layers_per_stage and "
-                "pipeline_parallel_first/last_stage_less_layers", WHERE(par, "module_fqns_per_model_part"));
+        util_set_err(err, n,
+                     "%s: parallelism.module_fqns_per_model_part (a split by module names) is not supported; "
+                     "tetra splits Llama by pipeline_parallel_layers_per_stage and "
+                     "pipeline_parallel_first/last_stage_less_layers",
+                     WHERE(par, "module_fqns_per_model_part"));
         return -1;
     }
     if (v->parallelism.pipeline_parallel_first_stage_less_layers < 0 ||
         v->parallelism.pipeline_parallel_last_stage_less_layers < 0 ||
         v->parallelism.pipeline_parallel_layers_per_stage < 0) {
-        util_set_err(err, n, "%s: parallelism.pipeline_parallel_first_stage_less_layers, _last_stage_less_layers and "
-                "_layers_per_stage must be >= 0", WHERE(par, "pipeline_parallel_layers_per_stage"));
+        util_set_err(err, n,
+                     "%s: parallelism.pipeline_parallel_first_stage_less_layers, _last_stage_less_layers and "
+                     "_layers_per_stage must be >= 0",
+                     WHERE(par, "pipeline_parallel_layers_per_stage"));
         return -1;
     }
     if (pp == 1 && v->parallelism.pipeline_parallel_schedule_csv && v->parallelism.pipeline_parallel_schedule_csv[0]) {
-        util_set_err(err, n, "%s: parallelism.pipeline_parallel_schedule_csv is set but pipeline_parallel_degree is 1: "
-                "a pipeline schedule needs at least 2 pipeline ranks", WHERE(par, "pipeline_parallel_schedule_csv"));
+        util_set_err(err, n,
+                     "%s: parallelism.pipeline_parallel_schedule_csv is set but pipeline_parallel_degree is 1: "
+                     "a pipeline schedule needs at least 2 pipeline ranks",
+                     WHERE(par, "pipeline_parallel_schedule_csv"));
         return -1;
     }
     if (v->comm.trace_buf_size < 0 || v->comm.trace_buf_size > 10000000) {
-        util_set_err(err, n, "%s: comm.trace_buf_size must be 0 (no flight recorder) to 10000000 operations, got %" PRId64,
-                WHERE("comm", "trace_buf_size"), v->comm.trace_buf_size);
+        util_set_err(err, n,
+                     "%s: comm.trace_buf_size must be 0 (no flight recorder) to 10000000 operations, got %" PRId64,
+                     WHERE("comm", "trace_buf_size"), v->comm.trace_buf_size);
         return -1;
     }
     if (!*v->comm.save_traces_folder || strchr(v->comm.save_traces_file_prefix, '/')) {
-        util_set_err(err, n, "%s: comm.save_traces_folder must not be empty and comm.save_traces_file_prefix must not "
-                        "hold a '/'", WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
+        util_set_err(err, n,
+                     "%s: comm.save_traces_folder must not be empty and comm.save_traces_file_prefix must not "
+                     "hold a '/'",
+                     WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
         return -1;
     }
     if (v->training.max_consecutive_nonfinite_steps < 0) {
         util_set_err(err, n, "%s: training.max_consecutive_nonfinite_steps must be >= 0 (0 = no limit), got %" PRId64,
-                WHERE("training", "max_consecutive_nonfinite_steps"), v->training.max_consecutive_nonfinite_steps);
+                     WHERE("training", "max_consecutive_nonfinite_steps"), v->training.max_consecutive_nonfinite_steps);
         return -1;
     }
     if (v->lr_scheduler.warmup_steps < 0) {
@@ -1235,7 +1259,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     }
     if (!isnan(v->lr_scheduler.decay_ratio) && (v->lr_scheduler.decay_ratio < 0 || v->lr_scheduler.decay_ratio > 1)) {
         util_set_err(err, n, "%s: lr_scheduler.decay_ratio must be between 0 and 1 (got %g)",
-                WHERE("lr_scheduler", "decay_ratio"), v->lr_scheduler.decay_ratio);
+                     WHERE("lr_scheduler", "decay_ratio"), v->lr_scheduler.decay_ratio);
         return -1;
     }
     {
@@ -1244,15 +1268,17 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         struct {
             double x;
             const char *section, *key;
-        } fin[] = {{v->optimizer.lr, "optimizer", "lr"}, {v->optimizer.beta1, "optimizer", "beta1"},
-                   {v->optimizer.beta2, "optimizer", "beta2"}, {v->optimizer.eps, "optimizer", "eps"},
+        } fin[] = {{v->optimizer.lr, "optimizer", "lr"},
+                   {v->optimizer.beta1, "optimizer", "beta1"},
+                   {v->optimizer.beta2, "optimizer", "beta2"},
+                   {v->optimizer.eps, "optimizer", "eps"},
                    {v->optimizer.weight_decay, "optimizer", "weight_decay"},
                    {v->lr_scheduler.min_lr_factor, "lr_scheduler", "min_lr_factor"},
                    {v->training.max_norm, "training", "max_norm"}};
         for (size_t i = 0; i < sizeof fin / sizeof fin[0]; i++)
             if (!isfinite(fin[i].x)) {
                 util_set_err(err, n, "%s: %s.%s must be a finite number, got %g", WHERE(fin[i].section, fin[i].key),
-                        fin[i].section, fin[i].key, fin[i].x);
+                             fin[i].section, fin[i].key, fin[i].x);
                 return -1;
             }
         if (!isnan(v->lr_scheduler.decay_ratio) && !isfinite(v->lr_scheduler.decay_ratio)) {
@@ -1261,23 +1287,24 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         }
         if (!isnan(v->metrics.peak_flops) && !(isfinite(v->metrics.peak_flops) && v->metrics.peak_flops > 0)) {
             util_set_err(err, n, "%s: metrics.peak_flops must be a positive finite number (FLOP/s), got %g",
-                    WHERE("metrics", "peak_flops"), v->metrics.peak_flops);
+                         WHERE("metrics", "peak_flops"), v->metrics.peak_flops);
             return -1;
         }
     }
     if (v->lr_scheduler.min_lr_factor < 0 || v->lr_scheduler.min_lr_factor > 1) {
-        util_set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1", WHERE("lr_scheduler", "min_lr_factor"));
+        util_set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1",
+                     WHERE("lr_scheduler", "min_lr_factor"));
         return -1;
     }
     if (v->optimizer.lr < 0 || v->optimizer.eps <= 0 || v->optimizer.beta1 < 0 || v->optimizer.beta1 >= 1 ||
         v->optimizer.beta2 < 0 || v->optimizer.beta2 >= 1 || v->optimizer.weight_decay < 0) {
         util_set_err(err, n, "[optimizer]: need lr >= 0, eps > 0, 0 <= beta1, beta2 < 1 and weight_decay >= 0 (%s)",
-                WHERE("optimizer", "lr"));
+                     WHERE("optimizer", "lr"));
         return -1;
     }
     if (v->profiling.profile_freq < 1 || v->profiling.profiler_active < 1) {
         util_set_err(err, n, "%s: profiling.profile_freq and profiling.profiler_active must be >= 1",
-                WHERE("profiling", "profile_freq"));
+                     WHERE("profiling", "profile_freq"));
         return -1;
     }
     if (v->metrics.log_freq < 1) {
@@ -1285,14 +1312,18 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         return -1;
     }
     if (v->metrics.enable_wandb) {
-        util_set_err(err, n, "%s: metrics.enable_wandb is not available in tetra; use metrics.enable_tensorboard "
-                "(metrics.jsonl is always written)", WHERE("metrics", "enable_wandb"));
+        util_set_err(err, n,
+                     "%s: metrics.enable_wandb is not available in tetra; use metrics.enable_tensorboard "
+                     "(metrics.jsonl is always written)",
+                     WHERE("metrics", "enable_wandb"));
         return -1;
     }
     if (cfg_compat_check(c, err, n)) return -1;
     if (v->checkpoint.keep_latest_k == 1 || v->checkpoint.keep_latest_k < 0) {
-        util_set_err(err, n, "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
-                "always survives a failed save", WHERE("checkpoint", "keep_latest_k"));
+        util_set_err(err, n,
+                     "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
+                     "always survives a failed save",
+                     WHERE("checkpoint", "keep_latest_k"));
         return -1;
     }
     if (v->checkpoint.interval < 1) {
@@ -1303,8 +1334,10 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
     if (!strcmp(v->activation_checkpoint.mode, "selective") && strcmp(ac, "op") != 0) {
         int64_t every;
         if (parse_int64(ac, &every) || every < 1) {
-            util_set_err(err, n, "%s: activation_checkpoint.selective_ac_option must be a positive integer (as a string, "
-                    "e.g. \"2\") or \"op\", got \"%s\"", WHERE("activation_checkpoint", "selective_ac_option"), ac);
+            util_set_err(err, n,
+                         "%s: activation_checkpoint.selective_ac_option must be a positive integer (as a string, "
+                         "e.g. \"2\") or \"op\", got \"%s\"",
+                         WHERE("activation_checkpoint", "selective_ac_option"), ac);
             return -1;
         }
     }
@@ -1313,13 +1346,13 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             char names[256];
             converter_list(names, sizeof names);
             util_set_err(err, n, "%s: model.converters: unknown converter \"%s\" (available: %s)",
-                    WHERE("model", "converters"), v->model.converters.items[i], names);
+                         WHERE("model", "converters"), v->model.converters.items[i], names);
             return -1;
         }
         for (int j = 0; j < i; j++)
             if (!strcmp(v->model.converters.items[i], v->model.converters.items[j])) {
                 util_set_err(err, n, "%s: model.converters: \"%s\" is listed twice", WHERE("model", "converters"),
-                        v->model.converters.items[i]);
+                             v->model.converters.items[i]);
                 return -1;
             }
     }
@@ -1348,7 +1381,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
             if (no[i].set) {
                 util_set_err(err, n, "%s: %s.%s is not supported: %s", WHERE(no[i].section, no[i].key), no[i].section,
-                        no[i].key, no[i].why);
+                             no[i].key, no[i].why);
                 return -1;
             }
     }
@@ -1371,9 +1404,10 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         };
         for (size_t i = 0; i < sizeof q / sizeof q[0] && !f8; i++)
             if (q[i].set) {
-                util_set_err(err, n, "%s: quantize.linear.float8.%s has no effect without model.converters = "
-                        "[\"float8\"]: add the converter or leave the key at its default",
-                        WHERE("quantize.linear.float8", q[i].key), q[i].key);
+                util_set_err(err, n,
+                             "%s: quantize.linear.float8.%s has no effect without model.converters = "
+                             "[\"float8\"]: add the converter or leave the key at its default",
+                             WHERE("quantize.linear.float8", q[i].key), q[i].key);
                 return -1;
             }
     }
@@ -1383,21 +1417,22 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         for (size_t j = 0; j < sizeof exclusions / sizeof exclusions[0]; j++)
             ok |= !strcmp(v->checkpoint.exclude_from_loading.items[i], exclusions[j]);
         if (!ok) {
-            util_set_err(err, n, "%s: checkpoint.exclude_from_loading: unknown state \"%s\" (model, optimizer, "
-                    "lr_scheduler, dataloader, train_state)", WHERE("checkpoint", "exclude_from_loading"),
-                    v->checkpoint.exclude_from_loading.items[i]);
+            util_set_err(err, n,
+                         "%s: checkpoint.exclude_from_loading: unknown state \"%s\" (model, optimizer, "
+                         "lr_scheduler, dataloader, train_state)",
+                         WHERE("checkpoint", "exclude_from_loading"), v->checkpoint.exclude_from_loading.items[i]);
             return -1;
         }
     }
     if (v->optimizer.early_step_in_backward && pp > 1) {
         util_set_err(err, n, "%s: optimizer.early_step_in_backward cannot be combined with pipeline parallel",
-                WHERE("optimizer", "early_step_in_backward"));
+                     WHERE("optimizer", "early_step_in_backward"));
         return -1;
     }
-    if (v->validation.enable && (v->validation.freq < 1 || v->validation.local_batch_size < 1 ||
-                                 v->validation.seq_len < 1)) {
+    if (v->validation.enable &&
+        (v->validation.freq < 1 || v->validation.local_batch_size < 1 || v->validation.seq_len < 1)) {
         util_set_err(err, n, "%s: validation.freq, local_batch_size and seq_len must be >= 1",
-                WHERE("validation", "enable"));
+                     WHERE("validation", "enable"));
         return -1;
     }
     if (dims) {
@@ -1418,14 +1453,16 @@ int cfg_check_build(const tetra_config *c, char *err, size_t n) {
 #ifndef TETRA_HAVE_CUDA
     if (!strcmp(c->v.training.device, "cuda")) {
         char where[256];
-        util_set_err(err, n, "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
-                "toolkit and rebuild with -DTETRA_CUDA=ON)", cfg_origin_str(c, "training", "device", where, sizeof where));
+        util_set_err(err, n,
+                     "%s: training.device = \"cuda\" but this tetra was built without CUDA (install the CUDA "
+                     "toolkit and rebuild with -DTETRA_CUDA=ON)",
+                     cfg_origin_str(c, "training", "device", where, sizeof where));
         return -1;
     }
     if (!strcmp(c->v.comm.backend, "nccl")) {
         char where[256];
         util_set_err(err, n, "%s: comm.backend = \"nccl\" but this tetra was built without CUDA and NCCL",
-                cfg_origin_str(c, "comm", "backend", where, sizeof where));
+                     cfg_origin_str(c, "comm", "backend", where, sizeof where));
         return -1;
     }
 #else

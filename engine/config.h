@@ -19,7 +19,9 @@ typedef struct {
 
 /* struct tetra_config { struct { ... } job; struct { ... } profiling; ... } */
 #define CFG_SECTION(S, NAME, HELP) struct {
-#define CFG_END(S) } S;
+#define CFG_END(S)                                                                                                     \
+    }                                                                                                                  \
+    S;
 #define CFG_BOOL(S, K, D, H) int K;
 #define CFG_INT(S, K, D, H) int64_t K;
 #define CFG_FLOAT(S, K, D, H) double K;
@@ -41,19 +43,19 @@ typedef struct tetra_config {
 typedef enum { CFG_T_BOOL, CFG_T_INT, CFG_T_FLOAT, CFG_T_STR, CFG_T_ENUM, CFG_T_LIST } cfg_type;
 
 typedef struct {
-    const char *section;   /* "quantize.linear.float8" */
-    const char *key;       /* "filter_fqns" */
+    const char *section; /* "quantize.linear.float8" */
+    const char *key;     /* "filter_fqns" */
     cfg_type type;
-    size_t offset;         /* into tetra_config_values */
-    int64_t def_i;         /* BOOL, INT */
-    double def_f;          /* FLOAT; NAN = not set */
-    const char *def_s;     /* STR, ENUM, LIST (comma-separated); NULL = not set */
-    const char *choices;   /* ENUM: "a|b|c" */
+    size_t offset;       /* into tetra_config_values */
+    int64_t def_i;       /* BOOL, INT */
+    double def_f;        /* FLOAT; NAN = not set */
+    const char *def_s;   /* STR, ENUM, LIST (comma-separated); NULL = not set */
+    const char *choices; /* ENUM: "a|b|c" */
     const char *help;
 } cfg_key_desc;
 
 typedef struct {
-    const char *name;      /* "lr_scheduler" */
+    const char *name; /* "lr_scheduler" */
     const char *help;
 } cfg_section_desc;
 
@@ -61,7 +63,7 @@ typedef enum { CFG_FROM_DEFAULT = 0, CFG_FROM_FILE, CFG_FROM_CLI } cfg_origin_ki
 
 typedef struct {
     cfg_origin_kind kind;
-    int line;              /* FILE: 1-based line of the key */
+    int line; /* FILE: 1-based line of the key */
 } cfg_origin;
 
 extern const cfg_key_desc cfg_keys[];
@@ -71,20 +73,20 @@ extern const int cfg_n_sections;
 
 typedef struct {
     tetra_config_values v;
-    cfg_origin *origin;    /* [cfg_n_keys] */
-    char *file;            /* the TOML file read, or NULL */
+    cfg_origin *origin; /* [cfg_n_keys] */
+    char *file;         /* the TOML file read, or NULL */
 } tetra_config;
 
 /* Parallel layout after resolving -1 degrees against the world size. */
 typedef struct {
     int world;
     int pp, dp_replicate, dp_shard, cp, tp;
-    int dp;                /* dp_replicate * dp_shard: ranks that read different data */
-    int grad_accum_steps;  /* microbatches per optimizer step on each rank */
+    int dp;               /* dp_replicate * dp_shard: ranks that read different data */
+    int grad_accum_steps; /* microbatches per optimizer step on each rank */
     int64_t global_batch_size;
 } cfg_parallel_dims;
 
-void cfg_init(tetra_config *c);                     /* defaults */
+void cfg_init(tetra_config *c); /* defaults */
 void cfg_free(tetra_config *c);
 
 /* Parse `tetra train` arguments (argv[0] is the subcommand name): finds

@@ -21,7 +21,8 @@ static const compat_renamed renamed[] = {
     {"training.data_parallel_replicate_degree", "moved to parallelism.data_parallel_replicate_degree"},
     {"training.data_parallel_shard_degree", "moved to parallelism.data_parallel_shard_degree"},
     {"training.data_parallel_type",
-     "removed: \"ddp\" is parallelism.data_parallel_replicate_degree, \"fsdp\" is parallelism.data_parallel_shard_degree"},
+     "removed: \"ddp\" is parallelism.data_parallel_replicate_degree, \"fsdp\" is "
+     "parallelism.data_parallel_shard_degree"},
     {"training.tensor_parallel_degree", "moved to parallelism.tensor_parallel_degree"},
     {"training.pipeline_parallel_degree", "moved to parallelism.pipeline_parallel_degree"},
     {"training.enable_loss_parallel", "replaced by parallelism.disable_loss_parallel (the opposite flag)"},
@@ -118,9 +119,11 @@ static int take(tetra_config *c, const char *fs, const char *fk, const char *ts,
                 int64_t value, char *err, size_t n) {
     char w1[256], w2[256];
     if (is_set(c, ts, tk) && *dst != value) {
-        util_set_err(err, n, "%s: %s.%s = %" PRId64 " and %s: %s.%s gives %" PRId64 ": set one of them (they are the "
-                "same key in TorchTitan's other spelling)", cfg_origin_str(c, ts, tk, w1, sizeof w1), ts, tk, *dst,
-                cfg_origin_str(c, fs, fk, w2, sizeof w2), fs, fk, value);
+        util_set_err(err, n,
+                     "%s: %s.%s = %" PRId64 " and %s: %s.%s gives %" PRId64 ": set one of them (they are the "
+                     "same key in TorchTitan's other spelling)",
+                     cfg_origin_str(c, ts, tk, w1, sizeof w1), ts, tk, *dst, cfg_origin_str(c, fs, fk, w2, sizeof w2),
+                     fs, fk, value);
         return -1;
     }
     *dst = value;
@@ -129,14 +132,15 @@ static int take(tetra_config *c, const char *fs, const char *fk, const char *ts,
 }
 
 /* tokens / seq_len, exactly */
-static int tokens_to_sequences(tetra_config *c, const char *key, int64_t tokens, int64_t *out, char *err,
-                               size_t n) {
+static int tokens_to_sequences(tetra_config *c, const char *key, int64_t tokens, int64_t *out, char *err, size_t n) {
     const int64_t T = c->v.training.seq_len;
     char w[256];
     if (tokens < 1 || T < 1 || tokens % T != 0) {
-        util_set_err(err, n, "%s: training.%s = %" PRId64 " is not a whole number of sequences of training.seq_len = "
-                "%" PRId64 " tokens; tetra batches whole sequences (TorchTitan's 2026 name converts only when "
-                "seq_len divides it)", cfg_origin_str(c, "training", key, w, sizeof w), key, tokens, T);
+        util_set_err(err, n,
+                     "%s: training.%s = %" PRId64 " is not a whole number of sequences of training.seq_len = "
+                     "%" PRId64 " tokens; tetra batches whole sequences (TorchTitan's 2026 name converts only when "
+                     "seq_len divides it)",
+                     cfg_origin_str(c, "training", key, w, sizeof w), key, tokens, T);
         return -1;
     }
     *out = tokens / T;
@@ -170,7 +174,7 @@ static int resolve_batch(tetra_config *c, char *err, size_t n) {
     if (nmb && v->parallelism.num_pp_microbatches < 1) {
         char w[256];
         util_set_err(err, n, "%s: parallelism.num_pp_microbatches must be >= 1",
-                cfg_origin_str(c, "parallelism", "num_pp_microbatches", w, sizeof w));
+                     cfg_origin_str(c, "parallelism", "num_pp_microbatches", w, sizeof w));
         return -1;
     }
     const int64_t k = nmb ? v->parallelism.num_pp_microbatches : 1;
@@ -185,9 +189,9 @@ static int resolve_batch(tetra_config *c, char *err, size_t n) {
             take(c, "training", "num_tokens_per_microbatch_per_dp_rank", "parallelism",
                  "pipeline_parallel_microbatch_size", &v->parallelism.pipeline_parallel_microbatch_size, mb, err, n))
             return -1;
-    } else if (nmb && take(c, "parallelism", "num_pp_microbatches", "training", "local_batch_size",
-                           &v->training.local_batch_size, k * v->parallelism.pipeline_parallel_microbatch_size,
-                           err, n)) {
+    } else if (nmb &&
+               take(c, "parallelism", "num_pp_microbatches", "training", "local_batch_size",
+                    &v->training.local_batch_size, k * v->parallelism.pipeline_parallel_microbatch_size, err, n)) {
         return -1;
     }
     if (is_set(c, "training", "num_tokens_per_train_step")) {
@@ -243,8 +247,8 @@ int cfg_compat_check(const tetra_config *c, char *err, size_t n) {
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
         if (no[i].set) {
             char w[256];
-            util_set_err(err, n, "%s: %s.%s is not supported: %s", cfg_origin_str(c, no[i].section, no[i].key, w, sizeof w),
-                    no[i].section, no[i].key, no[i].why);
+            util_set_err(err, n, "%s: %s.%s is not supported: %s",
+                         cfg_origin_str(c, no[i].section, no[i].key, w, sizeof w), no[i].section, no[i].key, no[i].why);
             return -1;
         }
     return 0;

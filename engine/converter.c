@@ -29,18 +29,22 @@ static int float8_hook_convert(void **state, llama3_model *m, const converter_en
     float8_config fc;
     memset(&fc, 0, sizeof fc);
     if (float8_parse_recipe(c->quantize_linear_float8.recipe_name, &fc.recipe)) {
-        snprintf(err, errlen, "%s: quantize.linear.float8.recipe_name \"%s\" is unknown (tensorwise, rowwise, "
-                 "rowwise_with_gw_hp)", file, c->quantize_linear_float8.recipe_name);
+        snprintf(err, errlen,
+                 "%s: quantize.linear.float8.recipe_name \"%s\" is unknown (tensorwise, rowwise, "
+                 "rowwise_with_gw_hp)",
+                 file, c->quantize_linear_float8.recipe_name);
         return -1;
     }
     if (c->quantize_linear_float8.enable_fsdp_float8_all_gather && fc.recipe != FLOAT8_TENSORWISE) {
-        snprintf(err, errlen, "%s: quantize.linear.float8.enable_fsdp_float8_all_gather needs recipe_name = "
-                 "\"tensorwise\" (got \"%s\"): the gathered weights carry one scale per tensor", file,
-                 c->quantize_linear_float8.recipe_name);
+        snprintf(err, errlen,
+                 "%s: quantize.linear.float8.enable_fsdp_float8_all_gather needs recipe_name = "
+                 "\"tensorwise\" (got \"%s\"): the gathered weights carry one scale per tensor",
+                 file, c->quantize_linear_float8.recipe_name);
         return -1;
     }
     if (c->quantize_linear_float8.precompute_float8_dynamic_scale_for_fsdp && fc.recipe != FLOAT8_TENSORWISE) {
-        snprintf(err, errlen, "%s: quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp needs "
+        snprintf(err, errlen,
+                 "%s: quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp needs "
                  "recipe_name = \"tensorwise\" (got \"%s\"): rowwise scales are per channel and computed per GEMM",
                  file, c->quantize_linear_float8.recipe_name);
         return -1;
@@ -53,9 +57,11 @@ static int float8_hook_convert(void **state, llama3_model *m, const converter_en
     if (!strcmp(env->ops->name, "cuda") && !fc.emulate) {
         const int sm = gpu_sm();
         if (sm > 0 && sm < 89) {
-            snprintf(err, errlen, "%s: model.converters = [\"float8\"] needs float8 tensor cores (sm_89 or newer); "
+            snprintf(err, errlen,
+                     "%s: model.converters = [\"float8\"] needs float8 tensor cores (sm_89 or newer); "
                      "this GPU is sm_%d: set quantize.linear.float8.emulate = true to run the fp8 numerics on "
-                     "fp32 GEMMs, or drop the converter", file, sm);
+                     "fp32 GEMMs, or drop the converter",
+                     file, sm);
             return -1;
         }
     }
@@ -65,7 +71,7 @@ static int float8_hook_convert(void **state, llama3_model *m, const converter_en
     if (env->rank == 0 && env->stage == 0) {
         /* a filter entry that names no linear of the whole model is most likely a typo */
         char name[96];
-        static const char *lin[] = {"attention.wq", "attention.wk", "attention.wv", "attention.wo",
+        static const char *lin[] = {"attention.wq",    "attention.wk",    "attention.wv",   "attention.wo",
                                     "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"};
         for (int i = 0; i < fc.n_filter; i++) {
             const char *want = fc.filter[i];
@@ -77,12 +83,13 @@ static int float8_hook_convert(void **state, llama3_model *m, const converter_en
                 }
             if (!hit)
                 log_warn("quantize.linear.float8.filter_fqns: \"%s\" matches no linear layer of the model "
-                         "(names look like layers.0.attention.wq, layers.3.feed_forward.w2, output)", want);
+                         "(names look like layers.0.attention.wq, layers.3.feed_forward.w2, output)",
+                         want);
         }
         const int pre = fc.precompute_scales || fc.fsdp_fp8_all_gather;
         log_info("Float8 %s%s: %d linear layers of stage %d in float8%s%s", float8_recipe_name(fc.recipe),
-                 fc.emulate ? " (emulated: fp32 GEMMs on dequantised operands)" : "", float8_converted(f),
-                 env->stage, pre ? ", weight scales precomputed after each step" : "",
+                 fc.emulate ? " (emulated: fp32 GEMMs on dequantised operands)" : "", float8_converted(f), env->stage,
+                 pre ? ", weight scales precomputed after each step" : "",
                  fc.fsdp_fp8_all_gather ? ", FSDP all-gathers them in float8" : "");
     }
     return 0;
@@ -102,8 +109,9 @@ static size_t float8_hook_bytes(const void *state) { return float8_workspace_byt
 
 static void float8_hook_destroy(void *state) { float8_free((float8_model *)state); }
 
-static const tetra_converter float8_converter = {"float8", float8_hook_convert, float8_hook_parallelized, NULL,
-                                                 float8_hook_post_optimizer, float8_hook_bytes, float8_hook_destroy};
+static const tetra_converter float8_converter = {
+    "float8",          float8_hook_convert, float8_hook_parallelized, NULL, float8_hook_post_optimizer,
+    float8_hook_bytes, float8_hook_destroy};
 
 /* ---------------------------------------------------------------------------- registry */
 

@@ -33,14 +33,14 @@
 /* What a converter sees of the job and of one stage. */
 typedef struct {
     const tetra_config_values *cfg;
-    const char *config_file;  /* for messages ("command line" when none) */
+    const char *config_file; /* for messages ("command line" when none) */
     const tetra_ops *ops;
     int rank;
-    int stage;                /* the global stage index */
-    size_t max_rows;          /* tokens of one microbatch on this rank: the most rows a linear sees */
-    int dry_run;              /* a plan: declare, allocate no backend memory */
-    comm_group *shard;        /* the FSDP group the parameters are sharded over (dp_shard x cp) */
-    comm_group *tp;           /* tensor parallel (NULL: none) */
+    int stage;         /* the global stage index */
+    size_t max_rows;   /* tokens of one microbatch on this rank: the most rows a linear sees */
+    int dry_run;       /* a plan: declare, allocate no backend memory */
+    comm_group *shard; /* the FSDP group the parameters are sharded over (dp_shard x cp) */
+    comm_group *tp;    /* tensor parallel (NULL: none) */
 } converter_env;
 
 typedef struct tetra_converter {

@@ -52,8 +52,8 @@ static void log_console_init(int rank, int world) {
         dup2((int)fd, STDERR_FILENO);
         close((int)fd);
         log_warn("LOG_RANK=%s names no rank of this %d-rank run (ranks 0 to %d): showing rank 0; every rank's "
-                 "errors reach this console, and the others' full output is in their rank_N.log files", shown, world,
-                 world - 1);
+                 "errors reach this console, and the others' full output is in their rank_N.log files",
+                 shown, world, world - 1);
         return;
     }
     console_fd = (int)fd;
@@ -103,7 +103,8 @@ static void emit(FILE *f, const char *level, const char *color, const char *fmt,
     va_copy(again, ap);
     int len = vsnprintf(small, sizeof small, fmt, ap);
     char *msg = small;
-    if (len >= (int)sizeof small && (msg = malloc((size_t)len + 1)) != NULL) vsnprintf(msg, (size_t)len + 1, fmt, again);
+    if (len >= (int)sizeof small && (msg = malloc((size_t)len + 1)) != NULL)
+        vsnprintf(msg, (size_t)len + 1, fmt, again);
     va_end(again);
     if (!msg) msg = small; /* out of memory: the line cut short rather than lost */
     emit_line(f, level, color, head, msg);

@@ -19,13 +19,15 @@ int memsnap_write(const char *folder, int rank, int64_t step, const char *reason
         const char *what;
     } cat[] = {
         {"parameters", p->param_bytes,
-         p->mixed ? "this rank's fp32 shard of the parameters and its bf16 copy" : "this rank's fp32 shard of the parameters"},
+         p->mixed ? "this rank's fp32 shard of the parameters and its bf16 copy"
+                  : "this rank's fp32 shard of the parameters"},
         {"gradients", p->grad_bytes, "this rank's shard of the gradients (fp32)"},
         {"optimizer_state", p->optim_bytes, "AdamW's two moments for this rank's shard (fp32)"},
         {"gathered_parameters", p->work_param_bytes, "whole units' parameters gathered for compute (FSDP working set)"},
         {"unsharded_gradients", p->work_grad_bytes, "whole units' gradients before the reduce-scatter"},
         {"reduce_staging", p->reduce_bytes, "reduce-scatter and all-reduce staging"},
-        {"activations", acts, "activations kept for backward, every microbatch alive at once, and pipeline send buffers"},
+        {"activations", acts,
+         "activations kept for backward, every microbatch alive at once, and pipeline send buffers"},
         {"workspace", p->workspace_bytes, "recompute slots and per-op scratch shared by the blocks"},
         {"validation", p->validation_bytes, "validation activations (when its batch shape differs)"},
         {"converters", p->converter_bytes, "model converters' state (Float8 scales, amax history)"},

@@ -56,8 +56,14 @@ static char *join_path(const char *a, const char *b) {
 
 char *metrics_format_grouped(char *out, size_t outlen, double v, int decimals) {
     if (outlen == 0) return out;
-    if (isnan(v)) { snprintf(out, outlen, "nan"); return out; }
-    if (isinf(v)) { snprintf(out, outlen, v < 0 ? "-inf" : "inf"); return out; }
+    if (isnan(v)) {
+        snprintf(out, outlen, "nan");
+        return out;
+    }
+    if (isinf(v)) {
+        snprintf(out, outlen, v < 0 ? "-inf" : "inf");
+        return out;
+    }
     char plain[400];
     snprintf(plain, sizeof plain, "%.*f", decimals < 0 ? 0 : decimals, v);
     const char *digits = plain[0] == '-' ? plain + 1 : plain;
@@ -116,7 +122,11 @@ static int truncate_jsonl(const char *path, int64_t first_step, char *err, size_
         len += got;
         if (len == cap) {
             char *t = realloc(text, cap * 2 + 1);
-            if (!t) { free(text); text = NULL; break; }
+            if (!t) {
+                free(text);
+                text = NULL;
+                break;
+            }
             text = t;
             cap *= 2;
         }
@@ -132,7 +142,11 @@ static int truncate_jsonl(const char *path, int64_t first_step, char *err, size_
 
     size_t plen = strlen(path) + 8;
     char *tmp = malloc(plen);
-    if (!tmp) { free(text); snprintf(err, errlen, "out of memory"); return -1; }
+    if (!tmp) {
+        free(text);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     snprintf(tmp, plen, "%s.tmp", path);
     FILE *out = fopen(tmp, "wb");
     if (!out) {
@@ -144,7 +158,10 @@ static int truncate_jsonl(const char *path, int64_t first_step, char *err, size_
     size_t kept = 0, dropped = 0;
     for (char *line = text; *line;) {
         char *nl = strchr(line, '\n');
-        if (!nl) { dropped++; break; } /* torn last line */
+        if (!nl) {
+            dropped++;
+            break;
+        } /* torn last line */
         *nl = '\0';
         json_error_t jerr;
         json_t *obj = json_loads(line, 0, &jerr);
@@ -169,8 +186,9 @@ static int truncate_jsonl(const char *path, int64_t first_step, char *err, size_
         return -1;
     }
     free(tmp);
-    if (dropped && kept) log_info("metrics: kept %zu records of %s before step %" PRId64 ", dropped %zu", kept, path,
-                                  first_step, dropped);
+    if (dropped && kept)
+        log_info("metrics: kept %zu records of %s before step %" PRId64 ", dropped %zu", kept, path, first_step,
+                 dropped);
     else if (dropped && first_step == 1)
         log_info("metrics: a fresh run starts a new %s (the %zu records of an earlier run there are replaced)", path,
                  dropped);
@@ -179,8 +197,8 @@ static int truncate_jsonl(const char *path, int64_t first_step, char *err, size_
 
 /* ---- open / close --------------------------------------------------------- */
 
-metrics_logger *metrics_open_at(const char *dump_folder, int enable_tensorboard, const char *tb_folder,
-                                int color, int64_t first_step, char *err, size_t errlen) {
+metrics_logger *metrics_open_at(const char *dump_folder, int enable_tensorboard, const char *tb_folder, int color,
+                                int64_t first_step, char *err, size_t errlen) {
     if (!dump_folder || !dump_folder[0]) dump_folder = ".";
     if (tb_make_dirs(dump_folder) != 0) {
         snprintf(err, errlen, "cannot create dump folder %s: %s", dump_folder, strerror(errno));
@@ -227,8 +245,8 @@ metrics_logger *metrics_open_at(const char *dump_folder, int enable_tensorboard,
     return m;
 }
 
-metrics_logger *metrics_open(const char *dump_folder, int enable_tensorboard, const char *tb_folder,
-                             int color, char *err, size_t errlen) {
+metrics_logger *metrics_open(const char *dump_folder, int enable_tensorboard, const char *tb_folder, int color,
+                             char *err, size_t errlen) {
     return metrics_open_at(dump_folder, enable_tensorboard, tb_folder, color, 0, err, errlen);
 }
 
@@ -263,9 +281,9 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
              "%stps: %s  "
              "%stflops: %s  "
              "%smfu: %.2f%%%s%s",
-             c ? C_RED : "", s->step, c ? C_GREEN : "", s->loss, c ? C_ORANGE : "", s->grad_norm,
-             c ? C_YELLOW : "", s->lr, c ? C_TURQUOISE : "", s->mem_gib, s->mem_pct, c ? C_BLUE : "", tps,
-             c ? C_CYAN : "", tflops, c ? C_MAGENTA : "", s->mfu, computed, c ? C_RESET : "");
+             c ? C_RED : "", s->step, c ? C_GREEN : "", s->loss, c ? C_ORANGE : "", s->grad_norm, c ? C_YELLOW : "",
+             s->lr, c ? C_TURQUOISE : "", s->mem_gib, s->mem_pct, c ? C_BLUE : "", tps, c ? C_CYAN : "", tflops,
+             c ? C_MAGENTA : "", s->mfu, computed, c ? C_RESET : "");
     log_info("%s", line);
 
     if (m->jsonl) {
@@ -334,8 +352,8 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
 void metrics_log_validation(metrics_logger *m, int64_t step, double loss, double step_time_s) {
     double wt = wall_now();
     const int c = m->color;
-    log_info("%svalidate step: %2" PRId64 "  %sloss: %7.4f  %stime: %.2fs%s", c ? C_YELLOW : "", step,
-             c ? C_GREEN : "", loss, c ? C_BLUE : "", step_time_s, c ? C_RESET : "");
+    log_info("%svalidate step: %2" PRId64 "  %sloss: %7.4f  %stime: %.2fs%s", c ? C_YELLOW : "", step, c ? C_GREEN : "",
+             loss, c ? C_BLUE : "", step_time_s, c ? C_RESET : "");
     if (m->jsonl) {
         FILE *f = m->jsonl;
         fprintf(f, "{\"step\":%" PRId64 ",\"validation_loss\":", step);
@@ -404,6 +422,5 @@ void metrics_log_peak_rss(void) {
     double gib = (double)rss / (1024.0 * 1024.0 * 1024.0);
     if (host > 0)
         log_info("peak resident memory: %.2f GiB (%.2f%% of host memory)", gib, 100.0 * (double)rss / (double)host);
-    else
-        log_info("peak resident memory: %.2f GiB", gib);
+    else log_info("peak resident memory: %.2f GiB", gib);
 }

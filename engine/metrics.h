@@ -21,22 +21,22 @@ typedef struct metrics_logger metrics_logger;
 
 typedef struct {
     int64_t step;
-    double loss;          /* global average loss */
-    double max_loss;      /* global max of per-rank losses (TorchTitan's global_max_loss); NAN if unknown */
+    double loss;     /* global average loss */
+    double max_loss; /* global max of per-rank losses (TorchTitan's global_max_loss); NAN if unknown */
     double grad_norm;
     double lr;
-    double tps;           /* tokens/s per device */
-    double tflops;        /* achieved TFLOP/s per device */
-    double mfu;           /* percent */
-    double mem_gib;       /* peak memory (GiB): GPU max allocated on GPU, peak RSS on CPU */
-    double mem_pct;       /* of device / host memory */
-    double step_time_s;   /* end-to-end seconds per step (avg since last log) */
-    double data_time_s;   /* data loading seconds per step (avg since last log) */
+    double tps;         /* tokens/s per device */
+    double tflops;      /* achieved TFLOP/s per device */
+    double mfu;         /* percent */
+    double mem_gib;     /* peak memory (GiB): GPU max allocated on GPU, peak RSS on CPU */
+    double mem_pct;     /* of device / host memory */
+    double step_time_s; /* end-to-end seconds per step (avg since last log) */
+    double data_time_s; /* data loading seconds per step (avg since last log) */
     int64_t tokens_seen;
     /* the same two counting the attention the mask leaves (causal: half the score pairs;
      * block_causal: those within documents) instead of TorchTitan's T^2; NAN: not known */
     double tflops_computed;
-    double mfu_computed;  /* percent */
+    double mfu_computed; /* percent */
 } metrics_step;
 
 /* Opens <dump_folder>/metrics.jsonl for appending (creating dump_folder if
@@ -44,16 +44,16 @@ typedef struct {
  * <dump_folder>/<tb_folder> (an absolute tb_folder is used as is).
  * `color`: ANSI colours in the step line. Existing records are kept as they are.
  * NULL on error, with a message naming the path in err. */
-metrics_logger *metrics_open(const char *dump_folder, int enable_tensorboard, const char *tb_folder,
-                             int color, char *err, size_t errlen);
+metrics_logger *metrics_open(const char *dump_folder, int enable_tensorboard, const char *tb_folder, int color,
+                             char *err, size_t errlen);
 /* The same for a run whose first step is `first_step` (1 for a fresh run,
  * checkpoint step + 1 on resume): records with step >= first_step are first
  * dropped from metrics.jsonl (they belong to an earlier attempt that went
  * past its last checkpoint), as is a torn last line, and the TensorBoard file
  * starts with a SessionLog START at first_step, so TensorBoard discards the
  * earlier files' events from that step on. first_step <= 0: like metrics_open. */
-metrics_logger *metrics_open_at(const char *dump_folder, int enable_tensorboard, const char *tb_folder,
-                                int color, int64_t first_step, char *err, size_t errlen);
+metrics_logger *metrics_open_at(const char *dump_folder, int enable_tensorboard, const char *tb_folder, int color,
+                                int64_t first_step, char *err, size_t errlen);
 /* Prints the step line, writes the jsonl record and the TensorBoard scalars, flushes. */
 void metrics_log_step(metrics_logger *m, const metrics_step *s);
 /* "validate step: N  loss: X  time: Ts" line, jsonl {"step":N,"validation_loss":X,...},

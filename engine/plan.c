@@ -19,20 +19,21 @@
 static int is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
 
 static void usage_plan(FILE *f) {
-    fprintf(f, "usage: tetra plan --job.config_file FILE [--section.key VALUE ...] --ngpu N [--hardware NAME] [--json]\n"
-               "       tetra plan --job.config_file FILE --recommend --ngpu N\n"
-               "       tetra plan --job.config_file FILE --ops [--block N]   (every op of a step on the GPU)\n"
-               "       tetra plan --calibrate [--out FILE]\n"
-               "       tetra plan pp [options]\n"
-               "\n"
-               "Look at a run before paying for it: memory per rank, communication, pipeline bubble,\n"
-               "step time, tokens/s/GPU and MFU of a config at any GPU count, or the layouts that fit\n"
-               "best (tetra plan --help-config for every option).\n"
-               "\n"
-               "subcommands:\n"
-               "  pp    simulate a pipeline schedule: per-rank timeline, bubble, peak in-flight microbatches\n"
-               "\n"
-               "tetra plan pp --help shows its options.\n");
+    fprintf(f,
+            "usage: tetra plan --job.config_file FILE [--section.key VALUE ...] --ngpu N [--hardware NAME] [--json]\n"
+            "       tetra plan --job.config_file FILE --recommend --ngpu N\n"
+            "       tetra plan --job.config_file FILE --ops [--block N]   (every op of a step on the GPU)\n"
+            "       tetra plan --calibrate [--out FILE]\n"
+            "       tetra plan pp [options]\n"
+            "\n"
+            "Look at a run before paying for it: memory per rank, communication, pipeline bubble,\n"
+            "step time, tokens/s/GPU and MFU of a config at any GPU count, or the layouts that fit\n"
+            "best (tetra plan --help-config for every option).\n"
+            "\n"
+            "subcommands:\n"
+            "  pp    simulate a pipeline schedule: per-rank timeline, bubble, peak in-flight microbatches\n"
+            "\n"
+            "tetra plan pp --help shows its options.\n");
 }
 
 static void usage_pp(FILE *f) {
@@ -188,7 +189,7 @@ static int parse_pp(int argc, char **argv, pp_opts *o) {
     if (o->pp < 0 || o->microbatches < 0) {
         fprintf(stderr, "tetra plan pp: %s required\n",
                 o->pp < 0 && o->microbatches < 0 ? "--pp and --microbatches are"
-                : o->pp < 0                      ? "--pp is"
+                    : o->pp < 0                  ? "--pp is"
                                                  : "--microbatches is");
         return 2;
     }

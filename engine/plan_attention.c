@@ -43,8 +43,11 @@ static int corpus_lengths(const tetra_config_values *c, doclen_hist *h, char *di
     }
     const shard_index_split *sp = shard_index_find(&ix, "train");
     int rc = -1;
-    if (!sp || !sp->doc_lengths) snprintf(why, wn, "%s/index.json records no document lengths (prepared before "
-                                          "`tetra data prepare` recorded them: prepare it again)", dir);
+    if (!sp || !sp->doc_lengths)
+        snprintf(why, wn,
+                 "%s/index.json records no document lengths (prepared before "
+                 "`tetra data prepare` recorded them: prepare it again)",
+                 dir);
     else *h = *sp->doc_lengths, rc = 0;
     shard_index_free(&ix);
     return rc;

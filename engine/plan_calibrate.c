@@ -105,8 +105,7 @@ static double ring_rate(MPI_Comm comm, const void *send, void *recv, size_t byte
     for (int rep = 0; rep <= MPI_REPS; rep++) {
         MPI_Barrier(comm);
         double t0 = MPI_Wtime();
-        MPI_Sendrecv(send, (int)bytes, MPI_BYTE, next, 0, recv, (int)bytes, MPI_BYTE, prev, 0, comm,
-                     MPI_STATUS_IGNORE);
+        MPI_Sendrecv(send, (int)bytes, MPI_BYTE, next, 0, recv, (int)bytes, MPI_BYTE, prev, 0, comm, MPI_STATUS_IGNORE);
         double dt = MPI_Wtime() - t0;
         if (rep > 0 && dt < best) best = dt; /* the first maps the shared-memory segments */
     }
@@ -279,15 +278,14 @@ static double measure_reserve(calib *C, double rss0) {
     const double rss1 = vm_rss_bytes();
     double reserved = rss1 > rss0 ? rss1 : rss0 > 0 ? rss0 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &reserved, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    say(C->log, "resident memory besides the buffers: %.1f MiB (largest rank; %.1f MiB on entry)",
-        reserved / 1048576.0, (rss0 > 0 ? rss0 : 0) / 1048576.0);
+    say(C->log, "resident memory besides the buffers: %.1f MiB (largest rank; %.1f MiB on entry)", reserved / 1048576.0,
+        (rss0 > 0 ? rss0 : 0) / 1048576.0);
     return reserved;
 }
 
 /* The profile: base with the measured rates, memory and layout, named "cpu" with a description of
  * the host, the date and the layout. */
-static plan_hw calib_profile(const calib *C, const plan_hw *base, double host_min, int most_local,
-                             double reserved) {
+static plan_hw calib_profile(const calib *C, const plan_hw *base, double host_min, int most_local, double reserved) {
     plan_hw hw = *base;
     snprintf(hw.name, sizeof hw.name, "cpu");
     char hostname[64] = "this host", date[32] = "";
@@ -354,7 +352,7 @@ int plan_calibrate(plan_hw *out, const plan_hw *base, int threads, FILE *log, ch
     say(log, "host memory: %.2f GiB (the smallest node's, or its container limit)", gib(host_min));
     if (!(C.flops > 0) || !(C.mem_bw > 0) || !(host_min > 0)) {
         util_set_err(err, errlen, "calibrate: a measurement failed (gemm %g FLOP/s, memory %g B/s, host memory %g B)",
-                C.flops, C.mem_bw, host_min);
+                     C.flops, C.mem_bw, host_min);
         goto done;
     }
     *out = calib_profile(&C, base, host_min, most_local, reserved);

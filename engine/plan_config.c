@@ -98,15 +98,16 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
     json_object_set_new(o, "hardware", json_string(hw->name));
     json_object_set_new(o, "ngpu", json_integer(r->ngpu));
     json_object_set_new(o, "gpus_per_node", json_integer(r->gpus_per_node));
-    json_object_set_new(o, "layout", json_pack("{s:i,s:i,s:i,s:i,s:i}", "pp", r->dims.pp, "dp_replicate",
-                                               r->dims.dp_replicate, "dp_shard", r->dims.dp_shard, "cp", r->dims.cp,
-                                               "tp", r->dims.tp));
+    json_object_set_new(o, "layout",
+                        json_pack("{s:i,s:i,s:i,s:i,s:i}", "pp", r->dims.pp, "dp_replicate", r->dims.dp_replicate,
+                                  "dp_shard", r->dims.dp_shard, "cp", r->dims.cp, "tp", r->dims.tp));
     json_object_set_new(o, "local_batch_size", json_integer((json_int_t)c->training.local_batch_size));
     json_object_set_new(o, "seq_len", json_integer((json_int_t)c->training.seq_len));
     json_object_set_new(o, "global_batch_size", json_integer((json_int_t)r->dims.global_batch_size));
     json_object_set_new(o, "activation_checkpoint", json_string(ac_desc(c, ac, sizeof ac)));
     json_object_set_new(o, "float8", json_boolean(r->float8));
-    if (r->dims.pp > 1) json_object_set_new(o, "pipeline_schedule", json_string(c->parallelism.pipeline_parallel_schedule));
+    if (r->dims.pp > 1)
+        json_object_set_new(o, "pipeline_schedule", json_string(c->parallelism.pipeline_parallel_schedule));
     json_object_set_new(o, "peak_memory_gib", json_real(r->peak_bytes / GIB));
     json_object_set_new(o, "device_memory_gib", json_real(r->device_bytes / GIB));
     json_object_set_new(o, "fits", json_boolean(r->fits));
@@ -115,9 +116,10 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
     json_object_set_new(o, "mfu", json_real(r->mfu));
     json_object_set_new(o, "mfu_computed", json_real(r->mfu_computed));
     /* pairs as an integer (the expected count rounded): the JSON's reals keep 6 digits */
-    json_object_set_new(o, "attention", json_pack("{s:s,s:I,s:s}", "mask", r->block_causal ? "block_causal" : "causal",
-                                                  "pairs_per_sequence", (json_int_t)llround(r->attn_pairs_per_seq),
-                                                  "source", r->attn_source));
+    json_object_set_new(o, "attention",
+                        json_pack("{s:s,s:I,s:s}", "mask", r->block_causal ? "block_causal" : "causal",
+                                  "pairs_per_sequence", (json_int_t)llround(r->attn_pairs_per_seq), "source",
+                                  r->attn_source));
     json_object_set_new(o, "bubble_fraction", json_real(r->bubble_fraction));
     json_t *mem = json_object();
     json_object_set_new(mem, "pipeline_rank", json_integer(r->worst_pp_rank));
@@ -135,10 +137,10 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
     json_object_set_new(mem, "workspace_gib", json_real(w->workspace_bytes / GIB));
     json_object_set_new(mem, "converters_gib", json_real(w->converter_bytes / GIB));
     json_object_set_new(mem, "nccl_gib", json_real(r->nccl.total_bytes / GIB));
-    json_object_set_new(mem, "nccl", json_pack("{s:i,s:f,s:f,s:f,s:f}", "communicators", r->nccl.communicators,
-                                               "setup_gib", r->nccl.setup_bytes / GIB, "ring_gib",
-                                               r->nccl.ring_bytes / GIB, "nvls_gib", r->nccl.nvls_bytes / GIB,
-                                               "p2p_gib", r->nccl.p2p_bytes / GIB));
+    json_object_set_new(mem, "nccl",
+                        json_pack("{s:i,s:f,s:f,s:f,s:f}", "communicators", r->nccl.communicators, "setup_gib",
+                                  r->nccl.setup_bytes / GIB, "ring_gib", r->nccl.ring_bytes / GIB, "nvls_gib",
+                                  r->nccl.nvls_bytes / GIB, "p2p_gib", r->nccl.p2p_bytes / GIB));
     json_object_set_new(mem, "reserved_gib", json_real(r->reserved_bytes / GIB));
     json_object_set_new(mem, "training_buffers_bytes", json_real(w->total_bytes));
     json_t *per = json_array();
@@ -150,14 +152,15 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
         const plan_comm *q = &r->comm[i];
         json_object_set_new(comm, q->name,
                             json_pack("{s:i,s:s,s:f,s:f,s:f}", "group_size", q->group_size, "link",
-                                      q->inter_node ? "inter_node" : "intra_node", "bytes_per_step", q->bytes,
-                                      "time_s", q->time_s, "exposed_s", q->exposed_s));
+                                      q->inter_node ? "inter_node" : "intra_node", "bytes_per_step", q->bytes, "time_s",
+                                      q->time_s, "exposed_s", q->exposed_s));
     }
     json_object_set_new(o, "communication", comm);
-    json_object_set_new(o, "time", json_pack("{s:f,s:f,s:f,s:f,s:f,s:f}", "compute_s", r->compute_s, "pipeline_s",
-                                             r->pp_makespan_s, "optimizer_s", r->optimizer_s, "flops_per_token",
-                                             r->model_flops_per_token, "hw_flops_per_rank", r->hw_flops_per_rank,
-                                             "tokens_per_step", r->tokens_per_step));
+    json_object_set_new(o, "time",
+                        json_pack("{s:f,s:f,s:f,s:f,s:f,s:f}", "compute_s", r->compute_s, "pipeline_s",
+                                  r->pp_makespan_s, "optimizer_s", r->optimizer_s, "flops_per_token",
+                                  r->model_flops_per_token, "hw_flops_per_rank", r->hw_flops_per_rank,
+                                  "tokens_per_step", r->tokens_per_step));
     return o;
 }
 
@@ -171,7 +174,8 @@ static void print_nccl(const plan_result *r, const plan_hw *hw) {
         return;
     }
     printf("  NCCL                  %10s  (%d communicator%s: tables, ring, NVLS and send/receive buffers; a "
-           "model)\n", b, r->nccl.communicators, r->nccl.communicators == 1 ? "" : "s");
+           "model)\n",
+           b, r->nccl.communicators, r->nccl.communicators == 1 ? "" : "s");
 }
 
 static void print_report(const plan_result *r, const tetra_config *cfg, const plan_hw *hw) {
@@ -202,8 +206,7 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     if (w->grad_arena_stages > w->grad_arenas)
         printf("  gradient buffers      %10s  (unsharded: %d stages taking turns in %d; + reduce staging)\n", b[1],
                w->grad_arena_stages, w->grad_arenas);
-    else
-        printf("  gradient buffers      %10s  (unsharded + reduce staging)\n", b[1]);
+    else printf("  gradient buffers      %10s  (unsharded + reduce staging)\n", b[1]);
     fmt_gib(b[0], 32, w->act_bytes);
     fmt_gib(b[1], 32, w->act_mb_bytes);
     fmt_gib(b[2], 32, w->workspace_bytes);
@@ -240,7 +243,8 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
         fmt_time(b[1], 32, q->time_s);
         fmt_time(b[2], 32, q->exposed_s);
         printf("  %-9s %3d ranks  %10s sent, %s over %s; %s exposed\n", q->name, q->group_size, b[0], b[1],
-               q->inter_node ? "the network" : "the node's links", !strcmp(q->name, "pp") ? "in the pipeline time" : b[2]);
+               q->inter_node ? "the network" : "the node's links",
+               !strcmp(q->name, "pp") ? "in the pipeline time" : b[2]);
     }
     fmt_time(b[0], 32, r->optimizer_s);
     printf("  optimizer             %10s\n", b[0]);
@@ -306,10 +310,10 @@ static void print_knobs(const plan_result *r, const tetra_config *cfg, const pla
     snprintf(pp, sizeof pp, "%d", r->dims.pp * 2);
     k[nk++] = (knob){"pipeline_parallel_degree doubled", {"parallelism.pipeline_parallel_degree", pp}, 1};
     if (r->dims.dp_replicate > 1)
-        k[nk++] = (knob){"no replication (all data parallel ranks shard)",
-                                 {"parallelism.data_parallel_replicate_degree", "1",
-                                  "parallelism.data_parallel_shard_degree", "-1"},
-                                 2};
+        k[nk++] =
+            (knob){"no replication (all data parallel ranks shard)",
+                   {"parallelism.data_parallel_replicate_degree", "1", "parallelism.data_parallel_shard_degree", "-1"},
+                   2};
     for (int i = 0; i < nk; i++) {
         if (plan_try(&alt, cfg, k[i].kv, k[i].n, r->ngpu, r->gpus_per_node, hw, e, sizeof e)) {
             printf("  %-48s cannot run: %.200s\n", k[i].what, e);
@@ -333,8 +337,10 @@ static int calibrate_main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             if (parse_int_opt("--threads", argv[++i], 1, &threads)) return 2;
         } else {
-            fprintf(stderr, "tetra plan --calibrate: unknown option '%s' (options: --out FILE, --hardware BASE, "
-                            "--threads N)\n", argv[i]);
+            fprintf(stderr,
+                    "tetra plan --calibrate: unknown option '%s' (options: --out FILE, --hardware BASE, "
+                    "--threads N)\n",
+                    argv[i]);
             return 2;
         }
     }
@@ -372,8 +378,8 @@ static int calibrate_main(int argc, char **argv) {
     return rc;
 }
 
-static const char *const PLAN_OPTIONS[] = {"--ngpu", "--gpus-per-node", "--hardware", "--json",
-                                           "--recommend", "--top", "--calibrate", "--help"};
+static const char *const PLAN_OPTIONS[] = {"--ngpu",      "--gpus-per-node", "--hardware",  "--json",
+                                           "--recommend", "--top",           "--calibrate", "--help"};
 
 int plan_config_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -442,8 +448,8 @@ int plan_config_main(int argc, char **argv) {
         return 2;
     }
     /* a GPU profile plans the CUDA run unless the config insists on the CPU */
-    if (strcmp(cfg.v.training.device, "cpu") && cfg_set_string(&cfg, "training.device", plan_hw_is_host(&hw) ? "cpu" : "cuda", err,
-                                                                sizeof err)) {
+    if (strcmp(cfg.v.training.device, "cpu") &&
+        cfg_set_string(&cfg, "training.device", plan_hw_is_host(&hw) ? "cpu" : "cuda", err, sizeof err)) {
         fprintf(stderr, "tetra plan: %s\n", err);
         cfg_free(&cfg);
         return 2;

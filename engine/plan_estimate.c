@@ -30,15 +30,15 @@ static int group_span(const cfg_parallel_dims *d, int outer_dim) {
 }
 
 typedef struct {
-    double f, i, w;      /* one microbatch through the stage: forward, backward-input, backward-weight */
-    double attn;         /* of which attention (forward + backward + recompute) */
-    double hw_flops;     /* FLOPs computed, recompute included */
+    double f, i, w;  /* one microbatch through the stage: forward, backward-input, backward-weight */
+    double attn;     /* of which attention (forward + backward + recompute) */
+    double hw_flops; /* FLOPs computed, recompute included */
 } stage_time;
 
 /* The roofline of one microbatch on one stage of rank plan p (index k of its stages). */
 /* keys: the keys a query row sees on average (T/2 causal; fewer under a document mask) */
-static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a, double keys, const cfg_parallel_dims *d,
-                             const plan_hw *hw, int float8) {
+static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a, double keys,
+                             const cfg_parallel_dims *d, const plan_hw *hw, int float8) {
     stage_time st = {0, 0, 0, 0, 0};
     const double tp = d->tp, dim = a->dim, kv = (double)a->n_kv_heads * llama3_head_dim(a);
     const double ffn = (double)llama3_ffn_hidden(a), V = a->vocab_size;
@@ -62,23 +62,22 @@ static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a,
     const double t_attn = rows * nb * attn_block / attn_rate;
     const double t_elem = rows * (nb * elem_block + loss_bytes) / mem_rate;
     const double t_recompute = rows * p->stage_recompute_flops[k] / lin8_rate +
-                               rows * p->stage_recompute_attention[k] * attn_block / attn_rate +
-                               (p->stage_recompute_attention[k] > 0 || p->stage_recompute_flops[k] > 0
-                                    ? rows * nb * elem_block / mem_rate
-                                    : 0.0);
+        rows * p->stage_recompute_attention[k] * attn_block / attn_rate +
+        (p->stage_recompute_attention[k] > 0 || p->stage_recompute_flops[k] > 0 ? rows * nb * elem_block / mem_rate
+                                                                                : 0.0);
     st.f = t_lin + t_attn + t_elem;
     /* flash attention's backward recomputes the scores: 2.5 x its forward */
     st.i = t_lin + 2.5 * t_attn + 2.0 * t_elem + t_recompute;
     st.w = t_lin;
     st.attn = 3.5 * t_attn + rows * p->stage_recompute_attention[k] * attn_block / attn_rate;
-    st.hw_flops = rows * (3.0 * (nb * lin_block + head) + 3.5 * nb * attn_block + p->stage_recompute_flops[k] +
-                          p->stage_recompute_attention[k] * attn_block);
+    st.hw_flops = rows *
+        (3.0 * (nb * lin_block + head) + 3.5 * nb * attn_block + p->stage_recompute_flops[k] +
+         p->stage_recompute_attention[k] * attn_block);
     return st;
 }
 
 /* Each pipeline rank's dry run of the trainer, in this process: its memory plan, and the worst one. */
-static int dry_run_ranks(plan_result *out, const tetra_config *cfg, const mesh *m, int ngpu, char *err,
-                         size_t errlen) {
+static int dry_run_ranks(plan_result *out, const tetra_config *cfg, const mesh *m, int ngpu, char *err, size_t errlen) {
     const cfg_parallel_dims *d = &out->dims;
     for (int pr = 0; pr < d->pp; pr++) {
         int co[MESH_NDIMS] = {pr, 0, 0, 0, 0};
@@ -137,14 +136,14 @@ typedef struct est {
     const plan_hw *hw;
     int host_shared; /* a CPU profile: the ranks share the host */
     llama3_args a;
-    int T;                                /* sequence length */
-    double keys;                          /* keys a query row sees: T/2 causal, fewer under a document mask */
-    int rounds, n_mb;                     /* gradient-accumulation rounds (pipeline), microbatches per round */
-    double fmx, imax, wmax;               /* the slowest stage's forward, backward-input, backward-weight */
-    double attn_total;                    /* the busiest rank's attention time of a step */
-    double es;                            /* bytes of an activation element */
-    double intra, inter;                  /* effective link bandwidths within and between nodes */
-    const trainer_plan *p0, *pw;          /* pipeline rank 0's plan, the worst rank's */
+    int T;                       /* sequence length */
+    double keys;                 /* keys a query row sees: T/2 causal, fewer under a document mask */
+    int rounds, n_mb;            /* gradient-accumulation rounds (pipeline), microbatches per round */
+    double fmx, imax, wmax;      /* the slowest stage's forward, backward-input, backward-weight */
+    double attn_total;           /* the busiest rank's attention time of a step */
+    double es;                   /* bytes of an activation element */
+    double intra, inter;         /* effective link bandwidths within and between nodes */
+    const trainer_plan *p0, *pw; /* pipeline rank 0's plan, the worst rank's */
 } est;
 
 /* Whether a group over mesh dims [outer..MESH_TP] spans nodes, and the bandwidth it gets. */
@@ -201,8 +200,9 @@ static int estimate_pipeline(est *E, char *err, size_t errlen) {
     char why[1024] = "";
     const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
     if (csv && csv[0]) {
-        snprintf(err, errlen, "tetra plan: parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
-                              "named schedule it follows instead");
+        snprintf(err, errlen,
+                 "tetra plan: parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
+                 "named schedule it follows instead");
         return -1;
     }
     if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &k) == 0)
@@ -255,9 +255,9 @@ static double estimate_collectives(est *E) {
         q->bytes = pw->fsdp_all_gather + pw->fsdp_reduce_scatter;
         q->time_s = q->bytes / link_rate(E, MESH_DP_SHARD);
         const double units = pw->n_blocks + 1;
-        q->exposed_s = E->host_shared ? q->time_s
-                                      : fmax(0.0, q->time_s - E->out->compute_s) +
-                                            q->time_s / units / ((double)E->n_mb * E->rounds);
+        q->exposed_s = E->host_shared
+            ? q->time_s
+            : fmax(0.0, q->time_s - E->out->compute_s) + q->time_s / units / ((double)E->n_mb * E->rounds);
         exposed += q->exposed_s;
     }
     if (d->dp_replicate > 1) {
@@ -271,16 +271,15 @@ static double estimate_collectives(est *E) {
         plan_comm *q = add_comm(E, "tp", d->tp, MESH_TP);
         q->bytes = pw->tp_bytes;
         q->time_s = q->bytes / link_rate(E, MESH_TP);
-        q->exposed_s =
-            E->c->parallelism.enable_async_tensor_parallel && !E->host_shared ? 0.5 * q->time_s : q->time_s;
+        q->exposed_s = E->c->parallelism.enable_async_tensor_parallel && !E->host_shared ? 0.5 * q->time_s : q->time_s;
         exposed += q->exposed_s;
     }
     if (d->cp > 1) exposed += cp_comm(E);
     return exposed;
 }
 
-int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw,
-                  char *err, size_t errlen) {
+int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw, char *err,
+                  size_t errlen) {
     memset(out, 0, sizeof *out);
     const tetra_config_values *c = &cfg->v;
     cfg_parallel_dims *d = &out->dims;
@@ -329,6 +328,6 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     out->tokens_per_s_per_gpu = out->tokens_per_step / out->step_time_s / ngpu;
     out->mfu = out->model_flops_per_token * out->tokens_per_s_per_gpu / hw->peak_bf16_flops;
     out->mfu_computed = llama3_flops_per_token_pairs(&E.a, out->attn_pairs_per_seq, E.T) * out->tokens_per_s_per_gpu /
-                        hw->peak_bf16_flops;
+        hw->peak_bf16_flops;
     return 0;
 }

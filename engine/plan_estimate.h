@@ -38,12 +38,12 @@
 #define PLAN_MAX_PP 64
 
 typedef struct {
-    const char *name;   /* "fsdp", "replicate", "tp", "pp", "cp" */
+    const char *name; /* "fsdp", "replicate", "tp", "pp", "cp" */
     int group_size;
-    int inter_node;     /* the group spans nodes */
-    double bytes;       /* sent per rank per step */
-    double time_s;      /* at the link's effective bandwidth */
-    double exposed_s;   /* not hidden behind compute */
+    int inter_node;   /* the group spans nodes */
+    double bytes;     /* sent per rank per step */
+    double time_s;    /* at the link's effective bandwidth */
+    double exposed_s; /* not hidden behind compute */
 } plan_comm;
 
 typedef struct {
@@ -56,16 +56,16 @@ typedef struct {
     double reserved_bytes, peak_bytes, device_bytes;
     int fits;
     /* per step */
-    double tokens_per_step;        /* global */
-    double model_flops_per_token;  /* TorchTitan's formula */
-    double hw_flops_per_rank;      /* what the slowest rank computes, recompute included */
-    double compute_s;              /* the slowest rank's compute, no bubble */
+    double tokens_per_step;       /* global */
+    double model_flops_per_token; /* TorchTitan's formula */
+    double hw_flops_per_rank;     /* what the slowest rank computes, recompute included */
+    double compute_s;             /* the slowest rank's compute, no bubble */
     double bubble_fraction, pp_makespan_s;
     double optimizer_s;
     plan_comm comm[5];
     int n_comm;
     double step_time_s, tokens_per_s_per_gpu, mfu;
-    int float8;                    /* linears in fp8 */
+    int float8; /* linears in fp8 */
     /* attention as planned: the mask, the visible (query, key) pairs of a sequence (causal
      * T(T+1)/2; block_causal: expected from the corpus's recorded document lengths,
      * data/doclen.h) and where they come from; the MFU counting those pairs */
@@ -82,7 +82,7 @@ void plan_attention_pairs(plan_result *out, const tetra_config_values *c, int T)
 /* Estimate cfg (already parsed; validated here for ngpu ranks) on hw with gpus_per_node
  * ranks per node (<= 0: the profile's). 0, or -1 with err (a config that cannot run at
  * this rank count, with the trainer's own message). */
-int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw,
-                  char *err, size_t errlen);
+int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw, char *err,
+                  size_t errlen);
 
 #endif

@@ -29,14 +29,16 @@ typedef struct {
     const char *key;
     hw_kind kind;
     hw_range range;
-    size_t off;  /* into plan_hw */
-    size_t cap;  /* strings: the buffer's size */
-    double unit; /* struct value = file value x unit */
+    size_t off;   /* into plan_hw */
+    size_t cap;   /* strings: the buffer's size */
+    double unit;  /* struct value = file value x unit */
     int optional; /* may be left out (plan_hw.h says which and why) */
 } hw_key;
 
-#define HW_STR(k, f, r) {k, KIND_STRING, r, offsetof(plan_hw, f), sizeof(((plan_hw *)0)->f), 1.0, 0}
-#define HW_NUM(k, f, r, u) {k, KIND_NUMBER, r, offsetof(plan_hw, f), 0, u, 0}
+#define HW_STR(k, f, r)                                                                                                \
+    { k, KIND_STRING, r, offsetof(plan_hw, f), sizeof(((plan_hw *)0)->f), 1.0, 0 }
+#define HW_NUM(k, f, r, u)                                                                                             \
+    { k, KIND_NUMBER, r, offsetof(plan_hw, f), 0, u, 0 }
 
 /* The file's keys, in the order plan_hw_write writes them. */
 static const hw_key hw_keys[] = {
@@ -67,9 +69,7 @@ enum { HW_NKEYS = (int)(sizeof hw_keys / sizeof hw_keys[0]) };
 enum { HW_MAX_FILE = 1 << 20, HW_MAX_PROFILES = 256 };
 
 static double *num_field(plan_hw *hw, const hw_key *k) { return (double *)((char *)hw + k->off); }
-static double num_value(const plan_hw *hw, const hw_key *k) {
-    return *(const double *)((const char *)hw + k->off);
-}
+static double num_value(const plan_hw *hw, const hw_key *k) { return *(const double *)((const char *)hw + k->off); }
 
 /* Why a number (in file units) is not acceptable for k, or NULL. */
 static const char *range_problem(const hw_key *k, double v) {
@@ -132,8 +132,7 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen) 
 }
 
 /* One root entry into hw; 0 or -1 with err naming path:line and the key. */
-static int take_entry(const char *path, const toml_entry *e, const hw_key *k, plan_hw *hw, char *err,
-                      size_t errlen) {
+static int take_entry(const char *path, const toml_entry *e, const hw_key *k, plan_hw *hw, char *err, size_t errlen) {
     const toml_value *v = e->value;
     const char *tn = toml_type_name(v->type);
     if (k->kind == KIND_STRING) {
@@ -142,8 +141,8 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
             return -1;
         }
         if (strlen(v->u.s.ptr) != v->u.s.len || v->u.s.len >= k->cap) {
-            util_set_err(err, errlen, "%s:%d: %s must be at most %zu bytes without NUL characters", path, e->line, k->key,
-                    k->cap - 1);
+            util_set_err(err, errlen, "%s:%d: %s must be at most %zu bytes without NUL characters", path, e->line,
+                         k->key, k->cap - 1);
             return -1;
         }
         if (k->range == RANGE_POSITIVE && v->u.s.len == 0) {
@@ -155,7 +154,8 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
     }
     if (k->kind == KIND_BOOL) {
         if (v->type != TOML_BOOLEAN) {
-            util_set_err(err, errlen, "%s:%d: %s must be true or false, not %s %s", path, e->line, k->key, article(tn), tn);
+            util_set_err(err, errlen, "%s:%d: %s must be true or false, not %s %s", path, e->line, k->key, article(tn),
+                         tn);
             return -1;
         }
         *(int *)((char *)hw + k->off) = v->u.b != 0;
@@ -164,7 +164,8 @@ static int take_entry(const char *path, const toml_entry *e, const hw_key *k, pl
     double x;
     if (k->kind == KIND_INT) {
         if (v->type != TOML_INTEGER) {
-            util_set_err(err, errlen, "%s:%d: %s must be an integer, not %s %s", path, e->line, k->key, article(tn), tn);
+            util_set_err(err, errlen, "%s:%d: %s must be an integer, not %s %s", path, e->line, k->key, article(tn),
+                         tn);
             return -1;
         }
         x = (double)v->u.i;
@@ -218,13 +219,13 @@ static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
         if (which < 0) {
             const char *near = nearest_key(e->key);
             if (e->value->type == TOML_TABLE)
-                util_set_err(err, errlen, "%s:%d: unknown table [%s]: a hardware profile is one flat table of keys", path,
-                        e->line, e->key);
+                util_set_err(err, errlen, "%s:%d: unknown table [%s]: a hardware profile is one flat table of keys",
+                             path, e->line, e->key);
             else if (near)
                 util_set_err(err, errlen, "%s:%d: unknown key '%s' (did you mean %s?)", path, e->line, e->key, near);
             else
-                util_set_err(err, errlen, "%s:%d: unknown key '%s' (configs/hardware/h100-sxm.toml shows every key)", path,
-                        e->line, e->key);
+                util_set_err(err, errlen, "%s:%d: unknown key '%s' (configs/hardware/h100-sxm.toml shows every key)",
+                             path, e->line, e->key);
             rc = -1;
             break;
         }
@@ -245,13 +246,13 @@ static int load_file(const char *path, plan_hw *out, char *err, size_t errlen) {
         }
     if (nmissing) {
         util_set_err(err, errlen, "%s: missing key%s %s (every key of a hardware profile is required)", path,
-                nmissing > 1 ? "s" : "", missing);
+                     nmissing > 1 ? "s" : "", missing);
         return -1;
     }
     const char *why = cross_problem(&hw);
     if (why) {
         util_set_err(err, errlen, "%s:%d: %s (%g >= %g)", path, reserved_line, why, hw.reserved_bytes / GIB,
-                hw.memory_bytes / GIB);
+                     hw.memory_bytes / GIB);
         return -1;
     }
     snprintf(hw.path, sizeof hw.path, "%s", path);
@@ -344,7 +345,8 @@ int plan_hw_load(const char *name, plan_hw *out, char *err, size_t errlen) {
         int exists = is_dir(d[i].dir, &st);
         /* ./configs/hardware is the source tree's when run from it: name it once */
         int dup = 0;
-        for (int j = 0; exists && j < nseen; j++) dup |= seen_st[j].st_dev == st.st_dev && seen_st[j].st_ino == st.st_ino;
+        for (int j = 0; exists && j < nseen; j++)
+            dup |= seen_st[j].st_dev == st.st_dev && seen_st[j].st_ino == st.st_ino;
         if (dup) continue;
         if (exists) seen_st[nseen++] = st;
         char path[1200];
@@ -356,9 +358,12 @@ int plan_hw_load(const char *name, plan_hw *out, char *err, size_t errlen) {
         if (used < sizeof looked)
             used += (size_t)snprintf(looked + used, sizeof looked - used, "%s%s%s: %s", i ? "; " : "",
                                      d[i].from_env ? "$TETRA_HARDWARE_DIR=" : "", d[i].dir,
-                                     !exists ? "no such directory" : count <= 0 ? "no profiles" : found);
+                                     !exists          ? "no such directory"
+                                         : count <= 0 ? "no profiles"
+                                                      : found);
     }
-    util_set_err(err, errlen, "no hardware profile '%s' (a name, or a path to a .toml file); looked in %s", name, looked);
+    util_set_err(err, errlen, "no hardware profile '%s' (a name, or a path to a .toml file); looked in %s", name,
+                 looked);
     return -1;
 }
 
@@ -384,7 +389,7 @@ int plan_hw_write(const plan_hw *hw, const char *path, char *err, size_t errlen)
             size_t len = strnlen((const char *)hw + k->off, k->cap);
             if (len >= k->cap || (k->range == RANGE_POSITIVE && len == 0)) {
                 util_set_err(err, errlen, "cannot write hardware profile %s: %s must be %s %zu bytes", path, k->key,
-                        k->range == RANGE_POSITIVE ? "1 to" : "at most", k->cap - 1);
+                             k->range == RANGE_POSITIVE ? "1 to" : "at most", k->cap - 1);
                 return -1;
             }
             continue;

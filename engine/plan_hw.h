@@ -18,16 +18,16 @@
 typedef struct {
     char name[64];
     char description[256];
-    char path[1024];                   /* the file it was read from ("" when measured) */
-    double peak_bf16_flops;            /* dense FLOP/s per device */
-    double peak_fp8_flops;             /* 0: no fp8 GEMM on this device */
+    char path[1024];        /* the file it was read from ("" when measured) */
+    double peak_bf16_flops; /* dense FLOP/s per device */
+    double peak_fp8_flops;  /* 0: no fp8 GEMM on this device */
     double peak_fp32_flops;
-    double memory_bytes;               /* device memory (memory_gib in the file) */
-    double memory_bandwidth;           /* bytes/s */
-    double intra_node_bandwidth;       /* bytes/s per device per direction */
-    double inter_node_bandwidth;       /* bytes/s per device per direction */
+    double memory_bytes;         /* device memory (memory_gib in the file) */
+    double memory_bandwidth;     /* bytes/s */
+    double intra_node_bandwidth; /* bytes/s per device per direction */
+    double inter_node_bandwidth; /* bytes/s per device per direction */
     int gpus_per_node;
-    double gemm_efficiency;            /* fractions of the peaks above that training reaches */
+    double gemm_efficiency; /* fractions of the peaks above that training reaches */
     double fp8_gemm_efficiency;
     double attention_efficiency;
     double comm_efficiency;            /* of intra_node_bandwidth */

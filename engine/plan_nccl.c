@@ -40,11 +40,11 @@ enum { USE_COLL = 1, USE_NVLS = 2, USE_P2P_ALL = 4, USE_P2P_RING = 8 };
 
 static unsigned group_use(mesh_group_id g, int cp_ring) {
     switch (g) {
-    case MESH_G_PP: return USE_P2P_RING;                            /* activations between stages */
-    case MESH_G_DP_REPLICATE: return USE_COLL | USE_NVLS;           /* HSDP gradient all-reduce */
+    case MESH_G_PP: return USE_P2P_RING;                                        /* activations between stages */
+    case MESH_G_DP_REPLICATE: return USE_COLL | USE_NVLS;                       /* HSDP gradient all-reduce */
     case MESH_G_CP: return USE_COLL | USE_NVLS | (cp_ring ? USE_P2P_RING : 0u); /* K/V */
-    case MESH_G_TP: return USE_COLL | USE_NVLS | USE_P2P_ALL;       /* reduce-scatter as all-to-all */
-    case MESH_G_FSDP: return USE_COLL | USE_NVLS;                   /* all-gather, reduce-scatter */
+    case MESH_G_TP: return USE_COLL | USE_NVLS | USE_P2P_ALL;                   /* reduce-scatter as all-to-all */
+    case MESH_G_FSDP: return USE_COLL | USE_NVLS;                               /* all-gather, reduce-scatter */
     default: return 0; /* dp_shard alone, batch, loss, world: host scalars and barriers over MPI */
     }
 }
@@ -96,8 +96,7 @@ static void add_comm(plan_nccl *o, const group_at *ga, unsigned use, int rank, i
     o->setup_bytes += (3.0 * chans + 2.0) * NCCL_GRAIN + (nvls ? (NCCL_NVLS_CHANNELS + 1.0) * NCCL_GRAIN : 0.0);
     if (use & USE_COLL) o->ring_bytes += chans * connection_bytes();
     /* NVLS all-gather and reduce-scatter run inside one node only */
-    if ((use & USE_NVLS) && nvls && !spans)
-        o->nvls_bytes += NCCL_NVLS_CHANNELS * 2.0 * NCCL_NVLS_BUFFER * ga->local;
+    if ((use & USE_NVLS) && nvls && !spans) o->nvls_bytes += NCCL_NVLS_CHANNELS * 2.0 * NCCL_NVLS_BUFFER * ga->local;
     if (use & (USE_P2P_ALL | USE_P2P_RING))
         o->p2p_bytes += p2p_bytes(ga, rank, gpn, (use & USE_P2P_ALL) != 0, NCCL_CHANNELS_NODE);
 }

@@ -19,17 +19,31 @@
 #define LAUNCH_OVERHEAD_S 3e-6
 
 enum {
-    SEC_FWD = 0, SEC_BWD_I, SEC_BWD_W,          /* the chosen block */
-    SEC_HEAD_FWD, SEC_HEAD_BWD_I, SEC_HEAD_BWD_W,
-    SEC_EMBEDDING, SEC_OPTIMIZER,               /* the rows above are printed one by one */
-    SEC_OTHER_BLOCKS, SEC_FSDP, SEC_REST,       /* these as totals */
+    SEC_FWD = 0,
+    SEC_BWD_I,
+    SEC_BWD_W, /* the chosen block */
+    SEC_HEAD_FWD,
+    SEC_HEAD_BWD_I,
+    SEC_HEAD_BWD_W,
+    SEC_EMBEDDING,
+    SEC_OPTIMIZER, /* the rows above are printed one by one */
+    SEC_OTHER_BLOCKS,
+    SEC_FSDP,
+    SEC_REST, /* these as totals */
     SEC_COUNT
 };
 
-static const char *const sec_title[SEC_COUNT] = {
-    "forward", "backward input", "backward weight", "head forward (norm, output, loss)", "head backward input",
-    "head backward weight", "embedding (forward and backward)", "optimizer (clip gradients and AdamW)",
-    "the other blocks", "FSDP (unshard, reduce gradients)", "the rest of the step (gradient zeroing, schedule)"};
+static const char *const sec_title[SEC_COUNT] = {"forward",
+                                                 "backward input",
+                                                 "backward weight",
+                                                 "head forward (norm, output, loss)",
+                                                 "head backward input",
+                                                 "head backward weight",
+                                                 "embedding (forward and backward)",
+                                                 "optimizer (clip gradients and AdamW)",
+                                                 "the other blocks",
+                                                 "FSDP (unshard, reduce gradients)",
+                                                 "the rest of the step (gradient zeroing, schedule)"};
 
 typedef struct {
     int n_layers, block, microbatches;
@@ -193,15 +207,16 @@ static void print_total(const char *what, const op_cost *c, double t) {
     fmt_bytes(b, sizeof b, c->read + c->written);
     fmt_time(tm, sizeof tm, t);
     fmt_time(ov, sizeof ov, op_cost_launches(c) * LAUNCH_OVERHEAD_S);
-    printf("  %-62.62s %-13s %5d %10s %10.1f %10s  +%s\n", what, "", op_cost_launches(c), b, op_cost_flops(c) / 1e9,
-           tm, ov);
+    printf("  %-62.62s %-13s %5d %10s %10.1f %10s  +%s\n", what, "", op_cost_launches(c), b, op_cost_flops(c) / 1e9, tm,
+           ov);
 }
 
 static void print_section(const recording *r, const plan_hw *hw, int s, const char *title) {
     printf("\n%s\n", title);
     printf("  %-62s %-13s %5s %10s %10s %10s\n", "op", "path", "launch", "bytes", "GFLOP", "roofline");
     for (size_t i = 0; i < r->n; i++)
-        if (r->sec[i] == s) print_row(r->rec[i].cost.what, r->rec[i].cost.path, &r->rec[i].cost, roofline(&r->rec[i].cost, hw));
+        if (r->sec[i] == s)
+            print_row(r->rec[i].cost.what, r->rec[i].cost.path, &r->rec[i].cost, roofline(&r->rec[i].cost, hw));
     print_total("total", &r->total[s], r->time[s]);
 }
 
@@ -220,15 +235,16 @@ static void print_header(const tetra_config *cfg, const recording *r, const plan
            "AC %s, %s%s%s\n",
            c->model.name, c->model.flavor, r->n_layers, (long long)c->training.seq_len,
            (long long)c->training.local_batch_size, r->microbatches, r->microbatches == 1 ? "" : "es", ac,
-           strcmp(c->training.mixed_precision_param, "bfloat16") ? "fp32" : "bf16",
-           c->model.converters.n ? " + " : "", c->model.converters.n ? c->model.converters.items[0] : "");
+           strcmp(c->training.mixed_precision_param, "bfloat16") ? "fp32" : "bf16", c->model.converters.n ? " + " : "",
+           c->model.converters.n ? c->model.converters.items[0] : "");
     for (int i = 0; i < c->model.converters.n; i++)
         if (!strcmp(c->model.converters.items[i], "float8"))
             printf("float8 recipe %s\n", c->quantize_linear_float8.recipe_name);
-    printf("one rank (parallel degrees 1), the CUDA backend as described by kernels/op_costs.h for sm_%d%d, cuDNN %d.%d "
-           "(%s), cuBLASLt %s outer-vector fp8 scales\n",
-           dev->sm_major, dev->sm_minor, dev->cudnn_version / 10000, (dev->cudnn_version / 100) % 100,
-           dev->cudnn_version ? "fused attention" : "none", dev->outer_vector_scales ? "with" : "without");
+    printf(
+        "one rank (parallel degrees 1), the CUDA backend as described by kernels/op_costs.h for sm_%d%d, cuDNN %d.%d "
+        "(%s), cuBLASLt %s outer-vector fp8 scales\n",
+        dev->sm_major, dev->sm_minor, dev->cudnn_version / 10000, (dev->cudnn_version / 100) % 100,
+        dev->cudnn_version ? "fused attention" : "none", dev->outer_vector_scales ? "with" : "without");
     printf("roofline of an op on %s: max(FLOPs / its unit's peak, bytes / HBM bandwidth); peaks bf16 %.0f, fp8 %.0f, "
            "fp32 %.0f TFLOP/s, HBM %.2f TB/s (datasheet, no efficiency factors); totals add, after a +, an assumed "
            "%.0f us per launch (not in the roofline)\n",
@@ -241,8 +257,10 @@ static void print_report(const tetra_config *cfg, const recording *r, const plan
     char title[160];
     print_header(cfg, r, hw, dev);
     for (int s = SEC_FWD; s <= SEC_BWD_W; s++) {
-        snprintf(title, sizeof title, "block %d of %d: %s (span \"%s layers.%d\")", r->block, r->n_layers,
-                 sec_title[s], s == SEC_FWD ? "forward" : s == SEC_BWD_I ? "backward input" : "backward weight",
+        snprintf(title, sizeof title, "block %d of %d: %s (span \"%s layers.%d\")", r->block, r->n_layers, sec_title[s],
+                 s == SEC_FWD         ? "forward"
+                     : s == SEC_BWD_I ? "backward input"
+                                      : "backward weight",
                  r->block);
         print_section(r, hw, s, title);
     }
@@ -350,18 +368,27 @@ static json_t *cost_json(const op_cost *c, double t) {
 
 static json_t *report_json(const tetra_config *cfg, const recording *r, const plan_hw *hw, const op_cost_device *dev,
                            const f8_delta *d) {
-    static const char *const key[SEC_COUNT] = {"block_forward", "block_backward_input", "block_backward_weight",
-                                               "head_forward", "head_backward_input", "head_backward_weight",
-                                               "embedding", "optimizer", "other_blocks", "fsdp", "rest"};
+    static const char *const key[SEC_COUNT] = {"block_forward",
+                                               "block_backward_input",
+                                               "block_backward_weight",
+                                               "head_forward",
+                                               "head_backward_input",
+                                               "head_backward_weight",
+                                               "embedding",
+                                               "optimizer",
+                                               "other_blocks",
+                                               "fsdp",
+                                               "rest"};
     json_t *o = json_object();
     json_object_set_new(o, "model", json_sprintf("%s %s", cfg->v.model.name, cfg->v.model.flavor));
     json_object_set_new(o, "hardware", json_string(hw->name));
     json_object_set_new(o, "n_layers", json_integer(r->n_layers));
     json_object_set_new(o, "block", json_integer(r->block));
     json_object_set_new(o, "microbatches", json_integer(r->microbatches));
-    json_object_set_new(o, "device", json_pack("{s:i,s:i,s:i,s:b}", "sm_major", dev->sm_major, "sm_minor",
-                                               dev->sm_minor, "cudnn_version", dev->cudnn_version,
-                                               "outer_vector_scales", dev->outer_vector_scales));
+    json_object_set_new(o, "device",
+                        json_pack("{s:i,s:i,s:i,s:b}", "sm_major", dev->sm_major, "sm_minor", dev->sm_minor,
+                                  "cudnn_version", dev->cudnn_version, "outer_vector_scales",
+                                  dev->outer_vector_scales));
     json_object_set_new(o, "launch_overhead_s", json_real(LAUNCH_OVERHEAD_S));
     json_t *secs = json_object();
     for (int s = 0; s < SEC_COUNT; s++) {
@@ -394,8 +421,8 @@ static json_t *report_json(const tetra_config *cfg, const recording *r, const pl
         json_object_set_new(f, "step_bf16", cost_json(&d->step16, d->ts16));
         json_object_set_new(f, "block_extra_launches",
                             json_integer(op_cost_launches(&d->block8) - op_cost_launches(&d->block16)));
-        json_object_set_new(f, "block_extra_bytes", json_real(d->block8.read + d->block8.written -
-                                                              d->block16.read - d->block16.written));
+        json_object_set_new(f, "block_extra_bytes",
+                            json_real(d->block8.read + d->block8.written - d->block16.read - d->block16.written));
         json_object_set_new(f, "step_extra_launches",
                             json_integer(op_cost_launches(&d->step8) - op_cost_launches(&d->step16)));
         json_object_set_new(f, "step_extra_bytes",
@@ -411,12 +438,30 @@ static json_t *report_json(const tetra_config *cfg, const recording *r, const pl
 
 /* cfg as one rank records it: parallel degrees 1, nothing written, no validation */
 static int recording_config(tetra_config *out, const tetra_config *cfg, int without_float8, char *err, size_t errlen) {
-    const char *kv[] = {"parallelism.data_parallel_replicate_degree", "1", "parallelism.data_parallel_shard_degree", "1",
-                        "parallelism.tensor_parallel_degree", "1", "parallelism.pipeline_parallel_degree", "1",
-                        "parallelism.context_parallel_degree", "1", "profiling.enable_profiling", "false",
-                        "profiling.enable_memory_snapshot", "false", "checkpoint.enable", "false",
-                        "validation.enable", "false", "metrics.enable_tensorboard", "false",
-                        "training.device", "cuda", "model.converters", ""};
+    const char *kv[] = {"parallelism.data_parallel_replicate_degree",
+                        "1",
+                        "parallelism.data_parallel_shard_degree",
+                        "1",
+                        "parallelism.tensor_parallel_degree",
+                        "1",
+                        "parallelism.pipeline_parallel_degree",
+                        "1",
+                        "parallelism.context_parallel_degree",
+                        "1",
+                        "profiling.enable_profiling",
+                        "false",
+                        "profiling.enable_memory_snapshot",
+                        "false",
+                        "checkpoint.enable",
+                        "false",
+                        "validation.enable",
+                        "false",
+                        "metrics.enable_tensorboard",
+                        "false",
+                        "training.device",
+                        "cuda",
+                        "model.converters",
+                        ""};
     const int n = (int)(sizeof kv / sizeof *kv) / 2;
     if (!without_float8) return plan_cfg_with(out, cfg, kv, n - 1, err, errlen);
     /* the same converters but float8 */
@@ -426,10 +471,16 @@ static int recording_config(tetra_config *out, const tetra_config *cfg, int with
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "",
                      cfg->v.model.converters.items[i]);
     /* ... and the float8 keys at their defaults, which the configuration asks without it */
-    const char *f8keys[] = {"quantize.linear.float8.recipe_name", "tensorwise",
-                            "quantize.linear.float8.enable_fsdp_float8_all_gather", "false",
-                            "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "false",
-                            "quantize.linear.float8.filter_fqns", "output", "quantize.linear.float8.emulate", "false"};
+    const char *f8keys[] = {"quantize.linear.float8.recipe_name",
+                            "tensorwise",
+                            "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                            "false",
+                            "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                            "false",
+                            "quantize.linear.float8.filter_fqns",
+                            "output",
+                            "quantize.linear.float8.emulate",
+                            "false"};
     const int nf = (int)(sizeof f8keys / sizeof *f8keys) / 2;
     const char *kv2[sizeof kv / sizeof *kv + sizeof f8keys / sizeof *f8keys];
     memcpy(kv2, kv, sizeof kv);
@@ -452,8 +503,10 @@ static int record_config(recording *r, const tetra_config *cfg, int without_floa
 
 int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int json) {
     if (plan_hw_is_host(hw)) {
-        fprintf(stderr, "tetra plan --ops: %s is a CPU profile; the op table describes the CUDA backend (use a GPU "
-                        "profile, e.g. --hardware h100-sxm)\n", hw->name);
+        fprintf(stderr,
+                "tetra plan --ops: %s is a CPU profile; the op table describes the CUDA backend (use a GPU "
+                "profile, e.g. --hardware h100-sxm)\n",
+                hw->name);
         return 2;
     }
     const int started = host_start(NULL, NULL);

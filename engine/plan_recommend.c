@@ -22,11 +22,11 @@
 #include "models/llama3/llama3_args.h"
 
 typedef struct {
-    char over[640];   /* the command-line overrides */
+    char over[640]; /* the command-line overrides */
     double tps, step, peak_gib, mfu, bubble;
     int pp, dp_replicate, dp_shard, cp, tp;
     int accum, ac, f8, sched, atp;
-    int mbs;          /* pipeline: 1, or local batch / pp (as many microbatches as ranks) */
+    int mbs; /* pipeline: 1, or local batch / pp (as many microbatches as ranks) */
 } cand;
 
 /* fastest first; among equals the fewest accumulation steps, then the least memory */
@@ -41,8 +41,8 @@ static int by_tps(const void *a, const void *b) {
  * splits a round is part of the layout: it sets the bubble) */
 static int same_layout(const cand *x, const cand *y) {
     return x->pp == y->pp && x->dp_replicate == y->dp_replicate && x->dp_shard == y->dp_shard && x->cp == y->cp &&
-           x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched && x->atp == y->atp &&
-           (x->mbs > 1) == (y->mbs > 1);
+        x->tp == y->tp && x->ac == y->ac && x->f8 == y->f8 && x->sched == y->sched && x->atp == y->atp &&
+        (x->mbs > 1) == (y->mbs > 1);
 }
 
 static const char *const ac_modes[][2] = {{"none", "op"}, {"selective", "op"}, {"full", "op"}};
@@ -204,7 +204,8 @@ static int search_batches(search *S, layout *L) {
                 /* microbatches of one sequence (the smallest bubble), or as many
                  * microbatches as pipeline ranks (TorchTitan's default) */
                 L->mbs = pp == 1 ? (int)S->c->parallelism.pipeline_parallel_microbatch_size
-                         : mi == 0 ? 1 : (int)(L->lbs / pp);
+                    : mi == 0    ? 1
+                                 : (int)(L->lbs / pp);
                 if (mi == 1 && (L->lbs % pp || L->mbs <= 1)) continue;
                 L->sc = sc;
                 for (L->ac = 0; L->ac < 3; L->ac++)
@@ -255,14 +256,13 @@ static void print_json(const search *S, size_t n, size_t n_fit, int top, int own
     const cand *cs = S->cs;
     json_t *o = json_object(), *arr = json_array();
     for (size_t i = 0; i < n && (int)i < top; i++)
-        json_array_append_new(arr, json_pack("{s:s,s:b,s:f,s:f,s:f,s:f,s:f,s:{s:i,s:i,s:i,s:i,s:i,s:i}}", "overrides",
-                                             cs[i].over, "async_tensor_parallel", cs[i].atp,
-                                             "tokens_per_s_per_gpu", cs[i].tps, "step_time_s",
-                                             cs[i].step, "peak_memory_gib", cs[i].peak_gib, "mfu", cs[i].mfu,
-                                             "bubble_fraction", cs[i].bubble, "layout", "pp", cs[i].pp,
-                                             "dp_replicate", cs[i].dp_replicate, "dp_shard", cs[i].dp_shard,
-                                             "cp", cs[i].cp, "tp", cs[i].tp,
-                                             "pipeline_microbatch_size", cs[i].mbs));
+        json_array_append_new(arr,
+                              json_pack("{s:s,s:b,s:f,s:f,s:f,s:f,s:f,s:{s:i,s:i,s:i,s:i,s:i,s:i}}", "overrides",
+                                        cs[i].over, "async_tensor_parallel", cs[i].atp, "tokens_per_s_per_gpu",
+                                        cs[i].tps, "step_time_s", cs[i].step, "peak_memory_gib", cs[i].peak_gib, "mfu",
+                                        cs[i].mfu, "bubble_fraction", cs[i].bubble, "layout", "pp", cs[i].pp,
+                                        "dp_replicate", cs[i].dp_replicate, "dp_shard", cs[i].dp_shard, "cp", cs[i].cp,
+                                        "tp", cs[i].tp, "pipeline_microbatch_size", cs[i].mbs));
     json_object_set_new(o, "recommended", arr);
     json_object_set_new(o, "searched", json_integer(S->tried));
     json_object_set_new(o, "fit", json_integer((json_int_t)n_fit));

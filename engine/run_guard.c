@@ -121,16 +121,16 @@ static void *signal_reporter(void *arg) {
         while (deciding)
             if (pthread_cond_timedwait(&decided_cv, &target_mu, &until) != 0) break;
         const long step = (long)cur_step;
-        if (++seen > 1)
-            log_warn("%s again: already stopping after step %ld (SIGINT abandons the save)", what, step);
-        else if (step == 0)
-            log_warn("%s received during start-up: the run stops before its first step", what);
+        if (++seen > 1) log_warn("%s again: already stopping after step %ld (SIGINT abandons the save)", what, step);
+        else if (step == 0) log_warn("%s received during start-up: the run stops before its first step", what);
         else if (stop_target_set)
             log_warn("%s received during step %ld: saving step %ld to %s when every rank has finished it, then "
-                     "stopping (Ctrl-C abandons the save)", what, step, step, stop_target);
+                     "stopping (Ctrl-C abandons the save)",
+                     what, step, step, stop_target);
         else
             log_warn("%s received during step %ld: stopping after it; checkpoint.enable is false, so nothing will be "
-                     "saved", what, step);
+                     "saved",
+                     what, step);
         pthread_mutex_unlock(&target_mu);
     }
     return NULL;
@@ -254,7 +254,8 @@ static int lock_folder(int slot, const char *dir, const char *key) {
             if (e == EWOULDBLOCK)
                 log_error("%s '%s' is in use by another run: %s holds %s. Two runs in one folder would overwrite each "
                           "other's checkpoints and metrics: wait for it to end, stop it (SIGTERM saves and stops it), "
-                          "or choose another %s", key, dir, holder[0] ? holder : "a process", path, key);
+                          "or choose another %s",
+                          key, dir, holder[0] ? holder : "a process", path, key);
             else log_error("%s '%s': cannot lock %s: %s", key, dir, path, strerror(e));
             return 1;
         }
@@ -321,8 +322,12 @@ static int probe_folder(const char *key, const char *dir, int create) {
     }
     if (e) {
         log_error("%s: cannot write in the folder '%s'%s%s: %s (every output folder is checked at start-up, so "
-                  "that a save does not fail hours into the run)", key, dir, strcmp(where, dir) ? ", whose nearest "
-                  "existing parent is " : "", strcmp(where, dir) ? where : "", strerror(e));
+                  "that a save does not fail hours into the run)",
+                  key, dir,
+                  strcmp(where, dir) ? ", whose nearest "
+                                       "existing parent is "
+                                     : "",
+                  strcmp(where, dir) ? where : "", strerror(e));
         return 1;
     }
     return 0;
@@ -346,7 +351,8 @@ static int probe_all(const tetra_config_values *c, int rank, const char *dump, c
     int bad = 0;
     if (rank == 0) bad |= probe_folder("job.dump_folder", dump, 1);
     if (!bad && rank == 0 && c->metrics.enable_tensorboard) {
-        join(dir, sizeof dir, dump, c->metrics.save_tb_folder && c->metrics.save_tb_folder[0] ? c->metrics.save_tb_folder : "tb");
+        join(dir, sizeof dir, dump,
+             c->metrics.save_tb_folder && c->metrics.save_tb_folder[0] ? c->metrics.save_tb_folder : "tb");
         bad |= probe_folder("metrics.save_tb_folder", dir, 1);
     }
     if (!bad && c->checkpoint.enable && !c->checkpoint.load_only) bad |= probe_folder("checkpoint.folder", ckpt, 1);
@@ -368,7 +374,8 @@ static int probe_all(const tetra_config_values *c, int rank, const char *dump, c
 int run_guard_start(const tetra_config_values *c, int rank) {
     const char *dump = c->job.dump_folder && c->job.dump_folder[0] ? c->job.dump_folder : ".";
     char ckpt[4200];
-    join(ckpt, sizeof ckpt, dump, c->checkpoint.folder && c->checkpoint.folder[0] ? c->checkpoint.folder : "checkpoint");
+    join(ckpt, sizeof ckpt, dump,
+         c->checkpoint.folder && c->checkpoint.folder[0] ? c->checkpoint.folder : "checkpoint");
     int bad = probe_all(c, rank, dump, ckpt);
     if (!bad && rank == 0) {
         bad = lock_folder(0, dump, "job.dump_folder");

@@ -35,12 +35,18 @@ size_t tb_put_varint(uint8_t *out, uint64_t v) {
 
 static size_t varint_len(uint64_t v) {
     size_t n = 1;
-    while (v >= 0x80) { v >>= 7; n++; }
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
     return n;
 }
 
 /* A bounded output cursor: counts every byte, stores those that fit. */
-typedef struct { uint8_t *p; size_t cap, n; } pb_out;
+typedef struct {
+    uint8_t *p;
+    size_t cap, n;
+} pb_out;
 
 static void put_bytes(pb_out *o, const void *src, size_t len) {
     if (o->n < o->cap) {
@@ -95,8 +101,8 @@ static void put_event_head(pb_out *o, double wall_time, int64_t step) {
     if (step != 0) put_int_field(o, 2, step); /* proto3: a zero step is omitted */
 }
 
-size_t tb_encode_scalars_event(uint8_t *out, size_t cap, double wall_time, int64_t step, int n,
-                               const char *const *tags, const float *values) {
+size_t tb_encode_scalars_event(uint8_t *out, size_t cap, double wall_time, int64_t step, int n, const char *const *tags,
+                               const float *values) {
     pb_out o = {out, cap, 0};
     put_event_head(&o, wall_time, step);
     size_t summary_len = 0;
@@ -108,9 +114,9 @@ size_t tb_encode_scalars_event(uint8_t *out, size_t cap, double wall_time, int64
     for (int i = 0; i < n; i++) {
         size_t t = strlen(tags[i]);
         put_len_header(&o, 1, value_msg_len(tags[i])); /* Summary.value */
-        put_len_header(&o, 1, t);                       /* Value.tag */
+        put_len_header(&o, 1, t);                      /* Value.tag */
         put_bytes(&o, tags[i], t);
-        put_float_field(&o, 2, values[i]);              /* Value.simple_value */
+        put_float_field(&o, 2, values[i]); /* Value.simple_value */
     }
     return o.n;
 }
@@ -167,7 +173,10 @@ int tb_make_dirs(const char *dir) {
     free(p);
     struct stat st;
     if (stat(dir, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) { errno = ENOTDIR; return -1; }
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
     return 0;
 }
 
@@ -212,8 +221,7 @@ tb_writer *tb_writer_open(const char *dir, char *err, size_t errlen) {
         return NULL;
     }
     snprintf(path, plen, "%s%sevents.out.tfevents.%lld.%s.%ld.%u", dir,
-             dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/", (long long)time(NULL), host,
-             (long)getpid(), serial++);
+             dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/", (long long)time(NULL), host, (long)getpid(), serial++);
     w->path = path;
     w->f = fopen(path, "wb");
     if (!w->f) {
@@ -241,8 +249,8 @@ tb_writer *tb_writer_open(const char *dir, char *err, size_t errlen) {
 
 const char *tb_writer_path(const tb_writer *w) { return w->path; }
 
-int tb_writer_add_scalars(tb_writer *w, int64_t step, double wall_time, int n,
-                          const char *const *tags, const float *values) {
+int tb_writer_add_scalars(tb_writer *w, int64_t step, double wall_time, int n, const char *const *tags,
+                          const float *values) {
     if (wall_time < 0) wall_time = now_seconds();
     size_t need = tb_encode_scalars_event(w->buf, w->cap, wall_time, step, n, tags, values);
     if (need > w->cap) {

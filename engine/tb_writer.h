@@ -33,8 +33,8 @@ tb_writer *tb_writer_open(const char *dir, char *err, size_t errlen);
 const char *tb_writer_path(const tb_writer *w);
 /* One Event holding n scalars (tags[i], values[i]) at `step`; wall_time in
  * seconds since the epoch (< 0: now). Returns 0, or -1 on an I/O error. */
-int tb_writer_add_scalars(tb_writer *w, int64_t step, double wall_time, int n,
-                          const char *const *tags, const float *values);
+int tb_writer_add_scalars(tb_writer *w, int64_t step, double wall_time, int n, const char *const *tags,
+                          const float *values);
 int tb_writer_add_scalar(tb_writer *w, int64_t step, double wall_time, const char *tag, float value);
 /* Event{session_log{status START}} at `step`: on a restart, TensorBoard then
  * discards the events of earlier files whose step is >= step. */
@@ -55,7 +55,7 @@ size_t tb_put_varint(uint8_t *out, uint64_t v);
 int tb_write_record(FILE *f, const void *data, size_t n);
 /* Encodes the Event protos above into out (capacity cap); returns the encoded
  * length, which may exceed cap (then nothing beyond cap is written). */
-size_t tb_encode_scalars_event(uint8_t *out, size_t cap, double wall_time, int64_t step, int n,
-                               const char *const *tags, const float *values);
+size_t tb_encode_scalars_event(uint8_t *out, size_t cap, double wall_time, int64_t step, int n, const char *const *tags,
+                               const float *values);
 
 #endif

@@ -84,8 +84,7 @@ typedef struct {
 /* ------------------------------------------------------------------------ */
 /* positions and errors                                                      */
 
-static void pos_to_linecol(const parser *p, size_t pos, int *line, int *col)
-{
+static void pos_to_linecol(const parser *p, size_t pos, int *line, int *col) {
     if (p->nlines == 0) {
         *line = 1;
         *col = pos < (size_t)INT_MAX ? (int)pos + 1 : INT_MAX;
@@ -94,20 +93,16 @@ static void pos_to_linecol(const parser *p, size_t pos, int *line, int *col)
     size_t lo = 0, hi = p->nlines;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (p->lines[mid] <= pos)
-            lo = mid;
-        else
-            hi = mid;
+        if (p->lines[mid] <= pos) lo = mid;
+        else hi = mid;
     }
     size_t c = pos >= p->lines[lo] ? pos - p->lines[lo] + 1 : 1;
     *line = lo + 1 < (size_t)INT_MAX ? (int)(lo + 1) : INT_MAX;
     *col = c < (size_t)INT_MAX ? (int)c : INT_MAX;
 }
 
-static TOML_PRINTF(3, 4) int fail(parser *p, size_t pos, const char *fmt, ...)
-{
-    if (p->failed)
-        return -1;
+static TOML_PRINTF(3, 4) int fail(parser *p, size_t pos, const char *fmt, ...) {
+    if (p->failed) return -1;
     p->failed = 1;
     if (p->err && p->errlen) {
         int line, col;
@@ -123,13 +118,9 @@ static TOML_PRINTF(3, 4) int fail(parser *p, size_t pos, const char *fmt, ...)
     return -1;
 }
 
-static int oom(parser *p)
-{
-    return fail(p, p->pos, "out of memory");
-}
+static int oom(parser *p) { return fail(p, p->pos, "out of memory"); }
 
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
-{
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     unsigned c = s[0];
     size_t len;
     uint32_t v, min;
@@ -145,73 +136,55 @@ static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
     } else {
         return 0;
     }
-    if (n < len)
-        return 0;
+    if (n < len) return 0;
     for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
+        if ((s[i] & 0xC0) != 0x80) return 0;
         v = (v << 6) | (s[i] & 0x3F);
     }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
-        return 0;
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
     *cp = v;
     return len;
 }
 
 /* Human-readable name of the character at pos, for "expected X but found Y". */
-static const char *describe_at(const parser *p, size_t pos, char buf[32])
-{
-    if (pos >= p->len)
-        return "end of file";
+static const char *describe_at(const parser *p, size_t pos, char buf[32]) {
+    if (pos >= p->len) return "end of file";
     unsigned char c = (unsigned char)p->s[pos];
-    if (c == '\n' || c == '\r')
-        return "end of line";
-    if (c == '\t')
-        return "a tab";
-    if (c == ' ')
-        return "a space";
+    if (c == '\n' || c == '\r') return "end of line";
+    if (c == '\t') return "a tab";
+    if (c == ' ') return "a space";
     if (c > 0x20 && c < 0x7F) {
         snprintf(buf, 32, "'%c'", c);
         return buf;
     }
     uint32_t cp = c;
-    if (c >= 0x80)
-        utf8_decode((const unsigned char *)p->s + pos, p->len - pos, &cp);
+    if (c >= 0x80) utf8_decode((const unsigned char *)p->s + pos, p->len - pos, &cp);
     snprintf(buf, 32, "U+%04X", (unsigned)cp);
     return buf;
 }
 
-static int is_bare_char(int c)
-{
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '-';
+static int is_bare_char(int c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
 }
 
 /* Render a dotted key for messages: bare parts as-is, others quoted and escaped;
  * long keys are shortened so a hostile document cannot flood the message. */
-static const char *format_key(const key_path *k, size_t upto, char *buf, size_t size)
-{
+static const char *format_key(const key_path *k, size_t upto, char *buf, size_t size) {
     size_t o = 0;
     int truncated = 0;
     for (size_t i = 0; i < upto && !truncated; i++) {
         const key_part *kp = &k->v[i];
         int bare = kp->len > 0;
-        for (size_t j = 0; j < kp->len && bare; j++)
-            bare = is_bare_char((unsigned char)kp->s[j]);
+        for (size_t j = 0; j < kp->len && bare; j++) bare = is_bare_char((unsigned char)kp->s[j]);
         char piece[16];
-        if (i > 0 && o + 1 < size)
-            buf[o++] = '.';
-        if (!bare && o + 1 < size)
-            buf[o++] = '"';
+        if (i > 0 && o + 1 < size) buf[o++] = '.';
+        if (!bare && o + 1 < size) buf[o++] = '"';
         for (size_t j = 0; j < kp->len; j++) {
             unsigned char c = (unsigned char)kp->s[j];
             size_t pl;
-            if (c == '"' || c == '\\')
-                pl = (size_t)snprintf(piece, sizeof piece, "\\%c", c);
-            else if (c < 0x20 || c == 0x7F)
-                pl = (size_t)snprintf(piece, sizeof piece, "\\u%04X", c);
-            else
-                piece[0] = (char)c, pl = 1;
+            if (c == '"' || c == '\\') pl = (size_t)snprintf(piece, sizeof piece, "\\%c", c);
+            else if (c < 0x20 || c == 0x7F) pl = (size_t)snprintf(piece, sizeof piece, "\\u%04X", c);
+            else piece[0] = (char)c, pl = 1;
             if (o + pl + 5 >= size) {
                 truncated = 1;
                 break;
@@ -219,12 +192,10 @@ static const char *format_key(const key_path *k, size_t upto, char *buf, size_t 
             memcpy(buf + o, piece, pl);
             o += pl;
         }
-        if (!bare && !truncated && o + 1 < size)
-            buf[o++] = '"';
+        if (!bare && !truncated && o + 1 < size) buf[o++] = '"';
     }
     if (truncated) {
-        if (o > size - 4)
-            o = size - 4;
+        if (o > size - 4) o = size - 4;
         memcpy(buf + o, "...", 3);
         o += 3;
     }
@@ -232,8 +203,7 @@ static const char *format_key(const key_path *k, size_t upto, char *buf, size_t 
     return buf;
 }
 
-static const char *describe_value(const toml_value *v)
-{
+static const char *describe_value(const toml_value *v) {
     switch (v->type) {
     case TOML_STRING: return "a string";
     case TOML_INTEGER: return "an integer";
@@ -252,13 +222,11 @@ static const char *describe_value(const toml_value *v)
 /* ------------------------------------------------------------------------ */
 /* the up-front pass                                                         */
 
-static int push_line(parser *p, size_t start)
-{
+static int push_line(parser *p, size_t start) {
     if (p->nlines == p->lines_cap) {
         size_t cap = p->lines_cap ? p->lines_cap * 2 : 64;
         size_t *n = realloc(p->lines, cap * sizeof *n);
-        if (!n)
-            return oom(p);
+        if (!n) return oom(p);
         p->lines = n;
         p->lines_cap = cap;
     }
@@ -266,11 +234,9 @@ static int push_line(parser *p, size_t start)
     return 0;
 }
 
-static int scan_document(parser *p, size_t start)
-{
+static int scan_document(parser *p, size_t start) {
     const unsigned char *s = (const unsigned char *)p->s;
-    if (push_line(p, start))
-        return -1;
+    if (push_line(p, start)) return -1;
     if (p->len >= 2 && ((s[0] == 0xFE && s[1] == 0xFF) || (s[0] == 0xFF && s[1] == 0xFE)))
         return fail(p, 0, "document starts with a UTF-16 byte order mark; TOML must be UTF-8");
     size_t i = start;
@@ -281,8 +247,7 @@ static int scan_document(parser *p, size_t start)
             continue;
         }
         if (c == '\n') {
-            if (push_line(p, i + 1))
-                return -1;
+            if (push_line(p, i + 1)) return -1;
             i++;
         } else if (c == '\t') {
             i++;
@@ -292,15 +257,17 @@ static int scan_document(parser *p, size_t start)
             i++;
         } else if (c < 0x80) {
             if (c == 0)
-                return fail(p, i, "NUL byte (U+0000) is not allowed in a TOML document "
-                                  "(write \\u0000 inside a basic string)");
-            return fail(p, i, "control character U+%04X is not allowed (only tab is; write it as "
-                              "an escape such as \\u%04X inside a basic string)", c, c);
+                return fail(p, i,
+                            "NUL byte (U+0000) is not allowed in a TOML document "
+                            "(write \\u0000 inside a basic string)");
+            return fail(p, i,
+                        "control character U+%04X is not allowed (only tab is; write it as "
+                        "an escape such as \\u%04X inside a basic string)",
+                        c, c);
         } else {
             uint32_t cp;
             size_t n = utf8_decode(s + i, p->len - i, &cp);
-            if (!n)
-                return fail(p, i, "invalid UTF-8 byte sequence (starting with byte 0x%02X)", c);
+            if (!n) return fail(p, i, "invalid UTF-8 byte sequence (starting with byte 0x%02X)", c);
             i += n;
         }
     }
@@ -310,16 +277,11 @@ static int scan_document(parser *p, size_t start)
 /* ------------------------------------------------------------------------ */
 /* values                                                                    */
 
-static int depth_of(const toml_value *v)
-{
-    return (int)(v->flags >> DEPTH_SHIFT);
-}
+static int depth_of(const toml_value *v) { return (int)(v->flags >> DEPTH_SHIFT); }
 
-static toml_value *new_value(parser *p, toml_type t, size_t pos, int depth)
-{
+static toml_value *new_value(parser *p, toml_type t, size_t pos, int depth) {
     if (depth > TOML_MAX_DEPTH) {
-        fail(p, pos, "nesting too deep: values may be nested at most %d levels of tables and arrays",
-             TOML_MAX_DEPTH);
+        fail(p, pos, "nesting too deep: values may be nested at most %d levels of tables and arrays", TOML_MAX_DEPTH);
         return NULL;
     }
     toml_value *v = calloc(1, sizeof *v);
@@ -333,17 +295,12 @@ static toml_value *new_value(parser *p, toml_type t, size_t pos, int depth)
     return v;
 }
 
-void toml_free(toml_value *v)
-{
-    if (!v)
-        return;
+void toml_free(toml_value *v) {
+    if (!v) return;
     switch (v->type) {
-    case TOML_STRING:
-        free(v->u.s.ptr);
-        break;
+    case TOML_STRING: free(v->u.s.ptr); break;
     case TOML_ARRAY:
-        for (size_t i = 0; i < v->u.arr.n; i++)
-            toml_free(v->u.arr.items[i]);
+        for (size_t i = 0; i < v->u.arr.n; i++) toml_free(v->u.arr.items[i]);
         free(v->u.arr.items);
         break;
     case TOML_TABLE:
@@ -353,15 +310,13 @@ void toml_free(toml_value *v)
         }
         free(v->u.tab.entries);
         break;
-    default:
-        break;
+    default: break;
     }
     free(v);
 }
 
 /* Takes ownership of v; frees it on failure. */
-static int array_push(parser *p, toml_value *arr, toml_value *v)
-{
+static int array_push(parser *p, toml_value *arr, toml_value *v) {
     if (arr->u.arr.n == arr->u.arr.cap) {
         size_t cap = arr->u.arr.cap ? arr->u.arr.cap * 2 : 4;
         toml_value **n = realloc(arr->u.arr.items, cap * sizeof *n);
@@ -379,8 +334,7 @@ static int array_push(parser *p, toml_value *arr, toml_value *v)
 /* ------------------------------------------------------------------------ */
 /* the parse-time key index                                                  */
 
-static uint64_t key_hash(const toml_value *t, const char *k, size_t n)
-{
+static uint64_t key_hash(const toml_value *t, const char *k, size_t n) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++) {
         h ^= (unsigned char)k[i];
@@ -393,37 +347,30 @@ static uint64_t key_hash(const toml_value *t, const char *k, size_t n)
     return h;
 }
 
-static toml_entry *lookup(parser *p, toml_value *t, const char *k, size_t n)
-{
-    if (!p->nslots)
-        return NULL;
+static toml_entry *lookup(parser *p, toml_value *t, const char *k, size_t n) {
+    if (!p->nslots) return NULL;
     uint64_t h = key_hash(t, k, n);
     size_t mask = p->nslots - 1;
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
         key_slot *s = &p->slots[i];
-        if (!s->table)
-            return NULL;
+        if (!s->table) return NULL;
         if (s->hash == h && s->table == t) {
             toml_entry *e = &t->u.tab.entries[s->idx];
-            if (e->key_len == n && memcmp(e->key, k, n) == 0)
-                return e;
+            if (e->key_len == n && memcmp(e->key, k, n) == 0) return e;
         }
     }
 }
 
-static void index_put(parser *p, toml_value *t, size_t idx, uint64_t h)
-{
+static void index_put(parser *p, toml_value *t, size_t idx, uint64_t h) {
     size_t mask = p->nslots - 1;
     size_t i = (size_t)h & mask;
-    while (p->slots[i].table)
-        i = (i + 1) & mask;
+    while (p->slots[i].table) i = (i + 1) & mask;
     p->slots[i].table = t;
     p->slots[i].idx = idx;
     p->slots[i].hash = h;
 }
 
-static int index_grow(parser *p)
-{
+static int index_grow(parser *p) {
     size_t n = p->nslots ? p->nslots * 2 : 256;
     key_slot *old = p->slots;
     size_t oldn = p->nslots;
@@ -434,16 +381,14 @@ static int index_grow(parser *p)
     }
     p->nslots = n;
     for (size_t i = 0; i < oldn; i++)
-        if (old[i].table)
-            index_put(p, old[i].table, old[i].idx, old[i].hash);
+        if (old[i].table) index_put(p, old[i].table, old[i].idx, old[i].hash);
     free(old);
     return 0;
 }
 
 /* Append key -> v to table t. Takes ownership of v (freed on failure).
  * The caller has already checked that the key is absent. */
-static int add_entry(parser *p, toml_value *t, key_part *kp, toml_value *v)
-{
+static int add_entry(parser *p, toml_value *t, key_part *kp, toml_value *v) {
     if ((p->nused + 1) * 2 > p->nslots && index_grow(p)) {
         toml_free(v);
         return -1;
@@ -476,86 +421,66 @@ static int add_entry(parser *p, toml_value *t, key_part *kp, toml_value *v)
     return 0;
 }
 
-static toml_value *new_table_in(parser *p, toml_value *parent, key_part *kp, unsigned flags, size_t pos)
-{
+static toml_value *new_table_in(parser *p, toml_value *parent, key_part *kp, unsigned flags, size_t pos) {
     toml_value *v = new_value(p, TOML_TABLE, pos, depth_of(parent) + 1);
-    if (!v)
-        return NULL;
+    if (!v) return NULL;
     v->flags |= flags;
-    if (add_entry(p, parent, kp, v))
-        return NULL;
+    if (add_entry(p, parent, kp, v)) return NULL;
     return v;
 }
 
 /* ------------------------------------------------------------------------ */
 /* lexical helpers                                                           */
 
-static int peek(const parser *p, size_t off)
-{
+static int peek(const parser *p, size_t off) {
     size_t i = p->pos + off;
     return i < p->len ? (unsigned char)p->s[i] : -1;
 }
 
-static void skip_ws(parser *p)
-{
-    while (p->pos < p->len && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t'))
-        p->pos++;
+static void skip_ws(parser *p) {
+    while (p->pos < p->len && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t')) p->pos++;
 }
 
-static void skip_comment(parser *p)
-{
-    while (p->pos < p->len && p->s[p->pos] != '\n' && p->s[p->pos] != '\r')
-        p->pos++;
+static void skip_comment(parser *p) {
+    while (p->pos < p->len && p->s[p->pos] != '\n' && p->s[p->pos] != '\r') p->pos++;
 }
 
 /* Whitespace, newlines and comments, as allowed between array elements. */
-static void skip_ws_nl_comments(parser *p)
-{
+static void skip_ws_nl_comments(parser *p) {
     for (;;) {
         skip_ws(p);
         int c = peek(p, 0);
-        if (c == '#')
-            skip_comment(p);
-        else if (c == '\n' || c == '\r')
-            p->pos++; /* a CR is always followed by LF (checked up front) */
-        else
-            return;
+        if (c == '#') skip_comment(p);
+        else if (c == '\n' || c == '\r') p->pos++; /* a CR is always followed by LF (checked up front) */
+        else return;
     }
 }
 
-static int at_newline(const parser *p)
-{
+static int at_newline(const parser *p) {
     int c = peek(p, 0);
     return c == '\n' || c == '\r';
 }
 
-static int sb_reserve(parser *p, strbuf *b, size_t extra)
-{
-    if (b->cap - b->n > extra)
-        return 0;
+static int sb_reserve(parser *p, strbuf *b, size_t extra) {
+    if (b->cap - b->n > extra) return 0;
     size_t cap = b->cap ? b->cap : 32;
-    while (cap - b->n <= extra)
-        cap *= 2;
+    while (cap - b->n <= extra) cap *= 2;
     char *n = realloc(b->p, cap);
-    if (!n)
-        return oom(p);
+    if (!n) return oom(p);
     b->p = n;
     b->cap = cap;
     return 0;
 }
 
-static int sb_put(parser *p, strbuf *b, const char *s, size_t n)
-{
-    if (sb_reserve(p, b, n))
-        return -1;
+static int sb_put(parser *p, strbuf *b, const char *s, size_t n) {
+    if (sb_reserve(p, b, n)) return -1;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = '\0';
     return 0;
 }
 
-static int sb_put_utf8(parser *p, strbuf *b, uint32_t cp)
-{
+static int sb_put_utf8(parser *p, strbuf *b, uint32_t cp) {
     char u[4];
     size_t n;
     if (cp < 0x80) {
@@ -573,28 +498,20 @@ static int sb_put_utf8(parser *p, strbuf *b, uint32_t cp)
 }
 
 /* Make sure even an empty buffer is a valid NUL-terminated string. */
-static int sb_finish(parser *p, strbuf *b)
-{
-    return sb_reserve(p, b, 0) ? -1 : (b->p[b->n] = '\0', 0);
-}
+static int sb_finish(parser *p, strbuf *b) { return sb_reserve(p, b, 0) ? -1 : (b->p[b->n] = '\0', 0); }
 
 /* ------------------------------------------------------------------------ */
 /* strings                                                                   */
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
 }
 
 /* p->pos is at the backslash. */
-static int parse_escape(parser *p, strbuf *b, int multiline)
-{
+static int parse_escape(parser *p, strbuf *b, int multiline) {
     size_t start = p->pos;
     int c = peek(p, 1);
     char ch;
@@ -619,8 +536,8 @@ static int parse_escape(parser *p, strbuf *b, int multiline)
             cp = cp * 16 + (uint32_t)h;
         }
         if (cp >= 0xD800 && cp <= 0xDFFF)
-            return fail(p, start, "invalid escape \\%c%0*X: surrogate code points are not Unicode scalar values",
-                        c, ndig, (unsigned)cp);
+            return fail(p, start, "invalid escape \\%c%0*X: surrogate code points are not Unicode scalar values", c,
+                        ndig, (unsigned)cp);
         if (cp > 0x10FFFF)
             return fail(p, start, "invalid escape \\%c%0*X: beyond the last Unicode code point U+10FFFF", c, ndig,
                         (unsigned)cp);
@@ -631,20 +548,19 @@ static int parse_escape(parser *p, strbuf *b, int multiline)
         if (multiline && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
             /* Line-ending backslash: trims the newline and all whitespace after it. */
             size_t q = p->pos + 1;
-            while (q < p->len && (p->s[q] == ' ' || p->s[q] == '\t'))
-                q++;
+            while (q < p->len && (p->s[q] == ' ' || p->s[q] == '\t')) q++;
             if (q >= p->len || (p->s[q] != '\n' && p->s[q] != '\r'))
-                return fail(p, start, "a backslash followed by whitespace must be the last thing on the line "
-                                      "(line-ending backslash)");
-            while (q < p->len && (p->s[q] == ' ' || p->s[q] == '\t' || p->s[q] == '\n' || p->s[q] == '\r'))
-                q++;
+                return fail(p, start,
+                            "a backslash followed by whitespace must be the last thing on the line "
+                            "(line-ending backslash)");
+            while (q < p->len && (p->s[q] == ' ' || p->s[q] == '\t' || p->s[q] == '\n' || p->s[q] == '\r')) q++;
             p->pos = q;
             return 0;
         }
-        if (c < 0)
-            return fail(p, start, "unterminated string: backslash at end of file");
-        return fail(p, start, "invalid escape sequence: backslash followed by %s (valid escapes are "
-                              "\\b \\t \\n \\f \\r \\\" \\\\ \\uXXXX \\UXXXXXXXX)",
+        if (c < 0) return fail(p, start, "unterminated string: backslash at end of file");
+        return fail(p, start,
+                    "invalid escape sequence: backslash followed by %s (valid escapes are "
+                    "\\b \\t \\n \\f \\r \\\" \\\\ \\uXXXX \\UXXXXXXXX)",
                     describe_at(p, p->pos + 1, dbuf));
     }
     p->pos += 2;
@@ -654,16 +570,13 @@ static int parse_escape(parser *p, strbuf *b, int multiline)
 /* Basic ("...", """...""") or literal ('...', '''...''') string; p->pos at the
  * opening quote. Multi-line forms drop a newline right after the opening
  * delimiter and normalise CRLF to LF. */
-static int parse_string(parser *p, strbuf *b, int quote, int multiline)
-{
+static int parse_string(parser *p, strbuf *b, int quote, int multiline) {
     size_t open = p->pos;
     int line, col;
     p->pos += multiline ? 3 : 1;
     if (multiline) {
-        if (peek(p, 0) == '\n')
-            p->pos++;
-        else if (peek(p, 0) == '\r')
-            p->pos += 2;
+        if (peek(p, 0) == '\n') p->pos++;
+        else if (peek(p, 0) == '\r') p->pos += 2;
     }
     for (;;) {
         if (p->pos >= p->len) {
@@ -680,89 +593,76 @@ static int parse_string(parser *p, strbuf *b, int quote, int multiline)
                 return sb_finish(p, b);
             }
             size_t q = 0;
-            while (p->pos + q < p->len && p->s[p->pos + q] == quote)
-                q++;
+            while (p->pos + q < p->len && p->s[p->pos + q] == quote) q++;
             if (q >= 3) {
                 if (q > 5)
-                    return fail(p, p->pos + 5, "too many quotes: at most two %c may directly precede the closing %c%c%c",
-                                quote, quote, quote, quote);
-                if (sb_put(p, b, p->s + p->pos, q - 3))
-                    return -1;
+                    return fail(p, p->pos + 5,
+                                "too many quotes: at most two %c may directly precede the closing %c%c%c", quote, quote,
+                                quote, quote);
+                if (sb_put(p, b, p->s + p->pos, q - 3)) return -1;
                 p->pos += q;
                 return sb_finish(p, b);
             }
-            if (sb_put(p, b, p->s + p->pos, q))
-                return -1;
+            if (sb_put(p, b, p->s + p->pos, q)) return -1;
             p->pos += q;
             continue;
         }
         if (c == '\\' && quote == '"') {
-            if (parse_escape(p, b, multiline))
-                return -1;
+            if (parse_escape(p, b, multiline)) return -1;
             continue;
         }
         if (c == '\n' || c == '\r') {
             if (!multiline) {
                 pos_to_linecol(p, open, &line, &col);
-                return fail(p, p->pos, "string opened at %d:%d is not closed before the end of the line "
-                                       "(use %c%c%c for multi-line strings)", line, col, quote, quote, quote);
+                return fail(p, p->pos,
+                            "string opened at %d:%d is not closed before the end of the line "
+                            "(use %c%c%c for multi-line strings)",
+                            line, col, quote, quote, quote);
             }
             p->pos += c == '\r' ? 2 : 1;
-            if (sb_put(p, b, "\n", 1))
-                return -1;
+            if (sb_put(p, b, "\n", 1)) return -1;
             continue;
         }
         size_t st = p->pos;
         while (p->pos < p->len) {
             char d = p->s[p->pos];
-            if (d == quote || d == '\n' || d == '\r' || (d == '\\' && quote == '"'))
-                break;
+            if (d == quote || d == '\n' || d == '\r' || (d == '\\' && quote == '"')) break;
             p->pos++;
         }
-        if (sb_put(p, b, p->s + st, p->pos - st))
-            return -1;
+        if (sb_put(p, b, p->s + st, p->pos - st)) return -1;
     }
 }
 
 /* ------------------------------------------------------------------------ */
 /* keys                                                                      */
 
-static void key_path_free(key_path *k)
-{
-    for (size_t i = 0; i < k->n; i++)
-        free(k->v[i].s);
+static void key_path_free(key_path *k) {
+    for (size_t i = 0; i < k->n; i++) free(k->v[i].s);
     free(k->v);
     k->v = NULL;
     k->n = k->cap = 0;
 }
 
-static int parse_simple_key(parser *p, key_part *out)
-{
+static int parse_simple_key(parser *p, key_part *out) {
     char dbuf[32];
     int c = peek(p, 0);
     strbuf b = {0};
     out->pos = p->pos;
     if (is_bare_char(c)) {
         size_t st = p->pos;
-        while (p->pos < p->len && is_bare_char((unsigned char)p->s[p->pos]))
-            p->pos++;
-        if (sb_put(p, &b, p->s + st, p->pos - st))
-            goto bad;
+        while (p->pos < p->len && is_bare_char((unsigned char)p->s[p->pos])) p->pos++;
+        if (sb_put(p, &b, p->s + st, p->pos - st)) goto bad;
     } else if (c == '"' || c == '\'') {
         if (peek(p, 1) == c && peek(p, 2) == c) {
             fail(p, p->pos, "multi-line strings cannot be used as keys");
             goto bad;
         }
-        if (parse_string(p, &b, c, 0))
-            goto bad;
+        if (parse_string(p, &b, c, 0)) goto bad;
     } else {
         const char *hint = "";
-        if (c == '=')
-            hint = " (the key is missing)";
-        else if (c == '.')
-            hint = " (a key cannot start or end with a dot)";
-        else if (c >= 0x80)
-            hint = " (keys with non-ASCII characters must be quoted)";
+        if (c == '=') hint = " (the key is missing)";
+        else if (c == '.') hint = " (a key cannot start or end with a dot)";
+        else if (c >= 0x80) hint = " (keys with non-ASCII characters must be quoted)";
         fail(p, p->pos, "expected a key but found %s%s", describe_at(p, p->pos, dbuf), hint);
         goto bad;
     }
@@ -774,14 +674,12 @@ bad:
     return -1;
 }
 
-static int parse_key(parser *p, key_path *k)
-{
+static int parse_key(parser *p, key_path *k) {
     for (;;) {
         if (k->n == k->cap) {
             size_t cap = k->cap ? k->cap * 2 : 4;
             key_part *n = realloc(k->v, cap * sizeof *n);
-            if (!n)
-                return oom(p);
+            if (!n) return oom(p);
             k->v = n;
             k->cap = cap;
         }
@@ -789,8 +687,7 @@ static int parse_key(parser *p, key_path *k)
             return fail(p, p->pos, "key has too many dotted parts (at most %d)", TOML_MAX_DEPTH);
         key_part *kp = &k->v[k->n];
         kp->s = NULL;
-        if (parse_simple_key(p, kp))
-            return -1;
+        if (parse_simple_key(p, kp)) return -1;
         k->n++;
         size_t save = p->pos;
         skip_ws(p);
@@ -806,8 +703,7 @@ static int parse_key(parser *p, key_path *k)
 /* ------------------------------------------------------------------------ */
 /* numbers                                                                   */
 
-static int is_digit_base(int c, int base)
-{
+static int is_digit_base(int c, int base) {
     switch (base) {
     case 2: return c == '0' || c == '1';
     case 8: return c >= '0' && c <= '7';
@@ -818,8 +714,7 @@ static int is_digit_base(int c, int base)
 
 /* Digits with single underscores between them; returns the number of digits,
  * or -1 after reporting a misplaced underscore. */
-static long scan_digits(parser *p, size_t tok, const char *s, size_t n, size_t *i, int base)
-{
+static long scan_digits(parser *p, size_t tok, const char *s, size_t n, size_t *i, int base) {
     long count = 0;
     while (*i < n) {
         int c = (unsigned char)s[*i];
@@ -839,19 +734,14 @@ static long scan_digits(parser *p, size_t tok, const char *s, size_t n, size_t *
     return count;
 }
 
-static int is_number_char(int c)
-{
-    return is_bare_char(c) || c == '.' || c == '+';
-}
+static int is_number_char(int c) { return is_bare_char(c) || c == '.' || c == '+'; }
 
-static toml_value *parse_number(parser *p, int depth)
-{
+static toml_value *parse_number(parser *p, int depth) {
     static const char *const base_names[] = {[2] = "binary", [8] = "octal", [16] = "hexadecimal"};
     static const char *const articles[] = {[2] = "a", [8] = "an", [16] = "a"};
     char dbuf[32];
     size_t tok = p->pos, end = tok;
-    while (end < p->len && is_number_char((unsigned char)p->s[end]))
-        end++;
+    while (end < p->len && is_number_char((unsigned char)p->s[end])) end++;
     const char *s = p->s + tok;
     size_t n = end - tok, i = 0;
     int neg = 0;
@@ -861,12 +751,10 @@ static toml_value *parse_number(parser *p, int depth)
     }
     if (n - i == 3 && (memcmp(s + i, "inf", 3) == 0 || memcmp(s + i, "nan", 3) == 0)) {
         toml_value *v = new_value(p, TOML_FLOAT, tok, depth);
-        if (!v)
-            return NULL;
+        if (!v) return NULL;
         double x = s[i] == 'i' ? HUGE_VAL : NAN;
         v->u.f = neg ? -x : x;
-        if (neg && isnan(x))
-            v->u.f = copysign(NAN, -1.0);
+        if (neg && isnan(x)) v->u.f = copysign(NAN, -1.0);
         p->pos = end;
         return v;
     }
@@ -907,8 +795,7 @@ static toml_value *parse_number(parser *p, int depth)
             i++;
         }
         toml_value *v = new_value(p, TOML_INTEGER, tok, depth);
-        if (!v)
-            return NULL;
+        if (!v) return NULL;
         v->u.i = (int64_t)acc;
         p->pos = end;
         return v;
@@ -916,8 +803,7 @@ static toml_value *parse_number(parser *p, int depth)
 
     size_t int_start = i;
     long nd = scan_digits(p, tok, s, n, &i, 10);
-    if (nd < 0)
-        return NULL;
+    if (nd < 0) return NULL;
     if (nd == 0) {
         const char *hint = i < n && s[i] == '.' ? " (a float needs a digit before the decimal point)" : "";
         fail(p, tok + i, "expected a digit but found %s%s", describe_at(p, tok + i, dbuf), hint);
@@ -935,27 +821,22 @@ static toml_value *parse_number(parser *p, int depth)
             fail(p, tok + i, "expected a digit after the decimal point but found %s", describe_at(p, tok + i, dbuf));
             return NULL;
         }
-        if (scan_digits(p, tok, s, n, &i, 10) < 0)
-            return NULL;
+        if (scan_digits(p, tok, s, n, &i, 10) < 0) return NULL;
     }
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         is_float = 1;
         i++;
-        if (i < n && (s[i] == '+' || s[i] == '-'))
-            i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
         if (i >= n || !(s[i] >= '0' && s[i] <= '9')) {
             fail(p, tok + i, "expected a digit in the exponent but found %s", describe_at(p, tok + i, dbuf));
             return NULL;
         }
-        if (scan_digits(p, tok, s, n, &i, 10) < 0)
-            return NULL;
+        if (scan_digits(p, tok, s, n, &i, 10) < 0) return NULL;
     }
     if (i != n) {
         const char *hint = "";
-        if (s[i] == 'X' || s[i] == 'O' || s[i] == 'B')
-            hint = " (the prefixes are lowercase: 0x, 0o, 0b)";
-        else if (s[i] == '.')
-            hint = " (a number has at most one decimal point, before any exponent)";
+        if (s[i] == 'X' || s[i] == 'O' || s[i] == 'B') hint = " (the prefixes are lowercase: 0x, 0o, 0b)";
+        else if (s[i] == '.') hint = " (a number has at most one decimal point, before any exponent)";
         fail(p, tok + i, "invalid character %s in number%s", describe_at(p, tok + i, dbuf), hint);
         return NULL;
     }
@@ -974,16 +855,14 @@ static toml_value *parse_number(parser *p, int depth)
         }
         size_t o = 0;
         for (size_t k = 0; k < n; k++) {
-            if (s[k] == '_')
-                continue;
+            if (s[k] == '_') continue;
             buf[o++] = s[k] == '.' ? p->decimal_point : s[k];
         }
         buf[o] = '\0';
         char *endp;
         double x = strtod(buf, &endp);
         int ok = endp == buf + o;
-        if (buf != small)
-            free(buf);
+        if (buf != small) free(buf);
         if (!ok) {
             fail(p, tok, "invalid float");
             return NULL;
@@ -993,14 +872,12 @@ static toml_value *parse_number(parser *p, int depth)
             return NULL;
         }
         v = new_value(p, TOML_FLOAT, tok, depth);
-        if (!v)
-            return NULL;
+        if (!v) return NULL;
         v->u.f = x;
     } else {
         uint64_t acc = 0, limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
         for (size_t k = int_start; k < n; k++) {
-            if (s[k] == '_')
-                continue;
+            if (s[k] == '_') continue;
             uint64_t d = (uint64_t)(s[k] - '0');
             if (acc > (limit - d) / 10) {
                 fail(p, tok, "integer %.*s is out of range (it does not fit in a signed 64-bit integer)",
@@ -1010,8 +887,7 @@ static toml_value *parse_number(parser *p, int depth)
             acc = acc * 10 + d;
         }
         v = new_value(p, TOML_INTEGER, tok, depth);
-        if (!v)
-            return NULL;
+        if (!v) return NULL;
         v->u.i = neg ? (acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)acc) : (int64_t)acc;
     }
     p->pos = end;
@@ -1021,50 +897,39 @@ static toml_value *parse_number(parser *p, int depth)
 /* ------------------------------------------------------------------------ */
 /* date-times                                                                */
 
-static int read_digits(const parser *p, size_t pos, int n, int *out)
-{
+static int read_digits(const parser *p, size_t pos, int n, int *out) {
     int v = 0;
     for (int k = 0; k < n; k++) {
         size_t i = pos + (size_t)k;
-        if (i >= p->len || p->s[i] < '0' || p->s[i] > '9')
-            return -1;
+        if (i >= p->len || p->s[i] < '0' || p->s[i] > '9') return -1;
         v = v * 10 + (p->s[i] - '0');
     }
     *out = v;
     return 0;
 }
 
-static int expect_char(parser *p, size_t pos, char c, const char *what)
-{
+static int expect_char(parser *p, size_t pos, char c, const char *what) {
     char dbuf[32];
-    if (pos < p->len && p->s[pos] == c)
-        return 0;
+    if (pos < p->len && p->s[pos] == c) return 0;
     return fail(p, pos, "invalid %s: expected '%c' but found %s", what, c, describe_at(p, pos, dbuf));
 }
 
-static int read_field(parser *p, size_t pos, int n, int *out, const char *name, const char *what)
-{
-    if (read_digits(p, pos, n, out) == 0)
-        return 0;
+static int read_field(parser *p, size_t pos, int n, int *out, const char *name, const char *what) {
+    if (read_digits(p, pos, n, out) == 0) return 0;
     return fail(p, pos, "invalid %s: the %s must have exactly %d digits", what, name, n);
 }
 
 /* HH:MM:SS[.frac]; *i advances past it; frac receives up to 9 digits as written. */
-static int parse_time_part(parser *p, size_t *i, toml_datetime *dt, char frac[10], const char *what)
-{
+static int parse_time_part(parser *p, size_t *i, toml_datetime *dt, char frac[10], const char *what) {
     if (read_field(p, *i, 2, &dt->hour, "hour", what) || expect_char(p, *i + 2, ':', what) ||
         read_field(p, *i + 3, 2, &dt->minute, "minute", what))
         return -1;
     if (*i + 5 >= p->len || p->s[*i + 5] != ':')
         return fail(p, *i + 5, "invalid %s: seconds are required (HH:MM:SS)", what);
-    if (read_field(p, *i + 6, 2, &dt->second, "second", what))
-        return -1;
-    if (dt->hour > 23)
-        return fail(p, *i, "invalid %s: hour %02d is out of range (00-23)", what, dt->hour);
-    if (dt->minute > 59)
-        return fail(p, *i + 3, "invalid %s: minute %02d is out of range (00-59)", what, dt->minute);
-    if (dt->second > 60)
-        return fail(p, *i + 6, "invalid %s: second %02d is out of range (00-60)", what, dt->second);
+    if (read_field(p, *i + 6, 2, &dt->second, "second", what)) return -1;
+    if (dt->hour > 23) return fail(p, *i, "invalid %s: hour %02d is out of range (00-23)", what, dt->hour);
+    if (dt->minute > 59) return fail(p, *i + 3, "invalid %s: minute %02d is out of range (00-59)", what, dt->minute);
+    if (dt->second > 60) return fail(p, *i + 6, "invalid %s: second %02d is out of range (00-60)", what, dt->second);
     *i += 8;
     frac[0] = '\0';
     if (*i < p->len && p->s[*i] == '.') {
@@ -1082,8 +947,7 @@ static int parse_time_part(parser *p, size_t *i, toml_datetime *dt, char frac[10
         }
         size_t kept = nd < 9 ? nd : 9;
         frac[kept] = '\0';
-        for (size_t z = kept; z < 9; z++)
-            ns *= 10;
+        for (size_t z = kept; z < 9; z++) ns *= 10;
         dt->nanosecond = ns;
         *i = k;
     }
@@ -1092,8 +956,7 @@ static int parse_time_part(parser *p, size_t *i, toml_datetime *dt, char frac[10
 
 /* Fixed-width decimal; callers have range-checked v, which keeps the output
  * within toml_datetime.text (longest: 1979-05-27T07:32:00.999999999-07:00). */
-static char *put_digits(char *o, int v, int width)
-{
+static char *put_digits(char *o, int v, int width) {
     for (int k = width - 1; k >= 0; k--) {
         o[k] = (char)('0' + v % 10);
         v /= 10;
@@ -1101,16 +964,13 @@ static char *put_digits(char *o, int v, int width)
     return o + width;
 }
 
-static int days_in_month(int y, int m)
-{
+static int days_in_month(int y, int m) {
     static const int d[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0))
-        return 29;
+    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
     return d[m - 1];
 }
 
-static toml_value *parse_datetime(parser *p, int depth, int time_only)
-{
+static toml_value *parse_datetime(parser *p, int depth, int time_only) {
     size_t start = p->pos, i = start;
     toml_datetime dt;
     char frac[10] = "";
@@ -1118,8 +978,7 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
     memset(&dt, 0, sizeof dt);
     toml_type type;
     if (time_only) {
-        if (parse_time_part(p, &i, &dt, frac, "local time"))
-            return NULL;
+        if (parse_time_part(p, &i, &dt, frac, "local time")) return NULL;
         type = TOML_LOCAL_TIME;
     } else {
         const char *what = "date";
@@ -1132,8 +991,8 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
             return NULL;
         }
         if (dt.day < 1 || dt.day > days_in_month(dt.year, dt.month)) {
-            fail(p, i + 8, "invalid date: day %02d is out of range for %04d-%02d (01-%02d)", dt.day, dt.year,
-                 dt.month, days_in_month(dt.year, dt.month));
+            fail(p, i + 8, "invalid date: day %02d is out of range for %04d-%02d (01-%02d)", dt.day, dt.year, dt.month,
+                 days_in_month(dt.year, dt.month));
             return NULL;
         }
         i += 10;
@@ -1142,12 +1001,11 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
         /* A space separates date and time only when a time follows; otherwise
          * the date ends there (e.g. before a comment). */
         int has_time = c == 'T' || c == 't' ||
-                       (c == ' ' && i + 3 < p->len && p->s[i + 1] >= '0' && p->s[i + 1] <= '9' &&
-                        p->s[i + 2] >= '0' && p->s[i + 2] <= '9' && p->s[i + 3] == ':');
+            (c == ' ' && i + 3 < p->len && p->s[i + 1] >= '0' && p->s[i + 1] <= '9' && p->s[i + 2] >= '0' &&
+             p->s[i + 2] <= '9' && p->s[i + 3] == ':');
         if (has_time) {
             i++;
-            if (parse_time_part(p, &i, &dt, frac, "date-time"))
-                return NULL;
+            if (parse_time_part(p, &i, &dt, frac, "date-time")) return NULL;
             type = TOML_LOCAL_DATETIME;
             c = i < p->len ? (unsigned char)p->s[i] : -1;
             if (c == 'Z' || c == 'z') {
@@ -1171,8 +1029,7 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
         }
     }
     toml_value *v = new_value(p, type, start, depth);
-    if (!v)
-        return NULL;
+    if (!v) return NULL;
     char *o = dt.text;
     if (type != TOML_LOCAL_TIME) {
         o = put_digits(o, dt.year, 4);
@@ -1180,8 +1037,7 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
         o = put_digits(o, dt.month, 2);
         *o++ = '-';
         o = put_digits(o, dt.day, 2);
-        if (type != TOML_LOCAL_DATE)
-            *o++ = 'T';
+        if (type != TOML_LOCAL_DATE) *o++ = 'T';
     }
     if (type != TOML_LOCAL_DATE) {
         o = put_digits(o, dt.hour, 2);
@@ -1191,8 +1047,7 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
         o = put_digits(o, dt.second, 2);
         if (frac[0]) {
             *o++ = '.';
-            for (const char *f = frac; *f; f++)
-                *o++ = *f;
+            for (const char *f = frac; *f; f++) *o++ = *f;
         }
     }
     if (type == TOML_OFFSET_DATETIME) {
@@ -1217,33 +1072,26 @@ static toml_value *parse_datetime(parser *p, int depth, int time_only)
 static toml_value *parse_value(parser *p, int depth);
 static int parse_keyval(parser *p, toml_value *table);
 
-static toml_value *parse_array(parser *p, int depth)
-{
+static toml_value *parse_array(parser *p, int depth) {
     char dbuf[32];
     size_t open = p->pos;
     toml_value *arr = new_value(p, TOML_ARRAY, open, depth);
-    if (!arr)
-        return NULL;
+    if (!arr) return NULL;
     p->pos++;
     for (;;) {
         skip_ws_nl_comments(p);
-        if (peek(p, 0) == ']')
-            break;
-        if (p->pos >= p->len)
-            goto unterminated;
+        if (peek(p, 0) == ']') break;
+        if (p->pos >= p->len) goto unterminated;
         toml_value *v = parse_value(p, depth + 1);
-        if (!v || array_push(p, arr, v))
-            goto bad;
+        if (!v || array_push(p, arr, v)) goto bad;
         skip_ws_nl_comments(p);
         int c = peek(p, 0);
         if (c == ',') {
             p->pos++;
             continue;
         }
-        if (c == ']')
-            break;
-        if (c < 0)
-            goto unterminated;
+        if (c == ']') break;
+        if (c < 0) goto unterminated;
         fail(p, p->pos, "expected ',' or ']' after an array element but found %s", describe_at(p, p->pos, dbuf));
         goto bad;
     }
@@ -1259,23 +1107,19 @@ bad:
     return NULL;
 }
 
-static void seal_inline(toml_value *t)
-{
+static void seal_inline(toml_value *t) {
     t->flags |= F_INLINE;
     for (size_t i = 0; i < t->u.tab.n; i++) {
         toml_value *v = t->u.tab.entries[i].value;
-        if (v->type == TOML_TABLE && !(v->flags & F_INLINE))
-            seal_inline(v);
+        if (v->type == TOML_TABLE && !(v->flags & F_INLINE)) seal_inline(v);
     }
 }
 
-static toml_value *parse_inline_table(parser *p, int depth)
-{
+static toml_value *parse_inline_table(parser *p, int depth) {
     char dbuf[32];
     size_t open = p->pos;
     toml_value *t = new_value(p, TOML_TABLE, open, depth);
-    if (!t)
-        return NULL;
+    if (!t) return NULL;
     p->pos++;
     skip_ws(p);
     if (peek(p, 0) == '}') {
@@ -1293,8 +1137,7 @@ static toml_value *parse_inline_table(parser *p, int depth)
             fail(p, p->pos, "trailing comma in inline table (not allowed in TOML 1.0)");
             goto bad;
         }
-        if (parse_keyval(p, t))
-            goto bad;
+        if (parse_keyval(p, t)) goto bad;
         skip_ws(p);
         int c = peek(p, 0);
         if (c == ',') {
@@ -1324,8 +1167,7 @@ bad:
     return NULL;
 }
 
-static toml_value *parse_string_value(parser *p, int depth)
-{
+static toml_value *parse_string_value(parser *p, int depth) {
     int q = peek(p, 0);
     size_t start = p->pos;
     int multiline = peek(p, 1) == q && peek(p, 2) == q;
@@ -1344,40 +1186,32 @@ static toml_value *parse_string_value(parser *p, int depth)
     return v;
 }
 
-static toml_value *parse_word(parser *p, int depth)
-{
+static toml_value *parse_word(parser *p, int depth) {
     size_t start = p->pos, end = start;
-    while (end < p->len && is_bare_char((unsigned char)p->s[end]))
-        end++;
+    while (end < p->len && is_bare_char((unsigned char)p->s[end])) end++;
     size_t n = end - start;
     const char *w = p->s + start;
     if ((n == 4 && memcmp(w, "true", 4) == 0) || (n == 5 && memcmp(w, "false", 5) == 0)) {
         toml_value *v = new_value(p, TOML_BOOLEAN, start, depth);
-        if (!v)
-            return NULL;
+        if (!v) return NULL;
         v->u.b = n == 4;
         p->pos = end;
         return v;
     }
-    if ((n == 3 && (memcmp(w, "inf", 3) == 0 || memcmp(w, "nan", 3) == 0)))
-        return parse_number(p, depth);
+    if ((n == 3 && (memcmp(w, "inf", 3) == 0 || memcmp(w, "nan", 3) == 0))) return parse_number(p, depth);
     const char *hint = "strings must be quoted";
     char lw[8] = "";
     if (n < sizeof lw) {
-        for (size_t k = 0; k < n; k++)
-            lw[k] = (char)(w[k] >= 'A' && w[k] <= 'Z' ? w[k] - 'A' + 'a' : w[k]);
+        for (size_t k = 0; k < n; k++) lw[k] = (char)(w[k] >= 'A' && w[k] <= 'Z' ? w[k] - 'A' + 'a' : w[k]);
         lw[n] = '\0';
-        if (!strcmp(lw, "true") || !strcmp(lw, "false"))
-            hint = "booleans are written in lowercase: true, false";
-        else if (!strcmp(lw, "inf") || !strcmp(lw, "nan"))
-            hint = "special floats are written in lowercase: inf, nan";
+        if (!strcmp(lw, "true") || !strcmp(lw, "false")) hint = "booleans are written in lowercase: true, false";
+        else if (!strcmp(lw, "inf") || !strcmp(lw, "nan")) hint = "special floats are written in lowercase: inf, nan";
     }
     fail(p, start, "invalid value '%.*s' (%s)", (int)(n < 40 ? n : 40), w, hint);
     return NULL;
 }
 
-static toml_value *parse_value(parser *p, int depth)
-{
+static toml_value *parse_value(parser *p, int depth) {
     char dbuf[32];
     int c = peek(p, 0);
     if (depth > TOML_MAX_DEPTH) {
@@ -1385,27 +1219,19 @@ static toml_value *parse_value(parser *p, int depth)
              TOML_MAX_DEPTH);
         return NULL;
     }
-    if (c == '"' || c == '\'')
-        return parse_string_value(p, depth);
-    if (c == '[')
-        return parse_array(p, depth);
-    if (c == '{')
-        return parse_inline_table(p, depth);
+    if (c == '"' || c == '\'') return parse_string_value(p, depth);
+    if (c == '[') return parse_array(p, depth);
+    if (c == '{') return parse_inline_table(p, depth);
     if (c >= '0' && c <= '9') {
         int d;
-        if (read_digits(p, p->pos, 4, &d) == 0 && peek(p, 4) == '-')
-            return parse_datetime(p, depth, 0);
-        if (read_digits(p, p->pos, 2, &d) == 0 && peek(p, 2) == ':')
-            return parse_datetime(p, depth, 1);
+        if (read_digits(p, p->pos, 4, &d) == 0 && peek(p, 4) == '-') return parse_datetime(p, depth, 0);
+        if (read_digits(p, p->pos, 2, &d) == 0 && peek(p, 2) == ':') return parse_datetime(p, depth, 1);
         return parse_number(p, depth);
     }
-    if (c == '+' || c == '-')
-        return parse_number(p, depth);
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_')
-        return parse_word(p, depth);
+    if (c == '+' || c == '-') return parse_number(p, depth);
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_') return parse_word(p, depth);
     const char *hint = "";
-    if (c == '.')
-        hint = " (a float needs a digit before the decimal point)";
+    if (c == '.') hint = " (a float needs a digit before the decimal point)";
     fail(p, p->pos, "expected a value but found %s%s", describe_at(p, p->pos, dbuf), hint);
     return NULL;
 }
@@ -1414,13 +1240,11 @@ static toml_value *parse_value(parser *p, int depth)
 /* key/value pairs and table headers                                         */
 
 /* Step into (or create) the table named by part i of a dotted key. */
-static toml_value *descend_dotted(parser *p, toml_value *t, key_path *k, size_t i)
-{
+static toml_value *descend_dotted(parser *p, toml_value *t, key_path *k, size_t i) {
     char kb[160], tb[160];
     key_part *kp = &k->v[i];
     toml_entry *e = lookup(p, t, kp->s, kp->len);
-    if (!e)
-        return new_table_in(p, t, kp, F_DOTTED, kp->pos);
+    if (!e) return new_table_in(p, t, kp, F_DOTTED, kp->pos);
     toml_value *v = e->value;
     if (v->type == TOML_TABLE) {
         if (v->flags & F_INLINE) {
@@ -1441,18 +1265,15 @@ static toml_value *descend_dotted(parser *p, toml_value *t, key_path *k, size_t 
     return NULL;
 }
 
-static int parse_keyval(parser *p, toml_value *table)
-{
+static int parse_keyval(parser *p, toml_value *table) {
     char kb[160], dbuf[32];
     key_path k = {0};
     int rc = -1;
-    if (parse_key(p, &k))
-        goto out;
+    if (parse_key(p, &k)) goto out;
     skip_ws(p);
     if (peek(p, 0) != '=') {
         const char *hint = "";
-        if (peek(p, 0) >= 0 && is_bare_char(peek(p, 0)))
-            hint = " (bare keys cannot contain spaces; quote the key)";
+        if (peek(p, 0) >= 0 && is_bare_char(peek(p, 0))) hint = " (bare keys cannot contain spaces; quote the key)";
         fail(p, p->pos, "expected '=' after key '%s' but found %s%s", format_key(&k, k.n, kb, sizeof kb),
              describe_at(p, p->pos, dbuf), hint);
         goto out;
@@ -1461,13 +1282,12 @@ static int parse_keyval(parser *p, toml_value *table)
     skip_ws(p);
     toml_value *t = table;
     for (size_t i = 0; i + 1 < k.n; i++)
-        if (!(t = descend_dotted(p, t, &k, i)))
-            goto out;
+        if (!(t = descend_dotted(p, t, &k, i))) goto out;
     key_part *last = &k.v[k.n - 1];
     toml_entry *e = lookup(p, t, last->s, last->len);
     if (e) {
-        fail(p, last->pos, "duplicate key '%s' (first defined at %d:%d)", format_key(&k, k.n, kb, sizeof kb),
-             e->line, e->col);
+        fail(p, last->pos, "duplicate key '%s' (first defined at %d:%d)", format_key(&k, k.n, kb, sizeof kb), e->line,
+             e->col);
         goto out;
     }
     if (p->pos >= p->len || at_newline(p)) {
@@ -1476,8 +1296,7 @@ static int parse_keyval(parser *p, toml_value *table)
         goto out;
     }
     toml_value *v = parse_value(p, depth_of(t) + 1);
-    if (!v || add_entry(p, t, last, v))
-        goto out;
+    if (!v || add_entry(p, t, last, v)) goto out;
     rc = 0;
 out:
     key_path_free(&k);
@@ -1485,8 +1304,7 @@ out:
 }
 
 /* [a.b.c] or [[a.b.c]]: returns the table that following key/values go into. */
-static toml_value *parse_header(parser *p, toml_value *root)
-{
+static toml_value *parse_header(parser *p, toml_value *root) {
     char kb[160], pb[160], dbuf[32];
     size_t start = p->pos;
     int is_array = peek(p, 1) == '[';
@@ -1499,8 +1317,7 @@ static toml_value *parse_header(parser *p, toml_value *root)
         fail(p, p->pos, "empty table name in header");
         goto out;
     }
-    if (parse_key(p, &k))
-        goto out;
+    if (parse_key(p, &k)) goto out;
     skip_ws(p);
     if (peek(p, 0) != ']' || (is_array && peek(p, 1) != ']')) {
         size_t at = peek(p, 0) == ']' ? p->pos + 1 : p->pos;
@@ -1515,8 +1332,7 @@ static toml_value *parse_header(parser *p, toml_value *root)
         key_part *kp = &k.v[i];
         toml_entry *e = lookup(p, t, kp->s, kp->len);
         if (!e) {
-            if (!(t = new_table_in(p, t, kp, 0, kp->pos)))
-                goto out;
+            if (!(t = new_table_in(p, t, kp, 0, kp->pos))) goto out;
             continue;
         }
         toml_value *v = e->value;
@@ -1525,11 +1341,12 @@ static toml_value *parse_header(parser *p, toml_value *root)
         } else if (v->type == TOML_ARRAY && (v->flags & F_AOT)) {
             t = v->u.arr.items[v->u.arr.n - 1];
         } else {
-            const char *why = v->type == TOML_TABLE  ? " (inline tables are immutable)"
-                              : v->type == TOML_ARRAY ? " (only arrays of tables defined with [[...]] can be extended)"
-                                                      : "";
+            const char *why = v->type == TOML_TABLE ? " (inline tables are immutable)"
+                : v->type == TOML_ARRAY             ? " (only arrays of tables defined with [[...]] can be extended)"
+                                                    : "";
             fail(p, kp->pos, "cannot define %s%s%s: '%s' is already defined as %s at %d:%d%s", open,
-                 format_key(&k, k.n, kb, sizeof kb), close, format_key(&k, i + 1, pb, sizeof pb), describe_value(v), e->line, e->col, why);
+                 format_key(&k, k.n, kb, sizeof kb), close, format_key(&k, i + 1, pb, sizeof pb), describe_value(v),
+                 e->line, e->col, why);
             goto out;
         }
     }
@@ -1557,22 +1374,20 @@ static toml_value *parse_header(parser *p, toml_value *root)
                 result = v;
             }
         } else if (v->type == TOML_ARRAY && (v->flags & F_AOT)) {
-            fail(p, start, "table [%s] conflicts with the array of tables [[%s]] defined at %d:%d", kb, kb,
-                 v->line, v->col);
+            fail(p, start, "table [%s] conflicts with the array of tables [[%s]] defined at %d:%d", kb, kb, v->line,
+                 v->col);
         } else {
-            fail(p, start, "cannot define table [%s]: the key is already defined as %s at %d:%d", kb,
-                 describe_value(v), e->line, e->col);
+            fail(p, start, "cannot define table [%s]: the key is already defined as %s at %d:%d", kb, describe_value(v),
+                 e->line, e->col);
         }
         goto out;
     }
     toml_value *arr;
     if (!e) {
         arr = new_value(p, TOML_ARRAY, start, depth_of(t) + 1);
-        if (!arr)
-            goto out;
+        if (!arr) goto out;
         arr->flags |= F_AOT;
-        if (add_entry(p, t, last, arr))
-            goto out;
+        if (add_entry(p, t, last, arr)) goto out;
     } else {
         arr = e->value;
         if (arr->type != TOML_ARRAY || !(arr->flags & F_AOT)) {
@@ -1583,35 +1398,28 @@ static toml_value *parse_header(parser *p, toml_value *root)
         }
     }
     toml_value *elem = new_value(p, TOML_TABLE, start, depth_of(arr) + 1);
-    if (!elem)
-        goto out;
+    if (!elem) goto out;
     elem->flags |= F_EXPLICIT;
-    if (array_push(p, arr, elem))
-        goto out;
+    if (array_push(p, arr, elem)) goto out;
     result = elem;
 out:
     key_path_free(&k);
     return result;
 }
 
-static int expect_eol(parser *p, const char *what)
-{
+static int expect_eol(parser *p, const char *what) {
     char dbuf[32];
     skip_ws(p);
-    if (peek(p, 0) == '#')
-        skip_comment(p);
-    if (p->pos >= p->len || at_newline(p))
-        return 0;
+    if (peek(p, 0) == '#') skip_comment(p);
+    if (p->pos >= p->len || at_newline(p)) return 0;
     return fail(p, p->pos, "expected end of line after %s but found %s", what, describe_at(p, p->pos, dbuf));
 }
 
-static int parse_document(parser *p, toml_value *root)
-{
+static int parse_document(parser *p, toml_value *root) {
     toml_value *cur = root;
     for (;;) {
         skip_ws(p);
-        if (p->pos >= p->len)
-            return 0;
+        if (p->pos >= p->len) return 0;
         int c = peek(p, 0);
         if (c == '\n' || c == '\r') {
             p->pos += c == '\r' ? 2 : 1;
@@ -1622,37 +1430,31 @@ static int parse_document(parser *p, toml_value *root)
             continue;
         }
         if (c == '[') {
-            if (!(cur = parse_header(p, root)) || expect_eol(p, "the table header"))
-                return -1;
+            if (!(cur = parse_header(p, root)) || expect_eol(p, "the table header")) return -1;
         } else {
-            if (parse_keyval(p, cur) || expect_eol(p, "the value"))
-                return -1;
+            if (parse_keyval(p, cur) || expect_eol(p, "the value")) return -1;
         }
     }
 }
 
-toml_value *toml_parse(const char *text, size_t len, char *err, size_t errlen)
-{
+toml_value *toml_parse(const char *text, size_t len, char *err, size_t errlen) {
     parser p;
     memset(&p, 0, sizeof p);
     p.s = text ? text : "";
     p.len = text ? len : 0;
     p.err = err;
     p.errlen = errlen;
-    if (err && errlen)
-        err[0] = '\0';
+    if (err && errlen) err[0] = '\0';
     const char *dp = localeconv()->decimal_point;
     p.decimal_point = dp && dp[0] ? dp[0] : '.';
 
     size_t start = 0;
-    if (p.len >= 3 && memcmp(p.s, "\xEF\xBB\xBF", 3) == 0)
-        start = 3;
+    if (p.len >= 3 && memcmp(p.s, "\xEF\xBB\xBF", 3) == 0) start = 3;
     toml_value *root = NULL;
     if (scan_document(&p, start) == 0) {
         p.pos = start;
         root = new_value(&p, TOML_TABLE, start, 0);
-        if (root)
-            parse_document(&p, root);
+        if (root) parse_document(&p, root);
     }
     free(p.lines);
     free(p.slots);
@@ -1666,37 +1468,28 @@ toml_value *toml_parse(const char *text, size_t len, char *err, size_t errlen)
 /* ------------------------------------------------------------------------ */
 /* accessors                                                                 */
 
-const toml_entry *toml_table_find(const toml_value *table, const char *key)
-{
-    if (!table || table->type != TOML_TABLE || !key)
-        return NULL;
+const toml_entry *toml_table_find(const toml_value *table, const char *key) {
+    if (!table || table->type != TOML_TABLE || !key) return NULL;
     size_t n = strlen(key);
     for (size_t i = 0; i < table->u.tab.n; i++) {
         const toml_entry *e = &table->u.tab.entries[i];
-        if (e->key_len == n && memcmp(e->key, key, n) == 0)
-            return e;
+        if (e->key_len == n && memcmp(e->key, key, n) == 0) return e;
     }
     return NULL;
 }
 
-const toml_value *toml_table_get(const toml_value *table, const char *key)
-{
+const toml_value *toml_table_get(const toml_value *table, const char *key) {
     const toml_entry *e = toml_table_find(table, key);
     return e ? e->value : NULL;
 }
 
-size_t toml_array_len(const toml_value *arr)
-{
-    return arr && arr->type == TOML_ARRAY ? arr->u.arr.n : 0;
-}
+size_t toml_array_len(const toml_value *arr) { return arr && arr->type == TOML_ARRAY ? arr->u.arr.n : 0; }
 
-const toml_value *toml_array_get(const toml_value *arr, size_t i)
-{
+const toml_value *toml_array_get(const toml_value *arr, size_t i) {
     return arr && arr->type == TOML_ARRAY && i < arr->u.arr.n ? arr->u.arr.items[i] : NULL;
 }
 
-const char *toml_type_name(toml_type t)
-{
+const char *toml_type_name(toml_type t) {
     switch (t) {
     case TOML_STRING: return "string";
     case TOML_INTEGER: return "integer";
@@ -1712,20 +1505,16 @@ const char *toml_type_name(toml_type t)
     return "unknown";
 }
 
-int toml_format_float(double v, char *buf, size_t n)
-{
+int toml_format_float(double v, char *buf, size_t n) {
     char tmp[40];
-    if (isnan(v))
-        snprintf(tmp, sizeof tmp, "%s", signbit(v) ? "-nan" : "nan");
-    else if (isinf(v))
-        snprintf(tmp, sizeof tmp, "%s", v < 0 ? "-inf" : "inf");
+    if (isnan(v)) snprintf(tmp, sizeof tmp, "%s", signbit(v) ? "-nan" : "nan");
+    else if (isinf(v)) snprintf(tmp, sizeof tmp, "%s", v < 0 ? "-inf" : "inf");
     else {
         /* Shortest %g precision that reads back as exactly v. */
         int prec = 1;
         for (; prec <= 17; prec++) {
             snprintf(tmp, sizeof tmp, "%.*g", prec, v);
-            if (strtod(tmp, NULL) == v)
-                break;
+            if (strtod(tmp, NULL) == v) break;
         }
         /* %g switches to an exponent at 10^prec ("1e+02" for 100); write
          * magnitudes below 1e16 positionally instead, with the same digits. */
@@ -1735,20 +1524,16 @@ int toml_format_float(double v, char *buf, size_t n)
             if (x >= 0 && x < 16) {
                 char fixed[40];
                 snprintf(fixed, sizeof fixed, "%.*f", prec - 1 - x > 0 ? prec - 1 - x : 0, v);
-                if (strtod(fixed, NULL) == v)
-                    memcpy(tmp, fixed, sizeof tmp);
+                if (strtod(fixed, NULL) == v) memcpy(tmp, fixed, sizeof tmp);
             }
         }
         /* Whatever the locale's decimal separator, TOML wants '.'. */
         int has_mark = 0;
         for (char *c = tmp; *c; c++) {
-            if (*c == ',')
-                *c = '.';
-            if (*c == '.' || *c == 'e')
-                has_mark = 1;
+            if (*c == ',') *c = '.';
+            if (*c == '.' || *c == 'e') has_mark = 1;
         }
-        if (!has_mark)
-            strcat(tmp, ".0");
+        if (!has_mark) strcat(tmp, ".0");
     }
     return snprintf(buf, n, "%s", tmp);
 }

@@ -32,35 +32,44 @@ typedef enum {
 } toml_type;
 
 typedef struct {
-    int year, month, day;          /* valid when the type has a date */
-    int hour, minute, second;      /* valid when the type has a time */
-    int nanosecond;                /* fractional seconds, truncated to ns */
-    int offset_minutes;            /* valid for TOML_OFFSET_DATETIME; Z = 0 */
-    char text[48];                 /* canonical RFC 3339 form, e.g. "1979-05-27T07:32:00.5-07:00" */
+    int year, month, day;     /* valid when the type has a date */
+    int hour, minute, second; /* valid when the type has a time */
+    int nanosecond;           /* fractional seconds, truncated to ns */
+    int offset_minutes;       /* valid for TOML_OFFSET_DATETIME; Z = 0 */
+    char text[48];            /* canonical RFC 3339 form, e.g. "1979-05-27T07:32:00.5-07:00" */
 } toml_datetime;
 
 typedef struct toml_value toml_value;
 
 typedef struct {
-    char *key;          /* decoded key, NUL-terminated */
+    char *key; /* decoded key, NUL-terminated */
     size_t key_len;
-    int line, col;      /* position of the key in the document */
+    int line, col; /* position of the key in the document */
     toml_value *value;
 } toml_entry;
 
 struct toml_value {
     toml_type type;
-    int line, col;      /* where the value (or the table header) starts */
+    int line, col; /* where the value (or the table header) starts */
     union {
-        struct { char *ptr; size_t len; } s;
+        struct {
+            char *ptr;
+            size_t len;
+        } s;
         int64_t i;
         double f;
         int b;
         toml_datetime dt;
-        struct { toml_value **items; size_t n, cap; } arr;
-        struct { toml_entry *entries; size_t n, cap; } tab;
+        struct {
+            toml_value **items;
+            size_t n, cap;
+        } arr;
+        struct {
+            toml_entry *entries;
+            size_t n, cap;
+        } tab;
     } u;
-    unsigned flags;     /* parser-private bookkeeping (definition rules) */
+    unsigned flags; /* parser-private bookkeeping (definition rules) */
 };
 
 /* Parse a document. Returns the root table, or NULL and an "L:C: message" in err. */

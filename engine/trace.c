@@ -16,11 +16,11 @@ enum { TRACE_DEPTH = 32, TRACE_LANES = 16 };
 typedef struct {
     char name[72];
     char cat[12];
-    double t0, t1;      /* seconds, CLOCK_MONOTONIC */
+    double t0, t1; /* seconds, CLOCK_MONOTONIC */
     int tid;
-    size_t bytes;       /* comm: this rank's buffer */
-    char group[16];     /* comm */
-    double flops;       /* gemm: 2 m n k (x batch) */
+    size_t bytes;   /* comm: this rank's buffer */
+    char group[16]; /* comm */
+    double flops;   /* gemm: 2 m n k (x batch) */
 } trace_event;
 
 struct trace {
@@ -34,7 +34,7 @@ struct trace {
     size_t n, cap;
     int open[TRACE_DEPTH]; /* indices of the open spans */
     int depth;
-    int too_deep;          /* spans begun past TRACE_DEPTH (not recorded) still open */
+    int too_deep; /* spans begun past TRACE_DEPTH (not recorded) still open */
     double lane_end[TRACE_LANES];
 };
 
@@ -81,8 +81,8 @@ static void on_comm(void *user, const char *op, const char *group, size_t bytes,
 trace *trace_create(const char *dir, int rank, int64_t freq, int64_t active, const tetra_ops *ops, comm_world *cw,
                     char *err, size_t errlen) {
     if (freq < 1 || active < 1) {
-        snprintf(err, errlen, "profiling: profile_freq (%lld) and profiler_active (%lld) must be >= 1",
-                 (long long)freq, (long long)active);
+        snprintf(err, errlen, "profiling: profile_freq (%lld) and profiler_active (%lld) must be >= 1", (long long)freq,
+                 (long long)active);
         return NULL;
     }
     trace *t = calloc(1, sizeof *t);
@@ -162,16 +162,18 @@ static int write_file(trace *t, int64_t step, char *err, size_t errlen) {
     }
     const double origin = t->n ? t->ev[0].t0 : 0.0;
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    fprintf(f, "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n", t->rank,
-            t->rank);
+    fprintf(f, "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n",
+            t->rank, t->rank);
     fprintf(f, "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"train\"}}",
             t->rank);
     int max_tid = 0;
     for (size_t i = 0; i < t->n; i++)
         if (t->ev[i].tid > max_tid) max_tid = t->ev[i].tid;
     for (int k = 1; k <= max_tid; k++)
-        fprintf(f, ",\n{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
-                   "\"comm %d\"}}", t->rank, k, k);
+        fprintf(f,
+                ",\n{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
+                "\"comm %d\"}}",
+                t->rank, k, k);
     for (size_t i = 0; i < t->n; i++) {
         const trace_event *e = &t->ev[i];
         if (e->t1 < e->t0) continue; /* a span left open (an error path): not written */

@@ -111,9 +111,10 @@ static json_t *state_json(const trainer *t, int model_only) {
     json_object_set_new(st, "parallelism", o);
     o = json_object();
     json_object_set_new(o, "seed", json_integer(c->training.seed));
-    json_object_set_new(o, "note", json_string("initial weights are a counter-based function of (seed, parameter "
-                                               "name, element index) and training draws no random numbers (no "
-                                               "dropout, no shuffling RNG state): there is no generator state"));
+    json_object_set_new(o, "note",
+                        json_string("initial weights are a counter-based function of (seed, parameter "
+                                    "name, element index) and training draws no random numbers (no "
+                                    "dropout, no shuffling RNG state): there is no generator state"));
     json_object_set_new(st, "rng", o);
     o = json_object();
     int64_t bos = train ? dl_bos_id(train) : -1, eos = train ? dl_eos_id(train) : -1;
@@ -124,8 +125,9 @@ static json_t *state_json(const trainer *t, int model_only) {
     o = json_object();
     json_object_set_new(o, "count", json_integer(tc->lr_count));
     json_object_set_new(o, "warmup_steps", json_integer(c->lr_scheduler.warmup_steps));
-    json_object_set_new(o, "total_steps", json_integer(c->lr_scheduler.total_steps > 0 ? c->lr_scheduler.total_steps
-                                                                                       : c->training.steps));
+    json_object_set_new(
+        o, "total_steps",
+        json_integer(c->lr_scheduler.total_steps > 0 ? c->lr_scheduler.total_steps : c->training.steps));
     json_object_set_new(o, "decay_type", json_string(c->lr_scheduler.decay_type));
     json_object_set_new(st, "lr_scheduler", o);
     o = json_object();
@@ -179,7 +181,8 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
     int rest = !model_only && !m->model_only;
     if (!model_only && m->model_only && rank == 0 && m->step > 0)
         log_warn("checkpoint %s holds model weights only (a final model-only save): the optimizer, LR schedule, "
-                 "data position and step start fresh", path);
+                 "data position and step start fresh",
+                 path);
     int failed = 0;
     const int nl = t->n_local;
     /* the checkpoint's model must be this model: every tensor is checked by name and shape
@@ -198,12 +201,13 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
         }
         if (have != want) {
             if (extra)
-                snprintf(err, errlen, "checkpoint %s holds %lld model tensors, this model %lld: it has '%s' and this "
-                         "model has %d blocks (model.flavor / model.n_layers differ from the saved run's)", path,
-                         (long long)have, (long long)want, extra->name, t->args.n_layers);
+                snprintf(err, errlen,
+                         "checkpoint %s holds %lld model tensors, this model %lld: it has '%s' and this "
+                         "model has %d blocks (model.flavor / model.n_layers differ from the saved run's)",
+                         path, (long long)have, (long long)want, extra->name, t->args.n_layers);
             else
-                snprintf(err, errlen, "checkpoint %s holds %lld model tensors, this model %lld (another model?)",
-                         path, (long long)have, (long long)want);
+                snprintf(err, errlen, "checkpoint %s holds %lld model tensors, this model %lld (another model?)", path,
+                         (long long)have, (long long)want);
             failed = 1;
         }
         if (ckpt_agree(failed, err, errlen)) goto fail;
@@ -215,7 +219,7 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
     if (rest && !train_ckpt_excluded(c, "optimizer")) {
         for (int i = 0; i < nl && !failed; i++)
             failed = ckpt_reader_load(r, &groups[G_EXP_AVG * nl + i], ops, err, errlen) != 0 ||
-                     ckpt_reader_load(r, &groups[G_EXP_AVG_SQ * nl + i], ops, err, errlen) != 0;
+                ckpt_reader_load(r, &groups[G_EXP_AVG_SQ * nl + i], ops, err, errlen) != 0;
         if (ckpt_agree(failed, err, errlen)) goto fail;
         tc->opt_step = state_int(m, "optimizer", "step", 0);
     }
@@ -233,8 +237,10 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
         } else if (dl_state_load(train, buf, sizeof buf, err, errlen) != 0) {
             char why[1024];
             ck_snprintf(why, sizeof why, "%s", err);
-            ck_snprintf(err, errlen, "checkpoint %s: %s (exclude it with checkpoint.exclude_from_loading = "
-                        "[\"dataloader\"] to start the data from the beginning)", path, why);
+            ck_snprintf(err, errlen,
+                        "checkpoint %s: %s (exclude it with checkpoint.exclude_from_loading = "
+                        "[\"dataloader\"] to start the data from the beginning)",
+                        path, why);
             failed = 1;
         }
         if (ckpt_agree(failed, err, errlen)) goto fail;
@@ -259,11 +265,10 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
                  "), now world %d "
                  "(pp %d x dp_replicate %d x dp_shard %d x tp %d)",
                  path, m->step, rest ? "full state" : "model weights", dt, (double)bytes / (1024.0 * 1024.0),
-                 dt > 0 ? (double)bytes / dt / 1e6 : 0.0,
-                 state_int(m, "parallelism", "world", -1), state_int(m, "parallelism", "pp", 1),
-                 state_int(m, "parallelism", "dp_replicate", -1), state_int(m, "parallelism", "dp_shard", -1),
-                 state_int(m, "parallelism", "tp", 1), dims->world, dims->pp, dims->dp_replicate, dims->dp_shard,
-                 dims->tp);
+                 dt > 0 ? (double)bytes / dt / 1e6 : 0.0, state_int(m, "parallelism", "world", -1),
+                 state_int(m, "parallelism", "pp", 1), state_int(m, "parallelism", "dp_replicate", -1),
+                 state_int(m, "parallelism", "dp_shard", -1), state_int(m, "parallelism", "tp", 1), dims->world,
+                 dims->pp, dims->dp_replicate, dims->dp_shard, dims->tp);
     }
     ckpt_reader_close(r);
     for (int i = 0; i < nl; i++) fsdp_master_changed(t->st[i].fs);
@@ -283,10 +288,9 @@ void train_log_save(const ckpt_saver *sv, int async_done) {
                  rep.stage_s);
     else
         log_info("checkpoint: saved step-%" PRId64 ": %.1f MiB in %.2f s (%.0f MB/s written, %.2f s until published)",
-                 rep.step, mib, rep.write_s,
-                 rep.write_s > 0 ? (double)rep.total_bytes / rep.write_s / 1e6 : 0.0, rep.total_s);
+                 rep.step, mib, rep.write_s, rep.write_s > 0 ? (double)rep.total_bytes / rep.write_s / 1e6 : 0.0,
+                 rep.total_s);
 }
-
 
 /* Which checkpoint (if any) this run starts from: the run's own newest complete
  * checkpoint (or checkpoint.load_step) when checkpoint.enable; otherwise, or when
@@ -309,7 +313,8 @@ int train_find_checkpoint(trainer *t, char *load_path, size_t n, int *model_only
                          k == 1 ? "" : "s", t->ckpt_dir);
             if (kept[0])
                 log_warn("checkpoint: left %s in %s alone: the save of a run that is still running (two live runs "
-                         "must not share a checkpoint folder)", kept, t->ckpt_dir);
+                         "must not share a checkpoint folder)",
+                         kept, t->ckpt_dir);
         }
         found = find_agreed(t->rank, t->ckpt_dir, c->checkpoint.load_step, 0, load_path, n, err, errlen);
         if (found < 0) return -1;
@@ -319,8 +324,9 @@ int train_find_checkpoint(trainer *t, char *load_path, size_t n, int *model_only
         found = find_agreed(t->rank, c->checkpoint.initial_load_path, -1, 1, load_path, n, why, sizeof why);
         if (found <= 0) {
             ck_snprintf(err, errlen, "checkpoint.initial_load_path '%s': %s", c->checkpoint.initial_load_path,
-                        found < 0 ? why : "no complete tetra checkpoint there (for Hugging Face safetensors set "
-                                          "checkpoint.initial_load_in_hf = true)");
+                        found < 0 ? why
+                                  : "no complete tetra checkpoint there (for Hugging Face safetensors set "
+                                    "checkpoint.initial_load_in_hf = true)");
             return -1;
         }
         *initial = 1;
@@ -376,9 +382,9 @@ int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, ch
     if (rc == 0 && t->rank == 0) {
         if (ckpt_in_flight(t->saver))
             log_info("checkpoint: step %lld staged for an async save in %.3f s (%.3f s in ckpt_save); training "
-                     "continues while it is written", (long long)step, ckpt_last_stage_s(t->saver), now_s() - ts);
-        else
-            train_log_save(t->saver, 0);
+                     "continues while it is written",
+                     (long long)step, ckpt_last_stage_s(t->saver), now_s() - ts);
+        else train_log_save(t->saver, 0);
     }
     return rc;
 }

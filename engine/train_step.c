@@ -100,19 +100,19 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
     }
     for (int i = 0; i < t->n_local; i++) peak[i] = open_iw[i] = peak_send[i] = 0;
 #define ST(stage, mb) state[(size_t)(stage) * (size_t)M + (size_t)(mb)]
-#define TAKE(li, stage, mb)                                                                                           \
-    do {                                                                                                              \
-        if (!ST(stage, mb)) {                                                                                         \
-            ST(stage, mb) = ACTS_BACKWARD;                                                                            \
-            if (++live[li] > peak[li]) peak[li] = live[li];                                                           \
-        }                                                                                                             \
+#define TAKE(li, stage, mb)                                                                                            \
+    do {                                                                                                               \
+        if (!ST(stage, mb)) {                                                                                          \
+            ST(stage, mb) = ACTS_BACKWARD;                                                                             \
+            if (++live[li] > peak[li]) peak[li] = live[li];                                                            \
+        }                                                                                                              \
     } while (0)
-#define CLEAR(li, stage, mb, bit)                                                                                     \
-    do {                                                                                                              \
-        if (ST(stage, mb) & (bit)) {                                                                                  \
-            ST(stage, mb) &= (unsigned char)~(bit);                                                                   \
-            if (!ST(stage, mb)) live[li]--;                                                                           \
-        }                                                                                                             \
+#define CLEAR(li, stage, mb, bit)                                                                                      \
+    do {                                                                                                               \
+        if (ST(stage, mb) & (bit)) {                                                                                   \
+            ST(stage, mb) &= (unsigned char)~(bit);                                                                    \
+            if (!ST(stage, mb)) live[li]--;                                                                            \
+        }                                                                                                              \
     } while (0)
     for (int i = 0; i < s->len[rank]; i++) {
         const pp_action *a = &s->acts[rank][i];
@@ -184,8 +184,8 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
             if (s->n_stages != t->n_stages) {
                 snprintf(err, errlen,
                          "parallelism.pipeline_parallel_schedule_csv %s: the schedule has %d stages, the model is cut "
-                         "into %d (pipeline_parallel_degree %d x %d stages per rank)", csv, s->n_stages, t->n_stages,
-                         t->pp_size, t->n_stages / t->pp_size);
+                         "into %d (pipeline_parallel_degree %d x %d stages per rank)",
+                         csv, s->n_stages, t->n_stages, t->pp_size, t->n_stages / t->pp_size);
                 pp_schedule_free(s);
                 return -1;
             }
@@ -230,8 +230,8 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
         if (st >= rs->n_stages || !rs->stage_rank || rs->stage_rank[st] != t->pp_rank) {
             snprintf(err, errlen,
                      "pipeline schedule: stage %d runs on pipeline rank %d in the schedule, but the placement of "
-                     "pipeline_parallel_schedule \"%s\" puts it on rank %d", st,
-                     st < rs->n_stages && rs->stage_rank ? rs->stage_rank[st] : -1,
+                     "pipeline_parallel_schedule \"%s\" puts it on rank %d",
+                     st, st < rs->n_stages && rs->stage_rank ? rs->stage_rank[st] : -1,
                      c->parallelism.pipeline_parallel_schedule, t->pp_rank);
             return -1;
         }
@@ -322,16 +322,16 @@ static llama3_acts *acts_take(train_stage *s, int mb) {
             return s->acts[i];
         }
     /* the pool is sized by replaying the schedule: running out is a bug */
-    fprintf(stderr, "train_step: stage %d has no activation buffer free for microbatch %d (%d in use)\n", s->index,
-            mb, s->n_acts);
+    fprintf(stderr, "train_step: stage %d has no activation buffer free for microbatch %d (%d in use)\n", s->index, mb,
+            s->n_acts);
     abort();
 }
 
 static llama3_acts *acts_of(train_stage *s, int mb) {
     llama3_acts *a = acts_find(s, mb);
     if (!a) {
-        fprintf(stderr, "train_step: stage %d: microbatch %d has no activations (backward before forward)\n",
-                s->index, mb);
+        fprintf(stderr, "train_step: stage %d: microbatch %d has no activations (backward before forward)\n", s->index,
+                mb);
         abort();
     }
     return a;
@@ -752,9 +752,9 @@ void train_step(trainer *t, step_result *r) {
         train_stage *s = &t->st[i];
         const size_t local = fsdp_local_numel(s->fs);
         if (t->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
-            ops->adamw_step_bf16(fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v,
-                                 fsdp_grad(s->fs), local, r->lr, c->optimizer.beta1, c->optimizer.beta2,
-                                 c->optimizer.eps, c->optimizer.weight_decay, (int)t->tc.opt_step, clip);
+            ops->adamw_step_bf16(fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs),
+                                 local, r->lr, c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
+                                 c->optimizer.weight_decay, (int)t->tc.opt_step, clip);
         else
             ops->adamw_step(fsdp_master(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs), local, r->lr,
                             c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay,
@@ -764,7 +764,6 @@ void train_step(trainer *t, step_result *r) {
     for (int i = 0; i < t->n_local; i++) fsdp_params_updated(t->st[i].fs);
     train_converters_post_optimizer(t);
     trace_end(t->tr);
-
 }
 
 double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,

@@ -96,7 +96,9 @@ static double measure_peak_flops(const tetra_ops *ops, int bf16, const char **wh
     const int n = cpu ? 1024 : 8192;
     const tetra_dtype dt = bf16 && !cpu ? TETRA_BF16 : TETRA_F32;
     const size_t elem = dt == TETRA_BF16 ? 2 : 4, count = (size_t)n * n;
-    *what = dt == TETRA_BF16 ? "measured bf16 GEMM, 8192^3" : cpu ? "measured fp32 GEMM, 1024^3" : "measured fp32 GEMM, 8192^3";
+    *what = dt == TETRA_BF16 ? "measured bf16 GEMM, 8192^3"
+        : cpu                ? "measured fp32 GEMM, 1024^3"
+                             : "measured fp32 GEMM, 8192^3";
     float *a = ops->alloc(count * elem), *b = ops->alloc(count * elem), *c = ops->alloc(count * elem);
     if (!a || !b || !c) {
         ops->release(a);
@@ -178,7 +180,7 @@ static unsigned *keep_none(const train_stage *s) {
 static size_t validation_bytes(const trainer *t, const train_stage *s) {
     unsigned *none = keep_none(s);
     size_t b = none ? llama3_acts_bytes_policy(&s->model, none, t->VB, t->VTl) +
-                          llama3_workspace_bytes(&s->model, t->VB, t->VTl, 1, 0)
+            llama3_workspace_bytes(&s->model, t->VB, t->VTl, 1, 0)
                     : 0;
     free(none);
     return b;
@@ -197,7 +199,8 @@ static void describe_stage(const train_stage *s, char *buf, size_t n) {
 
 /* One gradient of a stage's input, as the pipeline sends it back: [B, Tl / tp, dim]. */
 static size_t send_bytes(const trainer *t, const train_stage *s) {
-    return t->tok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim * tetra_dtype_size(s->model.compute_dtype);
+    return t->tok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim *
+        tetra_dtype_size(s->model.compute_dtype);
 }
 
 /* What this rank's dry run lays out (trainer.h). */
@@ -228,7 +231,8 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
         const llama3_layout *L = &s->model.layout;
         p->n_blocks += L->layer_end - L->layer_start;
         if (s->ws_owner) p->recompute_slots = s->recompute_slots;
-        if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl)) p->validation_bytes += (double)validation_bytes(t, s);
+        if (c->validation.enable && (t->VB != t->B || t->VTl != t->Tl))
+            p->validation_bytes += (double)validation_bytes(t, s);
         for (int q = 0; q < t->n_conv; q++)
             if (t->conv[q]->backend_bytes && s->conv_state[q])
                 p->converter_bytes += (double)t->conv[q]->backend_bytes(s->conv_state[q]);
@@ -239,7 +243,8 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
             p->stage_head[i] = L->has_head;
             for (int k = 0; k < L->layer_end - L->layer_start; k++) {
                 int att = 0;
-                p->stage_recompute_flops[i] += llama3_recompute_linear_flops(&s->model.args, s->keep[k], L->tp_size, &att);
+                p->stage_recompute_flops[i] +=
+                    llama3_recompute_linear_flops(&s->model.args, s->keep[k], L->tp_size, &att);
                 p->stage_recompute_attention[i] += att;
             }
         }
@@ -248,7 +253,7 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
     p->grad_arenas = t->n_grad_arenas;
     p->act_bytes += p->validation_bytes;
     p->total_bytes = p->param_bytes + p->grad_bytes + p->optim_bytes + p->work_param_bytes + p->work_grad_bytes +
-                     p->reduce_bytes + p->act_bytes + p->converter_bytes;
+        p->reduce_bytes + p->act_bytes + p->converter_bytes;
     /* what this rank sends per step, by parallelism */
     const train_stage *s0 = &t->st[0];
     const int mbs = t->n_mb * (t->pp_size > 1 ? t->accum : 1);
@@ -261,7 +266,7 @@ static void fill_plan(const trainer *t, trainer_plan *p) {
     }
     if (t->pp_size > 1) {
         const double msg = (double)t->tok / s0->model.layout.tp_size * s0->model.args.dim *
-                           (double)tetra_dtype_size(s0->model.compute_dtype);
+            (double)tetra_dtype_size(s0->model.compute_dtype);
         for (int i = 0; i < t->n_local; i++)
             p->pp_bytes += (double)mbs * msg * (t->st[i].remote_next + t->st[i].remote_prev);
     }
@@ -286,7 +291,9 @@ static void write_memory_snapshot(const trainer *t, int64_t step, const char *re
     char dir[8400], err[512];
     const char *f = c->profiling.save_memory_snapshot_folder;
     if (f[0] == '/') snprintf(dir, sizeof dir, "%s/iteration_%lld%s", f, (long long)step, at_exit ? "_exit" : "");
-    else snprintf(dir, sizeof dir, "%s/%s/iteration_%lld%s", c->job.dump_folder, f, (long long)step, at_exit ? "_exit" : "");
+    else
+        snprintf(dir, sizeof dir, "%s/%s/iteration_%lld%s", c->job.dump_folder, f, (long long)step,
+                 at_exit ? "_exit" : "");
     if (memsnap_write(dir, t->rank, step, reason, &p, t->ops, err, sizeof err)) log_warn("%s", err);
     else if (t->rank == 0) log_info("memory snapshot (%s): %s/rank<r>_memory_snapshot.json", reason, dir);
 }
@@ -296,9 +303,9 @@ static void log_plan(trainer *t) {
     const train_stage *s0 = &t->st[0];
     const int S = fsdp_shard_degree(s0->fs), R = fsdp_replicate_degree(s0->fs);
     const char *mode = t->world == 1 ? "single rank"
-                       : S == 1 && R == 1 ? "no data parallel"
-                       : S == 1      ? "DDP (replicated)"
-                       : R == 1      ? "FSDP (sharded)"
+        : S == 1 && R == 1           ? "no data parallel"
+        : S == 1                     ? "DDP (replicated)"
+        : R == 1                     ? "FSDP (sharded)"
                                      : "HSDP (sharded x replicated)";
     char mdesc[160];
     mesh_describe(&t->msh, mdesc, sizeof mdesc);
@@ -306,10 +313,12 @@ static void log_plan(trainer *t) {
              t->n_params / 1e6, t->flops_per_token, t->T);
     if (t->opt.dry_run)
         log_info("dry run: backend %s (planned, nothing allocated), %d threads per rank; %s: %s; gradient "
-                 "accumulation %d", t->ops->name, t->threads, mdesc, mode, t->accum);
+                 "accumulation %d",
+                 t->ops->name, t->threads, mdesc, mode, t->accum);
     else
         log_info("backend %s, %d threads per rank; %s: %s, comm %s; gradient accumulation %d; peak %.1f %s "
-                 "per rank (%s)", t->ops->name, t->threads, mdesc, mode,
+                 "per rank (%s)",
+                 t->ops->name, t->threads, mdesc, mode,
                  t->comm_staged ? "mpi (device buffers staged through host memory)"
                                 : comm_backend_name(comm_world_backend(t->cw)),
                  t->accum, t->peak >= 1e13 ? t->peak / 1e12 : t->peak / 1e9, t->peak >= 1e13 ? "TFLOP/s" : "GFLOP/s",
@@ -323,10 +332,10 @@ static void log_plan(trainer *t) {
             snprintf(stages + strlen(stages), sizeof stages - strlen(stages), "%s%s", i ? "; " : "", d);
         }
         log_info("pipeline: schedule %s%s%s, %d stages (%d per rank), %d microbatch%s of %d sequence%s per round, "
-                 "%d round%s per step; pipeline rank %d runs %s", c->parallelism.pipeline_parallel_schedule,
-                 csv && csv[0] ? " from " : "", csv && csv[0] ? csv : "", t->n_stages, t->n_local, t->n_mb,
-                 t->n_mb == 1 ? "" : "es", t->B, t->B == 1 ? "" : "s", t->accum, t->accum == 1 ? "" : "s", t->pp_rank,
-                 stages);
+                 "%d round%s per step; pipeline rank %d runs %s",
+                 c->parallelism.pipeline_parallel_schedule, csv && csv[0] ? " from " : "", csv && csv[0] ? csv : "",
+                 t->n_stages, t->n_local, t->n_mb, t->n_mb == 1 ? "" : "es", t->B, t->B == 1 ? "" : "s", t->accum,
+                 t->accum == 1 ? "" : "s", t->pp_rank, stages);
     }
     trainer_plan p;
     fill_plan(t, &p);
@@ -356,8 +365,8 @@ static void log_plan(trainer *t) {
         snprintf(tpw, sizeof tpw, "tp %d of %d, ", s0->model.layout.tp_rank, s0->model.layout.tp_size);
     if (t->pp_size > 1) snprintf(ppw, sizeof ppw, "pp %d of %d, ", t->pp_rank, t->pp_size);
     if (S > 1)
-        snprintf(who, sizeof who, "%s%sshard %d of %d, %s", ppw, tpw, comm_group_rank(comm_get(t->cw, MESH_G_FSDP)),
-                 S, prec);
+        snprintf(who, sizeof who, "%s%sshard %d of %d, %s", ppw, tpw, comm_group_rank(comm_get(t->cw, MESH_G_FSDP)), S,
+                 prec);
     else snprintf(who, sizeof who, "%s%s%s", ppw, tpw, prec);
     char vpart[80] = "", mbpart[96];
     if (p.validation_bytes > 0) snprintf(vpart, sizeof vpart, " + validation %s", vbs);
@@ -380,16 +389,16 @@ static void log_plan(trainer *t) {
         const double mib = 1024.0 * 1024.0;
         if (S > 1 || R > 1 || p.tp_bytes > 0 || p.pp_bytes > 0)
             log_info("communication per step, rank %d sends: fsdp all-gather %.2f MiB, reduce-scatter %.2f MiB, "
-                     "replicate all-reduce %.2f MiB; tensor parallel %.2f MiB; pipeline %.2f MiB", t->rank,
-                     p.fsdp_all_gather / mib, p.fsdp_reduce_scatter / mib, p.replicate_all_reduce / mib,
+                     "replicate all-reduce %.2f MiB; tensor parallel %.2f MiB; pipeline %.2f MiB",
+                     t->rank, p.fsdp_all_gather / mib, p.fsdp_reduce_scatter / mib, p.replicate_all_reduce / mib,
                      p.tp_bytes / mib, p.pp_bytes / mib);
     }
     if (p.n_dropping > 0) {
         char full[32];
         fmt_bytes(full, sizeof full, p.act_mb_full_bytes);
         log_info("activation checkpointing: mode %s%s%s: %d of %d blocks recompute in backward; %s per microbatch "
-                 "instead of %s, %d recompute slot%s in the workspace", c->activation_checkpoint.mode,
-                 strcmp(c->activation_checkpoint.mode, "selective") ? "" : ", option ",
+                 "instead of %s, %d recompute slot%s in the workspace",
+                 c->activation_checkpoint.mode, strcmp(c->activation_checkpoint.mode, "selective") ? "" : ", option ",
                  strcmp(c->activation_checkpoint.mode, "selective") ? "" : c->activation_checkpoint.selective_ac_option,
                  p.n_dropping, p.n_blocks, a1s, full, p.recompute_slots, p.recompute_slots == 1 ? "" : "s");
     }
@@ -481,7 +490,8 @@ static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dim
     const tetra_config_values *c = &cfg->v;
     if (c->checkpoint.create_seed_checkpoint && world != 1) {
         log_error("checkpoint.create_seed_checkpoint needs a single rank (got %d): run it with NGPU=1; the seed "
-                  "checkpoint then loads under any layout", world);
+                  "checkpoint then loads under any layout",
+                  world);
         return 1;
     }
     fsdp_reshard_mode reshard;
@@ -493,7 +503,8 @@ static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dim
     if (strcmp(c->training.mixed_precision_reduce, "float32") != 0) {
         log_error("training.mixed_precision_reduce = \"%s\": gradients are computed, accumulated and reduced in "
                   "float32 in this version (parameter gradients are fp32 in both precisions); set it to "
-                  "\"float32\"", c->training.mixed_precision_reduce);
+                  "\"float32\"",
+                  c->training.mixed_precision_reduce);
         return 1;
     }
     return 0;
@@ -594,8 +605,8 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
         layout.cp_size = t->cp_size;
         llama3_model *m = &st->model;
         char why[1024];
-        if (llama3_model_init_layout(m, &t->args, &layout, dry ? LLAMA3_STORAGE_NONE : LLAMA3_STORAGE_EXTERNAL,
-                                     max_t, t->ops, why, sizeof why) ||
+        if (llama3_model_init_layout(m, &t->args, &layout, dry ? LLAMA3_STORAGE_NONE : LLAMA3_STORAGE_EXTERNAL, max_t,
+                                     t->ops, why, sizeof why) ||
             (t->mixed && llama3_model_set_compute_dtype(m, TETRA_BF16, why, sizeof why))) {
             snprintf(err, errlen, "model (stage %d): %s", st->index, why);
             if (m->params) st->model_ready = 1;
@@ -634,18 +645,17 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
             env.tp = m->ctx.tp;
             for (int q = 0; q < t->n_conv; q++)
                 if (t->conv[q]->convert(&st->conv_state[q], m, &env, why, sizeof why)) {
-                    snprintf(err, errlen, "model.converters \"%s\" (stage %d): %s", t->conv[q]->name, st->index,
-                             why);
+                    snprintf(err, errlen, "model.converters \"%s\" (stage %d): %s", t->conv[q]->name, st->index, why);
                     return -1;
                 }
         }
 
         /* model.print_after_conversion: the stage's parameters and what computes each, from
          * the first rank of every other mesh dimension */
-        if (c->model.print_after_conversion && !coord[MESH_DP_REPLICATE] && !coord[MESH_DP_SHARD] &&
-            !coord[MESH_CP] && !coord[MESH_TP]) {
-            log_info("model after conversion, stage %d (blocks %d..%d), %d parameters:", st->index,
-                     layout.layer_start, layout.layer_end - 1, m->n_params);
+        if (c->model.print_after_conversion && !coord[MESH_DP_REPLICATE] && !coord[MESH_DP_SHARD] && !coord[MESH_CP] &&
+            !coord[MESH_TP]) {
+            log_info("model after conversion, stage %d (blocks %d..%d), %d parameters:", st->index, layout.layer_start,
+                     layout.layer_end - 1, m->n_params);
             for (int p = 0; p < m->n_params; p++) {
                 const llama3_param *q = &m->params[p];
                 char shape[64] = "";
@@ -703,8 +713,7 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
             return -1;
         }
         for (int q = 0; q < t->n_conv; q++)
-            if (t->conv[q]->parallelized &&
-                t->conv[q]->parallelized(st->conv_state[q], m, st->fs, why, sizeof why)) {
+            if (t->conv[q]->parallelized && t->conv[q]->parallelized(st->conv_state[q], m, st->fs, why, sizeof why)) {
                 snprintf(err, errlen, "model.converters \"%s\" (stage %d): %s", t->conv[q]->name, st->index, why);
                 return -1;
             }
@@ -737,7 +746,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (c->training.threads > (cores > 0 ? cores : 1)) {
         log_error("training.threads = %lld: this host has %ld cores; at most %ld threads per rank (0 = cores / "
-                  "ranks per host)", (long long)c->training.threads, cores, cores > 0 ? cores : 1);
+                  "ranks per host)",
+                  (long long)c->training.threads, cores, cores > 0 ? cores : 1);
         free(t);
         return 1;
     }
@@ -749,7 +759,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     omp_set_num_threads(t->threads);
     openblas_set_num_threads(t->threads);
     t->ops = t->opt.ops ? t->opt.ops
-             : dry      ? ops_plan(c->training.device, err, sizeof err)
+        : dry           ? ops_plan(c->training.device, err, sizeof err)
                         : ops_get(c->training.device, err, sizeof err);
     if (!t->ops) {
         log_error("training.device: %s", err);
@@ -770,7 +780,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
      * backend computes in fp32 unless the key is set explicitly (bf16 there is for
      * checking the mixed-precision path, not for speed). */
     t->mixed = !strcmp(c->training.mixed_precision_param, "bfloat16") &&
-               (strcmp(ops->name, "cpu") != 0 || key_is_set(cfg, "training", "mixed_precision_param"));
+        (strcmp(ops->name, "cpu") != 0 || key_is_set(cfg, "training", "mixed_precision_param"));
 
     /* ---- mesh and process groups ---- */
     if (mesh_init(&t->msh, world, dims->pp, dims->dp_replicate, dims->dp_shard, dims->cp, dims->tp, err, sizeof err)) {
@@ -832,7 +842,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             if (sp && n < (uint64_t)t->T + 1) {
                 if (rank == 0)
                     log_error("training.seq_len %d: the train split of %s holds %llu tokens, fewer than one sequence "
-                              "(seq_len + 1 tokens)", t->T, dir, (unsigned long long)n);
+                              "(seq_len + 1 tokens)",
+                              t->T, dir, (unsigned long long)n);
                 goto fail;
             }
         }
@@ -870,9 +881,9 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             st->n_send = st->remote_prev ? peak_send[i] : 0;
             const int nb = st->model.layout.layer_end - st->model.layout.layer_start;
             st->keep = calloc((size_t)(nb > 0 ? nb : 1), sizeof *st->keep);
-            if (!st->keep || llama3_ac_policy(&st->model, c->activation_checkpoint.mode,
-                                              c->activation_checkpoint.selective_ac_option, st->keep, err,
-                                              sizeof err)) {
+            if (!st->keep ||
+                llama3_ac_policy(&st->model, c->activation_checkpoint.mode,
+                                 c->activation_checkpoint.selective_ac_option, st->keep, err, sizeof err)) {
                 log_error("%s", st->keep ? err : "out of host memory");
                 free(peak);
                 goto fail;
@@ -924,8 +935,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     /* ---- which checkpoint (if any) this run starts from ---- */
     char load_path[4096];
     int load_model_only = 0, load_initial = 0;
-    int load_found = train_find_checkpoint(t, load_path, sizeof load_path, &load_model_only, &load_initial, err,
-                                           sizeof err);
+    int load_found =
+        train_find_checkpoint(t, load_path, sizeof load_path, &load_model_only, &load_initial, err, sizeof err);
     if (load_found < 0) {
         if (rank == 0) log_error("%s", err);
         goto fail;
@@ -995,7 +1006,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
                       "id in its index.json): prepare it with `tetra data prepare`, which wraps every document in "
                       "BOS ... EOS, or use model.attn_mask_type = \"causal\"",
                       c->model.reset_positions_at_document_boundaries ? "model.reset_positions_at_document_boundaries"
-                                                                       : "model.attn_mask_type = \"block_causal\"",
+                                                                      : "model.attn_mask_type = \"block_causal\"",
                       t->data_dir);
             goto fail;
         }
@@ -1020,7 +1031,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             for (int i = 0; i < dl_num_sources(t->val); i++)
                 if (dl_is_megatron(dl_source_name(t->val, i))) {
                     log_error("validation: mixture source %s is a Megatron dataset, which has no held-out split: set "
-                              "validation.dataset_path", dl_source_name(t->val, i));
+                              "validation.dataset_path",
+                              dl_source_name(t->val, i));
                     goto fail;
                 }
         } else if (c->validation.enable) {
@@ -1031,7 +1043,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             }
             if (!c->validation.dataset_path && dl_is_megatron(vdir)) { /* it would validate on training data */
                 log_error("validation: training.dataset_path %s is a Megatron dataset, which has no held-out split: "
-                          "set validation.dataset_path to another one", vdir);
+                          "set validation.dataset_path to another one",
+                          vdir);
                 goto fail;
             }
             dl_config vc = {0};
@@ -1131,8 +1144,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             train_stage *wo = st;
             for (int k = 0; k < t->n_local; k++)
                 if (t->st[k].ws_owner) wo = &t->st[k];
-            llama3_workspace *ws = llama3_workspace_create(&wo->model, t->B, t->Tl, wo->fwd_scratch,
-                                                           wo->recompute_slots, err, sizeof err);
+            llama3_workspace *ws =
+                llama3_workspace_create(&wo->model, t->B, t->Tl, wo->fwd_scratch, wo->recompute_slots, err, sizeof err);
             if (!ws) {
                 log_error("out of memory allocating the workspace: %s", err);
                 goto fail;
@@ -1180,8 +1193,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
             }
             unsigned *none = keep_none(st);
             t->vws[i] = none ? llama3_workspace_create(&st->model, t->VB, t->VTl, 1, 0, err, sizeof err) : NULL;
-            t->vacts[i] = t->vws[i] ? llama3_acts_create_ws(&st->model, t->vws[i], none, t->VB, t->VTl, err, sizeof err)
-                                    : NULL;
+            t->vacts[i] =
+                t->vws[i] ? llama3_acts_create_ws(&st->model, t->vws[i], none, t->VB, t->VTl, err, sizeof err) : NULL;
             free(none);
             if (!t->vacts[i]) {
                 log_error("out of memory allocating validation activations: %s", err);
@@ -1382,9 +1395,9 @@ static int prepare_run(trainer *t) {
     }
     log_plan(t);
     log_info("training %lld steps, global batch %lld x %d tokens, dataset %s (%llu tokens, %llu steps/epoch)",
-                 (long long)c->training.steps, (long long)t->dims.global_batch_size, t->T, t->data_dir,
-                 t->train ? (unsigned long long)dl_num_tokens(t->train) : 0ull,
-                 t->train ? (unsigned long long)dl_steps_per_epoch(t->train) / (unsigned long long)t->accum : 0ull);
+             (long long)c->training.steps, (long long)t->dims.global_batch_size, t->T, t->data_dir,
+             t->train ? (unsigned long long)dl_num_tokens(t->train) : 0ull,
+             t->train ? (unsigned long long)dl_steps_per_epoch(t->train) / (unsigned long long)t->accum : 0ull);
     if (t->rank == 0 && c->training.dataset_mix.n > 0) { /* the shares the whole run will draw */
         char line[1 << 16];
         const uint64_t planned = (uint64_t)c->training.steps * (uint64_t)t->dims.global_batch_size;
@@ -1396,8 +1409,8 @@ static int prepare_run(trainer *t) {
         /* metrics_open_at creates the dump folder; a resumed run drops the records an earlier attempt wrote past
          * its checkpoint, and a fresh run (step 1) starts a new file (docs/metrics.md) */
         t->ml = metrics_open_at(c->job.dump_folder, c->metrics.enable_tensorboard, c->metrics.save_tb_folder,
-                                !c->metrics.disable_color_printing && log_color_wanted(STDOUT_FILENO),
-                                t->tc.step + 1, err, sizeof err);
+                                !c->metrics.disable_color_printing && log_color_wanted(STDOUT_FILENO), t->tc.step + 1,
+                                err, sizeof err);
         if (!t->ml) {
             log_error("metrics: %s", err);
             return 1;
@@ -1486,7 +1499,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     double log_t0 = now_s(), log_data = 0.0, pp_busy = 0.0, pp_total = 0.0, pp_recv = 0.0, pp_type_s[4] = {0};
     long pp_type_n[4] = {0};
     int64_t log_steps = 0, nonfinite_run = 0; /* non-finite steps skipped in a row */
-    double log_pairs = 0.0, log_seqs = 0.0; /* visible attention pairs of this rank's sequences (mfu_computed) */
+    double log_pairs = 0.0, log_seqs = 0.0;   /* visible attention pairs of this rank's sequences (mfu_computed) */
     const int64_t first_step = t->tc.step + 1;
     /* Preemption (Slurm's SIGTERM or --signal=USR1, Ctrl-C; engine/run_guard.h): the step in
      * progress finishes, every rank learns of the signal at its end, a checkpoint is written
@@ -1500,7 +1513,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
     if (early) {
         if (rank == 0)
             log_warn("stopped by %s during start-up, before step %lld of %lld: nothing was trained, so nothing was "
-                     "saved", run_guard_signal_name((int)early), (long long)first_step, (long long)c->training.steps);
+                     "saved",
+                     run_guard_signal_name((int)early), (long long)first_step, (long long)c->training.steps);
         trainer_teardown(t);
         return 0;
     }
@@ -1573,8 +1587,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                 if (rank == 0)
                     log_error("step %lld: loss %g, gradient norm %g; stopping before the update, so the parameters "
                               "and the checkpoints stay finite (lower optimizer.lr or check the data; "
-                              "training.on_nonfinite = \"skip\" skips such steps)", (long long)step, r.loss,
-                              r.grad_norm);
+                              "training.on_nonfinite = \"skip\" skips such steps)",
+                              (long long)step, r.loss, r.grad_norm);
                 rc = 1;
                 break;
             }
@@ -1589,7 +1603,8 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                     log_error("step %lld: %lld non-finite steps in a row were skipped (training.max_consecutive_"
                               "nonfinite_steps = %lld): the run has diverged, stopping; the parameters and the "
                               "checkpoints are those of the last finite update (lower optimizer.lr or check the "
-                              "data)", (long long)step, (long long)nonfinite_run, (long long)k);
+                              "data)",
+                              (long long)step, (long long)nonfinite_run, (long long)k);
                 rc = 1;
                 break;
             }
@@ -1610,7 +1625,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
                 /* TorchTitan's tps is per device: the data-parallel rank's tokens over the
                  * ranks that share them (tensor, pipeline and context parallel) */
                 s.tps = (double)c->training.local_batch_size * t->T * t->accum / dt /
-                        (double)(t->msh.size[MESH_TP] * t->msh.size[MESH_PP] * t->msh.size[MESH_CP]);
+                    (double)(t->msh.size[MESH_TP] * t->msh.size[MESH_PP] * t->msh.size[MESH_CP]);
                 s.tflops = t->flops_per_token * s.tps / 1e12;
                 s.mfu = 100.0 * t->flops_per_token * s.tps / t->peak;
                 const double fpt = llama3_flops_per_token_pairs(&t->args, log_pairs / log_seqs, t->T);
@@ -1660,11 +1675,13 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
             if (rank == 0) {
                 if (t->saver && !c->checkpoint.load_only)
                     log_warn("stopped by %s after step %lld of %lld: checkpoint step-%lld in %s; run the same "
-                             "command again to resume", run_guard_signal_name((int)sig), (long long)step,
-                             (long long)c->training.steps, (long long)step, t->ckpt_dir);
+                             "command again to resume",
+                             run_guard_signal_name((int)sig), (long long)step, (long long)c->training.steps,
+                             (long long)step, t->ckpt_dir);
                 else
                     log_warn("stopped by %s after step %lld of %lld; checkpoint.enable is false, so nothing was "
-                             "saved", run_guard_signal_name((int)sig), (long long)step, (long long)c->training.steps);
+                             "saved",
+                             run_guard_signal_name((int)sig), (long long)step, (long long)c->training.steps);
             }
             break;
         }
@@ -1696,28 +1713,29 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         if (t->pp_size > 1 && pp_total > 0) {
             /* every pipeline rank reports, so the bubble of each can be read off */
             log_info("pipeline rank %d (stage%s %s): computing %.1f%% of the schedule's time, idle %.1f%% "
-                         "(%.3f s of %.3f s per step; %.3f s waiting for receives) over steps 2-%lld",
-                         t->pp_rank, t->n_local > 1 ? "s" : "", pp_stage_list(t), 100.0 * pp_busy / pp_total,
-                         100.0 * (1.0 - pp_busy / pp_total), pp_busy / (double)(c->training.steps - first_step),
-                         pp_total / (double)(c->training.steps - first_step),
-                         pp_recv / (double)(c->training.steps - first_step), (long long)c->training.steps);
+                     "(%.3f s of %.3f s per step; %.3f s waiting for receives) over steps 2-%lld",
+                     t->pp_rank, t->n_local > 1 ? "s" : "", pp_stage_list(t), 100.0 * pp_busy / pp_total,
+                     100.0 * (1.0 - pp_busy / pp_total), pp_busy / (double)(c->training.steps - first_step),
+                     pp_total / (double)(c->training.steps - first_step),
+                     pp_recv / (double)(c->training.steps - first_step), (long long)c->training.steps);
             char per[160] = "";
             static const char *const names[4] = {"F", "I", "W", "B"};
             for (int k = 0; k < 4; k++)
                 if (pp_type_n[k] > 0)
-                    snprintf(per + strlen(per), sizeof per - strlen(per), "%s%s %.2f ms", per[0] ? ", " : "",
-                             names[k], 1e3 * pp_type_s[k] / (double)pp_type_n[k]);
+                    snprintf(per + strlen(per), sizeof per - strlen(per), "%s%s %.2f ms", per[0] ? ", " : "", names[k],
+                             1e3 * pp_type_s[k] / (double)pp_type_n[k]);
             log_info("pipeline rank %d: mean time per stage action: %s", t->pp_rank, per);
         }
         if (t->msh.size[MESH_TP] > 1) {
             tp_stats ts = tp_get_stats();
             log_info("tensor parallel%s: %ld sequence-parallel collectives, %.1f MiB sent; %.2f s waiting",
-                     t->st[0].model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0), ts.wait_s);
+                     t->st[0].model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0),
+                     ts.wait_s);
         }
         if (t->tc.step < c->training.steps)
             log_info("training stopped at step %lld of %lld; peak resident memory %s; %zu backend allocations "
-                     "during training", (long long)t->tc.step, (long long)c->training.steps, rb,
-                     ops->alloc_count() - t->allocs_at_start);
+                     "during training",
+                     (long long)t->tc.step, (long long)c->training.steps, rb, ops->alloc_count() - t->allocs_at_start);
         else
             log_info("training done: %lld steps; peak resident memory %s; %zu backend allocations during training",
                      (long long)c->training.steps, rb, ops->alloc_count() - t->allocs_at_start);

@@ -44,18 +44,18 @@ typedef struct trainer trainer;
 #define TRAINER_PLAN_MAX_STAGES 64
 typedef struct {
     /* persistent */
-    double param_bytes;       /* fp32 master shard + its bf16 copy under mixed precision */
+    double param_bytes; /* fp32 master shard + its bf16 copy under mixed precision */
     double grad_bytes, optim_bytes;
     /* working */
-    double work_param_bytes;  /* gathered parameters */
-    double work_grad_bytes;   /* unsharded gradients */
+    double work_param_bytes;            /* gathered parameters */
+    double work_grad_bytes;             /* unsharded gradients */
     int grad_arenas, grad_arena_stages; /* pipeline parallel: the stages that hold unsharded gradients
                                            take turns in this many buffers (a stage's window never
                                            overlaps another's in the same buffer) */
-    double reduce_bytes;      /* reduce-scatter staging */
-    double act_bytes;         /* every activation buffer + workspace (+ validation) */
-    double act_mb_bytes;      /* one microbatch of all local stages under the AC policy */
-    double act_mb_full_bytes; /* ... without activation checkpointing */
+    double reduce_bytes;                /* reduce-scatter staging */
+    double act_bytes;                   /* every activation buffer + workspace (+ validation) */
+    double act_mb_bytes;                /* one microbatch of all local stages under the AC policy */
+    double act_mb_full_bytes;           /* ... without activation checkpointing */
     double workspace_bytes, validation_bytes, converter_bytes;
     double total_bytes;       /* what the backend would allocate at start-up */
     int n_acts;               /* activation buffers: microbatches alive at once, over local stages */
@@ -65,14 +65,14 @@ typedef struct {
     double fsdp_all_gather, fsdp_reduce_scatter, replicate_all_reduce, tp_bytes, pp_bytes;
     /* the work */
     int pp_rank, n_local, n_stages, n_microbatches, accum, local_batch, rows; /* rows: seq_len / cp */
-    int stage[TRAINER_PLAN_MAX_STAGES];      /* [n_local] global stage index */
+    int stage[TRAINER_PLAN_MAX_STAGES];                                       /* [n_local] global stage index */
     int stage_blocks[TRAINER_PLAN_MAX_STAGES];
     int stage_embedding[TRAINER_PLAN_MAX_STAGES], stage_head[TRAINER_PLAN_MAX_STAGES];
     /* activation checkpointing: linear FLOPs per row the stage's backward repeats, and
      * how many of its blocks rerun their attention */
     double stage_recompute_flops[TRAINER_PLAN_MAX_STAGES];
     int stage_recompute_attention[TRAINER_PLAN_MAX_STAGES];
-    int mixed;                /* bf16 compute */
+    int mixed; /* bf16 compute */
     double n_params, flops_per_token;
 } trainer_plan;
 

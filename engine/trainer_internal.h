@@ -30,21 +30,21 @@
 enum { G_MODEL = 0, G_EXP_AVG, G_EXP_AVG_SQ, N_GROUPS };
 
 typedef struct {
-    int64_t step;        /* last completed training step */
+    int64_t step; /* last completed training step */
     int64_t tokens_seen;
-    int64_t lr_count;    /* scheduler steps taken (the LambdaLR count) */
-    int64_t opt_step;    /* AdamW steps taken (bias correction) */
+    int64_t lr_count; /* scheduler steps taken (the LambdaLR count) */
+    int64_t opt_step; /* AdamW steps taken (bias correction) */
 } train_counters;
 
 /* What one optimizer step reports. */
 typedef struct {
-    double loss;          /* global mean over valid tokens */
-    double max_loss;      /* largest per-rank mean */
-    double loss_sum;      /* this rank's summed token losses */
+    double loss;     /* global mean over valid tokens */
+    double max_loss; /* largest per-rank mean */
+    double loss_sum; /* this rank's summed token losses */
     int64_t local_valid, global_valid;
-    double grad_norm;     /* before clipping */
+    double grad_norm; /* before clipping */
     double lr;
-    int nonfinite;        /* the loss or the gradient norm is NaN/Inf: the parameters were not updated */
+    int nonfinite; /* the loss or the gradient norm is NaN/Inf: the parameters were not updated */
 } step_result;
 
 /* One pipeline stage this rank runs: its part of the model, FSDP over it, its optimizer
@@ -52,34 +52,34 @@ typedef struct {
  * parallel (the whole model) and one or more with it (several for the looped and V
  * schedules). */
 typedef struct {
-    int index;                 /* global stage index */
+    int index; /* global stage index */
     llama3_model model;
     int model_ready;
-    dt_param_decl *decl;       /* [model.n_params] the stage's parameters for FSDP */
+    dt_param_decl *decl; /* [model.n_params] the stage's parameters for FSDP */
     fsdp *fs;
-    unsigned *keep;            /* [local blocks] what each block keeps for backward (activation checkpointing) */
-    int n_dropping;            /* blocks that keep less than everything */
-    int recompute_slots;       /* workspace slots for blocks between their I and W passes (the rank's) */
-    int fwd_scratch;           /* llama3_workspace_create's forward_scratch: 0, 1, or shared with slot 0
+    unsigned *keep;               /* [local blocks] what each block keeps for backward (activation checkpointing) */
+    int n_dropping;               /* blocks that keep less than everything */
+    int recompute_slots;          /* workspace slots for blocks between their I and W passes (the rank's) */
+    int fwd_scratch;              /* llama3_workspace_create's forward_scratch: 0, 1, or shared with slot 0
                                   when every backward of the rank's stages is a full one */
-    llama3_workspace *ws;      /* one per rank: its stages run one action at a time */
-    int ws_owner;              /* this stage's model lays out (and frees) the rank's workspace */
-    int grad_arena;            /* pipeline parallel with sharding: the arena its unsharded gradients live
+    llama3_workspace *ws;         /* one per rank: its stages run one action at a time */
+    int ws_owner;                 /* this stage's model lays out (and frees) the rank's workspace */
+    int grad_arena;               /* pipeline parallel with sharding: the arena its unsharded gradients live
                                   in (trainer.grad_arena_off), shared with the rank's stages whose
                                   gradient windows never overlap its own; -1: none */
-    int n_acts;                /* microbatch activation buffers (the schedule's peak alive on this stage) */
-    llama3_acts **acts;        /* [n_acts] */
-    int *acts_mb;              /* [n_acts] the microbatch using each, or -1 */
-    unsigned char *acts_state; /* [n_acts] ACTS_* bits: what still holds the buffer */
-    int n_send;                /* gradients of the stage input being sent back (the schedule's peak) */
-    void **send_buf;           /* [n_send] one residual each: [B, Tl / tp, dim] compute dtype */
-    int *send_mb;              /* [n_send] the microbatch whose gradient each holds, or -1 */
-    float *adam_m, *adam_v;    /* [local] each, one allocation */
-    dt_tensor *save_tensors;   /* [model.n_params] what this rank writes of the stage */
+    int n_acts;                   /* microbatch activation buffers (the schedule's peak alive on this stage) */
+    llama3_acts **acts;           /* [n_acts] */
+    int *acts_mb;                 /* [n_acts] the microbatch using each, or -1 */
+    unsigned char *acts_state;    /* [n_acts] ACTS_* bits: what still holds the buffer */
+    int n_send;                   /* gradients of the stage input being sent back (the schedule's peak) */
+    void **send_buf;              /* [n_send] one residual each: [B, Tl / tp, dim] compute dtype */
+    int *send_mb;                 /* [n_send] the microbatch whose gradient each holds, or -1 */
+    float *adam_m, *adam_v;       /* [local] each, one allocation */
+    dt_tensor *save_tensors;      /* [model.n_params] what this rank writes of the stage */
     int remote_prev, remote_next; /* the neighbouring stage runs on another rank */
     int local_prev, local_next;   /* ... or on this one: index into trainer.st, else -1 */
-    void **conv_state;         /* [trainer.n_conv] each model converter's state for this stage */
-    trace *tr;                 /* the job's profiler (NULL: off) */
+    void **conv_state;            /* [trainer.n_conv] each model converter's state for this stage */
+    trace *tr;                    /* the job's profiler (NULL: off) */
 } train_stage;
 
 struct trainer {
@@ -90,7 +90,7 @@ struct trainer {
     int rank, world, threads;
 
     const tetra_ops *ops;
-    int mixed;                 /* bf16 compute */
+    int mixed; /* bf16 compute */
     mesh msh;
     comm_world *cw;
     comm_device_staging comm_staging; /* MPI on device buffers: the ops' copies */
@@ -102,7 +102,7 @@ struct trainer {
      * ascending stage index) at pipeline rank pp_rank of pp_size */
     int n_stages, n_local, pp_rank, pp_size;
     train_stage *st;
-    trace *tr;                 /* profiling traces (engine/trace.h), NULL when off */
+    trace *tr; /* profiling traces (engine/trace.h), NULL when off */
     /* model.converters, in order (engine/converter.h) */
     int n_conv;
     const tetra_converter **conv;
@@ -110,19 +110,19 @@ struct trainer {
     /* the step: accum rounds of the schedule, each over n_mb microbatches of B
      * sequences of T tokens */
     int B, T, accum, n_mb;
-    int Tl, VTl;               /* this rank's rows of a sequence: T / cp (context parallel) */
+    int Tl, VTl; /* this rank's rows of a sequence: T / cp (context parallel) */
     int cp_rank, cp_size, cp_balanced;
-    size_t tok;                /* B * Tl: tokens of one microbatch on this rank */
-    pp_schedule *sched;        /* compute-only */
-    pp_schedule *run_sched;    /* what this rank runs (lowered under pipeline parallel) */
-    int n_grad_arenas;         /* unsharded gradient arenas (train_plan_grad_arenas) */
-    size_t *grad_arena_off;    /* [n_grad_arenas + 1] byte offsets; the last is the total */
-    void *grad_arena_mem;      /* one allocation for all of them */
-    int round;                 /* the schedule round running now (gradient accumulation) */
+    size_t tok;             /* B * Tl: tokens of one microbatch on this rank */
+    pp_schedule *sched;     /* compute-only */
+    pp_schedule *run_sched; /* what this rank runs (lowered under pipeline parallel) */
+    int n_grad_arenas;      /* unsharded gradient arenas (train_plan_grad_arenas) */
+    size_t *grad_arena_off; /* [n_grad_arenas + 1] byte offsets; the last is the total */
+    void *grad_arena_mem;   /* one allocation for all of them */
+    int round;              /* the schedule round running now (gradient accumulation) */
     int VB, VT;
-    llama3_workspace **vws;    /* [n_local] validation workspaces, when its shape differs */
-    llama3_acts **vacts;       /* [n_local] */
-    int vacts_own;             /* vacts were allocated for validation (else acts[0] of each stage) */
+    llama3_workspace **vws; /* [n_local] validation workspaces, when its shape differs */
+    llama3_acts **vacts;    /* [n_local] */
+    int vacts_own;          /* vacts were allocated for validation (else acts[0] of each stage) */
 
     /* data */
     char data_dir[4096];
@@ -133,8 +133,8 @@ struct trainer {
     int32_t *hvf_in, *hvf_lab; /* [VB * VT] */
     /* block_causal attention or positions reset at document boundaries: the document ids of
      * the whole sequences as loaded (every cp rank keeps all of them), else NULL */
-    int32_t *h_doc;            /* [accum * local_batch * T] */
-    int32_t *hv_doc;           /* [VB * VT] */
+    int32_t *h_doc;  /* [accum * local_batch * T] */
+    int32_t *hv_doc; /* [VB * VT] */
 
     /* optimizer */
     lr_schedule lrs;
@@ -142,22 +142,22 @@ struct trainer {
 
     /* checkpoints and logs */
     char ckpt_dir[4096];
-    ckpt_group *groups;        /* [N_GROUPS * n_local] what this rank loads, by group then stage */
-    ckpt_group *save_groups;   /* what it writes: replicated pieces from one tp rank only */
+    ckpt_group *groups;      /* [N_GROUPS * n_local] what this rank loads, by group then stage */
+    ckpt_group *save_groups; /* what it writes: replicated pieces from one tp rank only */
     ckpt_saver *saver;
     metrics_logger *ml;
     double n_params, flops_per_token, peak;
     const char *peak_src;
     char peak_src_buf[192]; /* the device name when the peak is the table's */
     size_t allocs_at_start;
-    int plan_ready;         /* every stage's layout is built (fill_plan may run) */
+    int plan_ready; /* every stage's layout is built (fill_plan may run) */
 
     /* during a step: what the stage callbacks need */
     float dloss_scale;
     double step_loss_sum;
     int64_t step_valid;
-    pp_run_stats pp_stats;     /* the last step's runtime times (summed over rounds) */
-    double pp_step_s;          /* the last step's wall time inside the schedule */
+    pp_run_stats pp_stats; /* the last step's runtime times (summed over rounds) */
+    double pp_step_s;      /* the last step's wall time inside the schedule */
 };
 
 /* train_step.c */

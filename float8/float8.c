@@ -22,12 +22,12 @@ typedef struct {
     struct float8_model *f;
     /* weight statistics of the current parameters (backend memory) and the generation
      * (optimizer step) each was computed for; -1: never */
-    float *w_amax;       /* [1] the whole weight */
-    float *w_row_amax;   /* [out] per output channel, over every input channel (rowwise output) */
-    float *w_col_amax;   /* [in] per input channel, over every output channel (rowwise grad_input) */
+    float *w_amax;     /* [1] the whole weight */
+    float *w_row_amax; /* [out] per output channel, over every input channel (rowwise output) */
+    float *w_col_amax; /* [in] per input channel, over every output channel (rowwise grad_input) */
     int gen_t, gen_r, gen_c;
-    int reg_mode[2];     /* per llama3_operand */
-    float *reg[2];       /* [max_rows] each */
+    int reg_mode[2]; /* per llama3_operand */
+    float *reg[2];   /* [max_rows] each */
 } f8_lin;
 
 struct float8_model {
@@ -36,20 +36,20 @@ struct float8_model {
     tetra_dtype cdt;
     comm_group *shard, *tp;
     int n;
-    f8_lin *lin;         /* [n] */
-    int *lin_param;      /* [n] the model parameter of each */
-    int gen;             /* optimizer steps seen: cached weight statistics older than this are stale */
+    f8_lin *lin;    /* [n] */
+    int *lin_param; /* [n] the model parameter of each */
+    int gen;        /* optimizer steps seen: cached weight statistics older than this are stale */
     size_t bytes;
     void *mem;
     /* workspace shared by every converted linear (one GEMM at a time) */
-    float *da, *db;      /* [max(operand, weight)] dequantised operands (emulate) */
-    float *dw;           /* [max weight] one microbatch's weight gradient, added to the gradient once:
+    float *da, *db;   /* [max(operand, weight)] dequantised operands (emulate) */
+    float *dw;        /* [max weight] one microbatch's weight gradient, added to the gradient once:
                             sum(microbatches) then rounds the same as a reduction over ranks */
-    uint8_t *qa, *qb;    /* [max(operand, weight)] quantised operands */
+    uint8_t *qa, *qb; /* [max(operand, weight)] quantised operands */
     float *amax_a, *sc_a, *inv_a, *amax_b, *sc_b, *inv_b; /* [max(max_rows, max_dim)] */
-    float *pre_amax;     /* [n] precomputed weight amaxes */
+    float *pre_amax;                                      /* [n] precomputed weight amaxes */
     float *pre_scale, *pre_inv; /* [n] their scales and dequant factors (the float8 all-gather's) */
-    uint16_t *pre_bf16;  /* [n] */
+    uint16_t *pre_bf16;         /* [n] */
 };
 
 int float8_parse_recipe(const char *s, float8_recipe *out) {
@@ -246,8 +246,8 @@ static void f8_forward(const llama3_model *m, const llama3_linear *l, tetra_dtyp
 }
 
 /* dx[n, in] = dy[n, out] W[out, in] + beta dx */
-static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx,
-                              const void *dy, const void *w, int n, int row0, float beta) {
+static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx, const void *dy,
+                              const void *w, int n, int row0, float beta) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
@@ -278,8 +278,8 @@ static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tet
 }
 
 /* dW[out, in] += dy[n, out]^T x[n, in] (fp32) */
-static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy,
-                               const void *x, int n) {
+static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
+                               int n) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
@@ -349,8 +349,10 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
     f->gen = 0;
     if (c->fsdp_fp8_all_gather) f->cfg.precompute_scales = 1;
     if (f->cfg.precompute_scales && c->recipe != FLOAT8_TENSORWISE) {
-        snprintf(err, errlen, "float8: precomputed weight scales and the float8 all-gather need the tensorwise recipe "
-                 "(got %s)", float8_recipe_name(c->recipe));
+        snprintf(err, errlen,
+                 "float8: precomputed weight scales and the float8 all-gather need the tensorwise recipe "
+                 "(got %s)",
+                 float8_recipe_name(c->recipe));
         free(f);
         return NULL;
     }
@@ -381,7 +383,7 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
     size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
-                    4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
+        4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
     f->bytes = floats * sizeof(float) + 2 * ALIGN16(big);
     if (dry_run || f->n == 0) return f;
     f->mem = m->ops->alloc(f->bytes);

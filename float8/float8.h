@@ -42,9 +42,9 @@ typedef enum { FLOAT8_TENSORWISE = 0, FLOAT8_ROWWISE, FLOAT8_ROWWISE_GW_HP } flo
 
 typedef struct {
     float8_recipe recipe;
-    int emulate;              /* dequantise and multiply in fp32 instead of the fp8 GEMM */
-    int precompute_scales;    /* weight amaxes from the shards after each step (tensorwise) */
-    int fsdp_fp8_all_gather;  /* FSDP gathers the weights as e4m3 (tensorwise; implies precompute_scales) */
+    int emulate;             /* dequantise and multiply in fp32 instead of the fp8 GEMM */
+    int precompute_scales;   /* weight amaxes from the shards after each step (tensorwise) */
+    int fsdp_fp8_all_gather; /* FSDP gathers the weights as e4m3 (tensorwise; implies precompute_scales) */
     int n_filter;
     const char *const *filter; /* [n_filter] linears whose name contains one stay high precision */
 } float8_config;

@@ -20,28 +20,66 @@ op_cost_device op_cost_device_h100(void) {
 }
 
 const char *op_flop_kind_name(op_flop_kind k) {
-    static const char *const n[OPC_FLOP_KINDS] = {"gemm_bf16", "gemm_fp8", "gemm_f32", "attention_tensor_core",
-                                                  "attention_cuda_core", "elementwise"};
+    static const char *const n[OPC_FLOP_KINDS] = {
+        "gemm_bf16", "gemm_fp8", "gemm_f32", "attention_tensor_core", "attention_cuda_core", "elementwise"};
     return (int)k >= 0 && k < OPC_FLOP_KINDS ? n[k] : "?";
 }
 
 const char *op_kind_name(op_kind k) {
-    static const char *const n[OPK_COUNT] = {
-        "copy_h2d", "copy_d2h", "copy", "copy_2d", "synchronize",
-        "fill", "scale", "axpy", "add", "sum_squares", "sum", "amax", "amax_rows",
-        "amax_bf16", "amax_rows_bf16", "amax_cols", "transpose",
-        "cast_f32_to_bf16", "cast_bf16_to_f32", "cast_f32_to_fp8", "cast_bf16_to_fp8",
-        "cast_transpose_to_fp8", "cast_fp8_to_f32", "fp8_scale_from_amax",
-        "gemm",
-        "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward_input",
-        "rmsnorm_backward_weight", "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
-        "attention_forward", "attention_backward", "attention_merge",
-        "cross_entropy", "ce_shard_max", "ce_shard_sums", "ce_shard_finish",
-        "adamw_step", "adamw_step_bf16",
-        "embedding_forward_bf16", "embedding_backward_bf16", "rmsnorm_forward_bf16",
-        "rmsnorm_backward_input_bf16", "rmsnorm_backward_weight_bf16", "rope_forward_bf16",
-        "rope_backward_bf16", "swiglu_forward_bf16", "swiglu_backward_bf16",
-        "attention_forward_bf16", "attention_backward_bf16"};
+    static const char *const n[OPK_COUNT] = {"copy_h2d",
+                                             "copy_d2h",
+                                             "copy",
+                                             "copy_2d",
+                                             "synchronize",
+                                             "fill",
+                                             "scale",
+                                             "axpy",
+                                             "add",
+                                             "sum_squares",
+                                             "sum",
+                                             "amax",
+                                             "amax_rows",
+                                             "amax_bf16",
+                                             "amax_rows_bf16",
+                                             "amax_cols",
+                                             "transpose",
+                                             "cast_f32_to_bf16",
+                                             "cast_bf16_to_f32",
+                                             "cast_f32_to_fp8",
+                                             "cast_bf16_to_fp8",
+                                             "cast_transpose_to_fp8",
+                                             "cast_fp8_to_f32",
+                                             "fp8_scale_from_amax",
+                                             "gemm",
+                                             "embedding_forward",
+                                             "embedding_backward",
+                                             "rmsnorm_forward",
+                                             "rmsnorm_backward_input",
+                                             "rmsnorm_backward_weight",
+                                             "rope_forward",
+                                             "rope_backward",
+                                             "swiglu_forward",
+                                             "swiglu_backward",
+                                             "attention_forward",
+                                             "attention_backward",
+                                             "attention_merge",
+                                             "cross_entropy",
+                                             "ce_shard_max",
+                                             "ce_shard_sums",
+                                             "ce_shard_finish",
+                                             "adamw_step",
+                                             "adamw_step_bf16",
+                                             "embedding_forward_bf16",
+                                             "embedding_backward_bf16",
+                                             "rmsnorm_forward_bf16",
+                                             "rmsnorm_backward_input_bf16",
+                                             "rmsnorm_backward_weight_bf16",
+                                             "rope_forward_bf16",
+                                             "rope_backward_bf16",
+                                             "swiglu_forward_bf16",
+                                             "swiglu_backward_bf16",
+                                             "attention_forward_bf16",
+                                             "attention_backward_bf16"};
     return (int)k >= 0 && k < OPK_COUNT ? n[k] : "?";
 }
 
@@ -242,8 +280,7 @@ void opc_amax_rows_bf16(op_cost *o, const op_cost_device *d, float *out, const u
     amax_rows_passes(o, rows, cols, 2.0);
 }
 
-void opc_amax_cols(op_cost *o, const op_cost_device *d, float *out, const void *x, tetra_dtype xt, int rows,
-                   int cols) {
+void opc_amax_cols(op_cost *o, const op_cost_device *d, float *out, const void *x, tetra_dtype xt, int rows, int cols) {
     (void)d, (void)out, (void)x;
     begin(o, OPK_AMAX_COLS, "%dx%d %s", rows, cols, dt(xt));
     if (cols <= 0) return;
@@ -461,10 +498,12 @@ void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtyp
     kernel(o, 8.0 * chunks * c + 4.0 * c, 4.0 * c, chunks * c);                    /* their sum into dw */
 }
 
-void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, const void *x, int b,
-              int s, int nh, int dh) {
+void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, const void *x, int b, int s,
+              int nh, int dh) {
     (void)d, (void)out, (void)x;
-    begin(o, backward ? twin(t, OPK_ROPE_BACKWARD, OPK_ROPE_BACKWARD_BF16) : twin(t, OPK_ROPE_FORWARD, OPK_ROPE_FORWARD_BF16),
+    begin(o,
+          backward ? twin(t, OPK_ROPE_BACKWARD, OPK_ROPE_BACKWARD_BF16)
+                   : twin(t, OPK_ROPE_FORWARD, OPK_ROPE_FORWARD_BF16),
           "b%d s%d h%d d%d", b, s, nh, dh);
     if (b <= 0 || s <= 0 || nh <= 0 || dh < 2) return;
     const double pairs = (double)b * s * nh * (dh / 2);
@@ -521,7 +560,8 @@ void opc_attention_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, v
                            const void *k, const void *v, const ops_attn_shape *s) {
     attn_label(o, twin(t, OPK_ATTENTION_FORWARD, OPK_ATTENTION_FORWARD_BF16), s);
     if (s->b <= 0 || s->sq <= 0 || s->h <= 0) return;
-    const double e = es(t), nq = (double)s->b * s->sq * s->h * s->d, nk = (double)s->b * (s->sk > 0 ? s->sk : 0) * s->kv * s->d;
+    const double e = es(t), nq = (double)s->b * s->sq * s->h * s->d,
+                 nk = (double)s->b * (s->sk > 0 ? s->sk : 0) * s->kv * s->d;
     const double flops = 4.0 * s->d * opc_attention_pairs(s) * s->b * s->h;
     o->read = e * (nq + 2.0 * nk);
     o->written = e * nq + 4.0 * s->b * s->h * s->sq;
@@ -596,9 +636,7 @@ void opc_attention_merge(op_cost *o, const op_cost_device *d, int b, int sq, int
 
 /* A block per row, a pass over the row for the max and sum, another writing dlogits: the
  * row is read again from device memory when it does not stay on chip. */
-static double row_passes(int v, int grad) {
-    return grad && (size_t)v * sizeof(float) > OPC_ON_CHIP_BYTES ? 2.0 : 1.0;
-}
+static double row_passes(int v, int grad) { return grad && (size_t)v * sizeof(float) > OPC_ON_CHIP_BYTES ? 2.0 : 1.0; }
 
 void opc_cross_entropy(op_cost *o, const op_cost_device *d, const float *dlogits, int n, int v) {
     (void)d;

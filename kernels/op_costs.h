@@ -51,9 +51,9 @@ typedef enum {
     OPC_FLOP_GEMM_BF16 = 0,
     OPC_FLOP_GEMM_FP8,
     OPC_FLOP_GEMM_F32,
-    OPC_FLOP_ATTN_TC,   /* attention on the tensor cores (cuDNN, bf16) */
-    OPC_FLOP_ATTN_F32,  /* attention on the CUDA cores (the built-in kernels, fp32) */
-    OPC_FLOP_ELEMENT,   /* elementwise fp32 arithmetic */
+    OPC_FLOP_ATTN_TC,  /* attention on the tensor cores (cuDNN, bf16) */
+    OPC_FLOP_ATTN_F32, /* attention on the CUDA cores (the built-in kernels, fp32) */
+    OPC_FLOP_ELEMENT,  /* elementwise fp32 arithmetic */
     OPC_FLOP_KINDS
 } op_flop_kind;
 
@@ -64,21 +64,60 @@ const char *op_flop_kind_name(op_flop_kind k);
 
 /* The ops of tetra_ops that do work on the device (the table's member names). */
 typedef enum {
-    OPK_COPY_H2D = 0, OPK_COPY_D2H, OPK_COPY, OPK_COPY_2D, OPK_SYNCHRONIZE,
-    OPK_FILL, OPK_SCALE, OPK_AXPY, OPK_ADD, OPK_SUM_SQUARES, OPK_SUM, OPK_AMAX, OPK_AMAX_ROWS,
-    OPK_AMAX_BF16, OPK_AMAX_ROWS_BF16, OPK_AMAX_COLS, OPK_TRANSPOSE,
-    OPK_CAST_F32_TO_BF16, OPK_CAST_BF16_TO_F32, OPK_CAST_F32_TO_FP8, OPK_CAST_BF16_TO_FP8,
-    OPK_CAST_TRANSPOSE_TO_FP8, OPK_CAST_FP8_TO_F32, OPK_FP8_SCALE_FROM_AMAX,
+    OPK_COPY_H2D = 0,
+    OPK_COPY_D2H,
+    OPK_COPY,
+    OPK_COPY_2D,
+    OPK_SYNCHRONIZE,
+    OPK_FILL,
+    OPK_SCALE,
+    OPK_AXPY,
+    OPK_ADD,
+    OPK_SUM_SQUARES,
+    OPK_SUM,
+    OPK_AMAX,
+    OPK_AMAX_ROWS,
+    OPK_AMAX_BF16,
+    OPK_AMAX_ROWS_BF16,
+    OPK_AMAX_COLS,
+    OPK_TRANSPOSE,
+    OPK_CAST_F32_TO_BF16,
+    OPK_CAST_BF16_TO_F32,
+    OPK_CAST_F32_TO_FP8,
+    OPK_CAST_BF16_TO_FP8,
+    OPK_CAST_TRANSPOSE_TO_FP8,
+    OPK_CAST_FP8_TO_F32,
+    OPK_FP8_SCALE_FROM_AMAX,
     OPK_GEMM,
-    OPK_EMBEDDING_FORWARD, OPK_EMBEDDING_BACKWARD, OPK_RMSNORM_FORWARD, OPK_RMSNORM_BACKWARD_INPUT,
-    OPK_RMSNORM_BACKWARD_WEIGHT, OPK_ROPE_FORWARD, OPK_ROPE_BACKWARD, OPK_SWIGLU_FORWARD, OPK_SWIGLU_BACKWARD,
-    OPK_ATTENTION_FORWARD, OPK_ATTENTION_BACKWARD, OPK_ATTENTION_MERGE,
-    OPK_CROSS_ENTROPY, OPK_CE_SHARD_MAX, OPK_CE_SHARD_SUMS, OPK_CE_SHARD_FINISH,
-    OPK_ADAMW_STEP, OPK_ADAMW_STEP_BF16,
-    OPK_EMBEDDING_FORWARD_BF16, OPK_EMBEDDING_BACKWARD_BF16, OPK_RMSNORM_FORWARD_BF16,
-    OPK_RMSNORM_BACKWARD_INPUT_BF16, OPK_RMSNORM_BACKWARD_WEIGHT_BF16, OPK_ROPE_FORWARD_BF16,
-    OPK_ROPE_BACKWARD_BF16, OPK_SWIGLU_FORWARD_BF16, OPK_SWIGLU_BACKWARD_BF16,
-    OPK_ATTENTION_FORWARD_BF16, OPK_ATTENTION_BACKWARD_BF16,
+    OPK_EMBEDDING_FORWARD,
+    OPK_EMBEDDING_BACKWARD,
+    OPK_RMSNORM_FORWARD,
+    OPK_RMSNORM_BACKWARD_INPUT,
+    OPK_RMSNORM_BACKWARD_WEIGHT,
+    OPK_ROPE_FORWARD,
+    OPK_ROPE_BACKWARD,
+    OPK_SWIGLU_FORWARD,
+    OPK_SWIGLU_BACKWARD,
+    OPK_ATTENTION_FORWARD,
+    OPK_ATTENTION_BACKWARD,
+    OPK_ATTENTION_MERGE,
+    OPK_CROSS_ENTROPY,
+    OPK_CE_SHARD_MAX,
+    OPK_CE_SHARD_SUMS,
+    OPK_CE_SHARD_FINISH,
+    OPK_ADAMW_STEP,
+    OPK_ADAMW_STEP_BF16,
+    OPK_EMBEDDING_FORWARD_BF16,
+    OPK_EMBEDDING_BACKWARD_BF16,
+    OPK_RMSNORM_FORWARD_BF16,
+    OPK_RMSNORM_BACKWARD_INPUT_BF16,
+    OPK_RMSNORM_BACKWARD_WEIGHT_BF16,
+    OPK_ROPE_FORWARD_BF16,
+    OPK_ROPE_BACKWARD_BF16,
+    OPK_SWIGLU_FORWARD_BF16,
+    OPK_SWIGLU_BACKWARD_BF16,
+    OPK_ATTENTION_FORWARD_BF16,
+    OPK_ATTENTION_BACKWARD_BF16,
     OPK_COUNT
 } op_kind;
 
@@ -87,12 +126,12 @@ const char *op_kind_name(op_kind k);
 
 typedef struct {
     op_kind op;
-    int kernels;  /* own kernels (<<<...>>> launches) */
-    int gemms;    /* cuBLASLt matmuls */
-    int sorts;    /* CUB radix sorts */
-    int cudnn;    /* cuDNN graph executions */
-    int copies;   /* stream copies and memsets */
-    int syncs;    /* host waits for the stream */
+    int kernels;          /* own kernels (<<<...>>> launches) */
+    int gemms;            /* cuBLASLt matmuls */
+    int sorts;            /* CUB radix sorts */
+    int cudnn;            /* cuDNN graph executions */
+    int copies;           /* stream copies and memsets */
+    int syncs;            /* host waits for the stream */
     double read, written; /* device memory bytes */
     double host_bytes;    /* over the host link (copy_h2d, copy_d2h) */
     double flops[OPC_FLOP_KINDS];
@@ -123,8 +162,7 @@ void opc_amax(op_cost *o, const op_cost_device *d, float *out, const float *x, s
 void opc_amax_rows(op_cost *o, const op_cost_device *d, float *out, const float *x, int rows, int cols);
 void opc_amax_bf16(op_cost *o, const op_cost_device *d, float *out, const uint16_t *x, size_t n);
 void opc_amax_rows_bf16(op_cost *o, const op_cost_device *d, float *out, const uint16_t *x, int rows, int cols);
-void opc_amax_cols(op_cost *o, const op_cost_device *d, float *out, const void *x, tetra_dtype xt, int rows,
-                   int cols);
+void opc_amax_cols(op_cost *o, const op_cost_device *d, float *out, const void *x, tetra_dtype xt, int rows, int cols);
 void opc_transpose(op_cost *o, const op_cost_device *d, float *out, const float *x, int rows, int cols);
 void opc_cast_f32_to_bf16(op_cost *o, const op_cost_device *d, uint16_t *out, const float *x, size_t n);
 void opc_cast_bf16_to_f32(op_cost *o, const op_cost_device *d, float *out, const uint16_t *x, size_t n);
@@ -149,8 +187,8 @@ void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype
                                 const void *x, const void *w, const float *rstd, int n, int c);
 void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dw, const void *dout,
                                  const void *x, const float *rstd, int n, int c);
-void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, const void *x, int b,
-              int s, int nh, int dh);
+void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, const void *x, int b, int s,
+              int nh, int dh);
 void opc_swiglu_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, const void *a, const void *g,
                         size_t n);
 void opc_swiglu_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *da, void *dg, const void *dout,

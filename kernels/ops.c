@@ -84,8 +84,7 @@ const tetra_ops *ops_get(const char *device, char *err, size_t errlen) {
 // in the caller and stops with a message.
 
 static void *plan_alloc(size_t bytes) {
-    fprintf(stderr, "dry run: a backend allocation of %zu bytes was attempted (planning allocates nothing)\n",
-            bytes);
+    fprintf(stderr, "dry run: a backend allocation of %zu bytes was attempted (planning allocates nothing)\n", bytes);
     abort();
 }
 
@@ -127,29 +126,29 @@ const tetra_ops *ops_plan(const char *device, char *err, size_t errlen) {
 
 // TorchTitan precompute_freqs_cis, step by step in fp32 (each torch op rounds to fp32;
 // the comments name the torch expression each line reproduces).
-void ops_rope_table(float *table, int d, int max_pos, float theta, int scaled, float factor,
-                    float low_freq_factor, float high_freq_factor, int original_max_pos) {
+void ops_rope_table(float *table, int d, int max_pos, float theta, int scaled, float factor, float low_freq_factor,
+                    float high_freq_factor, int original_max_pos) {
     const int half = d / 2;
     const float two_pi = (float)(2.0 * 3.14159265358979323846);
     const double low_wavelen = (double)original_max_pos / low_freq_factor;
     const double high_wavelen = (double)original_max_pos / high_freq_factor;
     for (int i = 0; i < half; i++) {
-        float e = (float)(2 * i) / (float)d;                      // arange(0, d, 2).float() / d
-        float p = (float)pow((double)theta, (double)e);           // theta ** e (fp32 result)
-        float f = 1.0f / p;                                       // 1.0 / (...)
+        float e = (float)(2 * i) / (float)d;            // arange(0, d, 2).float() / d
+        float p = (float)pow((double)theta, (double)e); // theta ** e (fp32 result)
+        float f = 1.0f / p;                             // 1.0 / (...)
         if (scaled) {
-            float wavelen = (1.0f / f) * two_pi;                  // 2 * math.pi / freqs
+            float wavelen = (1.0f / f) * two_pi; // 2 * math.pi / freqs
             float smooth = ((1.0f / wavelen) * (float)original_max_pos - low_freq_factor) /
-                           (high_freq_factor - low_freq_factor);  // (orig / wavelen - lo) / (hi - lo)
+                (high_freq_factor - low_freq_factor); // (orig / wavelen - lo) / (hi - lo)
             if ((double)wavelen > low_wavelen) {
-                f = f / factor;                                   // low frequency: freqs / factor
+                f = f / factor; // low frequency: freqs / factor
             } else if (!((double)wavelen < high_wavelen)) {
-                f = (1.0f - smooth) * f / factor + smooth * f;    // medium: interpolate
+                f = (1.0f - smooth) * f / factor + smooth * f; // medium: interpolate
             }
         }
         for (int pos = 0; pos < max_pos; pos++) {
-            float ang = (float)pos * f;                           // torch.outer(t, freqs)
-            table[((size_t)pos * half + i) * 2 + 0] = cosf(ang);  // torch.polar
+            float ang = (float)pos * f;                          // torch.outer(t, freqs)
+            table[((size_t)pos * half + i) * 2 + 0] = cosf(ang); // torch.polar
             table[((size_t)pos * half + i) * 2 + 1] = sinf(ang);
         }
     }

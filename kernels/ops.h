@@ -37,7 +37,7 @@ extern "C" {
 
 // element types: util/dtype.h
 
-#define OPS_IGNORE_INDEX (-100)  // cross-entropy target that contributes no loss and no grad
+#define OPS_IGNORE_INDEX (-100) // cross-entropy target that contributes no loss and no grad
 #define OPS_FP8_E4M3_MAX 448.0f
 #define OPS_FP8_E5M2_MAX 57344.0f
 
@@ -61,17 +61,17 @@ extern "C" {
 // Every GEMM of the model goes through this one entry point, so the fp8 converter only
 // has to change the descriptor.
 typedef struct {
-    tetra_dtype a_type, b_type, c_type;  // operands: F32, BF16, FP8_E4M3, FP8_E5M2; C: F32 or BF16
+    tetra_dtype a_type, b_type, c_type; // operands: F32, BF16, FP8_E4M3, FP8_E5M2; C: F32 or BF16
     int trans_a, trans_b;
     int m, n, k;
     int lda, ldb, ldc;
     float alpha, beta;
-    const float *a_scale;  // fp8 dequant scale of A, or NULL
-    const float *b_scale;  // fp8 dequant scale of B, or NULL
+    const float *a_scale; // fp8 dequant scale of A, or NULL
+    const float *b_scale; // fp8 dequant scale of B, or NULL
     int scale_rowwise;
-    int fast_accum;        // fp8 fast accumulation (GPU hint; the CPU always accumulates in fp32)
-    int batch;             // 0 or 1: a single product
-    int64_t stride_a, stride_b, stride_c;  // elements between batch items
+    int fast_accum;                       // fp8 fast accumulation (GPU hint; the CPU always accumulates in fp32)
+    int batch;                            // 0 or 1: a single product
+    int64_t stride_a, stride_b, stride_c; // elements between batch items
 } ops_gemm_desc;
 
 // One attention call: queries [Sq] against keys [Sk], which may be a block of a longer
@@ -92,36 +92,36 @@ typedef struct {
 // plain mask. Every query sees at least itself in its diagonal block; in other blocks a
 // row that sees nothing gets out = 0, lse = -inf as above.
 typedef struct {
-    int b;         // batch
-    int sq, sk;    // query rows, key rows
-    int h, kv;     // query heads, key/value heads (H % KV == 0)
-    int d;         // head dim
-    float scale;   // softmax scale, normally 1/sqrt(d)
-    int causal;    // 0: every key visible; 1: causal by global position
-    int q_offset;  // global position of query row 0
-    int k_offset;  // global position of key row 0
-    const int32_t *doc;  // [B, doc_len] document id of each global position, or NULL
-    int doc_len;         // positions per sequence in doc (the global sequence length)
+    int b;              // batch
+    int sq, sk;         // query rows, key rows
+    int h, kv;          // query heads, key/value heads (H % KV == 0)
+    int d;              // head dim
+    float scale;        // softmax scale, normally 1/sqrt(d)
+    int causal;         // 0: every key visible; 1: causal by global position
+    int q_offset;       // global position of query row 0
+    int k_offset;       // global position of key row 0
+    const int32_t *doc; // [B, doc_len] document id of each global position, or NULL
+    int doc_len;        // positions per sequence in doc (the global sequence length)
 } ops_attn_shape;
 
 // ----------------------------------------------------------------------------
 // the op table
 
 typedef struct tetra_ops {
-    const char *name;  // "cpu", "cuda"
+    const char *name; // "cpu", "cuda"
 
     // ---- memory (backend memory; the CPU backend uses the host heap)
-    void *(*alloc)(size_t bytes);  // 64-byte aligned, NULL on failure
+    void *(*alloc)(size_t bytes); // 64-byte aligned, NULL on failure
     void (*release)(void *p);
     void (*copy_h2d)(void *dst, const void *src, size_t bytes);
     void (*copy_d2h)(void *dst, const void *src, size_t bytes);
-    void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
+    void (*copy)(void *dst, const void *src, size_t bytes); // device to device
     void (*synchronize)(void);
 
     // ---- elementwise and reductions (fp32)
     void (*fill)(float *x /*[n]*/, float value, size_t n);
-    void (*scale)(float *x /*[n]*/, float alpha, size_t n);                 // x *= alpha
-    void (*axpy)(float *y /*[n]*/, const float *x /*[n]*/, float alpha, size_t n);  // y += alpha x
+    void (*scale)(float *x /*[n]*/, float alpha, size_t n);                        // x *= alpha
+    void (*axpy)(float *y /*[n]*/, const float *x /*[n]*/, float alpha, size_t n); // y += alpha x
     void (*add)(float *out /*[n]*/, const float *a /*[n]*/, const float *b /*[n]*/, size_t n);
     // out[0] += sum x^2 (accumulated so one scalar collects a whole global grad norm)
     void (*sum_squares)(float *out /*[1]*/, const float *x /*[n]*/, size_t n);
@@ -147,20 +147,18 @@ typedef struct tetra_ops {
     void (*cast_f32_to_bf16)(uint16_t *out /*[n]*/, const float *x /*[n]*/, size_t n);
     void (*cast_bf16_to_f32)(float *out /*[n]*/, const uint16_t *x /*[n]*/, size_t n);
     void (*cast_f32_to_fp8)(uint8_t *out /*[rows, cols]*/, const float *x /*[rows, cols]*/,
-                            const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols,
-                            tetra_dtype fmt);
+                            const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols, tetra_dtype fmt);
     // cast_f32_to_fp8 of bf16 x (the same bytes as casting x's fp32 copy)
     void (*cast_bf16_to_fp8)(uint8_t *out /*[rows, cols]*/, const uint16_t *x /*[rows, cols]*/,
-                             const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols,
-                             tetra_dtype fmt);
+                             const float *scale /*[1] or [rows]*/, int rowwise, int rows, int cols, tetra_dtype fmt);
     // out[c, r] = rne(clamp(x[r, c] * scale[c], -max, max)): x (fp32 or bf16, xt) transposed
     // and cast in one pass, each row of out (a column of x) with its own scale; the bytes
     // of cast_f32_to_fp8(rowwise) on x's fp32 transpose
     void (*cast_transpose_to_fp8)(uint8_t *out /*[cols, rows]*/, const void *x /*[rows, cols]*/, tetra_dtype xt,
                                   const float *scale /*[cols]*/, int rows, int cols, tetra_dtype fmt);
     // out = decode(q) * inv_scale (inv_scale[1] or, rowwise, [rows]; NULL: 1)
-    void (*cast_fp8_to_f32)(float *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/,
-                            const float *inv_scale, int rowwise, int rows, int cols, tetra_dtype fmt);
+    void (*cast_fp8_to_f32)(float *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/, const float *inv_scale,
+                            int rowwise, int rows, int cols, tetra_dtype fmt);
     // scale[i] = fp8_max / max(a, 1e-12), optionally rounded down to a power of 2 (torchao:
     // computed in double, stored fp32), with a = amax[i], or amax[0] for every i with
     // broadcast (n scales from one amax: a tensorwise scale where a rowwise gemm or cast
@@ -168,48 +166,47 @@ typedef struct tetra_ops {
     // fp32 division (both backends give the same bits): the dequant factor that the gemm
     // takes as a_scale/b_scale and cast_fp8_to_f32 as inv_scale.
     void (*fp8_scale_from_amax)(float *scale /*[n]*/, float *inv_scale /*[n] or NULL*/,
-                                const float *amax /*[n], or [1] with broadcast*/, int n, int broadcast,
-                                float fp8_max, int pow2);
+                                const float *amax /*[n], or [1] with broadcast*/, int n, int broadcast, float fp8_max,
+                                int pow2);
 
     // ---- matmul (see ops_gemm_desc)
     void (*gemm)(void *c, const void *a, const void *b, const ops_gemm_desc *g);
 
     // ---- embedding (vocab-parallel: this rank holds rows [v_start, v_start + Vl) of the
     // table; tokens outside the shard give zero rows and no gradient)
-    void (*embedding_forward)(float *out /*[N, C]*/, const int32_t *tokens /*[N]*/,
-                              const float *wte /*[Vl, C]*/, int n, int c, int v_start, int v_local);
+    void (*embedding_forward)(float *out /*[N, C]*/, const int32_t *tokens /*[N]*/, const float *wte /*[Vl, C]*/, int n,
+                              int c, int v_start, int v_local);
     // dwte += scatter(dout) (accumulates; deterministic)
-    void (*embedding_backward)(float *dwte /*[Vl, C]*/, const float *dout /*[N, C]*/,
-                               const int32_t *tokens /*[N]*/, int n, int c, int v_start, int v_local);
+    void (*embedding_backward)(float *dwte /*[Vl, C]*/, const float *dout /*[N, C]*/, const int32_t *tokens /*[N]*/,
+                               int n, int c, int v_start, int v_local);
 
     // ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps)
     void (*rmsnorm_forward)(float *out /*[N, C]*/, float *rstd /*[N]*/, const float *x /*[N, C]*/,
                             const float *w /*[C]*/, int n, int c, float eps);
     // "I" half: dx += d/dx (accumulates into the residual gradient)
-    void (*rmsnorm_backward_input)(float *dx /*[N, C]*/, const float *dout /*[N, C]*/,
-                                   const float *x /*[N, C]*/, const float *w /*[C]*/,
-                                   const float *rstd /*[N]*/, int n, int c);
+    void (*rmsnorm_backward_input)(float *dx /*[N, C]*/, const float *dout /*[N, C]*/, const float *x /*[N, C]*/,
+                                   const float *w /*[C]*/, const float *rstd /*[N]*/, int n, int c);
     // "W" half: dw += sum_rows dout * x * rstd (deterministic column reduction)
-    void (*rmsnorm_backward_weight)(float *dw /*[C]*/, const float *dout /*[N, C]*/,
-                                    const float *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c);
+    void (*rmsnorm_backward_weight)(float *dw /*[C]*/, const float *dout /*[N, C]*/, const float *x /*[N, C]*/,
+                                    const float *rstd /*[N]*/, int n, int c);
 
     // ---- RoPE on [B, S, nh, D] (q: nh = H, k: nh = KV); pairs (x[2i], x[2i+1]) rotated by
     // freqs[pos, i] = (cos, sin) (ops_rope_table). Position of row s: pos[s] if pos is not
     // NULL, else pos_offset + s (context parallel passes global positions).
     // In place allowed (out == x).
     void (*rope_forward)(float *out /*[B, S, nh, D]*/, const float *x /*[B, S, nh, D]*/,
-                         const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
-                         int pos_offset, int b, int s, int nh, int d);
+                         const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/, int pos_offset,
+                         int b, int s, int nh, int d);
     // dx = rotate(dout, -angle) (writes; in place allowed)
     void (*rope_backward)(float *dx /*[B, S, nh, D]*/, const float *dout /*[B, S, nh, D]*/,
-                          const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
-                          int pos_offset, int b, int s, int nh, int d);
+                          const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/, int pos_offset,
+                          int b, int s, int nh, int d);
 
     // ---- SwiGLU: out = silu(a) * g, a = x W1^T, g = x W3^T
     void (*swiglu_forward)(float *out /*[n]*/, const float *a /*[n]*/, const float *g /*[n]*/, size_t n);
     // da = dout * g * silu'(a), dg = dout * silu(a) (writes; da may alias a, dg may alias g)
-    void (*swiglu_backward)(float *da /*[n]*/, float *dg /*[n]*/, const float *dout /*[n]*/,
-                            const float *a /*[n]*/, const float *g /*[n]*/, size_t n);
+    void (*swiglu_backward)(float *da /*[n]*/, float *dg /*[n]*/, const float *dout /*[n]*/, const float *a /*[n]*/,
+                            const float *g /*[n]*/, size_t n);
 
     // ---- attention (flash-style: blockwise online softmax, never B*H*S*S).
     // Layouts: q/out [B, Sq, H, D] (the natural x Wq^T layout), k/v [B, Sk, KV, D],
@@ -219,32 +216,29 @@ typedef struct tetra_ops {
     // call. Ring attention: a call per (query block, key block) pair with the blocks'
     // global offsets in the shape; fully masked pairs return at once.
     size_t (*attention_workspace_size)(const ops_attn_shape *s);
-    void (*attention_forward)(float *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/,
-                              const float *q /*[B, Sq, H, D]*/, const float *k /*[B, Sk, KV, D]*/,
-                              const float *v /*[B, Sk, KV, D]*/, const ops_attn_shape *s,
-                              void *workspace);
+    void (*attention_forward)(float *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/, const float *q /*[B, Sq, H, D]*/,
+                              const float *k /*[B, Sk, KV, D]*/, const float *v /*[B, Sk, KV, D]*/,
+                              const ops_attn_shape *s, void *workspace);
     // out/lse are the FINAL (merged) forward results of this query block; dq, dk, dv are
     // accumulated (+=), so ring attention calls it once per key block.
-    void (*attention_backward)(float *dq /*[B, Sq, H, D]*/, float *dk /*[B, Sk, KV, D]*/,
-                               float *dv /*[B, Sk, KV, D]*/, const float *dout /*[B, Sq, H, D]*/,
-                               const float *q /*[B, Sq, H, D]*/, const float *k /*[B, Sk, KV, D]*/,
-                               const float *v /*[B, Sk, KV, D]*/, const float *out /*[B, Sq, H, D]*/,
-                               const float *lse /*[B, H, Sq]*/, const ops_attn_shape *s,
-                               void *workspace);
+    void (*attention_backward)(float *dq /*[B, Sq, H, D]*/, float *dk /*[B, Sk, KV, D]*/, float *dv /*[B, Sk, KV, D]*/,
+                               const float *dout /*[B, Sq, H, D]*/, const float *q /*[B, Sq, H, D]*/,
+                               const float *k /*[B, Sk, KV, D]*/, const float *v /*[B, Sk, KV, D]*/,
+                               const float *out /*[B, Sq, H, D]*/, const float *lse /*[B, H, Sq]*/,
+                               const ops_attn_shape *s, void *workspace);
     // Merge a partial (out_blk, lse_blk) over a disjoint key set into (out, lse), in place:
     // lse' = log(e^lse + e^lse_blk), out' = out e^(lse - lse') + out_blk e^(lse_blk - lse').
     void (*attention_merge)(float *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/,
-                            const float *out_blk /*[B, Sq, H, D]*/, const float *lse_blk /*[B, H, Sq]*/,
-                            int b, int sq, int h, int d);
+                            const float *out_blk /*[B, Sq, H, D]*/, const float *lse_blk /*[B, H, Sq]*/, int b, int sq,
+                            int h, int d);
 
     // ---- cross-entropy over logits z (fp32), target t (OPS_IGNORE_INDEX: no loss, zero grad).
     // Fused, whole vocabulary: losses[i] = logsumexp(z_i) - z_i[t_i] (0 if ignored) and,
     // unless dlogits is NULL, dlogits = (softmax(z) - onehot(t)) * dloss_scale (the caller
     // passes 1/global_valid_tokens). dlogits may alias logits (in place). Targets must be
     // in [0, V) or OPS_IGNORE_INDEX; anything else is treated as ignored.
-    void (*cross_entropy)(float *dlogits /*[N, V] or NULL*/, float *losses /*[N]*/,
-                          const float *logits /*[N, V]*/, const int32_t *targets /*[N]*/,
-                          int n, int v, float dloss_scale);
+    void (*cross_entropy)(float *dlogits /*[N, V] or NULL*/, float *losses /*[N]*/, const float *logits /*[N, V]*/,
+                          const int32_t *targets /*[N]*/, int n, int v, float dloss_scale);
     // Vocab-sharded (loss parallel), three phases with reductions between them:
     //   1. ce_shard_max   -> row_max (local)        ; all-reduce MAX over the vocab group
     //   2. ce_shard_sums  -> sum_exp, target_logit  ; all-reduce SUM over the vocab group
@@ -253,16 +247,15 @@ typedef struct tetra_ops {
     // t_i lies in [v_start, v_start + Vl), else 0. sum_exp and target_logit may be the two
     // halves of one [2, N] buffer so one all-reduce moves both.
     void (*ce_shard_max)(float *row_max /*[N]*/, const float *logits /*[N, Vl]*/, int n, int v_local);
-    void (*ce_shard_sums)(float *sum_exp /*[N]*/, float *target_logit /*[N]*/,
-                          const float *logits /*[N, Vl]*/, const float *row_max /*[N]*/,
-                          const int32_t *targets /*[N]*/, int n, int v_local, int v_start);
+    void (*ce_shard_sums)(float *sum_exp /*[N]*/, float *target_logit /*[N]*/, const float *logits /*[N, Vl]*/,
+                          const float *row_max /*[N]*/, const int32_t *targets /*[N]*/, int n, int v_local,
+                          int v_start);
     // losses[i] = log(sum_exp_i) - target_logit_i (0 if ignored; every shard computes the
     // same values); dlogits as in cross_entropy, the -1 only on the shard owning t_i.
-    void (*ce_shard_finish)(float *dlogits /*[N, Vl] or NULL*/, float *losses /*[N]*/,
-                            const float *logits /*[N, Vl]*/, const float *row_max /*[N]*/,
-                            const float *sum_exp /*[N]*/, const float *target_logit /*[N]*/,
-                            const int32_t *targets /*[N]*/, int n, int v_local, int v_start,
-                            float dloss_scale);
+    void (*ce_shard_finish)(float *dlogits /*[N, Vl] or NULL*/, float *losses /*[N]*/, const float *logits /*[N, Vl]*/,
+                            const float *row_max /*[N]*/, const float *sum_exp /*[N]*/,
+                            const float *target_logit /*[N]*/, const int32_t *targets /*[N]*/, int n, int v_local,
+                            int v_start, float dloss_scale);
 
     // ---- AdamW, torch.optim.AdamW semantics (decoupled decay, bias correction with step t):
     // g = grad * grad_scale; p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -270,18 +263,17 @@ typedef struct tetra_ops {
     // because torch derives its fp32 coefficients from Python floats (1 - 0.9 in double,
     // then rounded, differs from 1 - 0.9f). step is t >= 1 (after the increment).
     // grad_scale multiplies the gradient first (the clip coefficient; 1 for none).
-    void (*adamw_step)(float *param /*[n]*/, float *m /*[n]*/, float *v /*[n]*/,
-                       const float *grad /*[n]*/, size_t n, double lr, double beta1, double beta2,
-                       double eps, double weight_decay, int step, float grad_scale);
+    void (*adamw_step)(float *param /*[n]*/, float *m /*[n]*/, float *v /*[n]*/, const float *grad /*[n]*/, size_t n,
+                       double lr, double beta1, double beta2, double eps, double weight_decay, int step,
+                       float grad_scale);
 
     // ---- appended members (new slots go at the end so older initialisers stay valid)
 
     // Mixed precision: adamw_step on the fp32 master weights `param`, then
     // param_bf16 = bf16(param) (round to nearest even), the compute copy.
-    void (*adamw_step_bf16)(float *param /*[n]*/, uint16_t *param_bf16 /*[n]*/, float *m /*[n]*/,
-                            float *v /*[n]*/, const float *grad /*[n]*/, size_t n, double lr,
-                            double beta1, double beta2, double eps, double weight_decay, int step,
-                            float grad_scale);
+    void (*adamw_step_bf16)(float *param /*[n]*/, uint16_t *param_bf16 /*[n]*/, float *m /*[n]*/, float *v /*[n]*/,
+                            const float *grad /*[n]*/, size_t n, double lr, double beta1, double beta2, double eps,
+                            double weight_decay, int step, float grad_scale);
 
     // ---- bf16 activations (mixed precision, training.mixed_precision_param = "bfloat16").
     // Activations and the parameters' compute copies are bf16 (uint16_t bit patterns). Each
@@ -311,8 +303,7 @@ typedef struct tetra_ops {
     void (*rope_backward_bf16)(uint16_t *dx /*[B, S, nh, D]*/, const uint16_t *dout /*[B, S, nh, D]*/,
                                const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
                                int pos_offset, int b, int s, int nh, int d);
-    void (*swiglu_forward_bf16)(uint16_t *out /*[n]*/, const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/,
-                                size_t n);
+    void (*swiglu_forward_bf16)(uint16_t *out /*[n]*/, const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/, size_t n);
     void (*swiglu_backward_bf16)(uint16_t *da /*[n]*/, uint16_t *dg /*[n]*/, const uint16_t *dout /*[n]*/,
                                  const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/, size_t n);
     // Attention on bf16 q/k/v with fp32 softmax statistics. The CUDA backend runs cuDNN's
@@ -322,8 +313,7 @@ typedef struct tetra_ops {
     size_t (*attention_workspace_size_bf16)(const ops_attn_shape *s);
     void (*attention_forward_bf16)(uint16_t *out /*[B, Sq, H, D]*/, float *lse /*[B, H, Sq]*/,
                                    const uint16_t *q /*[B, Sq, H, D]*/, const uint16_t *k /*[B, Sk, KV, D]*/,
-                                   const uint16_t *v /*[B, Sk, KV, D]*/, const ops_attn_shape *s,
-                                   void *workspace);
+                                   const uint16_t *v /*[B, Sk, KV, D]*/, const ops_attn_shape *s, void *workspace);
     // Unlike the fp32 op, dq, dk and dv are WRITTEN (cuDNN's contract): a ring schedule
     // sums the blocks' bf16 gradients itself (in fp32).
     void (*attention_backward_bf16)(uint16_t *dq /*[B, Sq, H, D]*/, uint16_t *dk /*[B, Sk, KV, D]*/,
@@ -410,11 +400,11 @@ const tetra_ops *ops_cuda(char *err, size_t errlen);
 // (factor, low_freq_factor, high_freq_factor, original_max_pos = 8, 1, 4, 8192 for
 // Llama 3.1), angle = fp32(pos * freq_i), table[pos, i] = (cos angle, sin angle).
 // Copy it to backend memory with copy_h2d.
-void ops_rope_table(float *table /*[max_pos, D/2, 2]*/, int d, int max_pos, float theta, int scaled,
-                    float factor, float low_freq_factor, float high_freq_factor, int original_max_pos);
+void ops_rope_table(float *table /*[max_pos, D/2, 2]*/, int d, int max_pos, float theta, int scaled, float factor,
+                    float low_freq_factor, float high_freq_factor, int original_max_pos);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif  // TETRA_KERNELS_OPS_H
+#endif // TETRA_KERNELS_OPS_H

@@ -22,7 +22,7 @@
 // First position of position p's document (ids nondecreasing over [0, p]).
 TETRA_DOC_HD int ops_doc_first(const int32_t *doc, int p) {
     const int32_t id = doc[p];
-    int lo = 0, hi = p;  // the answer lies in [lo, hi]
+    int lo = 0, hi = p; // the answer lies in [lo, hi]
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
         if (doc[mid] < id) lo = mid + 1;
@@ -34,7 +34,7 @@ TETRA_DOC_HD int ops_doc_first(const int32_t *doc, int p) {
 // One past the last position of position p's document, n the sequence's length.
 TETRA_DOC_HD int ops_doc_end(const int32_t *doc, int p, int n) {
     const int32_t id = doc[p];
-    int lo = p + 1, hi = n;  // the answer lies in [lo, hi]
+    int lo = p + 1, hi = n; // the answer lies in [lo, hi]
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
         if (doc[mid] > id) hi = mid;

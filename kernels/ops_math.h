@@ -45,7 +45,7 @@ TETRA_HD float tetra_bits_f32(uint32_t u) {
 // IEEE arithmetic (adding 1.5 * 2^23 leaves no fraction bits). Needs no rintf call, so
 // the loops around it vectorize everywhere.
 TETRA_HD float tetra_rne_int(float q) {
-    const float magic = 12582912.0f;  // 1.5 * 2^23
+    const float magic = 12582912.0f; // 1.5 * 2^23
     return (q + magic) - magic;
 }
 
@@ -60,8 +60,8 @@ TETRA_HD float tetra_rne_int(float q) {
 TETRA_HD float tetra_exp_reduced(float xc, float *fn_out) {
     float t = xc * 1.44269504088896341f;
     float fn = tetra_rne_int(t);
-    float r = xc - fn * 0.693359375f;      // ln2 high part: few bits, exact product
-    r = r - fn * -2.12194440e-4f;          // ln2 low part
+    float r = xc - fn * 0.693359375f; // ln2 high part: few bits, exact product
+    r = r - fn * -2.12194440e-4f;     // ln2 low part
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -77,8 +77,8 @@ TETRA_HD float tetra_expf(float x) {
     xc = xc > 89.0f ? 89.0f : xc;
     float fn;
     float y = tetra_exp_reduced(xc, &fn);
-    int n = (int)fn;                       // in [-150, 129]
-    int n1 = n / 2, n2 = n - n1;           // each in [-75, 65]: a normal power of two
+    int n = (int)fn;             // in [-150, 129]
+    int n1 = n / 2, n2 = n - n1; // each in [-75, 65]: a normal power of two
     float s1 = tetra_bits_f32((uint32_t)(n1 + 127) << 23);
     float s2 = tetra_bits_f32((uint32_t)(n2 + 127) << 23);
     return y * s1 * s2;
@@ -93,7 +93,7 @@ TETRA_HD float tetra_expf(float x) {
 TETRA_HD float tetra_expf_softmax(float x) {
     float fn;
     float y = tetra_exp_reduced(x < -87.3f ? -87.3f : x, &fn);
-    int n = (int)fn;  // in [-126, 127] for x <= 88
+    int n = (int)fn; // in [-126, 127] for x <= 88
     return y * tetra_bits_f32((uint32_t)(n + 127) << 23);
 }
 
@@ -111,9 +111,7 @@ TETRA_HD float tetra_dsilu(float x) {
 // RMSNorm pieces: rstd = 1/sqrt(sum(x^2)/C + eps) (torch: rsqrt(x.pow(2).mean() + eps));
 // y = (x rstd) w; dx = rstd (w dy - x rstd^2 dot/C), dot = sum_j w_j dy_j x_j.
 
-TETRA_HD float tetra_rms_rstd(float sumsq, int c, float eps) {
-    return 1.0f / sqrtf(sumsq / (float)c + eps);
-}
+TETRA_HD float tetra_rms_rstd(float sumsq, int c, float eps) { return 1.0f / sqrtf(sumsq / (float)c + eps); }
 
 TETRA_HD float tetra_rms_dx(float x, float w, float dy, float rstd, float dot_over_c) {
     return rstd * (w * dy - x * (rstd * rstd * dot_over_c));
@@ -159,13 +157,13 @@ TETRA_HD uint8_t tetra_f32_to_e4m3(float x) {
     uint32_t u = tetra_f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f);   // NaN
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7e);  // >= 448: saturate
-    if (a < 0x3c800000u) {                                 // < 2^-6: subnormal, units 2^-9
-        float q = tetra_rne_int(tetra_bits_f32(a) * 512.0f);  // 0..8 (8 = min normal)
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f);      // NaN
+    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7e);     // >= 448: saturate
+    if (a < 0x3c800000u) {                                   // < 2^-6: subnormal, units 2^-9
+        float q = tetra_rne_int(tetra_bits_f32(a) * 512.0f); // 0..8 (8 = min normal)
         return (uint8_t)(sign | (uint8_t)q);
     }
-    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);          // rne 23 -> 3 mantissa bits
+    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u); // rne 23 -> 3 mantissa bits
     r = (r >> 20) - ((127u - 7u) << 3);
     return (uint8_t)(sign | (uint8_t)r);
 }
@@ -174,13 +172,13 @@ TETRA_HD uint8_t tetra_f32_to_e5m2(float x) {
     uint32_t u = tetra_f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7e);   // NaN
-    if (a >= 0x47600000u) return (uint8_t)(sign | 0x7b);  // >= 57344: saturate
-    if (a < 0x38800000u) {                                 // < 2^-14: subnormal, units 2^-16
-        float q = tetra_rne_int(tetra_bits_f32(a) * 65536.0f);  // 0..4
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7e);        // NaN
+    if (a >= 0x47600000u) return (uint8_t)(sign | 0x7b);       // >= 57344: saturate
+    if (a < 0x38800000u) {                                     // < 2^-14: subnormal, units 2^-16
+        float q = tetra_rne_int(tetra_bits_f32(a) * 65536.0f); // 0..4
         return (uint8_t)(sign | (uint8_t)q);
     }
-    uint32_t r = a + 0xfffffu + ((a >> 21) & 1u);          // rne 23 -> 2 mantissa bits
+    uint32_t r = a + 0xfffffu + ((a >> 21) & 1u); // rne 23 -> 2 mantissa bits
     r = (r >> 21) - ((127u - 15u) << 2);
     return (uint8_t)(sign | (uint8_t)r);
 }
@@ -260,14 +258,14 @@ TETRA_HD float tetra_mul_rn(float a, float b) {
 
 TETRA_HD void tetra_adamw_update(float *p, float *m, float *v, float grad, const tetra_adamw_coef *k) {
     float g = grad * k->grad_scale;
-    float pp = tetra_mul_rn(*p, k->decay);               // param.mul_(1 - lr wd)
-    float mm = fmaf(g, k->omb1, *m * k->b1);             // exp_avg.mul_(b1).add_(g, alpha=1-b1): fmadd
-    float vv = fmaf(k->omb2 * g, g, *v * k->b2);         // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2): fmadd
-    float denom = sqrtf(vv) / k->bc2_sqrt + k->eps;      // (v.sqrt() / bc2_sqrt).add_(eps)
-    pp = pp + k->neg_step_size * mm / denom;             // param.addcdiv_(m, denom, -step_size)
+    float pp = tetra_mul_rn(*p, k->decay);          // param.mul_(1 - lr wd)
+    float mm = fmaf(g, k->omb1, *m * k->b1);        // exp_avg.mul_(b1).add_(g, alpha=1-b1): fmadd
+    float vv = fmaf(k->omb2 * g, g, *v * k->b2);    // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2): fmadd
+    float denom = sqrtf(vv) / k->bc2_sqrt + k->eps; // (v.sqrt() / bc2_sqrt).add_(eps)
+    pp = pp + k->neg_step_size * mm / denom;        // param.addcdiv_(m, denom, -step_size)
     *p = pp;
     *m = mm;
     *v = vv;
 }
 
-#endif  // TETRA_KERNELS_OPS_MATH_H
+#endif // TETRA_KERNELS_OPS_MATH_H

@@ -30,14 +30,13 @@ static inline int ops_path_gemm_fp8_shape(const ops_gemm_desc *g, const void *c)
     const int batch = g->batch > 1 ? g->batch : 1;
     const int64_t cs = (int64_t)tetra_dtype_size(g->c_type);
     return g->m % 16 == 0 && g->n % 16 == 0 && g->k % 16 == 0 && ((int64_t)g->ldc * cs) % 16 == 0 &&
-           ops_path_aligned16(c) && (batch <= 1 || (g->stride_c * cs) % 16 == 0);
+        ops_path_aligned16(c) && (batch <= 1 || (g->stride_c * cs) % 16 == 0);
 }
 
 /* An fp8 operand is used in place when it is K-major (A as [m, k]: trans 0; B as [n, k]:
  * trans 1) with a leading dim, start and batch stride on 16 bytes; otherwise the GEMM
  * transposes or repacks it into scratch first. */
-static inline int ops_path_gemm_kmajor_ok(int is_b, int trans, int64_t ld, const void *p, int batch,
-                                          int64_t stride) {
+static inline int ops_path_gemm_kmajor_ok(int is_b, int trans, int64_t ld, const void *p, int batch, int64_t stride) {
     return trans == (is_b ? 1 : 0) && ld % 16 == 0 && ops_path_aligned16(p) && (batch <= 1 || stride % 16 == 0);
 }
 

@@ -46,13 +46,13 @@ static void keep(const op_cost *c) {
 }
 
 /* describe (into c_) and keep the call while recording */
-#define REC(describe)          \
-    do {                       \
-        if (R.active) {        \
-            op_cost c_;        \
-            describe;          \
-            keep(&c_);         \
-        }                      \
+#define REC(describe)                                                                                                  \
+    do {                                                                                                               \
+        if (R.active) {                                                                                                \
+            op_cost c_;                                                                                                \
+            describe;                                                                                                  \
+            keep(&c_);                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 void ops_record_set_active(int on) { R.active = on != 0; }
@@ -252,8 +252,8 @@ static void r_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *sca
     REC(opc_cast_bf16_to_fp8(&c_, &R.dev, out, x, scale, rowwise, rows, cols, fmt));
     if (R.base) R.base->cast_bf16_to_fp8(out, x, scale, rowwise, rows, cols, fmt);
 }
-static void r_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows,
-                                    int cols, tetra_dtype fmt) {
+static void r_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
+                                    tetra_dtype fmt) {
     REC(opc_cast_transpose_to_fp8(&c_, &R.dev, out, x, xt, scale, rows, cols, fmt));
     if (R.base) R.base->cast_transpose_to_fp8(out, x, xt, scale, rows, cols, fmt);
 }
@@ -303,8 +303,8 @@ static void r_rope_forward(float *out, const float *x, const float *freqs, const
     REC(opc_rope(&c_, &R.dev, TETRA_F32, 0, out, x, b, s, nh, d));
     if (R.base) R.base->rope_forward(out, x, freqs, pos, pos_offset, b, s, nh, d);
 }
-static void r_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset,
-                            int b, int s, int nh, int d) {
+static void r_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
+                            int s, int nh, int d) {
     REC(opc_rope(&c_, &R.dev, TETRA_F32, 1, dx, dout, b, s, nh, d));
     if (R.base) R.base->rope_backward(dx, dout, freqs, pos, pos_offset, b, s, nh, d);
 }
@@ -424,14 +424,14 @@ static void r_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *d
     REC(opc_swiglu_backward(&c_, &R.dev, TETRA_BF16, da, dg, dout, a, g, n));
     if (R.base) R.base->swiglu_backward_bf16(da, dg, dout, a, g, n);
 }
-static void r_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
-                                     const uint16_t *v, const ops_attn_shape *s, void *workspace) {
+static void r_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                     const ops_attn_shape *s, void *workspace) {
     REC(opc_attention_forward(&c_, &R.dev, TETRA_BF16, out, lse, q, k, v, s));
     if (R.base) R.base->attention_forward_bf16(out, lse, q, k, v, s, workspace);
 }
-static void r_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
-                                      const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *out,
-                                      const float *lse, const ops_attn_shape *s, void *workspace) {
+static void r_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
+                                      const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
+                                      const ops_attn_shape *s, void *workspace) {
     REC(opc_attention_backward(&c_, &R.dev, TETRA_BF16, dq, dk, dv, dout, q, k, v, out, lse, s));
     if (R.base) R.base->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
 }

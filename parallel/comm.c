@@ -143,7 +143,7 @@ void commi_fail(const comm_request *r, const char *what) {
     char issue[200], path[4096];
     describe_issue(r, issue, sizeof issue);
     fail_line(r->g->w, "comm: %s on group %s (%d ranks) failed on rank %d: %s (%s)", commi_kind_name(r->kind),
-            mesh_group_name(r->g->id), r->g->size, r->g->w->rank, what, issue);
+              mesh_group_name(r->g->id), r->g->size, r->g->w->rank, what, issue);
     if (commi_trace_dump(r->g->w, "failure", r, path, sizeof path) == 0)
         fail_line(r->g->w, "comm: rank %d: flight recorder written to %s", r->g->w->rank, path);
     abort_job(r->g->w);
@@ -151,7 +151,7 @@ void commi_fail(const comm_request *r, const char *what) {
 
 void commi_fail_group(const comm_group *g, const char *op, const char *what) {
     fail_line(g->w, "comm: %s on group %s (%d ranks) failed on rank %d: %s", op, mesh_group_name(g->id), g->size,
-            g->w->rank, what);
+              g->w->rank, what);
     abort_job(g->w);
 }
 
@@ -160,10 +160,11 @@ void commi_fail_timeout(const comm_request *r, double waited) {
     describe_issue(r, issue, sizeof issue);
     const int dumped = commi_trace_dump(r->g->w, "timeout", r, path, sizeof path) == 0;
     if (dumped) commi_trace_blame(r, blame, sizeof blame);
-    fail_line(r->g->w, "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
+    fail_line(r->g->w,
+              "comm: %s on group %s (%d ranks) timed out after %.0f s on rank %d (%s); another rank of the "
               "group did not reach it (crashed, stuck, or running a different sequence of collectives)%s%s",
-            commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue,
-            *blame ? "; flight recorder: " : "", blame);
+              commi_kind_name(r->kind), mesh_group_name(r->g->id), r->g->size, waited, r->g->w->rank, issue,
+              *blame ? "; flight recorder: " : "", blame);
     if (dumped) fail_line(r->g->w, "comm: rank %d: flight recorder written to %s", r->g->w->rank, path);
     abort_job(r->g->w);
 }
@@ -318,8 +319,8 @@ comm_world *comm_world_create(const mesh *m, int rank, const comm_options *opt, 
                 continue;
             }
             const unsigned dims = mesh_group_dims(g->id);
-            g->nccl = NCCL->comm_split(w->nccl_world, mesh_group_color(m, dims, rank), g->rank, w->timeout_s,
-                                            err, errlen);
+            g->nccl =
+                NCCL->comm_split(w->nccl_world, mesh_group_color(m, dims, rank), g->rank, w->timeout_s, err, errlen);
             g->nccl_owner = 1;
             bad = g->nccl == NULL;
         }
@@ -558,8 +559,10 @@ static void run(comm_request *r, comm_request **req, void *recv, const void *sen
         commi_fail(r, "the MPI backend reduces float32, float64, int32 and int64 only");
     if (r->kind == COMMK_SEND || r->kind == COMMK_RECV || r->kind == COMMK_SENDRECV) commi_trace_peer(r, peer);
     if (g->w->opt.virtual_world && g->size > 1) {
-        fprintf(stderr, "comm: %s on group %s (%d ranks) in a planned world (rank %d): planning does not "
-                        "communicate\n", commi_kind_name(r->kind), mesh_group_name(g->id), g->size, g->w->rank);
+        fprintf(stderr,
+                "comm: %s on group %s (%d ranks) in a planned world (rank %d): planning does not "
+                "communicate\n",
+                commi_kind_name(r->kind), mesh_group_name(g->id), g->size, g->w->rank);
         exit(1);
     }
     if (g->size == 1) run_local(r, recv, send);

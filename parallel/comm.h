@@ -78,9 +78,9 @@ typedef struct {
     /* NCCL: the stream the ops run on (a cudaStream_t; NULL = the legacy default stream).
      * Collectives start after the work queued on it; comm_wait makes it wait for them. */
     void *compute_stream;
-    double init_timeout_s;   /* deadline of any wait until comm_set_phase_training */
-    double train_timeout_s;  /* afterwards */
-    int cuda_device;         /* NCCL: device of this rank; -1 = node-local rank mod device count */
+    double init_timeout_s;  /* deadline of any wait until comm_set_phase_training */
+    double train_timeout_s; /* afterwards */
+    int cuda_device;        /* NCCL: device of this rank; -1 = node-local rank mod device count */
     /* A planned world (`tetra plan`): one process stands for rank `rank` of the mesh.
      * Groups know their sizes and ranks; nothing touches MPI (which need not be
      * initialised), and a collective on a group of more than one rank ends the
@@ -182,11 +182,11 @@ void comm_barrier(comm_group *g, comm_request **req);
  * send blocks a stream ahead of the receive its peer needs first. reqs[i] is op i's
  * handle (as `req` above); reqs NULL runs the whole batch to completion. */
 typedef struct {
-    int recv;          /* 0: send buf[count] to peer; 1: receive it from peer */
+    int recv; /* 0: send buf[count] to peer; 1: receive it from peer */
     void *buf;
     size_t count;
     comm_dtype dtype;
-    int peer;          /* a group rank other than this one */
+    int peer; /* a group rank other than this one */
 } comm_p2p_op;
 void comm_batch_p2p(comm_group *g, const comm_p2p_op *ops, int n, comm_request **reqs);
 

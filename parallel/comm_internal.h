@@ -17,10 +17,10 @@ struct comm_group {
     comm_world *w;
     mesh_group_id id;
     int size, rank;
-    MPI_Comm mpi;        /* always built: host-side scalars and the MPI backend */
-    void *nccl;          /* tetra_nccl_comm * under the NCCL backend (shared by groups of the same ranks) */
-    int nccl_owner;      /* 1 when this group created it (and destroys it) */
-    uint64_t seq;        /* operations issued on this group by this rank */
+    MPI_Comm mpi;   /* always built: host-side scalars and the MPI backend */
+    void *nccl;     /* tetra_nccl_comm * under the NCCL backend (shared by groups of the same ranks) */
+    int nccl_owner; /* 1 when this group created it (and destroys it) */
+    uint64_t seq;   /* operations issued on this group by this rank */
 };
 
 struct comm_world {
@@ -29,16 +29,16 @@ struct comm_world {
     comm_options opt;
     double timeout_s;
     int64_t step;
-    void *nccl_world;    /* tetra_nccl_comm * of the whole world */
-    size_t nccl_bytes;   /* device memory the communicators took at creation */
+    void *nccl_world;  /* tetra_nccl_comm * of the whole world */
+    size_t nccl_bytes; /* device memory the communicators took at creation */
     comm_group groups[MESH_N_GROUPS];
     comm_observer_fn observer; /* profiling: told of every completed operation */
     void *observer_user;
     /* flight recorder (comm_trace.c): a ring of opt.trace_buf_size entries */
     struct commi_trace_entry *trace;
-    uint64_t trace_total;      /* operations recorded since the start */
-    double trace_wall_offset;  /* wall clock minus commi_now(), for the dump's timestamps */
-    double run_id;             /* rank 0's start time, shared: tells this run's dumps from older ones */
+    uint64_t trace_total;           /* operations recorded since the start */
+    double trace_wall_offset;       /* wall clock minus commi_now(), for the dump's timestamps */
+    double run_id;                  /* rank 0's start time, shared: tells this run's dumps from older ones */
     char *trace_dir, *trace_prefix; /* owned copies; opt.trace_dir / trace_prefix point here */
     /* MPI on device buffers (comm_stage.c): page-locked blocks, reused */
     struct commi_stage_block *stage_pool;
@@ -60,8 +60,8 @@ struct comm_request {
     comm_kind kind;
     size_t count;
     comm_dtype dtype;
-    int peer2;           /* SENDRECV: the rank received from */
-    double t_start;      /* seconds, monotonic */
+    int peer2;      /* SENDRECV: the rank received from */
+    double t_start; /* seconds, monotonic */
     int64_t step;
     uint64_t seq;
     /* MPI: one request per chunk (counts above INT_MAX are split) */
@@ -74,14 +74,14 @@ struct comm_request {
     /* NCCL: the CUDA event recorded after the operation */
     void *event;
     /* MPI on device buffers: the staging block, and where the result goes back */
-    int stage_block;     /* 1 + its index in the world's staging pool; 0: none */
+    int stage_block; /* 1 + its index in the world's staging pool; 0: none */
     void *host_recv, *dev_recv;
     size_t recv_bytes;
-    double deadline_s;   /* NCCL, deferred by comm_wait: the timeout it ends at */
-    int host;            /* runs over MPI on host buffers whatever the backend (scalars) */
-    int heap;            /* allocated for an asynchronous caller; freed by comm_wait */
+    double deadline_s; /* NCCL, deferred by comm_wait: the timeout it ends at */
+    int host;          /* runs over MPI on host buffers whatever the backend (scalars) */
+    int heap;          /* allocated for an asynchronous caller; freed by comm_wait */
     int done;
-    uint64_t trace_id;   /* 1 + its index in the flight recorder; 0 when not recorded */
+    uint64_t trace_id; /* 1 + its index in the flight recorder; 0 when not recorded */
 };
 
 double commi_now(void);

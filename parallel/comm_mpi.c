@@ -80,15 +80,15 @@ static int check_int_count(comm_request *r, size_t count) {
     return (int)count;
 }
 
-#define MPI_CHECK(r, call)                                                        \
-    do {                                                                          \
-        int rc_ = (call);                                                         \
-        if (rc_ != MPI_SUCCESS) {                                                 \
-            char msg_[MPI_MAX_ERROR_STRING];                                      \
-            int len_ = 0;                                                         \
-            MPI_Error_string(rc_, msg_, &len_);                                   \
-            commi_fail((r), msg_);                                                \
-        }                                                                         \
+#define MPI_CHECK(r, call)                                                                                             \
+    do {                                                                                                               \
+        int rc_ = (call);                                                                                              \
+        if (rc_ != MPI_SUCCESS) {                                                                                      \
+            char msg_[MPI_MAX_ERROR_STRING];                                                                           \
+            int len_ = 0;                                                                                              \
+            MPI_Error_string(rc_, msg_, &len_);                                                                        \
+            commi_fail((r), msg_);                                                                                     \
+        }                                                                                                              \
     } while (0)
 
 void commi_mpi_start(comm_request *r, void *recv, const void *send, comm_redop op, int peer) {

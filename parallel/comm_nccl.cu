@@ -31,9 +31,9 @@ namespace {
 
 struct tnccl {
     ncclComm_t comm;
-    float *scratch;       /* one element: what a barrier reduces */
-    cudaEvent_t dep;      /* orders the communication stream after the compute stream */
-    cudaStream_t stream;  /* where this communicator's operations run */
+    float *scratch;      /* one element: what a barrier reduces */
+    cudaEvent_t dep;     /* orders the communication stream after the compute stream */
+    cudaStream_t stream; /* where this communicator's operations run */
 };
 
 /* Completion events, reused: creating and destroying one per operation costs a driver
@@ -211,8 +211,7 @@ extern "C" void *tetra_nccl_comm_init(const void *id, int nranks, int rank, doub
     return wrap(c, err, errlen);
 }
 
-extern "C" void *tetra_nccl_comm_split(void *parent, int color, int key, double timeout_s, char *err,
-                                       size_t errlen) {
+extern "C" void *tetra_nccl_comm_split(void *parent, int color, int key, double timeout_s, char *err, size_t errlen) {
     tnccl *p = (tnccl *)parent;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
@@ -243,8 +242,7 @@ extern "C" void tetra_nccl_comm_destroy(void *comm) {
         if ((r == ncclSuccess || r == ncclInProgress) &&
             settle(t->comm, 60.0, "ncclCommFinalize", err, sizeof err) == 0)
             ncclCommDestroy(t->comm);
-        else
-            ncclCommAbort(t->comm);
+        else ncclCommAbort(t->comm);
         if (t->stream) cudaStreamSynchronize(t->stream);
     }
     if (t->scratch) cudaFree(t->scratch);
@@ -298,8 +296,8 @@ void *record_behind(tnccl *c, char *err, size_t errlen) {
     return (void *)ev;
 }
 
-ncclResult_t enqueue(tnccl *c, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
-                     comm_redop op, int peer, int peer2, int nranks) {
+ncclResult_t enqueue(tnccl *c, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t, comm_redop op,
+                     int peer, int peer2, int nranks) {
     cudaStream_t s = c->stream;
     const ncclDataType_t dt = nccl_type(t);
     const size_t es = comm_dtype_size(t);
@@ -334,8 +332,8 @@ ncclResult_t enqueue(tnccl *c, comm_kind kind, void *recv, const void *send, siz
 
 } // namespace
 
-extern "C" void *tetra_nccl_start(void *comm, comm_kind kind, void *recv, const void *send, size_t count,
-                                  comm_dtype t, comm_redop op, int peer, int peer2, int nranks, void *after, char *err,
+extern "C" void *tetra_nccl_start(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
+                                  comm_redop op, int peer, int peer2, int nranks, void *after, char *err,
                                   size_t errlen) {
     tnccl *c = (tnccl *)comm;
     if (order_after(c, after, err, errlen)) return nullptr;
@@ -343,8 +341,8 @@ extern "C" void *tetra_nccl_start(void *comm, comm_kind kind, void *recv, const 
     return record_behind(c, err, errlen);
 }
 
-extern "C" int tetra_nccl_start_p2p(void *comm, int n, const comm_p2p_op *ops, void *after, void **events,
-                                    char *err, size_t errlen) {
+extern "C" int tetra_nccl_start_p2p(void *comm, int n, const comm_p2p_op *ops, void *after, void **events, char *err,
+                                    size_t errlen) {
     tnccl *c = (tnccl *)comm;
     if (order_after(c, after, err, errlen)) return -1;
     ncclResult_t r = ncclGroupStart();
@@ -407,12 +405,11 @@ extern "C" void tetra_nccl_event_release(void *event) {
 
 // The library's entry point for comm.c.
 extern "C" __attribute__((visibility("default"))) const tetra_nccl_api *tetra_cuda_nccl_v1(void) {
-    static const tetra_nccl_api api = {TETRA_NCCL_ABI,          tetra_nccl_built,         tetra_nccl_device_count,
-                                       tetra_nccl_set_device,   tetra_nccl_device_free,   tetra_nccl_get_unique_id,
-                                       tetra_nccl_comm_init,    tetra_nccl_comm_split,    tetra_nccl_comm_destroy,
-                                       tetra_nccl_comm_abort,   tetra_nccl_start,         tetra_nccl_start_p2p,
-                                       tetra_nccl_copy,         tetra_nccl_order,         tetra_nccl_poll,
-                                       tetra_nccl_event_release};
+    static const tetra_nccl_api api = {
+        TETRA_NCCL_ABI,          tetra_nccl_built,         tetra_nccl_device_count, tetra_nccl_set_device,
+        tetra_nccl_device_free,  tetra_nccl_get_unique_id, tetra_nccl_comm_init,    tetra_nccl_comm_split,
+        tetra_nccl_comm_destroy, tetra_nccl_comm_abort,    tetra_nccl_start,        tetra_nccl_start_p2p,
+        tetra_nccl_copy,         tetra_nccl_order,         tetra_nccl_poll,         tetra_nccl_event_release};
     return &api;
 }
 

@@ -81,10 +81,9 @@ typedef struct {
     void *(*comm_split)(void *parent, int color, int key, double timeout_s, char *err, size_t errlen);
     void (*comm_destroy)(void *comm);
     void (*comm_abort)(void *comm);
-    void *(*start)(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t,
-                   comm_redop op, int peer, int peer2, int nranks, void *after, char *err, size_t errlen);
-    int (*start_p2p)(void *comm, int n, const comm_p2p_op *ops, void *after, void **events, char *err,
-                     size_t errlen);
+    void *(*start)(void *comm, comm_kind kind, void *recv, const void *send, size_t count, comm_dtype t, comm_redop op,
+                   int peer, int peer2, int nranks, void *after, char *err, size_t errlen);
+    int (*start_p2p)(void *comm, int n, const comm_p2p_op *ops, void *after, void **events, char *err, size_t errlen);
     int (*copy)(void *dst, const void *src, size_t bytes, void *stream, char *err, size_t errlen);
     int (*order)(void *event, void *stream, char *err, size_t errlen);
     int (*poll)(void *comm, void *event, char *err, size_t errlen);

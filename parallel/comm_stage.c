@@ -66,12 +66,21 @@ static void extents(const comm_request *r, size_t *send_bytes, size_t *recv_byte
     switch (r->kind) {
     case COMMK_ALL_REDUCE: v = b; break; /* in place: the receive half is the buffer */
     case COMMK_BROADCAST: v = b; break;
-    case COMMK_REDUCE_SCATTER: s = p * b; v = b; break;
+    case COMMK_REDUCE_SCATTER:
+        s = p * b;
+        v = b;
+        break;
     case COMMK_ALL_GATHER: v = p * b; break; /* the send goes to this rank's block of it */
-    case COMMK_ALL_TO_ALL: s = p * b; v = p * b; break;
+    case COMMK_ALL_TO_ALL:
+        s = p * b;
+        v = p * b;
+        break;
     case COMMK_SEND: s = b; break;
     case COMMK_RECV: v = b; break;
-    case COMMK_SENDRECV: s = b; v = b; break;
+    case COMMK_SENDRECV:
+        s = b;
+        v = b;
+        break;
     case COMMK_BARRIER: break;
     }
     *send_bytes = s;

@@ -15,14 +15,14 @@
 #include "parallel/comm_internal.h"
 
 struct commi_trace_entry {
-    uint64_t seq;     /* the group's sequence number of the operation */
+    uint64_t seq; /* the group's sequence number of the operation */
     int64_t step;
-    double t_issue;   /* seconds, monotonic */
-    double t_done;    /* 0 while in flight */
+    double t_issue; /* seconds, monotonic */
+    double t_done;  /* 0 while in flight */
     size_t bytes;
-    int group;        /* mesh_group_id */
-    int kind;         /* comm_kind */
-    int peer;         /* send / recv / sendrecv: the group rank on the other side; -1 */
+    int group; /* mesh_group_id */
+    int kind;  /* comm_kind */
+    int peer;  /* send / recv / sendrecv: the group rank on the other side; -1 */
 };
 
 static volatile sig_atomic_t dump_requested;
@@ -136,8 +136,7 @@ int commi_trace_dump(comm_world *w, const char *reason, const comm_request *wait
         fprintf(f, "{\"group\":\"%s\",\"op\":\"%s\",\"seq\":%llu,\"step\":%lld,\"waited_s\":%.3f}",
                 mesh_group_name(waiting->g->id), commi_kind_name(waiting->kind), (unsigned long long)waiting->seq,
                 (long long)waiting->step, now - waiting->t_start);
-    else
-        fputs("null", f);
+    else fputs("null", f);
     /* operations issued per group, exact even when the ring has wrapped */
     fputs(",\"issued\":{", f);
     for (int i = 0, first = 1; i < MESH_N_GROUPS; i++) {
@@ -225,16 +224,21 @@ void commi_trace_blame(const comm_request *r, char *buf, size_t n) {
             if (k >= r->seq && late > (w->timeout_s > 2 ? 0.5 * w->timeout_s : 1.0)) {
                 /* it issued the operation but timed out seconds after the others: it was not
                  * running (stopped, or starved of CPU) while they waited for it */
-                snprintf(what, sizeof what, "rank %d issued it but dumped %.1f s after this rank (stopped or starved "
-                                            "inside the collective)", members[i], late);
+                snprintf(what, sizeof what,
+                         "rank %d issued it but dumped %.1f s after this rank (stopped or starved "
+                         "inside the collective)",
+                         members[i], late);
             } else if (k < r->seq) {
                 json_t *wt = json_object_get(root, "waiting");
                 if (json_is_object(wt))
                     snprintf(what, sizeof what, "rank %d issued only #%llu on %s (waits in %s #%lld on group %s)",
                              members[i], (unsigned long long)k, gname,
-                             json_string_value(json_object_get(wt, "op")) ? json_string_value(json_object_get(wt, "op")) : "?",
+                             json_string_value(json_object_get(wt, "op")) ? json_string_value(json_object_get(wt, "op"))
+                                                                          : "?",
                              (long long)json_integer_value(json_object_get(wt, "seq")),
-                             json_string_value(json_object_get(wt, "group")) ? json_string_value(json_object_get(wt, "group")) : "?");
+                             json_string_value(json_object_get(wt, "group"))
+                                 ? json_string_value(json_object_get(wt, "group"))
+                                 : "?");
                 else
                     snprintf(what, sizeof what, "rank %d issued only #%llu on %s", members[i], (unsigned long long)k,
                              gname);

@@ -43,22 +43,22 @@ void cp_shard_tokens(int cp, int balanced, int r, int32_t *out, const int32_t *i
 
 typedef struct {
     /* allgather */
-    void *kg, *vg;        /* [cp][B t KV D] gathered, rank-major (compute dtype) */
-    void *kf, *vf;        /* [B T KV D] in sequence order */
-    float *dkf, *dvf;     /* [B T KV D] fp32 gradient of the whole sequence's K, V */
-    float *dkg, *dvg;     /* [cp][B t KV D] fp32, rank-major for the reduce-scatter */
-    float *dkl, *dvl;     /* [B t KV D] fp32 this rank's rows after it */
+    void *kg, *vg;    /* [cp][B t KV D] gathered, rank-major (compute dtype) */
+    void *kf, *vf;    /* [B T KV D] in sequence order */
+    float *dkf, *dvf; /* [B T KV D] fp32 gradient of the whole sequence's K, V */
+    float *dkg, *dvg; /* [cp][B t KV D] fp32, rank-major for the reduce-scatter */
+    float *dkl, *dvl; /* [B t KV D] fp32 this rank's rows after it */
     /* alltoall (the ring) */
-    void *kv[2];          /* [2][B t KV D] a rank's K then V, current and arriving */
-    float *dkv[2];        /* [2][B t KV D] fp32 dK, dV accumulators travelling with them */
-    float *out_acc;       /* [B t H D] fp32 merged output */
-    float *lse_seg;       /* [B][segments][H][c] fp32 lse, segment-major */
-    void *part;           /* [c H D] one block's output (compute dtype) */
-    float *dq32;          /* [B t H D] fp32 dq accumulator (bf16) */
+    void *kv[2];    /* [2][B t KV D] a rank's K then V, current and arriving */
+    float *dkv[2];  /* [2][B t KV D] fp32 dK, dV accumulators travelling with them */
+    float *out_acc; /* [B t H D] fp32 merged output */
+    float *lse_seg; /* [B][segments][H][c] fp32 lse, segment-major */
+    void *part;     /* [c H D] one block's output (compute dtype) */
+    float *dq32;    /* [B t H D] fp32 dq accumulator (bf16) */
     /* both */
-    void *tmp16[3];       /* bf16 block gradients [rows_max max(H,KV) D] */
-    float *tmp32;         /* [rows_max max(H,KV) D] */
-    float *lse_stage;     /* [H c] one call's lse */
+    void *tmp16[3];   /* bf16 block gradients [rows_max max(H,KV) D] */
+    float *tmp32;     /* [rows_max max(H,KV) D] */
+    float *lse_stage; /* [H c] one call's lse */
     void *attn_ws;
     size_t attn_bytes;
 } cp_buffers;
@@ -93,17 +93,16 @@ static ops_attn_shape call_shape(const cp_ctx *c, const cp_attn_dims *d, int b, 
 static size_t layout(const cp_ctx *c, const tetra_ops *ops, const cp_attn_dims *d, int bf16, char *base,
                      cp_buffers *b) {
     const int cp = comm_group_size(c->g), ns = cp_n_segments(c->balanced);
-    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp,
-                 ch = T / (size_t)cp_n_chunks(cp, c->balanced);
+    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
     const size_t nkv = (size_t)d->b * t * (size_t)d->kv * (size_t)d->d; /* elements of the local K */
     const size_t nq = (size_t)d->b * t * (size_t)d->h * (size_t)d->d;
     const size_t wide = (size_t)(d->h > d->kv ? d->h : d->kv) * (size_t)d->d;
     size_t off = 0;
-#define TAKE(field, bytes)                                           \
-    do {                                                             \
-        off = align64(off);                                          \
-        if (base) (field) = (void *)(base + off);                    \
-        off += (bytes);                                              \
+#define TAKE(field, bytes)                                                                                             \
+    do {                                                                                                               \
+        off = align64(off);                                                                                            \
+        if (base) (field) = (void *)(base + off);                                                                      \
+        off += (bytes);                                                                                                \
     } while (0)
     memset(b, 0, sizeof *b);
     size_t rows_max;
@@ -153,8 +152,8 @@ size_t cp_workspace_bytes(const cp_ctx *c, const tetra_ops *ops, const cp_attn_d
 
 static void *at(const void *p, size_t elems, size_t es) { return (char *)p + elems * es; }
 
-static void attn_fwd(const tetra_ops *ops, int bf16, void *out, float *lse, const void *q, const void *k,
-                     const void *v, const ops_attn_shape *s, void *ws) {
+static void attn_fwd(const tetra_ops *ops, int bf16, void *out, float *lse, const void *q, const void *k, const void *v,
+                     const ops_attn_shape *s, void *ws) {
     if (bf16) ops->attention_forward_bf16(out, lse, q, k, v, s, ws);
     else ops->attention_forward(out, lse, q, k, v, s, ws);
 }
@@ -203,8 +202,7 @@ static void gather_kv(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffer
 static void ag_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *out, float *lse,
                        const void *q, const void *k, const void *v, const cp_attn_dims *d) {
     const int cp = comm_group_size(c->g), r = comm_group_rank(c->g), ns = cp_n_segments(c->balanced);
-    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp,
-                 ch = T / (size_t)cp_n_chunks(cp, c->balanced);
+    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
     const size_t qrow = (size_t)d->h * d->d, krow = (size_t)d->kv * d->d;
     gather_kv(c, ops, bf16, w, k, v, d);
     for (int b = 0; b < d->b; b++)
@@ -234,8 +232,7 @@ static void ag_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buff
                         const void *dout, const void *q, const void *k, const void *v, const void *out,
                         const float *lse, const cp_attn_dims *d) {
     const int cp = comm_group_size(c->g), r = comm_group_rank(c->g), ns = cp_n_segments(c->balanced);
-    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp,
-                 ch = T / (size_t)cp_n_chunks(cp, c->balanced);
+    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
     const size_t qrow = (size_t)d->h * d->d, krow = (size_t)d->kv * d->d, nkv = (size_t)d->b * t * krow;
     gather_kv(c, ops, bf16, w, k, v, d);
     ops->fill(w->dkf, 0.0f, (size_t)cp * nkv);
@@ -248,9 +245,9 @@ static void ag_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buff
             const size_t qo = ((size_t)b * t + (size_t)i * ch) * qrow, ko = (size_t)b * T * krow;
             lse_get(ops, w->lse_stage, lse, d, b, i, (int)ch);
             if (bf16) {
-                ops->attention_backward_bf16(at(dq, qo, es), w->tmp16[0], w->tmp16[1], at(dout, qo, es),
-                                             at(q, qo, es), at(w->kf, ko, es), at(w->vf, ko, es), at(out, qo, es),
-                                             w->lse_stage, &s, w->attn_ws);
+                ops->attention_backward_bf16(at(dq, qo, es), w->tmp16[0], w->tmp16[1], at(dout, qo, es), at(q, qo, es),
+                                             at(w->kf, ko, es), at(w->vf, ko, es), at(out, qo, es), w->lse_stage, &s,
+                                             w->attn_ws);
                 add_bf16(ops, w->dkf + ko, w->tmp16[0], w->tmp32, sk * krow);
                 add_bf16(ops, w->dvf + ko, w->tmp16[1], w->tmp32, sk * krow);
             } else {
@@ -274,8 +271,7 @@ static void ag_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buff
 static void ring_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *out, float *lse,
                          const void *q, const void *k, const void *v, const cp_attn_dims *d) {
     const int cp = comm_group_size(c->g), r = comm_group_rank(c->g), ns = cp_n_segments(c->balanced);
-    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp,
-                 ch = T / (size_t)cp_n_chunks(cp, c->balanced);
+    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
     const size_t qrow = (size_t)d->h * d->d, krow = (size_t)d->kv * d->d, nkv = (size_t)d->b * t * krow,
                  nq = (size_t)d->b * t * qrow;
     const comm_dtype dt = bf16 ? COMM_BF16 : COMM_F32;
@@ -317,12 +313,11 @@ static void ring_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buf
         for (int i = 0; i < ns; i++) lse_put(ops, lse, w->lse_seg + ((size_t)b * ns + i) * d->h * ch, d, b, i, (int)ch);
 }
 
-static void ring_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *dq, void *dk,
-                          void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out,
+static void ring_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *dq, void *dk, void *dv,
+                          const void *dout, const void *q, const void *k, const void *v, const void *out,
                           const float *lse, const cp_attn_dims *d) {
     const int cp = comm_group_size(c->g), r = comm_group_rank(c->g), ns = cp_n_segments(c->balanced);
-    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp,
-                 ch = T / (size_t)cp_n_chunks(cp, c->balanced);
+    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
     const size_t qrow = (size_t)d->h * d->d, krow = (size_t)d->kv * d->d, nkv = (size_t)d->b * t * krow,
                  nq = (size_t)d->b * t * qrow;
     const comm_dtype dt = bf16 ? COMM_BF16 : COMM_F32;
@@ -338,8 +333,7 @@ static void ring_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_bu
     for (int step = 0; step < cp; step++) {
         const int src = (r - step + cp) % cp;
         comm_request *req = NULL;
-        if (step < cp - 1)
-            comm_sendrecv(c->g, w->kv[1 - ckv], prev, w->kv[ckv], next, 2 * nkv, dt, &req);
+        if (step < cp - 1) comm_sendrecv(c->g, w->kv[1 - ckv], prev, w->kv[ckv], next, 2 * nkv, dt, &req);
         float *dka = w->dkv[cdk], *dva = w->dkv[cdk] + nkv;
         for (int b = 0; b < d->b; b++)
             for (int i = 0; i < ns; i++) {

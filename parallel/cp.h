@@ -49,9 +49,9 @@
 typedef enum { CP_ROTATE_ALLGATHER = 0, CP_ROTATE_ALLTOALL } cp_rotate;
 
 typedef struct {
-    comm_group *g;       /* the cp group (rank, size from it) */
+    comm_group *g; /* the cp group (rank, size from it) */
     cp_rotate rotate;
-    int balanced;        /* headtail load balancing */
+    int balanced; /* headtail load balancing */
 } cp_ctx;
 
 /* "allgather" | "alltoall"; "headtail" | "none". 0, or -1. */

@@ -26,22 +26,22 @@
 /* A parameter as a model declares it: this rank's unsharded layout. */
 typedef struct {
     const char *name;
-    int unit;                  /* FSDP unit (communication group of parameters) */
+    int unit; /* FSDP unit (communication group of parameters) */
     int ndim;
     int64_t shape[DT_MAX_DIMS];     /* global shape */
     int64_t box_start[DT_MAX_DIMS]; /* the block of the global tensor this rank holds (tensor */
     int64_t box_shape[DT_MAX_DIMS]; /* parallel); box_shape[0] == 0 means the whole tensor */
-    size_t numel;              /* elements of the box */
-    size_t offset;             /* elements from the start of the flat unsharded index space */
-    int replicated;            /* every rank of the tensor-parallel group holds this same box: its
+    size_t numel;                   /* elements of the box */
+    size_t offset;                  /* elements from the start of the flat unsharded index space */
+    int replicated;                 /* every rank of the tensor-parallel group holds this same box: its
                                   gradient is a partial sum over that group, and checkpoints take it
                                   from the group's first rank */
 } dt_param_decl;
 
 typedef struct {
-    size_t start;              /* first element (row-major within the box) */
-    size_t count;              /* elements */
-    size_t local_offset;       /* where they start in the rank's local storage (elements) */
+    size_t start;        /* first element (row-major within the box) */
+    size_t count;        /* elements */
+    size_t local_offset; /* where they start in the rank's local storage (elements) */
 } dt_piece;
 
 typedef struct {
@@ -53,7 +53,7 @@ typedef struct {
     int64_t box_start[DT_MAX_DIMS]; /* the block this rank's pieces are taken from */
     int64_t box_shape[DT_MAX_DIMS];
     int unit;
-    int n_pieces;                   /* 0 (holds nothing) or 1 */
+    int n_pieces; /* 0 (holds nothing) or 1 */
     dt_piece piece;
 } dt_tensor;
 

@@ -36,67 +36,67 @@ double commi_now(void);
 #define N_F8 2 /* float8 all-gathers in flight at once (staging buffers) */
 
 typedef struct {
-    size_t offset, numel;      /* range in the flat index space */
-    size_t shard;              /* s_u = ceil(numel / S) */
-    size_t padded;             /* S * s_u */
-    size_t local_offset;       /* in master / grad */
-    size_t valid;              /* elements of the shard that are real (not padding) */
-    int resident;              /* own working parameter buffer (kept gathered after forward) */
-    void *own_params;          /* resident: [padded] compute dtype */
-    float *own_grads;          /* reduce_at_last_microbatch: [padded] fp32 */
-    int pslot;                 /* transient: the parameter slot holding it, or -1 */
-    int gathered;              /* unit_params[u] holds the current parameters */
-    comm_request *ag;          /* all-gather in flight into its buffer */
-    int pinned;                /* between a pre-hook and its post-hook: its slot may not be taken */
-    int gslot;                 /* gradient slot bound (rotating mode), or -1 */
-    int grads_bound;           /* unit_grads[u] set */
-    int grad_fresh;            /* nothing reduced into the shard yet this step */
+    size_t offset, numel; /* range in the flat index space */
+    size_t shard;         /* s_u = ceil(numel / S) */
+    size_t padded;        /* S * s_u */
+    size_t local_offset;  /* in master / grad */
+    size_t valid;         /* elements of the shard that are real (not padding) */
+    int resident;         /* own working parameter buffer (kept gathered after forward) */
+    void *own_params;     /* resident: [padded] compute dtype */
+    float *own_grads;     /* reduce_at_last_microbatch: [padded] fp32 */
+    int pslot;            /* transient: the parameter slot holding it, or -1 */
+    int gathered;         /* unit_params[u] holds the current parameters */
+    comm_request *ag;     /* all-gather in flight into its buffer */
+    int pinned;           /* between a pre-hook and its post-hook: its slot may not be taken */
+    int gslot;            /* gradient slot bound (rotating mode), or -1 */
+    int grads_bound;      /* unit_grads[u] set */
+    int grad_fresh;       /* nothing reduced into the shard yet this step */
     int needs_params_bwd;
-    comm_request *ar;          /* replicate all-reduce in flight */
+    comm_request *ar; /* replicate all-reduce in flight */
     /* float8 all-gather (fsdp_enable_fp8_gather): the unit holds e4m3 parameters; each
      * rank's block is blk bytes: the e4m3 codes of its shard, then (at align16(shard))
      * hp_pad elements in the compute dtype for its other parameters */
     int f8;
     size_t blk, hp_pad;
-    int f8slot;                /* the staging slot of its gather in flight, or -1 */
+    int f8slot; /* the staging slot of its gather in flight, or -1 */
 } unit_state;
 
 typedef struct {
-    uint8_t *send;             /* [max blk] this rank's block */
-    uint8_t *recv;             /* [S * max blk] every rank's */
-    int unit;                  /* -1 = free */
+    uint8_t *send; /* [max blk] this rank's block */
+    uint8_t *recv; /* [S * max blk] every rank's */
+    int unit;      /* -1 = free */
 } f8_slot;
 
 typedef struct {
-    void *buf;                 /* [max padded transient unit], compute dtype */
-    int unit;                  /* -1 = free */
-    long used;                 /* last time it was bound, to evict the least recent */
+    void *buf; /* [max padded transient unit], compute dtype */
+    int unit;  /* -1 = free */
+    long used; /* last time it was bound, to evict the least recent */
 } pslot;
 
 typedef struct {
-    float *buf;                /* [max padded unit] fp32 */
-    int unit;                  /* -1 = free (a unit whose reduce-scatter is in flight still holds it) */
+    float *buf; /* [max padded unit] fp32 */
+    int unit;   /* -1 = free (a unit whose reduce-scatter is in flight still holds it) */
 } gslot;
 
 typedef struct {
-    float *recv;               /* [max shard] */
+    float *recv; /* [max shard] */
     comm_request *req;
-    int unit;                  /* -1 = free */
-    int direct;                /* received straight into the shard (no accumulate) */
-    int last;                  /* last microbatch: all-reduce over the replicate group afterwards */
+    int unit;   /* -1 = free */
+    int direct; /* received straight into the shard (no accumulate) */
+    int last;   /* last microbatch: all-reduce over the replicate group afterwards */
     long ticket;
 } rs_slot;
 
 struct fsdp {
     fsdp_config cfg;
     const tetra_ops *ops;
-    int S, R, k;               /* shard degree, replicate degree, index in the shard group */
-    int T, tr;                 /* tensor-parallel degree and rank */
-    size_t esz;                /* bytes of a gathered element */
+    int S, R, k; /* shard degree, replicate degree, index in the shard group */
+    int T, tr;   /* tensor-parallel degree and rank */
+    size_t esz;  /* bytes of a gathered element */
     unit_state *units;
     dt_tensor *tensors;
     float *master, *grad;
-    uint16_t *compute;         /* bf16 copy of the master shard (or the whole layout at S = 1), or NULL */
+    uint16_t *compute; /* bf16 copy of the master shard (or the whole layout at S = 1), or NULL */
     void *param_mem, *work_param_mem, *work_grad_mem; /* the allocations */
     float *grad_mem, *rs_mem;
     size_t local_numel;
@@ -105,14 +105,14 @@ struct fsdp {
     gslot gs[N_GSLOTS];
     rs_slot rs[N_RS];
     long clock, ticket;
-    float *scalar;             /* [1] backend memory for norms */
+    float *scalar; /* [1] backend memory for norms */
     /* float8 all-gather */
     const float **f8_scale, **f8_inv; /* [n_params] per parameter, NULL: not float8 */
-    int *f8_order;             /* [n_params] parameter indices by unit, then offset */
+    int *f8_order;                    /* [n_params] parameter indices by unit, then offset */
     f8_slot f8s[N_F8];
     void *f8_mem;
-    float *f8_tmp;             /* [max shard] fp32 staging for bf16 pack and unpack */
-    float f8_plan_mark[1];     /* stands for the scales in a plan (never read) */
+    float *f8_tmp;         /* [max shard] fp32 staging for bf16 pack and unpack */
+    float f8_plan_mark[1]; /* stands for the scales in a plan (never read) */
     fsdp_memory mem;
     fsdp_stats st;
 };
@@ -153,8 +153,7 @@ int fsdp_reshards_after_forward(const fsdp *f, int u) { return reshards_after_fo
 
 static void *unit_buf_params(const fsdp *f, int u) {
     const unit_state *x = &f->units[u];
-    if (f->S == 1)
-        return f->compute ? (void *)(f->compute + x->offset) : (void *)(f->master + x->offset);
+    if (f->S == 1) return f->compute ? (void *)(f->compute + x->offset) : (void *)(f->master + x->offset);
     return x->resident ? x->own_params : x->pslot >= 0 ? f->ps[x->pslot].buf : NULL;
 }
 
@@ -334,9 +333,10 @@ static int alloc_working(fsdp *f, char *err, size_t errlen) {
     f->work_grad_mem = work_g && !external ? ops->alloc(work_g) : NULL;
     f->rs_mem = ops->alloc(mr->reduce_bytes);
     if ((work_p && !f->work_param_mem) || (work_g && !external && !f->work_grad_mem) || !f->rs_mem) {
-        snprintf(err, errlen, "fsdp: cannot allocate the working buffers (%.1f MiB parameters, %.1f MiB "
-                 "gradients, %.1f MiB staging)", (double)work_p / 1048576.0, (double)work_g / 1048576.0,
-                 (double)mr->reduce_bytes / 1048576.0);
+        snprintf(err, errlen,
+                 "fsdp: cannot allocate the working buffers (%.1f MiB parameters, %.1f MiB "
+                 "gradients, %.1f MiB staging)",
+                 (double)work_p / 1048576.0, (double)work_g / 1048576.0, (double)mr->reduce_bytes / 1048576.0);
         return -1;
     }
     carve_working(f, external);
@@ -589,8 +589,10 @@ static int ag_start(fsdp *f, int u, int blocking) {
     }
     if (!x->resident && x->pslot < 0 && take_pslot(f, u, blocking) < 0) {
         if (!blocking) return 0;
-        fprintf(stderr, "fsdp: unit %d needs its parameters but both working slots hold units in use (a schedule "
-                        "with more than two transient units in flight at once)\n", u);
+        fprintf(stderr,
+                "fsdp: unit %d needs its parameters but both working slots hold units in use (a schedule "
+                "with more than two transient units in flight at once)\n",
+                u);
         abort();
     }
     if (f8 >= 0) {
@@ -603,10 +605,8 @@ static int ag_start(fsdp *f, int u, int blocking) {
         return 1;
     }
     void *buf = unit_buf_params(f, u);
-    if (f->compute)
-        comm_all_gather(f->cfg.shard, buf, f->compute + x->local_offset, x->shard, COMM_BF16, &x->ag);
-    else
-        comm_all_gather(f->cfg.shard, buf, f->master + x->local_offset, x->shard, COMM_F32, &x->ag);
+    if (f->compute) comm_all_gather(f->cfg.shard, buf, f->compute + x->local_offset, x->shard, COMM_BF16, &x->ag);
+    else comm_all_gather(f->cfg.shard, buf, f->master + x->local_offset, x->shard, COMM_F32, &x->ag);
     f->st.all_gathers++;
     return 1;
 }
@@ -737,8 +737,10 @@ static void bind_grads(fsdp *f, int u) {
         if (s >= 0) break;
         int r = oldest_rs(f);
         if (r < 0) {
-            fprintf(stderr, "fsdp: unit %d needs a gradient buffer but both are bound to units whose W pass has "
-                            "not finished\n", u);
+            fprintf(stderr,
+                    "fsdp: unit %d needs a gradient buffer but both are bound to units whose W pass has "
+                    "not finished\n",
+                    u);
             abort();
         }
         rs_complete(f, r);
@@ -899,8 +901,8 @@ int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user) {
     return rc;
 }
 
-int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale,
-                           const float *const *inv_scale, char *err, size_t errlen) {
+int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale, const float *const *inv_scale,
+                           char *err, size_t errlen) {
     if (f->S == 1 || n <= 0) return 0;
     if (f->f8_scale) {
         snprintf(err, errlen, "fsdp: the float8 all-gather is already enabled");

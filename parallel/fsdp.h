@@ -75,43 +75,43 @@ int fsdp_parse_reshard(const char *s, fsdp_reshard_mode *out);
 
 typedef struct {
     const tetra_ops *ops;
-    comm_group *shard;              /* parameters are sharded over it (dp_shard x cp) */
-    comm_group *replicate;          /* gradients are all-reduced over it (dp_replicate) */
-    comm_group *tp;                 /* tensor parallel (NULL: none): the gradients of parameters declared
+    comm_group *shard;     /* parameters are sharded over it (dp_shard x cp) */
+    comm_group *replicate; /* gradients are all-reduced over it (dp_replicate) */
+    comm_group *tp;        /* tensor parallel (NULL: none): the gradients of parameters declared
                                        `replicated` are summed over it; every other parameter is a
                                        different box on each of its ranks */
     fsdp_reshard_mode reshard;
-    int pipeline_parallel;          /* "default" keeps units gathered after forward under PP */
-    int reduce_at_last_microbatch;  /* gradients accumulate unsharded until a unit's last W pass */
-    int external_work_grads;        /* with reduce_at_last_microbatch: the unsharded gradient buffers
+    int pipeline_parallel;         /* "default" keeps units gathered after forward under PP */
+    int reduce_at_last_microbatch; /* gradients accumulate unsharded until a unit's last W pass */
+    int external_work_grads;       /* with reduce_at_last_microbatch: the unsharded gradient buffers
                                        (fsdp_memory.work_grad_bytes) are the caller's, given by
                                        fsdp_set_work_grads, so that units whose W passes never overlap
                                        (stages of one pipeline rank) can take turns in one arena */
-    tetra_dtype compute_dtype;      /* F32 or BF16: the dtype of the gathered parameters */
+    tetra_dtype compute_dtype;     /* F32 or BF16: the dtype of the gathered parameters */
     int n_units;
-    const size_t *unit_offset;      /* [n_units] each unit's range in the flat index space */
-    const size_t *unit_numel;       /* [n_units] */
+    const size_t *unit_offset; /* [n_units] each unit's range in the flat index space */
+    const size_t *unit_numel;  /* [n_units] */
     int n_params;
     const dt_param_decl *params_decl; /* [n_params] */
-    void **unit_params;             /* [n_units] written by FSDP: each unit's gathered parameters or NULL */
-    float **unit_grads;             /* [n_units] written by FSDP: each unit's gradient buffer or NULL */
-    int plan_only;                  /* lay out and report memory; allocate nothing (dry run) */
+    void **unit_params;               /* [n_units] written by FSDP: each unit's gathered parameters or NULL */
+    float **unit_grads;               /* [n_units] written by FSDP: each unit's gradient buffer or NULL */
+    int plan_only;                    /* lay out and report memory; allocate nothing (dry run) */
 } fsdp_config;
 
 typedef struct {
-    size_t param_bytes;             /* persistent: fp32 master shard */
-    size_t compute_bytes;           /* persistent: its bf16 copy (mixed precision), else 0 */
-    size_t grad_bytes;              /* persistent: fp32 gradient shard */
-    size_t optim_bytes;             /* AdamW m and v for the shard (2 x param_bytes) */
-    size_t work_param_bytes;        /* working: gathered parameters (resident units + 2 slots) */
-    size_t work_grad_bytes;         /* working: unsharded gradient buffers */
-    size_t reduce_bytes;            /* working: reduce-scatter receive staging */
-    size_t max_unit_bytes;          /* largest unit, unsharded fp32 */
-    int resident_units;             /* units with their own gathered buffer */
+    size_t param_bytes;      /* persistent: fp32 master shard */
+    size_t compute_bytes;    /* persistent: its bf16 copy (mixed precision), else 0 */
+    size_t grad_bytes;       /* persistent: fp32 gradient shard */
+    size_t optim_bytes;      /* AdamW m and v for the shard (2 x param_bytes) */
+    size_t work_param_bytes; /* working: gathered parameters (resident units + 2 slots) */
+    size_t work_grad_bytes;  /* working: unsharded gradient buffers */
+    size_t reduce_bytes;     /* working: reduce-scatter receive staging */
+    size_t max_unit_bytes;   /* largest unit, unsharded fp32 */
+    int resident_units;      /* units with their own gathered buffer */
 } fsdp_memory;
 
 typedef struct {
-    double wait_s;                  /* time spent waiting for collectives */
+    double wait_s; /* time spent waiting for collectives */
     long all_gathers, reduce_scatters, all_reduces;
 } fsdp_stats;
 
@@ -188,8 +188,8 @@ typedef struct {
  * the compute dtype; the gathered buffer then holds q * inv_scale in the compute dtype,
  * which quantises back to q with the same scale. Call once, before the first gather; a
  * no-op without sharding. 0, or -1 with err. */
-int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale,
-                           const float *const *inv_scale, char *err, size_t errlen);
+int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale, const float *const *inv_scale,
+                           char *err, size_t errlen);
 fsdp_traffic fsdp_step_traffic(const fsdp *f, int microbatches);
 
 fsdp_memory fsdp_memory_report(const fsdp *f);

@@ -30,9 +30,9 @@ typedef enum {
     MESH_G_DP_SHARD,
     MESH_G_CP,
     MESH_G_TP,
-    MESH_G_FSDP,   /* dp_shard x cp: FSDP shards parameters over it ("dp_shard_cp") */
-    MESH_G_BATCH,  /* dp_replicate x dp_shard: ranks that read different data ("dp") */
-    MESH_G_LOSS,   /* dp_replicate x dp_shard x cp: loss and token counts ("dp_cp") */
+    MESH_G_FSDP,  /* dp_shard x cp: FSDP shards parameters over it ("dp_shard_cp") */
+    MESH_G_BATCH, /* dp_replicate x dp_shard: ranks that read different data ("dp") */
+    MESH_G_LOSS,  /* dp_replicate x dp_shard x cp: loss and token counts ("dp_cp") */
     MESH_G_WORLD,
     MESH_N_GROUPS
 } mesh_group_id;
@@ -47,9 +47,9 @@ typedef struct {
  * product must equal world. Returns 0, or -1 with a message in err. */
 int mesh_init(mesh *m, int world, int pp, int dp_replicate, int dp_shard, int cp, int tp, char *err, size_t errlen);
 
-const char *mesh_dim_name(int dim);                  /* "pp", "dp_replicate", ... */
-unsigned mesh_group_dims(mesh_group_id g);           /* set of MESH_BIT(dim) */
-const char *mesh_group_name(mesh_group_id g);        /* "dp_shard_cp", "dp", "dp_cp", "world", ... */
+const char *mesh_dim_name(int dim);           /* "pp", "dp_replicate", ... */
+unsigned mesh_group_dims(mesh_group_id g);    /* set of MESH_BIT(dim) */
+const char *mesh_group_name(mesh_group_id g); /* "dp_shard_cp", "dp", "dp_cp", "world", ... */
 
 void mesh_coords(const mesh *m, int rank, int coord[MESH_NDIMS]);
 int mesh_rank(const mesh *m, const int coord[MESH_NDIMS]);

@@ -21,8 +21,7 @@ static size_t type_size(tetra_dtype dt) { return dt == TETRA_BF16 ? 2 : 4; }
 
 static comm_dtype comm_type(tetra_dtype dt) { return dt == TETRA_BF16 ? COMM_BF16 : COMM_F32; }
 
-void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
-                        tetra_dtype dt) {
+void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols, tetra_dtype dt) {
     const int size = comm_group_size(g);
     if (size > 1) {
         totals.collectives++;
@@ -43,8 +42,8 @@ static void ordered_sum(const tetra_ops *ops, float *out, const float *staging, 
     for (int q = 2; q < size; q++) ops->add(out, out, staging + (size_t)q * n, n);
 }
 
-void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_local, const float *full,
-                            float *staging, size_t rows_local, size_t cols) {
+void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_local, const float *full, float *staging,
+                            size_t rows_local, size_t cols) {
     const int size = comm_group_size(g);
     const size_t n = rows_local * cols;
     if (size == 1) {
@@ -118,8 +117,7 @@ void tp_row_parallel_out(const tetra_ops *ops, comm_group *g, float *out_local, 
 }
 
 void tp_vocab_cross_entropy(const tetra_ops *ops, comm_group *g, float *dlogits, float *losses, const float *logits,
-                            const int32_t *targets, int n, int v_local, int v_start, float dloss_scale,
-                            float *stats) {
+                            const int32_t *targets, int n, int v_local, int v_start, float dloss_scale, float *stats) {
     float *row_max = stats, *sum_exp = stats + n, *target_logit = stats + 2 * (size_t)n;
     ops->ce_shard_max(row_max, logits, n, v_local);
     comm_all_reduce(g, row_max, (size_t)n, COMM_F32, COMM_MAX, NULL);

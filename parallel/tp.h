@@ -32,13 +32,12 @@
 #include "parallel/comm.h"
 
 /* full[N, C] = the row blocks local[N/P, C] of every rank, in rank order. dt: F32 or BF16. */
-void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols,
-                        tetra_dtype dt);
+void tp_all_gather_rows(comm_group *g, void *full, const void *local, size_t rows_local, size_t cols, tetra_dtype dt);
 
 /* out_local[N/P, C] = sum over ranks q = 0..P-1 of rows [p N/P, (p+1) N/P) of full_q[N, C]
  * (fp32). staging: [P, N/P, C] fp32 backend memory. out_local may not alias full. */
-void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_local, const float *full,
-                            float *staging, size_t rows_local, size_t cols);
+void tp_reduce_scatter_rows(const tetra_ops *ops, comm_group *g, float *out_local, const float *full, float *staging,
+                            size_t rows_local, size_t cols);
 
 /* The column-parallel and row-parallel linears with their collectives. A callback
  * computes rows [row0, row0 + rows) of the linear's GEMMs (whatever implementation the
@@ -74,8 +73,7 @@ tp_stats tp_get_stats(void);
  * stats: [3, N] fp32 backend memory. Targets are in [0, V) or OPS_IGNORE_INDEX (no loss,
  * no gradient); no shard can tell a target beyond V from one in another shard. */
 void tp_vocab_cross_entropy(const tetra_ops *ops, comm_group *g, float *dlogits, float *losses, const float *logits,
-                            const int32_t *targets, int n, int v_local, int v_start, float dloss_scale,
-                            float *stats);
+                            const int32_t *targets, int n, int v_local, int v_start, float dloss_scale, float *stats);
 
 /* full[N, P * Vl] = the column blocks local[N, Vl] of every rank side by side (the
  * logits gathered when loss parallel is off). staging: [P, N, Vl] fp32. */

@@ -18,14 +18,14 @@ static inline void check_failed(const char *file, int line, const char *cond) {
     else fprintf(stderr, "FAIL %s:%d: %s: ", file, line, cond);
 }
 
-#define CHECK(cond, ...)                                 \
-    do {                                                 \
-        checks++;                                        \
-        if (!(cond)) {                                   \
-            check_failed(__FILE__, __LINE__, #cond);     \
-            fprintf(stderr, __VA_ARGS__);                \
-            fputc('\n', stderr);                         \
-        }                                                \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        checks++;                                                                                                      \
+        if (!(cond)) {                                                                                                 \
+            check_failed(__FILE__, __LINE__, #cond);                                                                   \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+        }                                                                                                              \
     } while (0)
 
 static inline int check_summary(const char *name) {

@@ -13,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void put_json_string(FILE *out, const char *s, size_t n)
-{
+static void put_json_string(FILE *out, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     putc('"', out);
     for (size_t i = 0; i < n; i++) {
@@ -29,32 +28,27 @@ static void put_json_string(FILE *out, const char *s, size_t n)
         case '\t': fputs("\\t", out); break;
         default:
             /* The parser guarantees valid UTF-8, so only controls need escaping. */
-            if (c < 0x20 || c == 0x7F)
-                fprintf(out, "\\u00%c%c", hex[c >> 4], hex[c & 15]);
-            else
-                putc(c, out);
+            if (c < 0x20 || c == 0x7F) fprintf(out, "\\u00%c%c", hex[c >> 4], hex[c & 15]);
+            else putc(c, out);
         }
     }
     putc('"', out);
 }
 
-static void put_tagged(FILE *out, const char *type, const char *value)
-{
+static void put_tagged(FILE *out, const char *type, const char *value) {
     fprintf(out, "{\"type\":\"%s\",\"value\":", type);
     put_json_string(out, value, strlen(value));
     putc('}', out);
 }
 
-static void put_value(FILE *out, const toml_value *v)
-{
+static void put_value(FILE *out, const toml_value *v) {
     char buf[64];
     switch (v->type) {
     case TOML_TABLE:
         putc('{', out);
         for (size_t i = 0; i < v->u.tab.n; i++) {
             const toml_entry *e = &v->u.tab.entries[i];
-            if (i)
-                putc(',', out);
+            if (i) putc(',', out);
             put_json_string(out, e->key, e->key_len);
             putc(':', out);
             put_value(out, e->value);
@@ -64,8 +58,7 @@ static void put_value(FILE *out, const toml_value *v)
     case TOML_ARRAY:
         putc('[', out);
         for (size_t i = 0; i < v->u.arr.n; i++) {
-            if (i)
-                putc(',', out);
+            if (i) putc(',', out);
             put_value(out, v->u.arr.items[i]);
         }
         putc(']', out);
@@ -83,20 +76,15 @@ static void put_value(FILE *out, const toml_value *v)
         toml_format_float(v->u.f, buf, sizeof buf);
         put_tagged(out, "float", buf);
         break;
-    case TOML_BOOLEAN:
-        put_tagged(out, "bool", v->u.b ? "true" : "false");
-        break;
+    case TOML_BOOLEAN: put_tagged(out, "bool", v->u.b ? "true" : "false"); break;
     case TOML_OFFSET_DATETIME:
     case TOML_LOCAL_DATETIME:
     case TOML_LOCAL_DATE:
-    case TOML_LOCAL_TIME:
-        put_tagged(out, toml_type_name(v->type), v->u.dt.text);
-        break;
+    case TOML_LOCAL_TIME: put_tagged(out, toml_type_name(v->type), v->u.dt.text); break;
     }
 }
 
-int main(void)
-{
+int main(void) {
     size_t cap = 1 << 16, len = 0;
     char *doc = malloc(cap);
     if (!doc) {
@@ -115,8 +103,7 @@ int main(void)
         }
         size_t got = fread(doc + len, 1, cap - len, stdin);
         len += got;
-        if (got == 0)
-            break;
+        if (got == 0) break;
     }
     if (ferror(stdin)) {
         perror("reading stdin");

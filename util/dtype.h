@@ -13,8 +13,8 @@ typedef enum {
     TETRA_F32 = 0,
     TETRA_BF16 = 1,
     TETRA_F16 = 2,
-    TETRA_FP8_E4M3 = 3,  // float8_e4m3fn: max 448, no inf, NaN = 0x7f/0xff
-    TETRA_FP8_E5M2 = 4,  // float8_e5m2: max 57344, inf, NaN = 0x7e/0xfe (as ml_dtypes/torch)
+    TETRA_FP8_E4M3 = 3, // float8_e4m3fn: max 448, no inf, NaN = 0x7f/0xff
+    TETRA_FP8_E5M2 = 4, // float8_e5m2: max 57344, inf, NaN = 0x7e/0xfe (as ml_dtypes/torch)
     TETRA_I32 = 5,
 } tetra_dtype;
 

@@ -60,16 +60,16 @@
 // vector would leave half of each FMA unit idle). Loads and stores go through memcpy
 // (unaligned, no aliasing questions); macros rather than functions so no vector crosses a
 // call (its ABI differs between the ISA levels).
-#define V_LD(VT, p)                              \
-    __extension__({                              \
-        VT vl_;                                  \
-        __builtin_memcpy(&vl_, (p), sizeof vl_); \
-        vl_;                                     \
+#define V_LD(VT, p)                                                                                                    \
+    __extension__({                                                                                                    \
+        VT vl_;                                                                                                        \
+        __builtin_memcpy(&vl_, (p), sizeof vl_);                                                                       \
+        vl_;                                                                                                           \
     })
-#define V_ST(VT, p, x)                           \
-    do {                                         \
-        VT vs_ = (x);                            \
-        __builtin_memcpy((p), &vs_, sizeof vs_); \
+#define V_ST(VT, p, x)                                                                                                 \
+    do {                                                                                                               \
+        VT vs_ = (x);                                                                                                  \
+        __builtin_memcpy((p), &vs_, sizeof vs_);                                                                       \
     } while (0)
 // C := alpha S (+ C when acc), on W columns or the last nw < W through a zero-padded copy.
 // alpha S is rounded on its own before the add: whether a compiler would fuse the two
@@ -77,36 +77,35 @@
 // kernels of both widths must give the same bits. Without acc the product is stored as it
 // is: at head_dim 16 a tile's output costs as much as a sixth of its FMAs, and the fence
 // and the add of zeros were most of that.
-#define V_OUT(VT, W, cp, s, nw)                                                          \
-    do {                                                                                 \
-        float *cp_ = (cp);                                                               \
-        VT r_ = alpha * (s);                                                             \
-        if (acc) {                                                                       \
-            VT cv_;                                                                      \
-            if ((nw) == (W)) {                                                           \
-                cv_ = V_LD(VT, cp_);                                                     \
-            } else {                                                                     \
-                float tc_[W] = {0};                                                      \
-                __builtin_memcpy(tc_, cp_, (size_t)(nw) * sizeof(float));                \
-                cv_ = V_LD(VT, tc_);                                                     \
-            }                                                                            \
-            __asm__("" : "+m"(r_)); /* no fusion with the add below */                   \
-            r_ += cv_;                                                                   \
-        }                                                                                \
-        if ((nw) == (W)) {                                                               \
-            V_ST(VT, cp_, r_);                                                           \
-        } else {                                                                         \
-            float t_[W];                                                                 \
-            V_ST(VT, t_, r_);                                                            \
-            __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));                     \
-        }                                                                                \
+#define V_OUT(VT, W, cp, s, nw)                                                                                        \
+    do {                                                                                                               \
+        float *cp_ = (cp);                                                                                             \
+        VT r_ = alpha * (s);                                                                                           \
+        if (acc) {                                                                                                     \
+            VT cv_;                                                                                                    \
+            if ((nw) == (W)) {                                                                                         \
+                cv_ = V_LD(VT, cp_);                                                                                   \
+            } else {                                                                                                   \
+                float tc_[W] = {0};                                                                                    \
+                __builtin_memcpy(tc_, cp_, (size_t)(nw) * sizeof(float));                                              \
+                cv_ = V_LD(VT, tc_);                                                                                   \
+            }                                                                                                          \
+            __asm__("" : "+m"(r_)); /* no fusion with the add below */                                                 \
+            r_ += cv_;                                                                                                 \
+        }                                                                                                              \
+        if ((nw) == (W)) {                                                                                             \
+            V_ST(VT, cp_, r_);                                                                                         \
+        } else {                                                                                                       \
+            float t_[W];                                                                                               \
+            V_ST(VT, t_, r_);                                                                                          \
+            __builtin_memcpy(cp_, t_, (size_t)(nw) * sizeof(float));                                                   \
+        }                                                                                                              \
     } while (0)
 // B's W columns at bp, or its last nw < W zero-padded
-#define V_LDB(VT, W, bp, nw)                                                             \
-    __extension__({                                                                      \
-        float tb_[W] = {0};                                                              \
-        (nw) == (W) ? V_LD(VT, bp)                                                       \
-                    : (__builtin_memcpy(tb_, (bp), (size_t)(nw) * sizeof(float)), V_LD(VT, tb_)); \
+#define V_LDB(VT, W, bp, nw)                                                                                           \
+    __extension__({                                                                                                    \
+        float tb_[W] = {0};                                                                                            \
+        (nw) == (W) ? V_LD(VT, bp) : (__builtin_memcpy(tb_, (bp), (size_t)(nw) * sizeof(float)), V_LD(VT, tb_));       \
     })
 
 // C[m, w] = alpha A B (+ C when acc): A(i, p) = a[i ar + p ac] at any strides, B row-major
@@ -120,55 +119,54 @@
 // Every element of C is the same chain of FMAs over p in order and one final
 // alpha-multiply-add, whichever tile, edge or vector width computes it, so its bits depend
 // neither on where the tile edges fall nor on the ISA level.
-#define MK_GEMM_BODY(VT, W, R2, R1)                                                               \
-    const int jm = w / (2 * W) * (2 * W), im = m / (R2) * (R2);                                   \
-    for (int i = 0; i < im; i += (R2)) {                                                          \
-        const float *a0 = a + i * ar;                                                             \
-        float *c0 = c + i * ldc;                                                                  \
-        for (int j = 0; j < jm; j += 2 * W) {                                                     \
-            VT s[R2][2];                                                                          \
-            _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) s[r][0] = s[r][1] = (VT){0};  \
-            const float *bp = b + j, *ap = a0;                                                    \
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                    \
-                VT b0 = V_LD(VT, bp), b1 = V_LD(VT, bp + W);                                      \
-                _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) {                         \
-                    float x = ap[r * ar];                                                         \
-                    s[r][0] += x * b0, s[r][1] += x * b1;                                         \
-                }                                                                                 \
-            }                                                                                     \
-            _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) {                             \
-                V_OUT(VT, W, c0 + r * ldc + j, s[r][0], W);                                       \
-                V_OUT(VT, W, c0 + r * ldc + j + W, s[r][1], W);                                   \
-            }                                                                                     \
-        }                                                                                         \
-    }                                                                                             \
-    for (int j = jm; j < w; j += W) {                                                             \
-        const int nw = w - j < W ? w - j : W;                                                     \
-        int i = 0;                                                                                \
-        for (; i + (R1) <= m; i += (R1)) {                                                        \
-            VT s[R1];                                                                             \
-            _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) s[r] = (VT){0};               \
-            const float *bp = b + j, *ap = a + i * ar;                                            \
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                    \
-                VT b0 = V_LDB(VT, W, bp, nw);                                                     \
-                _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) s[r] += ap[r * ar] * b0;  \
-            }                                                                                     \
-            _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++)                               \
-                V_OUT(VT, W, c + (i + r) * ldc + j, s[r], nw);                                    \
-        }                                                                                         \
-        for (; i < m; i++) {                                                                      \
-            VT s0 = {0};                                                                          \
-            const float *bp = b + j, *ap = a + i * ar;                                            \
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += ap[0] * V_LDB(VT, W, bp, nw);  \
-            V_OUT(VT, W, c + i * ldc + j, s0, nw);                                                \
-        }                                                                                         \
-    }                                                                                             \
-    for (int i = im; i < m; i++)                                                                  \
-        for (int j = 0; j < jm; j += W) {                                                         \
-            VT s0 = {0};                                                                          \
-            const float *bp = b + j, *ap = a + i * ar;                                            \
-            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += ap[0] * V_LD(VT, bp);          \
-            V_OUT(VT, W, c + i * ldc + j, s0, W);                                                 \
+#define MK_GEMM_BODY(VT, W, R2, R1)                                                                                    \
+    const int jm = w / (2 * W) * (2 * W), im = m / (R2) * (R2);                                                        \
+    for (int i = 0; i < im; i += (R2)) {                                                                               \
+        const float *a0 = a + i * ar;                                                                                  \
+        float *c0 = c + i * ldc;                                                                                       \
+        for (int j = 0; j < jm; j += 2 * W) {                                                                          \
+            VT s[R2][2];                                                                                               \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) s[r][0] = s[r][1] = (VT){0};                       \
+            const float *bp = b + j, *ap = a0;                                                                         \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                                         \
+                VT b0 = V_LD(VT, bp), b1 = V_LD(VT, bp + W);                                                           \
+                _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) {                                              \
+                    float x = ap[r * ar];                                                                              \
+                    s[r][0] += x * b0, s[r][1] += x * b1;                                                              \
+                }                                                                                                      \
+            }                                                                                                          \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R2); r++) {                                                  \
+                V_OUT(VT, W, c0 + r * ldc + j, s[r][0], W);                                                            \
+                V_OUT(VT, W, c0 + r * ldc + j + W, s[r][1], W);                                                        \
+            }                                                                                                          \
+        }                                                                                                              \
+    }                                                                                                                  \
+    for (int j = jm; j < w; j += W) {                                                                                  \
+        const int nw = w - j < W ? w - j : W;                                                                          \
+        int i = 0;                                                                                                     \
+        for (; i + (R1) <= m; i += (R1)) {                                                                             \
+            VT s[R1];                                                                                                  \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) s[r] = (VT){0};                                    \
+            const float *bp = b + j, *ap = a + i * ar;                                                                 \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) {                                                         \
+                VT b0 = V_LDB(VT, W, bp, nw);                                                                          \
+                _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) s[r] += ap[r * ar] * b0;                       \
+            }                                                                                                          \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R1); r++) V_OUT(VT, W, c + (i + r) * ldc + j, s[r], nw);     \
+        }                                                                                                              \
+        for (; i < m; i++) {                                                                                           \
+            VT s0 = {0};                                                                                               \
+            const float *bp = b + j, *ap = a + i * ar;                                                                 \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += ap[0] * V_LDB(VT, W, bp, nw);                       \
+            V_OUT(VT, W, c + i * ldc + j, s0, nw);                                                                     \
+        }                                                                                                              \
+    }                                                                                                                  \
+    for (int i = im; i < m; i++)                                                                                       \
+        for (int j = 0; j < jm; j += W) {                                                                              \
+            VT s0 = {0};                                                                                               \
+            const float *bp = b + j, *ap = a + i * ar;                                                                 \
+            for (int p = 0; p < n; p++, bp += ldb, ap += ac) s0 += ap[0] * V_LD(VT, bp);                               \
+            V_OUT(VT, W, c + i * ldc + j, s0, W);                                                                      \
         }
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -177,13 +175,12 @@ CPU_SIMD static void mk_gemm8(float *restrict c, long ldc, const float *restrict
     MK_GEMM_BODY(v8f, 8, 4, 8)
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(TETRA_NO_CLONES)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(TETRA_NO_CLONES)
 #include <immintrin.h>
 typedef float v16f __attribute__((vector_size(64)));
-__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void mk_gemm16(
-    float *restrict c, long ldc, const float *restrict a, long ar, long ac, const float *restrict b, long ldb, int m,
-    int w, int n, float alpha, int acc) {
+__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void
+mk_gemm16(float *restrict c, long ldc, const float *restrict a, long ar, long ac, const float *restrict b, long ldb,
+          int m, int w, int n, float alpha, int acc) {
     MK_GEMM_BODY(v16f, 16, 8, 8)
 }
 #define MK_HAVE_W16 1
@@ -209,8 +206,8 @@ int cpu_attention_set_vector_width(int w) {
 #define BY_WIDTH(f, ...) f##8(__VA_ARGS__)
 #endif
 
-static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long ar, long ac,
-                    const float *restrict b, long ldb, int m, int w, int n, float alpha, int acc) {
+static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long ar, long ac, const float *restrict b,
+                    long ldb, int m, int w, int n, float alpha, int acc) {
     BY_WIDTH(mk_gemm, c, ldc, a, ar, ac, b, ldb, m, w, n, alpha, acc);
 }
 
@@ -225,35 +222,35 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
 // same operations, so the same bits at either width).
 #define V_SEL(VT, IT, msk, x, y) ((VT)(((IT)(x) & (msk)) | ((IT)(y) & ~(msk))))
 // e^r on the remainder r = x - fn ln2 (two-part ln2), tetra_exp_reduced's polynomial
-#define V_EXP_REDUCED(VT, xc, fn)                                                            \
-    __extension__({                                                                          \
-        VT r_ = (xc) - (fn) * 0.693359375f;                                                  \
-        r_ = r_ - (fn) * -2.12194440e-4f;                                                    \
-        VT p_ = (VT){} + 1.9875691500e-4f;                                                   \
-        p_ = p_ * r_ + 1.3981999507e-3f;                                                     \
-        p_ = p_ * r_ + 8.3334519073e-3f;                                                     \
-        p_ = p_ * r_ + 4.1665795894e-2f;                                                     \
-        p_ = p_ * r_ + 1.6666665459e-1f;                                                     \
-        p_ = p_ * r_ + 5.0000001201e-1f;                                                     \
-        p_ * r_ * r_ + r_ + 1.0f;                                                            \
+#define V_EXP_REDUCED(VT, xc, fn)                                                                                      \
+    __extension__({                                                                                                    \
+        VT r_ = (xc) - (fn)*0.693359375f;                                                                              \
+        r_ = r_ - (fn) * -2.12194440e-4f;                                                                              \
+        VT p_ = (VT){} + 1.9875691500e-4f;                                                                             \
+        p_ = p_ * r_ + 1.3981999507e-3f;                                                                               \
+        p_ = p_ * r_ + 8.3334519073e-3f;                                                                               \
+        p_ = p_ * r_ + 4.1665795894e-2f;                                                                               \
+        p_ = p_ * r_ + 1.6666665459e-1f;                                                                               \
+        p_ = p_ * r_ + 5.0000001201e-1f;                                                                               \
+        p_ *r_ *r_ + r_ + 1.0f;                                                                                        \
     })
-#define V_EXP_SM(VT, IT, x)                                                                  \
-    __extension__({                                                                          \
-        VT xc_ = (x);                                                                        \
-        xc_ = V_SEL(VT, IT, xc_ < -87.3f, (VT){} - 87.3f, xc_);                              \
-        VT t_ = xc_ * 1.44269504088896341f;                                                  \
-        VT fn_ = (t_ + 12582912.0f) - 12582912.0f;                                           \
-        IT n_ = __builtin_convertvector(fn_, IT);                                            \
-        V_EXP_REDUCED(VT, xc_, fn_) * (VT)((n_ + 127) << 23);                                \
+#define V_EXP_SM(VT, IT, x)                                                                                            \
+    __extension__({                                                                                                    \
+        VT xc_ = (x);                                                                                                  \
+        xc_ = V_SEL(VT, IT, xc_ < -87.3f, (VT){} - 87.3f, xc_);                                                        \
+        VT t_ = xc_ * 1.44269504088896341f;                                                                            \
+        VT fn_ = (t_ + 12582912.0f) - 12582912.0f;                                                                     \
+        IT n_ = __builtin_convertvector(fn_, IT);                                                                      \
+        V_EXP_REDUCED(VT, xc_, fn_) * (VT)((n_ + 127) << 23);                                                          \
     })
 
 // keys [0, lo) of a tile are visible to queries r0.. r0+W-1, keys [hi, cols) to none of
 // them; key c in between is visible to lane q iff r0 + q >= c - nvis0 + 1
-#define TILE_SPAN(W)                                                                         \
-    int lo = cols, hi = cols;                                                                \
-    if (causal) {                                                                            \
-        lo = r0 + nvis0 < 0 ? 0 : (r0 + nvis0 > cols ? cols : r0 + nvis0);                  \
-        hi = r0 + (W) - 1 + nvis0 < 0 ? 0 : (r0 + (W) - 1 + nvis0 > cols ? cols : r0 + (W) - 1 + nvis0); \
+#define TILE_SPAN(W)                                                                                                   \
+    int lo = cols, hi = cols;                                                                                          \
+    if (causal) {                                                                                                      \
+        lo = r0 + nvis0 < 0 ? 0 : (r0 + nvis0 > cols ? cols : r0 + nvis0);                                             \
+        hi = r0 + (W)-1 + nvis0 < 0 ? 0 : (r0 + (W)-1 + nvis0 > cols ? cols : r0 + (W)-1 + nvis0);                     \
     }
 
 // The document mask's lower bound (kfirst: each query's first visible key, in the key
@@ -261,14 +258,14 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
 // Keys [fa, fe) pass both bounds in every lane (fa: the largest lower bound of the live
 // lanes, which is the last one's, ids being nondecreasing); keys [0, fa) and [fe, hi)
 // take the lane masks. Without a document mask fa = 0 and fe = lo, as before.
-#define DOC_SPAN(IT, W)                                                                      \
-    IT lane_lo = (IT){} - (BK + 1);                                                          \
-    int fa = 0;                                                                              \
-    if (kfirst) {                                                                            \
-        lane_lo = V_LD(IT, kfirst + r0) - j0;                                                \
-        fa = kfirst[(rows - r0 < (W) ? rows : r0 + (W)) - 1] - j0;                           \
-        fa = fa < 0 ? 0 : (fa > hi ? hi : fa);                                               \
-    }                                                                                        \
+#define DOC_SPAN(IT, W)                                                                                                \
+    IT lane_lo = (IT){} - (BK + 1);                                                                                    \
+    int fa = 0;                                                                                                        \
+    if (kfirst) {                                                                                                      \
+        lane_lo = V_LD(IT, kfirst + r0) - j0;                                                                          \
+        fa = kfirst[(rows - r0 < (W) ? rows : r0 + (W)) - 1] - j0;                                                     \
+        fa = fa < 0 ? 0 : (fa > hi ? hi : fa);                                                                         \
+    }                                                                                                                  \
     const int fe = fa > lo ? fa : lo;
 
 // Online-softmax update of a transposed score tile ST [cols][rows] (ld BQ), in place to
@@ -276,102 +273,100 @@ static void mk_gemm(float *restrict c, long ldc, const float *restrict a, long a
 // rescales each query's accumulator (1 when it had seen nothing or the max holds). Lanes
 // past `rows` compute on whatever the buffers hold and are never read.
 // keys [c0, c1) of the max pass that take the lane masks
-#define FWD_MAX_MASKED(VT, IT, c0, c1)                                                       \
-    for (int c = (c0); c < (c1); c++) {                                                      \
-        VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                           \
-        mx = V_SEL(VT, IT, (x > mx) & (c <= lane) & (c >= lane_lo), x, mx);                  \
+#define FWD_MAX_MASKED(VT, IT, c0, c1)                                                                                 \
+    for (int c = (c0); c < (c1); c++) {                                                                                \
+        VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                                                     \
+        mx = V_SEL(VT, IT, (x > mx) & (c <= lane) & (c >= lane_lo), x, mx);                                            \
     }
 // keys [c0, c1) of the exp pass, with the lane masks (masked = 1) or visible to every lane
-#define FWD_EXP_RANGE(VT, IT, VEXP, c0, c1, masked)                                          \
-    for (int c = (c0); c < (c1); c++) {                                                      \
-        float *sp = ST + (size_t)c * BQ + r0;                                                \
-        VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                              \
-        if (masked) p = V_SEL(VT, IT, (c <= lane) & (c >= lane_lo), p, (VT){});              \
-        V_ST(VT, sp, p);                                                                     \
-        lv += p;                                                                             \
+#define FWD_EXP_RANGE(VT, IT, VEXP, c0, c1, masked)                                                                    \
+    for (int c = (c0); c < (c1); c++) {                                                                                \
+        float *sp = ST + (size_t)c * BQ + r0;                                                                          \
+        VT p = VEXP(VT, IT, V_LD(VT, sp) - mx);                                                                        \
+        if (masked) p = V_SEL(VT, IT, (c <= lane) & (c >= lane_lo), p, (VT){});                                        \
+        V_ST(VT, sp, p);                                                                                               \
+        lv += p;                                                                                                       \
     }
-#define FWD_TILE_BODY(VT, IT, W, VEXP)                                                           \
-    IT iota = {0};                                                                           \
-    for (int q = 0; q < (W); q++) iota[q] = q;                                               \
-    for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
-        TILE_SPAN(W)                                                                         \
-        DOC_SPAN(IT, W)                                                                      \
-        const IT lane = iota + r0 + nvis0 - 1; /* key c is visible to the lanes with c <= lane */ \
+#define FWD_TILE_BODY(VT, IT, W, VEXP)                                                                                 \
+    IT iota = {0};                                                                                                     \
+    for (int q = 0; q < (W); q++) iota[q] = q;                                                                         \
+    for (int r0 = 0; r0 < rows; r0 += (W)) {                                                                           \
+        TILE_SPAN(W)                                                                                                   \
+        DOC_SPAN(IT, W)                                                                                                \
+        const IT lane = iota + r0 + nvis0 - 1; /* key c is visible to the lanes with c <= lane */                      \
         /* the max in four independent chains (a max is exact in any order): one chain    \
-           would wait out the compare's latency at every key */                              \
-        VT m_old = V_LD(VT, m + r0), mx = m_old, mx1 = m_old, mx2 = m_old, mx3 = m_old;      \
-        int c4 = fa;                                                                         \
-        for (; c4 + 4 <= fe; c4 += 4) {                                                      \
-            const float *sp = ST + (size_t)c4 * BQ + r0;                                     \
-            VT x0 = V_LD(VT, sp), x1 = V_LD(VT, sp + BQ);                                    \
-            VT x2 = V_LD(VT, sp + 2 * BQ), x3 = V_LD(VT, sp + 3 * BQ);                       \
-            mx = V_SEL(VT, IT, x0 > mx, x0, mx);                                             \
-            mx1 = V_SEL(VT, IT, x1 > mx1, x1, mx1);                                          \
-            mx2 = V_SEL(VT, IT, x2 > mx2, x2, mx2);                                          \
-            mx3 = V_SEL(VT, IT, x3 > mx3, x3, mx3);                                          \
-        }                                                                                    \
-        mx = V_SEL(VT, IT, mx1 > mx, mx1, mx);                                               \
-        mx2 = V_SEL(VT, IT, mx3 > mx2, mx3, mx2);                                            \
-        mx = V_SEL(VT, IT, mx2 > mx, mx2, mx);                                               \
-        for (int c = c4; c < fe; c++) {                                                      \
-            VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                       \
-            mx = V_SEL(VT, IT, x > mx, x, mx);                                               \
-        }                                                                                    \
-        FWD_MAX_MASKED(VT, IT, 0, fa)                                                        \
-        FWD_MAX_MASKED(VT, IT, fe, hi)                                                       \
-        /* a query that has seen no key yet keeps m = -inf, l = 0 and an empty accumulator */ \
-        VT cr = V_SEL(VT, IT, mx == -INFINITY, (VT){} + 1.0f, VEXP(VT, IT, m_old - mx)); \
-        VT lv = V_LD(VT, l + r0) * cr;                                                       \
-        /* in key order, so the sum is the causal kernel's where there is no document mask */ \
-        FWD_EXP_RANGE(VT, IT, VEXP, 0, fa, 1)                                                \
-        FWD_EXP_RANGE(VT, IT, VEXP, fa, fe, 0)                                               \
-        FWD_EXP_RANGE(VT, IT, VEXP, fe, hi, 1)                                               \
-        for (int c = hi; c < cols; c++) V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});          \
-        V_ST(VT, m + r0, mx);                                                                \
-        V_ST(VT, l + r0, lv);                                                                \
-        V_ST(VT, corr + r0, cr);                                                             \
+           would wait out the compare's latency at every key */                            \
+        VT m_old = V_LD(VT, m + r0), mx = m_old, mx1 = m_old, mx2 = m_old, mx3 = m_old;                                \
+        int c4 = fa;                                                                                                   \
+        for (; c4 + 4 <= fe; c4 += 4) {                                                                                \
+            const float *sp = ST + (size_t)c4 * BQ + r0;                                                               \
+            VT x0 = V_LD(VT, sp), x1 = V_LD(VT, sp + BQ);                                                              \
+            VT x2 = V_LD(VT, sp + 2 * BQ), x3 = V_LD(VT, sp + 3 * BQ);                                                 \
+            mx = V_SEL(VT, IT, x0 > mx, x0, mx);                                                                       \
+            mx1 = V_SEL(VT, IT, x1 > mx1, x1, mx1);                                                                    \
+            mx2 = V_SEL(VT, IT, x2 > mx2, x2, mx2);                                                                    \
+            mx3 = V_SEL(VT, IT, x3 > mx3, x3, mx3);                                                                    \
+        }                                                                                                              \
+        mx = V_SEL(VT, IT, mx1 > mx, mx1, mx);                                                                         \
+        mx2 = V_SEL(VT, IT, mx3 > mx2, mx3, mx2);                                                                      \
+        mx = V_SEL(VT, IT, mx2 > mx, mx2, mx);                                                                         \
+        for (int c = c4; c < fe; c++) {                                                                                \
+            VT x = V_LD(VT, ST + (size_t)c * BQ + r0);                                                                 \
+            mx = V_SEL(VT, IT, x > mx, x, mx);                                                                         \
+        }                                                                                                              \
+        FWD_MAX_MASKED(VT, IT, 0, fa)                                                                                  \
+        FWD_MAX_MASKED(VT, IT, fe, hi)                                                                                 \
+        /* a query that has seen no key yet keeps m = -inf, l = 0 and an empty accumulator */                          \
+        VT cr = V_SEL(VT, IT, mx == -INFINITY, (VT){} + 1.0f, VEXP(VT, IT, m_old - mx));                               \
+        VT lv = V_LD(VT, l + r0) * cr;                                                                                 \
+        /* in key order, so the sum is the causal kernel's where there is no document mask */                          \
+        FWD_EXP_RANGE(VT, IT, VEXP, 0, fa, 1)                                                                          \
+        FWD_EXP_RANGE(VT, IT, VEXP, fa, fe, 0)                                                                         \
+        FWD_EXP_RANGE(VT, IT, VEXP, fe, hi, 1)                                                                         \
+        for (int c = hi; c < cols; c++) V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});                                    \
+        V_ST(VT, m + r0, mx);                                                                                          \
+        V_ST(VT, l + r0, lv);                                                                                          \
+        V_ST(VT, corr + r0, cr);                                                                                       \
     }
 
 // A transposed tile pair in place: ST -> P^T = exp(S^T - lse), dPT -> dS^T = P^T (dP^T - Dv),
 // both [cols][rows] (ld BQ); masked entries become 0, and so does P for a query that sees
 // no key (lse = -inf). lse and Dv are read through a zero-padded copy past `rows`.
 // keys [c0, c1) of a backward tile, with the lane masks (masked = 1) or visible to every lane
-#define BWD_RANGE(VT, IT, VEXP, c0, c1, masked)                                              \
-    for (int c = (c0); c < (c1); c++) {                                                      \
-        float *sp = ST + (size_t)c * BQ + r0, *dp = dPT + (size_t)c * BQ + r0;               \
-        const IT in_ = masked ? (c <= lane) & (c >= lane_lo) : live;                         \
-        VT p = V_SEL(VT, IT, live & in_, VEXP(VT, IT, V_LD(VT, sp) - L), (VT){});            \
-        VT ds = p * (V_LD(VT, dp) - dvv);                                                    \
-        V_ST(VT, sp, p);                                                                     \
-        V_ST(VT, dp, masked ? V_SEL(VT, IT, in_, ds, (VT){}) : ds);                          \
+#define BWD_RANGE(VT, IT, VEXP, c0, c1, masked)                                                                        \
+    for (int c = (c0); c < (c1); c++) {                                                                                \
+        float *sp = ST + (size_t)c * BQ + r0, *dp = dPT + (size_t)c * BQ + r0;                                         \
+        const IT in_ = masked ? (c <= lane) & (c >= lane_lo) : live;                                                   \
+        VT p = V_SEL(VT, IT, live & in_, VEXP(VT, IT, V_LD(VT, sp) - L), (VT){});                                      \
+        VT ds = p * (V_LD(VT, dp) - dvv);                                                                              \
+        V_ST(VT, sp, p);                                                                                               \
+        V_ST(VT, dp, masked ? V_SEL(VT, IT, in_, ds, (VT){}) : ds);                                                    \
     }
-#define BWD_TILE_BODY(VT, IT, W, VEXP)                                                           \
-    IT iota = {0};                                                                           \
-    for (int q = 0; q < (W); q++) iota[q] = q;                                               \
-    for (int r0 = 0; r0 < rows; r0 += (W)) {                                                 \
-        TILE_SPAN(W)                                                                         \
-        DOC_SPAN(IT, W)                                                                      \
-        const IT lane = iota + r0 + nvis0 - 1;                                               \
-        const int nw = rows - r0 < (W) ? rows - r0 : (W);                                    \
-        VT L = V_LDB(VT, W, lse + r0, nw), dvv = V_LDB(VT, W, dv + r0, nw);                  \
-        const IT live = L != -INFINITY;                                                      \
-        BWD_RANGE(VT, IT, VEXP, 0, fa, 1)                                                    \
-        BWD_RANGE(VT, IT, VEXP, fa, fe, 0)                                                   \
-        BWD_RANGE(VT, IT, VEXP, fe, hi, 1)                                                   \
-        for (int c = hi; c < cols; c++) {                                                    \
-            V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});                                      \
-            V_ST(VT, dPT + (size_t)c * BQ + r0, (VT){});                                     \
-        }                                                                                    \
+#define BWD_TILE_BODY(VT, IT, W, VEXP)                                                                                 \
+    IT iota = {0};                                                                                                     \
+    for (int q = 0; q < (W); q++) iota[q] = q;                                                                         \
+    for (int r0 = 0; r0 < rows; r0 += (W)) {                                                                           \
+        TILE_SPAN(W)                                                                                                   \
+        DOC_SPAN(IT, W)                                                                                                \
+        const IT lane = iota + r0 + nvis0 - 1;                                                                         \
+        const int nw = rows - r0 < (W) ? rows - r0 : (W);                                                              \
+        VT L = V_LDB(VT, W, lse + r0, nw), dvv = V_LDB(VT, W, dv + r0, nw);                                            \
+        const IT live = L != -INFINITY;                                                                                \
+        BWD_RANGE(VT, IT, VEXP, 0, fa, 1)                                                                              \
+        BWD_RANGE(VT, IT, VEXP, fa, fe, 0)                                                                             \
+        BWD_RANGE(VT, IT, VEXP, fe, hi, 1)                                                                             \
+        for (int c = hi; c < cols; c++) {                                                                              \
+            V_ST(VT, ST + (size_t)c * BQ + r0, (VT){});                                                                \
+            V_ST(VT, dPT + (size_t)c * BQ + r0, (VT){});                                                               \
+        }                                                                                                              \
     }
 
 typedef int v8i __attribute__((vector_size(32)));
 CPU_SIMD static void fwd_tile8(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows,
-                               int cols, int nvis0, int causal, const int *restrict kfirst, int j0) {
-    FWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)
-}
-CPU_SIMD static void bwd_tile8(float *restrict ST, float *restrict dPT, const float *restrict lse,
-                               const float *restrict dv, int rows, int cols, int nvis0, int causal,
-                               const int *restrict kfirst, int j0) {
+                               int cols, int nvis0, int causal, const int *restrict kfirst,
+                               int j0){FWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)} CPU_SIMD
+    static void bwd_tile8(float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv,
+                          int rows, int cols, int nvis0, int causal, const int *restrict kfirst, int j0) {
     BWD_TILE_BODY(v8f, v8i, 8, V_EXP_SM)
 }
 #ifdef MK_HAVE_W16
@@ -380,21 +375,21 @@ typedef int v16i __attribute__((vector_size(64)));
 // (NaN passes), roundscale to nearest even is the 1.5 * 2^23 rounding, and scalef is the
 // exact multiply by 2^fn that the exponent-bits construction performs (fn in [-126, 127]).
 // 13 operations a vector instead of 18: the exp is most of a softmax pass.
-#define V_EXP_SM16(VT, IT, x)                                                                \
-    __extension__({                                                                          \
-        VT xc_ = (VT)_mm512_max_ps(_mm512_set1_ps(-87.3f), (__m512)(x));                     \
-        VT fn_ = (VT)_mm512_roundscale_ps((__m512)(xc_ * 1.44269504088896341f),             \
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);    \
-        (VT)_mm512_scalef_ps((__m512)V_EXP_REDUCED(VT, xc_, fn_), (__m512)fn_);              \
+#define V_EXP_SM16(VT, IT, x)                                                                                          \
+    __extension__({                                                                                                    \
+        VT xc_ = (VT)_mm512_max_ps(_mm512_set1_ps(-87.3f), (__m512)(x));                                               \
+        VT fn_ = (VT)_mm512_roundscale_ps((__m512)(xc_ * 1.44269504088896341f),                                        \
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                              \
+        (VT) _mm512_scalef_ps((__m512)V_EXP_REDUCED(VT, xc_, fn_), (__m512)fn_);                                       \
     })
-__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void fwd_tile16(
-    float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows, int cols, int nvis0,
-    int causal, const int *restrict kfirst, int j0) {
+__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void
+fwd_tile16(float *restrict ST, float *restrict m, float *restrict l, float *restrict corr, int rows, int cols,
+           int nvis0, int causal, const int *restrict kfirst, int j0) {
     FWD_TILE_BODY(v16f, v16i, 16, V_EXP_SM16)
 }
-__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void bwd_tile16(
-    float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv, int rows, int cols,
-    int nvis0, int causal, const int *restrict kfirst, int j0) {
+__attribute__((noinline, optimize("fp-contract=fast"), target("arch=x86-64-v4"))) static void
+bwd_tile16(float *restrict ST, float *restrict dPT, const float *restrict lse, const float *restrict dv, int rows,
+           int cols, int nvis0, int causal, const int *restrict kfirst, int j0) {
     BWD_TILE_BODY(v16f, v16i, 16, V_EXP_SM16)
 }
 #endif
@@ -444,9 +439,9 @@ __attribute__((always_inline, target("arch=x86-64-v4"))) static inline void tr16
 // (both <= 16), 16 x 16 in registers; with add, dst += instead of =. Each element is one
 // multiply and one add at most, as in the scalar loops.
 __attribute__((noinline, target("arch=x86-64-v4"))) static void tr_block16(float *restrict dst, long ldd,
-                                                                         const float *restrict src, long lds,
-                                                                         const float *restrict scale, int nr, int nc,
-                                                                         int add) {
+                                                                           const float *restrict src, long lds,
+                                                                           const float *restrict scale, int nr, int nc,
+                                                                           int add) {
     const __mmask16 cm = (__mmask16)((1u << nc) - 1), rm = (__mmask16)((1u << nr) - 1);
     __m512 r[16];
     for (int i = 0; i < 16; i++) r[i] = i < nr ? _mm512_maskz_loadu_ps(cm, src + i * lds) : _mm512_setzero_ps();
@@ -481,8 +476,8 @@ static void tr_rows(float *restrict dst, long ldd, const float *restrict src, lo
 // dst[r][:] = x[r][:] for rows of x strided by ldx, dst contiguous [rows][d] (a head's row
 // is 64 bytes at head_dim 16: a vector copy, where a memcpy call per row cost more; GCC
 // would turn the inner loop back into that call)
-CPU_SIMD __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void copy_rows_k(
-    float *restrict dst, const float *restrict x, long ldx, int rows, int d) {
+CPU_SIMD __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void
+copy_rows_k(float *restrict dst, const float *restrict x, long ldx, int rows, int d) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < d; j++) dst[(size_t)r * d + j] = x[r * ldx + j];
 }
@@ -510,15 +505,15 @@ CPU_SIMD static void add_rows_k(float *restrict y, long ldy, const float *restri
 // current query block (tiles()) and the contiguous copy of one kv head's keys and values
 // (kv_floats(): linear in the sequence, never S^2).
 typedef struct {
-    float *ST, *dPT;        // score tiles [BK][BQ]
-    float *QT, *dOT;        // the query block's Q^T, dO^T [D][BQ]
-    float *Qp, *dOp;        // its Q and dO rows, contiguous [BQ][D] (backward)
-    float *dQp;             // its dQ, transposed [D][BQ] (backward)
-    float *acc;             // output accumulator, transposed [D][BQ] (forward)
-    float *m, *l, *corr;    // per-query statistics [BQ] (forward)
-    int *kfirst;            // each query's first visible key under the document mask [BQ]
-    float *Kp, *Vp;         // the kv head's K, V rows, contiguous [Sk][D]
-    float *dKp, *dVp;       // their gradients (backward)
+    float *ST, *dPT;     // score tiles [BK][BQ]
+    float *QT, *dOT;     // the query block's Q^T, dO^T [D][BQ]
+    float *Qp, *dOp;     // its Q and dO rows, contiguous [BQ][D] (backward)
+    float *dQp;          // its dQ, transposed [D][BQ] (backward)
+    float *acc;          // output accumulator, transposed [D][BQ] (forward)
+    float *m, *l, *corr; // per-query statistics [BQ] (forward)
+    int *kfirst;         // each query's first visible key under the document mask [BQ]
+    float *Kp, *Vp;      // the kv head's K, V rows, contiguous [Sk][D]
+    float *dKp, *dVp;    // their gradients (backward)
 } attn_bufs;
 
 static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
@@ -544,7 +539,7 @@ static attn_bufs bufs_alloc(int d, int sk, int backward) {
     t.m = p, p += vec;
     t.l = p, p += vec;
     t.corr = p, p += vec;
-    t.kfirst = (int *)p, p += vec;  // an int is a float's size
+    t.kfirst = (int *)p, p += vec; // an int is a float's size
     t.Kp = p, p += kv;
     t.Vp = p, p += kv;
     t.dKp = backward ? p : NULL, p += backward ? kv : 0;
@@ -611,13 +606,13 @@ static int block_keys(const ops_attn_shape *s, int b, int i0, int rows, int *kfi
 // the document mask needs the causal one (ops.h)
 static void check_doc(const ops_attn_shape *s) {
     if (s->doc && (!s->causal || s->q_offset + s->sq > s->doc_len || s->k_offset + s->sk > s->doc_len)) {
-        fprintf(stderr, "[tetra] cpu attention: a document mask needs causal = 1 and the rows inside doc_len "
-                        "(causal %d, q %d+%d, k %d+%d, doc_len %d)\n",
+        fprintf(stderr,
+                "[tetra] cpu attention: a document mask needs causal = 1 and the rows inside doc_len "
+                "(causal %d, q %d+%d, k %d+%d, doc_len %d)\n",
                 s->causal, s->q_offset, s->sq, s->k_offset, s->sk, s->doc_len);
         abort();
     }
 }
-
 
 // ----------------------------------------------------------------------------
 // forward
@@ -637,7 +632,7 @@ static void fwd_finish(float *restrict out, int ldo, float *restrict lse, const 
         inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         lse[r] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
     }
-    tr_rows(out, ldo, accT, BQ, inv, d, rows, 0);  // out[r][j] = inv[r] accT[j][r]
+    tr_rows(out, ldo, accT, BQ, inv, d, rows, 0); // out[r][j] = inv[r] accT[j][r]
     for (int r = 0; r < rows; r++)
         if (l[r] == 0.0f) memset(out + (size_t)r * ldo, 0, (size_t)d * sizeof(float));
 }
@@ -673,13 +668,13 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
             int b = bg / KV, g = bg % KV;
             int qb0 = ch * per, qb1 = qb0 + per < nqb ? qb0 + per : nqb;
             if (qb0 >= qb1) continue;
-            int nk = visible_keys(s, (qb1 * BQ < Sq ? qb1 * BQ : Sq) - 1);  // keys the chunk sees
-            int kb0 = ops_doc_key_begin(s, b, qb0 * BQ) / BK * BK;          // and the first tile of them
+            int nk = visible_keys(s, (qb1 * BQ < Sq ? qb1 * BQ : Sq) - 1); // keys the chunk sees
+            int kb0 = ops_doc_key_begin(s, b, qb0 * BQ) / BK * BK;         // and the first tile of them
             pack_kv(t.Kp, k, s, b, g, kb0, nk);
             pack_kv(t.Vp, v, s, b, g, kb0, nk);
             for (int qb = qb0; qb < qb1; qb++) {
                 int i0 = qb * BQ, rows = Sq - i0 < BQ ? Sq - i0 : BQ, kbeg;
-                int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg);  // keys any row of this block can see
+                int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg); // keys any row of this block can see
                 const int *kf = s->doc ? t.kfirst : NULL;
                 for (int h = g * rep; h < (g + 1) * rep; h++) {
                     pack_rows(t.QT, NULL, q + ((size_t)(b * Sq + i0) * H + h) * D, ldq, rows, D);
@@ -697,8 +692,8 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
                         // transposed product is D x BQ, wide enough for full register tiles
                         mk_gemm(t.acc, BQ, t.Vp + (size_t)j0 * D, 1, D, t.ST, BQ, D, rows, cols, 1.0f, 1);
                     }
-                    fwd_finish(out + ((size_t)(b * Sq + i0) * H + h) * D, (int)ldq,
-                               lse + (size_t)(b * H + h) * Sq + i0, t.acc, t.m, t.l, t.corr, rows, D);
+                    fwd_finish(out + ((size_t)(b * Sq + i0) * H + h) * D, (int)ldq, lse + (size_t)(b * H + h) * Sq + i0,
+                               t.acc, t.m, t.l, t.corr, rows, D);
                 }
             }
         }
@@ -734,9 +729,9 @@ static int first_query(const ops_attn_shape *s, long long delta, int j0) {
     return i < 0 ? 0 : (i > s->sq ? s->sq : (int)i);
 }
 
-void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                            const float *k, const float *v, const float *out, const float *lse,
-                            const ops_attn_shape *s, void *workspace) {
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                            const float *v, const float *out, const float *lse, const ops_attn_shape *s,
+                            void *workspace) {
     const int B = s->b, Sq = s->sq, Sk = s->sk, H = s->h, KV = s->kv, D = s->d;
     const int rep = H / KV;
     float *Dv = (float *)workspace;
@@ -799,7 +794,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                             // dV_blk += P^T dO ; dK_blk += scale dS^T Q ; dQ_blk += scale dS K_blk
                             mk_gemm(t.dVp + (size_t)j0 * D, D, t.ST, BQ, 1, t.dOp, D, cols, D, rows, 1.0f, 1);
                             mk_gemm(t.dKp + (size_t)j0 * D, D, t.dPT, BQ, 1, t.Qp, D, cols, D, rows, s->scale, 1);
-                            mk_gemm(t.dQp, BQ, kb, 1, D, t.dPT, BQ, D, rows, cols, s->scale, 1);  // dQ^T
+                            mk_gemm(t.dQp, BQ, kb, 1, D, t.dPT, BQ, D, rows, cols, s->scale, 1); // dQ^T
                         }
                         tr_rows(dq + qoff, ldq, t.dQp, BQ, NULL, D, rows, 1);
                     }
@@ -852,7 +847,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                 for (int i0 = first_query(s, delta, j0) / BQ * BQ; i0 < qend; i0 += BQ) {
                     int rows = Sq - i0 < BQ ? Sq - i0 : BQ, kbeg;
                     int kend = block_keys(s, b, i0, rows, t.kfirst, &kbeg);
-                    if (kend <= j0 || kbeg >= j0 + cols) continue;  // no row of the block sees a key of the tile
+                    if (kend <= j0 || kbeg >= j0 + cols) continue; // no row of the block sees a key of the tile
                     for (int h = g * rep; h < (g + 1) * rep; h++) {
                         size_t qoff = ((size_t)(b * Sq + i0) * H + h) * D, li = (size_t)(b * H + h) * Sq + i0;
                         pack_rows(t.QT, NULL, q + qoff, ldq, rows, D);
@@ -873,8 +868,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 // ----------------------------------------------------------------------------
 // merge of two partial results over disjoint key sets (ring attention)
 
-void cpu_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b, int sq,
-                         int h, int d) {
+void cpu_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b, int sq, int h,
+                         int d) {
     const long long nrows = (long long)b * sq * h;
 #pragma omp parallel for schedule(static) if (nrows * d > CPU_CHUNK)
     for (long long r = 0; r < nrows; r++) {
@@ -885,7 +880,7 @@ void cpu_attention_merge(float *out, float *lse, const float *out_blk, const flo
         float la = lse[li], lb = lse_blk[li];
         float *o = out + (size_t)r * d;
         const float *ob = out_blk + (size_t)r * d;
-        if (lb == -INFINITY) continue;  // the block saw no key for this row
+        if (lb == -INFINITY) continue; // the block saw no key for this row
         if (la == -INFINITY) {
             memcpy(o, ob, (size_t)d * sizeof(float));
             lse[li] = lb;

@@ -19,22 +19,24 @@
 // keep working after memory_freeze.
 
 #define CPU_HDR 64
-#define CPU_HDR_TAG 0x7465747261686470ull  // marks a live block from cpu_alloc
+#define CPU_HDR_TAG 0x7465747261686470ull // marks a live block from cpu_alloc
 
 typedef struct {
     size_t bytes;
     uint64_t tag;
 } cpu_block_hdr;
 
-static atomic_size_t mem_count = 0;  // successful cpu_alloc calls
-static atomic_size_t mem_bytes = 0;  // bytes currently held through cpu_alloc
+static atomic_size_t mem_count = 0; // successful cpu_alloc calls
+static atomic_size_t mem_bytes = 0; // bytes currently held through cpu_alloc
 static atomic_int mem_frozen = 0;
 
 void *cpu_alloc(size_t bytes) {
     if (atomic_load_explicit(&mem_frozen, memory_order_relaxed)) {
         // after start-up every buffer must already exist: a late allocation is a bug
-        fprintf(stderr, "cpu: allocation of %zu bytes requested after start-up (memory is frozen once training "
-                        "starts)\n", bytes);
+        fprintf(stderr,
+                "cpu: allocation of %zu bytes requested after start-up (memory is frozen once training "
+                "starts)\n",
+                bytes);
         return NULL;
     }
     if (bytes > SIZE_MAX - CPU_HDR) return NULL;
@@ -116,7 +118,7 @@ void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_
 // CPU_SIMD so they run with the widest vectors the machine has.
 
 #define CHUNKS(n) (((int64_t)(n) + CPU_CHUNK - 1) / CPU_CHUNK)
-#define CHUNK_LO(c) ((size_t)((c) * CPU_CHUNK))
+#define CHUNK_LO(c) ((size_t)((c)*CPU_CHUNK))
 #define CHUNK_HI(c, n) ((size_t)(((c) + 1) * CPU_CHUNK) < (n) ? (size_t)(((c) + 1) * CPU_CHUNK) : (n))
 
 CPU_SIMD static void fill_k(float *x, float value, size_t n) {
@@ -147,8 +149,7 @@ void cpu_scale(float *x, float alpha, size_t n) {
 void cpu_axpy(float *y, const float *x, float alpha, size_t n) {
     int64_t nc = CHUNKS(n);
 #pragma omp parallel for schedule(static) if (nc > 1)
-    for (int64_t c = 0; c < nc; c++)
-        axpy_k(y + CHUNK_LO(c), x + CHUNK_LO(c), alpha, CHUNK_HI(c, n) - CHUNK_LO(c));
+    for (int64_t c = 0; c < nc; c++) axpy_k(y + CHUNK_LO(c), x + CHUNK_LO(c), alpha, CHUNK_HI(c, n) - CHUNK_LO(c));
 }
 
 void cpu_add(float *out, const float *a, const float *b, size_t n) {
@@ -218,7 +219,7 @@ void cpu_amax(float *out, const float *x, size_t n) {
         // the max reduction drops NaN; carry it as +inf in m and fix up below
         m = (a != a) ? INFINITY : (a > m ? a : m);
     }
-    if (m == INFINITY) m = amax_k(x, n);  // rare: inf or NaN present, recompute exactly
+    if (m == INFINITY) m = amax_k(x, n); // rare: inf or NaN present, recompute exactly
     out[0] = m;
 }
 
@@ -334,8 +335,7 @@ void cpu_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n) {
 void cpu_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n) {
     int64_t nc = CHUNKS(n);
 #pragma omp parallel for schedule(static) if (nc > 1)
-    for (int64_t c = 0; c < nc; c++)
-        from_bf16_k(out + CHUNK_LO(c), x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
+    for (int64_t c = 0; c < nc; c++) from_bf16_k(out + CHUNK_LO(c), x + CHUNK_LO(c), CHUNK_HI(c, n) - CHUNK_LO(c));
 }
 
 // rows of x (fp32 or bf16, xt) to fp8, each with its scale (or the one scale)
@@ -389,8 +389,8 @@ void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, cons
     }
 }
 
-void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
-                         int cols, tetra_dtype fmt) {
+void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                         tetra_dtype fmt) {
 #pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
     for (int r = 0; r < rows; r++) {
         float s = inv_scale ? inv_scale[rowwise ? r : 0] : 1.0f;
@@ -402,8 +402,8 @@ void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, i
     }
 }
 
-void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
-                             float fp8_max, int pow2) {
+void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
+                             int pow2) {
     for (int i = 0; i < n; i++) {
         float s = tetra_fp8_scale(amax[broadcast ? 0 : i], fp8_max, pow2);
         scale[i] = s;
@@ -416,14 +416,13 @@ void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, 
 // ----------------------------------------------------------------------------
 // AdamW
 
-CPU_SIMD_EXACT static void adamw_k(float *restrict p, float *restrict m, float *restrict v,
-                                   const float *restrict g, size_t n, tetra_adamw_coef k) {
+CPU_SIMD_EXACT static void adamw_k(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
+                                   size_t n, tetra_adamw_coef k) {
     for (size_t i = 0; i < n; i++) tetra_adamw_update(p + i, m + i, v + i, g[i], &k);
 }
 
-void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
-                    double beta1, double beta2, double eps, double weight_decay, int step,
-                    float grad_scale) {
+void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
+                    double beta2, double eps, double weight_decay, int step, float grad_scale) {
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     int64_t nc = CHUNKS(n);
 #pragma omp parallel for schedule(static) if (nc > 1)
@@ -434,9 +433,9 @@ void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t 
 }
 
 // AdamW on fp32 master weights, then the bf16 compute copy (ops.h adamw_step_bf16)
-static void cpu_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
-                                size_t n, double lr, double beta1, double beta2, double eps,
-                                double weight_decay, int step, float grad_scale) {
+static void cpu_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
+                                double lr, double beta1, double beta2, double eps, double weight_decay, int step,
+                                float grad_scale) {
     cpu_adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     cpu_cast_f32_to_bf16(param_bf16, param, n);
 }

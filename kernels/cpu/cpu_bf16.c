@@ -44,16 +44,15 @@ static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 // ----------------------------------------------------------------------------
 // embedding
 
-void cpu_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c,
-                                int v_start, int v_local) {
+void cpu_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c, int v_start,
+                                int v_local) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
     for (int i = 0; i < n; i++) {
         uint16_t *o = out + (size_t)i * c;
         int t = tokens[i] - v_start;
         if (t >= 0 && t < v_local)
-            memcpy(o, wte + (size_t)t * c, (size_t)c * sizeof(uint16_t));  // a copy needs no rounding
-        else
-            memset(o, 0, (size_t)c * sizeof(uint16_t));  // token of another vocab shard: +0.0
+            memcpy(o, wte + (size_t)t * c, (size_t)c * sizeof(uint16_t)); // a copy needs no rounding
+        else memset(o, 0, (size_t)c * sizeof(uint16_t));                  // token of another vocab shard: +0.0
     }
 }
 
@@ -62,8 +61,8 @@ CPU_SIMD static void add_row_bf16_k(float *restrict y, const uint16_t *restrict 
 }
 
 // As the fp32 twin: threads own column blocks and walk the tokens in order.
-void cpu_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c,
-                                 int v_start, int v_local) {
+void cpu_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c, int v_start,
+                                 int v_local) {
     const int cb = 64;
     int nblk = (c + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
@@ -123,16 +122,16 @@ void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const u
     free(wf);
 }
 
-void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
-                                      int n, int c) {
+void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
+                                      int c) {
     cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 1);
 }
 
 // ----------------------------------------------------------------------------
 // RoPE (in place allowed: a row is fully widened before any of it is written)
 
-static void rope_apply_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
-                            int pos_offset, int b, int s, int nh, int d, int inverse) {
+static void rope_apply_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
+                            int b, int s, int nh, int d, int inverse) {
     int rows = b * s;
     size_t row = (size_t)nh * d;
 #pragma omp parallel if (row_parallel(rows, (int)row))
@@ -150,13 +149,13 @@ static void rope_apply_bf16(uint16_t *out, const uint16_t *x, const float *freqs
     }
 }
 
-void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
-                           int pos_offset, int b, int s, int nh, int d) {
+void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
+                           int b, int s, int nh, int d) {
     rope_apply_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
 }
 
-void cpu_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                            int pos_offset, int b, int s, int nh, int d) {
+void cpu_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos, int pos_offset,
+                            int b, int s, int nh, int d) {
     rope_apply_bf16(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
 }
 
@@ -183,8 +182,8 @@ void cpu_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g
 }
 
 // da may alias a and dg may alias g: each sub-block is read in full before it is written.
-void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
-                              const uint16_t *g, size_t n) {
+void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a, const uint16_t *g,
+                              size_t n) {
     int64_t nc = ((int64_t)n + CPU_CHUNK - 1) / CPU_CHUNK;
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
@@ -246,10 +245,10 @@ static int attn_all_masked(const ops_attn_shape *s) {
     return s->causal && (long long)s->q_offset + s->sq - 1 < (long long)s->k_offset;
 }
 
-void cpu_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
-                                const uint16_t *v, const ops_attn_shape *s, void *workspace) {
+void cpu_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const ops_attn_shape *s, void *workspace) {
     size_t nq = attn_nq(s), nk = attn_nk(s), nl = (size_t)s->b * s->h * (s->sq > 0 ? s->sq : 0);
-    if (attn_all_masked(s)) {  // out = 0, lse = -inf: no contribution when merged
+    if (attn_all_masked(s)) { // out = 0, lse = -inf: no contribution when merged
         if (nq) memset(out, 0, nq * sizeof(uint16_t));
         for (size_t i = 0; i < nl; i++) lse[i] = -INFINITY;
         return;
@@ -269,11 +268,11 @@ void cpu_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, co
     free(owned);
 }
 
-void cpu_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
-                                 const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *out,
-                                 const float *lse, const ops_attn_shape *s, void *workspace) {
+void cpu_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
+                                 const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
+                                 const ops_attn_shape *s, void *workspace) {
     size_t nq = attn_nq(s), nk = attn_nk(s);
-    if (attn_all_masked(s)) {  // written, not accumulated: zeros
+    if (attn_all_masked(s)) { // written, not accumulated: zeros
         if (nq) memset(dq, 0, nq * sizeof(uint16_t));
         if (nk) memset(dk, 0, nk * sizeof(uint16_t));
         if (nk) memset(dv, 0, nk * sizeof(uint16_t));

@@ -44,17 +44,17 @@ void cpu_blas_init(void) {
     atomic_store_explicit(&done, 1, memory_order_release);
 }
 
-void cpu_sgemm_serial(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
-                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+void cpu_sgemm_serial(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                      const float *b, int ldb, float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0) return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
 }
 
 // Split C into one panel per thread along its longer side; each panel is an independent
 // sgemm. Small products stay serial (threading them costs more than it saves).
-static void sgemm_openblas(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                           const float *b, int ldb, float beta, float *c, int ldc) {
+static void sgemm_openblas(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                           int ldb, float beta, float *c, int ldc) {
     cpu_blas_init();
     int nt = omp_get_max_threads();
     double work = (double)m * (double)n * (double)k;
@@ -65,7 +65,7 @@ static void sgemm_openblas(int ta, int tb, int m, int n, int k, float alpha, con
     int split_rows = m >= n;
     int len = split_rows ? m : n;
     int step = (len + nt - 1) / nt;
-    step = (step + 15) / 16 * 16;  // panel edges on 16-element boundaries (vector/cache friendly)
+    step = (step + 15) / 16 * 16; // panel edges on 16-element boundaries (vector/cache friendly)
     int parts = (len + step - 1) / step;
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < parts; p++) {
@@ -98,14 +98,14 @@ CPU_SIMD static void round_bf16_k(uint16_t *restrict o, const float *restrict x,
 }
 // rowwise-scaled epilogue of one row: r = (alpha sa) sb[j] acc[j] (+ beta C), as fp32
 CPU_SIMD_EXACT static void epi_f32_k(float *restrict c, const float *restrict acc, float as, const float *restrict sb,
-                               float beta, int n) {
+                                     float beta, int n) {
     for (int j = 0; j < n; j++) {
         float r = as * (sb ? sb[j] : 1.0f) * acc[j];
-        c[j] = beta != 0.0f ? r + beta * c[j] : r;  // beta == 0: C is not read
+        c[j] = beta != 0.0f ? r + beta * c[j] : r; // beta == 0: C is not read
     }
 }
-CPU_SIMD_EXACT static void epi_bf16_k(uint16_t *restrict c, const float *restrict acc, float as, const float *restrict sb,
-                                float beta, int n) {
+CPU_SIMD_EXACT static void epi_bf16_k(uint16_t *restrict c, const float *restrict acc, float as,
+                                      const float *restrict sb, float beta, int n) {
     for (int j = 0; j < n; j++) {
         float r = as * (sb ? sb[j] : 1.0f) * acc[j];
         if (beta != 0.0f) r += beta * tetra_bf16_to_f32(c[j]);
@@ -118,21 +118,17 @@ CPU_SIMD_EXACT static void epi_bf16_k(uint16_t *restrict c, const float *restric
 // A per-call host temporary (malloc, not cpu_alloc): outside the memory accounting.
 static float *widen(const void *x, tetra_dtype t, int rows, int cols, int ld) {
     if (t != TETRA_F32 && t != TETRA_BF16 && t != TETRA_FP8_E4M3 && t != TETRA_FP8_E5M2)
-        abort();  // unsupported operand type (F16/I32): a programming error
+        abort(); // unsupported operand type (F16/I32): a programming error
     float *out = (float *)malloc((size_t)rows * (size_t)cols * sizeof(float) + 64);
     if (!out) abort();
 #pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
     for (int r = 0; r < rows; r++) {
         float *o = out + (size_t)r * cols;
         size_t base = (size_t)r * (size_t)ld;
-        if (t == TETRA_F32)
-            memcpy(o, (const float *)x + base, (size_t)cols * sizeof(float));
-        else if (t == TETRA_BF16)
-            widen_bf16_k(o, (const uint16_t *)x + base, cols);
-        else if (t == TETRA_FP8_E4M3)
-            widen_e4m3_k(o, (const uint8_t *)x + base, cols);
-        else
-            widen_e5m2_k(o, (const uint8_t *)x + base, cols);
+        if (t == TETRA_F32) memcpy(o, (const float *)x + base, (size_t)cols * sizeof(float));
+        else if (t == TETRA_BF16) widen_bf16_k(o, (const uint16_t *)x + base, cols);
+        else if (t == TETRA_FP8_E4M3) widen_e4m3_k(o, (const uint8_t *)x + base, cols);
+        else widen_e5m2_k(o, (const uint8_t *)x + base, cols);
     }
     return out;
 }
@@ -159,30 +155,30 @@ typedef struct {
 static struct {
     pthread_mutex_t lock;
     int probed;
-    dnnl_engine_t eng;       // NULL when oneDNN could not start: every GEMM on OpenBLAS
+    dnnl_engine_t eng; // NULL when oneDNN could not start: every GEMM on OpenBLAS
     dnnl_stream_t st;
-    int bf16_can, bf16_on;   // the CPU has AVX512-BF16; bf16 x bf16 goes to oneDNN
-    int f32_on;              // fp32 x fp32 goes to oneDNN
+    int bf16_can, bf16_on; // the CPU has AVX512-BF16; bf16 x bf16 goes to oneDNN
+    int f32_on;            // fp32 x fp32 goes to oneDNN
     dnnl_entry e[DNNL_CACHE];
-    int n, next;  // entries in use; the next one to replace once full
+    int n, next; // entries in use; the next one to replace once full
 } dn = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void dnnl_fail(const char *what, dnnl_status_t s, const dnnl_key *k) {
     fprintf(stderr, "tetra: oneDNN %s failed (status %d) for %s GEMM m=%d n=%d k=%d ta=%d tb=%d\n", what, (int)s,
             k->ab_bf16 ? "bf16" : "fp32", k->m, k->n, k->k, k->ta, k->tb);
-    abort();  // the op table has no error channel: a failed GEMM must not go unnoticed
+    abort(); // the op table has no error channel: a failed GEMM must not go unnoticed
 }
-#define DN(call, what, key)                            \
-    do {                                               \
-        dnnl_status_t st_ = (call);                    \
-        if (st_ != dnnl_success) dnnl_fail(what, st_, key); \
+#define DN(call, what, key)                                                                                            \
+    do {                                                                                                               \
+        dnnl_status_t st_ = (call);                                                                                    \
+        if (st_ != dnnl_success) dnnl_fail(what, st_, key);                                                            \
     } while (0)
 
 // OpenBLAS runs one of its pre-AVX2 kernel sets: the fallback it takes for a CPU model it
 // does not know, whatever the ISA.
 static int openblas_old_kernels(void) {
-    static const char *old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
-                                "Katmai", "Coppermine", "Northwood", "Banias", "Sandybridge"};
+    static const char *old[] = {"Prescott", "Core2",      "Penryn",    "Dunnington", "Nehalem",    "Atom",
+                                "Katmai",   "Coppermine", "Northwood", "Banias",     "Sandybridge"};
     const char *core = openblas_get_corename();
     for (size_t i = 0; core && i < sizeof old / sizeof old[0]; i++)
         if (!strcmp(core, old[i])) return 1;
@@ -195,12 +191,11 @@ static int openblas_fallback(void) {
 }
 
 const char *ops_cpu_blas_coretype(void) {
-    if (getenv("OPENBLAS_CORETYPE")) return NULL;  // the user's choice stands
+    if (getenv("OPENBLAS_CORETYPE")) return NULL; // the user's choice stands
     if (!openblas_old_kernels()) return NULL;
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl"))
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
         return "SkylakeX";
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
     return NULL;
@@ -222,19 +217,16 @@ static void dnnl_probe(void) {
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     dn.bf16_can = dn.bf16_on = isa >= dnnl_cpu_isa_avx512_core_bf16;
     const char *env = getenv("TETRA_CPU_GEMM");
-    if (env && !strcmp(env, "onednn"))
-        dn.f32_on = 1;
-    else if (env && !strcmp(env, "openblas"))
-        dn.f32_on = 0;
-    else
-        dn.f32_on = isa >= dnnl_cpu_isa_avx512_core || openblas_fallback();
+    if (env && !strcmp(env, "onednn")) dn.f32_on = 1;
+    else if (env && !strcmp(env, "openblas")) dn.f32_on = 0;
+    else dn.f32_on = isa >= dnnl_cpu_isa_avx512_core || openblas_fallback();
 }
 
 int cpu_gemm_bf16_onednn(int on) {
     pthread_mutex_lock(&dn.lock);
     dnnl_probe();
     int was = dn.bf16_on;
-    if (on >= 0) dn.bf16_on = on && dn.bf16_can;  // only where the probe found the ISA
+    if (on >= 0) dn.bf16_on = on && dn.bf16_can; // only where the probe found the ISA
     pthread_mutex_unlock(&dn.lock);
     return was;
 }
@@ -277,7 +269,7 @@ static void dnnl_compile(dnnl_entry *e) {
     dnnl_primitive_desc_t pd;
     dnnl_status_t st = dnnl_primitive_desc_create(&pd, &md, attr, dn.eng, NULL);
     dnnl_primitive_attr_destroy(attr);
-    if (st == dnnl_unimplemented) return;  // no kernel for this key: e->prim stays NULL
+    if (st == dnnl_unimplemented) return; // no kernel for this key: e->prim stays NULL
     DN(st, "matmul primitive desc", k);
     // oneDNN's reference kernels (plain loops) are its last resort: the other route is faster
     const char *impl = NULL;
@@ -341,8 +333,8 @@ static int gemm_onednn(void *c, const void *a, const void *b, const dnnl_key *ke
 }
 
 // fp32 C = alpha op(A) op(B) + beta C on the fp32 route (above)
-static void sgemm_parallel(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                           const float *b, int ldb, float beta, float *c, int ldc) {
+static void sgemm_parallel(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                           int ldb, float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0) return;
     dnnl_key key = {m, n, k, ta, tb, lda, ldb, ldc, 0, 0, alpha, beta};
     if (gemm_onednn(c, a, b, &key)) return;
@@ -353,15 +345,15 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
     int m = g->m, n = g->n, k = g->k;
     if (m <= 0 || n <= 0) return;
     if (g->a_type == TETRA_BF16 && g->b_type == TETRA_BF16 && !g->a_scale && !g->b_scale) {
-        dnnl_key key = {m, n, k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldc, 1, g->c_type == TETRA_BF16,
+        dnnl_key key = {m,        n,      k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldc, 1, g->c_type == TETRA_BF16,
                         g->alpha, g->beta};
         if (gemm_onednn(c, a, b, &key)) return;
     }
-    int plain = g->a_type == TETRA_F32 && g->b_type == TETRA_F32 && g->c_type == TETRA_F32 &&
-                !g->a_scale && !g->b_scale;
+    int plain =
+        g->a_type == TETRA_F32 && g->b_type == TETRA_F32 && g->c_type == TETRA_F32 && !g->a_scale && !g->b_scale;
     if (plain) {
-        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, g->alpha, (const float *)a, g->lda,
-                       (const float *)b, g->ldb, g->beta, (float *)c, g->ldc);
+        sgemm_parallel(g->trans_a, g->trans_b, m, n, k, g->alpha, (const float *)a, g->lda, (const float *)b, g->ldb,
+                       g->beta, (float *)c, g->ldc);
         return;
     }
     // stored shapes: A is [k, m] when transposed else [m, k]; B is [n, k] or [k, n]
@@ -371,8 +363,16 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
     const float *bf = g->b_type == TETRA_F32 ? (const float *)b : NULL;
     float *a_tmp = NULL, *b_tmp = NULL;
     int lda = g->lda, ldb = g->ldb;
-    if (!af) { a_tmp = widen(a, g->a_type, ar, ac, g->lda); af = a_tmp; lda = ac; }
-    if (!bf) { b_tmp = widen(b, g->b_type, br, bc, g->ldb); bf = b_tmp; ldb = bc; }
+    if (!af) {
+        a_tmp = widen(a, g->a_type, ar, ac, g->lda);
+        af = a_tmp;
+        lda = ac;
+    }
+    if (!bf) {
+        b_tmp = widen(b, g->b_type, br, bc, g->ldb);
+        bf = b_tmp;
+        ldb = bc;
+    }
     const int par = (int64_t)m * n > CPU_CHUNK;
 
     int rowwise = g->scale_rowwise && (g->a_scale || g->b_scale);
@@ -404,10 +404,8 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
         for (int i = 0; i < m; i++) {
             float as = g->alpha * (g->a_scale ? g->a_scale[i] : 1.0f);
             size_t ci = (size_t)i * (size_t)g->ldc;
-            if (g->c_type == TETRA_F32)
-                epi_f32_k((float *)c + ci, acc + (size_t)i * n, as, g->b_scale, g->beta, n);
-            else
-                epi_bf16_k((uint16_t *)c + ci, acc + (size_t)i * n, as, g->b_scale, g->beta, n);
+            if (g->c_type == TETRA_F32) epi_f32_k((float *)c + ci, acc + (size_t)i * n, as, g->b_scale, g->beta, n);
+            else epi_bf16_k((uint16_t *)c + ci, acc + (size_t)i * n, as, g->b_scale, g->beta, n);
         }
         free(acc);
     }

@@ -15,16 +15,14 @@ static int row_parallel(int n, int c) { return (int64_t)n * (int64_t)c > CPU_CHU
 // ----------------------------------------------------------------------------
 // embedding
 
-void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c,
-                           int v_start, int v_local) {
+void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c, int v_start,
+                           int v_local) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * c;
         int t = tokens[i] - v_start;
-        if (t >= 0 && t < v_local)
-            memcpy(o, wte + (size_t)t * c, (size_t)c * sizeof(float));
-        else
-            memset(o, 0, (size_t)c * sizeof(float));  // token owned by another vocab shard
+        if (t >= 0 && t < v_local) memcpy(o, wte + (size_t)t * c, (size_t)c * sizeof(float));
+        else memset(o, 0, (size_t)c * sizeof(float)); // token owned by another vocab shard
     }
 }
 
@@ -34,8 +32,8 @@ CPU_SIMD static void add_row_k(float *restrict y, const float *restrict x, int n
 
 // Deterministic scatter-add without atomics: threads own disjoint column blocks and walk
 // the tokens in order, so repeated tokens always sum in the same order.
-void cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c,
-                            int v_start, int v_local) {
+void cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c, int v_start,
+                            int v_local) {
     const int cb = 64;
     int nblk = (c + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
@@ -62,14 +60,13 @@ CPU_SIMD void cpu_rmsnorm_row_k(float *restrict out, float *restrict rstd, const
     *rstd = r;
 }
 
-void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c,
-                         float eps) {
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
     for (int i = 0; i < n; i++) cpu_rmsnorm_row_k(out + (size_t)i * c, rstd + i, x + (size_t)i * c, w, c, eps);
 }
 
-CPU_SIMD void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy,
-                                    const float *restrict x, const float *restrict w, float r, int c) {
+CPU_SIMD void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy, const float *restrict x,
+                                    const float *restrict w, float r, int c) {
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int j = 0; j < c; j++) dot += w[j] * dy[j] * x[j];
@@ -77,8 +74,8 @@ CPU_SIMD void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy
     for (int j = 0; j < c; j++) dx[j] += tetra_rms_dx(x[j], w[j], dy[j], r, dot_c);
 }
 
-void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
-                                const float *rstd, int n, int c) {
+void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd, int n,
+                                int c) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
     for (int i = 0; i < n; i++) {
         size_t o = (size_t)i * c;
@@ -86,23 +83,21 @@ void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, co
     }
 }
 
-CPU_SIMD static void rmsnorm_dw_k(double *restrict acc, const float *restrict dy, const float *restrict x,
-                                  float r, int w) {
+CPU_SIMD static void rmsnorm_dw_k(double *restrict acc, const float *restrict dy, const float *restrict x, float r,
+                                  int w) {
     for (int j = 0; j < w; j++) acc[j] += (double)(dy[j] * (x[j] * r));
 }
 
 // the same term on bf16 loads (rmsnorm_backward_weight_bf16)
-CPU_SIMD static void rmsnorm_dw_bf16_k(double *restrict acc, const uint16_t *restrict dy,
-                                       const uint16_t *restrict x, float r, int w) {
-    for (int j = 0; j < w; j++)
-        acc[j] += (double)(tetra_bf16_to_f32(dy[j]) * (tetra_bf16_to_f32(x[j]) * r));
+CPU_SIMD static void rmsnorm_dw_bf16_k(double *restrict acc, const uint16_t *restrict dy, const uint16_t *restrict x,
+                                       float r, int w) {
+    for (int j = 0; j < w; j++) acc[j] += (double)(tetra_bf16_to_f32(dy[j]) * (tetra_bf16_to_f32(x[j]) * r));
 }
 
 // Column blocks again: each thread reduces its columns over all rows in row order
 // (deterministic), accumulating in double. One loop for both element types, so the
 // bf16 op's fp32 gradient is summed exactly as the fp32 op's.
-void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c,
-                           int bf16) {
+void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c, int bf16) {
     const int cb = 64;
     int nblk = (c + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
@@ -111,17 +106,14 @@ void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const flo
         double acc[64] = {0};
         for (int i = 0; i < n; i++) {
             size_t o = (size_t)i * c + j0;
-            if (bf16)
-                rmsnorm_dw_bf16_k(acc, (const uint16_t *)dout + o, (const uint16_t *)x + o, rstd[i], w);
-            else
-                rmsnorm_dw_k(acc, (const float *)dout + o, (const float *)x + o, rstd[i], w);
+            if (bf16) rmsnorm_dw_bf16_k(acc, (const uint16_t *)dout + o, (const uint16_t *)x + o, rstd[i], w);
+            else rmsnorm_dw_k(acc, (const float *)dout + o, (const float *)x + o, rstd[i], w);
         }
         for (int j = 0; j < w; j++) dw[j0 + j] += (float)acc[j];
     }
 }
 
-void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd,
-                                 int n, int c) {
+void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c) {
     cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 0);
 }
 
@@ -135,16 +127,14 @@ CPU_SIMD void cpu_rope_row_k(float *out, const float *x, const float *f, int nh,
         float *oh = out + (size_t)h * d;
         for (int i = 0; i < half; i++) {
             float x0 = xh[2 * i], x1 = xh[2 * i + 1], c = f[2 * i], s = f[2 * i + 1];
-            if (inverse)
-                tetra_rope_unrotate(&oh[2 * i], &oh[2 * i + 1], x0, x1, c, s);
-            else
-                tetra_rope_rotate(&oh[2 * i], &oh[2 * i + 1], x0, x1, c, s);
+            if (inverse) tetra_rope_unrotate(&oh[2 * i], &oh[2 * i + 1], x0, x1, c, s);
+            else tetra_rope_rotate(&oh[2 * i], &oh[2 * i + 1], x0, x1, c, s);
         }
     }
 }
 
-static void rope_apply(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset,
-                       int b, int s, int nh, int d, int inverse) {
+static void rope_apply(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
+                       int nh, int d, int inverse) {
     int rows = b * s;
     size_t row = (size_t)nh * d;
 #pragma omp parallel for schedule(static) if (row_parallel(rows, (int)row))
@@ -155,13 +145,13 @@ static void rope_apply(float *out, const float *x, const float *freqs, const int
     }
 }
 
-void cpu_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset,
-                      int b, int s, int nh, int d) {
+void cpu_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
+                      int nh, int d) {
     rope_apply(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
 }
 
-void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos,
-                       int pos_offset, int b, int s, int nh, int d) {
+void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
+                       int s, int nh, int d) {
     rope_apply(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
 }
 
@@ -172,13 +162,12 @@ CPU_SIMD void cpu_swiglu_fwd_k(float *out, const float *a, const float *g, size_
     for (size_t i = 0; i < n; i++) out[i] = tetra_silu(a[i]) * g[i];
 }
 
-CPU_SIMD void cpu_swiglu_bwd_k(float *da, float *dg, const float *dout, const float *a, const float *g,
-                               size_t n) {
+CPU_SIMD void cpu_swiglu_bwd_k(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float ai = a[i], gi = g[i], d = dout[i];
         float dai = d * gi * tetra_dsilu(ai);
         float dgi = d * tetra_silu(ai);
-        da[i] = dai;  // a and g are read before either write: in place is safe
+        da[i] = dai; // a and g are read before either write: in place is safe
         dg[i] = dgi;
     }
 }
@@ -246,15 +235,18 @@ CPU_SIMD static void row_exp_scale_k(float *d, const float *z, float m, float a,
     for (int j = 0; j < v; j++) d[j] = tetra_expf(z[j] - m) * a;
 }
 
-void cpu_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets,
-                       int n, int v, float dloss_scale) {
+void cpu_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
+                       float dloss_scale) {
 #pragma omp parallel for schedule(dynamic, 4) if (n > 1)
     for (int i = 0; i < n; i++) {
         const float *z = logits + (size_t)i * v;
         int t = targets[i];
-        int valid = t >= 0 && t < v;  // OPS_IGNORE_INDEX (and any out-of-range id): no loss
+        int valid = t >= 0 && t < v; // OPS_IGNORE_INDEX (and any out-of-range id): no loss
         if (!dlogits) {
-            if (!valid) { losses[i] = 0.0f; continue; }
+            if (!valid) {
+                losses[i] = 0.0f;
+                continue;
+            }
             float m = row_max_k(z, v);
             float s = (float)row_sumexp_k(NULL, z, m, v);
             losses[i] = logf(s) - (z[t] - m);
@@ -267,7 +259,7 @@ void cpu_cross_entropy(float *dlogits, float *losses, const float *logits, const
             continue;
         }
         float m = row_max_k(z, v);
-        float zt = z[t] - m;  // read before d (possibly == z) is overwritten
+        float zt = z[t] - m; // read before d (possibly == z) is overwritten
         float s = (float)row_sumexp_k(d, z, m, v);
         losses[i] = logf(s) - zt;
         row_scale_k(d, dloss_scale / s, v);
@@ -287,18 +279,18 @@ void cpu_ce_shard_sums(float *sum_exp, float *target_logit, const float *logits,
         const float *z = logits + (size_t)i * v_local;
         float m = row_max[i];
         int t = targets[i] - v_start;
-        float zt = (t >= 0 && t < v_local) ? z[t] - m : 0.0f;  // ignored targets are < 0
+        float zt = (t >= 0 && t < v_local) ? z[t] - m : 0.0f; // ignored targets are < 0
         sum_exp[i] = (float)row_sumexp_k(NULL, z, m, v_local);
         target_logit[i] = zt;
     }
 }
 
-void cpu_ce_shard_finish(float *dlogits, float *losses, const float *logits, const float *row_max,
-                         const float *sum_exp, const float *target_logit, const int32_t *targets,
-                         int n, int v_local, int v_start, float dloss_scale) {
+void cpu_ce_shard_finish(float *dlogits, float *losses, const float *logits, const float *row_max, const float *sum_exp,
+                         const float *target_logit, const int32_t *targets, int n, int v_local, int v_start,
+                         float dloss_scale) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, v_local))
     for (int i = 0; i < n; i++) {
-        int valid = targets[i] >= 0;  // the sharded ops cannot see V; negatives are ignored
+        int valid = targets[i] >= 0; // the sharded ops cannot see V; negatives are ignored
         float s = sum_exp[i];
         losses[i] = valid ? logf(s) - target_logit[i] : 0.0f;
         if (!dlogits) continue;

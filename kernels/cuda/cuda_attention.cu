@@ -55,9 +55,9 @@ typedef struct {
     int B, Sq, Sk, H, KV, D, rep;
     float scale;
     int causal;
-    long long delta;  // q_offset - k_offset
+    long long delta; // q_offset - k_offset
     int q_offset, k_offset;
-    const int32_t *doc;  // [B, doc_len] document ids of the global positions, or NULL
+    const int32_t *doc; // [B, doc_len] document ids of the global positions, or NULL
     int doc_len;
 } attn_args;
 
@@ -133,10 +133,10 @@ __device__ __forceinline__ void grad_out(uint16_t *p, float v) { *p = tetra_f32_
 // ----------------------------------------------------------------------------
 // forward
 
-template <int DMAX, int BQ, int BK>
-struct FwdCfg {
+template <int DMAX, int BQ, int BK> struct FwdCfg {
     static constexpr int LD = DMAX + 1, LDP = BK + 1;
-    static constexpr size_t smem_floats = (size_t)BQ * LD + (size_t)BK * LD + (size_t)BK * DMAX + (size_t)BQ * LDP + 3 * BQ;
+    static constexpr size_t smem_floats =
+        (size_t)BQ * LD + (size_t)BK * LD + (size_t)BK * DMAX + (size_t)BQ * LDP + 3 * BQ;
 };
 
 template <int DMAX, int BQ, int BK, typename T>
@@ -148,7 +148,7 @@ __device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, co
     extern __shared__ float sm[];
     float *sQ = sm;
     float *sK = sQ + BQ * LD;
-    float *sV = sK + BK * LD;  // [BK][DMAX]
+    float *sV = sK + BK * LD; // [BK][DMAX]
     float *sP = sV + BK * DMAX;
     float *sM = sP + BQ * LDP;
     float *sL = sM + BQ;
@@ -156,7 +156,7 @@ __device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, co
 
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, warp = tid >> 5, lane = tid & 31;
     const int nbh = a.B * a.H;
-    const int qb = nqb - 1 - (int)(blockIdx.x / nbh);  // heaviest (latest) query tiles first
+    const int qb = nqb - 1 - (int)(blockIdx.x / nbh); // heaviest (latest) query tiles first
     const int bh = (int)(blockIdx.x % nbh), b = bh / a.H, h = bh % a.H, g = h / a.rep;
     const int i0 = qb * BQ, rows = min(BQ, a.Sq - i0);
     const int D = a.D;
@@ -173,11 +173,11 @@ __device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, co
 #pragma unroll
         for (int j = 0; j < DJ; j++) o[i][j] = 0.0f;
 
-    const int kend = visible_keys(a, i0 + rows - 1);  // keys any row of this tile sees
+    const int kend = visible_keys(a, i0 + rows - 1); // keys any row of this tile sees
     // from the key tile where the first row's document starts (the BK grid of the backward)
     for (int j0 = doc_key_begin(a, b, i0) / BK * BK; j0 < kend; j0 += BK) {
         const int cols = min(BK, kend - j0);
-        __syncthreads();  // the previous tile is consumed
+        __syncthreads(); // the previous tile is consumed
         const size_t koff = ((size_t)b * a.Sk + j0) * ldk + (size_t)g * D;
         for (int idx = tid; idx < BK * DMAX; idx += ATT_THREADS) {
             int c = idx / DMAX, dd = idx - c * DMAX;
@@ -225,7 +225,7 @@ __device__ __forceinline__ void attn_fwd_body(T *out, float *lse, const T *q, co
             }
             mx = warp_max(mx);
             const float m_old = sM[r], m_new = fmaxf(m_old, mx);
-            if (m_new == -INFINITY) {  // nothing visible to this row yet
+            if (m_new == -INFINITY) { // nothing visible to this row yet
 #pragma unroll
                 for (int u = 0; u < PER; u++) sP[r * LDP + lane + 32 * u] = 0.0f;
                 if (lane == 0) sC[r] = 1.0f;
@@ -307,8 +307,7 @@ __global__ void attn_rowdot_kernel(float *Dv, const T *dout, const T *out, int S
     }
 }
 
-template <int DMAX, int BQ, int BK>
-struct BwdCfg {
+template <int DMAX, int BQ, int BK> struct BwdCfg {
     static constexpr int LD = DMAX + 1, LDP = BK + 1;
     // sK, sV, sQ, sdO; sP, sdS; lse, Dv
     static constexpr size_t smem_floats = 2 * (size_t)BK * LD + 2 * (size_t)BQ * LD + 2 * (size_t)BQ * LDP + 2 * BQ;
@@ -378,7 +377,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_body(T *dk, T *dv, const T *dout, 
 
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int nbg = a.B * a.KV;
-    const int kb = (int)(blockIdx.x / nbg);  // earliest key tiles (seen by most queries) first
+    const int kb = (int)(blockIdx.x / nbg); // earliest key tiles (seen by most queries) first
     const int bg = (int)(blockIdx.x % nbg), b = bg / a.KV, g = bg % a.KV;
     const int j0 = kb * BK, cols = min(BK, a.Sk - j0);
     const int D = a.D;
@@ -525,15 +524,14 @@ __device__ __forceinline__ void attn_bwd_dq_body(T *dq, const T *dout, const T *
 // sm_80 (164 KiB per SM) as __launch_bounds__'s minimum blocks, so ptxas budgets
 // registers for it (left to guess, it spilled a few bytes in some bf16 variants).
 
-template <int DMAX>
-struct AttnOcc {
+template <int DMAX> struct AttnOcc {
     static constexpr int fwd = DMAX <= 32 ? 4 : (DMAX <= 64 ? 3 : 2);
     static constexpr int bwd = DMAX <= 64 ? 3 : (DMAX <= 128 ? 2 : 1);
 };
 
 template <int DMAX, int BQ, int BK>
-__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(float *out, float *lse, const float *q, const float *k,
-                                                               const float *v, attn_args a, int nqb) {
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v, attn_args a, int nqb) {
     attn_fwd_body<DMAX, BQ, BK, float>(out, lse, q, k, v, a, nqb);
 }
 
@@ -545,9 +543,9 @@ __global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::fwd)
 }
 
 template <int DMAX, int BQ, int BK>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout,
-                                                                    const float *q, const float *k, const float *v,
-                                                                    const float *lse, const float *Dv, attn_args a) {
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_bwd_dkdv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                         const float *lse, const float *Dv, attn_args a) {
     attn_bwd_dkdv_body<DMAX, BQ, BK, float>(dk, dv, dout, q, k, v, lse, Dv, a);
 }
 
@@ -559,16 +557,16 @@ __global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::bwd)
 }
 
 template <int DMAX, int BQ, int BK>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(float *dq, const float *dout, const float *q,
-                                                                  const float *k, const float *v, const float *lse,
-                                                                  const float *Dv, attn_args a, int nqb) {
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_bwd_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+                       const float *Dv, attn_args a, int nqb) {
     attn_bwd_dq_body<DMAX, BQ, BK, float>(dq, dout, q, k, v, lse, Dv, a, nqb);
 }
 
 template <int DMAX, int BQ, int BK>
 __global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::bwd)
-    attn_bwd_dq_kernel_bf16(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
-                            const uint16_t *v, const float *lse, const float *Dv, attn_args a, int nqb) {
+    attn_bwd_dq_kernel_bf16(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                            const float *lse, const float *Dv, attn_args a, int nqb) {
     attn_bwd_dq_body<DMAX, BQ, BK, uint16_t>(dq, dout, q, k, v, lse, Dv, a, nqb);
 }
 
@@ -594,8 +592,7 @@ static void launch_fwd(T *out, float *lse, const T *q, const T *k, const T *v, c
     const long long blocks = (long long)nqb * a.B * a.H;
     if constexpr (std::is_same<T, float>::value)
         launch_attn(attn_fwd_kernel<DMAX, BQ, BK>, configured, smem, blocks, out, lse, q, k, v, a, nqb);
-    else
-        launch_attn(attn_fwd_kernel_bf16<DMAX, BQ, BK>, configured, smem, blocks, out, lse, q, k, v, a, nqb);
+    else launch_attn(attn_fwd_kernel_bf16<DMAX, BQ, BK>, configured, smem, blocks, out, lse, q, k, v, a, nqb);
 }
 
 template <int DMAX, int BQ, int BK, typename T>
@@ -606,28 +603,29 @@ static void launch_bwd(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *
     const int nkb = (a.Sk + BK - 1) / BK, nqb = (a.Sq + BQ - 1) / BQ;
     const long long blocks_kv = (long long)nkb * a.B * a.KV, blocks_q = (long long)nqb * a.B * a.H;
     if constexpr (std::is_same<T, float>::value) {
-        launch_attn(attn_bwd_dkdv_kernel<DMAX, BQ, BK>, configured_kv, smem, blocks_kv, dk, dv, dout, q, k, v, lse,
-                    Dv, a);
-        launch_attn(attn_bwd_dq_kernel<DMAX, BQ, BK>, configured_q, smem, blocks_q, dq, dout, q, k, v, lse, Dv, a,
-                    nqb);
+        launch_attn(attn_bwd_dkdv_kernel<DMAX, BQ, BK>, configured_kv, smem, blocks_kv, dk, dv, dout, q, k, v, lse, Dv,
+                    a);
+        launch_attn(attn_bwd_dq_kernel<DMAX, BQ, BK>, configured_q, smem, blocks_q, dq, dout, q, k, v, lse, Dv, a, nqb);
     } else {
-        launch_attn(attn_bwd_dkdv_kernel_bf16<DMAX, BQ, BK>, configured_kv, smem, blocks_kv, dk, dv, dout, q, k, v,
-                    lse, Dv, a);
-        launch_attn(attn_bwd_dq_kernel_bf16<DMAX, BQ, BK>, configured_q, smem, blocks_q, dq, dout, q, k, v, lse, Dv,
-                    a, nqb);
+        launch_attn(attn_bwd_dkdv_kernel_bf16<DMAX, BQ, BK>, configured_kv, smem, blocks_kv, dk, dv, dout, q, k, v, lse,
+                    Dv, a);
+        launch_attn(attn_bwd_dq_kernel_bf16<DMAX, BQ, BK>, configured_q, smem, blocks_q, dq, dout, q, k, v, lse, Dv, a,
+                    nqb);
     }
 }
 
 static void check_shape(const ops_attn_shape *s) {
     if (s->d > 256 || s->d <= 0 || s->kv <= 0 || s->h % s->kv != 0) {
-        fprintf(stderr, "[tetra] cuda attention: unsupported shape (head dim %d, heads %d, kv heads %d); "
-                        "head dim must be in [1, 256] and heads a multiple of kv heads\n",
+        fprintf(stderr,
+                "[tetra] cuda attention: unsupported shape (head dim %d, heads %d, kv heads %d); "
+                "head dim must be in [1, 256] and heads a multiple of kv heads\n",
                 s->d, s->h, s->kv);
         abort();
     }
     if (s->doc && (!s->causal || s->q_offset + s->sq > s->doc_len || s->k_offset + s->sk > s->doc_len)) {
-        fprintf(stderr, "[tetra] cuda attention: a document mask needs causal = 1 and the rows inside doc_len "
-                        "(causal %d, q %d+%d, k %d+%d, doc_len %d)\n",
+        fprintf(stderr,
+                "[tetra] cuda attention: a document mask needs causal = 1 and the rows inside doc_len "
+                "(causal %d, q %d+%d, k %d+%d, doc_len %d)\n",
                 s->causal, s->q_offset, s->sq, s->k_offset, s->sk, s->doc_len);
         abort();
     }
@@ -643,16 +641,11 @@ template <typename T>
 static void builtin_forward(T *out, float *lse, const T *q, const T *k, const T *v, const ops_attn_shape *s) {
     check_shape(s);
     attn_args a = make_args(s);
-    if (s->d <= 16)
-        launch_fwd<16, 64, 32, T>(out, lse, q, k, v, a);
-    else if (s->d <= 32)
-        launch_fwd<32, 64, 32, T>(out, lse, q, k, v, a);
-    else if (s->d <= 64)
-        launch_fwd<64, 64, 32, T>(out, lse, q, k, v, a);
-    else if (s->d <= 128)
-        launch_fwd<128, 64, 32, T>(out, lse, q, k, v, a);
-    else
-        launch_fwd<256, 32, 32, T>(out, lse, q, k, v, a);
+    if (s->d <= 16) launch_fwd<16, 64, 32, T>(out, lse, q, k, v, a);
+    else if (s->d <= 32) launch_fwd<32, 64, 32, T>(out, lse, q, k, v, a);
+    else if (s->d <= 64) launch_fwd<64, 64, 32, T>(out, lse, q, k, v, a);
+    else if (s->d <= 128) launch_fwd<128, 64, 32, T>(out, lse, q, k, v, a);
+    else launch_fwd<256, 32, 32, T>(out, lse, q, k, v, a);
 }
 
 // The built-in backward (fp32: dq, dk, dv +=; bf16: written). Needs Dv, [B, H, Sq] floats.
@@ -666,16 +659,11 @@ static void builtin_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, con
     if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
     attn_rowdot_kernel<T><<<(unsigned)nb, 256, 0, cuda_stream()>>>(Dv, dout, out, s->sq, s->h, s->d, nrows);
     CUDA_CHECK_LAUNCH();
-    if (s->d <= 16)
-        launch_bwd<16, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else if (s->d <= 32)
-        launch_bwd<32, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else if (s->d <= 64)
-        launch_bwd<64, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else if (s->d <= 128)
-        launch_bwd<128, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
-    else
-        launch_bwd<256, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    if (s->d <= 16) launch_bwd<16, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 32) launch_bwd<32, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 64) launch_bwd<64, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else if (s->d <= 128) launch_bwd<128, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+    else launch_bwd<256, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
 }
 
 extern "C" void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -689,7 +677,7 @@ extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, const f
                                         const float *k, const float *v, const float *out, const float *lse,
                                         const ops_attn_shape *s, void *workspace) {
     if (s->b <= 0 || s->sq <= 0 || s->sk <= 0 || s->h <= 0) return;
-    if (s->causal && (long long)s->q_offset - s->k_offset + s->sq <= 0) return;  // fully masked pair: adds nothing
+    if (s->causal && (long long)s->q_offset - s->k_offset + s->sq <= 0) return; // fully masked pair: adds nothing
     float *Dv = (float *)workspace;
     if (!Dv) Dv = (float *)cuda_scratch(SCRATCH_ATTN, cuda_attention_workspace_size(s));
     builtin_backward(dq, dk, dv, dout, q, k, v, out, lse, s, Dv);
@@ -732,8 +720,10 @@ static void log_path(int backward, int why, const ops_attn_shape *s, const char 
         fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (this build has no cuDNN)\n", dir);
         break;
     case WHY_DETERMINISTIC:
-        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (training.deterministic: cuDNN's backward "
-                "accumulates with atomics)\n", dir);
+        fprintf(stderr,
+                "cuda: attention bf16 %s via the built-in kernel (training.deterministic: cuDNN's backward "
+                "accumulates with atomics)\n",
+                dir);
         break;
     case WHY_UNSUPPORTED:
         fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (cuDNN %d.%d's fused SDPA does not take %s)\n",
@@ -849,7 +839,7 @@ __global__ void attn_merge_kernel(float *out, float *lse, const float *out_blk, 
         float la = lse[li], lb = lse_blk[li];
         float *o = out + (size_t)r * d;
         const float *ob = out_blk + (size_t)r * d;
-        if (lb == -INFINITY) continue;  // the block saw no key for this row
+        if (lb == -INFINITY) continue; // the block saw no key for this row
         if (la == -INFINITY) {
             for (int j = lane; j < d; j += 32) o[j] = ob[j];
         } else {

@@ -26,12 +26,12 @@
 // backend state: the compute stream, memory accounting, freeze
 
 static cudaStream_t g_stream;
-static int g_device = -1;          // the device current at backend init
+static int g_device = -1; // the device current at backend init
 static std::once_flag g_init_once;
 static float *g_one;
 
-static std::mutex g_mem_mutex;                          // guards the three below
-static std::unordered_map<void *, size_t> g_live;       // ops.alloc blocks: pointer -> bytes asked
+static std::mutex g_mem_mutex;                    // guards the three below
+static std::unordered_map<void *, size_t> g_live; // ops.alloc blocks: pointer -> bytes asked
 static size_t g_alloc_calls, g_alloc_bytes, g_internal_bytes;
 static std::atomic<int> g_frozen(0);
 
@@ -53,8 +53,10 @@ static void report_oom(size_t bytes, const char *what) {
 }
 
 static void report_frozen(size_t bytes, const char *what, const char *hint) {
-    fprintf(stderr, "cuda: device allocation of %zu bytes for %s requested during training (memory is taken at "
-                    "start-up; %s)\n", bytes, what, hint);
+    fprintf(stderr,
+            "cuda: device allocation of %zu bytes for %s requested during training (memory is taken at "
+            "start-up; %s)\n",
+            bytes, what, hint);
 }
 
 // Backend init, once per process, on the device current at the first alloc or op (the
@@ -70,7 +72,7 @@ static void backend_init(void) {
     CUDA_CHECK(cudaMemcpyAsync(g_one, &h, sizeof h, cudaMemcpyHostToDevice, g_stream));
     CUDA_CHECK(cudaStreamSynchronize(g_stream));
     cuda_gemm_init();
-    (void)cuda_scratch(SCRATCH_REDUCE, 1024 * sizeof(double));  // fixed size: reserved now
+    (void)cuda_scratch(SCRATCH_REDUCE, 1024 * sizeof(double)); // fixed size: reserved now
 }
 
 static inline void ensure_init(void) { std::call_once(g_init_once, backend_init); }
@@ -121,9 +123,9 @@ static const char *const scratch_what[SCRATCH_SLOTS] = {
 
 void *cuda_scratch(int slot, size_t bytes) {
     if (bytes <= scratch_size[slot] && scratch_ptr[slot]) return scratch_ptr[slot];
-    size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);  // whole MiB
+    size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1); // whole MiB
     if (want < bytes) want = bytes;
-    if (g_frozen.load(std::memory_order_relaxed)) {  // before freeing: the message is the whole story
+    if (g_frozen.load(std::memory_order_relaxed)) { // before freeing: the message is the whole story
         report_frozen(want, scratch_what[slot],
                       "the backend's scratch grows during the warm-up microbatch, and this call needs more than it "
                       "did: warm up with the largest shapes before memory_freeze");
@@ -158,14 +160,16 @@ extern "C" void *cuda_alloc(size_t bytes) {
     int dev = -1;
     if (cudaGetDevice(&dev) != cudaSuccess || dev != g_device) {
         cudaGetLastError();
-        fprintf(stderr, "cuda: allocation on device %d, but the backend was initialised on device %d (select the "
-                        "rank's device before the first op)\n", dev, g_device);
+        fprintf(stderr,
+                "cuda: allocation on device %d, but the backend was initialised on device %d (select the "
+                "rank's device before the first op)\n",
+                dev, g_device);
         return NULL;
     }
     void *p = NULL;
     // cudaMalloc returns 256-byte aligned memory (the contract asks for 64)
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
-        cudaGetLastError();  // clear the error: out of memory is reported as NULL
+        cudaGetLastError(); // clear the error: out of memory is reported as NULL
         report_oom(bytes, NULL);
         return NULL;
     }
@@ -283,8 +287,7 @@ static void cuda_host_release(void *p) {
 // elementwise. Grid-stride loops; float4 accesses when every pointer is 16-byte aligned
 // (the scalar tail covers n % 4).
 
-template <bool VEC>
-__global__ void fill_kernel(float *x, float value, size_t n) {
+template <bool VEC> __global__ void fill_kernel(float *x, float value, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t done = 0;
     if constexpr (VEC) {
@@ -296,15 +299,17 @@ __global__ void fill_kernel(float *x, float value, size_t n) {
     for (size_t i = done + t; i < n; i += stride) x[i] = value;
 }
 
-template <bool VEC>
-__global__ void scale_kernel(float *x, float alpha, size_t n) {
+template <bool VEC> __global__ void scale_kernel(float *x, float alpha, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t done = 0;
     if constexpr (VEC) {
         size_t n4 = n / 4;
         for (size_t i = t; i < n4; i += stride) {
             float4 v = reinterpret_cast<float4 *>(x)[i];
-            v.x *= alpha; v.y *= alpha; v.z *= alpha; v.w *= alpha;
+            v.x *= alpha;
+            v.y *= alpha;
+            v.z *= alpha;
+            v.w *= alpha;
             reinterpret_cast<float4 *>(x)[i] = v;
         }
         done = n4 * 4;
@@ -313,8 +318,7 @@ __global__ void scale_kernel(float *x, float alpha, size_t n) {
 }
 
 // y += alpha x, as the CPU: the product rounded, then the sum (no fused multiply-add)
-template <bool VEC>
-__global__ void axpy_kernel(float *y, const float *x, float alpha, size_t n) {
+template <bool VEC> __global__ void axpy_kernel(float *y, const float *x, float alpha, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t done = 0;
     if constexpr (VEC) {
@@ -333,8 +337,7 @@ __global__ void axpy_kernel(float *y, const float *x, float alpha, size_t n) {
     for (size_t i = done + t; i < n; i += stride) y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
 }
 
-template <bool VEC>
-__global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
+template <bool VEC> __global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t done = 0;
     if constexpr (VEC) {
@@ -353,8 +356,7 @@ extern "C" void cuda_fill(float *x, float value, size_t n) {
     if (!n) return;
     if (tetra_aligned16(x))
         fill_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, value, n);
-    else
-        fill_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, value, n);
+    else fill_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, value, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -362,8 +364,7 @@ extern "C" void cuda_scale(float *x, float alpha, size_t n) {
     if (!n) return;
     if (tetra_aligned16(x))
         scale_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, alpha, n);
-    else
-        scale_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, alpha, n);
+    else scale_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(x, alpha, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -371,8 +372,7 @@ extern "C" void cuda_axpy(float *y, const float *x, float alpha, size_t n) {
     if (!n) return;
     if (tetra_aligned16(x) && tetra_aligned16(y))
         axpy_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(y, x, alpha, n);
-    else
-        axpy_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(y, x, alpha, n);
+    else axpy_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(y, x, alpha, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -380,8 +380,7 @@ extern "C" void cuda_add(float *out, const float *a, const float *b, size_t n) {
     if (!n) return;
     if (tetra_aligned16(out) && tetra_aligned16(a) && tetra_aligned16(b))
         add_kernel<true><<<tetra_blocks(n / 4 + 1, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
-    else
-        add_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
+    else add_kernel<false><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -426,17 +425,15 @@ __global__ void __launch_bounds__(1024) reduce_final_kernel(float *out, const do
 static void reduce_sum(float *out, const float *x, size_t n, int op, int accumulate) {
     int parts = red_parts(n);
     double *part = (double *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
-    if (op == RED_SUMSQ)
-        reduce_partial_kernel<RED_SUMSQ><<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
-    else
-        reduce_partial_kernel<RED_SUM><<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
+    if (op == RED_SUMSQ) reduce_partial_kernel<RED_SUMSQ><<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
+    else reduce_partial_kernel<RED_SUM><<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
     CUDA_CHECK_LAUNCH();
     reduce_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_sum_squares(float *out, const float *x, size_t n) {
-    if (!n) return;  // out += 0
+    if (!n) return; // out += 0
     reduce_sum(out, x, n, RED_SUMSQ, 1);
 }
 
@@ -475,7 +472,7 @@ extern "C" void cuda_amax(float *out, const float *x, size_t n) {
         amax_partial_kernel<<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
         CUDA_CHECK_LAUNCH();
     } else {
-        parts = 0;  // max over nothing is 0
+        parts = 0; // max over nothing is 0
     }
     amax_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts);
     CUDA_CHECK_LAUNCH();
@@ -495,8 +492,7 @@ __global__ void __launch_bounds__(TETRA_THREADS) amax_rows_kernel(float *out, co
     if (threadIdx.x == 0) out[blockIdx.x] = m;
 }
 
-template <typename T>
-static void amax_rows_launch(float *out, const T *x, int rows, int cols) {
+template <typename T> static void amax_rows_launch(float *out, const T *x, int rows, int cols) {
     if (rows <= 0) return;
     if (cols <= 0) {
         cuda_fill(out, 0.0f, (size_t)rows);
@@ -523,7 +519,7 @@ struct tile_same {
 };
 
 template <typename TO, typename TI, typename OP>
-__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+__global__ void __launch_bounds__(TRANSPOSE_TILE *TRANSPOSE_ROWS)
     transpose_tiles_kernel(TO *out, const TI *x, int rows, int cols, OP op) {
     // one padding column: the column-wise reads of the second phase fall in 32 banks
     __shared__ TO tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
@@ -542,10 +538,10 @@ __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
             __syncthreads();
 #pragma unroll
             for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-                int c = c0 + ty + i, r = r0 + tx;  // out row c, column r
+                int c = c0 + ty + i, r = r0 + tx; // out row c, column r
                 if (r < rows && c < cols) out[(size_t)c * (size_t)rows + r] = tile[tx][ty + i];
             }
-            __syncthreads();  // the tile is refilled by the next iteration
+            __syncthreads(); // the tile is refilled by the next iteration
         }
     }
 }
@@ -559,8 +555,8 @@ static dim3 transpose_grid(int rows, int cols) {
 extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
-    transpose_tiles_kernel<float, float, tile_same><<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(
-        out, x, rows, cols, tile_same());
+    transpose_tiles_kernel<float, float, tile_same>
+        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, x, rows, cols, tile_same());
     CUDA_CHECK_LAUNCH();
 }
 
@@ -608,13 +604,14 @@ extern "C" void cuda_amax_rows_bf16(float *out, const uint16_t *x, int rows, int
 // column amax: a block per 32 columns; its 8 rows of threads stride down every row (a
 // warp reads 32 neighbouring columns of a row), then fold their 8 partial maxima
 template <typename T>
-__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+__global__ void __launch_bounds__(TRANSPOSE_TILE *TRANSPOSE_ROWS)
     amax_cols_kernel(float *out, const T *x, int rows, int cols) {
     __shared__ float sh[TRANSPOSE_ROWS][TRANSPOSE_TILE + 1];
     const int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * TRANSPOSE_TILE + tx;
     float m = 0.0f;
     if (c < cols)
-        for (int r = ty; r < rows; r += TRANSPOSE_ROWS) m = nan_max(m, fabsf(load_f32(x, (size_t)r * (size_t)cols + c)));
+        for (int r = ty; r < rows; r += TRANSPOSE_ROWS)
+            m = nan_max(m, fabsf(load_f32(x, (size_t)r * (size_t)cols + c)));
     sh[ty][tx] = m;
     __syncthreads();
     if (ty == 0) {
@@ -632,8 +629,7 @@ extern "C" void cuda_amax_cols(float *out, const void *x, tetra_dtype xt, int ro
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid((unsigned)((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE));
     if (xt == TETRA_BF16)
         amax_cols_kernel<uint16_t><<<grid, block, 0, cuda_stream()>>>(out, (const uint16_t *)x, rows, cols);
-    else
-        amax_cols_kernel<float><<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, rows, cols);
+    else amax_cols_kernel<float><<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, rows, cols);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -659,8 +655,7 @@ __global__ void to_fp8_kernel(uint8_t *out, const float *x, const float *scale, 
     }
 }
 
-template <int FMT>
-__device__ __forceinline__ unsigned long long quant_fp8(float x, float s) {
+template <int FMT> __device__ __forceinline__ unsigned long long quant_fp8(float x, float s) {
     return FMT == TETRA_FP8_E5M2 ? tetra_quant_e5m2(x, s) : tetra_quant_e4m3(x, s);
 }
 
@@ -696,14 +691,14 @@ __global__ void bf16_to_fp8_kernel(uint8_t *out, const uint16_t *x, const float 
 
 // x [rows, cols] to out [cols, rows] in fp8 with a scale per column of x: the tiles of
 // the transpose, each element quantised as it enters shared memory
-template <int FMT>
-struct tile_quant {
+template <int FMT> struct tile_quant {
     const float *scale;
     __device__ uint8_t operator()(float v, int c) const { return (uint8_t)quant_fp8<FMT>(v, scale[c]); }
 };
 
 template <int FMT>
-__global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols, size_t n) {
+__global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols,
+                                size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float s = inv_scale ? inv_scale[rowwise ? i / cols : 0] : 1.0f;
@@ -724,8 +719,8 @@ extern "C" void cuda_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows,
-                                     int cols, tetra_dtype fmt) {
+extern "C" void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows, int cols,
+                                     tetra_dtype fmt) {
     size_t n = (size_t)(rows > 0 ? rows : 0) * (size_t)(cols > 0 ? cols : 0);
     if (!n) return;
     unsigned nb = tetra_blocks(n, TETRA_THREADS);
@@ -743,11 +738,11 @@ extern "C" void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const flo
     const int vec = ((uintptr_t)x & 7) == 0 && ((uintptr_t)out & 7) == 0 && (!rowwise || cols % 8 == 0);
     unsigned nb = tetra_blocks(vec ? (n + 7) / 8 : n, TETRA_THREADS);
     if (fmt == TETRA_FP8_E5M2)
-        bf16_to_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise,
-                                                                                    (size_t)cols, n, vec);
+        bf16_to_fp8_kernel<TETRA_FP8_E5M2>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise, (size_t)cols, n, vec);
     else
-        bf16_to_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise,
-                                                                                    (size_t)cols, n, vec);
+        bf16_to_fp8_kernel<TETRA_FP8_E4M3>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, scale, rowwise, (size_t)cols, n, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -756,21 +751,19 @@ static void cast_transpose_launch(uint8_t *out, const void *x, tetra_dtype xt, c
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid = transpose_grid(rows, cols);
     const tile_quant<FMT> q = {scale};
     if (xt == TETRA_BF16)
-        transpose_tiles_kernel<uint8_t, uint16_t, tile_quant<FMT>><<<grid, block, 0, cuda_stream()>>>(
-            out, (const uint16_t *)x, rows, cols, q);
+        transpose_tiles_kernel<uint8_t, uint16_t, tile_quant<FMT>>
+            <<<grid, block, 0, cuda_stream()>>>(out, (const uint16_t *)x, rows, cols, q);
     else
-        transpose_tiles_kernel<uint8_t, float, tile_quant<FMT>><<<grid, block, 0, cuda_stream()>>>(
-            out, (const float *)x, rows, cols, q);
+        transpose_tiles_kernel<uint8_t, float, tile_quant<FMT>>
+            <<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, rows, cols, q);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows,
                                            int cols, tetra_dtype fmt) {
     if (rows <= 0 || cols <= 0) return;
-    if (fmt == TETRA_FP8_E5M2)
-        cast_transpose_launch<TETRA_FP8_E5M2>(out, x, xt, scale, rows, cols);
-    else
-        cast_transpose_launch<TETRA_FP8_E4M3>(out, x, xt, scale, rows, cols);
+    if (fmt == TETRA_FP8_E5M2) cast_transpose_launch<TETRA_FP8_E5M2>(out, x, xt, scale, rows, cols);
+    else cast_transpose_launch<TETRA_FP8_E4M3>(out, x, xt, scale, rows, cols);
 }
 
 extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
@@ -779,11 +772,11 @@ extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *
     if (!n) return;
     unsigned nb = tetra_blocks(n, TETRA_THREADS);
     if (fmt == TETRA_FP8_E5M2)
-        from_fp8_kernel<TETRA_FP8_E5M2><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise,
-                                                                                 (size_t)cols, n);
+        from_fp8_kernel<TETRA_FP8_E5M2>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
     else
-        from_fp8_kernel<TETRA_FP8_E4M3><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise,
-                                                                                 (size_t)cols, n);
+        from_fp8_kernel<TETRA_FP8_E4M3>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -792,8 +785,8 @@ extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *
 // exp2f only promises 2 ulp).
 // inv_scale: '/' is the IEEE round-to-nearest division here because the backend is built
 // without --use_fast_math (nvcc's default -prec-div=true), the same division as the CPU's.
-__global__ void fp8_scale_kernel(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
-                                 float fp8_max, int pow2) {
+__global__ void fp8_scale_kernel(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
+                                 int pow2) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float sf = tetra_fp8_scale(amax[broadcast ? 0 : i], fp8_max, 0);
@@ -818,7 +811,8 @@ extern "C" void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const f
 // the CPU backend. The explicit fmaf calls of the shared update and IEEE division and
 // square root make the GPU result equal the CPU's.
 
-__global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n, tetra_adamw_coef k) {
+__global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n,
+                             tetra_adamw_coef k) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float pp = p[i], mm = m[i], vv = v[i];
@@ -830,9 +824,8 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint1
     }
 }
 
-extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
-                                double beta1, double beta2, double eps, double weight_decay, int step,
-                                float grad_scale) {
+extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
+                                double beta2, double eps, double weight_decay, int step, float grad_scale) {
     if (!n) return;
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, NULL, n, k);
@@ -840,12 +833,12 @@ extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *g
 }
 
 extern "C" void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
-                                     size_t n, double lr, double beta1, double beta2, double eps,
-                                     double weight_decay, int step, float grad_scale) {
+                                     size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                                     int step, float grad_scale) {
     if (!n) return;
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, param_bf16,
-                                                                                      n, k);
+    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, param_bf16, n,
+                                                                                      k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -921,7 +914,7 @@ static tetra_ops make_table(void) {
     t.range_push = cuda_range_push;
     t.range_pop = cuda_range_pop;
     t.set_deterministic = cuda_set_deterministic;
-    t.host_memory = 0;  // device memory: collectives go through NCCL (or MPI, staged)
+    t.host_memory = 0; // device memory: collectives go through NCCL (or MPI, staged)
     t.select_device = cuda_select_device;
     t.host_alloc = cuda_host_alloc;
     t.host_release = cuda_host_release;

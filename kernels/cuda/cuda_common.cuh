@@ -74,8 +74,7 @@ __device__ __forceinline__ void store_f32(uint16_t *p, float v) { *p = tetra_f32
 // reductions. Shuffle-xor trees and a fixed warp order: the same inputs in the same
 // threads always give the same bits (no atomics anywhere in the backend's float sums).
 
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -102,8 +101,7 @@ __device__ __forceinline__ float warp_nan_max(float v) {
 // Block-wide sum; every thread gets the result. blockDim.x must be a multiple of 32
 // (at most 1024); `shared` holds 32 elements. Starts with a barrier so it can be
 // called repeatedly with the same scratch.
-template <typename T>
-__device__ T block_sum(T v, T *shared) {
+template <typename T> __device__ T block_sum(T v, T *shared) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     v = warp_sum(v);
     __syncthreads();
@@ -131,13 +129,13 @@ __device__ __forceinline__ float block_max(float v, float *shared) {
 // with the size and the slot's purpose (its callers cannot fail).
 
 enum {
-    SCRATCH_REDUCE = 0,   // partial sums of the two-pass reductions (reserved at init)
-    SCRATCH_GEMM_A,       // converted / transposed operand A
-    SCRATCH_GEMM_B,       // converted / transposed operand B
-    SCRATCH_GEMM_ACC,     // fp32 accumulator of the general GEMM path
-    SCRATCH_SORT,         // embedding backward: keys, values and the radix sort's temp
-    SCRATCH_RMS_DW,       // rmsnorm weight-grad partials
-    SCRATCH_ATTN,         // attention workspace when the caller passes NULL
+    SCRATCH_REDUCE = 0, // partial sums of the two-pass reductions (reserved at init)
+    SCRATCH_GEMM_A,     // converted / transposed operand A
+    SCRATCH_GEMM_B,     // converted / transposed operand B
+    SCRATCH_GEMM_ACC,   // fp32 accumulator of the general GEMM path
+    SCRATCH_SORT,       // embedding backward: keys, values and the radix sort's temp
+    SCRATCH_RMS_DW,     // rmsnorm weight-grad partials
+    SCRATCH_ATTN,       // attention workspace when the caller passes NULL
     SCRATCH_SLOTS
 };
 
@@ -154,4 +152,4 @@ void cuda_internal_free(void *p, size_t bytes);
 // cuda_gemm.cu: the cuBLASLt handle and its workspace, created by backend init.
 void cuda_gemm_init(void);
 
-#endif  // TETRA_KERNELS_CUDA_COMMON_CUH
+#endif // TETRA_KERNELS_CUDA_COMMON_CUH

@@ -54,8 +54,8 @@ enum : int64_t {
     kUidScale,
     kUidNegInf,
     kUidOne,
-    kUidSoftmaxSum,  // rowsum(dO * O), [B, H, Sq, 1] fp32, in the workspace
-    kUidDQAccum,     // fp32 dQ accumulator, [B, H, Sq, D], in the workspace
+    kUidSoftmaxSum, // rowsum(dO * O), [B, H, Sq, 1] fp32, in the workspace
+    kUidDQAccum,    // fp32 dQ accumulator, [B, H, Sq, D], in the workspace
     kUidVirtual = 100
 };
 
@@ -78,17 +78,17 @@ struct PlanKey {
 
 bool key_eq(const PlanKey &a, const PlanKey &b) {
     return a.b == b.b && a.sq == b.sq && a.sk == b.sk && a.h == b.h && a.kv == b.kv && a.d == b.d &&
-           a.causal == b.causal && a.backward == b.backward && a.scale_bits == b.scale_bits;
+        a.causal == b.causal && a.backward == b.backward && a.scale_bits == b.scale_bits;
 }
 
 struct Plan {
     PlanKey key;
-    bool ok = false;  // false: no plan could be built (kept, so the build is not retried)
+    bool ok = false; // false: no plan could be built (kept, so the build is not retried)
     PlanKind kind = kFwdGraph;
     cudnnBackendDescriptor_t plan = nullptr;
-    std::vector<cudnnBackendDescriptor_t> keep;  // everything the plan was built from
-    std::vector<int64_t> uids;                   // the variant pack's tensors
-    size_t cudnn_ws = 0;                         // the engine's own workspace
+    std::vector<cudnnBackendDescriptor_t> keep; // everything the plan was built from
+    std::vector<int64_t> uids;                  // the variant pack's tensors
+    size_t cudnn_ws = 0;                        // the engine's own workspace
     size_t off_softmax_sum = 0, off_dq_accum = 0, dq_accum_bytes = 0;
     size_t ws_total = 0;
     // by-value scalars: the variant pack points at these (host memory, stable addresses)
@@ -116,10 +116,8 @@ void put_status(char *buf, size_t len, const char *call, cudnnStatus_t st) {
     char detail[512];
     detail[0] = 0;
     cudnnGetLastErrorString(detail, sizeof detail);
-    if (detail[0])
-        snprintf(buf, len, "%s: %s (%s)", call, cudnnGetErrorString(st), detail);
-    else
-        snprintf(buf, len, "%s: %s", call, cudnnGetErrorString(st));
+    if (detail[0]) snprintf(buf, len, "%s: %s (%s)", call, cudnnGetErrorString(st), detail);
+    else snprintf(buf, len, "%s: %s", call, cudnnGetErrorString(st));
 }
 
 struct Dims {
@@ -168,8 +166,8 @@ class Builder {
         descs_.push_back(d);
         return d;
     }
-    void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-             int64_t n, const void *value, const char *what) {
+    void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
+             const void *value, const char *what) {
         if (failed_) return;
         cudnnStatus_t st = cudnnBackendSetAttribute(d, name, type, n, value);
         if (st != CUDNN_STATUS_SUCCESS) fail("cudnnBackendSetAttribute", what, st);
@@ -219,8 +217,8 @@ class Builder {
 
     // y = mode(x[, b[, t]]); `axis` only for GEN_INDEX.
     void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
-                   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
-                   const char *what, int64_t axis = -1) {
+                   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, const char *what,
+                   int64_t axis = -1) {
         cudnnBackendDescriptor_t pw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what);
         set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, what);
         set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, what);
@@ -258,8 +256,7 @@ class Builder {
         if (!failed_) ops_.push_back(op);
     }
     // c = a @ b (batched over the first two axes; b's heads broadcast over groups of a's).
-    void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c,
-                const char *what) {
+    void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c, const char *what) {
         cudnnBackendDescriptor_t mm = create(CUDNN_BACKEND_MATMUL_DESCRIPTOR, what);
         cudnnDataType_t prec = CUDNN_DATA_FLOAT;
         set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &prec, what);
@@ -306,8 +303,8 @@ class Builder {
                 continue;
             }
             descs_.push_back(heur);
-            st = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                          1, &graph);
+            st = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                          &graph);
             if (st == CUDNN_STATUS_SUCCESS)
                 st = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
             if (st != CUDNN_STATUS_SUCCESS) {
@@ -320,8 +317,8 @@ class Builder {
                 continue;
             }
             int64_t count = 0;
-            st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                          &count, nullptr);
+            st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                          nullptr);
             if (st != CUDNN_STATUS_SUCCESS) {
                 put_status(last, sizeof last, "cudnnBackendGetAttribute(engine heuristics result count)", st);
                 continue;
@@ -382,9 +379,8 @@ class Builder {
             }
         }
         failed_ = true;
-        if (last[0])
-            snprintf(error_, sizeof error_, "%s", last);
-        else  // cuDNN logs each engine's reason with CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr
+        if (last[0]) snprintf(error_, sizeof error_, "%s", last);
+        else // cuDNN logs each engine's reason with CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr
             snprintf(error_, sizeof error_,
                      "engine heuristics: %lld engine configs proposed, %lld passed their support checks "
                      "(CUDNN_LOGLEVEL_DBG=2 logs why)",
@@ -411,14 +407,14 @@ class Builder {
 // The shapes every description shares.
 struct Shapes {
     int64_t b, h, kv, sq, sk, d;
-    Dims q_dim, q_str;    // q, out, dq, dout: [B, H, Sq, D] over [B, Sq, H, D]
-    Dims kv_dim, kv_str;  // k, v, dk, dv: [B, KV, Sk, D] over [B, Sk, KV, D]
-    Dims kt_dim, kt_str;  // k and v transposed: [B, KV, D, Sk]
-    Dims st_dim, st_str;  // stats, row sums: [B, H, Sq, 1]
-    Dims s_dim, s_str;    // scores: [B, H, Sq, Sk]
-    Dims sT_dim, sT_str;  // transposed scores: [B, H, Sk, Sq]
-    Dims hk_dim, hk_str;  // per-query-head dK/dV before the group sum: [B, H, Sk, D]
-    Dims dqa_dim, dqa_str;  // dQ accumulator: [B, H, Sq, D] contiguous
+    Dims q_dim, q_str;     // q, out, dq, dout: [B, H, Sq, D] over [B, Sq, H, D]
+    Dims kv_dim, kv_str;   // k, v, dk, dv: [B, KV, Sk, D] over [B, Sk, KV, D]
+    Dims kt_dim, kt_str;   // k and v transposed: [B, KV, D, Sk]
+    Dims st_dim, st_str;   // stats, row sums: [B, H, Sq, 1]
+    Dims s_dim, s_str;     // scores: [B, H, Sq, Sk]
+    Dims sT_dim, sT_str;   // transposed scores: [B, H, Sk, Sq]
+    Dims hk_dim, hk_str;   // per-query-head dK/dV before the group sum: [B, H, Sk, D]
+    Dims dqa_dim, dqa_str; // dQ accumulator: [B, H, Sq, D] contiguous
 };
 
 Shapes shapes_of(const PlanKey &k) {
@@ -595,8 +591,8 @@ void describe_bwd_graph(Builder &bd, const Shapes &s, bool causal, Plan *p) {
     bd.matmul(ds, k, dq_acc, "dS K");
     bd.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_acc, nullptr, nullptr, dq, "dQ from accumulator");
 
-    p->uids = {kUidQ,  kUidK,     kUidV,          kUidO,      kUidDO, kUidStats, kUidDQ,
-               kUidDK, kUidDV,    kUidScale,      kUidOne,    kUidSoftmaxSum, kUidDQAccum};
+    p->uids = {kUidQ,  kUidK,  kUidV,     kUidO,   kUidDO,         kUidStats,  kUidDQ,
+               kUidDK, kUidDV, kUidScale, kUidOne, kUidSoftmaxSum, kUidDQAccum};
     if (causal) p->uids.push_back(kUidNegInf);
 }
 
@@ -815,8 +811,8 @@ int execute(Plan *p, void *const *ptrs_by_uid, void *workspace, size_t workspace
     }
     if (p->kind == kBwdGraph && ops_path_cudnn_zero_dq_accum((int)cudnnGetVersion())) {
         // before 9.6 the engine expects a zeroed dQ accumulator
-        cudaError_t ce = cudaMemsetAsync((char *)workspace + p->off_dq_accum, 0, p->dq_accum_bytes,
-                                         (cudaStream_t)stream);
+        cudaError_t ce =
+            cudaMemsetAsync((char *)workspace + p->off_dq_accum, 0, p->dq_accum_bytes, (cudaStream_t)stream);
         if (ce != cudaSuccess) {
             cudaGetLastError();
             snprintf(err, errlen, "cudaMemsetAsync(dQ accumulator): %s", cudaGetErrorString(ce));
@@ -830,8 +826,8 @@ int execute(Plan *p, void *const *ptrs_by_uid, void *workspace, size_t workspace
         return -1;
     }
     const char *call = "cudnnBackendSetAttribute(variant pack)";
-    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
-                                  (int64_t)p->uids.size(), p->uids.data());
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)p->uids.size(),
+                                  p->uids.data());
     if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
                                       (int64_t)ptrs.size(), ptrs.data());
@@ -858,7 +854,7 @@ bool valid_shape(const ops_attn_shape *s) {
     return s && s->b > 0 && s->sq > 0 && s->sk > 0 && s->h > 0 && s->kv > 0 && s->d > 0 && s->h % s->kv == 0;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" int cuda_cudnn_version(void) { return (int)cudnnGetVersion(); }
 
@@ -951,7 +947,7 @@ extern "C" void cuda_cudnn_shutdown(void) {
     g.last_error[0] = 0;
 }
 
-#else  // built without cuDNN: nothing is supported, the caller always runs its own kernels
+#else // built without cuDNN: nothing is supported, the caller always runs its own kernels
 
 static void no_cudnn(char *err, size_t errlen) {
     if (err && errlen) snprintf(err, errlen, "built without cuDNN");

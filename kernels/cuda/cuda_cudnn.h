@@ -36,16 +36,16 @@ size_t cuda_cudnn_sdpa_workspace_size(const ops_attn_shape *s, int backward);
 /* out [B, Sq, H, D] and lse [B, H, Sq] are written. 0 on success; non-zero with a message
  * in err (the caller falls back to its own kernel). */
 int cuda_cudnn_sdpa_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                            const ops_attn_shape *s, void *workspace, size_t workspace_bytes, void *stream,
-                            char *err, size_t errlen);
+                            const ops_attn_shape *s, void *workspace, size_t workspace_bytes, void *stream, char *err,
+                            size_t errlen);
 
 /* dq [B, Sq, H, D], dk and dv [B, Sk, KV, D] are WRITTEN (not accumulated); out and lse are
  * the final forward results of this query block. 0 on success; non-zero with a message in
  * err. */
 int cuda_cudnn_sdpa_backward(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
                              const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
-                             const ops_attn_shape *s, void *workspace, size_t workspace_bytes, void *stream,
-                             char *err, size_t errlen);
+                             const ops_attn_shape *s, void *workspace, size_t workspace_bytes, void *stream, char *err,
+                             size_t errlen);
 
 /* Why the last plan build failed ("" when none has): the call and the cuDNN status. */
 const char *cuda_cudnn_last_error(void);

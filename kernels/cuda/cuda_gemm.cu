@@ -81,12 +81,9 @@ template <> __device__ __forceinline__ float encode<TETRA_F32>(float x) { return
 template <> __device__ __forceinline__ uint16_t encode<TETRA_BF16>(float x) { return tetra_f32_to_bf16(x); }
 
 // same type: the raw bits (an fp8 transpose must not touch e5m2 inf or NaN payloads)
-template <int IN, int OUT>
-__device__ __forceinline__ typename Elem<OUT>::type convert(typename Elem<IN>::type x) {
-    if constexpr (IN == OUT)
-        return x;
-    else
-        return encode<OUT>(decode<IN>(x));
+template <int IN, int OUT> __device__ __forceinline__ typename Elem<OUT>::type convert(typename Elem<IN>::type x) {
+    if constexpr (IN == OUT) return x;
+    else return encode<OUT>(decode<IN>(x));
 }
 
 static cudaDataType lt_type(tetra_dtype t) {
@@ -102,7 +99,6 @@ static cudaDataType lt_type(tetra_dtype t) {
     abort();
 }
 
-
 // ----------------------------------------------------------------------------
 // operand packing: src [rows, cols] (leading dim ld, batch stride sstride) -> dense dst,
 // [cols, rows] when TRANS else [rows, cols], batch stride rows * cols; converting IN to
@@ -113,7 +109,7 @@ __global__ void __launch_bounds__(256) pack_kernel(typename Elem<OUT>::type *dst
                                                    int rows, int cols, int64_t ld, int64_t sstride, int batch) {
     typedef typename Elem<OUT>::type TO;
     __shared__ TO tile[32][33];
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;  // 32 x 8 threads
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5; // 32 x 8 threads
     const int tiles_r = (rows + 31) / 32, tiles_c = (cols + 31) / 32;
     const size_t dstride = (size_t)rows * (size_t)cols;
     for (int z = blockIdx.z; z < batch; z += gridDim.z) {
@@ -131,7 +127,7 @@ __global__ void __launch_bounds__(256) pack_kernel(typename Elem<OUT>::type *dst
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     if constexpr (TRANS) {
-                        int c = c0 + ty + 8 * i, r = r0 + tx;  // dst row c, column r
+                        int c = c0 + ty + 8 * i, r = r0 + tx; // dst row c, column r
                         if (r < rows && c < cols) d[(size_t)c * (size_t)rows + r] = tile[tx][ty + 8 * i];
                     } else {
                         int r = r0 + ty + 8 * i, c = c0 + tx;
@@ -154,21 +150,21 @@ static void pack_launch(void *dst, const void *src, int rows, int cols, int64_t 
     typedef typename Elem<OUT>::type TO;
     typedef typename Elem<IN>::type TI;
     if (trans)
-        pack_kernel<IN, OUT, true><<<grid, 256, 0, cuda_stream()>>>((TO *)dst, (const TI *)src, rows, cols, ld, sstride,
-                                                                    batch);
+        pack_kernel<IN, OUT, true>
+            <<<grid, 256, 0, cuda_stream()>>>((TO *)dst, (const TI *)src, rows, cols, ld, sstride, batch);
     else
-        pack_kernel<IN, OUT, false><<<grid, 256, 0, cuda_stream()>>>((TO *)dst, (const TI *)src, rows, cols, ld,
-                                                                     sstride, batch);
+        pack_kernel<IN, OUT, false>
+            <<<grid, 256, 0, cuda_stream()>>>((TO *)dst, (const TI *)src, rows, cols, ld, sstride, batch);
     CUDA_CHECK_LAUNCH();
 }
 
 // Dispatch on (in, out) types. out == in means a raw copy (transpose / repack only).
 static void pack(void *dst, tetra_dtype out, const void *src, tetra_dtype in, int rows, int cols, int64_t ld,
                  int64_t sstride, int batch, int trans) {
-#define PACK_CASE(I, O)                                                          \
-    if (in == I && out == O) {                                                   \
-        pack_launch<I, O>(dst, src, rows, cols, ld, sstride, batch, trans);      \
-        return;                                                                  \
+#define PACK_CASE(I, O)                                                                                                \
+    if (in == I && out == O) {                                                                                         \
+        pack_launch<I, O>(dst, src, rows, cols, ld, sstride, batch, trans);                                            \
+        return;                                                                                                        \
     }
     PACK_CASE(TETRA_FP8_E4M3, TETRA_FP8_E4M3)
     PACK_CASE(TETRA_FP8_E5M2, TETRA_FP8_E5M2)
@@ -220,9 +216,9 @@ enum { SCALE_NONE = 0, SCALE_TENSOR = 1, SCALE_OUTER = 2 };
 // Compared with memcmp: 64-bit fields first and an even count of ints, so no padding.
 typedef struct {
     int64_t lda, ldb, ldc;
-    int64_t sa, sb, sc;  // batch strides (elements)
-    int ta, tb, tc;      // cudaDataType
-    int opa, opb;        // 1 = transposed
+    int64_t sa, sb, sc; // batch strides (elements)
+    int ta, tb, tc;     // cudaDataType
+    int opa, opb;       // 1 = transposed
     int m, n, k;
     int batch;
     int fast_accum;
@@ -236,7 +232,7 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
-    cublasStatus_t status;  // CUBLAS_STATUS_SUCCESS, or why no algorithm exists
+    cublasStatus_t status; // CUBLAS_STATUS_SUCCESS, or why no algorithm exists
 } lt_plan;
 
 static lt_plan lt_cache[LT_CACHE_SIZE];
@@ -252,7 +248,8 @@ static int align_of(const void *p, int64_t stride_bytes, int batch) {
 static size_t lt_elem_size(cudaDataType t) {
     switch (t) {
     case CUDA_R_32F: return 4;
-    case CUDA_R_16BF: case CUDA_R_16F: return 2;
+    case CUDA_R_16BF:
+    case CUDA_R_16F: return 2;
     default: return 1;
     }
 }
@@ -273,8 +270,8 @@ static cublasLtMatrixLayout_t make_layout(cudaDataType t, int64_t rows, int64_t 
     if (batch > 1) {
         int32_t bc = batch;
         CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                      sizeof stride));
+        CUBLAS_CHECK(
+            cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
     }
     return l;
 }
@@ -299,14 +296,18 @@ static lt_plan *plan_get(const lt_key *key) {
     }
     if (key->scale_mode == SCALE_OUTER) {
         int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        cublasStatus_t s1 = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
-        cublasStatus_t s2 = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+        cublasStatus_t s1 =
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+        cublasStatus_t s2 =
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
         if (s1 != CUBLAS_STATUS_SUCCESS || s2 != CUBLAS_STATUS_SUCCESS) {
             p->status = s1 != CUBLAS_STATUS_SUCCESS ? s1 : s2;
         }
     }
-    p->la = make_layout((cudaDataType)key->ta, key->opa ? key->k : key->m, key->opa ? key->m : key->k, key->lda, key->batch, key->sa);
-    p->lb = make_layout((cudaDataType)key->tb, key->opb ? key->n : key->k, key->opb ? key->k : key->n, key->ldb, key->batch, key->sb);
+    p->la = make_layout((cudaDataType)key->ta, key->opa ? key->k : key->m, key->opa ? key->m : key->k, key->lda,
+                        key->batch, key->sa);
+    p->lb = make_layout((cudaDataType)key->tb, key->opb ? key->n : key->k, key->opb ? key->k : key->n, key->ldb,
+                        key->batch, key->sb);
     p->lc = make_layout((cudaDataType)key->tc, key->m, key->n, key->ldc, key->batch, key->sc);
     if (p->status != CUBLAS_STATUS_SUCCESS) return p;
 
@@ -315,21 +316,22 @@ static lt_plan *plan_get(const lt_key *key) {
     uint64_t ws = LT_WORKSPACE_BYTES;
     uint32_t al_a = (uint32_t)key->align_a, al_b = (uint32_t)key->align_b, al_c = (uint32_t)key->align_c;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
-                                                      &found);
+    cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(lt_handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        p->status = s;
-    else if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
-        p->status = CUBLAS_STATUS_NOT_SUPPORTED;
-    else
-        p->algo = res.algo;
+    if (s != CUBLAS_STATUS_SUCCESS) p->status = s;
+    else if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS) p->status = CUBLAS_STATUS_NOT_SUPPORTED;
+    else p->algo = res.algo;
     return p;
 }
 
@@ -337,14 +339,14 @@ typedef struct {
     lt_key key;
     const void *a, *b;
     void *c;
-    const float *a_scale, *b_scale;  // device, for SCALE_TENSOR / SCALE_OUTER
+    const float *a_scale, *b_scale; // device, for SCALE_TENSOR / SCALE_OUTER
     float alpha, beta;
 } lt_call;
 
 // Runs the product; returns a non-success status (and runs nothing) when cuBLASLt has
 // no algorithm for this configuration or refuses it, so the caller can take another path.
 static cublasStatus_t lt_matmul(lt_call *c) {
-    cudaStream_t stream = cuda_stream();  // initialises the backend (and cuBLASLt) on first use
+    cudaStream_t stream = cuda_stream(); // initialises the backend (and cuBLASLt) on first use
     lt_key *k = &c->key;
     k->align_a = align_of(c->a, k->sa * (int64_t)lt_elem_size((cudaDataType)k->ta), k->batch);
     k->align_b = align_of(c->b, k->sb * (int64_t)lt_elem_size((cudaDataType)k->tb), k->batch);
@@ -360,7 +362,7 @@ static cublasStatus_t lt_matmul(lt_call *c) {
     cublasStatus_t s = cublasLtMatmul(lt_handle, p->desc, &c->alpha, c->a, p->la, c->b, p->lb, &c->beta, c->c, p->lc,
                                       c->c, p->lc, &p->algo, lt_workspace, LT_WORKSPACE_BYTES, stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
-        p->status = s;  // refused before running: remember, and let the caller take another path
+        p->status = s; // refused before running: remember, and let the caller take another path
         return s;
     }
     CUBLAS_CHECK(s);
@@ -418,17 +420,17 @@ static operand kmajor(const ops_gemm_desc *g, operand o, int is_b, int slot, int
     return r;
 }
 
-static void run_epilogue(void *c, const float *acc, const ops_gemm_desc *g, int batch, const float *sa,
-                         const float *sb, int rowwise) {
+static void run_epilogue(void *c, const float *acc, const ops_gemm_desc *g, int batch, const float *sa, const float *sb,
+                         int rowwise) {
     size_t total = (size_t)g->m * (size_t)g->n * (size_t)batch;
     unsigned nb = tetra_blocks(total, TETRA_THREADS);
     cudaStream_t st = cuda_stream();
     if (g->c_type == TETRA_BF16)
-        epilogue_kernel<true><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha, sa,
-                                                             sb, rowwise, g->beta);
+        epilogue_kernel<true><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha,
+                                                            sa, sb, rowwise, g->beta);
     else
         epilogue_kernel<false><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha,
-                                                              sa, sb, rowwise, g->beta);
+                                                             sa, sb, rowwise, g->beta);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -478,7 +480,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
         abort();
     }
     const int rowwise = g->scale_rowwise && (g->a_scale || g->b_scale);
-    if (g->k <= 0) {  // empty sum: C = beta C
+    if (g->k <= 0) { // empty sum: C = beta C
         run_epilogue(c, NULL, g, batch, NULL, NULL, 0);
         last_path = "k=0";
         return;
@@ -495,7 +497,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
             lt_call call = make_call(g, Ak, Bk, c, g->c_type, g->ldc, g->stride_c, batch);
             call.key.fast_accum = g->fast_accum ? 1 : 0;
             call.key.scale_mode = SCALE_TENSOR;
-            call.a_scale = g->b_scale;  // swapped
+            call.a_scale = g->b_scale; // swapped
             call.b_scale = g->a_scale;
             call.alpha = g->alpha;
             call.beta = g->beta;
@@ -511,8 +513,8 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
                 lt_call call = make_call(g, Ak, Bk, c, g->c_type, g->ldc, g->stride_c, batch);
                 call.key.fast_accum = g->fast_accum ? 1 : 0;
                 call.key.scale_mode = SCALE_OUTER;
-                call.a_scale = g->b_scale;  // cuBLASLt A (our B): one scale per its m' = n rows
-                call.b_scale = g->a_scale;  // cuBLASLt B (our A): one per its n' = m columns
+                call.a_scale = g->b_scale; // cuBLASLt A (our B): one scale per its m' = n rows
+                call.b_scale = g->a_scale; // cuBLASLt B (our A): one per its n' = m columns
                 call.alpha = g->alpha;
                 call.beta = g->beta;
                 if (lt_matmul(&call) == CUBLAS_STATUS_SUCCESS) {

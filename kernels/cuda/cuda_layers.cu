@@ -26,7 +26,7 @@ __global__ void embedding_fwd_kernel(T *out, const int32_t *tokens, const T *wte
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
         size_t i = idx / (size_t)c, j = idx - i * (size_t)c;
         int t = tokens[i] - v_start;
-        out[idx] = (t >= 0 && t < v_local) ? wte[(size_t)t * (size_t)c + j] : (T)0;  // other shard: zero row
+        out[idx] = (t >= 0 && t < v_local) ? wte[(size_t)t * (size_t)c + j] : (T)0; // other shard: zero row
     }
 }
 
@@ -45,7 +45,7 @@ extern "C" void cuda_embedding_forward(float *out, const int32_t *tokens, const 
 
 extern "C" void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c,
                                             int v_start, int v_local) {
-    embedding_forward(out, tokens, wte, n, c, v_start, v_local);  // a bit copy: exact
+    embedding_forward(out, tokens, wte, n, c, v_start, v_local); // a bit copy: exact
 }
 
 // Backward without float atomics: the (token, position) pairs are sorted by token with a
@@ -57,7 +57,7 @@ __global__ void embedding_keys_kernel(uint32_t *keys, int32_t *vals, const int32
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int t = tokens[i] - v_start;
-    keys[i] = (uint32_t)((t >= 0 && t < v_local) ? t : v_local);  // v_local: not in this shard, sorts last
+    keys[i] = (uint32_t)((t >= 0 && t < v_local) ? t : v_local); // v_local: not in this shard, sorts last
     vals[i] = i;
 }
 
@@ -66,7 +66,7 @@ __global__ void embedding_bwd_kernel(float *dwte, const T *dout, const uint32_t 
                                      int c, int v_local) {
     const int p = blockIdx.x;
     const uint32_t key = keys[p];
-    if (key == (uint32_t)v_local || (p > 0 && keys[p - 1] == key)) return;  // not the start of a run
+    if (key == (uint32_t)v_local || (p > 0 && keys[p - 1] == key)) return; // not the start of a run
     const int j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= c) return;
     float *row = dwte + (size_t)key * (size_t)c + j;
@@ -83,7 +83,7 @@ static void embedding_backward(float *dwte, const T *dout, const int32_t *tokens
     if (n <= 0 || c <= 0 || v_local <= 0) return;
     cudaStream_t st = cuda_stream();
     int end_bit = 0;
-    while (end_bit < 31 && ((int64_t)1 << end_bit) <= (int64_t)v_local) end_bit++;  // keys in [0, v_local]
+    while (end_bit < 31 && ((int64_t)1 << end_bit) <= (int64_t)v_local) end_bit++; // keys in [0, v_local]
     size_t temp_bytes = 0;
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
                                                (const int32_t *)NULL, (int32_t *)NULL, n, 0, end_bit, st));
@@ -93,10 +93,10 @@ static void embedding_backward(float *dwte, const T *dout, const int32_t *tokens
     int32_t *vals_in = (int32_t *)(base + arr), *vals_out = (int32_t *)(base + 3 * arr);
     void *temp = base + 4 * arr;
     embedding_keys_kernel<<<(n + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, st>>>(keys_in, vals_in, tokens,
-                                                                                            n, v_start, v_local);
+                                                                                             n, v_start, v_local);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out, n, 0, end_bit,
-                                               st));
+    CUDA_CHECK(
+        cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out, n, 0, end_bit, st));
     dim3 grid((unsigned)n, (unsigned)((c + TETRA_THREADS - 1) / TETRA_THREADS));
     embedding_bwd_kernel<T><<<grid, TETRA_THREADS, 0, st>>>(dwte, dout, keys_out, vals_out, n, c, v_local);
     CUDA_CHECK_LAUNCH();
@@ -116,8 +116,8 @@ extern "C" void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, 
 // RMSNorm: one block per row
 
 template <typename T>
-__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w,
-                                                                    int c, float eps) {
+__global__ void __launch_bounds__(TETRA_THREADS)
+    rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, int c, float eps) {
     __shared__ float sh[32];
     const size_t o = (size_t)blockIdx.x * (size_t)c;
     float ss = 0.0f;
@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_fwd_kernel(T *out, floa
 
 // dx = dx + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
 template <typename T>
-__global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x,
-                                                                          const T *w, const float *rstd, int c) {
+__global__ void __launch_bounds__(TETRA_THREADS)
+    rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int c) {
     __shared__ float sh[32];
     const size_t o = (size_t)blockIdx.x * (size_t)c;
     float dot = 0.0f;
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(TETRA_THREADS) rmsnorm_bwd_input_kernel(T *dx,
     dot = block_sum(dot, sh);
     const float r = rstd[blockIdx.x], dot_c = dot / (float)c;
     for (int j = threadIdx.x; j < c; j += blockDim.x)
-        store_f32(dx + o + j, to_f32(dx[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r,
-                                                               dot_c));
+        store_f32(dx + o + j,
+                  to_f32(dx[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
 }
 
 template <typename T>
@@ -256,17 +256,15 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
     const size_t half = (size_t)(d / 2);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += stride) {
-        size_t rest = q / half, i = q - rest * half;  // rest = row * nh + head
-        size_t row = rest / (size_t)nh;               // b * s + si
+        size_t rest = q / half, i = q - rest * half; // rest = row * nh + head
+        size_t row = rest / (size_t)nh;              // b * s + si
         int si = (int)(row % (size_t)s);
         int p = pos ? pos[si] : pos_offset + si;
         size_t o = rest * (size_t)d + 2 * i;
         const float *f = freqs + ((size_t)p * half + i) * 2;
         float x0 = to_f32(x[o]), x1 = to_f32(x[o + 1]), y0, y1;
-        if constexpr (INVERSE)
-            tetra_rope_unrotate(&y0, &y1, x0, x1, f[0], f[1]);
-        else
-            tetra_rope_rotate(&y0, &y1, x0, x1, f[0], f[1]);
+        if constexpr (INVERSE) tetra_rope_unrotate(&y0, &y1, x0, x1, f[0], f[1]);
+        else tetra_rope_rotate(&y0, &y1, x0, x1, f[0], f[1]);
         store_f32(out + o, y0);
         store_f32(out + o + 1, y1);
     }
@@ -290,8 +288,8 @@ extern "C" void cuda_rope_forward(float *out, const float *x, const float *freqs
     rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
 }
 
-extern "C" void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos,
-                                   int pos_offset, int b, int s, int nh, int d) {
+extern "C" void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset,
+                                   int b, int s, int nh, int d) {
     rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
 }
 
@@ -308,34 +306,30 @@ extern "C" void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, cons
 // ----------------------------------------------------------------------------
 // SwiGLU
 
-template <typename T>
-__global__ void swiglu_fwd_kernel(T *out, const T *a, const T *g, size_t n) {
+template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *a, const T *g, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         store_f32(out + i, tetra_silu(to_f32(a[i])) * to_f32(g[i]));
 }
 
-template <typename T>
-__global__ void swiglu_bwd_kernel(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
+template <typename T> __global__ void swiglu_bwd_kernel(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float ai = to_f32(a[i]), gi = to_f32(g[i]), d = to_f32(dout[i]);
         float dai = d * gi * tetra_dsilu(ai);
         float dgi = d * tetra_silu(ai);
-        store_f32(da + i, dai);  // both inputs read before either write: in place is safe
+        store_f32(da + i, dai); // both inputs read before either write: in place is safe
         store_f32(dg + i, dgi);
     }
 }
 
-template <typename T>
-static void swiglu_forward(T *out, const T *a, const T *g, size_t n) {
+template <typename T> static void swiglu_forward(T *out, const T *a, const T *g, size_t n) {
     if (!n) return;
     swiglu_fwd_kernel<T><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, g, n);
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
-static void swiglu_backward(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
+template <typename T> static void swiglu_backward(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
     if (!n) return;
     swiglu_bwd_kernel<T><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(da, dg, dout, a, g, n);
     CUDA_CHECK_LAUNCH();
@@ -386,7 +380,7 @@ __global__ void __launch_bounds__(CE_THREADS) ce_fused_kernel(float *dlogits, fl
     const float *z = logits + row * (size_t)v;
     float *d = dlogits ? dlogits + row * (size_t)v : NULL;
     const int t = targets[row];
-    if (!(t >= 0 && t < v)) {  // ignored (or out of range): no loss, zero gradient
+    if (!(t >= 0 && t < v)) { // ignored (or out of range): no loss, zero gradient
         if (threadIdx.x == 0) losses[row] = 0.0f;
         if (d) ce_zero_row(d, v);
         return;
@@ -408,7 +402,7 @@ __global__ void __launch_bounds__(CE_THREADS) ce_fused_kernel(float *dlogits, fl
     const float sf = (float)S;
     if (threadIdx.x == 0) losses[row] = logf(sf) - zt;
     if (!d) return;
-    __syncthreads();  // z[t] read by all before any write (d may alias z)
+    __syncthreads(); // z[t] read by all before any write (d may alias z)
     ce_write_grad(d, z, M, dloss_scale / sf, t, dloss_scale, v);
 }
 
@@ -428,9 +422,9 @@ __global__ void __launch_bounds__(CE_THREADS) ce_max_kernel(float *row_max, cons
     if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
-__global__ void __launch_bounds__(CE_THREADS) ce_sums_kernel(float *sum_exp, float *target_logit, const float *logits,
-                                                             const float *row_max, const int32_t *targets, int v_local,
-                                                             int v_start) {
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_sums_kernel(float *sum_exp, float *target_logit, const float *logits, const float *row_max,
+                   const int32_t *targets, int v_local, int v_start) {
     __shared__ double sh[32];
     const size_t row = blockIdx.x;
     const float *z = logits + row * (size_t)v_local;
@@ -441,16 +435,15 @@ __global__ void __launch_bounds__(CE_THREADS) ce_sums_kernel(float *sum_exp, flo
     if (threadIdx.x == 0) {
         int t = targets[row] - v_start;
         sum_exp[row] = (float)S;
-        target_logit[row] = (t >= 0 && t < v_local) ? z[t] - m : 0.0f;  // ignored targets are < 0
+        target_logit[row] = (t >= 0 && t < v_local) ? z[t] - m : 0.0f; // ignored targets are < 0
     }
 }
 
-__global__ void __launch_bounds__(CE_THREADS) ce_finish_kernel(float *dlogits, float *losses, const float *logits,
-                                                               const float *row_max, const float *sum_exp,
-                                                               const float *target_logit, const int32_t *targets,
-                                                               int v_local, int v_start, float dloss_scale) {
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_finish_kernel(float *dlogits, float *losses, const float *logits, const float *row_max, const float *sum_exp,
+                     const float *target_logit, const int32_t *targets, int v_local, int v_start, float dloss_scale) {
     const size_t row = blockIdx.x;
-    const int valid = targets[row] >= 0;  // the sharded ops cannot see V; negatives are ignored
+    const int valid = targets[row] >= 0; // the sharded ops cannot see V; negatives are ignored
     const float s = sum_exp[row];
     if (threadIdx.x == 0) losses[row] = valid ? logf(s) - target_logit[row] : 0.0f;
     if (!dlogits) return;
@@ -460,7 +453,7 @@ __global__ void __launch_bounds__(CE_THREADS) ce_finish_kernel(float *dlogits, f
         return;
     }
     int t = targets[row] - v_start;
-    if (!(t >= 0 && t < v_local)) t = -1;  // the -1 belongs to another shard
+    if (!(t >= 0 && t < v_local)) t = -1; // the -1 belongs to another shard
     ce_write_grad(d, logits + row * (size_t)v_local, row_max[row], dloss_scale / s, t, dloss_scale, v_local);
 }
 

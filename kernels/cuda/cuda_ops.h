@@ -50,20 +50,19 @@ void cuda_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, con
 void cuda_transpose(float *out, const float *x, int rows, int cols);
 void cuda_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n);
 void cuda_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n);
-void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows,
-                          int cols, tetra_dtype fmt);
+void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows, int cols,
+                          tetra_dtype fmt);
 void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows, int cols,
                            tetra_dtype fmt);
-void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
-                          int cols, tetra_dtype fmt);
-void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
-                              float fp8_max, int pow2);
-void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr,
-                     double beta1, double beta2, double eps, double weight_decay, int step,
-                     float grad_scale);
-void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
-                          size_t n, double lr, double beta1, double beta2, double eps,
-                          double weight_decay, int step, float grad_scale);
+void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                          tetra_dtype fmt);
+void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
+                              int pow2);
+void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
+                     double beta2, double eps, double weight_decay, int step, float grad_scale);
+void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
+                          double lr, double beta1, double beta2, double eps, double weight_decay, int step,
+                          float grad_scale);
 
 // ---- cuda_gemm.cu (cuBLASLt)
 void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);
@@ -72,65 +71,62 @@ void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);
 const char *cuda_gemm_last_path(void);
 
 // ---- cuda_layers.cu (the *_bf16 ops: bf16 activations, fp32 math, fp32 parameter grads)
-void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c,
-                            int v_start, int v_local);
-void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c,
-                             int v_start, int v_local);
-void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c,
-                          float eps);
-void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
-                                 const float *rstd, int n, int c);
-void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd,
-                                  int n, int c);
-void cuda_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos,
-                       int pos_offset, int b, int s, int nh, int d);
-void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos,
-                        int pos_offset, int b, int s, int nh, int d);
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int n, int c, int v_start,
+                            int v_local);
+void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int n, int c, int v_start,
+                             int v_local);
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps);
+void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd, int n,
+                                 int c);
+void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c);
+void cuda_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
+                       int nh, int d);
+void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
+                        int s, int nh, int d);
 void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n);
-void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g,
-                          size_t n);
-void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c,
-                                 int v_start, int v_local);
-void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c,
-                                  int v_start, int v_local);
+void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n);
+void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c, int v_start,
+                                 int v_local);
+void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c, int v_start,
+                                  int v_local);
 void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
                                float eps);
 void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
                                       const float *rstd, int n, int c);
-void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
-                                       int n, int c);
-void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
-                            int pos_offset, int b, int s, int nh, int d);
-void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                             int pos_offset, int b, int s, int nh, int d);
+void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
+                                       int c);
+void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
+                            int b, int s, int nh, int d);
+void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos, int pos_offset,
+                             int b, int s, int nh, int d);
 void cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n);
-void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
-                               const uint16_t *g, size_t n);
-void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets,
-                        int n, int v, float dloss_scale);
+void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a, const uint16_t *g,
+                               size_t n);
+void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
+                        float dloss_scale);
 void cuda_ce_shard_max(float *row_max, const float *logits, int n, int v_local);
-void cuda_ce_shard_sums(float *sum_exp, float *target_logit, const float *logits,
-                        const float *row_max, const int32_t *targets, int n, int v_local, int v_start);
+void cuda_ce_shard_sums(float *sum_exp, float *target_logit, const float *logits, const float *row_max,
+                        const int32_t *targets, int n, int v_local, int v_start);
 void cuda_ce_shard_finish(float *dlogits, float *losses, const float *logits, const float *row_max,
-                          const float *sum_exp, const float *target_logit, const int32_t *targets,
-                          int n, int v_local, int v_start, float dloss_scale);
+                          const float *sum_exp, const float *target_logit, const int32_t *targets, int n, int v_local,
+                          int v_start, float dloss_scale);
 
 // ---- cuda_attention.cu (flash-attention-2 style kernels, fp32 math; head dim <= 256)
 size_t cuda_attention_workspace_size(const ops_attn_shape *s);
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                             const ops_attn_shape *s, void *workspace);
-void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                             const float *k, const float *v, const float *out, const float *lse,
-                             const ops_attn_shape *s, void *workspace);
-void cuda_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b,
-                          int sq, int h, int d);
+void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                             const float *v, const float *out, const float *lse, const ops_attn_shape *s,
+                             void *workspace);
+void cuda_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b, int sq, int h,
+                          int d);
 // bf16: cuDNN's fused SDPA where it applies, else the kernels above on bf16 storage
 size_t cuda_attention_workspace_size_bf16(const ops_attn_shape *s);
-void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const ops_attn_shape *s, void *workspace);
-void cuda_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout,
-                                  const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *out,
-                                  const float *lse, const ops_attn_shape *s, void *workspace);
+void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const ops_attn_shape *s, void *workspace);
+void cuda_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
+                                  const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
+                                  const ops_attn_shape *s, void *workspace);
 // Which path the last bf16 attention call took (tests print it): "cudnn", "built-in".
 const char *cuda_attention_bf16_last_path(void);
 
@@ -138,4 +134,4 @@ const char *cuda_attention_bf16_last_path(void);
 }
 #endif
 
-#endif  // TETRA_KERNELS_CUDA_OPS_H
+#endif // TETRA_KERNELS_CUDA_OPS_H

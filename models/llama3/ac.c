@@ -28,8 +28,10 @@ int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option
     char *end = NULL;
     long every = option ? strtol(option, &end, 10) : 0;
     if (!option || end == option || *end || every < 1) {
-        snprintf(err, errlen, "activation_checkpoint.selective_ac_option = \"%s\": expected \"op\" or a positive "
-                 "integer N (every N-th block)", option ? option : "");
+        snprintf(err, errlen,
+                 "activation_checkpoint.selective_ac_option = \"%s\": expected \"op\" or a positive "
+                 "integer N (every N-th block)",
+                 option ? option : "");
         return -1;
     }
     /* TorchTitan counts blocks from 1 and checkpoints those whose count divides by N */

@@ -9,9 +9,10 @@ int llama3_doc_check(const int32_t *doc, int b, int T, char *err, size_t errlen)
     for (int r = 0; r < b; r++)
         for (int i = 1; i < T; i++)
             if (doc[(size_t)r * T + i] < doc[(size_t)r * T + i - 1]) {
-                snprintf(err, errlen, "document ids of sequence %d fall at position %d (%d after %d): ids must be "
-                         "nondecreasing along a packed sequence", r, i, doc[(size_t)r * T + i],
-                         doc[(size_t)r * T + i - 1]);
+                snprintf(err, errlen,
+                         "document ids of sequence %d fall at position %d (%d after %d): ids must be "
+                         "nondecreasing along a packed sequence",
+                         r, i, doc[(size_t)r * T + i], doc[(size_t)r * T + i - 1]);
                 return -1;
             }
     return 0;

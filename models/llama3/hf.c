@@ -41,14 +41,10 @@ int llama3_hf_name(const char *name, char *out, size_t outlen) {
     static const struct {
         const char *tt, *hf;
     } block[] = {
-        {"attention.wq.weight", "self_attn.q_proj.weight"},
-        {"attention.wk.weight", "self_attn.k_proj.weight"},
-        {"attention.wv.weight", "self_attn.v_proj.weight"},
-        {"attention.wo.weight", "self_attn.o_proj.weight"},
-        {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-        {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-        {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-        {"attention_norm.weight", "input_layernorm.weight"},
+        {"attention.wq.weight", "self_attn.q_proj.weight"},     {"attention.wk.weight", "self_attn.k_proj.weight"},
+        {"attention.wv.weight", "self_attn.v_proj.weight"},     {"attention.wo.weight", "self_attn.o_proj.weight"},
+        {"feed_forward.w1.weight", "mlp.gate_proj.weight"},     {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+        {"feed_forward.w3.weight", "mlp.up_proj.weight"},       {"attention_norm.weight", "input_layernorm.weight"},
         {"ffn_norm.weight", "post_attention_layernorm.weight"},
     };
     if (!strcmp(name, "tok_embeddings.weight")) return snprintf(out, outlen, "model.embed_tokens.weight") < 0;
@@ -125,20 +121,20 @@ static void decode(float *out, const unsigned char *in, size_t n, st_dtype t) {
 
 /* Where one parameter's tensor lies. */
 typedef struct {
-    int file;              /* index into files, -1: not seen yet */
-    uint64_t data;         /* absolute file offset of its first byte */
+    int file;      /* index into files, -1: not seen yet */
+    uint64_t data; /* absolute file offset of its first byte */
     st_dtype dtype;
     size_t dsize;
 } hf_loc;
 
 struct llama3_hf_reader {
-    llama3_model full;     /* the whole model's declaration (names, global shapes), no storage */
-    char (*hf)[128];       /* [n_params] HF names */
-    hf_loc *loc;           /* [n_params] */
+    llama3_model full; /* the whole model's declaration (names, global shapes), no storage */
+    char (*hf)[128];   /* [n_params] HF names */
+    hf_loc *loc;       /* [n_params] */
     int n_files;
     char **files;
-    int *fds;              /* [n_files] open while the reader is */
-    unsigned char *bytes;  /* staging: raw elements */
+    int *fds;             /* [n_files] open while the reader is */
+    unsigned char *bytes; /* staging: raw elements */
 };
 
 static int fmt_shape(char *out, size_t n, json_t *shape) {
@@ -194,12 +190,10 @@ static int index_tensor(llama3_hf_reader *rd, int fi, uint64_t data_start, uint6
     if (!shape_ok) {
         char got[128], want[64];
         fmt_shape(got, sizeof got, shape);
-        if (p->ndim == 2)
-            snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->shape[0], (long long)p->shape[1]);
-        else
-            snprintf(want, sizeof want, "[%lld]", (long long)p->shape[0]);
-        snprintf(err, errlen, "%s: tensor '%s' has shape %s, expected %s for %s of the %s model", file, name, got,
-                 want, p->name, m->args.flavor ? m->args.flavor : "llama3");
+        if (p->ndim == 2) snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->shape[0], (long long)p->shape[1]);
+        else snprintf(want, sizeof want, "[%lld]", (long long)p->shape[0]);
+        snprintf(err, errlen, "%s: tensor '%s' has shape %s, expected %s for %s of the %s model", file, name, got, want,
+                 p->name, m->args.flavor ? m->args.flavor : "llama3");
         return -1;
     }
     json_t *jb = json_array_get(offs, 0), *je = json_array_get(offs, 1);
@@ -209,9 +203,10 @@ static int index_tensor(llama3_hf_reader *rd, int fi, uint64_t data_start, uint6
     }
     int64_t b = json_integer_value(jb), e = json_integer_value(je);
     if (b < 0 || e < b || (uint64_t)e > data_size || (uint64_t)(e - b) != (uint64_t)p->numel * ds) {
-        snprintf(err, errlen, "%s: tensor '%s' has data_offsets [%lld, %lld] inconsistent with %zu %s elements "
-                 "and %llu data bytes", file, name, (long long)b, (long long)e, p->numel, dtype,
-                 (unsigned long long)data_size);
+        snprintf(err, errlen,
+                 "%s: tensor '%s' has data_offsets [%lld, %lld] inconsistent with %zu %s elements "
+                 "and %llu data bytes",
+                 file, name, (long long)b, (long long)e, p->numel, dtype, (unsigned long long)data_size);
         return -1;
     }
     rd->loc[idx].file = fi;
@@ -512,7 +507,7 @@ int llama3_save_hf_buffer(const llama3_model *m, const float *buf, const char *p
         return -1;
     }
     int rc = -1;
-    char (*hf)[128] = calloc((size_t)m->n_params, sizeof *hf);
+    char(*hf)[128] = calloc((size_t)m->n_params, sizeof *hf);
     name_idx *order = calloc((size_t)m->n_params, sizeof *order);
     float *host = malloc(staging_elems(m) * sizeof(float));
     uint16_t *half = malloc(staging_elems(m) * sizeof(uint16_t));

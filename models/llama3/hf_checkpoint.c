@@ -207,9 +207,9 @@ static int collect_tensors(exporter *X, const ck_meta *m, int64_t n_heads, int64
                         t->name);
             return -1;
         }
-        e->heads = ends_with(name, "attention.wq.weight")   ? (int)n_heads
-                   : ends_with(name, "attention.wk.weight") ? (int)n_kv
-                                                            : 0;
+        e->heads = ends_with(name, "attention.wq.weight") ? (int)n_heads
+            : ends_with(name, "attention.wk.weight")      ? (int)n_kv
+                                                          : 0;
         if (e->heads && (t->ndim != 2 || t->shape[0] % e->heads != 0 || (t->shape[0] / e->heads) % 2 != 0)) {
             ck_snprintf(X->err, X->errlen,
                         "checkpoint %s: tensor '%s' [%" PRId64 " rows] does not split into %d heads of even "
@@ -366,8 +366,13 @@ int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_
     json_t *model = json_object_get(m->state, "model");
     int64_t n_heads = jint(model, "n_heads"), n_kv = jint(model, "n_kv_heads");
     int rc = -1;
-    exporter X = {.r = r, .step_dir = step_dir, .out_dir = out_dir, .dt = o->dtype, .quiet = o->quiet,
-                  .err = err, .errlen = errlen};
+    exporter X = {.r = r,
+                  .step_dir = step_dir,
+                  .out_dir = out_dir,
+                  .dt = o->dtype,
+                  .quiet = o->quiet,
+                  .err = err,
+                  .errlen = errlen};
     X.ex = calloc((size_t)(m->n_tensors ? m->n_tensors : 1), sizeof *X.ex);
     json_t *config = NULL;
     if (!json_is_object(model) || n_heads <= 0 || n_kv <= 0) {
@@ -454,7 +459,7 @@ static int match_flavor(const char *hf_path, char *out, size_t n, char *err, siz
 }
 
 int llama3_hf_import(const char *hf_path, const char *ckpt_dir, int64_t step, const char *flavor, char *err,
-                   size_t errlen) {
+                     size_t errlen) {
     char fl[64];
     if (flavor) ck_snprintf(fl, sizeof fl, "%s", flavor);
     else if (match_flavor(hf_path, fl, sizeof fl, err, errlen)) return -1;

@@ -43,6 +43,6 @@ json_t *llama3_hf_config_json(json_t *model, tetra_dtype dtype, int64_t bos_id, 
  * given, or found by matching config.json next to the weights against the
  * known flavors. */
 int llama3_hf_import(const char *hf_path, const char *ckpt_dir, int64_t step, const char *flavor, char *err,
-                   size_t errlen);
+                     size_t errlen);
 
 #endif

@@ -46,8 +46,8 @@ double llama3_rng_uniform(uint64_t seed, uint64_t name_hash, uint64_t index) {
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     uint32_t x[4];
     llama3_philox4x32_10(x, ctr, key);
-    uint64_t bits = (((uint64_t)x[0] << 32) | x[1]) >> 11;  /* 53 bits */
-    return ((double)bits + 0.5) * 0x1p-53;                  /* never 0 or 1: the quantile stays finite */
+    uint64_t bits = (((uint64_t)x[0] << 32) | x[1]) >> 11; /* 53 bits */
+    return ((double)bits + 0.5) * 0x1p-53;                 /* never 0 or 1: the quantile stays finite */
 }
 
 /* Acklam's rational approximation: relative error below 1.15e-9, twenty times finer
@@ -56,7 +56,7 @@ double llama3_rng_uniform(uint64_t seed, uint64_t name_hash, uint64_t index) {
  * pure arithmetic, fast and bit-reproducible on any IEEE machine, and the tails need
  * only log and sqrt. */
 double llama3_normal_quantile(double p) {
-    static const double a[6] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+    static const double a[6] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                                 1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
     static const double b[5] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
                                 6.680131188771972e+01, -1.328068155288572e+01};
@@ -87,8 +87,8 @@ static double normal_cdf(double z) {
     return 0.5 * erfc(-z / sqrt(2.0));
 }
 
-static float trunc_normal_at(uint64_t seed, uint64_t h, uint64_t index, double std, double lo, double hi,
-                             double plo, double phi) {
+static float trunc_normal_at(uint64_t seed, uint64_t h, uint64_t index, double std, double lo, double hi, double plo,
+                             double phi) {
     double u = llama3_rng_uniform(seed, h, index);
     double p = plo + (phi - plo) * u;
     double v = std * llama3_normal_quantile(p);
@@ -102,8 +102,8 @@ float llama3_rng_trunc_normal(uint64_t seed, const char *name, uint64_t index, d
                            normal_cdf(hi / std));
 }
 
-void llama3_rng_trunc_normal_fill(float *out, uint64_t seed, const char *name, uint64_t start, size_t count,
-                                  double std, double lo, double hi) {
+void llama3_rng_trunc_normal_fill(float *out, uint64_t seed, const char *name, uint64_t start, size_t count, double std,
+                                  double lo, double hi) {
     uint64_t h = llama3_name_hash(name);
     double plo = normal_cdf(lo / std), phi = normal_cdf(hi / std);
     int64_t n = (int64_t)count;

@@ -39,7 +39,7 @@ double llama3_normal_quantile(double p);
 float llama3_rng_trunc_normal(uint64_t seed, const char *name, uint64_t index, double std, double lo, double hi);
 
 /* out[j] = element (start + j) for j < count; host memory; OpenMP-parallel. */
-void llama3_rng_trunc_normal_fill(float *out, uint64_t seed, const char *name, uint64_t start, size_t count,
-                                  double std, double lo, double hi);
+void llama3_rng_trunc_normal_fill(float *out, uint64_t seed, const char *name, uint64_t start, size_t count, double std,
+                                  double lo, double hi);
 
 #endif

@@ -73,9 +73,7 @@ int64_t llama3_ffn_hidden(const llama3_args *a) {
     return (int64_t)a->multiple_of * ((h + a->multiple_of - 1) / a->multiple_of);
 }
 
-int64_t llama3_num_embedding_params(const llama3_args *a) {
-    return (int64_t)a->vocab_size * a->dim;
-}
+int64_t llama3_num_embedding_params(const llama3_args *a) { return (int64_t)a->vocab_size * a->dim; }
 
 int64_t llama3_num_params(const llama3_args *a) {
     int64_t d = a->dim, hd = llama3_head_dim(a), f = llama3_ffn_hidden(a);

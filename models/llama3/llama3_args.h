@@ -23,15 +23,15 @@ typedef struct {
     int n_kv_heads;
     int vocab_size;
     int multiple_of;
-    double ffn_dim_multiplier;      /* 0 = none */
+    double ffn_dim_multiplier; /* 0 = none */
     double norm_eps;
     double rope_theta;
     /* Llama 3.1 RoPE frequency scaling */
-    double rope_scaling_factor;     /* 8.0 */
-    double rope_low_freq_factor;    /* 1.0 */
-    double rope_high_freq_factor;   /* 4.0 */
-    int rope_original_max_pos;      /* 8192 */
-    llama3_mask attn_mask_type;     /* the flavor's; model.attn_mask_type overrides it */
+    double rope_scaling_factor;   /* 8.0 */
+    double rope_low_freq_factor;  /* 1.0 */
+    double rope_high_freq_factor; /* 4.0 */
+    int rope_original_max_pos;    /* 8192 */
+    llama3_mask attn_mask_type;   /* the flavor's; model.attn_mask_type overrides it */
     /* RoPE position of a token = its position within its document (0 at each document's
      * first token) instead of within the sequence; model.reset_positions_at_document_boundaries */
     int reset_positions;

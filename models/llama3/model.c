@@ -45,8 +45,8 @@ static int cpn(const llama3_model *m) { return m->layout.cp_size; }
 static int local_block(const llama3_model *m, int l) {
     int b = l - m->layout.layer_start;
     if (b < 0 || b >= n_blocks(m)) {
-        fprintf(stderr, "llama3: block %d is not in this model's layout (blocks %d..%d)\n", l,
-                m->layout.layer_start, m->layout.layer_end - 1);
+        fprintf(stderr, "llama3: block %d is not in this model's layout (blocks %d..%d)\n", l, m->layout.layer_start,
+                m->layout.layer_end - 1);
         abort();
     }
     return b;
@@ -69,8 +69,10 @@ int llama3_block_unit(const llama3_model *m, int layer) {
 
 static void need(const void *p, const llama3_model *m, int unit, const char *what) {
     if (p) return;
-    fprintf(stderr, "llama3: unit %s was used while its %s are not bound (a schedule that skipped the unit's "
-                    "unshard, or a model without storage)\n", m->units[unit].name, what);
+    fprintf(stderr,
+            "llama3: unit %s was used while its %s are not bound (a schedule that skipped the unit's "
+            "unshard, or a model without storage)\n",
+            m->units[unit].name, what);
     abort();
 }
 
@@ -118,8 +120,8 @@ llama3_layout llama3_layout_full(const llama3_args *a) {
 /* ----------------------------------------------------------------------------
  * linear layers (weights [out, in] as nn.Linear) through the gemm op */
 
-static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int trans_b, int mm, int nn, int kk,
-                               int lda, int ldb, int ldc, float beta) {
+static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int trans_b, int mm, int nn, int kk, int lda,
+                               int ldb, int ldc, float beta) {
     ops_gemm_desc g;
     memset(&g, 0, sizeof g);
     g.a_type = g.b_type = ab;
@@ -174,8 +176,8 @@ static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, 
 static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, int row0, float beta) {
     lin_fwd_to(m, idx, m->compute_dtype, y, x, n, row0, beta);
 }
-static void lin_bwd_input_to(const llama3_model *m, int idx, tetra_dtype dxt, void *dx, const void *dy, int n,
-                             int row0, float beta) {
+static void lin_bwd_input_to(const llama3_model *m, int idx, tetra_dtype dxt, void *dx, const void *dy, int n, int row0,
+                             float beta) {
     const llama3_linear *l = &m->linears[idx];
     l->impl->backward_input(m, l, dxt, dx, dy, param_ptr(m, idx), n, row0, beta);
 }
@@ -197,49 +199,37 @@ static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const
 static void rmsnorm_fwd(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n) {
     const int c = m->args.dim;
     const float eps = (float)m->args.norm_eps;
-    if (mixed(m))
-        m->ops->rmsnorm_forward_bf16(out, rstd, x, w, n, c, eps);
-    else
-        m->ops->rmsnorm_forward(out, rstd, x, w, n, c, eps);
+    if (mixed(m)) m->ops->rmsnorm_forward_bf16(out, rstd, x, w, n, c, eps);
+    else m->ops->rmsnorm_forward(out, rstd, x, w, n, c, eps);
 }
 static void rmsnorm_bwd_input(const llama3_model *m, void *dx, const void *dout, const void *x, const void *w,
                               const float *rstd, int n) {
-    if (mixed(m))
-        m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim);
-    else
-        m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim);
+    if (mixed(m)) m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim);
+    else m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim);
 }
 static void rmsnorm_bwd_weight(const llama3_model *m, float *dw, const void *dout, const void *x, const float *rstd,
                                int n) {
-    if (mixed(m))
-        m->ops->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, m->args.dim);
-    else
-        m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim);
+    if (mixed(m)) m->ops->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, m->args.dim);
+    else m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim);
 }
 /* pos: the rows' global positions under context parallel, NULL for 0..t-1 */
 static void rope_fwd(const llama3_model *m, void *x, const int32_t *pos, int b, int t, int nh) {
     const int d = llama3_head_dim(&m->args);
-    if (mixed(m))
-        m->ops->rope_forward_bf16(x, x, m->rope_table, pos, 0, b, t, nh, d);
-    else
-        m->ops->rope_forward(x, x, m->rope_table, pos, 0, b, t, nh, d);
+    if (mixed(m)) m->ops->rope_forward_bf16(x, x, m->rope_table, pos, 0, b, t, nh, d);
+    else m->ops->rope_forward(x, x, m->rope_table, pos, 0, b, t, nh, d);
 }
 static void rope_bwd(const llama3_model *m, void *dx, const void *dout, const int32_t *pos, int b, int t, int nh) {
     const int d = llama3_head_dim(&m->args);
-    if (mixed(m))
-        m->ops->rope_backward_bf16(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
-    else
-        m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
+    if (mixed(m)) m->ops->rope_backward_bf16(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
+    else m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
 }
 /* RoPE on a microbatch's q or k [b, t, nh, D]: at each row's position within its document
  * (a->dpos, per sequence: one call per sequence), else at the rows' global positions. */
 static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, int nh);
 static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh);
 static void zero_acts(const llama3_model *m, void *x, size_t elems) {
-    if (mixed(m))
-        m->ops->fill(x, 0.0f, elems / 2); /* bf16 zeros as fp32 zeros (elems is even: a multiple of dim) */
-    else
-        m->ops->fill(x, 0.0f, elems);
+    if (mixed(m)) m->ops->fill(x, 0.0f, elems / 2); /* bf16 zeros as fp32 zeros (elems is even: a multiple of dim) */
+    else m->ops->fill(x, 0.0f, elems);
 }
 
 /* ----------------------------------------------------------------------------
@@ -247,83 +237,83 @@ static void zero_acts(const llama3_model *m, void *x, size_t elems) {
 
 /* One block's activations (compute dtype unless marked fp32). */
 typedef struct {
-    void *xn1;     /* [N, C]   attention_norm output; after I: dL/dxn1 */
-    float *rstd1;  /* [N] */
-    void *q;       /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
-    void *k;       /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
-    void *v;       /* [N, KV*D] after I: dL/dv */
-    void *att;     /* [N, H*D]  attention output (input of wo) */
-    float *lse;    /* [B, H, T] log-sum-exp of the attention scores */
-    void *h;       /* [N, C]   residual after attention */
-    void *xn2;     /* [N, C]   ffn_norm output; after I: dL/dxn2 */
-    float *rstd2;  /* [N] */
-    void *a;       /* [N, F]   xn2 W1^T; after I: dL/da */
-    void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
-    void *s;       /* [N, F]   silu(a) * g (input of w2) */
-    void *dh;      /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
+    void *xn1;    /* [N, C]   attention_norm output; after I: dL/dxn1 */
+    float *rstd1; /* [N] */
+    void *q;      /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
+    void *k;      /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
+    void *v;      /* [N, KV*D] after I: dL/dv */
+    void *att;    /* [N, H*D]  attention output (input of wo) */
+    float *lse;   /* [B, H, T] log-sum-exp of the attention scores */
+    void *h;      /* [N, C]   residual after attention */
+    void *xn2;    /* [N, C]   ffn_norm output; after I: dL/dxn2 */
+    float *rstd2; /* [N] */
+    void *a;      /* [N, F]   xn2 W1^T; after I: dL/da */
+    void *g;      /* [N, F]   xn2 W3^T; after I: dL/dg */
+    void *s;      /* [N, F]   silu(a) * g (input of w2) */
+    void *dh;     /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
     /* tensor parallel (P > 1): q/k/v/att/a/g/s hold the local heads and hidden units;
      * xn1/xn2 are the all-gathered norm outputs [N, C] (kept for W), h and the rstds
      * this rank's N/P rows, dh the all-gathered dL/dh; and from I for W: */
-    void *dxn1l;   /* [N/P, C] dL/dxn1 of this rank's rows (attention_norm's weight gradient) */
-    void *dxn2l;   /* [N/P, C] dL/dxn2 of this rank's rows */
-    void *dop;     /* [N, C]   dL/dr_{l+1} all-gathered (w2's weight gradient) */
+    void *dxn1l; /* [N/P, C] dL/dxn1 of this rank's rows (attention_norm's weight gradient) */
+    void *dxn2l; /* [N/P, C] dL/dxn2 of this rank's rows */
+    void *dop;   /* [N, C]   dL/dr_{l+1} all-gathered (w2's weight gradient) */
 } layer_acts;
 
 struct llama3_workspace {
     int max_b, max_t;
     size_t max_n;
-    void *mem;            /* the one backend allocation; everything below is a view */
+    void *mem; /* the one backend allocation; everything below is a view */
     size_t bytes;
-    int has_fwd;          /* fwd and slots exist (recompute_slots > 0) */
-    layer_acts fwd;       /* unkept activations during a forward (no dh) */
+    int has_fwd;    /* fwd and slots exist (recompute_slots > 0) */
+    layer_acts fwd; /* unkept activations during a forward (no dh) */
     int n_slots;
-    layer_acts *slot;     /* [n_slots] a recomputed block between its I and W passes */
+    layer_acts *slot;               /* [n_slots] a recomputed block between its I and W passes */
     const llama3_acts **slot_owner; /* [n_slots] */
-    int *slot_layer;      /* [n_slots] */
-    void *scratch;        /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
-    float *rstd_scratch;  /* [N] */
-    void *attn_ws;        /* attention workspace */
-    void *cp_ws;          /* context parallel attention (parallel/cp.h) */
+    int *slot_layer;                /* [n_slots] */
+    void *scratch;                  /* [N, max(F, 2 H*D + 2 KV*D, C)] reused inside one pass */
+    float *rstd_scratch;            /* [N] */
+    void *attn_ws;                  /* attention workspace */
+    void *cp_ws;                    /* context parallel attention (parallel/cp.h) */
     /* tensor parallel (P > 1) */
-    float *tp_full;       /* [N, C] fp32: a row-parallel partial sum before its reduce-scatter */
-    float *tp_stage;      /* [N, C] fp32: the reduce-scatter's blocks; then a residual in fp32 */
-    float *tp_local;      /* [N/P, C] fp32: the reduced rows */
-    void *xn_local;       /* [N/P, C] a norm's output on this rank's rows, before the all-gather */
-    float *lg_full;       /* [N, V] fp32: the gathered logits (loss parallel off), or NULL */
-    float *lg_stage;      /* [N, V] fp32 */
+    float *tp_full;  /* [N, C] fp32: a row-parallel partial sum before its reduce-scatter */
+    float *tp_stage; /* [N, C] fp32: the reduce-scatter's blocks; then a residual in fp32 */
+    float *tp_local; /* [N/P, C] fp32: the reduced rows */
+    void *xn_local;  /* [N/P, C] a norm's output on this rank's rows, before the all-gather */
+    float *lg_full;  /* [N, V] fp32: the gathered logits (loss parallel off), or NULL */
+    float *lg_stage; /* [N, V] fp32 */
 };
 
 struct llama3_acts {
     int b, t;
-    size_t n;             /* tokens b*t */
+    size_t n; /* tokens b*t */
     llama3_workspace *ws;
-    int own_ws;           /* created with a private workspace */
-    void *mem;            /* the one backend allocation; everything below is a view */
+    int own_ws; /* created with a private workspace */
+    void *mem;  /* the one backend allocation; everything below is a view */
     size_t bytes;
-    int32_t *inputs;      /* [N] backend copy of the token ids (embedding) */
-    int32_t *pos;         /* [t] global positions of the rows (context parallel), else NULL */
-    int32_t *doc;         /* [b, t * cp] document ids of every global position (block_causal), else NULL */
-    int32_t *dpos;        /* [b, t] each row's position within its document (reset_positions), else NULL */
-    int32_t *targets;     /* [N] (head) */
-    float *loss_sum;      /* [1] */
-    size_t nl;            /* rows of the residual stream on this rank: N / P */
-    int nb;               /* local blocks */
-    int l0;               /* global index of the first block (res[0] is r_l0) */
-    void **res;           /* [nb+1] of [N/P, C]: r_{start} .. r_{end} (compute dtype) */
-    void **dres;          /* [nb+1] of [N/P, C]: dL/dr (P > 1: two buffers, alternating; see shared_dres) */
-    unsigned *keep;       /* [nb] save policy of each block */
-    layer_acts *kept;     /* [nb] the kept activations (NULL where not kept) */
-    int *slot;            /* [nb] recompute slot held between I and W, or -1 */
+    int32_t *inputs;  /* [N] backend copy of the token ids (embedding) */
+    int32_t *pos;     /* [t] global positions of the rows (context parallel), else NULL */
+    int32_t *doc;     /* [b, t * cp] document ids of every global position (block_causal), else NULL */
+    int32_t *dpos;    /* [b, t] each row's position within its document (reset_positions), else NULL */
+    int32_t *targets; /* [N] (head) */
+    float *loss_sum;  /* [1] */
+    size_t nl;        /* rows of the residual stream on this rank: N / P */
+    int nb;           /* local blocks */
+    int l0;           /* global index of the first block (res[0] is r_l0) */
+    void **res;       /* [nb+1] of [N/P, C]: r_{start} .. r_{end} (compute dtype) */
+    void **dres;      /* [nb+1] of [N/P, C]: dL/dr (P > 1: two buffers, alternating; see shared_dres) */
+    unsigned *keep;   /* [nb] save policy of each block */
+    layer_acts *kept; /* [nb] the kept activations (NULL where not kept) */
+    int *slot;        /* [nb] recompute slot held between I and W, or -1 */
     /* head (P > 1: V is the local vocabulary V/P, xnf the all-gathered norm output) */
-    void *xnf;            /* [N, C]  final norm output */
-    float *rstdf;         /* [N/P] */
-    void *dxnf;           /* [N/P, C]  dL/dxnf of this rank's rows, from the head's I for its W */
-    float *logits;        /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
-    uint16_t *dlogits16;  /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
-    float *losses;        /* [N]     per-token cross-entropy */
-    float *ce_stats;      /* [3, N]  vocab-parallel softmax statistics (P > 1) */
-    float *logits_copy;   /* [N, V] or NULL (llama3_acts_keep_logits) */
-    int has_targets;      /* the last forward computed the loss (dlogits are valid) */
+    void *xnf;           /* [N, C]  final norm output */
+    float *rstdf;        /* [N/P] */
+    void *dxnf;          /* [N/P, C]  dL/dxnf of this rank's rows, from the head's I for its W */
+    float *logits;       /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
+    uint16_t *dlogits16; /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
+    float *losses;       /* [N]     per-token cross-entropy */
+    float *ce_stats;     /* [3, N]  vocab-parallel softmax statistics (P > 1) */
+    float *logits_copy;  /* [N, V] or NULL (llama3_acts_keep_logits) */
+    int has_targets;     /* the last forward computed the loss (dlogits are valid) */
 };
 
 /* Bump allocator over one region; with base == NULL it only measures. */
@@ -395,8 +385,8 @@ static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx,
     }
     const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
     for (int r = 0; r < a->b; r++)
-        rope_bwd(m, act_at(m, dx, (size_t)r * seq), act_at(m, (void *)dout, (size_t)r * seq), a->dpos + (size_t)r * a->t,
-                 1, a->t, nh);
+        rope_bwd(m, act_at(m, dx, (size_t)r * seq), act_at(m, (void *)dout, (size_t)r * seq),
+                 a->dpos + (size_t)r * a->t, 1, a->t, nh);
 }
 
 static size_t scratch_cols(const llama3_model *m) {
@@ -647,13 +637,16 @@ size_t llama3_acts_bytes(const llama3_model *m, int b, int t) {
 llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, const unsigned *keep, int b, int t,
                                    char *err, size_t errlen) {
     if (b <= 0 || t <= 0 || t > m->max_seq_len || !ws || (size_t)b * (size_t)t > ws->max_n || t > ws->max_t) {
-        snprintf(err, errlen, "llama3 activations: batch %d x seq_len %d invalid (max_seq_len %d, workspace for %d x %d)",
-                 b, t, m->max_seq_len, ws ? ws->max_b : 0, ws ? ws->max_t : 0);
+        snprintf(err, errlen,
+                 "llama3 activations: batch %d x seq_len %d invalid (max_seq_len %d, workspace for %d x %d)", b, t,
+                 m->max_seq_len, ws ? ws->max_b : 0, ws ? ws->max_t : 0);
         return NULL;
     }
     if (t % tpn(m) != 0) {
-        snprintf(err, errlen, "llama3 activations: seq_len %d does not divide by the tensor-parallel degree %d "
-                 "(sequence parallel splits every sequence's tokens over its ranks)", t, tpn(m));
+        snprintf(err, errlen,
+                 "llama3 activations: seq_len %d does not divide by the tensor-parallel degree %d "
+                 "(sequence parallel splits every sequence's tokens over its ranks)",
+                 t, tpn(m));
         return NULL;
     }
     llama3_acts *a = calloc(1, sizeof *a);
@@ -676,8 +669,10 @@ llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, 
         a->keep[i] = keep ? keep[i] & LLAMA3_KEEP_ALL : LLAMA3_KEEP_ALL;
         a->slot[i] = -1;
         if (a->keep[i] != LLAMA3_KEEP_ALL && !ws->has_fwd) {
-            snprintf(err, errlen, "llama3 activations: block %d keeps less than everything but the workspace has no "
-                     "forward scratch", m->layout.layer_start + i);
+            snprintf(err, errlen,
+                     "llama3 activations: block %d keeps less than everything but the workspace has no "
+                     "forward scratch",
+                     m->layout.layer_start + i);
             llama3_acts_free(m, a);
             return NULL;
         }
@@ -858,8 +853,8 @@ static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
  * columns (row-parallel linears). */
 enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS };
 
-static void add_param(llama3_model *m, size_t *off, const char *name, int unit, int64_t rows, int64_t cols,
-                      int ones, double std, double lo, double hi, int linear, int split) {
+static void add_param(llama3_model *m, size_t *off, const char *name, int unit, int64_t rows, int64_t cols, int ones,
+                      double std, double lo, double hi, int linear, int split) {
     const int i = m->n_params++;
     const int64_t P = m->layout.tp_size, r = m->layout.tp_rank;
     llama3_param *p = &m->params[i];
@@ -895,9 +890,9 @@ static void add_param(llama3_model *m, size_t *off, const char *name, int unit, 
         m->linears[i].param = i;
         m->linears[i].out = (int)p->box_shape[0];
         m->linears[i].in = (int)p->box_shape[1];
-        m->linears[i].style = split == SPLIT_ROWS   ? LLAMA3_LINEAR_COLWISE
-                              : split == SPLIT_COLS ? LLAMA3_LINEAR_ROWWISE
-                                                    : LLAMA3_LINEAR_REPLICATED;
+        m->linears[i].style = split == SPLIT_ROWS ? LLAMA3_LINEAR_COLWISE
+            : split == SPLIT_COLS                 ? LLAMA3_LINEAR_ROWWISE
+                                                  : LLAMA3_LINEAR_REPLICATED;
         m->linears[i].impl = &default_linear;
     }
 }
@@ -920,8 +915,8 @@ int llama3_model_init(llama3_model *m, const llama3_args *a, int max_seq_len, co
     return llama3_model_init_layout(m, a, &l, LLAMA3_STORAGE_OWN, max_seq_len, ops, err, errlen);
 }
 
-int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3_layout *layout,
-                             llama3_storage storage, int max_seq_len, const tetra_ops *ops, char *err, size_t errlen) {
+int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3_layout *layout, llama3_storage storage,
+                             int max_seq_len, const tetra_ops *ops, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     const char *fl = a->flavor ? a->flavor : "model";
     if (a->dim <= 0 || a->n_layers <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->vocab_size <= 0 ||
@@ -948,10 +943,11 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
         return -1;
     }
     if (a->n_heads % P || a->n_kv_heads % P || a->vocab_size % P || llama3_ffn_hidden(a) % P) {
-        snprintf(err, errlen,
-                 "llama3 %s: tensor parallel degree %d must divide n_heads %d, n_kv_heads %d, vocab_size %d and the "
-                 "FFN hidden size %lld (each rank holds a whole share of the heads, the vocabulary and the hidden units)",
-                 fl, P, a->n_heads, a->n_kv_heads, a->vocab_size, (long long)llama3_ffn_hidden(a));
+        snprintf(
+            err, errlen,
+            "llama3 %s: tensor parallel degree %d must divide n_heads %d, n_kv_heads %d, vocab_size %d and the "
+            "FFN hidden size %lld (each rank holds a whole share of the heads, the vocabulary and the hidden units)",
+            fl, P, a->n_heads, a->n_kv_heads, a->vocab_size, (long long)llama3_ffn_hidden(a));
         return -1;
     }
     m->args = *a;
@@ -995,8 +991,8 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
     for (int l = layout->layer_start; l < layout->layer_end; l++, u++) {
         const double sd = s02 / sqrt(2.0 * (l + 1));
         begin_unit(m, u, LLAMA3_UNIT_BLOCK, l, off);
-#define BLOCK_PARAM(suffix, rows, cols, ones, std, lin, split)            \
-    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);              \
+#define BLOCK_PARAM(suffix, rows, cols, ones, std, lin, split)                                                         \
+    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);                                                            \
     add_param(m, &off, name, u, rows, cols, ones, std, -2.0, 2.0, lin, split)
         BLOCK_PARAM("attention.wq.weight", HD, C, 0, s02, 1, SPLIT_ROWS);
         BLOCK_PARAM("attention.wk.weight", KVD, C, 0, s02, 1, SPLIT_ROWS);
@@ -1048,8 +1044,8 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
 
 static void bind_own_storage(llama3_model *m) {
     for (int u = 0; u < m->n_units; u++) {
-        m->unit_params[u] = mixed(m) ? (void *)(m->param_bf16 + m->unit_offset[u])
-                                     : (void *)(m->param_mem + m->unit_offset[u]);
+        m->unit_params[u] =
+            mixed(m) ? (void *)(m->param_bf16 + m->unit_offset[u]) : (void *)(m->param_mem + m->unit_offset[u]);
         m->unit_grads[u] = m->grad_mem + m->unit_offset[u];
     }
 }
@@ -1185,17 +1181,17 @@ void llama3_init_weights(llama3_model *m, uint64_t seed) {
  * same calls on the same shapes give the same bits in any order; one call over every
  * row would not always (BLAS libraries pick other kernels for other sizes). */
 enum {
-    ROWS_QKV,        /* q, k, v = xn1 W^T (the projections in `compute`) */
-    ROWS_WO,         /* tp_full = att Wo^T */
-    ROWS_W13,        /* a, g = xn2 W1^T, xn2 W3^T (those in `compute`) */
-    ROWS_W2,         /* tp_full = s W2^T */
-    ROWS_DS,         /* scratch = dop W2 */
-    ROWS_DXN2,       /* tp_full = da W1 + dg W3 */
-    ROWS_DATT,       /* scratch = dh Wo */
-    ROWS_DXN1,       /* tp_full = dq Wq + dk Wk + dv Wv */
-    ROWS_LOGITS,     /* logits = xnf Output^T */
-    ROWS_DXNF,       /* tp_full = dlogits Output */
-    ROWS_EMBEDDING   /* tp_full = this rank's vocabulary rows of the embedding (zeros elsewhere) */
+    ROWS_QKV,      /* q, k, v = xn1 W^T (the projections in `compute`) */
+    ROWS_WO,       /* tp_full = att Wo^T */
+    ROWS_W13,      /* a, g = xn2 W1^T, xn2 W3^T (those in `compute`) */
+    ROWS_W2,       /* tp_full = s W2^T */
+    ROWS_DS,       /* scratch = dop W2 */
+    ROWS_DXN2,     /* tp_full = da W1 + dg W3 */
+    ROWS_DATT,     /* scratch = dh Wo */
+    ROWS_DXN1,     /* tp_full = dq Wq + dk Wk + dv Wv */
+    ROWS_LOGITS,   /* logits = xnf Output^T */
+    ROWS_DXNF,     /* tp_full = dlogits Output */
+    ROWS_EMBEDDING /* tp_full = this rank's vocabulary rows of the embedding (zeros elsewhere) */
 };
 
 typedef struct {
@@ -1272,8 +1268,7 @@ static void rows_begin(rows_job *j, const void *local) {
     const layer_acts *t = j->t;
     const int l = j->l;
     const size_t C = (size_t)m->args.dim, HD = hd_l(m), KVD = kvd_l(m), F = ffn_l(m), V = vocab_l(m);
-    const llama3_rows_layout in = local ? LLAMA3_ROWS_ROW_SHARD : LLAMA3_ROWS_WHOLE,
-                             cols = LLAMA3_ROWS_COL_SHARD;
+    const llama3_rows_layout in = local ? LLAMA3_ROWS_ROW_SHARD : LLAMA3_ROWS_WHOLE, cols = LLAMA3_ROWS_COL_SHARD;
     const size_t rows = local ? a->nl : a->n, n = a->n;
     j->begun = 1;
     switch (j->what) {
@@ -1380,10 +1375,8 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
         sp_exit(m, a, &job, a->res[0], NULL);
         return;
     }
-    if (mixed(m))
-        ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, pe), n, C, v0, vl);
-    else
-        ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, pe), n, C, v0, vl);
+    if (mixed(m)) ops->embedding_forward_bf16(a->res[0], a->inputs, param_ptr(m, pe), n, C, v0, vl);
+    else ops->embedding_forward(a->res[0], a->inputs, param_ptr(m, pe), n, C, v0, vl);
 }
 
 /* The ops of block l's forward whose outputs are in `compute` (LLAMA3_KEEP_* bits), into
@@ -1421,10 +1414,8 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
         cp_attention_forward(&cc, ops, mixed(m), t->att, t->lse, t->q, t->k, t->v, &dim, ws->cp_ws);
     } else if (compute & LLAMA3_KEEP_ATT) {
         ops_attn_shape s = attn_shape_acts(m, a);
-        if (mixed(m))
-            ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
-        else
-            ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
+        if (mixed(m)) ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
+        else ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
     }
     if (compute & LLAMA3_KEEP_H) {
         if (tp) {
@@ -1450,10 +1441,8 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
     }
     if (w13.compute) rows_all(m, a, &w13);
     if (compute & LLAMA3_KEEP_S) {
-        if (mixed(m))
-            ops->swiglu_forward_bf16(t->s, t->a, t->g, ff);
-        else
-            ops->swiglu_forward(t->s, t->a, t->g, ff);
+        if (mixed(m)) ops->swiglu_forward_bf16(t->s, t->a, t->g, ff);
+        else ops->swiglu_forward(t->s, t->a, t->g, ff);
     }
     if (output) {
         void *out = a->res[bl + 1];
@@ -1534,8 +1523,8 @@ static void need_full(const llama3_model *m, const char *what) {
     abort();
 }
 
-double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, const int32_t *targets,
-                      float dloss_scale, int64_t *n_valid) {
+double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, const int32_t *targets, float dloss_scale,
+                      int64_t *n_valid) {
     need_full(m, "llama3_forward");
     llama3_forward_embedding(m, a, inputs);
     for (int l = 0; l < m->args.n_layers; l++) llama3_block_forward(m, a, l);
@@ -1600,8 +1589,9 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
             for (int i = 0; i < ws->n_slots && s < 0; i++)
                 if (!ws->slot_owner[i]) s = i;
             if (s < 0) {
-                fprintf(stderr, "llama3: block %d needs a recompute slot but the workspace's %d are all held by blocks "
-                                "waiting for their W pass (the schedule defers more W passes than it was sized for)\n",
+                fprintf(stderr,
+                        "llama3: block %d needs a recompute slot but the workspace's %d are all held by blocks "
+                        "waiting for their W pass (the schedule defers more W passes than it was sized for)\n",
                         l, ws->n_slots);
                 abort();
             }
@@ -1620,17 +1610,15 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     /* feed-forward: ds = dout W2; (da, dg) over (a, g); dxn2 = da W1 + dg W3 (over xn2 at
      * tp 1; under tensor parallel a partial sum, reduce-scattered to this rank's rows) */
     void *ds = ws->scratch; /* [N, F] */
-    if (tp) { /* w2 is row-parallel: its output gradient for every row */
+    if (tp) {               /* w2 is row-parallel: its output gradient for every row */
         rows_job job = {m, a, l, ROWS_DS, t, 0, 0};
         sp_gather_then(m, a, t->dop, dout, &job);
     } else {
         lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, -1, 0.0f);
     }
-    if (mixed(m))
-        ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
-    else
-        ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
-    void *dh_full = t->dh; /* dL/dh of every row: wo's input gradient reads it, W keeps it */
+    if (mixed(m)) ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
+    else ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
+    void *dh_full = t->dh;    /* dL/dh of every row: wo's input gradient reads it, W keeps it */
     void *datt = ws->scratch; /* [N, HD] */
     if (tp) {
         rows_job job = {m, a, l, ROWS_DXN2, t, 0, 0};
@@ -1720,8 +1708,7 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_ATTN_NORM)), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1,
-                       nl);
+    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_ATTN_NORM)), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1, nl);
 
     if (a->slot[bl] >= 0) { /* the recomputed activations are spent */
         ws->slot_owner[a->slot[bl]] = NULL;
@@ -1744,10 +1731,8 @@ void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
         sp_gather(m, a, a->ws->tp_full, a->dres[0]);
         dout = a->ws->tp_full;
     }
-    if (mixed(m))
-        m->ops->embedding_backward_bf16(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
-    else
-        m->ops->embedding_backward(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
+    if (mixed(m)) m->ops->embedding_backward_bf16(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
+    else m->ops->embedding_backward(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
 }
 
 void llama3_backward(llama3_model *m, llama3_acts *a) {

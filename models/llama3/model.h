@@ -86,15 +86,15 @@ llama3_layout llama3_layout_full(const llama3_args *a);
 typedef enum { LLAMA3_UNIT_EMBEDDING = 0, LLAMA3_UNIT_BLOCK, LLAMA3_UNIT_HEAD } llama3_unit_kind;
 
 typedef struct {
-    char name[96];      /* TorchTitan FQN, e.g. "layers.3.attention.wq.weight" */
-    int unit;           /* local unit index */
-    int ndim;           /* 1 or 2 */
-    int64_t shape[2];   /* global shape (row-major) */
+    char name[96];                      /* TorchTitan FQN, e.g. "layers.3.attention.wq.weight" */
+    int unit;                           /* local unit index */
+    int ndim;                           /* 1 or 2 */
+    int64_t shape[2];                   /* global shape (row-major) */
     int64_t box_start[2], box_shape[2]; /* the block of the global tensor this rank holds */
-    size_t numel;       /* elements held (of the box) */
-    int tp_replicated;  /* every tensor-parallel rank holds all of it (the norms): its gradient
+    size_t numel;                       /* elements held (of the box) */
+    int tp_replicated;                  /* every tensor-parallel rank holds all of it (the norms): its gradient
                            is a partial sum over the tensor-parallel group */
-    size_t offset;      /* elements from the start of the rank's flat layout */
+    size_t offset;                      /* elements from the start of the rank's flat layout */
     /* init: all ones (norm weights), or a truncated normal N(0, init_std) cut to
      * [init_lo, init_hi] (absolute bounds; +-inf for a plain normal) */
     int init_ones;
@@ -103,11 +103,11 @@ typedef struct {
 
 typedef struct {
     llama3_unit_kind kind;
-    int layer;          /* global block index (blocks), -1 otherwise */
-    size_t offset;      /* first element in the flat layout */
+    int layer;     /* global block index (blocks), -1 otherwise */
+    size_t offset; /* first element in the flat layout */
     size_t numel;
     int first_param, n_params;
-    char name[32];      /* "tok_embeddings", "layers.3", "norm+output" */
+    char name[32]; /* "tok_embeddings", "layers.3", "norm+output" */
 } llama3_unit;
 
 /* ---- linear layers ----
@@ -138,8 +138,8 @@ typedef struct {
                     const void *w, int n, int row0, float beta);
     /* dx = dy W + beta dx, dx of type dx_type (compute dtype, or F32 for a tensor-parallel
      * partial sum); row0 as in forward, for dy */
-    void (*backward_input)(const llama3_model *m, const llama3_linear *l, tetra_dtype dx_type, void *dx,
-                           const void *dy, const void *w, int n, int row0, float beta);
+    void (*backward_input)(const llama3_model *m, const llama3_linear *l, tetra_dtype dx_type, void *dx, const void *dy,
+                           const void *w, int n, int row0, float beta);
     /* dW += dy^T x (fp32), over every row of the microbatch */
     void (*backward_weight)(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
                             int n);
@@ -150,16 +150,16 @@ typedef struct {
      * m->ctx.tp), so an implementation that scales by tensor or by row can take the
      * statistics of the whole operand, identical on every rank and to an unsplit run.
      * Every rank of the group calls it at the same point: it may run collectives. */
-    void (*begin_rows)(const llama3_model *m, const llama3_linear *l, llama3_operand which, const void *local,
-                       int rows, int cols, llama3_rows_layout layout);
+    void (*begin_rows)(const llama3_model *m, const llama3_linear *l, llama3_operand which, const void *local, int rows,
+                       int cols, llama3_rows_layout layout);
 } llama3_linear_impl;
 
 struct llama3_linear {
-    int param;                       /* the weight: index into params */
-    int in, out;                     /* local sizes (this rank's box) */
-    llama3_linear_style style;       /* how tensor parallel splits it */
-    const llama3_linear_impl *impl;  /* never NULL: llama3_linear_default() unless a converter set one */
-    void *impl_state;                /* the converter's per-linear state */
+    int param;                      /* the weight: index into params */
+    int in, out;                    /* local sizes (this rank's box) */
+    llama3_linear_style style;      /* how tensor parallel splits it */
+    const llama3_linear_impl *impl; /* never NULL: llama3_linear_default() unless a converter set one */
+    void *impl_state;               /* the converter's per-linear state */
 };
 
 const llama3_linear_impl *llama3_linear_default(void);
@@ -186,17 +186,17 @@ struct llama3_model {
                                  (the projections; not the embedding or the norms) */
     unsigned char *is_linear; /* [n_params] */
     int n_units;
-    llama3_unit *units;       /* [n_units] */
-    size_t *unit_offset;      /* [n_units] element offset of each unit (= units[u].offset) */
-    size_t *unit_numel;       /* [n_units] */
-    size_t total_numel;       /* elements of this rank's layout */
+    llama3_unit *units;  /* [n_units] */
+    size_t *unit_offset; /* [n_units] element offset of each unit (= units[u].offset) */
+    size_t *unit_numel;  /* [n_units] */
+    size_t total_numel;  /* elements of this rank's layout */
 
     /* Where each unit's parameters (compute dtype) and fp32 gradients are now; NULL
      * while not available. Filled by the owner of the storage. */
-    void **unit_params;       /* [n_units] */
-    float **unit_grads;       /* [n_units] */
+    void **unit_params; /* [n_units] */
+    float **unit_grads; /* [n_units] */
 
-    float *rope_table;        /* [max_seq_len, head_dim/2, 2] backend memory */
+    float *rope_table; /* [max_seq_len, head_dim/2, 2] backend memory */
 
     /* Mixed precision (TorchTitan's mixed_precision_param = bfloat16): the forward and
      * backward read bf16 compute copies of the parameters and keep bf16 activations;
@@ -222,9 +222,9 @@ struct llama3_model {
     /* Own storage (llama3_model_init): the whole layout's fp32 parameters, gradients
      * and, under mixed precision, the bf16 compute copy. NULL with external storage. */
     int own_storage;
-    float *param_mem;         /* [total_numel] */
-    float *grad_mem;          /* [total_numel] */
-    uint16_t *param_bf16;     /* [total_numel] (BF16 only) */
+    float *param_mem;     /* [total_numel] */
+    float *grad_mem;      /* [total_numel] */
+    uint16_t *param_bf16; /* [total_numel] (BF16 only) */
 };
 
 typedef struct llama3_acts llama3_acts;
@@ -240,8 +240,8 @@ typedef enum {
     LLAMA3_STORAGE_OWN,          /* the layout's buffers, allocated and bound (as llama3_model_init) */
     LLAMA3_STORAGE_NONE          /* a declaration only (planning): no backend memory, nothing may run */
 } llama3_storage;
-int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3_layout *layout,
-                             llama3_storage storage, int max_seq_len, const tetra_ops *ops, char *err, size_t errlen);
+int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3_layout *layout, llama3_storage storage,
+                             int max_seq_len, const tetra_ops *ops, char *err, size_t errlen);
 void llama3_model_free(llama3_model *m);
 
 /* Choose the compute precision (before creating activations). With own storage,
@@ -273,18 +273,18 @@ int llama3_head_unit(const llama3_model *m);
 /* What a block keeps for backward: one bit per activation (the op that makes it).
  * A block keeps the residual stream (its input and output) always. */
 enum {
-    LLAMA3_KEEP_XN1 = 1u << 0,  /* attention_norm output and its rstd */
-    LLAMA3_KEEP_Q = 1u << 1,    /* xn1 Wq^T after RoPE */
-    LLAMA3_KEEP_K = 1u << 2,    /* xn1 Wk^T after RoPE */
-    LLAMA3_KEEP_V = 1u << 3,    /* xn1 Wv^T */
-    LLAMA3_KEEP_ATT = 1u << 4,  /* attention output and its log-sum-exp */
-    LLAMA3_KEEP_H = 1u << 5,    /* residual after attention */
-    LLAMA3_KEEP_XN2 = 1u << 6,  /* ffn_norm output and its rstd */
-    LLAMA3_KEEP_A = 1u << 7,    /* xn2 W1^T */
-    LLAMA3_KEEP_G = 1u << 8,    /* xn2 W3^T */
-    LLAMA3_KEEP_S = 1u << 9,    /* silu(a) * g */
+    LLAMA3_KEEP_XN1 = 1u << 0, /* attention_norm output and its rstd */
+    LLAMA3_KEEP_Q = 1u << 1,   /* xn1 Wq^T after RoPE */
+    LLAMA3_KEEP_K = 1u << 2,   /* xn1 Wk^T after RoPE */
+    LLAMA3_KEEP_V = 1u << 3,   /* xn1 Wv^T */
+    LLAMA3_KEEP_ATT = 1u << 4, /* attention output and its log-sum-exp */
+    LLAMA3_KEEP_H = 1u << 5,   /* residual after attention */
+    LLAMA3_KEEP_XN2 = 1u << 6, /* ffn_norm output and its rstd */
+    LLAMA3_KEEP_A = 1u << 7,   /* xn2 W1^T */
+    LLAMA3_KEEP_G = 1u << 8,   /* xn2 W3^T */
+    LLAMA3_KEEP_S = 1u << 9,   /* silu(a) * g */
     LLAMA3_KEEP_ALL = (1u << 10) - 1u,
-    LLAMA3_KEEP_NONE = 0u       /* only the block's input: the backward recomputes the block */
+    LLAMA3_KEEP_NONE = 0u /* only the block's input: the backward recomputes the block */
 };
 
 /* The stage's shared scratch for microbatches of up to max_b x max_t: the per-pass
@@ -352,8 +352,8 @@ int llama3_acts_keep_logits(const llama3_model *m, llama3_acts *a, int keep);
  * leaves dlogits = dloss_scale * dL/dlogits in the activations, so pass
  * dloss_scale = 1 / (global valid tokens). With targets == NULL the forward stops at
  * the logits (no loss, no backward) and returns 0. */
-double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, const int32_t *targets,
-                      float dloss_scale, int64_t *n_valid);
+double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, const int32_t *targets, float dloss_scale,
+                      int64_t *n_valid);
 /* The pieces, per unit (residual r_0 is the embedding output, block l maps r_l to
  * r_{l+1}, the head reads r_L; l is the global block index): */
 void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *inputs);

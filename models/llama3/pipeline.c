@@ -34,8 +34,8 @@ int llama3_pp_num_stages(int n_layers, int pp, int layers_per_stage, int input_w
     return 0;
 }
 
-int llama3_pp_split(int n_layers, int n_stages, int input_weight, int output_weight, int *layer_start,
-                    int *layer_end, char *err, size_t errlen) {
+int llama3_pp_split(int n_layers, int n_stages, int input_weight, int output_weight, int *layer_start, int *layer_end,
+                    char *err, size_t errlen) {
     if (n_stages < 1) {
         snprintf(err, errlen, "pipeline: need at least one stage");
         return -1;
@@ -49,15 +49,17 @@ int llama3_pp_split(int n_layers, int n_stages, int input_weight, int output_wei
     if (n_stages > eff) {
         snprintf(err, errlen,
                  "pipeline: %d stages but only %d effective layers (%d blocks + %d for the embedding + %d for norm and "
-                 "output): use fewer stages or more layers", n_stages, eff, n_layers, input_weight, output_weight);
+                 "output): use fewer stages or more layers",
+                 n_stages, eff, n_layers, input_weight, output_weight);
         return -1;
     }
     const int per = eff / n_stages, extra = eff % n_stages;
     if (input_weight > per || output_weight > per) {
         snprintf(err, errlen,
                  "pipeline: parallelism.pipeline_parallel_%s_stage_less_layers = %d exceeds the %d effective layers "
-                 "of the smallest stage (%d blocks over %d stages)", input_weight > per ? "first" : "last",
-                 input_weight > per ? input_weight : output_weight, per, n_layers, n_stages);
+                 "of the smallest stage (%d blocks over %d stages)",
+                 input_weight > per ? "first" : "last", input_weight > per ? input_weight : output_weight, per,
+                 n_layers, n_stages);
         return -1;
     }
     int cur = 0;

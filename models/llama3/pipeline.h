@@ -28,7 +28,7 @@ int llama3_pp_num_stages(int n_layers, int pp, int layers_per_stage, int input_w
 /* Blocks [layer_start[s], layer_end[s]) of every stage s < n_stages. 0, or -1 with
  * the rule in err (more stages than effective layers, a weight larger than a
  * stage's share). */
-int llama3_pp_split(int n_layers, int n_stages, int input_weight, int output_weight, int *layer_start,
-                    int *layer_end, char *err, size_t errlen);
+int llama3_pp_split(int n_layers, int n_stages, int input_weight, int output_weight, int *layer_start, int *layer_end,
+                    char *err, size_t errlen);
 
 #endif

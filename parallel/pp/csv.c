@@ -157,8 +157,9 @@ pp_schedule *pp_csv_load(const char *path, int n_ranks, int n_microbatches, pp_c
             }
             if (a->type != PP_IDLE && !pp_action_is_compute(a->type)) comms = 1;
             if (a->type != PP_IDLE && a->type != PP_OVERLAP_F_B && a->mb >= n_microbatches) {
-                snprintf(err, errlen, "%s: rank %d (row %d), cell %d '%.*s': microbatch %d, but the step has %d (0..%d)",
-                         path, r, r + 1, c + 1, CELL_SHOW, cell, a->mb, n_microbatches, n_microbatches - 1);
+                snprintf(err, errlen,
+                         "%s: rank %d (row %d), cell %d '%.*s': microbatch %d, but the step has %d (0..%d)", path, r,
+                         r + 1, c + 1, CELL_SHOW, cell, a->mb, n_microbatches, n_microbatches - 1);
                 goto fail;
             }
             if (p >= e) break;

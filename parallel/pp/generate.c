@@ -120,7 +120,7 @@ static int gen_interleaved_rank(builder *b, int p, int v, int m, int r, int zero
     const pp_action_type bwd = zero_bubble ? PP_I : PP_B;
     int n_bops = 0, n_w = 0;
 #define FWD_STAGE(op) ((((op) / mpr) % v) * p + r)
-#define BWD_STAGE(op) ((v - 1 - (((op) - warmup) / mpr) % v) * p + r)
+#define BWD_STAGE(op) ((v - 1 - (((op)-warmup) / mpr) % v) * p + r)
     idle(b, r, r);
     for (int op = 0; op < total; op++) {
         if (op < warmup) {
@@ -268,12 +268,14 @@ static void gen_zbv(builder *b, int p, int m) {
 typedef struct {
     builder *b;
     int r;
-    int *cnt;   /* [stage][3]: F, I, W */
-    int *wq;    /* (stage, mb) pairs */
+    int *cnt; /* [stage][3]: F, I, W */
+    int *wq;  /* (stage, mb) pairs */
     int wq_head, wq_tail;
 } dpv;
 
-static int *dcnt(dpv *d, int stage, pp_action_type t) { return &d->cnt[stage * 3 + (t == PP_F ? 0 : t == PP_I ? 1 : 2)]; }
+static int *dcnt(dpv *d, int stage, pp_action_type t) {
+    return &d->cnt[stage * 3 + (t == PP_F ? 0 : t == PP_I ? 1 : 2)];
+}
 
 static void dpv_add(dpv *d, int stage, pp_action_type t) {
     int *c = dcnt(d, stage, t == PP_B ? PP_I : t);
@@ -369,8 +371,8 @@ static int gen_dualpipev(builder *b, int p, int m, char *err, size_t errlen) {
 
 /* ---- entry point --------------------------------------------------------------- */
 
-pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_per_rank, int n_microbatches,
-                                  char *err, size_t errlen) {
+pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_per_rank, int n_microbatches, char *err,
+                                  size_t errlen) {
     const char *name = pp_schedule_kind_name(k);
     const int p = n_ranks, v = stages_per_rank, m = n_microbatches;
     if ((int)k < 0 || k >= PP_N_SCHEDULE_KINDS) {
@@ -378,8 +380,9 @@ pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_pe
         return NULL;
     }
     if (p < 1 || v < 1 || m < 1) {
-        snprintf(err, errlen, "schedule %s: pipeline ranks (%d), stages per rank (%d) and microbatches (%d) must be >= 1",
-                 name, p, v, m);
+        snprintf(err, errlen,
+                 "schedule %s: pipeline ranks (%d), stages per rank (%d) and microbatches (%d) must be >= 1", name, p,
+                 v, m);
         return NULL;
     }
     if (pp_schedule_kind_single_stage(k) && v != 1) {
@@ -394,22 +397,25 @@ pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_pe
         return NULL;
     }
     if (k == PP_SCHED_1F1B && m < p) {
-        snprintf(err, errlen, "schedule %s: needs at least as many microbatches as stages, got %d microbatches for %d stages",
-                 name, m, p);
+        snprintf(err, errlen,
+                 "schedule %s: needs at least as many microbatches as stages, got %d microbatches for %d stages", name,
+                 m, p);
         return NULL;
     }
     if (k == PP_SCHED_INTERLEAVED_1F1B || k == PP_SCHED_INTERLEAVED_ZB) {
         const int rounds = m / p > 1 ? m / p : 1;
         if (m % rounds) {
-            snprintf(err, errlen,
-                     "schedule %s: microbatches (%d) must be a multiple of the rounds max(1, microbatches / ranks) = %d",
-                     name, m, rounds);
+            snprintf(
+                err, errlen,
+                "schedule %s: microbatches (%d) must be a multiple of the rounds max(1, microbatches / ranks) = %d",
+                name, m, rounds);
             return NULL;
         }
     }
     if (k == PP_SCHED_DUALPIPEV && m < p * v) {
-        snprintf(err, errlen, "schedule %s: needs at least as many microbatches as stages, got %d microbatches for %d stages",
-                 name, m, p * v);
+        snprintf(err, errlen,
+                 "schedule %s: needs at least as many microbatches as stages, got %d microbatches for %d stages", name,
+                 m, p * v);
         return NULL;
     }
     builder b = {pp_schedule_new(p, p * v, m), 0};
@@ -424,7 +430,8 @@ pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_pe
     case PP_SCHED_LOOPED_BFS: gen_looped_bfs(&b, p, v, m); break;
     case PP_SCHED_INTERLEAVED_1F1B:
     case PP_SCHED_INTERLEAVED_ZB:
-        for (int r = 0; r < p && !rc; r++) rc = gen_interleaved_rank(&b, p, v, m, r, k == PP_SCHED_INTERLEAVED_ZB, err, errlen);
+        for (int r = 0; r < p && !rc; r++)
+            rc = gen_interleaved_rank(&b, p, v, m, r, k == PP_SCHED_INTERLEAVED_ZB, err, errlen);
         break;
     case PP_SCHED_ZBV: gen_zbv(&b, p, m); break;
     case PP_SCHED_DUALPIPEV: rc = gen_dualpipev(&b, p, m, err, errlen); break;

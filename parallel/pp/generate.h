@@ -47,7 +47,7 @@ int pp_stage_to_rank(pp_schedule_kind k, int n_ranks, int n_stages, int stage);
  * InterleavedZeroBubble is ZB-H1); microbatches not a multiple of the
  * rounds (Interleaved1F1B, InterleavedZeroBubble); fewer microbatches than stages
  * (DualPipeV, and 1F1B as PyTorch's Schedule1F1B refuses it). */
-pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_per_rank, int n_microbatches,
-                                  char *err, size_t errlen);
+pp_schedule *pp_schedule_generate(pp_schedule_kind k, int n_ranks, int stages_per_rank, int n_microbatches, char *err,
+                                  size_t errlen);
 
 #endif

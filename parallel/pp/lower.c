@@ -95,8 +95,9 @@ static int add_unshard_reshard(const pp_schedule *c, int r, int max_active, pp_s
             distinct += !dup;
         }
         if (distinct > max_active) {
-            fail(err, errlen, "lower: rank %d, action %d (%s): needs %d stages at once, more than max_active_stages = %d",
-                 r, i, pp_action_str(x, a, sizeof a), distinct, max_active);
+            fail(err, errlen,
+                 "lower: rank %d, action %d (%s): needs %d stages at once, more than max_active_stages = %d", r, i,
+                 pp_action_str(x, a, sizeof a), distinct, max_active);
             goto done;
         }
         /* residency and prefetch windows are the same ("full" lookahead) */
@@ -210,13 +211,13 @@ static int input_ready(const done_table *d, const int *stage_rank, int S, pp_op 
     if (o.type == PP_F) {
         if (o.stage == 0) return 1;
         return is_done(d, K_RECV_F, o.stage, o.mb) ||
-               (stage_rank[o.stage - 1] == stage_rank[o.stage] && is_done(d, K_F, o.stage - 1, o.mb));
+            (stage_rank[o.stage - 1] == stage_rank[o.stage] && is_done(d, K_F, o.stage - 1, o.mb));
     }
     if (o.type == PP_I || o.type == PP_B) {
         if (o.stage == S - 1) return 1;
         int local = stage_rank[o.stage + 1] == stage_rank[o.stage];
         return is_done(d, K_RECV_B, o.stage, o.mb) || (local && is_done(d, K_I, o.stage + 1, o.mb)) ||
-               (local && is_done(d, K_B, o.stage + 1, o.mb));
+            (local && is_done(d, K_B, o.stage + 1, o.mb));
     }
     return 1;
 }
@@ -298,8 +299,8 @@ done:
 static int add_wait_send(const pp_schedule *in, int r, pp_schedule *out) {
     const int S = in->n_stages, M = in->n_microbatches;
     int n = in->len[r], n_pend = 0, oom = 0;
-    pp_action *pend = malloc((size_t)(n ? n : 1) * sizeof *pend);       /* sends in order; type IDLE once waited */
-    int *slot = malloc((size_t)S * (size_t)M * sizeof *slot);           /* SEND_F (stage, mb) -> index in pend */
+    pp_action *pend = malloc((size_t)(n ? n : 1) * sizeof *pend); /* sends in order; type IDLE once waited */
+    int *slot = malloc((size_t)S * (size_t)M * sizeof *slot);     /* SEND_F (stage, mb) -> index in pend */
     if (!pend || !slot) {
         free(pend), free(slot);
         return -1;
@@ -345,9 +346,10 @@ pp_schedule *pp_schedule_lower(const pp_schedule *compute, const pp_lower_option
         for (int i = 0; i < compute->len[r]; i++) {
             const pp_action *x = &compute->acts[r][i];
             if (x->type != PP_IDLE && !pp_action_is_compute(x->type)) {
-                fail(err, errlen,
-                     "lower: rank %d, action %d (%s): a compute-only schedule holds compute actions and idle slots only",
-                     r, i, pp_action_str(x, txt, sizeof txt));
+                fail(
+                    err, errlen,
+                    "lower: rank %d, action %d (%s): a compute-only schedule holds compute actions and idle slots only",
+                    r, i, pp_action_str(x, txt, sizeof txt));
                 return NULL;
             }
         }
@@ -397,13 +399,13 @@ static int peer_stage(const pp_action *x) {
     return x->type == PP_SEND_F || x->type == PP_RECV_B ? x->stage + 1 : x->stage - 1;
 }
 
-#define BAD(r, i, ...)                                                                              \
-    do {                                                                                            \
-        char a_[96], m_[300];                                                                       \
-        snprintf(m_, sizeof m_, __VA_ARGS__);                                                       \
-        fail(err, errlen, "lowered schedule: rank %d, action %d (%s): %s", (r), (i),                \
-             pp_action_str(&s->acts[(r)][(i)], a_, sizeof a_), m_);                                 \
-        goto done;                                                                                  \
+#define BAD(r, i, ...)                                                                                                 \
+    do {                                                                                                               \
+        char a_[96], m_[300];                                                                                          \
+        snprintf(m_, sizeof m_, __VA_ARGS__);                                                                          \
+        fail(err, errlen, "lowered schedule: rank %d, action %d (%s): %s", (r), (i),                                   \
+             pp_action_str(&s->acts[(r)][(i)], a_, sizeof a_), m_);                                                    \
+        goto done;                                                                                                     \
     } while (0)
 
 /* Every action in place on its own list: stages on this rank, inputs before compute,
@@ -427,8 +429,10 @@ static int check_rank(const pp_schedule *s, int r, done_table *seen, char *err, 
                 if (!input_ready(seen, sr, S, l[k])) {
                     int f = l[k].type == PP_F, nb = f ? l[k].stage - 1 : l[k].stage + 1;
                     if (sr[nb] == r)
-                        BAD(r, i, "its input is not there: stage %d's %s of microbatch %d (on this rank) has not run "
-                            "before it", nb, f ? "forward" : "backward", l[k].mb);
+                        BAD(r, i,
+                            "its input is not there: stage %d's %s of microbatch %d (on this rank) has not run "
+                            "before it",
+                            nb, f ? "forward" : "backward", l[k].mb);
                     BAD(r, i, "its input has not arrived: no %d%s%d before it on this rank", l[k].stage,
                         f ? "RECV_F" : "RECV_B", l[k].mb);
                 }
@@ -474,7 +478,8 @@ static int check_rank(const pp_schedule *s, int r, done_table *seen, char *err, 
         mark(seen, x->type, x->stage, x->mb);
     }
     if (pending_reduce >= 0)
-        BAD(r, pending_reduce_at, "the reduction of stage %d is never waited for (no WAIT_REDUCE_GRAD)", pending_reduce);
+        BAD(r, pending_reduce_at, "the reduction of stage %d is never waited for (no WAIT_REDUCE_GRAD)",
+            pending_reduce);
     for (int i = 0; i < s->len[r]; i++) {
         const pp_action *x = &s->acts[r][i];
         if (x->type != PP_SEND_F && x->type != PP_SEND_B) continue;
@@ -499,29 +504,37 @@ static int check_pairs(const pp_schedule *s, char *err, size_t errlen) {
             if (A == B) continue;
             int i = 0, j = 0, n = 0;
             for (;;) {
-                while (i < s->len[A] && !((s->acts[A][i].type == PP_SEND_F || s->acts[A][i].type == PP_SEND_B) &&
-                                          sr[peer_stage(&s->acts[A][i])] == B))
+                while (i < s->len[A] &&
+                       !((s->acts[A][i].type == PP_SEND_F || s->acts[A][i].type == PP_SEND_B) &&
+                         sr[peer_stage(&s->acts[A][i])] == B))
                     i++;
-                while (j < s->len[B] && !((s->acts[B][j].type == PP_RECV_F || s->acts[B][j].type == PP_RECV_B) &&
-                                          sr[peer_stage(&s->acts[B][j])] == A))
+                while (j < s->len[B] &&
+                       !((s->acts[B][j].type == PP_RECV_F || s->acts[B][j].type == PP_RECV_B) &&
+                         sr[peer_stage(&s->acts[B][j])] == A))
                     j++;
                 if (i == s->len[A] && j == s->len[B]) break;
                 if (i == s->len[A]) {
-                    fail(err, errlen, "lowered schedule: rank %d, action %d (%s): receives from rank %d, which sends it no "
-                         "message #%d (it sends only %d)", B, j, pp_action_str(&s->acts[B][j], tb, sizeof tb), A, n + 1, n);
+                    fail(err, errlen,
+                         "lowered schedule: rank %d, action %d (%s): receives from rank %d, which sends it no "
+                         "message #%d (it sends only %d)",
+                         B, j, pp_action_str(&s->acts[B][j], tb, sizeof tb), A, n + 1, n);
                     return -1;
                 }
                 const pp_action *x = &s->acts[A][i];
                 if (j == s->len[B]) {
-                    fail(err, errlen, "lowered schedule: rank %d, action %d (%s): sends to rank %d, which posts no "
-                         "receive #%d (it receives only %d)", A, i, pp_action_str(x, ta, sizeof ta), B, n + 1, n);
+                    fail(err, errlen,
+                         "lowered schedule: rank %d, action %d (%s): sends to rank %d, which posts no "
+                         "receive #%d (it receives only %d)",
+                         A, i, pp_action_str(x, ta, sizeof ta), B, n + 1, n);
                     return -1;
                 }
                 const pp_action *y = &s->acts[B][j];
-                int match = ((x->type == PP_SEND_F && y->type == PP_RECV_F) || (x->type == PP_SEND_B && y->type == PP_RECV_B)) &&
-                            peer_stage(x) == y->stage && x->mb == y->mb;
+                int match = ((x->type == PP_SEND_F && y->type == PP_RECV_F) ||
+                             (x->type == PP_SEND_B && y->type == PP_RECV_B)) &&
+                    peer_stage(x) == y->stage && x->mb == y->mb;
                 if (!match) {
-                    fail(err, errlen, "lowered schedule: message #%d from rank %d to rank %d: rank %d sends %s (action %d) "
+                    fail(err, errlen,
+                         "lowered schedule: message #%d from rank %d to rank %d: rank %d sends %s (action %d) "
                          "but rank %d receives %s (action %d) there; the two lists must order their messages alike",
                          n + 1, A, B, A, pp_action_str(x, ta, sizeof ta), i, B, pp_action_str(y, tb, sizeof tb), j);
                     return -1;

@@ -28,10 +28,10 @@ typedef struct {
     pp_run_stats st;
     posted *msg;
     int n_msg, cap_msg;
-    int *done_bw;      /* [n_stages] B or W actions run per stage */
+    int *done_bw; /* [n_stages] B or W actions run per stage */
     char *err;
     size_t errlen;
-    int pos;           /* the action being run */
+    int pos; /* the action being run */
 } run_ctx;
 
 /* The list running on this thread, for pp_progress (the callbacks run inside it). */
@@ -49,8 +49,7 @@ static int fail(run_ctx *c, const char *why) {
     if (c->pos >= 0 && c->pos < c->s->len[c->rank])
         snprintf(c->err, c->errlen, "schedule: rank %d, action %d (%s): %s", c->rank, c->pos,
                  pp_action_str(&c->s->acts[c->rank][c->pos], b, sizeof b), why);
-    else
-        snprintf(c->err, c->errlen, "schedule: rank %d: %s", c->rank, why);
+    else snprintf(c->err, c->errlen, "schedule: rank %d: %s", c->rank, why);
     return -1;
 }
 
@@ -90,8 +89,8 @@ static int add_msg(run_ctx *c, pp_action_type t, int stage, int mb, comm_p2p_op 
         c->cap_msg = nc;
     }
     const int recv = t == PP_RECV_F || t == PP_RECV_B;
-    *op = (comm_p2p_op){recv, c->ops->buffer(c->ops->user, stage, mb, buffer_of(t)), c->p2p->count, c->p2p->dtype,
-                        peer};
+    *op =
+        (comm_p2p_op){recv, c->ops->buffer(c->ops->user, stage, mb, buffer_of(t)), c->p2p->count, c->p2p->dtype, peer};
     c->msg[c->n_msg++] = (posted){t, stage, mb, NULL};
     if (recv) c->st.recvs++;
     else c->st.sends++;
@@ -219,7 +218,8 @@ int pp_run_rank(const pp_schedule *s, int rank, const pp_stage_ops *ops, const p
         case PP_W:
         case PP_B: rc = compute(&c, a->type, a->stage, a->mb); break;
         case PP_OVERLAP_F_B:
-            for (int k = 0; k < a->n_sub && rc == 0; k++) rc = compute(&c, a->sub[k].type, a->sub[k].stage, a->sub[k].mb);
+            for (int k = 0; k < a->n_sub && rc == 0; k++)
+                rc = compute(&c, a->sub[k].type, a->sub[k].stage, a->sub[k].mb);
             break;
         case PP_UNSHARD: rc = stage_action(&c, ops->unshard, a->stage); break;
         case PP_RESHARD: rc = stage_action(&c, ops->reshard, a->stage); break;

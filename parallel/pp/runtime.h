@@ -67,20 +67,20 @@ typedef struct {
 
 /* The pipeline group and the shape of every message (lowered schedules). */
 typedef struct {
-    comm_group *group;   /* peers are group ranks: the schedule's ranks */
-    size_t count;        /* elements per message */
+    comm_group *group; /* peers are group ranks: the schedule's ranks */
+    size_t count;      /* elements per message */
     comm_dtype dtype;
 } pp_p2p;
 
 /* What one run of a rank's list spent its time on (seconds). */
 typedef struct {
-    double compute_s;    /* inside compute callbacks (F, I, W, B) */
-    double fsdp_s;       /* inside FSDP callbacks */
-    double recv_wait_s;  /* waiting for receives before compute */
-    double send_wait_s;  /* waiting for sends */
-    double total_s;      /* the whole list */
-    double type_s[4];    /* compute time by action type: F, I, W, B (pp_action_type order) */
-    long type_n[4];      /* and how many of each ran */
+    double compute_s;   /* inside compute callbacks (F, I, W, B) */
+    double fsdp_s;      /* inside FSDP callbacks */
+    double recv_wait_s; /* waiting for receives before compute */
+    double send_wait_s; /* waiting for sends */
+    double total_s;     /* the whole list */
+    double type_s[4];   /* compute time by action type: F, I, W, B (pp_action_type order) */
+    long type_n[4];     /* and how many of each ran */
     long sends, recvs;
 } pp_run_stats;
 

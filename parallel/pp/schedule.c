@@ -9,9 +9,7 @@ static const char *const type_names[PP_N_ACTION_TYPES] = {
     "F",      "I",      "W",      "B",      "UNSHARD",     "RESHARD",     "REDUCE_GRAD", "WAIT_REDUCE_GRAD",
     "SEND_F", "RECV_F", "SEND_B", "RECV_B", "WAIT_SEND_F", "WAIT_SEND_B", "OVERLAP_F_B", ""};
 
-const char *pp_action_type_name(pp_action_type t) {
-    return (int)t >= 0 && t < PP_N_ACTION_TYPES ? type_names[t] : "?";
-}
+const char *pp_action_type_name(pp_action_type t) { return (int)t >= 0 && t < PP_N_ACTION_TYPES ? type_names[t] : "?"; }
 
 int pp_action_is_compute(pp_action_type t) {
     return t == PP_F || t == PP_I || t == PP_W || t == PP_B || t == PP_OVERLAP_F_B;
@@ -19,16 +17,14 @@ int pp_action_is_compute(pp_action_type t) {
 
 int pp_action_is_comm(pp_action_type t) {
     return t == PP_SEND_F || t == PP_RECV_F || t == PP_SEND_B || t == PP_RECV_B || t == PP_WAIT_SEND_F ||
-           t == PP_WAIT_SEND_B;
+        t == PP_WAIT_SEND_B;
 }
 
 int pp_action_stage_only(pp_action_type t) {
     return t == PP_UNSHARD || t == PP_RESHARD || t == PP_REDUCE_GRAD || t == PP_WAIT_REDUCE_GRAD;
 }
 
-int pp_action_posts(pp_action_type t) {
-    return t == PP_SEND_F || t == PP_RECV_F || t == PP_SEND_B || t == PP_RECV_B;
-}
+int pp_action_posts(pp_action_type t) { return t == PP_SEND_F || t == PP_RECV_F || t == PP_SEND_B || t == PP_RECV_B; }
 
 int pp_post_batch_end(const pp_action *acts, int len, int i) {
     while (i >= 0 && i < len && pp_action_posts(acts[i].type)) i++;
@@ -46,8 +42,8 @@ char *pp_action_str(const pp_action *a, char *buf, size_t n) {
         int w = snprintf(buf, n, "(");
         k = w > 0 ? (size_t)w : 0;
         for (int i = 0; i < a->n_sub && k < n; i++) {
-            w = snprintf(buf + k, n - k, "%s%d%s%d", i ? ";" : "", a->sub[i].stage,
-                         pp_action_type_name(a->sub[i].type), a->sub[i].mb);
+            w = snprintf(buf + k, n - k, "%s%d%s%d", i ? ";" : "", a->sub[i].stage, pp_action_type_name(a->sub[i].type),
+                         a->sub[i].mb);
             if (w > 0) k += (size_t)w;
         }
         if (k < n) snprintf(buf + k, n - k, ")%s", type_names[PP_OVERLAP_F_B]);
@@ -234,8 +230,8 @@ pp_schedule *pp_schedule_accumulate(int m) {
 enum { SEEN_F = 1, SEEN_I = 2, SEEN_W = 4, SEEN_B = 8 };
 
 /* One compute leaf of rank r at position i: updates owner/seen, or the broken rule in why. */
-static int check_leaf(const pp_schedule *s, int r, pp_action_type t, int stage, int mb, int *owner,
-                      unsigned char *seen, char *why, size_t n) {
+static int check_leaf(const pp_schedule *s, int r, pp_action_type t, int stage, int mb, int *owner, unsigned char *seen,
+                      char *why, size_t n) {
     const int S = s->n_stages, M = s->n_microbatches;
     if (stage < 0 || stage >= S) {
         snprintf(why, n, "stage %d outside 0..%d", stage, S - 1);
@@ -258,8 +254,9 @@ static int check_leaf(const pp_schedule *s, int r, pp_action_type t, int stage, 
         *st |= SEEN_F;
         break;
     case PP_I:
-        w = !(*st & SEEN_F) ? "backward-input before the forward"
-            : (*st & (SEEN_I | SEEN_B)) ? "a second backward" : NULL;
+        w = !(*st & SEEN_F)             ? "backward-input before the forward"
+            : (*st & (SEEN_I | SEEN_B)) ? "a second backward"
+                                        : NULL;
         *st |= SEEN_I;
         break;
     case PP_W:
@@ -334,7 +331,9 @@ int pp_schedule_validate_at(const pp_schedule *s, int *bad_rank, int *bad_pos, c
             unsigned char x = seen[(size_t)st * (size_t)M + (size_t)mb];
             if (!(x & SEEN_F) || !((x & SEEN_B) || ((x & SEEN_I) && (x & SEEN_W)))) {
                 snprintf(rule, rulelen, "stage %d microbatch %d has %s", st, mb,
-                         !(x & SEEN_F) ? "no forward" : (x & SEEN_I) ? "no backward-weight" : "no backward");
+                         !(x & SEEN_F)      ? "no forward"
+                             : (x & SEEN_I) ? "no backward-weight"
+                                            : "no backward");
                 goto done;
             }
         }

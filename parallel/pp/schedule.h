@@ -57,17 +57,17 @@ typedef struct {
 
 typedef struct {
     pp_action_type type;
-    int stage;            /* -1 for OVERLAP_F_B and IDLE */
-    int mb;               /* -1 for the stage-only actions, OVERLAP_F_B and IDLE */
-    int n_sub;            /* OVERLAP_F_B: sub[0..n_sub-1], run in order */
+    int stage; /* -1 for OVERLAP_F_B and IDLE */
+    int mb;    /* -1 for the stage-only actions, OVERLAP_F_B and IDLE */
+    int n_sub; /* OVERLAP_F_B: sub[0..n_sub-1], run in order */
     pp_op sub[PP_MAX_SUB];
 } pp_action;
 
 typedef struct {
     int n_ranks, n_stages, n_microbatches;
-    int *len;            /* [n_ranks] */
-    pp_action **acts;    /* [n_ranks][len[r]] */
-    int *stage_rank;     /* [n_stages] the rank each stage runs on (-1 until known) */
+    int *len;         /* [n_ranks] */
+    pp_action **acts; /* [n_ranks][len[r]] */
+    int *stage_rank;  /* [n_stages] the rank each stage runs on (-1 until known) */
 } pp_schedule;
 
 const char *pp_action_type_name(pp_action_type t); /* "F", "I", ..., "REDUCE_GRAD", "OVERLAP_F_B", "" for IDLE */

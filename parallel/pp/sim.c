@@ -622,8 +622,7 @@ static int streams_check_input(streams *f, char *err, size_t errlen) {
             if (x->stage < 0 || x->stage >= s->n_stages || x->mb < 0 || x->mb >= s->n_microbatches || ps < 0 ||
                 ps >= s->n_stages || s->stage_rank[x->stage] != r || (posts && s->stage_rank[ps] == r))
                 why_not = "not a message between this rank's stage and another rank's";
-            else if (posts && *msg_done(f, x->type, x->stage, x->mb))
-                why_not = "posted a second time";
+            else if (posts && *msg_done(f, x->type, x->stage, x->mb)) why_not = "posted a second time";
             if (why_not) {
                 snprintf(err, errlen, "stream mode: rank %d, action %d (%s): %s", r, i, pp_action_str(x, a, sizeof a),
                          why_not);

@@ -31,12 +31,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define REQUIRE(cond)                                                                     \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                      \
-        }                                                                                 \
+#define REQUIRE(cond)                                                                                                  \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond);                               \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 #if defined(FUZZ_SHARD)

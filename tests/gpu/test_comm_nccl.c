@@ -24,8 +24,6 @@
 #include "parallel/mesh.h"
 #include "tests/check.h"
 
-
-
 static float val(int r, size_t i) { return (float)((r + 1) * 10 + (int)(i % 7)); }
 
 static float *dev(size_t n) {
@@ -53,14 +51,14 @@ static void test_single_rank_nccl(void) {
     for (size_t i = 0; i < n; i++) h[i] = val(0, i);
     up(a, h, n);
     const comm_kind kinds[] = {COMMK_ALL_REDUCE, COMMK_REDUCE_SCATTER, COMMK_ALL_GATHER, COMMK_BROADCAST,
-                               COMMK_ALL_TO_ALL, COMMK_SENDRECV, COMMK_BARRIER};
+                               COMMK_ALL_TO_ALL, COMMK_SENDRECV,       COMMK_BARRIER};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         cudaMemset(b, 0, n * sizeof(float));
         const int inplace = kinds[k] == COMMK_ALL_REDUCE || kinds[k] == COMMK_BROADCAST;
         if (inplace) cudaMemcpy(b, a, n * sizeof(float), cudaMemcpyDeviceToDevice);
         /* after the legacy default stream, where the copies above ran */
-        void *ev = tetra_nccl_start(c, kinds[k], b, inplace ? b : a, n, COMM_F32, COMM_SUM, 0, 0, 1, NULL, err,
-                                    sizeof err);
+        void *ev =
+            tetra_nccl_start(c, kinds[k], b, inplace ? b : a, n, COMM_F32, COMM_SUM, 0, 0, 1, NULL, err, sizeof err);
         CHECK(ev != NULL, "kind %d: %s", (int)kinds[k], err);
         int st = 0;
         while (ev && (st = tetra_nccl_poll(c, ev, err, sizeof err)) == 0) {
@@ -249,7 +247,7 @@ int main(int argc, char **argv) {
         if (check_rank == 0)
             printf("test_comm_nccl: SKIP: %s\n",
                    !tetra_nccl_built() ? "this build has no NCCL backend"
-                   : min_dev == 0      ? "no CUDA device visible"
+                       : min_dev == 0  ? "no CUDA device visible"
                                        : "more ranks than GPUs on a host (NCCL needs one GPU per rank)");
         MPI_Finalize();
         return 0;

@@ -61,8 +61,8 @@
 extern long sim_launches, sim_gemm_calls, sim_sorts, sim_copies;
 #endif
 
-static const tetra_ops *C;  // CPU reference
-static const tetra_ops *G;  // CUDA
+static const tetra_ops *C; // CPU reference
+static const tetra_ops *G; // CUDA
 static int failures = 0, checks = 0;
 
 // ----------------------------------------------------------------------------
@@ -141,7 +141,7 @@ static double bf16_ulps(const uint16_t *got, const uint16_t *ref, size_t n, doub
         int e = 0;
         double ulp = 0.0;
         if (r != 0.0) {
-            frexp(r, &e);                // |r| in [2^(e-1), 2^e): 8 significant bits
+            frexp(r, &e); // |r| in [2^(e-1), 2^e): 8 significant bits
             ulp = ldexp(1.0, e - 8);
         }
         double unit = fmax(ulp, floor_rel * maxref);
@@ -245,22 +245,68 @@ static void test_table(void) {
     report("ops_get(\"auto\") picks cuda", "-", 0, 0, o && !strcmp(o->name, "cuda"));
     int complete = 1;
 #define SLOT(f) complete &= G->f != NULL
-    SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
-    SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
-    SLOT(amax_bf16); SLOT(amax_rows_bf16); SLOT(cast_bf16_to_fp8); SLOT(transpose);
-    SLOT(amax_cols); SLOT(cast_transpose_to_fp8);
-    SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
-    SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
-    SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
-    SLOT(rope_forward); SLOT(rope_backward); SLOT(swiglu_forward); SLOT(swiglu_backward);
-    SLOT(attention_workspace_size); SLOT(attention_forward); SLOT(attention_backward); SLOT(attention_merge);
-    SLOT(cross_entropy); SLOT(ce_shard_max); SLOT(ce_shard_sums); SLOT(ce_shard_finish); SLOT(adamw_step);
+    SLOT(alloc);
+    SLOT(release);
+    SLOT(copy_h2d);
+    SLOT(copy_d2h);
+    SLOT(copy);
+    SLOT(synchronize);
+    SLOT(fill);
+    SLOT(scale);
+    SLOT(axpy);
+    SLOT(add);
+    SLOT(sum_squares);
+    SLOT(sum);
+    SLOT(amax);
+    SLOT(amax_rows);
+    SLOT(amax_bf16);
+    SLOT(amax_rows_bf16);
+    SLOT(cast_bf16_to_fp8);
+    SLOT(transpose);
+    SLOT(amax_cols);
+    SLOT(cast_transpose_to_fp8);
+    SLOT(cast_f32_to_bf16);
+    SLOT(cast_bf16_to_f32);
+    SLOT(cast_f32_to_fp8);
+    SLOT(cast_fp8_to_f32);
+    SLOT(fp8_scale_from_amax);
+    SLOT(gemm);
+    SLOT(embedding_forward);
+    SLOT(embedding_backward);
+    SLOT(rmsnorm_forward);
+    SLOT(rmsnorm_backward_input);
+    SLOT(rmsnorm_backward_weight);
+    SLOT(rope_forward);
+    SLOT(rope_backward);
+    SLOT(swiglu_forward);
+    SLOT(swiglu_backward);
+    SLOT(attention_workspace_size);
+    SLOT(attention_forward);
+    SLOT(attention_backward);
+    SLOT(attention_merge);
+    SLOT(cross_entropy);
+    SLOT(ce_shard_max);
+    SLOT(ce_shard_sums);
+    SLOT(ce_shard_finish);
+    SLOT(adamw_step);
     SLOT(adamw_step_bf16);
-    SLOT(embedding_forward_bf16); SLOT(embedding_backward_bf16); SLOT(rmsnorm_forward_bf16);
-    SLOT(rmsnorm_backward_input_bf16); SLOT(rmsnorm_backward_weight_bf16); SLOT(rope_forward_bf16);
-    SLOT(rope_backward_bf16); SLOT(swiglu_forward_bf16); SLOT(swiglu_backward_bf16);
-    SLOT(attention_workspace_size_bf16); SLOT(attention_forward_bf16); SLOT(attention_backward_bf16);
-    SLOT(alloc_count); SLOT(allocated_bytes); SLOT(memory_freeze); SLOT(device_memory); SLOT(compute_stream);
+    SLOT(embedding_forward_bf16);
+    SLOT(embedding_backward_bf16);
+    SLOT(rmsnorm_forward_bf16);
+    SLOT(rmsnorm_backward_input_bf16);
+    SLOT(rmsnorm_backward_weight_bf16);
+    SLOT(rope_forward_bf16);
+    SLOT(rope_backward_bf16);
+    SLOT(swiglu_forward_bf16);
+    SLOT(swiglu_backward_bf16);
+    SLOT(attention_workspace_size_bf16);
+    SLOT(attention_forward_bf16);
+    SLOT(attention_backward_bf16);
+    SLOT(alloc_count);
+    SLOT(allocated_bytes);
+    SLOT(memory_freeze);
+    SLOT(device_memory);
+    SLOT(compute_stream);
     SLOT(set_deterministic);
     complete &= C->adamw_step_bf16 != NULL;
 #undef SLOT
@@ -277,11 +323,12 @@ static void test_elementwise(void) {
     const size_t sizes[] = {1, 5, 1000, ((size_t)1 << 20) + 3};
     char shape[96];
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (int off = 0; off < 2; off++) {  // off = 1: pointers not 16-byte aligned
+        for (int off = 0; off < 2; off++) { // off = 1: pointers not 16-byte aligned
             size_t n = sizes[si], tot = n + 1;
             snprintf(shape, sizeof shape, "n=%zu%s", n, off ? " unaligned" : "");
             float *x = hrandn(tot, 1), *y = hrandn(tot, 1), *z = hrandn(tot, 1);
-            float *dx = (float *)dup_gpu(x, tot * 4), *dy = (float *)dup_gpu(y, tot * 4), *dz = (float *)dup_gpu(z, tot * 4);
+            float *dx = (float *)dup_gpu(x, tot * 4), *dy = (float *)dup_gpu(y, tot * 4),
+                  *dz = (float *)dup_gpu(z, tot * 4);
             float *hy = (float *)hdup(y, tot * 4);
 
             C->fill(hy + off, 3.25f, n);
@@ -330,8 +377,14 @@ static void test_elementwise(void) {
             G->copy_d2h(&am_g, ds, 4);
             check_bits("amax", shape, &am_g, &am_c, 4);
             G->release(ds);
-            free(x); free(y); free(z); free(hy); free(hz);
-            G->release(dx); G->release(dy); G->release(dz);
+            free(x);
+            free(y);
+            free(z);
+            free(hy);
+            free(hz);
+            G->release(dx);
+            G->release(dy);
+            G->release(dz);
         }
     }
     // amax: NaN propagates, n = 0 gives 0; amax_rows
@@ -354,14 +407,16 @@ static void test_elementwise(void) {
         report("amax of nothing", "n=0", 0, 0, c_zero == 0.0f && g_zero == 0.0f);
         x[4321] = 1.0f;
         G->copy_h2d(dx, x, n * 4);
-        const int rows = 37, cols = 135;  // 4995 elements
+        const int rows = 37, cols = 135; // 4995 elements
         float hr[37], *gr;
         C->amax_rows(hr, x, rows, cols);
         G->amax_rows(dout, dx, rows, cols);
         gr = (float *)from_gpu(dout, rows * 4);
         check_bits("amax_rows", "37 x 135", gr, hr, rows * 4);
-        free(gr); free(x);
-        G->release(dx); G->release(dout);
+        free(gr);
+        free(x);
+        G->release(dx);
+        G->release(dout);
     }
     // bf16 sources of fp8 scaling: amax, amax_rows and the fp8 cast of bf16 x equal the
     // fp32 ops on x widened (CPU), on both backends; 8-byte aligned (word loads) and
@@ -374,7 +429,7 @@ static void test_elementwise(void) {
         for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) x[i * 11 + 3] = edge[i];
         uint16_t *xb = (uint16_t *)malloc(cap * 2);
         C->cast_f32_to_bf16(xb, x, cap);
-        C->cast_bf16_to_f32(x, xb, cap);  // x: exactly the bf16 values
+        C->cast_bf16_to_f32(x, xb, cap); // x: exactly the bf16 values
         uint16_t *dxb = (uint16_t *)dup_gpu(xb, cap * 2);
         float *dout = (float *)G->alloc(1024 * 4), c_am, c_am32, g_am;
         const size_t bsizes[] = {1, 7, 5003, 100003};
@@ -420,12 +475,14 @@ static void test_elementwise(void) {
             const int rows = bshapes[sh][0], cols = bshapes[sh][1];
             const size_t n = (size_t)rows * cols;
             for (int fi = 0; fi < 2; fi++) {
-                for (int mode = 0; mode < 3; mode++) {  // no scale, tensorwise, rowwise
+                for (int mode = 0; mode < 3; mode++) { // no scale, tensorwise, rowwise
                     for (int off = 0; off < 2; off++) {
                         const float *sc = mode ? scale : NULL, *dsc = mode ? dscale : NULL;
                         char name[64], bshape[64];
                         snprintf(name, sizeof name, "cast bf16->%s%s", fi ? "e5m2" : "e4m3",
-                                 mode == 0 ? " noscale" : mode == 2 ? " rowwise" : "");
+                                 mode == 0       ? " noscale"
+                                     : mode == 2 ? " rowwise"
+                                                 : "");
                         snprintf(bshape, sizeof bshape, "%d x %d%s", rows, cols, off ? " unaligned" : "");
                         C->cast_bf16_to_fp8(hq, xb + off, sc, mode == 2, rows, cols, fmts[fi]);
                         C->cast_f32_to_fp8(hq32, x + off, sc, mode == 2, rows, cols, fmts[fi]);
@@ -439,8 +496,15 @@ static void test_elementwise(void) {
             }
         }
         report("cast bf16->fp8 (cpu) == f32->fp8", "every case above", (double)cpu_diff, 0.0, cpu_diff == 0);
-        free(x); free(xb); free(scale); free(hq); free(hq32);
-        G->release(dxb); G->release(dout); G->release(dscale); G->release(dq);
+        free(x);
+        free(xb);
+        free(scale);
+        free(hq);
+        free(hq32);
+        G->release(dxb);
+        G->release(dout);
+        G->release(dscale);
+        G->release(dq);
     }
     // amax_cols and cast_transpose_to_fp8 (fp32 and bf16 x): on the CPU, equal to amax_rows
     // and the rowwise cast of x's fp32 transpose; on the device, equal to the CPU. Shapes
@@ -451,7 +515,7 @@ static void test_elementwise(void) {
             const int rows = tshapes[ts][0], cols = tshapes[ts][1];
             const size_t n = (size_t)rows * cols;
             float *x = hrandn(n, 3.0f);
-            for (size_t i = 0; i < n; i += 97) x[i] = ldexpf(x[i], 14);  // saturating values
+            for (size_t i = 0; i < n; i += 97) x[i] = ldexpf(x[i], 14); // saturating values
             if (n > 40) x[40] = NAN;
             uint16_t *xb = (uint16_t *)malloc(n * 2);
             C->cast_f32_to_bf16(xb, x, n);
@@ -490,10 +554,21 @@ static void test_elementwise(void) {
                     check_bits(name, bshape, gq, hq, n);
                     free(gq);
                 }
-                free(ca); free(cr); free(ga); free(scale); free(hq); free(hq2);
-                G->release(dx); G->release(da); G->release(dscale); G->release(dq);
+                free(ca);
+                free(cr);
+                free(ga);
+                free(scale);
+                free(hq);
+                free(hq2);
+                G->release(dx);
+                G->release(da);
+                G->release(dscale);
+                G->release(dq);
             }
-            free(x); free(xb); free(xw); free(xt);
+            free(x);
+            free(xb);
+            free(xw);
+            free(xt);
         }
     }
     // transpose: partial tiles at both edges, one row, one column, several tiles each way
@@ -515,8 +590,11 @@ static void test_elementwise(void) {
             snprintf(tshape, sizeof tshape, "%d x %d (+1 guard)", rows, cols);
             check_bits("transpose", tshape, gout, hout, (n + 1) * 4);
             report("transpose guard untouched", tshape, 0, 0, hout[n] == -7.0f && gout[n] == -7.0f);
-            free(x); free(hout); free(gout);
-            G->release(dx); G->release(dout);
+            free(x);
+            free(hout);
+            free(gout);
+            G->release(dx);
+            G->release(dout);
         }
     }
 }
@@ -531,9 +609,29 @@ static void test_casts(void) {
     // a spread of magnitudes plus the edge cases: ties, saturation, inf, NaN, signed
     // zero, subnormals of both formats
     for (size_t i = 0; i < n; i++) x[i] = randn() * ldexpf(1.0f, (int)(rnd() % 40) - 24);
-    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 449.0f, 464.0f, -500.0f, 57344.0f,
-                             61440.0f, 1e30f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, ldexpf(1.0f, -9), ldexpf(3.0f, -11),
-                             ldexpf(1.0f, -16), ldexpf(1.5f, -17), 1e-40f, -1e-45f, 3.0e38f, 1.00390625f, 1.01171875f};
+    const float special[] = {0.0f,
+                             -0.0f,
+                             INFINITY,
+                             -INFINITY,
+                             NAN,
+                             448.0f,
+                             449.0f,
+                             464.0f,
+                             -500.0f,
+                             57344.0f,
+                             61440.0f,
+                             1e30f,
+                             1.0f + 1.0f / 256,
+                             1.0f + 3.0f / 256,
+                             ldexpf(1.0f, -9),
+                             ldexpf(3.0f, -11),
+                             ldexpf(1.0f, -16),
+                             ldexpf(1.5f, -17),
+                             1e-40f,
+                             -1e-45f,
+                             3.0e38f,
+                             1.00390625f,
+                             1.01171875f};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[i * 7] = special[i];
     float *dx = (float *)dup_gpu(x, n * 4);
     char shape[64];
@@ -551,7 +649,8 @@ static void test_casts(void) {
     G->cast_bf16_to_f32(df, db, n);
     gf = (float *)from_gpu(df, n * 4);
     check_bits("cast bf16->f32", shape, gf, hf, n * 4);
-    free(gb); free(gf);
+    free(gb);
+    free(gf);
 
     float *scale = hrandn(rows, 1);
     for (int r = 0; r < rows; r++) scale[r] = fabsf(scale[r]) * 4.0f + 0.01f;
@@ -606,22 +705,29 @@ static void test_casts(void) {
             G->fp8_scale_from_amax(dsc, dinv, damax + k, 64, bc != 0, OPS_FP8_E4M3_MAX, pow2);
             gs = (float *)from_gpu(dsc, sizeof amax);
             ginv = (float *)from_gpu(dinv, sizeof amax);
-            if (bc)
-                snprintf(sshape, sizeof sshape, "n=64 broadcast amax[%d]: scale", k);
-            else
-                snprintf(sshape, sizeof sshape, "n=64 with inv_scale: scale");
+            if (bc) snprintf(sshape, sizeof sshape, "n=64 broadcast amax[%d]: scale", k);
+            else snprintf(sshape, sizeof sshape, "n=64 with inv_scale: scale");
             check_bits(name, sshape, gs, hs, sizeof hs);
-            if (bc)
-                snprintf(sshape, sizeof sshape, "n=64 broadcast amax[%d]: inv_scale", k);
-            else
-                snprintf(sshape, sizeof sshape, "n=64 with inv_scale: inv_scale");
+            if (bc) snprintf(sshape, sizeof sshape, "n=64 broadcast amax[%d]: inv_scale", k);
+            else snprintf(sshape, sizeof sshape, "n=64 with inv_scale: inv_scale");
             check_bits(name, sshape, ginv, hinv, sizeof hinv);
-            free(gs); free(ginv);
+            free(gs);
+            free(ginv);
         }
     }
-    G->release(damax); G->release(dsc); G->release(dinv);
-    free(x); free(hb); free(hf); free(scale); free(hq);
-    G->release(dx); G->release(db); G->release(df); G->release(dscale); G->release(dq);
+    G->release(damax);
+    G->release(dsc);
+    G->release(dinv);
+    free(x);
+    free(hb);
+    free(hf);
+    free(scale);
+    free(hq);
+    G->release(dx);
+    G->release(db);
+    G->release(df);
+    G->release(dscale);
+    G->release(dq);
 }
 
 // ----------------------------------------------------------------------------
@@ -631,7 +737,7 @@ typedef struct {
     tetra_dtype at, bt, ct;
     int ta, tb, m, n, k, pad, batch;
     float alpha, beta;
-    int scales;  // 0 none, 1 tensorwise, 2 rowwise
+    int scales; // 0 none, 1 tensorwise, 2 rowwise
     int fast;
     double tol;
 } gemm_case;
@@ -663,8 +769,7 @@ static void *make_operand(tetra_dtype t, size_t elems, float qscale) {
 }
 
 static void c_to_float(float *dst, const void *src, tetra_dtype t, size_t n) {
-    if (t == TETRA_F32)
-        memcpy(dst, src, n * 4);
+    if (t == TETRA_F32) memcpy(dst, src, n * 4);
     else
         for (size_t i = 0; i < n; i++) dst[i] = tetra_bf16_to_f32(((const uint16_t *)src)[i]);
 }
@@ -735,8 +840,17 @@ static void run_gemm(const gemm_case *gc) {
              gc->m, gc->n, gc->k, gc->pad ? " pad" : "", gc->scales == 1 ? " tw" : (gc->scales == 2 ? " rw" : ""),
              batch, (double)gc->alpha, (double)gc->beta, gc->fast ? " fast" : "", "");
     check_close(name, shape, got, ref, nc, gc->tol);
-    free(a); free(b); free(c); free(gcv); free(ref); free(got); free(sa); free(sb);
-    G->release(da); G->release(db); G->release(dc);
+    free(a);
+    free(b);
+    free(c);
+    free(gcv);
+    free(ref);
+    free(got);
+    free(sa);
+    free(sb);
+    G->release(da);
+    G->release(db);
+    G->release(dc);
     if (dsa) G->release(dsa);
     if (dsb) G->release(dsb);
 }
@@ -811,7 +925,7 @@ static void test_embedding(void) {
     const int n = 300, c = 70, vocab = 50;
     int32_t tok[300];
     for (int i = 0; i < n; i++) tok[i] = (int32_t)(rnd() % vocab);
-    const int shards[2][2] = {{0, 50}, {10, 25}};  // (v_start, v_local): whole table, a middle shard
+    const int shards[2][2] = {{0, 50}, {10, 25}}; // (v_start, v_local): whole table, a middle shard
     for (int s = 0; s < 2; s++) {
         int v0 = shards[s][0], vl = shards[s][1];
         char shape[64];
@@ -831,8 +945,16 @@ static void test_embedding(void) {
         G->embedding_backward(ddw, dgy, dtok, n, c, v0, vl);
         got = (float *)from_gpu(ddw, (size_t)vl * c * 4);
         check_bits("embedding_backward (+=)", shape, got, dw, (size_t)vl * c * 4);
-        free(got); free(wte); free(out); free(gy); free(dw);
-        G->release(dwte); G->release(dout); G->release(dtok); G->release(dgy); G->release(ddw);
+        free(got);
+        free(wte);
+        free(out);
+        free(gy);
+        free(dw);
+        G->release(dwte);
+        G->release(dout);
+        G->release(dtok);
+        G->release(dgy);
+        G->release(ddw);
     }
 }
 
@@ -848,7 +970,8 @@ static void test_rmsnorm(void) {
         snprintf(shape, sizeof shape, "n%d c%d", n, c);
         float *x = hrandn(nc, 2), *w = hrandn(c, 1), *dy = hrandn(nc, 1), *dx0 = hrandn(nc, 1), *dw0 = hrandn(c, 1);
         float *out = (float *)malloc(nc * 4), *rstd = (float *)malloc((size_t)n * 4);
-        float *d_x = (float *)dup_gpu(x, nc * 4), *d_w = (float *)dup_gpu(w, c * 4), *d_dy = (float *)dup_gpu(dy, nc * 4);
+        float *d_x = (float *)dup_gpu(x, nc * 4), *d_w = (float *)dup_gpu(w, c * 4),
+              *d_dy = (float *)dup_gpu(dy, nc * 4);
         float *d_out = (float *)G->alloc(nc * 4), *d_rstd = (float *)G->alloc((size_t)n * 4);
         float *d_dx = (float *)dup_gpu(dx0, nc * 4), *d_dw = (float *)dup_gpu(dw0, c * 4);
         C->rmsnorm_forward(out, rstd, x, w, n, c, 1e-5f);
@@ -871,10 +994,24 @@ static void test_rmsnorm(void) {
         G->rmsnorm_backward_weight(d_dw, d_dy, d_x, d_rstd, n, c);
         float *g4 = (float *)from_gpu(d_dw, c * 4);
         check_close("rmsnorm_backward_weight (+=)", shape, g4, dw0, c, 1e-5);
-        free(g1); free(g2); free(g3); free(g4);
-        free(x); free(w); free(dy); free(dx0); free(dw0); free(out); free(rstd);
-        G->release(d_x); G->release(d_w); G->release(d_dy); G->release(d_out); G->release(d_rstd);
-        G->release(d_dx); G->release(d_dw);
+        free(g1);
+        free(g2);
+        free(g3);
+        free(g4);
+        free(x);
+        free(w);
+        free(dy);
+        free(dx0);
+        free(dw0);
+        free(out);
+        free(rstd);
+        G->release(d_x);
+        G->release(d_w);
+        G->release(d_dy);
+        G->release(d_out);
+        G->release(d_rstd);
+        G->release(d_dx);
+        G->release(d_dw);
     }
 }
 
@@ -887,14 +1024,14 @@ static void test_rope(void) {
     int32_t pos[37];
     for (int i = 0; i < s; i++) pos[i] = (int32_t)(rnd() % max_pos);
     int32_t *dpos = (int32_t *)dup_gpu(pos, sizeof pos);
-    for (int mode = 0; mode < 2; mode++) {  // 0: offset positions, 1: explicit positions
+    for (int mode = 0; mode < 2; mode++) { // 0: offset positions, 1: explicit positions
         for (int bwd = 0; bwd < 2; bwd++) {
             float *x = hrandn(n, 1), *out = (float *)malloc(n * 4);
             float *dx = (float *)dup_gpu(x, n * 4), *dout = (float *)G->alloc(n * 4);
             if (!bwd) {
                 C->rope_forward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d);
                 G->rope_forward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
-                G->rope_forward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);  // in place
+                G->rope_forward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d); // in place
             } else {
                 C->rope_backward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d);
                 G->rope_backward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
@@ -904,12 +1041,17 @@ static void test_rope(void) {
             const char *shape = mode ? "b2 s37 nh3 d16 pos[]" : "b2 s37 nh3 d16 offset 50";
             check_close(bwd ? "rope_backward" : "rope_forward", shape, g1, out, n, 1e-6);
             check_close(bwd ? "rope_backward in place" : "rope_forward in place", shape, g2, out, n, 1e-6);
-            free(g1); free(g2); free(x); free(out);
-            G->release(dx); G->release(dout);
+            free(g1);
+            free(g2);
+            free(x);
+            free(out);
+            G->release(dx);
+            G->release(dout);
         }
     }
     free(table);
-    G->release(dtable); G->release(dpos);
+    G->release(dtable);
+    G->release(dpos);
 }
 
 static void test_swiglu(void) {
@@ -924,12 +1066,22 @@ static void test_swiglu(void) {
     check_close("swiglu_forward", "n=100007", r, out, n, 1e-5);
     free(r);
     C->swiglu_backward(da, dg, dy, a, g, n);
-    G->swiglu_backward(d_a, d_g, d_dy, d_a, d_g, n);  // in place, as the model calls it
+    G->swiglu_backward(d_a, d_g, d_dy, d_a, d_g, n); // in place, as the model calls it
     float *ra = (float *)from_gpu(d_a, n * 4), *rg = (float *)from_gpu(d_g, n * 4);
     check_close("swiglu_backward da (in place)", "n=100007", ra, da, n, 1e-5);
     check_close("swiglu_backward dg (in place)", "n=100007", rg, dg, n, 1e-5);
-    free(ra); free(rg); free(a); free(g); free(dy); free(out); free(da); free(dg);
-    G->release(d_a); G->release(d_g); G->release(d_dy); G->release(d_out);
+    free(ra);
+    free(rg);
+    free(a);
+    free(g);
+    free(dy);
+    free(out);
+    free(da);
+    free(dg);
+    G->release(d_a);
+    G->release(d_g);
+    G->release(d_dy);
+    G->release(d_out);
 }
 
 // ----------------------------------------------------------------------------
@@ -962,7 +1114,8 @@ static void test_embedding_bf16(void) {
             float *wf = widen(wte, nw), *of = (float *)malloc(no * 4);
             C->embedding_forward(of, tok, wf, n, c, v0, vl);
             narrow(out, of, no);
-            free(wf); free(of);
+            free(wf);
+            free(of);
         }
         G->embedding_forward_bf16(d_out, dtok, d_wte, n, c, v0, vl);
         uint16_t *got = (uint16_t *)from_gpu(d_out, no * 2);
@@ -985,8 +1138,16 @@ static void test_embedding_bf16(void) {
         G->embedding_backward_bf16(d_dw, d_gy, dtok, n, c, v0, vl);
         float *gw = (float *)from_gpu(d_dw, nw * 4);
         check_bits("embedding_backward_bf16 (+=)", shape, gw, dw, nw * 4);
-        free(gw); free(wte); free(out); free(gy); free(dw);
-        G->release(dtok); G->release(d_wte); G->release(d_out); G->release(d_gy); G->release(d_dw);
+        free(gw);
+        free(wte);
+        free(out);
+        free(gy);
+        free(dw);
+        G->release(dtok);
+        G->release(d_wte);
+        G->release(d_out);
+        G->release(d_gy);
+        G->release(d_dw);
     }
 }
 
@@ -1037,17 +1198,32 @@ static void test_rmsnorm_bf16(void) {
         check_bf16("rmsnorm_bwd_input_bf16 (+=)", shape, g3, dx, nc, 1e-5, 1.0);
 
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_backward_weight_bf16));
-        if (C->rmsnorm_backward_weight_bf16)
-            C->rmsnorm_backward_weight_bf16(dw, dy, x, rstd, n, c);
-        else
-            C->rmsnorm_backward_weight(dw, dyf, xf, rstd, n, c);
+        if (C->rmsnorm_backward_weight_bf16) C->rmsnorm_backward_weight_bf16(dw, dy, x, rstd, n, c);
+        else C->rmsnorm_backward_weight(dw, dyf, xf, rstd, n, c);
         G->rmsnorm_backward_weight_bf16(d_dw, d_dy, d_x, d_rstd, n, c);
         float *g4 = (float *)from_gpu(d_dw, c * 4);
         check_close("rmsnorm_bwd_weight_bf16 (+=)", shape, g4, dw, c, 1e-5);
-        free(g1); free(g2); free(g3); free(g4);
-        free(x); free(w); free(dy); free(dx); free(dw); free(out); free(rstd); free(xf); free(wf); free(dyf);
-        G->release(d_x); G->release(d_w); G->release(d_dy); G->release(d_dx); G->release(d_out);
-        G->release(d_rstd); G->release(d_dw);
+        free(g1);
+        free(g2);
+        free(g3);
+        free(g4);
+        free(x);
+        free(w);
+        free(dy);
+        free(dx);
+        free(dw);
+        free(out);
+        free(rstd);
+        free(xf);
+        free(wf);
+        free(dyf);
+        G->release(d_x);
+        G->release(d_w);
+        G->release(d_dy);
+        G->release(d_dx);
+        G->release(d_out);
+        G->release(d_rstd);
+        G->release(d_dw);
     }
 }
 
@@ -1073,11 +1249,12 @@ static void test_rope_bf16(void) {
                 float *xf = widen(x, n), *of = (float *)malloc(n * 4);
                 (bwd ? C->rope_backward : C->rope_forward)(of, xf, table, hp, 50, b, s, nh, d);
                 narrow(out, of, n);
-                free(xf); free(of);
+                free(xf);
+                free(of);
             }
             if (!bwd) {
                 G->rope_forward_bf16(dout, dx, dtable, gp, 50, b, s, nh, d);
-                G->rope_forward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d);  // in place
+                G->rope_forward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d); // in place
             } else {
                 G->rope_backward_bf16(dout, dx, dtable, gp, 50, b, s, nh, d);
                 G->rope_backward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d);
@@ -1089,12 +1266,17 @@ static void test_rope_bf16(void) {
             check_bf16(bwd ? "rope_backward_bf16" : "rope_forward_bf16", shape, g1, out, n, 1e-6, 1.0);
             check_bf16(bwd ? "rope_backward_bf16 in place" : "rope_forward_bf16 in place", shape, g2, out, n, 1e-6,
                        1.0);
-            free(g1); free(g2); free(x); free(out);
-            G->release(dx); G->release(dout);
+            free(g1);
+            free(g2);
+            free(x);
+            free(out);
+            G->release(dx);
+            G->release(dout);
         }
     }
     free(table);
-    G->release(dtable); G->release(dpos);
+    G->release(dtable);
+    G->release(dpos);
 }
 
 static void test_swiglu_bf16(void) {
@@ -1126,14 +1308,28 @@ static void test_swiglu_bf16(void) {
         C->swiglu_backward(daf, dgf, dyf, af, gf, n);
         narrow(da, daf, n);
         narrow(dg, dgf, n);
-        free(daf); free(dgf);
+        free(daf);
+        free(dgf);
     }
-    G->swiglu_backward_bf16(d_a, d_g, d_dy, d_a, d_g, n);  // in place, as the model calls it
+    G->swiglu_backward_bf16(d_a, d_g, d_dy, d_a, d_g, n); // in place, as the model calls it
     uint16_t *ra = (uint16_t *)from_gpu(d_a, n * 2), *rg = (uint16_t *)from_gpu(d_g, n * 2);
     check_bf16("swiglu_bwd_bf16 da (in place)", shape, ra, da, n, 1e-5, 1.0);
     check_bf16("swiglu_bwd_bf16 dg (in place)", shape, rg, dg, n, 1e-5, 1.0);
-    free(ra); free(rg); free(a); free(g); free(dy); free(out); free(da); free(dg); free(af); free(gf); free(dyf);
-    G->release(d_a); G->release(d_g); G->release(d_dy); G->release(d_out);
+    free(ra);
+    free(rg);
+    free(a);
+    free(g);
+    free(dy);
+    free(out);
+    free(da);
+    free(dg);
+    free(af);
+    free(gf);
+    free(dyf);
+    G->release(d_a);
+    G->release(d_g);
+    G->release(d_dy);
+    G->release(d_out);
 }
 
 // ----------------------------------------------------------------------------
@@ -1167,10 +1363,12 @@ static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int
              doc ? "block_causal" : (causal ? "causal" : "full"), qo, ko);
     float *q = hrandn(nq, 1), *k = hrandn(nk, 1), *v = hrandn(nk, 1), *dout = hrandn(nq, 1);
     float *out = (float *)malloc(nq * 4), *lse = (float *)malloc(nl * 4);
-    float *dq = hrandn(nq, 1), *dk = hrandn(nk, 1), *dv = hrandn(nk, 1);  // accumulated into
+    float *dq = hrandn(nq, 1), *dk = hrandn(nk, 1), *dv = hrandn(nk, 1); // accumulated into
     float *d_q = (float *)dup_gpu(q, nq * 4), *d_k = (float *)dup_gpu(k, nk * 4), *d_v = (float *)dup_gpu(v, nk * 4);
-    float *d_do = (float *)dup_gpu(dout, nq * 4), *d_out = (float *)G->alloc(nq * 4), *d_lse = (float *)G->alloc(nl * 4);
-    float *d_dq = (float *)dup_gpu(dq, nq * 4), *d_dk = (float *)dup_gpu(dk, nk * 4), *d_dv = (float *)dup_gpu(dv, nk * 4);
+    float *d_do = (float *)dup_gpu(dout, nq * 4), *d_out = (float *)G->alloc(nq * 4),
+          *d_lse = (float *)G->alloc(nl * 4);
+    float *d_dq = (float *)dup_gpu(dq, nq * 4), *d_dk = (float *)dup_gpu(dk, nk * 4),
+          *d_dv = (float *)dup_gpu(dv, nk * 4);
     void *ws = G->alloc(G->attention_workspace_size(&s));
 
     C->attention_forward(out, lse, q, k, v, &s, NULL);
@@ -1190,23 +1388,43 @@ static void test_attention_case(int b, int sq, int sk, int h, int kv, int d, int
     check_close("attention_backward dk (+=)", shape, g_dk, dk, nk, 1e-4);
     check_close("attention_backward dv (+=)", shape, g_dv, dv, nk, 1e-4);
 
-    free(q); free(k); free(v); free(dout); free(out); free(lse); free(dq); free(dk); free(dv);
-    free(g_out); free(g_lse); free(g_dq); free(g_dk); free(g_dv);
-    G->release(d_q); G->release(d_k); G->release(d_v); G->release(d_do); G->release(d_out); G->release(d_lse);
-    G->release(d_dq); G->release(d_dk); G->release(d_dv); G->release(ws);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(lse);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(g_out);
+    free(g_lse);
+    free(g_dq);
+    free(g_dk);
+    free(g_dv);
+    G->release(d_q);
+    G->release(d_k);
+    G->release(d_v);
+    G->release(d_do);
+    G->release(d_out);
+    G->release(d_lse);
+    G->release(d_dq);
+    G->release(d_dk);
+    G->release(d_dv);
+    G->release(ws);
     if (doc) G->release((void *)sg.doc);
 }
 
 static void test_attention(void) {
     test_attention_case(1, 1, 1, 1, 1, 16, 1, 0, 0, NULL, 0);
-    test_attention_case(2, 67, 67, 4, 2, 16, 1, 0, 0, NULL, 0);      // the debug model's head dim, GQA
+    test_attention_case(2, 67, 67, 4, 2, 16, 1, 0, 0, NULL, 0); // the debug model's head dim, GQA
     test_attention_case(1, 130, 130, 8, 8, 64, 1, 0, 0, NULL, 0);
-    test_attention_case(2, 45, 77, 6, 3, 40, 0, 0, 0, NULL, 0);      // full attention, odd head dim
-    test_attention_case(1, 64, 64, 4, 1, 128, 1, 64, 0, NULL, 0);    // ring block: every key visible
-    test_attention_case(1, 64, 96, 4, 2, 128, 1, 0, 32, NULL, 0);    // ring block: rows 0..31 see nothing
-    test_attention_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);    // fully masked block pair
-    test_attention_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);    // head dim 256
-    test_attention_case(1, 200, 200, 8, 2, 128, 1, 0, 0, NULL, 0);   // Llama 3 head dim, GQA 4, many tiles
+    test_attention_case(2, 45, 77, 6, 3, 40, 0, 0, 0, NULL, 0);    // full attention, odd head dim
+    test_attention_case(1, 64, 64, 4, 1, 128, 1, 64, 0, NULL, 0);  // ring block: every key visible
+    test_attention_case(1, 64, 96, 4, 2, 128, 1, 0, 32, NULL, 0);  // ring block: rows 0..31 see nothing
+    test_attention_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);  // fully masked block pair
+    test_attention_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);  // head dim 256
+    test_attention_case(1, 200, 200, 8, 2, 128, 1, 0, 0, NULL, 0); // Llama 3 head dim, GQA 4, many tiles
     test_attention_case(3, 97, 97, 2, 1, 24, 1, 0, 0, NULL, 0);
     // block_causal: boundaries on the kernels' 32- and 64-row tile edges and inside tiles,
     // one whole-sequence document, 1-token documents, and a ring block whose first rows'
@@ -1239,8 +1457,16 @@ static void test_attention(void) {
     float *go = (float *)from_gpu(d1, no * 4), *gl = (float *)from_gpu(e1, nl * 4);
     check_close("attention_merge out", "b2 sq41 h3 d24 (-inf rows)", go, o1, no, 1e-5);
     check_close("attention_merge lse", "b2 sq41 h3 d24 (-inf rows)", gl, l1, nl, 1e-5);
-    free(o1); free(o2); free(l1); free(l2); free(go); free(gl);
-    G->release(d1); G->release(d2); G->release(e1); G->release(e2);
+    free(o1);
+    free(o2);
+    free(l1);
+    free(l2);
+    free(go);
+    free(gl);
+    G->release(d1);
+    G->release(d2);
+    G->release(e1);
+    G->release(e2);
 }
 
 // bf16 attention against the CPU's bf16 op or, while the CPU table lacks it, the fp32 op
@@ -1269,7 +1495,10 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
         float *qf = widen(q, nq), *kf = widen(k, nk), *vf = widen(v, nk), *of = (float *)malloc(nq * 4);
         C->attention_forward(of, lse, qf, kf, vf, &s, NULL);
         narrow(out, of, nq);
-        free(qf); free(kf); free(vf); free(of);
+        free(qf);
+        free(kf);
+        free(vf);
+        free(of);
     }
     if (cpu_bwd) {
         C->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, &s, NULL);
@@ -1280,7 +1509,14 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
         narrow(dq, dqf, nq);
         narrow(dk, dkf, nk);
         narrow(dv, dvf, nk);
-        free(qf); free(kf); free(vf); free(of); free(gf); free(dqf); free(dkf); free(dvf);
+        free(qf);
+        free(kf);
+        free(vf);
+        free(of);
+        free(gf);
+        free(dqf);
+        free(dkf);
+        free(dvf);
     }
     uint16_t *d_q = (uint16_t *)dup_gpu(q, nq * 2), *d_k = (uint16_t *)dup_gpu(k, nk * 2);
     uint16_t *d_v = (uint16_t *)dup_gpu(v, nk * 2), *d_do = (uint16_t *)dup_gpu(dout, nq * 2);
@@ -1291,7 +1527,7 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     memset(junk, 0xff, (nq > nk ? nq : nk) * 2);
     uint16_t *d_dq = (uint16_t *)dup_gpu(junk, nq * 2), *d_dk = (uint16_t *)dup_gpu(junk, nk * 2);
     uint16_t *d_dv = (uint16_t *)dup_gpu(junk, nk * 2);
-    const int use_ws = !(sq & 1);  // half the cases with the caller's workspace, half with NULL
+    const int use_ws = !(sq & 1); // half the cases with the caller's workspace, half with NULL
     const size_t ws_bytes = G->attention_workspace_size_bf16(&sg);
     void *ws = use_ws ? G->alloc(ws_bytes) : NULL;
 
@@ -1300,13 +1536,11 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     const int fcudnn = !strcmp(fpath, "cudnn");
     uint16_t *g_out = (uint16_t *)from_gpu(d_out, nq * 2);
     float *g_lse = (float *)from_gpu(d_lse, nl * 4);
-    snprintf(shape, sizeof shape, "b%d s%d/%d h%d/%d d%d %s@%d/%d [%s] %s", b, sq, sk, h, kv, d,
-             mask, qo, ko, fpath, cpu_fwd ? "ref:bf16" : "ref:f32");
-    if (doc) report("attention_forward_bf16 doc mask path", shape, fcudnn, 0, !fcudnn);  // built-in only
-    if (fcudnn)
-        check_bf16_rel("attention_forward_bf16 out", shape, g_out, out, nq, 2e-2);
-    else
-        check_bf16("attention_forward_bf16 out", shape, g_out, out, nq, 1e-4, 1.0);
+    snprintf(shape, sizeof shape, "b%d s%d/%d h%d/%d d%d %s@%d/%d [%s] %s", b, sq, sk, h, kv, d, mask, qo, ko, fpath,
+             cpu_fwd ? "ref:bf16" : "ref:f32");
+    if (doc) report("attention_forward_bf16 doc mask path", shape, fcudnn, 0, !fcudnn); // built-in only
+    if (fcudnn) check_bf16_rel("attention_forward_bf16 out", shape, g_out, out, nq, 2e-2);
+    else check_bf16("attention_forward_bf16 out", shape, g_out, out, nq, 1e-4, 1.0);
     check_close("attention_forward_bf16 lse", shape, g_lse, lse, nl, fcudnn ? 1e-3 : 1e-4);
 
     // backward from the CPU's out and lse (isolates the op)
@@ -1315,8 +1549,8 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     G->attention_backward_bf16(d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, &sg, ws);
     const char *bpath = cuda_attention_bf16_last_path();
     const int bcudnn = !strcmp(bpath, "cudnn");
-    snprintf(shape, sizeof shape, "b%d s%d/%d h%d/%d d%d %s@%d/%d [%s] %s", b, sq, sk, h, kv, d,
-             mask, qo, ko, bpath, cpu_bwd ? "ref:bf16" : "ref:f32");
+    snprintf(shape, sizeof shape, "b%d s%d/%d h%d/%d d%d %s@%d/%d [%s] %s", b, sq, sk, h, kv, d, mask, qo, ko, bpath,
+             cpu_bwd ? "ref:bf16" : "ref:f32");
     uint16_t *g_dq = (uint16_t *)from_gpu(d_dq, nq * 2), *g_dk = (uint16_t *)from_gpu(d_dk, nk * 2);
     uint16_t *g_dv = (uint16_t *)from_gpu(d_dv, nk * 2);
     if (doc) report("attention_backward_bf16 doc mask path", shape, bcudnn, 0, !bcudnn);
@@ -1329,22 +1563,42 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
         check_bf16("attention_backward_bf16 dk", shape, g_dk, dk, nk, 1e-4, 1.0);
         check_bf16("attention_backward_bf16 dv", shape, g_dv, dv, nk, 1e-4, 1.0);
     }
-    free(q); free(k); free(v); free(dout); free(out); free(dq); free(dk); free(dv); free(lse); free(junk);
-    free(g_out); free(g_lse); free(g_dq); free(g_dk); free(g_dv);
-    G->release(d_q); G->release(d_k); G->release(d_v); G->release(d_do); G->release(d_out); G->release(d_lse);
-    G->release(d_dq); G->release(d_dk); G->release(d_dv);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(lse);
+    free(junk);
+    free(g_out);
+    free(g_lse);
+    free(g_dq);
+    free(g_dk);
+    free(g_dv);
+    G->release(d_q);
+    G->release(d_k);
+    G->release(d_v);
+    G->release(d_do);
+    G->release(d_out);
+    G->release(d_lse);
+    G->release(d_dq);
+    G->release(d_dk);
+    G->release(d_dv);
     if (ws) G->release(ws);
     if (doc) G->release((void *)sg.doc);
 }
 
 static void test_attention_bf16(void) {
-    test_attention_bf16_case(2, 67, 67, 4, 2, 16, 1, 0, 0, NULL, 0);     // GQA 2, causal diagonal
-    test_attention_bf16_case(1, 130, 130, 8, 2, 128, 1, 0, 0, NULL, 0);  // Llama 3 head dim, GQA 4
-    test_attention_bf16_case(2, 45, 77, 6, 3, 40, 0, 0, 0, NULL, 0);     // full attention, odd head dim
-    test_attention_bf16_case(1, 64, 64, 4, 1, 64, 1, 64, 0, NULL, 0);    // ring block: every key visible
-    test_attention_bf16_case(1, 64, 96, 4, 2, 64, 1, 0, 32, NULL, 0);    // ring block: rows 0..31 see nothing
-    test_attention_bf16_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);   // fully masked pair: zeros, lse -inf
-    test_attention_bf16_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);   // head dim 256
+    test_attention_bf16_case(2, 67, 67, 4, 2, 16, 1, 0, 0, NULL, 0);    // GQA 2, causal diagonal
+    test_attention_bf16_case(1, 130, 130, 8, 2, 128, 1, 0, 0, NULL, 0); // Llama 3 head dim, GQA 4
+    test_attention_bf16_case(2, 45, 77, 6, 3, 40, 0, 0, 0, NULL, 0);    // full attention, odd head dim
+    test_attention_bf16_case(1, 64, 64, 4, 1, 64, 1, 64, 0, NULL, 0);   // ring block: every key visible
+    test_attention_bf16_case(1, 64, 96, 4, 2, 64, 1, 0, 32, NULL, 0);   // ring block: rows 0..31 see nothing
+    test_attention_bf16_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);  // fully masked pair: zeros, lse -inf
+    test_attention_bf16_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);  // head dim 256
     // block_causal (always the built-in kernels: cuDNN's SDPA is not used with a document mask)
     static const int lens[] = {3, 29, 32, 1}, ring[] = {40, 100, 52};
     int32_t *doc = doc_ids(2, 67, lens, 4);
@@ -1365,12 +1619,13 @@ static void test_cross_entropy_fused(int n, int v) {
     for (int i = 0; i < n; i++) t[i] = (int32_t)(rnd() % (uint32_t)v);
     if (n > 3) {
         t[1] = OPS_IGNORE_INDEX;
-        t[3] = v + 5;  // out of range: treated as ignored
+        t[3] = v + 5; // out of range: treated as ignored
     }
     const float scale = 1.0f / (float)n;
     char shape[64];
     snprintf(shape, sizeof shape, "n%d V%d (ignored targets)", n, v);
-    float *d_z = (float *)dup_gpu(z, nv * 4), *d_loss = (float *)G->alloc((size_t)n * 4), *d_dz = (float *)G->alloc(nv * 4);
+    float *d_z = (float *)dup_gpu(z, nv * 4), *d_loss = (float *)G->alloc((size_t)n * 4),
+          *d_dz = (float *)G->alloc(nv * 4);
     int32_t *d_t = (int32_t *)dup_gpu(t, (size_t)n * 4);
 
     // loss only
@@ -1391,9 +1646,16 @@ static void test_cross_entropy_fused(int n, int v) {
     gl = (float *)from_gpu(d_loss, (size_t)n * 4);
     check_close("cross_entropy in place dlogits", shape, gd, dz, nv, 1e-5);
     check_close("cross_entropy in place losses", shape, gl, loss, n, 1e-5);
-    free(gd); free(gl);
-    free(z); free(loss); free(dz); free(t);
-    G->release(d_z); G->release(d_loss); G->release(d_dz); G->release(d_t);
+    free(gd);
+    free(gl);
+    free(z);
+    free(loss);
+    free(dz);
+    free(t);
+    G->release(d_z);
+    G->release(d_loss);
+    G->release(d_dz);
+    G->release(d_t);
 }
 
 // Loss parallel: the vocabulary in two shards, the three phases per shard with the
@@ -1408,7 +1670,7 @@ static void test_cross_entropy_sharded(void) {
     const float scale = 0.05f;
     float *zs[2], *d_zs[2];
     int32_t *d_t = (int32_t *)dup_gpu(t, sizeof t);
-    for (int s = 0; s < 2; s++) {  // shard s: columns [v0, v0 + vl) of every row
+    for (int s = 0; s < 2; s++) { // shard s: columns [v0, v0 + vl) of every row
         zs[s] = (float *)malloc((size_t)n * vl[s] * 4);
         for (int i = 0; i < n; i++) memcpy(zs[s] + (size_t)i * vl[s], z + (size_t)i * v + v0[s], (size_t)vl[s] * 4);
         d_zs[s] = (float *)dup_gpu(zs[s], (size_t)n * vl[s] * 4);
@@ -1452,13 +1714,14 @@ static void test_cross_entropy_sharded(void) {
     for (int s = 0; s < 2; s++) {
         float *dz = (float *)malloc((size_t)n * vl[s] * 4);
         C->ce_shard_finish(dz, loss_c, zs[s], gmax_c, S_c, T_c, t, n, vl[s], v0[s], scale);
-        G->ce_shard_finish(d_zs[s], d_loss, d_zs[s], d_max, d_S, d_T, d_t, n, vl[s], v0[s], scale);  // in place
+        G->ce_shard_finish(d_zs[s], d_loss, d_zs[s], d_max, d_S, d_T, d_t, n, vl[s], v0[s], scale); // in place
         float *gd = (float *)from_gpu(d_zs[s], (size_t)n * vl[s] * 4);
         G->copy_d2h(loss_g, d_loss, sizeof loss_g);
         check_close(s ? "ce_shard_finish dlogits shard 1" : "ce_shard_finish dlogits shard 0", "n29 V1000 in 2 shards",
                     gd, dz, (size_t)n * vl[s], 1e-5);
         check_close("ce_shard_finish losses", "n29 V1000 in 2 shards", loss_g, loss_c, n, 1e-5);
-        free(gd); free(dz);
+        free(gd);
+        free(dz);
     }
     // the sharded loss equals the fused one
     float *d_z = (float *)dup_gpu(z, (size_t)n * v * 4), fused[29];
@@ -1471,7 +1734,9 @@ static void test_cross_entropy_sharded(void) {
         G->release(d_zs[s]);
     }
     free(z);
-    G->release(d_buf); G->release(d_t); G->release(d_z);
+    G->release(d_buf);
+    G->release(d_t);
+    G->release(d_z);
 }
 
 // ----------------------------------------------------------------------------
@@ -1489,7 +1754,9 @@ static void test_adamw(void) {
     check_bits("adamw_step param", "n=100003 t=7", gp, p, n * 4);
     check_bits("adamw_step m", "n=100003 t=7", gm, m, n * 4);
     check_bits("adamw_step v", "n=100003 t=7", gv, v, n * 4);
-    free(gp); free(gm); free(gv);
+    free(gp);
+    free(gm);
+    free(gv);
     uint16_t *p16 = (uint16_t *)malloc(n * 2), *d_p16 = (uint16_t *)G->alloc(n * 2), *g16;
     C->adamw_step_bf16(p, p16, m, v, g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
     G->adamw_step_bf16(d_p, d_p16, d_m, d_v, d_g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
@@ -1497,8 +1764,18 @@ static void test_adamw(void) {
     g16 = (uint16_t *)from_gpu(d_p16, n * 2);
     check_bits("adamw_step_bf16 param", "n=100003 t=1", gp, p, n * 4);
     check_bits("adamw_step_bf16 bf16 copy", "n=100003 t=1", g16, p16, n * 2);
-    free(gp); free(g16); free(p16); free(p); free(m); free(v); free(g);
-    G->release(d_p); G->release(d_m); G->release(d_v); G->release(d_g); G->release(d_p16);
+    free(gp);
+    free(g16);
+    free(p16);
+    free(p);
+    free(m);
+    free(v);
+    free(g);
+    G->release(d_p);
+    G->release(d_m);
+    G->release(d_v);
+    G->release(d_g);
+    G->release(d_p16);
 }
 
 // ----------------------------------------------------------------------------
@@ -1514,9 +1791,16 @@ static int on_simulator(void) {
 // rows or no width; bytes outside the rectangle keep their values, the source its own.
 // Its own byte stream, so the random inputs of the tests after it stay what they were.
 static void test_copy_2d(void) {
-    static const size_t cases[][6] = { /* width, dpitch, spitch, rows, dst offset, src offset (bytes) */
-        {1, 1, 1, 1, 0, 0}, {3, 7, 5, 11, 1, 3}, {13, 13, 29, 9, 0, 5}, {13, 31, 13, 9, 7, 0}, {100, 100, 100, 7, 2, 0},
-        {0, 16, 16, 5, 0, 0}, {12, 16, 20, 0, 0, 0}, {516, 4128, 516, 4099, 1548, 0}, {516, 516, 4128, 4099, 0, 2580}};
+    static const size_t cases[][6] = {/* width, dpitch, spitch, rows, dst offset, src offset (bytes) */
+                                      {1, 1, 1, 1, 0, 0},
+                                      {3, 7, 5, 11, 1, 3},
+                                      {13, 13, 29, 9, 0, 5},
+                                      {13, 31, 13, 9, 7, 0},
+                                      {100, 100, 100, 7, 2, 0},
+                                      {0, 16, 16, 5, 0, 0},
+                                      {12, 16, 20, 0, 0, 0},
+                                      {516, 4128, 516, 4099, 1548, 0},
+                                      {516, 516, 4128, 4099, 0, 2580}};
     report("copy_2d in both tables", "-", 0, 0, G->copy_2d != NULL && C->copy_2d != NULL);
     if (!G->copy_2d || !C->copy_2d) return;
     uint64_t st = 0x6A09E667F3BCC909ull;
@@ -1538,8 +1822,12 @@ static void test_copy_2d(void) {
         snprintf(shape, sizeof shape, "w=%zu dp=%zu sp=%zu rows=%zu at +%zu/+%zu", c[0], c[1], c[2], c[3], c[4], c[5]);
         check_bits("copy_2d (whole dst)", shape, got, dst, dn);
         check_bits("copy_2d source unchanged", shape, gsrc, src, sn);
-        free(src); free(dst); free(got); free(gsrc);
-        G->release(d_src); G->release(d_dst);
+        free(src);
+        free(dst);
+        free(got);
+        free(gsrc);
+        G->release(d_src);
+        G->release(d_dst);
     }
 }
 
@@ -1569,7 +1857,7 @@ static void test_memory(void) {
     const size_t c1 = G->alloc_count(), b1 = G->allocated_bytes();
     G->memory_freeze(1);
     void *q = G->alloc(4096);
-    G->sum_squares(d + 2, d, 2);  // reduction scratch: reserved at init
+    G->sum_squares(d + 2, d, 2); // reduction scratch: reserved at init
     G->synchronize();
     G->copy_d2h(&sum, d + 2, 4);
     report("frozen: alloc fails", "4096 B", 0, 0, q == NULL && G->alloc_count() == c1 && G->allocated_bytes() == b1);
@@ -1599,12 +1887,12 @@ static void test_memory(void) {
         if (pid == 0) {
             close(fds[0]);
             dup2(fds[1], 2);
-            const int n = 1, c = 1 << 20;  // rmsnorm dw partials: 8 MiB, more than any earlier call
+            const int n = 1, c = 1 << 20; // rmsnorm dw partials: 8 MiB, more than any earlier call
             float *x = (float *)G->alloc((size_t)c * 4), *r = (float *)G->alloc(4);
             float *w = (float *)G->alloc((size_t)c * 4);
             G->memory_freeze(1);
             G->rmsnorm_backward_weight(w, x, x, r, n, c);
-            _exit(0);  // not reached: the growth aborts
+            _exit(0); // not reached: the growth aborts
         }
         close(fds[1]);
         char msg[1024] = "";
@@ -1615,9 +1903,8 @@ static void test_memory(void) {
         close(fds[0]);
         int status = 0;
         waitpid(pid, &status, 0);
-        int ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
-                 strstr(msg, "cuda: device allocation of") && strstr(msg, "requested during training") &&
-                 strstr(msg, "rmsnorm weight-gradient");
+        int ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(msg, "cuda: device allocation of") &&
+            strstr(msg, "requested during training") && strstr(msg, "rmsnorm weight-gradient");
         report("frozen: scratch growth aborts", "rmsnorm dw 8 MiB (child)", 0, 0, ok);
         if (!ok) fprintf(stderr, "child stderr: %s\n", msg);
     }
@@ -1653,8 +1940,9 @@ static void test_full_step(tetra_dtype dt) {
     }
     llama3_init_weights(&mc, 1234);
     llama3_init_weights(&mg, 1234);
-    if (bf16 && (llama3_model_set_compute_dtype(&mc, TETRA_BF16, err, sizeof err) != 0 ||
-                 llama3_model_set_compute_dtype(&mg, TETRA_BF16, err, sizeof err) != 0)) {
+    if (bf16 &&
+        (llama3_model_set_compute_dtype(&mc, TETRA_BF16, err, sizeof err) != 0 ||
+         llama3_model_set_compute_dtype(&mg, TETRA_BF16, err, sizeof err) != 0)) {
         report("full step bf16: compute dtype", err, 0, 0, 0);
         return;
     }
@@ -1681,7 +1969,7 @@ static void test_full_step(tetra_dtype dt) {
     char shape[160];
     size_t count_after_warmup = 0, bytes_after_warmup = 0;
     for (int step = 1; step <= 4; step++) {
-        if (step == 2) {  // step 1 warmed up: nothing allocates from here on
+        if (step == 2) { // step 1 warmed up: nothing allocates from here on
             count_after_warmup = G->alloc_count();
             bytes_after_warmup = G->allocated_bytes();
         }
@@ -1722,23 +2010,20 @@ static void test_full_step(tetra_dtype dt) {
         }
         free(gc);
         free(gg);
-        if (bf16) {  // fp32 master weights, then the bf16 compute copy in the same pass
+        if (bf16) { // fp32 master weights, then the bf16 compute copy in the same pass
             C->adamw_step_bf16(mc.param_mem, mc.param_bf16, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95,
                                1e-8, 0.1, step, 1.0f);
             G->adamw_step_bf16(mg.param_mem, mg.param_bf16, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95,
                                1e-8, 0.1, step, 1.0f);
         } else {
-            C->adamw_step(mc.param_mem, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step,
-                          1.0f);
-            G->adamw_step(mg.param_mem, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step,
-                          1.0f);
+            C->adamw_step(mc.param_mem, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f);
+            G->adamw_step(mg.param_mem, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f);
         }
     }
     snprintf(shape, sizeof shape, "steps 2-4: %zu allocs, %+lld bytes", G->alloc_count() - count_after_warmup,
              (long long)G->allocated_bytes() - (long long)bytes_after_warmup);
     snprintf(name, sizeof name, "%s: no device allocation", tag);
-    report(name, shape, 0, 0,
-           G->alloc_count() == count_after_warmup && G->allocated_bytes() == bytes_after_warmup);
+    report(name, shape, 0, 0, G->alloc_count() == count_after_warmup && G->allocated_bytes() == bytes_after_warmup);
     for (int i = 0; i < 2; i++) {
         C->release(mom_c[i]);
         G->release(mom_g[i]);
@@ -1772,11 +2057,16 @@ static int run_trainer(const char *device, int bf16, int world, int rank, int tp
     snprintf(cps, sizeof cps, "%d", cp);
     snprintf(tps, sizeof tps, "%d", tp);
     snprintf(pps, sizeof pps, "%d", pp);
-    const char *fixed[] = {"train", "--model.flavor", "tiny", "--training.seq_len", "32",
-                           "--training.local_batch_size", "2", "--training.steps", "10", "--training.seed", "5",
-                           "--training.threads", "1", "--activation_checkpoint.mode", "selective",
-                           "--activation_checkpoint.selective_ac_option", "op", "--lr_scheduler.warmup_steps", "1",
-                           "--training.global_batch_size"};
+    const char *fixed[] = {"train",     "--model.flavor",
+                           "tiny",      "--training.seq_len",
+                           "32",        "--training.local_batch_size",
+                           "2",         "--training.steps",
+                           "10",        "--training.seed",
+                           "5",         "--training.threads",
+                           "1",         "--activation_checkpoint.mode",
+                           "selective", "--activation_checkpoint.selective_ac_option",
+                           "op",        "--lr_scheduler.warmup_steps",
+                           "1",         "--training.global_batch_size"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[argc++] = (char *)fixed[i];
     argv[argc++] = gb;
     argv[argc++] = (char *)"--training.device";
@@ -1841,7 +2131,10 @@ static void test_trainer(int bf16, int tp, int pp, int cp) {
     char name[64], shape[160];
     if (world % (tp * pp * cp)) return;
     snprintf(name, sizeof name, "trainer %s%s", bf16 ? "bf16" : "fp32",
-             tp > 1 ? " tp" : pp > 1 ? " pp" : cp > 1 ? " cp" : "");
+             tp > 1       ? " tp"
+                 : pp > 1 ? " pp"
+                 : cp > 1 ? " cp"
+                          : "");
     /* "auto" is the device here (the configuration refuses "cuda" in a build whose library
      * has no CUDA backend of its own, as the simulator's) */
     if (run_trainer("cpu", bf16, world, rank, tp, pp, cp, lc, gc, STEPS) ||
@@ -1852,9 +2145,16 @@ static void test_trainer(int bf16, int tp, int pp, int cp) {
     for (int s = 0; s < STEPS; s++) {
         float fc[2] = {(float)lc[s], (float)gc[s]}, fg[2] = {(float)lg[s], (float)gg[s]};
         snprintf(shape, sizeof shape, "tiny, %s %d, AC op, step %d: loss, grad norm",
-                 tp > 1 ? "tp" : pp > 1 ? "pp (ZBV)" : cp > 1 ? (bf16 ? "cp ring" : "cp allgather")
-                               : world > 1 ? "fsdp" : "ranks",
-                 tp > 1 ? tp : pp > 1 ? pp : cp > 1 ? cp : world, s + 1);
+                 tp > 1          ? "tp"
+                     : pp > 1    ? "pp (ZBV)"
+                     : cp > 1    ? (bf16 ? "cp ring" : "cp allgather")
+                     : world > 1 ? "fsdp"
+                                 : "ranks",
+                 tp > 1       ? tp
+                     : pp > 1 ? pp
+                     : cp > 1 ? cp
+                              : world,
+                 s + 1);
         check_close(name, shape, fg, fc, 2, bf16 ? (s ? 2e-2 : 5e-3) : (s ? 1e-4 : 1e-5));
     }
 }
@@ -1904,7 +2204,7 @@ static void launches_check(const char *shape, sim_counts b, size_t n0, const cha
     const long k = a.k - b.k, g = a.g - b.g, s = a.s - b.s, c = a.c - b.c;
     const char *wpath = n > n0 ? e[n0].cost.path : "";
     int ok = n == n0 + 1 && k == want.kernels && g == want.gemms && s == want.sorts && c == want.copies &&
-             want.cudnn == 0 && (!path || !wpath[0] || !strcmp(path, wpath));
+        want.cudnn == 0 && (!path || !wpath[0] || !strcmp(path, wpath));
     char name[64], what[200];
     snprintf(name, sizeof name, "launches %s", n > n0 ? op_kind_name(e[n0].cost.op) : "(none recorded)");
     snprintf(what, sizeof what, "%s: k %ld/%d g %ld/%d s %ld/%d c %ld/%d%s%s%s%s", shape, k, want.kernels, g,
@@ -1913,12 +2213,12 @@ static void launches_check(const char *shape, sim_counts b, size_t n0, const cha
     report(name, what, 0, 0, ok);
 }
 
-#define LC(shape, path, call)                           \
-    do {                                                \
-        const sim_counts b_ = sim_now();                \
-        const size_t n0_ = ops_record_count();          \
-        call;                                           \
-        launches_check(shape, b_, n0_, path);           \
+#define LC(shape, path, call)                                                                                          \
+    do {                                                                                                               \
+        const sim_counts b_ = sim_now();                                                                               \
+        const size_t n0_ = ops_record_count();                                                                         \
+        call;                                                                                                          \
+        launches_check(shape, b_, n0_, path);                                                                          \
     } while (0)
 
 static ops_gemm_desc lc_gemm(tetra_dtype a, tetra_dtype b, tetra_dtype c, int ta, int tb, int m, int n, int k,
@@ -2096,9 +2396,12 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
 }
 
 static void lc_attention(const tetra_ops *R, float *X, uint16_t *H, float *L, void *ws) {
-    static const int cs[][8] = { /* b, sq, sk, h, kv, d, causal, q_offset (k_offset 0) */
-        {1, 40, 40, 4, 2, 16, 1, 0}, {2, 33, 33, 2, 1, 24, 1, 0}, {1, 16, 48, 2, 2, 16, 1, 32},
-        {1, 24, 24, 2, 1, 16, 0, 0}, {1, 16, 16, 2, 2, 16, 1, -16}};
+    static const int cs[][8] = {/* b, sq, sk, h, kv, d, causal, q_offset (k_offset 0) */
+                                {1, 40, 40, 4, 2, 16, 1, 0},
+                                {2, 33, 33, 2, 1, 24, 1, 0},
+                                {1, 16, 48, 2, 2, 16, 1, 32},
+                                {1, 24, 24, 2, 1, 16, 0, 0},
+                                {1, 16, 16, 2, 2, 16, 1, -16}};
     const size_t per = 8192; /* elements of each tensor's slot */
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         const int *c = cs[i];
@@ -2156,9 +2459,11 @@ static void lc_mark(void *user, int on) {
 }
 
 static void lc_step(const char *what, const char *const *keys, int nkeys) {
-    const char *base[] = {"train", "--model.flavor", "tiny", "--model.n_layers", "1", "--training.seq_len", "32",
-                          "--training.local_batch_size", "2", "--training.seed", "5", "--training.threads", "1",
-                          "--training.device", "cuda", "--lr_scheduler.warmup_steps", "1"};
+    const char *base[] = {"train", "--model.flavor",     "tiny", "--model.n_layers",
+                          "1",     "--training.seq_len", "32",   "--training.local_batch_size",
+                          "2",     "--training.seed",    "5",    "--training.threads",
+                          "1",     "--training.device",  "cuda", "--lr_scheduler.warmup_steps",
+                          "1"};
     char *argv[48];
     int argc = 0;
     for (size_t i = 0; i < sizeof base / sizeof *base; i++) argv[argc++] = (char *)base[i];
@@ -2204,8 +2509,12 @@ static void test_launch_counts_trainer(void) {
     if (world != 1) return;
     /* (fp32 and rowwise float8 are covered op by op above and, for the op sequence, against
      * the CPU backend by unit/test_op_costs: each simulated step costs seconds) */
-    const char *bf16[] = {"--training.mixed_precision_param", "bfloat16", "--activation_checkpoint.mode", "selective",
-                          "--activation_checkpoint.selective_ac_option", "op"};
+    const char *bf16[] = {"--training.mixed_precision_param",
+                          "bfloat16",
+                          "--activation_checkpoint.mode",
+                          "selective",
+                          "--activation_checkpoint.selective_ac_option",
+                          "op"};
     const char *f8t[] = {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8"};
     lc_step("tiny 1 block bf16, AC op", bf16, 6);
     lc_step("tiny 1 block float8 tensorwise", f8t, 4);
@@ -2291,10 +2600,8 @@ int main(int argc, char **argv) {
     test_launch_counts_trainer();
     test_full_step(TETRA_F32);
     // mixed precision end to end, once the CPU table has the bf16 ops to compare with
-    if (C->attention_forward_bf16 && C->rmsnorm_forward_bf16 && C->embedding_forward_bf16)
-        test_full_step(TETRA_BF16);
-    else
-        printf("full step bf16: skipped (the CPU backend has no bf16 ops yet)\n");
+    if (C->attention_forward_bf16 && C->rmsnorm_forward_bf16 && C->embedding_forward_bf16) test_full_step(TETRA_BF16);
+    else printf("full step bf16: skipped (the CPU backend has no bf16 ops yet)\n");
     test_trainer(0, 1, 1, 1);
     test_trainer(1, 1, 1, 1);
 

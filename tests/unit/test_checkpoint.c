@@ -20,8 +20,6 @@
 #include "kernels/ops_math.h"
 #include "tests/check.h"
 
-
-
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void) {
     rng_state ^= rng_state << 13;
@@ -613,8 +611,9 @@ static void test_consistency(const tetra_ops *ops) {
     } bad[] = {
         {"lr_scheduler", "count", json_integer(-3), "lr_scheduler.count is -3"},
         {"optimizer", "step", json_integer(-1), "optimizer.step is -1"},
-        {"optimizer", "step", json_integer(2147483648LL), "optimizer.step is 2147483648; it counts steps or tokens, "
-                                                            "so it lies in [0, 2147483647]"},
+        {"optimizer", "step", json_integer(2147483648LL),
+         "optimizer.step is 2147483648; it counts steps or tokens, "
+         "so it lies in [0, 2147483647]"},
         {"train_state", "tokens_seen", json_string("1280"), "train_state.tokens_seen is not an integer"},
         {"dataloader", "position", json_integer(-20), "dataloader.position is -20"},
         {"train_state", "step", json_integer(4), "train_state.step is 4 but \"step\" is 5"},

@@ -28,8 +28,6 @@
 #include "parallel/mesh.h"
 #include "tests/check.h"
 
-
-
 /* value that world rank r contributes at element i: small integers, exact in fp32 sums */
 static float val(int r, size_t i) { return (float)((r + 1) * 10 + (int)(i % 7)); }
 
@@ -294,8 +292,7 @@ static void test_fsdp(comm_world *w, const char *mname, fsdp_reshard_mode mode, 
     fsdp_params_updated(f);
     fsdp_pre_forward(f, 2);
     bad = 0;
-    for (size_t j = 0; j < t.unit_numel[2]; j++)
-        bad += ((float *)up[2])[j] != 2.0f * toy_value(t.unit_offset[2] + j);
+    for (size_t j = 0; j < t.unit_numel[2]; j++) bad += ((float *)up[2])[j] != 2.0f * toy_value(t.unit_offset[2] + j);
     CHECK(!bad, "%s regathered after update: %d wrong", tag, bad);
     fsdp_post_forward(f, 2);
     CHECK(fsdp_reshards_after_forward(f, t.n_units - 1) == (S > 1 && mode == FSDP_RESHARD_ALWAYS),
@@ -407,11 +404,13 @@ static void run_mesh_staged(int world, int rep, int shard, int cp, int tp, const
     if (n > 1) {
         float out[3][64], in[2][64];
         for (int i = 0; i < 64; i++) out[0][i] = out[1][i] = val(me, (size_t)i);
-        comm_p2p_op ops[4] = {{0, out[0], 64, COMM_F32, (me + 1) % n}, {1, in[0], 64, COMM_F32, (me + n - 1) % n},
-                              {1, in[1], 64, COMM_F32, (me + 1) % n}, {0, out[1], 64, COMM_F32, (me + n - 1) % n}};
+        comm_p2p_op ops[4] = {{0, out[0], 64, COMM_F32, (me + 1) % n},
+                              {1, in[0], 64, COMM_F32, (me + n - 1) % n},
+                              {1, in[1], 64, COMM_F32, (me + 1) % n},
+                              {0, out[1], 64, COMM_F32, (me + n - 1) % n}};
         comm_batch_p2p(gw, ops, 4, NULL);
-        CHECK(in[0][5] == val((me + n - 1) % n, 5) && in[1][5] == val((me + 1) % n, 5), "%s batch_p2p: %g %g",
-              mname, in[0][5], in[1][5]);
+        CHECK(in[0][5] == val((me + n - 1) % n, 5) && in[1][5] == val((me + 1) % n, 5), "%s batch_p2p: %g %g", mname,
+              in[0][5], in[1][5]);
     }
     const long allocs = staged.allocs;
     comm_world_free(w);

@@ -9,8 +9,6 @@
 #include "engine/config_compat.h"
 #include "tests/check.h"
 
-
-
 static int load(tetra_config *c, const char *text, char *err, size_t n) {
     return cfg_load_string(c, "t.toml", text, strlen(text), err, n);
 }
@@ -51,8 +49,15 @@ static void test_toml_and_cli(void) {
     CHECK(!strcmp(cfg_origin_str(&c, "training", "seq_len", buf, sizeof buf), "t.toml:2"), "%s", buf);
 
     /* CLI overrides the file, in every syntax */
-    char *argv[] = {"train", "--training.seq_len", "256", "--optimizer.lr=0.001", "--metrics.enable_tensorboard",
-                    "--checkpoint.no_enable", "--model.converters", "float8", "--compile.components=model"};
+    char *argv[] = {"train",
+                    "--training.seq_len",
+                    "256",
+                    "--optimizer.lr=0.001",
+                    "--metrics.enable_tensorboard",
+                    "--checkpoint.no_enable",
+                    "--model.converters",
+                    "float8",
+                    "--compile.components=model"};
     int argc = (int)(sizeof argv / sizeof argv[0]);
     CHECK(cfg_parse_args(&c, argc, argv, stdout, err, sizeof err) == 0, "%s", err);
     CHECK(c.v.training.seq_len == 256, "cli int");
@@ -126,7 +131,8 @@ static void test_validate(void) {
     cfg_parallel_dims d;
     cfg_init(&c);
     CHECK(load(&c, "[parallelism]\ntensor_parallel_degree = 2\ndata_parallel_replicate_degree = 2\n", err,
-               sizeof err) == 0, "%s", err);
+               sizeof err) == 0,
+          "%s", err);
     CHECK(cfg_validate(&c, 8, &d, err, sizeof err) == 0, "%s", err);
     CHECK(d.dp_shard == 2 && d.tp == 2 && d.dp_replicate == 2 && d.dp == 4, "shard -1 takes the rest: %d", d.dp_shard);
     CHECK(d.grad_accum_steps == 1 && d.global_batch_size == 32, "gbs %lld", (long long)d.global_batch_size);
@@ -156,9 +162,11 @@ static void test_print_roundtrip(void) {
     tetra_config a, b;
     char err[1024];
     cfg_init(&a);
-    CHECK(load(&a, "[job]\ndescription = \"quote \\\" and \\\\ tab\\t\"\n[lr_scheduler]\ndecay_ratio = 0.8\n"
-                   "[optimizer]\nlr = 3e-4\n[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n",
-               err, sizeof err) == 0, "%s", err);
+    CHECK(load(&a,
+               "[job]\ndescription = \"quote \\\" and \\\\ tab\\t\"\n[lr_scheduler]\ndecay_ratio = 0.8\n"
+               "[optimizer]\nlr = 3e-4\n[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n",
+               err, sizeof err) == 0,
+          "%s", err);
     char *t1 = NULL, *t2 = NULL;
     size_t n1 = 0, n2 = 0;
     FILE *f = open_memstream(&t1, &n1);
@@ -222,49 +230,123 @@ static void test_shipped_configs(void) {
  * tetra and says so in its help (MEANINGLESS), or is refused by the validation with a
  * message naming it. A key added to the schema without being sorted into one of these
  * fails here. */
-static const char *const WORKS[] = {
-    "job.config_file", "job.dump_folder", "job.description", "job.print_config", "job.save_config_file",
-    "profiling.enable_profiling", "profiling.save_traces_folder", "profiling.profile_freq",
-    "profiling.profiler_active", "profiling.save_memory_snapshot_folder", "profiling.enable_memory_snapshot",
-    "metrics.log_freq", "metrics.enable_tensorboard", "metrics.disable_color_printing", "metrics.save_tb_folder",
-    "metrics.peak_flops", "model.name", "model.flavor", "model.converters", "model.print_after_conversion",
-    "model.n_layers", "model.vocab_size", "model.attn_mask_type", "model.reset_positions_at_document_boundaries",
-    "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps",
-    "optimizer.weight_decay", "lr_scheduler.warmup_steps", "lr_scheduler.total_steps", "lr_scheduler.decay_ratio",
-    "lr_scheduler.decay_type", "lr_scheduler.min_lr_factor", "training.dataset", "training.dataset_path",
-    "training.dataset_mix",
-    "training.local_batch_size", "training.global_batch_size", "training.seq_len", "training.max_norm",
-    "training.steps", "training.on_nonfinite", "training.max_consecutive_nonfinite_steps", "training.mixed_precision_param", "training.mixed_precision_reduce", "training.seed",
-    "training.deterministic", "training.device", "training.threads", "parallelism.data_parallel_replicate_degree",
-    "parallelism.data_parallel_shard_degree", "parallelism.fsdp_reshard_after_forward",
-    "parallelism.tensor_parallel_degree", "parallelism.disable_loss_parallel",
-    "parallelism.enable_async_tensor_parallel", "parallelism.pipeline_parallel_degree",
-    "parallelism.pipeline_parallel_first_stage_less_layers", "parallelism.pipeline_parallel_last_stage_less_layers",
-    "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_schedule",
-    "parallelism.pipeline_parallel_schedule_csv", "parallelism.pipeline_parallel_microbatch_size",
-    "parallelism.context_parallel_degree", "parallelism.context_parallel_load_balancer",
-    "parallelism.context_parallel_rotate_method", "checkpoint.enable", "checkpoint.folder", "checkpoint.interval",
-    "checkpoint.initial_load_path", "checkpoint.initial_load_model_only", "checkpoint.initial_load_in_hf",
-    "checkpoint.last_save_model_only", "checkpoint.last_save_in_hf", "checkpoint.export_dtype",
-    "checkpoint.async_mode", "checkpoint.keep_latest_k", "checkpoint.load_step", "checkpoint.exclude_from_loading",
-    "checkpoint.enable_first_step_checkpoint", "checkpoint.create_seed_checkpoint", "checkpoint.load_only",
-    "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
-    "quantize.linear.float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
-    "quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns", "quantize.linear.float8.emulate",
-    "validation.enable", "validation.dataset", "validation.dataset_path", "validation.local_batch_size",
-    "validation.seq_len", "validation.freq", "validation.steps", "comm.init_timeout_seconds",
-    "comm.train_timeout_seconds", "comm.trace_buf_size", "comm.save_traces_folder", "comm.save_traces_file_prefix",
-    "comm.backend", "debug.seed", "debug.deterministic", "memory_estimation.enable",
-    "training.num_tokens_per_microbatch_per_dp_rank", "training.num_tokens_per_train_step",
-    "training.max_context_length", "parallelism.num_pp_microbatches"}; /* tests/sh/test_torchtitan_configs.sh */
+static const char *const WORKS[] = {"job.config_file",
+                                    "job.dump_folder",
+                                    "job.description",
+                                    "job.print_config",
+                                    "job.save_config_file",
+                                    "profiling.enable_profiling",
+                                    "profiling.save_traces_folder",
+                                    "profiling.profile_freq",
+                                    "profiling.profiler_active",
+                                    "profiling.save_memory_snapshot_folder",
+                                    "profiling.enable_memory_snapshot",
+                                    "metrics.log_freq",
+                                    "metrics.enable_tensorboard",
+                                    "metrics.disable_color_printing",
+                                    "metrics.save_tb_folder",
+                                    "metrics.peak_flops",
+                                    "model.name",
+                                    "model.flavor",
+                                    "model.converters",
+                                    "model.print_after_conversion",
+                                    "model.n_layers",
+                                    "model.vocab_size",
+                                    "model.attn_mask_type",
+                                    "model.reset_positions_at_document_boundaries",
+                                    "optimizer.lr",
+                                    "optimizer.beta1",
+                                    "optimizer.beta2",
+                                    "optimizer.eps",
+                                    "optimizer.weight_decay",
+                                    "lr_scheduler.warmup_steps",
+                                    "lr_scheduler.total_steps",
+                                    "lr_scheduler.decay_ratio",
+                                    "lr_scheduler.decay_type",
+                                    "lr_scheduler.min_lr_factor",
+                                    "training.dataset",
+                                    "training.dataset_path",
+                                    "training.dataset_mix",
+                                    "training.local_batch_size",
+                                    "training.global_batch_size",
+                                    "training.seq_len",
+                                    "training.max_norm",
+                                    "training.steps",
+                                    "training.on_nonfinite",
+                                    "training.max_consecutive_nonfinite_steps",
+                                    "training.mixed_precision_param",
+                                    "training.mixed_precision_reduce",
+                                    "training.seed",
+                                    "training.deterministic",
+                                    "training.device",
+                                    "training.threads",
+                                    "parallelism.data_parallel_replicate_degree",
+                                    "parallelism.data_parallel_shard_degree",
+                                    "parallelism.fsdp_reshard_after_forward",
+                                    "parallelism.tensor_parallel_degree",
+                                    "parallelism.disable_loss_parallel",
+                                    "parallelism.enable_async_tensor_parallel",
+                                    "parallelism.pipeline_parallel_degree",
+                                    "parallelism.pipeline_parallel_first_stage_less_layers",
+                                    "parallelism.pipeline_parallel_last_stage_less_layers",
+                                    "parallelism.pipeline_parallel_layers_per_stage",
+                                    "parallelism.pipeline_parallel_schedule",
+                                    "parallelism.pipeline_parallel_schedule_csv",
+                                    "parallelism.pipeline_parallel_microbatch_size",
+                                    "parallelism.context_parallel_degree",
+                                    "parallelism.context_parallel_load_balancer",
+                                    "parallelism.context_parallel_rotate_method",
+                                    "checkpoint.enable",
+                                    "checkpoint.folder",
+                                    "checkpoint.interval",
+                                    "checkpoint.initial_load_path",
+                                    "checkpoint.initial_load_model_only",
+                                    "checkpoint.initial_load_in_hf",
+                                    "checkpoint.last_save_model_only",
+                                    "checkpoint.last_save_in_hf",
+                                    "checkpoint.export_dtype",
+                                    "checkpoint.async_mode",
+                                    "checkpoint.keep_latest_k",
+                                    "checkpoint.load_step",
+                                    "checkpoint.exclude_from_loading",
+                                    "checkpoint.enable_first_step_checkpoint",
+                                    "checkpoint.create_seed_checkpoint",
+                                    "checkpoint.load_only",
+                                    "activation_checkpoint.mode",
+                                    "activation_checkpoint.selective_ac_option",
+                                    "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                                    "quantize.linear.float8.recipe_name",
+                                    "quantize.linear.float8.filter_fqns",
+                                    "quantize.linear.float8.emulate",
+                                    "validation.enable",
+                                    "validation.dataset",
+                                    "validation.dataset_path",
+                                    "validation.local_batch_size",
+                                    "validation.seq_len",
+                                    "validation.freq",
+                                    "validation.steps",
+                                    "comm.init_timeout_seconds",
+                                    "comm.train_timeout_seconds",
+                                    "comm.trace_buf_size",
+                                    "comm.save_traces_folder",
+                                    "comm.save_traces_file_prefix",
+                                    "comm.backend",
+                                    "debug.seed",
+                                    "debug.deterministic",
+                                    "memory_estimation.enable",
+                                    "training.num_tokens_per_microbatch_per_dp_rank",
+                                    "training.num_tokens_per_train_step",
+                                    "training.max_context_length",
+                                    "parallelism.num_pp_microbatches"}; /* tests/sh/test_torchtitan_configs.sh */
 static const char *const MEANINGLESS[] = {
-    "model.hf_assets_path",                  /* read by `tetra data prepare --tokenizer`; training reads shards */
-    "optimizer.implementation",              /* one fused pass per shard whatever the style */
-    "training.gc_freq",                      /* no garbage collector */
-    "profiling.profiler_warmup",             /* the tracer needs no warm-up */
+    "model.hf_assets_path",                     /* read by `tetra data prepare --tokenizer`; training reads shards */
+    "optimizer.implementation",                 /* one fused pass per shard whatever the style */
+    "training.gc_freq",                         /* no garbage collector */
+    "profiling.profiler_warmup",                /* the tracer needs no warm-up */
     "activation_checkpoint.preserve_rng_state", /* the forward draws no random numbers */
     "compile.enable", "compile.components", "compile.backend", /* kernels are compiled ahead of time */
-    "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree", /* refused unless 1 */
+    "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",            /* refused unless 1 */
     "parallelism.module_fqns_per_model_part", "metrics.enable_wandb", "job.custom_config_module", /* refused */
     /* TorchTitan v0.2.2 keys with no meaning in C: accepted, and named in a start-up notice */
     "training.dataloader.num_workers", "training.dataloader.persistent_workers", "training.dataloader.pin_memory",
@@ -379,8 +461,8 @@ static void test_no_silent_keys(void) {
         snprintf(sec, sizeof sec, "%.*s", (int)(dot - WORKS[i]), WORKS[i]);
         CHECK(cfg_find_key(sec, dot + 1) != NULL, "WORKS names an unknown key %s", WORKS[i]);
     }
-    printf("no silent keys: %d keys, %zu work, %zu have no meaning in tetra, %d refused when set\n", cfg_n_keys, nw,
-           nm, refused);
+    printf("no silent keys: %d keys, %zu work, %zu have no meaning in tetra, %d refused when set\n", cfg_n_keys, nw, nm,
+           refused);
 }
 
 int main(void) {

@@ -22,7 +22,6 @@
 #include "cli/train.h"
 #include "tests/check.h"
 
-
 /* what the hooks saw, in order */
 static char trace[4096];
 static void note(const char *s) {
@@ -104,8 +103,8 @@ int main(void) {
     cfg_parallel_dims dims;
     cfg_init(&c);
     CHECK(cfg_set_string(&c, "model.converters", "float8,int4", err, sizeof err) == 0, "set: %s", err);
-    CHECK(cfg_validate(&c, 1, &dims, err, sizeof err) != 0 && strstr(err, "\"int4\"") &&
-              strstr(err, "record_before") && strstr(err, "float8"),
+    CHECK(cfg_validate(&c, 1, &dims, err, sizeof err) != 0 && strstr(err, "\"int4\"") && strstr(err, "record_before") &&
+              strstr(err, "float8"),
           "unknown converter refused: %s", err);
     cfg_free(&c);
     cfg_init(&c);
@@ -120,10 +119,26 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
-    char *argv[] = {"train", "--job.config_file", "configs/debug_model.toml", "--job.dump_folder", dump,
-                    "--training.steps", "3", "--training.seq_len", "64", "--training.local_batch_size", "2",
-                    "--model.n_layers", "2", "--training.device", "cpu", "--metrics.log_freq", "1",
-                    "--model.converters", "record_before,float8,record_after", NULL};
+    char *argv[] = {"train",
+                    "--job.config_file",
+                    "configs/debug_model.toml",
+                    "--job.dump_folder",
+                    dump,
+                    "--training.steps",
+                    "3",
+                    "--training.seq_len",
+                    "64",
+                    "--training.local_batch_size",
+                    "2",
+                    "--model.n_layers",
+                    "2",
+                    "--training.device",
+                    "cpu",
+                    "--metrics.log_freq",
+                    "1",
+                    "--model.converters",
+                    "record_before,float8,record_after",
+                    NULL};
     int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
     int rc = train_main(argc, argv);
     CHECK(rc == 0, "training with the converters exited %d", rc);

@@ -17,8 +17,6 @@
 #include "kernels/ops.h"
 #include "tests/check.h"
 
-
-
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static unsigned char rnd_byte(void) {
     rng_state ^= rng_state >> 12;
@@ -56,7 +54,8 @@ static void check_case(const tetra_ops *o, const case_2d *c) {
             diff++;
             if (first == dn) first = i;
         }
-    CHECK(diff == 0, "copy_2d width %zu dpitch %zu spitch %zu rows %zu (offsets %zu, %zu): %zu bytes differ, first at %zu",
+    CHECK(diff == 0,
+          "copy_2d width %zu dpitch %zu spitch %zu rows %zu (offsets %zu, %zu): %zu bytes differ, first at %zu",
           c->width, c->dpitch, c->spitch, c->rows, c->doff, c->soff, diff, first);
     CHECK(!memcmp(src, src0, sn), "copy_2d width %zu rows %zu wrote into its source", c->width, c->rows);
     free(src), free(src0), free(dst), free(want);
@@ -64,17 +63,17 @@ static void check_case(const tetra_ops *o, const case_2d *c) {
 
 static void test_shapes(const tetra_ops *o) {
     const case_2d cases[] = {
-        {1, 1, 1, 1, 0, 0},          // one byte
-        {3, 7, 5, 11, 1, 3},         // odd everything, unaligned
-        {13, 13, 29, 9, 0, 5},       // packed destination, gapped source
-        {13, 31, 13, 9, 7, 0},       // gapped destination, packed source
-        {100, 100, 100, 7, 2, 0},    // both packed: one block
-        {0, 16, 16, 5, 0, 0},        // no width
-        {12, 16, 20, 0, 0, 0},       // no rows
-        {0, 0, 0, 0, 0, 0},          // neither
+        {1, 1, 1, 1, 0, 0},                                    // one byte
+        {3, 7, 5, 11, 1, 3},                                   // odd everything, unaligned
+        {13, 13, 29, 9, 0, 5},                                 // packed destination, gapped source
+        {13, 31, 13, 9, 7, 0},                                 // gapped destination, packed source
+        {100, 100, 100, 7, 2, 0},                              // both packed: one block
+        {0, 16, 16, 5, 0, 0},                                  // no width
+        {12, 16, 20, 0, 0, 0},                                 // no rows
+        {0, 0, 0, 0, 0, 0},                                    // neither
         {4 * 129, 4 * 129 * 8, 4 * 129, 4099, 4 * 129 * 3, 0}, // a column block into full rows, threaded
         {4 * 129, 4 * 129, 4 * 129 * 8, 4099, 0, 4 * 129 * 5}, // and back
-        {1001, 1027, 1003, 2111, 1, 1},                          // odd and threaded
+        {1001, 1027, 1003, 2111, 1, 1},                        // odd and threaded
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(o, &cases[i]);
 }

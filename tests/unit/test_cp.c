@@ -21,8 +21,6 @@
 #include "parallel/mesh.h"
 #include "tests/check.h"
 
-
-
 static uint64_t lcg_state;
 static void seed(uint64_t s) { lcg_state = s * 0x9E3779B97F4A7C15ull + 1; }
 static float unif(void) {
@@ -39,8 +37,6 @@ static double rel(const float *a, const float *b, size_t n) {
     }
     return m > 0 ? sqrt(d / m) : sqrt(d);
 }
-
-
 
 /* Causal attention over whole sequences in double precision: the ground truth both
  * the unsharded op and context parallel are measured against. q/out/dout [B, T, H, D],
@@ -78,7 +74,8 @@ static void exact_attention(double *out, double *dq, double *dk, double *dv, con
                     dd += a * di[e];
                 }
                 for (int j = j0; j <= i; j++) {
-                    const float *kj = k + (((size_t)b * T + j) * KV + kh) * D, *vj = v + (((size_t)b * T + j) * KV + kh) * D;
+                    const float *kj = k + (((size_t)b * T + j) * KV + kh) * D,
+                                *vj = v + (((size_t)b * T + j) * KV + kh) * D;
                     double dp = 0, pj = p[j] / l;
                     for (int e = 0; e < D; e++) dp += (double)di[e] * vj[e];
                     const double ds = pj * (dp - dd) * scale;
@@ -230,8 +227,7 @@ static void test_attention(comm_group *g, int bf16, int docs) {
             local_rows64(edv, xdv, B, T, KV * D, pos, t);
             for (int b = 0; b < B; b++) /* lse [B, H, T] -> [B, H, t] */
                 for (int h = 0; h < H; h++)
-                    for (int x = 0; x < t; x++)
-                        rl[((size_t)b * H + h) * t + x] = lse[((size_t)b * H + h) * T + pos[x]];
+                    for (int x = 0; x < t; x++) rl[((size_t)b * H + h) * t + x] = lse[((size_t)b * H + h) * T + pos[x]];
             if (bf16) {
                 to_bf16(lq_in, xq, lq);
                 to_bf16(lk_in, xk, lk);
@@ -273,9 +269,10 @@ static void test_attention(comm_group *g, int bf16, int docs) {
             const double xr[4] = {err64(ro, eo, lq), err64(rdq, edq, lq), err64(rdk, edk, lk), err64(rdv, edv, lk)};
             static const char *const what[5] = {"out", "lse", "dq", "dk", "dv"};
             const char *mname = method ? "alltoall" : "allgather";
-            const char *bname = bal ? (doc ? "headtail block_causal" : "headtail") : (doc ? "none block_causal" : "none");
-            CHECK(e[0] <= tol && e[1] <= 1e-6, "cp %d %s %s %s: out %.3g lse %.3g", cp, bf16 ? "bf16" : "fp32",
-                  mname, bname, e[0], e[1]);
+            const char *bname =
+                bal ? (doc ? "headtail block_causal" : "headtail") : (doc ? "none block_causal" : "none");
+            CHECK(e[0] <= tol && e[1] <= 1e-6, "cp %d %s %s %s: out %.3g lse %.3g", cp, bf16 ? "bf16" : "fp32", mname,
+                  bname, e[0], e[1]);
             for (int i = 0; i < 4; i++)
                 CHECK(xc[i] <= fmax(bf16 ? 1e-2 : 1e-6, 3.0 * xr[i]),
                       "cp %d %s %s %s: %s error %.3g against the truth, the unsharded op's %.3g", cp,
@@ -286,8 +283,9 @@ static void test_attention(comm_group *g, int bf16, int docs) {
              * another order: 5e-6 on AVX2, where the op's own dq error is 4e-6). */
             if (!bf16 && !method)
                 for (int i = 2; i < 5; i++)
-                    CHECK(e[i] <= fmax(1e-6, 2.0 * xr[i - 1]), "cp %d fp32 %s %s: %s %.3g from the unsharded op (its own error %.3g)",
-                          cp, mname, bname, what[i], e[i], xr[i - 1]);
+                    CHECK(e[i] <= fmax(1e-6, 2.0 * xr[i - 1]),
+                          "cp %d fp32 %s %s: %s %.3g from the unsharded op (its own error %.3g)", cp, mname, bname,
+                          what[i], e[i], xr[i - 1]);
             if (check_rank == 0)
                 printf("cp %d %-4s %-9s %-8s: vs unsharded op: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; "
                        "vs fp64 truth (unsharded op): out %.1e (%.1e) dq %.1e (%.1e) dk %.1e (%.1e) dv %.1e (%.1e)\n",
@@ -295,9 +293,9 @@ static void test_attention(comm_group *g, int bf16, int docs) {
                        xr[1], xc[2], xr[2], xc[3], xr[3]);
             free(ws);
         }
-    void *all[] = {xo, xdq, xdk, xdv, eo, edq, edk, edv, q, k, v, dout, out, lse, dq, dk, dv, q16, k16, v16, o16, do16, dq16, dk16, dv16, xq, xk, xv,
-                   xdo, wo, wl, wdq, wdk, wdv, ro, rl, rdq, rdk, rdv, lq_in, lk_in, lv_in, ldo, lo, ldq, ldk,
-                   ldv};
+    void *all[] = {xo,  xdq, xdk, xdv, eo,  edq,  edk,  edv,   q,     k,     v,   dout, out, lse, dq, dk,
+                   dv,  q16, k16, v16, o16, do16, dq16, dk16,  dv16,  xq,    xk,  xv,   xdo, wo,  wl, wdq,
+                   wdk, wdv, ro,  rl,  rdq, rdk,  rdv,  lq_in, lk_in, lv_in, ldo, lo,   ldq, ldk, ldv};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(doc);
 }

@@ -21,8 +21,6 @@
 #include <unistd.h>
 #include "tests/check.h"
 
-
-
 static char g_dir[256];
 
 /* what to break while writing */
@@ -31,12 +29,12 @@ typedef struct {
     int width;         /* bytes per id written */
     const char *magic; /* 9 bytes */
     uint64_t version;
-    int modes;         /* append sequence modes */
-    int shift_ptr;     /* sequence 2's pointer moved by this many bytes */
-    int bin_extra;     /* bytes appended to (>0) or cut from (<0) the .bin */
-    int bad_doc;       /* document index 2 set to 0 */
-    int cut_idx;       /* bytes cut from the .idx's end */
-    int grouped;       /* 4 documents of sequences {0,1} {2,3} {4,5} {6} instead of 7 of one */
+    int modes;     /* append sequence modes */
+    int shift_ptr; /* sequence 2's pointer moved by this many bytes */
+    int bin_extra; /* bytes appended to (>0) or cut from (<0) the .bin */
+    int bad_doc;   /* document index 2 set to 0 */
+    int cut_idx;   /* bytes cut from the .idx's end */
+    int grouped;   /* 4 documents of sequences {0,1} {2,3} {4,5} {6} instead of 7 of one */
 } spec;
 
 static void put(FILE *f, uint64_t v, int n) {
@@ -57,7 +55,8 @@ static char *write_ds(const char *name, const spec *s, const int64_t *override) 
     snprintf(p, sizeof p, "%s.bin", prefix);
     FILE *f = fopen(p, "wb");
     int n = NTOK * s->width + (s->bin_extra < 0 ? s->bin_extra : 0);
-    for (int i = 0; i < NTOK && (i + 1) * s->width <= n; i++) put(f, (uint64_t)(override ? override[i] : tok(i)), s->width);
+    for (int i = 0; i < NTOK && (i + 1) * s->width <= n; i++)
+        put(f, (uint64_t)(override ? override[i] : tok(i)), s->width);
     for (int i = 0; i < s->bin_extra; i++) fputc(0, f);
     fclose(f);
     snprintf(p, sizeof p, "%s.idx", prefix);
@@ -95,9 +94,7 @@ static spec ok_spec(int code, int width) {
 }
 
 static void test_dtypes(void) {
-    static const struct {
-        int code, width;
-    } t[] = {{1, 1}, {2, 1}, {3, 2}, {8, 2}, {4, 4}, {5, 8}};
+    static const struct { int code, width; } t[] = {{1, 1}, {2, 1}, {3, 2}, {8, 2}, {4, 4}, {5, 8}};
     for (size_t k = 0; k < sizeof t / sizeof *t; k++) {
         spec s = ok_spec(t[k].code, t[k].width);
         char name[32];
@@ -123,8 +120,8 @@ static void expect_open_fails(const char *name, const spec *s, const char *want)
     char *prefix = write_ds(name, s, NULL);
     mg_dataset d;
     char err[512] = "";
-    CHECK(mg_open(&d, prefix, err, sizeof err) != 0 && strstr(err, want) && strstr(err, name), "%s: want '%s', got '%s'",
-          name, want, err);
+    CHECK(mg_open(&d, prefix, err, sizeof err) != 0 && strstr(err, want) && strstr(err, name),
+          "%s: want '%s', got '%s'", name, want, err);
 }
 
 static void test_refusals(void) {
@@ -174,9 +171,7 @@ static dl_config cfg(int T, int B, int r, int R, uint32_t vocab) {
     return c;
 }
 
-static void quiet_epoch(void *u, uint64_t e, const char *m) {
-    (void)u, (void)e, (void)m;
-}
+static void quiet_epoch(void *u, uint64_t e, const char *m) { (void)u, (void)e, (void)m; }
 
 static void test_loader(void) {
     spec s = ok_spec(8, 2);
@@ -193,7 +188,8 @@ static void test_loader(void) {
     CHECK(one != NULL, "%s", err);
     if (!one) return;
     CHECK(dl_windows_per_epoch(one) == 13 && dl_num_tokens(one) == NTOK && dl_vocab_size(one) == 2048 &&
-          dl_bos_id(one) == -1 && dl_eos_id(one) == -1, "facts");
+              dl_bos_id(one) == -1 && dl_eos_id(one) == -1,
+          "facts");
     int32_t in[4 * 9], lab[4 * 9], in2[2][2 * 9], lab2[2][2 * 9];
     dl_loader *two[2];
     for (int r = 0; r < 2; r++) {
@@ -241,7 +237,8 @@ static void test_loader(void) {
     CHECK(!dl_open_config(prefix, "train", &c0, err, sizeof err) && strstr(err, "records no vocabulary"), "%s", err);
     dl_config cv = cfg(9, 1, 0, 1, 70000);
     CHECK(!dl_open_config(prefix, "train", &cv, err, sizeof err) && strstr(err, "uint16, at most 65535") &&
-          strstr(err, "70000"), "%s", err);
+              strstr(err, "70000"),
+          "%s", err);
     spec s8 = ok_spec(1, 1);
     char *p8 = write_ds("u8", &s8, NULL);
     dl_config c300 = cfg(9, 1, 0, 1, 300);
@@ -263,7 +260,8 @@ static void test_loader(void) {
     mg_dataset d;
     int32_t w[10];
     CHECK(mg_open(&d, p4, err, sizeof err) == 0 && mg_read(&d, 115, 10, 2048, w, err, sizeof err) != 0 &&
-          strstr(err, "token 120 (sequence 6) holds id -3"), "%s", err);
+              strstr(err, "token 120 (sequence 6) holds id -3"),
+          "%s", err);
     mg_close(&d);
 }
 

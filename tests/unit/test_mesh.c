@@ -10,8 +10,6 @@
 #include "parallel/mesh.h"
 #include "tests/check.h"
 
-
-
 static void test_resolve(void) {
     mesh m;
     char err[512];
@@ -72,8 +70,8 @@ static void test_coords(void) {
 static void test_partitions(void) {
     const int layouts[][6] = {
         /* world, pp, rep, shard, cp, tp */
-        {8, 1, 1, -1, 1, 1}, {8, 1, 2, -1, 1, 1}, {8, 1, 2, 2, 1, 2}, {16, 2, 1, 2, 2, 2}, {24, 2, 3, 2, 1, 2},
-        {4, 1, 4, 1, 1, 1},  {12, 1, 1, 3, 2, 2},
+        {8, 1, 1, -1, 1, 1}, {8, 1, 2, -1, 1, 1}, {8, 1, 2, 2, 1, 2},  {16, 2, 1, 2, 2, 2},
+        {24, 2, 3, 2, 1, 2}, {4, 1, 4, 1, 1, 1},  {12, 1, 1, 3, 2, 2},
     };
     for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
         const int *L = layouts[li];
@@ -97,8 +95,9 @@ static void test_partitions(void) {
                 }
                 seen[color * n + gr]++;
             }
-            for (int i = 0; i < m.world; i++) CHECK(seen[i] == 1, "layout %zu %s: slot %d seen %d times", li,
-                                                    mesh_group_name((mesh_group_id)g), i, seen[i]);
+            for (int i = 0; i < m.world; i++)
+                CHECK(seen[i] == 1, "layout %zu %s: slot %d seen %d times", li, mesh_group_name((mesh_group_id)g), i,
+                      seen[i]);
             free(seen);
             free(mem);
         }

@@ -29,11 +29,9 @@
 #include <unistd.h>
 #include "tests/check.h"
 
-
-
-#define T 15               /* windows of 16 tokens */
+#define T 15 /* windows of 16 tokens */
 #define VOCAB 65536u
-#define N 10000            /* samples checked */
+#define N 10000 /* samples checked */
 static char g_dir[256];
 
 /* one split: n tokens base + p, in one shard */
@@ -217,9 +215,12 @@ static void test_stream(void) {
           "dl_source_counts %llu %llu %llu", (unsigned long long)cnt[0], (unsigned long long)cnt[1],
           (unsigned long long)cnt[2]);
     CHECK(dl_num_sources(dl) == 3 && fabs(dl_source_weight(dl, 1) - 0.3) < 1e-12 && dl_source_windows(dl, 2) == 150 &&
-          dl_num_tokens(dl) == 4807 + 3200 + 2403, "facts");
+              dl_num_tokens(dl) == 4807 + 3200 + 2403,
+          "facts");
     char line[2048];
-    CHECK(dl_mix_summary(dl, N, line, sizeof line) == 0 && strstr(line, "a: weight 0.5000, realised 0.4993 (4993 of 10000"), "%s", line);
+    CHECK(dl_mix_summary(dl, N, line, sizeof line) == 0 &&
+              strstr(line, "a: weight 0.5000, realised 0.4993 (4993 of 10000"),
+          "%s", line);
     printf("summary: %s\n", line);
     dl_close(dl);
 
@@ -300,7 +301,8 @@ static void test_refusals(void) {
     double wq[3] = {1, 1, 1};
     mix_plan m;
     CHECK(mix_plan_init(&m, wq, 3, 0, err, sizeof err) == 0 && m.quota[0] + m.quota[1] + m.quota[2] == MIX_BLOCK &&
-          m.quota[0] == 1366 && m.quota[2] == 1365, "thirds: %u %u %u", m.quota[0], m.quota[1], m.quota[2]);
+              m.quota[0] == 1366 && m.quota[2] == 1365,
+          "thirds: %u %u %u", m.quota[0], m.quota[1], m.quota[2]);
     mix_plan_free(&m);
 }
 

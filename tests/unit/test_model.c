@@ -20,8 +20,6 @@
 #include "models/llama3/model.h"
 #include "tests/check.h"
 
-
-
 static char tmpdir[512];
 
 static void make_model(llama3_model *m, const char *flavor, int max_seq) {
@@ -55,16 +53,16 @@ static void test_philox(void) {
     /* Random123 known-answer vectors for philox4x32-10 */
     static const uint32_t kat[3][10] = {
         {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
-        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e,
-         0xa20bc7c6, 0x6d5451fd},
-        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb,
-         0x5001e420, 0x24126ea1},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e, 0xa20bc7c6,
+         0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb, 0x5001e420,
+         0x24126ea1},
     };
     for (int v = 0; v < 3; v++) {
         uint32_t out[4];
         llama3_philox4x32_10(out, kat[v], kat[v] + 4);
-        CHECK(!memcmp(out, kat[v] + 6, sizeof out), "philox vector %d: %08x %08x %08x %08x", v, out[0], out[1],
-              out[2], out[3]);
+        CHECK(!memcmp(out, kat[v] + 6, sizeof out), "philox vector %d: %08x %08x %08x %08x", v, out[0], out[1], out[2],
+              out[3]);
     }
     /* the quantile inverts the normal CDF: x within 1.15e-9 relative of the exact
      * quantile, so Phi(x) within phi(x) |x| 1.15e-9 of p */
@@ -113,15 +111,14 @@ static void test_init(void) {
         const float *w = m1.param_mem + p->offset;
         for (int r = 0; r < 8; r++) {
             size_t j = lcg() % p->numel;
-            float want = p->init_ones ? 1.0f
-                                      : llama3_rng_trunc_normal(1234, p->name, j, p->init_std, p->init_lo, p->init_hi);
+            float want =
+                p->init_ones ? 1.0f : llama3_rng_trunc_normal(1234, p->name, j, p->init_std, p->init_lo, p->init_hi);
             CHECK(w[j] == want, "%s[%zu] = %g, rng gives %g", p->name, j, w[j], want);
         }
         size_t start = p->numel / 3, count = p->numel / 5 + 1;
         float *slice = malloc(count * sizeof(float));
         llama3_init_param_range(p, 1234, start, count, slice);
-        CHECK(!memcmp(slice, w + start, count * sizeof(float)), "%s: slice [%zu, +%zu) differs", p->name, start,
-              count);
+        CHECK(!memcmp(slice, w + start, count * sizeof(float)), "%s: slice [%zu, +%zu) differs", p->name, start, count);
         free(slice);
     }
 
@@ -235,7 +232,8 @@ static void test_i_then_w(void) {
 static void test_acts_memory(void) {
     llama3_model m;
     make_model(&m, "debugmodel", 4096);
-    size_t b1 = llama3_acts_bytes(&m, 8, 1024), b2 = llama3_acts_bytes(&m, 8, 2048), b3 = llama3_acts_bytes(&m, 8, 3072);
+    size_t b1 = llama3_acts_bytes(&m, 8, 1024), b2 = llama3_acts_bytes(&m, 8, 2048),
+           b3 = llama3_acts_bytes(&m, 8, 3072);
     double gib = (double)b2 / (1 << 30);
     CHECK(gib < 3.0, "debugmodel 8 x 2048 activations %.2f GiB", gib);
     /* linear in t: the second difference vanishes up to alignment and workspace slack */
@@ -372,7 +370,8 @@ static void write_st(const char *path, const st_tensor *ts, int n) {
         size_t bytes = numel * (strcmp(ts[i].dtype, "F16") ? 4 : 2);
         json_t *e = json_pack("{s:s, s:[], s:[I, I]}", "dtype", ts[i].dtype, "shape", "data_offsets", (json_int_t)off,
                               (json_int_t)(off + bytes));
-        for (int d = 0; d < ts[i].ndim; d++) json_array_append_new(json_object_get(e, "shape"), json_integer(ts[i].shape[d]));
+        for (int d = 0; d < ts[i].ndim; d++)
+            json_array_append_new(json_object_get(e, "shape"), json_integer(ts[i].shape[d]));
         json_object_set_new(root, ts[i].name, e);
         off += bytes;
     }
@@ -518,8 +517,9 @@ static void test_hf(void) {
     write_st(path, ts + half, nt - half);
     json_t *wm = json_object();
     for (int i = 0; i < nt; i++)
-        json_object_set_new(wm, ts[i].name,
-                            json_string(i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors"));
+        json_object_set_new(
+            wm, ts[i].name,
+            json_string(i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors"));
     json_t *idx = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)bytes, "weight_map", wm);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     json_dump_file(idx, path, 0);
@@ -625,7 +625,7 @@ static void test_stage_local(void) {
             const llama3_param *p = &st[i].params[k];
             const llama3_param *q = llama3_find_param(&full, p->name);
             same &= q && q->numel == p->numel && q->shape[0] == p->shape[0] && q->shape[1] == p->shape[1] &&
-                    !memcmp(st[i].param_mem + p->offset, full.param_mem + q->offset, p->numel * sizeof(float));
+                !memcmp(st[i].param_mem + p->offset, full.param_mem + q->offset, p->numel * sizeof(float));
             held += p->numel;
         }
     }
@@ -709,10 +709,10 @@ static void test_keep_policy(void) {
 
     unsigned masks[4][6];
     for (int l = 0; l < L; l++) {
-        masks[0][l] = LLAMA3_KEEP_NONE;                                      /* full AC */
-        masks[1][l] = l % 2 ? LLAMA3_KEEP_ALL : LLAMA3_KEEP_NONE;            /* every 2nd block */
+        masks[0][l] = LLAMA3_KEEP_NONE;                                                /* full AC */
+        masks[1][l] = l % 2 ? LLAMA3_KEEP_ALL : LLAMA3_KEEP_NONE;                      /* every 2nd block */
         masks[2][l] = LLAMA3_KEEP_ATT | LLAMA3_KEEP_Q | LLAMA3_KEEP_V | LLAMA3_KEEP_A; /* op-level style */
-        masks[3][l] = (unsigned)(l * 173 + 5) & LLAMA3_KEEP_ALL;             /* arbitrary */
+        masks[3][l] = (unsigned)(l * 173 + 5) & LLAMA3_KEEP_ALL;                       /* arbitrary */
     }
     const char *names[4] = {"keep none", "every other block", "attention + every other matmul", "arbitrary"};
     const size_t all_bytes = llama3_acts_bytes_policy(&m, NULL, b, t);
@@ -744,8 +744,9 @@ static void test_keep_policy(void) {
         }
         size_t kb = llama3_acts_bytes_policy(&m, masks[k], b, t);
         CHECK(kb < all_bytes, "%s keeps %zu bytes of %zu", names[k], kb, all_bytes);
-        if (k == 0) printf("test_model: debugmodel 2 x 32: keep-all %zu bytes, keep-none %zu bytes per microbatch\n",
-                           all_bytes, kb);
+        if (k == 0)
+            printf("test_model: debugmodel 2 x 32: keep-all %zu bytes, keep-none %zu bytes per microbatch\n", all_bytes,
+                   kb);
     }
     /* a block that keeps nothing holds only the residual stream: (L + 1) x 2 x [N, C] plus the head */
     const size_t none = llama3_acts_bytes_policy(&m, masks[0], b, t);
@@ -812,8 +813,8 @@ static void test_linear_impl(void) {
     llama3_zero_grads(&m);
     double l2 = llama3_forward(&m, a, in, tg, 0.1f, NULL);
     llama3_backward(&m, a);
-    CHECK(lin_calls[0] == n_lin && lin_calls[1] == n_lin && lin_calls[2] == n_lin, "calls %d %d %d of %d",
-          lin_calls[0], lin_calls[1], lin_calls[2], n_lin);
+    CHECK(lin_calls[0] == n_lin && lin_calls[1] == n_lin && lin_calls[2] == n_lin, "calls %d %d %d of %d", lin_calls[0],
+          lin_calls[1], lin_calls[2], n_lin);
     int each = 1;
     for (int i = 0; i < m.n_params; i++) each &= !m.is_linear[i] || per[i] == 1;
     CHECK(each, "each linear's state saw its own weight-gradient call");

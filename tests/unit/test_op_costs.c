@@ -25,8 +25,6 @@
 #include "kernels/ops_record.h"
 #include "tests/check.h"
 
-
-
 static int near(double a, double b) { return a == b || (a - b) * (a - b) <= 1e-18 * (a * a + b * b); }
 
 /* launches of each kind, bytes moved and the path */
@@ -91,8 +89,8 @@ static void test_gemms(void) {
     g = gemm(TETRA_FP8_E4M3, TETRA_FP8_E4M3, TETRA_BF16, 0, 1, 8192, 4096, 4096);
     g.a_scale = s, g.b_scale = s + 1, g.scale_rowwise = 1;
     opc_gemm(&c, &h100, P(1), P(2), P(3), &g);
-    expect("fp8 rowwise (H100)", &c, 1, 1, 0, 0,
-           (N * C + C * C + 4 * N * C) + (4 * N * C + 4 * (N + C) + 2 * N * C), "fp8+epilogue");
+    expect("fp8 rowwise (H100)", &c, 1, 1, 0, 0, (N * C + C * C + 4 * N * C) + (4 * N * C + 4 * (N + C) + 2 * N * C),
+           "fp8+epilogue");
     op_cost_device outer = h100;
     outer.outer_vector_scales = 1;
     opc_gemm(&c, &outer, P(1), P(2), P(3), &g);
@@ -108,8 +106,8 @@ static void test_gemms(void) {
     a100.sm_major = 8;
     g = gemm(TETRA_FP8_E4M3, TETRA_FP8_E4M3, TETRA_F32, 0, 0, 64, 64, 64);
     opc_gemm(&c, &a100, P(1), P(2), P(3), &g);
-    CHECK(c.kernels == 3 && c.gemms == 1 && !strcmp(c.path, "bf16"), "fp8 on sm_80: k %d g %d %s", c.kernels,
-          c.gemms, c.path);
+    CHECK(c.kernels == 3 && c.gemms == 1 && !strcmp(c.path, "bf16"), "fp8 on sm_80: k %d g %d %s", c.kernels, c.gemms,
+          c.path);
     /* fp32 into bf16: the epilogue; k = 0: only the epilogue */
     g = gemm(TETRA_F32, TETRA_F32, TETRA_BF16, 0, 1, 64, 64, 64);
     opc_gemm(&c, &h100, P(1), P(2), P(3), &g);
@@ -132,8 +130,8 @@ static void test_attention(void) {
     expect("cuDNN forward", &c, 0, 0, 1, 0, 2 * (nq + 2 * nk) + 2 * nq + 4 * rows, "cudnn");
     CHECK(near(c.flops[OPC_FLOP_ATTN_TC], 4.0 * 128 * pairs * 32), "cuDNN forward FLOPs %g", c.flops[OPC_FLOP_ATTN_TC]);
     opc_attention_backward(&c, &h100, TETRA_BF16, P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), &s);
-    expect("cuDNN backward", &c, 0, 0, 1, 0, 2 * (3 * nq + 2 * nk) + 8 * rows + 4 * nq + 2 * (nq + 2 * nk) + 4 * rows + 4 * nq,
-           "cudnn");
+    expect("cuDNN backward", &c, 0, 0, 1, 0,
+           2 * (3 * nq + 2 * nk) + 8 * rows + 4 * nq + 2 * (nq + 2 * nk) + 4 * rows + 4 * nq, "cudnn");
     /* before cuDNN 9.6 the dQ accumulator is zeroed first */
     op_cost_device old = h100;
     old.cudnn_version = 90500;
@@ -231,9 +229,14 @@ static void on_mark(void *user, int on) {
 }
 
 static int run(const char *const *keys, int nkeys, const tetra_ops *ops, int init, sequence *out) {
-    const char *base[] = {"train", "--model.flavor", "tiny", "--training.seq_len", "32", "--training.local_batch_size",
-                          "2", "--training.steps", "10", "--training.threads", "1", "--lr_scheduler.warmup_steps", "1",
-                          "--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option",
+    const char *base[] = {"train",     "--model.flavor",
+                          "tiny",      "--training.seq_len",
+                          "32",        "--training.local_batch_size",
+                          "2",         "--training.steps",
+                          "10",        "--training.threads",
+                          "1",         "--lr_scheduler.warmup_steps",
+                          "1",         "--activation_checkpoint.mode",
+                          "selective", "--activation_checkpoint.selective_ac_option",
                           "op"};
     char *argv[64];
     int argc = 0;
@@ -263,8 +266,9 @@ static void compare(const char *what, const char *const *keys, int nkeys) {
     size_t same = 0;
     while (same < rec.n && same < cpu.n && rec.op[same] == cpu.op[same] && !strcmp(rec.span[same], cpu.span[same]))
         same++;
-    CHECK(rec.n > 50 && rec.n == cpu.n && same == rec.n, "%s: %zu recorded ops, %zu CPU calls, the same up to %zu%s%s%s%s",
-          what, rec.n, cpu.n, same, same < rec.n ? ": recorded " : "", same < rec.n ? op_kind_name(rec.op[same]) : "",
+    CHECK(rec.n > 50 && rec.n == cpu.n && same == rec.n,
+          "%s: %zu recorded ops, %zu CPU calls, the same up to %zu%s%s%s%s", what, rec.n, cpu.n, same,
+          same < rec.n ? ": recorded " : "", same < rec.n ? op_kind_name(rec.op[same]) : "",
           same < cpu.n ? " / cpu " : "", same < cpu.n ? op_kind_name(cpu.op[same]) : "");
     printf("%-28s %zu ops in the step, the same sequence and spans on the CPU: %s\n", what, rec.n,
            same == rec.n && rec.n == cpu.n ? "yes" : "NO");
@@ -323,8 +327,8 @@ int main(void) {
     const char *bf16[] = {"--training.mixed_precision_param", "bfloat16"};
     const char *fp32[] = {"--training.mixed_precision_param", "float32"};
     const char *f8[] = {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8"};
-    const char *f8r[] = {"--training.mixed_precision_param", "bfloat16", "--model.converters", "float8",
-                         "--quantize.linear.float8.recipe_name", "rowwise", "--activation_checkpoint.mode", "none"};
+    const char *f8r[] = {"--training.mixed_precision_param",     "bfloat16", "--model.converters",           "float8",
+                         "--quantize.linear.float8.recipe_name", "rowwise",  "--activation_checkpoint.mode", "none"};
     compare("tiny bf16, AC op", bf16, 2);
     compare("tiny fp32, AC op", fp32, 2);
     compare("tiny float8 tensorwise", f8, 4);

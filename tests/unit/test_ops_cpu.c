@@ -25,8 +25,6 @@
 #include "kernels/ops_math.h"
 #include "tests/check.h"
 
-
-
 // ----------------------------------------------------------------------------
 // small helpers
 
@@ -133,7 +131,7 @@ static void copy_rows(float *dst, const float *src, int b, int s_src, int r0, in
 
 static void test_attention_blocks(void) {
     const int B = 2, H = 4, KV = 2, D = 16;
-    const int bounds[] = {0, 70, 200, 211};  // irregular chunks: 70, 130, 11
+    const int bounds[] = {0, 70, 200, 211}; // irregular chunks: 70, 130, 11
     const int nc = 3, S = 211;
     const int wq = H * D, wk = KV * D;
     size_t nq = (size_t)B * S * wq, nk = (size_t)B * S * wk;
@@ -188,8 +186,8 @@ static void test_attention_blocks(void) {
     }
     double eo = rel_err(bout, out, nq), el = rel_err(blse, lse, (size_t)B * H * S);
     double eq = rel_err(bdq, dq, nq), ek = rel_err(bdk, dk, nk), ev = rel_err(bdv, dv, nk);
-    printf("  attention 3x3 blocks + merge vs one call: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", eo, el, eq,
-           ek, ev);
+    printf("  attention 3x3 blocks + merge vs one call: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", eo, el, eq, ek,
+           ev);
     CHECK(eo < 1e-6 && el < 1e-6, "blockwise forward differs: out %.3e lse %.3e", eo, el);
     CHECK(eq < 1e-6 && ek < 1e-6 && ev < 1e-6, "blockwise backward differs: %.3e %.3e %.3e", eq, ek, ev);
 
@@ -252,7 +250,7 @@ static void test_attention_vector_width(void) {
 // a query block that sees no key at all: zeros and lse = -inf, and merging it is a no-op
 static void test_attention_masked_block(void) {
     const int B = 1, H = 2, KV = 1, D = 8, sq = 10, sk = 12;
-    ops_attn_shape s = shape(B, sq, sk, H, KV, D, 1, 0, 50);  // keys 50..61 after queries 0..9
+    ops_attn_shape s = shape(B, sq, sk, H, KV, D, 1, 0, 50); // keys 50..61 after queries 0..9
     float *q = randn_buf((size_t)sq * H * D, 1), *k = randn_buf((size_t)sk * KV * D, 1);
     float *v = randn_buf((size_t)sk * KV * D, 1);
     float *out = randn_buf((size_t)sq * H * D, 1), *lse = zeros((size_t)H * sq);
@@ -336,9 +334,10 @@ static void test_attention_heap(void) {
     omp_set_num_threads(2);
     for (int mode = 1; mode <= 2; mode++) {
         long long p1 = attention_heap_peak(4096, mode), p2 = attention_heap_peak(8192, mode);
-        double scores = 8192.0 * 8192.0 * sizeof(float);  // one head's S x S at S = 8192
+        double scores = 8192.0 * 8192.0 * sizeof(float); // one head's S x S at S = 8192
         printf("  attention heap (%s backward, 2 threads): S=4096 %.2f MiB, S=8192 %.2f MiB (one head's S^2 "
-               "scores: %.0f MiB)\n", mode == 1 ? "fused" : "split", p1 / 1048576.0, p2 / 1048576.0, scores / 1048576.0);
+               "scores: %.0f MiB)\n",
+               mode == 1 ? "fused" : "split", p1 / 1048576.0, p2 / 1048576.0, scores / 1048576.0);
         CHECK(p1 > 0, "the heap wrappers saw no allocation (is the test linked with --wrap?)");
         CHECK((double)p2 <= 2.1 * (double)p1 + 65536, "heap grows faster than linearly: %lld -> %lld", p1, p2);
         CHECK((double)p2 < scores / 16, "heap peak %lld is not far below one head's S^2 scores", p2);
@@ -350,7 +349,7 @@ static void test_attention_workspace(void) {
     ops_attn_shape s1 = shape(1, 4096, 4096, 32, 8, 128, 1, 0, 0);
     ops_attn_shape s2 = shape(1, 8192, 8192, 32, 8, 128, 1, 0, 0);
     size_t w1 = cpu_attention_workspace_size(&s1), w2 = cpu_attention_workspace_size(&s2);
-    double s2sq = 8192.0 * 8192.0 * 32 * sizeof(float);  // what a materialised B*H*S*S would take
+    double s2sq = 8192.0 * 8192.0 * 32 * sizeof(float); // what a materialised B*H*S*S would take
     printf("  attention workspace: S=4096 %.2f MiB, S=8192 %.2f MiB (S^2 scores would be %.0f MiB)\n", w1 / 1048576.0,
            w2 / 1048576.0, s2sq / 1048576.0);
     CHECK((double)w2 <= 2.05 * (double)w1 + 4096, "workspace grows faster than linearly: %zu -> %zu", w1, w2);
@@ -368,31 +367,29 @@ typedef struct {
 static void test_casts(void) {
     const float nan = NAN, inf = INFINITY;
     const cast_case e4m3[] = {
-        {0.0f, 0x00}, {-0.0f, 0x80}, {1.0f, 0x38}, {-1.0f, 0xb8},
-        {1.0625f, 0x38},   // tie between 1 (even) and 1.125 -> 1
-        {1.1875f, 0x3a},   // tie between 1.125 (odd) and 1.25 -> 1.25
-        {240.0f, 0x77}, {448.0f, 0x7e}, {449.0f, 0x7e}, {464.0f, 0x7e}, {1e9f, 0x7e}, {-1e9f, 0xfe},
-        {inf, 0x7e}, {-inf, 0xfe}, {nan, 0x7f}, {-nan, 0xff},
-        {0x1p-9f, 0x01},   // smallest subnormal
-        {0x1p-10f, 0x00},  // tie between 0 (even) and 2^-9 -> 0
-        {0x3p-10f, 0x02},  // tie between 1 and 2 units -> 2
-        {0x7p-9f, 0x07}, {0xfp-10f, 0x08},  // 7.5 units: tie 7/8 -> 8 = smallest normal
-        {0x1p-6f, 0x08}, {0x1p-12f, 0x00}, {1e-45f, 0x00}, {-1e-45f, 0x80},
+        {0.0f, 0x00},     {-0.0f, 0x80},    {1.0f, 0x38},   {-1.0f, 0xb8},   {1.0625f, 0x38}, // tie between 1 (even) and 1.125 -> 1
+        {1.1875f, 0x3a}, // tie between 1.125 (odd) and 1.25 -> 1.25
+        {240.0f, 0x77},   {448.0f, 0x7e},   {449.0f, 0x7e}, {464.0f, 0x7e},  {1e9f, 0x7e},    {-1e9f, 0xfe},
+        {inf, 0x7e},      {-inf, 0xfe},     {nan, 0x7f},    {-nan, 0xff},    {0x1p-9f, 0x01}, // smallest subnormal
+        {0x1p-10f, 0x00},                   // tie between 0 (even) and 2^-9 -> 0
+        {0x3p-10f, 0x02},                   // tie between 1 and 2 units -> 2
+        {0x7p-9f, 0x07},  {0xfp-10f, 0x08}, // 7.5 units: tie 7/8 -> 8 = smallest normal
+        {0x1p-6f, 0x08},  {0x1p-12f, 0x00}, {1e-45f, 0x00}, {-1e-45f, 0x80},
     };
     const cast_case e5m2[] = {
-        {0.0f, 0x00}, {-0.0f, 0x80}, {1.0f, 0x3c}, {1.125f, 0x3c}, {1.375f, 0x3e}, {-2.0f, 0xc0},
-        {57344.0f, 0x7b}, {61439.0f, 0x7b}, {61440.0f, 0x7b}, {1e30f, 0x7b}, {inf, 0x7b}, {-inf, 0xfb},
-        {nan, 0x7e}, {-nan, 0xfe}, {0x1p-16f, 0x01}, {0x1p-17f, 0x00}, {0x3p-17f, 0x02}, {0x1p-14f, 0x04},
-        {0x7p-17f, 0x04},  // 3.5 units: tie 3/4 -> 4 = smallest normal
+        {0.0f, 0x00},     {-0.0f, 0x80},    {1.0f, 0x3c},     {1.125f, 0x3c},   {1.375f, 0x3e},
+        {-2.0f, 0xc0},    {57344.0f, 0x7b}, {61439.0f, 0x7b}, {61440.0f, 0x7b}, {1e30f, 0x7b},
+        {inf, 0x7b},      {-inf, 0xfb},     {nan, 0x7e},      {-nan, 0xfe},     {0x1p-16f, 0x01},
+        {0x1p-17f, 0x00}, {0x3p-17f, 0x02}, {0x1p-14f, 0x04}, {0x7p-17f, 0x04}, // 3.5 units: tie 3/4 -> 4 = smallest normal
     };
     const cast_case bf16[] = {
-        {1.0f, 0x3f80}, {1.00390625f, 0x3f80},  // 1 + 2^-8: tie -> even (1.0)
-        {1.01171875f, 0x3f82},                  // 1 + 3*2^-8: tie -> even (1 + 2^-6)
-        {3.4028235e38f, 0x7f80},                // FLT_MAX rounds up to inf
-        {3.3895314e38f, 0x7f7f},                // largest finite bf16
-        {inf, 0x7f80}, {-inf, 0xff80}, {nan, 0x7fc0}, {-0.0f, 0x8000}, {1e-45f, 0x0000},
-        {0x1p-134f, 0x0000},                    // f32 bits 0x00008000: tie -> 0
-        {0x3p-134f, 0x0002},                    // bits 0x00018000: tie -> 2
+        {1.0f, 0x3f80},          {1.00390625f, 0x3f80}, // 1 + 2^-8: tie -> even (1.0)
+        {1.01171875f, 0x3f82},                          // 1 + 3*2^-8: tie -> even (1 + 2^-6)
+        {3.4028235e38f, 0x7f80},                        // FLT_MAX rounds up to inf
+        {3.3895314e38f, 0x7f7f},                        // largest finite bf16
+        {inf, 0x7f80},           {-inf, 0xff80},        {nan, 0x7fc0},
+        {-0.0f, 0x8000},         {1e-45f, 0x0000},      {0x1p-134f, 0x0000}, // f32 bits 0x00008000: tie -> 0
+        {0x3p-134f, 0x0002},                                                 // bits 0x00018000: tie -> 2
     };
     for (size_t i = 0; i < sizeof e4m3 / sizeof e4m3[0]; i++) {
         unsigned got = tetra_f32_to_e4m3(e4m3[i].x);
@@ -421,8 +418,8 @@ static void test_casts(void) {
     float xs[4] = {1.0f, 300.0f, -1000.0f, NAN}, sc = 2.0f;
     uint8_t q[4];
     cpu_cast_f32_to_fp8(q, xs, &sc, 0, 1, 4, TETRA_FP8_E4M3);
-    CHECK(q[0] == 0x40 && q[1] == 0x7e && q[2] == 0xfe && q[3] == 0x7f, "scaled cast: %02x %02x %02x %02x", q[0],
-          q[1], q[2], q[3]);
+    CHECK(q[0] == 0x40 && q[1] == 0x7e && q[2] == 0xfe && q[3] == 0x7f, "scaled cast: %02x %02x %02x %02x", q[0], q[1],
+          q[2], q[3]);
 }
 
 // ----------------------------------------------------------------------------
@@ -457,10 +454,10 @@ static void test_exp(void) {
         differ += a != b;
     }
     CHECK(differ == 0, "tetra_expf_softmax differs from tetra_expf at %ld of 2000001 points", differ);
-    const float floor38 = tetra_expf(-87.3f);  // 1.22e-38
+    const float floor38 = tetra_expf(-87.3f); // 1.22e-38
     for (float x = -87.3f; x > -1000.0f; x -= 0.37f)
-        CHECK(tetra_expf_softmax(x) == floor38, "tetra_expf_softmax(%g) = %g, not the floor exp(-87.3) = %g",
-              (double)x, (double)tetra_expf_softmax(x), (double)floor38);
+        CHECK(tetra_expf_softmax(x) == floor38, "tetra_expf_softmax(%g) = %g, not the floor exp(-87.3) = %g", (double)x,
+              (double)tetra_expf_softmax(x), (double)floor38);
     CHECK(tetra_expf_softmax(-INFINITY) == floor38, "exp_softmax(-inf)");
     CHECK(isnan(tetra_expf_softmax(NAN)), "exp_softmax(NaN)");
 }
@@ -475,20 +472,63 @@ static void test_table(void) {
     if (!o) return;
     CHECK(!strcmp(o->name, "cpu"), "name");
 #define SLOT(f) CHECK(o->f != NULL, "slot %s is empty", #f)
-    SLOT(alloc); SLOT(release); SLOT(copy_h2d); SLOT(copy_d2h); SLOT(copy); SLOT(synchronize);
-    SLOT(fill); SLOT(scale); SLOT(axpy); SLOT(add); SLOT(sum_squares); SLOT(sum); SLOT(amax); SLOT(amax_rows);
+    SLOT(alloc);
+    SLOT(release);
+    SLOT(copy_h2d);
+    SLOT(copy_d2h);
+    SLOT(copy);
+    SLOT(synchronize);
+    SLOT(fill);
+    SLOT(scale);
+    SLOT(axpy);
+    SLOT(add);
+    SLOT(sum_squares);
+    SLOT(sum);
+    SLOT(amax);
+    SLOT(amax_rows);
     SLOT(transpose);
-    SLOT(cast_f32_to_bf16); SLOT(cast_bf16_to_f32); SLOT(cast_f32_to_fp8); SLOT(cast_fp8_to_f32);
-    SLOT(fp8_scale_from_amax); SLOT(gemm); SLOT(embedding_forward); SLOT(embedding_backward);
-    SLOT(rmsnorm_forward); SLOT(rmsnorm_backward_input); SLOT(rmsnorm_backward_weight);
-    SLOT(rope_forward); SLOT(rope_backward); SLOT(swiglu_forward); SLOT(swiglu_backward);
-    SLOT(attention_workspace_size); SLOT(attention_forward); SLOT(attention_backward); SLOT(attention_merge);
-    SLOT(cross_entropy); SLOT(ce_shard_max); SLOT(ce_shard_sums); SLOT(ce_shard_finish); SLOT(adamw_step);
-    SLOT(adamw_step_bf16); SLOT(embedding_forward_bf16); SLOT(embedding_backward_bf16);
-    SLOT(rmsnorm_forward_bf16); SLOT(rmsnorm_backward_input_bf16); SLOT(rmsnorm_backward_weight_bf16);
-    SLOT(rope_forward_bf16); SLOT(rope_backward_bf16); SLOT(swiglu_forward_bf16); SLOT(swiglu_backward_bf16);
-    SLOT(attention_workspace_size_bf16); SLOT(attention_forward_bf16); SLOT(attention_backward_bf16);
-    SLOT(alloc_count); SLOT(allocated_bytes); SLOT(memory_freeze); SLOT(device_memory); SLOT(compute_stream);
+    SLOT(cast_f32_to_bf16);
+    SLOT(cast_bf16_to_f32);
+    SLOT(cast_f32_to_fp8);
+    SLOT(cast_fp8_to_f32);
+    SLOT(fp8_scale_from_amax);
+    SLOT(gemm);
+    SLOT(embedding_forward);
+    SLOT(embedding_backward);
+    SLOT(rmsnorm_forward);
+    SLOT(rmsnorm_backward_input);
+    SLOT(rmsnorm_backward_weight);
+    SLOT(rope_forward);
+    SLOT(rope_backward);
+    SLOT(swiglu_forward);
+    SLOT(swiglu_backward);
+    SLOT(attention_workspace_size);
+    SLOT(attention_forward);
+    SLOT(attention_backward);
+    SLOT(attention_merge);
+    SLOT(cross_entropy);
+    SLOT(ce_shard_max);
+    SLOT(ce_shard_sums);
+    SLOT(ce_shard_finish);
+    SLOT(adamw_step);
+    SLOT(adamw_step_bf16);
+    SLOT(embedding_forward_bf16);
+    SLOT(embedding_backward_bf16);
+    SLOT(rmsnorm_forward_bf16);
+    SLOT(rmsnorm_backward_input_bf16);
+    SLOT(rmsnorm_backward_weight_bf16);
+    SLOT(rope_forward_bf16);
+    SLOT(rope_backward_bf16);
+    SLOT(swiglu_forward_bf16);
+    SLOT(swiglu_backward_bf16);
+    SLOT(attention_workspace_size_bf16);
+    SLOT(attention_forward_bf16);
+    SLOT(attention_backward_bf16);
+    SLOT(alloc_count);
+    SLOT(allocated_bytes);
+    SLOT(memory_freeze);
+    SLOT(device_memory);
+    SLOT(compute_stream);
     SLOT(set_deterministic);
 #undef SLOT
     CHECK(ops_get("auto", err, sizeof err) != NULL, "ops_get(auto)");
@@ -521,7 +561,7 @@ static void test_memory(void) {
     void *p = o->alloc(1000), *q = o->alloc(4099), *z = o->alloc(0);
     CHECK(p && q && z, "alloc failed");
     CHECK(((uintptr_t)p % 64) == 0 && ((uintptr_t)q % 64) == 0 && ((uintptr_t)z % 64) == 0, "alloc alignment");
-    memset(p, 0xab, 1000);  // the whole requested size is usable (the header sits in front)
+    memset(p, 0xab, 1000); // the whole requested size is usable (the header sits in front)
     memset(q, 0xcd, 4099);
     CHECK(o->alloc_count() == c0 + 3, "alloc_count %zu, want %zu", o->alloc_count(), c0 + 3);
     CHECK(o->allocated_bytes() == b0 + 5099, "allocated_bytes %zu, want %zu", o->allocated_bytes(), b0 + 5099);
@@ -587,8 +627,7 @@ static void test_memory(void) {
     o->device_memory(&fr, &tot);
     CHECK(fr == 0 && tot == 0, "device_memory on the CPU: %zu %zu", fr, tot);
     CHECK(o->compute_stream() == NULL, "compute_stream on the CPU is not NULL");
-    printf("  memory: alloc_count %zu, allocated_bytes %zu after the checks\n", o->alloc_count(),
-           o->allocated_bytes());
+    printf("  memory: alloc_count %zu, allocated_bytes %zu after the checks\n", o->alloc_count(), o->allocated_bytes());
 }
 
 // ----------------------------------------------------------------------------
@@ -610,7 +649,7 @@ typedef struct {
 
 static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, const uint16_t *dy, const int32_t *tok,
                      const float *freqs, int n, int c, int v) {
-    const int S = 100, H = 4, KV = 2, D = 16, B = 2;  // rope/attention view x as [B, S, H, D] (n*c >= that)
+    const int S = 100, H = 4, KV = 2, D = 16, B = 2; // rope/attention view x as [B, S, H, D] (n*c >= that)
     ops_attn_shape s = shape(B, S, S, H, KV, D, 1, 0, 0);
     size_t nx = (size_t)n * c;
     r->out = (uint16_t *)malloc(nx * 2), r->dx = (uint16_t *)malloc(nx * 2), r->rope = (uint16_t *)malloc(nx * 2);
@@ -631,10 +670,10 @@ static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, cons
 static int bf16_same(const bf16_results *a, const bf16_results *b, int n, int c, int v) {
     size_t nx = (size_t)n * c, na = (size_t)2 * 100 * 4 * 16;
     return !memcmp(a->out, b->out, nx * 2) && !memcmp(a->dx, b->dx, nx * 2) && !memcmp(a->rope, b->rope, nx * 2) &&
-           !memcmp(a->sw, b->sw, nx * 2) && !memcmp(a->da, b->da, nx * 2) && !memcmp(a->dg, b->dg, nx * 2) &&
-           !memcmp(a->att, b->att, na * 2) && !memcmp(a->rstd, b->rstd, (size_t)n * 4) &&
-           !memcmp(a->dw, b->dw, (size_t)c * 4) && !memcmp(a->dwte, b->dwte, (size_t)v * c * 4) &&
-           !memcmp(a->lse, b->lse, (size_t)2 * 4 * 100 * 4);
+        !memcmp(a->sw, b->sw, nx * 2) && !memcmp(a->da, b->da, nx * 2) && !memcmp(a->dg, b->dg, nx * 2) &&
+        !memcmp(a->att, b->att, na * 2) && !memcmp(a->rstd, b->rstd, (size_t)n * 4) &&
+        !memcmp(a->dw, b->dw, (size_t)c * 4) && !memcmp(a->dwte, b->dwte, (size_t)v * c * 4) &&
+        !memcmp(a->lse, b->lse, (size_t)2 * 4 * 100 * 4);
 }
 
 static void bf16_free(bf16_results *r) {
@@ -643,10 +682,10 @@ static void bf16_free(bf16_results *r) {
 }
 
 static void test_bf16_determinism(void) {
-    const int n = 400, c = 256, v = 50;  // n*c well above CPU_CHUNK: the ops thread
+    const int n = 400, c = 256, v = 50; // n*c well above CPU_CHUNK: the ops thread
     uint16_t *x = bf16_buf((size_t)n * c, 1), *w = bf16_buf(c, 1), *dy = bf16_buf((size_t)n * c, 1);
     int32_t *tok = (int32_t *)malloc((size_t)n * sizeof(int32_t));
-    for (int i = 0; i < n; i++) tok[i] = (i * 7) % v;  // every token repeats
+    for (int i = 0; i < n; i++) tok[i] = (i * 7) % v; // every token repeats
     float *freqs = zeros((size_t)n * 16);
     ops_rope_table(freqs, 16, n, 500000.0f, 0, 8.0f, 1.0f, 4.0f, 8192);
     bf16_results all, again, one;

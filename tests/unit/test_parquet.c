@@ -19,12 +19,10 @@
 #include <time.h>
 #include "tests/check.h"
 
-
-
 static void test_ints(void) {
     thr_reader r;
-    static const uint8_t b[] = {0x01, 0xAC, 0x02, 0xFE, 0xFF, 0x03, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
-                                0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0x80, 0x80, 0x04};
+    static const uint8_t b[] = {0x01, 0xAC, 0x02, 0xFE, 0xFF, 0x03, 0xFF, 0xFF, 0xFF, 0xFF,
+                                0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0x80, 0x80, 0x04};
     thr_init(&r, b, sizeof b);
     CHECK(thr_int(&r, THR_I32) == -1, "zigzag 1 is -1");
     CHECK(thr_int(&r, THR_I32) == 150, "zigzag 300 is 150");
@@ -49,18 +47,19 @@ static void test_ints(void) {
  *          23: struct { 1: double; 2: uuid; 3: map<i32,string>{7:"x"}; 4: set<byte> {} };
  *          24: false } */
 static const uint8_t g_struct[] = {
-    0x15, 0x0A,                         /* 1: i32 5 */
-    0x11,                               /* 2: true */
-    0x08, 0x28, 0x02, 'a', 'b',         /* long form: type 8, id zigzag(20) = 40 */
-    0x19, 0x26, 0x02, 0x01,             /* 21: list of 2 i64 */
-    0x19, 0xF1, 0x14, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 22: 20 bools */
-    0x1C,                               /* 23: struct */
-    0x17, 0, 0, 0, 0, 0, 0, 0xF0, 0x3F, /*   1: double 1.0 */
-    0x1D, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, /* 2: uuid */
-    0x1B, 0x01, 0x58, 0x0E, 0x01, 'x',  /*   3: map {7: "x"} */
-    0x1A, 0x03,                         /*   4: empty set of bytes */
-    0x00,                               /*   stop */
-    0x12,                               /* 24: false */
+    0x15, 0x0A,                  /* 1: i32 5 */
+    0x11,                        /* 2: true */
+    0x08, 0x28, 0x02, 'a',  'b', /* long form: type 8, id zigzag(20) = 40 */
+    0x19, 0x26, 0x02, 0x01,      /* 21: list of 2 i64 */
+    0x19, 0xF1, 0x14, 1,    1,    1,   1, 1,    1,    1, 1,  1,  1,  1,  1,  1,  1,
+    1,    1,    1,    1,    1,    1,                                                 /* 22: 20 bools */
+    0x1C,                                                                            /* 23: struct */
+    0x17, 0,    0,    0,    0,    0,   0, 0xF0, 0x3F,                                /*   1: double 1.0 */
+    0x1D, 1,    2,    3,    4,    5,   6, 7,    8,    9, 10, 11, 12, 13, 14, 15, 16, /* 2: uuid */
+    0x1B, 0x01, 0x58, 0x0E, 0x01, 'x',                                               /*   3: map {7: "x"} */
+    0x1A, 0x03,                                                                      /*   4: empty set of bytes */
+    0x00,                                                                            /*   stop */
+    0x12,                                                                            /* 24: false */
     0x00};
 
 static void test_struct(void) {
@@ -170,8 +169,9 @@ static int bench(const char *path, const char *column) {
     }
     double dt = now_s() - t0;
     printf("%s: column '%s', %d row groups (%s), %lld rows, %.1f MB of text in %.3f s: %.0f MB/s, %.0f rows/s; "
-           "largest chunk held %.1f MB\n", path, column, pq_num_row_groups(f), pq_codec_name(f, 0), (long long)rows,
-           (double)text / 1e6, dt, (double)text / 1e6 / dt, (double)rows / dt, (double)peak / 1e6);
+           "largest chunk held %.1f MB\n",
+           path, column, pq_num_row_groups(f), pq_codec_name(f, 0), (long long)rows, (double)text / 1e6, dt,
+           (double)text / 1e6 / dt, (double)rows / dt, (double)peak / 1e6);
     pq_column_free(&col);
     pq_close(f);
     return 0;

@@ -20,7 +20,6 @@
 
 static char tmpdir[64];
 
-
 #define GIB 1073741824.0
 
 static void write_text(const char *path, const char *text) {
@@ -35,14 +34,14 @@ static void write_text(const char *path, const char *text) {
 
 static int same_hw(const plan_hw *a, const plan_hw *b) {
     return !strcmp(a->name, b->name) && !strcmp(a->description, b->description) &&
-           a->peak_bf16_flops == b->peak_bf16_flops && a->peak_fp8_flops == b->peak_fp8_flops &&
-           a->peak_fp32_flops == b->peak_fp32_flops && a->memory_bytes == b->memory_bytes &&
-           a->memory_bandwidth == b->memory_bandwidth && a->intra_node_bandwidth == b->intra_node_bandwidth &&
-           a->inter_node_bandwidth == b->inter_node_bandwidth && a->gpus_per_node == b->gpus_per_node &&
-           a->gemm_efficiency == b->gemm_efficiency && a->fp8_gemm_efficiency == b->fp8_gemm_efficiency &&
-           a->attention_efficiency == b->attention_efficiency && a->comm_efficiency == b->comm_efficiency &&
-           a->inter_node_comm_efficiency == b->inter_node_comm_efficiency &&
-           a->memory_efficiency == b->memory_efficiency && a->reserved_bytes == b->reserved_bytes;
+        a->peak_bf16_flops == b->peak_bf16_flops && a->peak_fp8_flops == b->peak_fp8_flops &&
+        a->peak_fp32_flops == b->peak_fp32_flops && a->memory_bytes == b->memory_bytes &&
+        a->memory_bandwidth == b->memory_bandwidth && a->intra_node_bandwidth == b->intra_node_bandwidth &&
+        a->inter_node_bandwidth == b->inter_node_bandwidth && a->gpus_per_node == b->gpus_per_node &&
+        a->gemm_efficiency == b->gemm_efficiency && a->fp8_gemm_efficiency == b->fp8_gemm_efficiency &&
+        a->attention_efficiency == b->attention_efficiency && a->comm_efficiency == b->comm_efficiency &&
+        a->inter_node_comm_efficiency == b->inter_node_comm_efficiency &&
+        a->memory_efficiency == b->memory_efficiency && a->reserved_bytes == b->reserved_bytes;
 }
 
 static void test_shipped(void) {
@@ -76,8 +75,8 @@ static void test_shipped(void) {
     CHECK(h.peak_bf16_flops == 989e12 && h.peak_fp8_flops == 1979e12 && h.peak_fp32_flops == 67e12,
           "h100-sxm peaks %g %g %g", h.peak_bf16_flops, h.peak_fp8_flops, h.peak_fp32_flops);
     CHECK(h.gpus_per_node == 8, "h100-sxm gpus_per_node %d", h.gpus_per_node);
-    CHECK(h.memory_bytes == 79.65 * GIB && h.memory_bandwidth == 3.35e12, "h100-sxm memory %g %g",
-          h.memory_bytes / GIB, h.memory_bandwidth);
+    CHECK(h.memory_bytes == 79.65 * GIB && h.memory_bandwidth == 3.35e12, "h100-sxm memory %g %g", h.memory_bytes / GIB,
+          h.memory_bandwidth);
     CHECK(h.intra_node_bandwidth == 450e9 && h.inter_node_bandwidth == 50e9, "h100-sxm links %g %g",
           h.intra_node_bandwidth, h.inter_node_bandwidth);
     /* the efficiencies are assumptions (docs/plan.md): fractions, the fp8 GEMM's below the bf16 one's */
@@ -91,8 +90,7 @@ static void test_shipped(void) {
     plan_hw h96;
     CHECK(plan_hw_load("h100-96gb", &h96, err, sizeof err) == 0, "%s", err);
     CHECK(h96.memory_bytes > 89 * GIB && h96.memory_bytes < 96 * GIB && h96.memory_bandwidth == 2.4e12,
-          "h100-96gb memory %g %g",
-          h96.memory_bytes / GIB, h96.memory_bandwidth);
+          "h100-96gb memory %g %g", h96.memory_bytes / GIB, h96.memory_bandwidth);
     CHECK(h96.peak_bf16_flops == h.peak_bf16_flops && h96.gpus_per_node == 8, "h100-96gb as h100-sxm otherwise");
 
     CHECK(plan_hw_load("h200", &h, err, sizeof err) == 0, "%s", err);
@@ -103,14 +101,12 @@ static void test_shipped(void) {
     CHECK(plan_hw_load("b200", &h, err, sizeof err) == 0, "%s", err);
     CHECK(h.peak_bf16_flops == 2.25e15 && h.peak_fp8_flops == 4.5e15 && h.memory_bandwidth == 8e12 &&
               h.intra_node_bandwidth == 900e9 && h.gemm_efficiency > 0 && h.gemm_efficiency <= 1 &&
-              h.memory_bytes > 178 * GIB &&
-              h.memory_bytes <= 180 * GIB,
+              h.memory_bytes > 178 * GIB && h.memory_bytes <= 180 * GIB,
           "b200 %g %g %g", h.peak_bf16_flops, h.peak_fp8_flops, h.memory_bytes / GIB);
 
     CHECK(plan_hw_load("cpu", &h, err, sizeof err) == 0, "%s", err);
     CHECK(h.peak_fp8_flops == 0 && h.peak_bf16_flops == h.peak_fp32_flops && h.gemm_efficiency > 0.5 &&
-              h.gemm_efficiency <= 1.0 &&
-              h.gpus_per_node == 2,
+              h.gemm_efficiency <= 1.0 && h.gpus_per_node == 2,
           "cpu %g %g %g %d", h.peak_fp8_flops, h.peak_bf16_flops, h.gemm_efficiency, h.gpus_per_node);
 
     /* a path, relative or with ./, is read as given */
@@ -255,16 +251,16 @@ static void test_errors(void) {
           "float for an integer: %s", err);
 
     p = profile("negative.toml", "peak_bf16_flops", "peak_bf16_flops = -989e12", NULL);
-    CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 3, "peak_bf16_flops", "> 0"),
-          "negative: %s", err);
+    CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 3, "peak_bf16_flops", "> 0"), "negative: %s",
+          err);
     p = profile("negres.toml", "reserved_memory_gib", "reserved_memory_gib = -1", NULL);
     CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 17, "reserved_memory_gib", ">= 0"),
           "negative reserve: %s", err);
     p = profile("nan.toml", "memory_gib", "memory_gib = nan", NULL);
     CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 6, "memory_gib", "finite"), "nan: %s", err);
     p = profile("inf.toml", "intra_node_bandwidth", "intra_node_bandwidth = inf", NULL);
-    CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 8, "intra_node_bandwidth", "finite"),
-          "inf: %s", err);
+    CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 8, "intra_node_bandwidth", "finite"), "inf: %s",
+          err);
     p = profile("zero.toml", "memory_bandwidth", "memory_bandwidth = 0", NULL);
     CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, 7, "memory_bandwidth", "> 0"), "zero: %s", err);
     p = profile("fp8zero.toml", "peak_fp8_flops", "peak_fp8_flops = 0", NULL);
@@ -289,8 +285,7 @@ static void test_errors(void) {
     CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, NBASE + 1, "unknown key 'tdp_watts'", NULL),
           "unknown key: %s", err);
     p = profile("table.toml", NULL, NULL, "[nvlink]\nversion = 4");
-    CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, NBASE + 1, "[nvlink]", NULL),
-          "table: %s", err);
+    CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, NBASE + 1, "[nvlink]", NULL), "table: %s", err);
     p = profile("dotted.toml", NULL, NULL, "memory.gib = 80");
     CHECK(plan_hw_load(p, &h, err, sizeof err) == -1 && names(err, p, NBASE + 1, "memory", NULL), "dotted: %s", err);
 
@@ -310,8 +305,7 @@ static void test_search(void) {
     char err[4096], list[512];
     plan_hw h;
     CHECK(plan_hw_load("h100-nope", &h, err, sizeof err) == -1 && strstr(err, "'h100-nope'") &&
-              strstr(err, "configs/hardware") && strstr(err, "h100-sxm") && strstr(err, "b200") &&
-              strstr(err, "cpu"),
+              strstr(err, "configs/hardware") && strstr(err, "h100-sxm") && strstr(err, "b200") && strstr(err, "cpu"),
           "unknown name: %s", err);
 
     /* $TETRA_HARDWARE_DIR comes first: its profile hides the shipped one of the same name */
@@ -329,8 +323,8 @@ static void test_search(void) {
           "falls through to configs/hardware: %s", err);
     plan_hw_list(list, sizeof list);
     CHECK(!strcmp(list, "h100-sxm"), "list of the env dir: '%s'", list);
-    CHECK(plan_hw_load("nope", &h, err, sizeof err) == -1 && strstr(err, "$TETRA_HARDWARE_DIR=") &&
-              strstr(err, dir) && strstr(err, "h200"),
+    CHECK(plan_hw_load("nope", &h, err, sizeof err) == -1 && strstr(err, "$TETRA_HARDWARE_DIR=") && strstr(err, dir) &&
+              strstr(err, "h200"),
           "unknown name with env: %s", err);
 
     /* a directory that does not exist is reported and skipped */
@@ -366,10 +360,11 @@ static void test_gpu_peaks(void) {
         const char *name;
         double want;
     } cases[] = {
-        {"NVIDIA H100 80GB HBM3", 989e12}, {"NVIDIA H100 NVL", 835e12},   {"NVIDIA H100 PCIe", 756e12},
-        {"NVIDIA H200", 989e12},           {"NVIDIA GH200 480GB", 989e12}, {"NVIDIA A100-SXM4-80GB", 312e12},
-        {"NVIDIA B200", 2.25e15},          {"NVIDIA L40S", 362e12},        {"NVIDIA GeForce RTX 4090", 0.0},
-        {"", 0.0},
+        {"NVIDIA H100 80GB HBM3", 989e12}, {"NVIDIA H100 NVL", 835e12},
+        {"NVIDIA H100 PCIe", 756e12},      {"NVIDIA H200", 989e12},
+        {"NVIDIA GH200 480GB", 989e12},    {"NVIDIA A100-SXM4-80GB", 312e12},
+        {"NVIDIA B200", 2.25e15},          {"NVIDIA L40S", 362e12},
+        {"NVIDIA GeForce RTX 4090", 0.0},  {"", 0.0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         CHECK(metrics_gpu_peak_bf16(cases[i].name) == cases[i].want, "%s: %g, want %g", cases[i].name,

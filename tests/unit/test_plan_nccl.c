@@ -15,8 +15,6 @@
 #include "parallel/mesh.h"
 #include "tests/check.h"
 
-
-
 #define MIB (1024.0 * 1024.0)
 
 static plan_nccl model(int pp, int rep, int shard, int cp, int tp, int gpn, int nvswitch, int cp_ring) {
@@ -32,7 +30,8 @@ static plan_nccl model(int pp, int rep, int shard, int cp, int tp, int gpn, int 
     return o;
 }
 
-static void expect(const char *what, const plan_nccl *o, int comms, double setup, double ring, double nvls, double p2p) {
+static void expect(const char *what, const plan_nccl *o, int comms, double setup, double ring, double nvls,
+                   double p2p) {
     CHECK(o->communicators == comms, "%s: %d communicators, want %d", what, o->communicators, comms);
     CHECK(o->setup_bytes == setup * MIB, "%s: setup %.1f MiB, want %.1f", what, o->setup_bytes / MIB, setup);
     CHECK(o->ring_bytes == ring * MIB, "%s: ring %.1f MiB, want %.1f", what, o->ring_bytes / MIB, ring);
@@ -70,12 +69,13 @@ int main(void) {
     /* more communicators, more memory */
     plan_nccl f4 = model(1, 1, 4, 1, 1, 8, 1, 0), h22 = model(1, 2, 2, 1, 1, 8, 1, 0);
     plan_nccl h22t2 = model(1, 2, 2, 1, 2, 8, 1, 0);
-    CHECK(f4.communicators < h22.communicators && h22.communicators < h22t2.communicators,
-          "communicators %d %d %d", f4.communicators, h22.communicators, h22t2.communicators);
+    CHECK(f4.communicators < h22.communicators && h22.communicators < h22t2.communicators, "communicators %d %d %d",
+          f4.communicators, h22.communicators, h22t2.communicators);
     CHECK(f4.total_bytes < h22.total_bytes && h22.total_bytes < h22t2.total_bytes, "totals %.0f %.0f %.0f MiB",
           f4.total_bytes / MIB, h22.total_bytes / MIB, h22t2.total_bytes / MIB);
 
     printf("test_plan_nccl: %d checks, %d failed (fsdp 8: %.2f GiB; tp 8 x fsdp 2: %.2f GiB)\n", checks, failures,
-           model(1, 1, 8, 1, 1, 8, 1, 0).total_bytes / (1024 * MIB), model(1, 1, 2, 1, 8, 8, 1, 0).total_bytes / (1024 * MIB));
+           model(1, 1, 8, 1, 1, 8, 1, 0).total_bytes / (1024 * MIB),
+           model(1, 1, 2, 1, 8, 8, 1, 0).total_bytes / (1024 * MIB));
     return failures ? 1 : 0;
 }

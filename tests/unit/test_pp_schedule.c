@@ -21,16 +21,27 @@
 #include "parallel/pp/schedule.h"
 #include "tests/check.h"
 
-
-
 static char tmpdir[64];
 
 static void test_strings(void) {
-    const char *good[] = {"0F0",           "3I12",          "1W7",           "2B0",
-                          "0UNSHARD",      "5RESHARD",      "1REDUCE_GRAD",  "10F100",
-                          "2WAIT_REDUCE_GRAD", "3SEND_F1",  "4RECV_F0",      "1SEND_B9",
-                          "0RECV_B2",      "7WAIT_SEND_F3", "6WAIT_SEND_B0", "(2F3;5B1)OVERLAP_F_B",
-                          "(0F1)OVERLAP_F_B", ""};
+    const char *good[] = {"0F0",
+                          "3I12",
+                          "1W7",
+                          "2B0",
+                          "0UNSHARD",
+                          "5RESHARD",
+                          "1REDUCE_GRAD",
+                          "10F100",
+                          "2WAIT_REDUCE_GRAD",
+                          "3SEND_F1",
+                          "4RECV_F0",
+                          "1SEND_B9",
+                          "0RECV_B2",
+                          "7WAIT_SEND_F3",
+                          "6WAIT_SEND_B0",
+                          "(2F3;5B1)OVERLAP_F_B",
+                          "(0F1)OVERLAP_F_B",
+                          ""};
     for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
         pp_action a;
         char buf[48] = "x";
@@ -47,15 +58,31 @@ static void test_strings(void) {
     CHECK(pp_action_parse("( 2F3 ; 5B1 )OVERLAP_F_B", &a) == 0 && a.n_sub == 2, "blanks inside an overlap");
     CHECK(pp_action_parse("3WAIT_SEND_F1", &a) == 0 && a.type == PP_WAIT_SEND_F, "WAIT_SEND_F is not W");
     CHECK(pp_action_parse("1REDUCE_GRAD", &a) == 0 && a.mb == -1 && a.type == PP_REDUCE_GRAD, "stage only");
-    const char *bad[] = {"F0",       "0F",          "0X1",          "0UNSHARD3",          "-1F0",
-                         "0F1x",     "0 F1",        "0W",           "0SEND_F",            "1WAIT_REDUCE_GRAD2",
-                         "0OVERLAP_F_B", "(2F3;5SEND_F1)OVERLAP_F_B", "(2F3;5B1)B", "(2F3;5B1",
-                         "(2F3;5B1;1W0)OVERLAP_F_B", "(2F3;)OVERLAP_F_B", "()OVERLAP_F_B", "0F1,0F2"};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) CHECK(pp_action_parse(bad[i], &a) != 0, "'%s' is refused", bad[i]);
+    const char *bad[] = {"F0",
+                         "0F",
+                         "0X1",
+                         "0UNSHARD3",
+                         "-1F0",
+                         "0F1x",
+                         "0 F1",
+                         "0W",
+                         "0SEND_F",
+                         "1WAIT_REDUCE_GRAD2",
+                         "0OVERLAP_F_B",
+                         "(2F3;5SEND_F1)OVERLAP_F_B",
+                         "(2F3;5B1)B",
+                         "(2F3;5B1",
+                         "(2F3;5B1;1W0)OVERLAP_F_B",
+                         "(2F3;)OVERLAP_F_B",
+                         "()OVERLAP_F_B",
+                         "0F1,0F2"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(pp_action_parse(bad[i], &a) != 0, "'%s' is refused", bad[i]);
     CHECK(pp_action_is_compute(PP_OVERLAP_F_B) && pp_action_is_compute(PP_W) && !pp_action_is_compute(PP_SEND_F) &&
               !pp_action_is_compute(PP_IDLE),
           "compute kinds");
-    CHECK(pp_action_is_comm(PP_WAIT_SEND_B) && !pp_action_is_comm(PP_REDUCE_GRAD) && pp_action_stage_only(PP_WAIT_REDUCE_GRAD),
+    CHECK(pp_action_is_comm(PP_WAIT_SEND_B) && !pp_action_is_comm(PP_REDUCE_GRAD) &&
+              pp_action_stage_only(PP_WAIT_REDUCE_GRAD),
           "comm and stage-only kinds");
 }
 
@@ -77,8 +104,8 @@ static void expect_invalid(const char *what, int ranks, int stages, int m, const
                            const char *want) {
     char err[256] = "";
     pp_schedule *s = from_strings(ranks, stages, m, rows);
-    CHECK(s && pp_schedule_validate(s, err, sizeof err) != 0 && strstr(err, want), "%s: got '%s', want '%s'", what,
-          err, want);
+    CHECK(s && pp_schedule_validate(s, err, sizeof err) != 0 && strstr(err, want), "%s: got '%s', want '%s'", what, err,
+          want);
     pp_schedule_free(s);
 }
 
@@ -91,8 +118,8 @@ static void test_validate(void) {
     pp_schedule_free(acc);
 
     /* GPipe-like on one rank (all F, then I, then W): four in flight, four W deferred */
-    static const char *const gp[] = {"0F0", "0F1", "0F2", "0F3", "0I3", "0I2", "0I1", "0I0",
-                                     "0W3", "0W2", "0W1", "0W0", NULL};
+    static const char *const gp[] = {"0F0", "0F1", "0F2", "0F3", "0I3", "0I2", "0I1",
+                                     "0I0", "0W3", "0W2", "0W1", "0W0", NULL};
     const char *const *rows1[] = {gp};
     pp_schedule *g = from_strings(1, 1, 4, rows1);
     CHECK(g && pp_schedule_validate(g, err, sizeof err) == 0, "split I/W schedule: %s", err);
@@ -153,7 +180,8 @@ static void test_validate(void) {
                    "rank 0, action 0 ((0F0;0B1)OVERLAP_F_B): backward before the forward");
     static const char *const ov_twice[] = {"0F0", "0F1", "(0B0;0B0)OVERLAP_F_B", "0B1", NULL};
     const char *const *b2b[] = {ov_twice};
-    expect_invalid("overlap's parts are checked in order", 1, 1, 2, b2b, "action 2 ((0B0;0B0)OVERLAP_F_B): a second backward");
+    expect_invalid("overlap's parts are checked in order", 1, 1, 2, b2b,
+                   "action 2 ((0B0;0B0)OVERLAP_F_B): a second backward");
     static const char *const ov_bad2[] = {"0F0", "(1F0;0B0)OVERLAP_F_B", "1B0", NULL};
     static const char *const r1f[] = {"1F1", NULL};
     const char *const *b3[] = {ov_bad2, r1f};
@@ -272,7 +300,8 @@ static void test_fixtures(void) {
             CHECK(gen->n_stages == p * v && want->n_stages == p * v, "%s: %d stages", what, gen->n_stages);
             int ok = 1;
             for (int st = 0; st < p * v; st++)
-                ok &= gen->stage_rank[st] == pp_stage_to_rank(k, p, p * v, st) && want->stage_rank[st] == gen->stage_rank[st];
+                ok &= gen->stage_rank[st] == pp_stage_to_rank(k, p, p * v, st) &&
+                    want->stage_rank[st] == gen->stage_rank[st];
             CHECK(ok, "%s: stage placement", what);
         }
         snprintf(path, sizeof path, "%s/%s", dir, mfile);
@@ -382,7 +411,8 @@ static void test_generate_api(void) {
     static const int v4[] = {0, 1, 2, 3, 3, 2, 1, 0};
     int ok = 1;
     for (int st = 0; st < 8; st++)
-        ok &= pp_stage_to_rank(PP_SCHED_ZBV, 4, 8, st) == v4[st] && pp_stage_to_rank(PP_SCHED_INTERLEAVED_1F1B, 4, 8, st) == st % 4;
+        ok &= pp_stage_to_rank(PP_SCHED_ZBV, 4, 8, st) == v4[st] &&
+            pp_stage_to_rank(PP_SCHED_INTERLEAVED_1F1B, 4, 8, st) == st % 4;
     CHECK(ok, "V and loop placement");
 
     expect_refused(PP_SCHED_GPIPE, 4, 2, 8, "one stage per rank");
@@ -424,8 +454,8 @@ static void expect_csv_error(const char *what, const char *text, int ranks, int 
     char err[512] = "";
     pp_csv_format fmt;
     pp_schedule *s = pp_csv_load(path, ranks, m, &fmt, err, sizeof err);
-    CHECK(!s && strstr(err, path) && strstr(err, want1) && (!want2 || strstr(err, want2)), "%s: got '%s', want '%s' '%s'",
-          what, err, want1, want2 ? want2 : "");
+    CHECK(!s && strstr(err, path) && strstr(err, want1) && (!want2 || strstr(err, want2)),
+          "%s: got '%s', want '%s' '%s'", what, err, want1, want2 ? want2 : "");
     pp_schedule_free(s);
 }
 
@@ -502,7 +532,8 @@ static void expect_lowered_error(const char *what, const char *text, int ranks, 
     pp_schedule *s = pp_csv_load(path, ranks, m, &fmt, err, sizeof err);
     CHECK(s != NULL, "%s: load: %s", what, err);
     if (!s) return;
-    CHECK(pp_schedule_check_lowered(s, NULL, err, sizeof err) != 0 && strstr(err, want1) && (!want2 || strstr(err, want2)),
+    CHECK(pp_schedule_check_lowered(s, NULL, err, sizeof err) != 0 && strstr(err, want1) &&
+              (!want2 || strstr(err, want2)),
           "%s: got '%s', want '%s' '%s'", what, err, want1, want2 ? want2 : "");
     pp_schedule_free(s);
 }
@@ -556,7 +587,8 @@ static void test_check_lowered(void) {
         "0WAIT_REDUCE_GRAD,0RESHARD\n"
         "1UNSHARD,1RECV_F1,1RECV_F0,1F0,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD,"
         "1WAIT_SEND_B0,1WAIT_SEND_B1\n",
-        2, 2, "message #1 from rank 0 to rank 1: rank 0 sends 0SEND_F0 (action 3) but rank 1 receives 1RECV_F1 (action 1)",
+        2, 2,
+        "message #1 from rank 0 to rank 1: rank 0 sends 0SEND_F0 (action 3) but rank 1 receives 1RECV_F1 (action 1)",
         NULL);
     expect_lowered_error("receive missing",
                          "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,0WAIT_SEND_F1\n"
@@ -564,25 +596,25 @@ static void test_check_lowered(void) {
                          2, 2, "rank 1, action 4 (1F1): its input has not arrived: no 1RECV_F1 before it", NULL);
     expect_lowered_error("gradient never received", "0F0,0SEND_F0,0B0,0WAIT_SEND_F0\n1F0,1B0\n", 2, 1,
                          "rank 0, action 2 (0B0): its input has not arrived: no 0RECV_B0 before it", NULL);
-    expect_lowered_error("unmatched send",
-                         "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0\n1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", 2, 1,
-                         "rank 1, action 0 (1F0)", "input has not arrived");
+    expect_lowered_error("unmatched send", "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0\n1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n",
+                         2, 1, "rank 1, action 0 (1F0)", "input has not arrived");
     expect_lowered_error("send before forward",
                          "0SEND_F0,0F0,0RECV_B0,0B0,0WAIT_SEND_F0\n1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", 2, 1,
                          "rank 0, action 0 (0SEND_F0): sends before its forward 0F0", NULL);
-    expect_lowered_error("no wait for a send",
-                         "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", 2, 1,
-                         "rank 0, action 1 (0SEND_F0): never waited for", NULL);
-    expect_lowered_error("wait without send",
-                         "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0WAIT_SEND_F0\n1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n",
-                         2, 1, "rank 0, action 5 (0WAIT_SEND_F0): waits for a send that is not pending", NULL);
+    expect_lowered_error("no wait for a send", "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n",
+                         2, 1, "rank 0, action 1 (0SEND_F0): never waited for", NULL);
+    expect_lowered_error(
+        "wait without send",
+        "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0WAIT_SEND_F0\n1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", 2, 1,
+        "rank 0, action 5 (0WAIT_SEND_F0): waits for a send that is not pending", NULL);
     expect_lowered_error("reduction never waited", "0F0,0B0,0REDUCE_GRAD\n", 1, 1,
                          "rank 0, action 2 (0REDUCE_GRAD): the reduction of stage 0 is never waited for", NULL);
-    expect_lowered_error("two reductions pending", "0F0,1F0,1B0,0B0,0REDUCE_GRAD,1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n", 1, 1,
-                         "action 5 (1REDUCE_GRAD): a second reduction starts", NULL);
-    expect_lowered_error("FSDP action for another rank's stage", "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,1UNSHARD\n"
-                         "1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n", 2, 1,
-                         "rank 0, action 5 (1UNSHARD): stage 1 runs on rank 1, not here", NULL);
+    expect_lowered_error("two reductions pending", "0F0,1F0,1B0,0B0,0REDUCE_GRAD,1REDUCE_GRAD,1WAIT_REDUCE_GRAD\n", 1,
+                         1, "action 5 (1REDUCE_GRAD): a second reduction starts", NULL);
+    expect_lowered_error("FSDP action for another rank's stage",
+                         "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,1UNSHARD\n"
+                         "1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0\n",
+                         2, 1, "rank 0, action 5 (1UNSHARD): stage 1 runs on rank 1, not here", NULL);
     expect_lowered_error("send to the same rank", "0F0,0SEND_F0,1RECV_F0,1F0,1B0,0B0,0WAIT_SEND_F0\n", 1, 1,
                          "action 1 (0SEND_F0): stage 1 is on this rank too", NULL);
 
@@ -653,9 +685,10 @@ static void test_streams_grid(void) {
                     pp_schedule_free(low);
                     pp_schedule_free(g);
                 }
-                CHECK(accepted >= 3 && min_m == want_min && odd, "%s p=%d v=%d: %d microbatch counts accepted, the "
-                      "least %d (want %d), one no multiple of p: %d", pp_schedule_kind_name(kind), p, v, accepted,
-                      min_m, want_min, odd);
+                CHECK(accepted >= 3 && min_m == want_min && odd,
+                      "%s p=%d v=%d: %d microbatch counts accepted, the "
+                      "least %d (want %d), one no multiple of p: %d",
+                      pp_schedule_kind_name(kind), p, v, accepted, min_m, want_min, odd);
             }
         }
     printf("test_pp_schedule: %d generated schedules lowered and run on NCCL streams and MPI, with and without FSDP\n",
@@ -663,8 +696,8 @@ static void test_streams_grid(void) {
 }
 
 static void cleanup_tmp(void) {
-    static const char *names[] = {"rt.csv", "ok.csv", "ok2.csv", "ok3.csv", "ok4.csv", "bad.csv", "keep.csv",
-                                  "low.csv", "good.csv", "order.csv"};
+    static const char *names[] = {"rt.csv",  "ok.csv",   "ok2.csv", "ok3.csv",  "ok4.csv",
+                                  "bad.csv", "keep.csv", "low.csv", "good.csv", "order.csv"};
     char p[200];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);

@@ -25,8 +25,6 @@
 #include "parallel/pp/sim.h"
 #include "tests/check.h"
 
-
-
 static int near(double a, double b) { return fabs(a - b) <= 1e-9 * (1 + fabs(b)); }
 
 /* One string per rank, cells separated by blanks, "-" an idle slot. */
@@ -427,7 +425,8 @@ static int mpi_only(const char *const *rows, int ranks, int stages, int m, char 
 }
 
 static void test_batches(void) {
-    pp_schedule *s = from_rows(1, 2, 2, (const char *const[]){"0F0 0SEND_F0 0RECV_B0 0SEND_F1 0B0 0RECV_B1 - 0SEND_F1"});
+    pp_schedule *s =
+        from_rows(1, 2, 2, (const char *const[]){"0F0 0SEND_F0 0RECV_B0 0SEND_F1 0B0 0RECV_B1 - 0SEND_F1"});
     const int want[] = {0, 4, 4, 4, 4, 6, 6, 8}; /* from each action: one past its batch */
     int ok = s != NULL;
     for (int i = 0; s && i < s->len[0]; i++) ok &= pp_post_batch_end(s->acts[0], s->len[0], i) == want[i];
@@ -465,10 +464,12 @@ static void test_streams(void) {
     CHECK(mpi_only(crossed, 2, 2, 3, err, sizeof err) == 0, "crossed sends: MPI finishes them: %s", err);
     CHECK(on_streams(crossed, 2, 2, 3, err, sizeof err) == -1 && strstr(err, "deadlock on serialised streams") &&
               strstr(err, "2 ranks cannot progress") &&
-              strstr(err, "rank 0 stuck at action 7 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F1 to "
-                          "rank 1, whose head is 1SEND_B0 to rank 0") &&
-              strstr(err, "rank 1 stuck at action 6 (1F1, waiting for 1RECV_F1): its stream's head is 1SEND_B0 to "
-                          "rank 0, whose head is 0SEND_F1 to rank 1"),
+              strstr(err,
+                     "rank 0 stuck at action 7 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F1 to "
+                     "rank 1, whose head is 1SEND_B0 to rank 0") &&
+              strstr(err,
+                     "rank 1 stuck at action 6 (1F1, waiting for 1RECV_F1): its stream's head is 1SEND_B0 to "
+                     "rank 0, whose head is 0SEND_F1 to rank 1"),
           "crossed sends on streams: '%s'", err);
     /* the lowered-schedule check refuses it the same way (what runs before training) */
     pp_schedule *s = from_rows(2, 2, 3, crossed);
@@ -501,18 +502,21 @@ static void test_streams(void) {
         "1RECV_F1 1F1 1RECV_F0 1F0 1B1 1SEND_B1 1B0 1SEND_B0 1WAIT_SEND_B1 1WAIT_SEND_B0",
     };
     CHECK(on_streams(order, 2, 2, 2, err, sizeof err) == -1 &&
-              strstr(err, "rank 0 stuck at action 6 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F0 to "
-                          "rank 1 (in a batch of 4), whose head is 1RECV_F1 from rank 0") &&
+              strstr(err,
+                     "rank 0 stuck at action 6 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F0 to "
+                     "rank 1 (in a batch of 4), whose head is 1RECV_F1 from rank 0") &&
               strstr(err, "rank 1 stuck at action 1 (1F1, waiting for 1RECV_F1)"),
           "same peer in order: '%s'", err);
 
     /* a send nobody receives: the receiver's stream is empty */
     static const char *const lost[] = {"0F0 0SEND_F0 0B0 0WAIT_SEND_F0", "1F0 1B0"};
     CHECK(on_streams(lost, 2, 2, 1, err, sizeof err) == -1 &&
-              strstr(err, "rank 0 stuck at action 2 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F0 to "
-                          "rank 1, whose stream is empty") &&
-              strstr(err, "rank 1 stuck at action 0 (1F0, waiting for 1RECV_F0): its stream is empty, 1RECV_F0 was "
-                          "never posted before"),
+              strstr(err,
+                     "rank 0 stuck at action 2 (0B0, waiting for 0RECV_B0): its stream's head is 0SEND_F0 to "
+                     "rank 1, whose stream is empty") &&
+              strstr(err,
+                     "rank 1 stuck at action 0 (1F0, waiting for 1RECV_F0): its stream is empty, 1RECV_F0 was "
+                     "never posted before"),
           "a send nobody receives: '%s'", err);
     static const char *const self[] = {"0F0 0SEND_F0 1RECV_F0 1F0 1B0 0B0"};
     CHECK(on_streams(self, 1, 2, 1, err, sizeof err) == -1 &&

@@ -25,8 +25,6 @@
 #include <unistd.h>
 #include "tests/check.h"
 
-
-
 static char g_root[1024];
 
 static char *pathf(const char *fmt, ...) {
@@ -459,8 +457,8 @@ static void test_resume(void) {
         for (int r = 0; r < 4; r++) {
             dl_next(d[r], in, lab);
             for (int k = 0; k < 2; k++) {
-                int g = k * 4 + r;            /* global row */
-                int rr = g % R, kk = g / R;   /* its place in the 2-rank run */
+                int g = k * 4 + r;          /* global row */
+                int rr = g % R, kk = g / R; /* its place in the 2-rank run */
                 int32_t *o = ref + ((size_t)s * R + (size_t)rr) * B * T * 2;
                 ok &= !memcmp(o + kk * T, in + k * T, sizeof(int32_t) * T);
             }
@@ -547,15 +545,11 @@ static void test_errors(void) {
     /* corrupt shards: each case on a fresh copy of a one-shard corpus */
     struct {
         const char *name, *expect;
-    } cases[] = {{"truncated", "truncated"},
-                 {"magic", "wrong magic"},
-                 {"payload", "checksum mismatch"},
-                 {"header", "header"},
-                 {"tiny", "truncated"},
-                 {"missing", "cannot open"}};
+    } cases[] = {{"truncated", "truncated"}, {"magic", "wrong magic"}, {"payload", "checksum mismatch"},
+                 {"header", "header"},       {"tiny", "truncated"},    {"missing", "cannot open"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char dir[4096];
-    snprintf(dir, sizeof dir, "%s/bad_%s", g_root, cases[i].name);
+        snprintf(dir, sizeof dir, "%s/bad_%s", g_root, cases[i].name);
         make_corpus(dir, 65536, one, 1, 0);
         const char *shard = pathf("%s/train/shard_00000.bin", dir);
         if (!strcmp(cases[i].name, "truncated")) CHECK(truncate(shard, 64 + 2 * 500 - 3) == 0, "truncate");
@@ -613,9 +607,8 @@ static void test_text_helpers(void) {
     struct {
         const char *s;
         size_t len, bad;
-    } bad[] = {{"abc\xff", 4, 3},         {"abcdefghij\xc3", 11, 10}, {"a\xc0\xaf", 3, 1},
-               {"ab\xed\xa0\x80", 5, 2},  {"\xf4\x90\x80\x80", 4, 0}, {"xy\xe2\x28\xa1", 5, 2},
-               {"12345678\x80", 9, 8}};
+    } bad[] = {{"abc\xff", 4, 3},          {"abcdefghij\xc3", 11, 10}, {"a\xc0\xaf", 3, 1},   {"ab\xed\xa0\x80", 5, 2},
+               {"\xf4\x90\x80\x80", 4, 0}, {"xy\xe2\x28\xa1", 5, 2},   {"12345678\x80", 9, 8}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         size_t r = data_prepare_utf8_check((const unsigned char *)bad[i].s, bad[i].len);
         CHECK(r == bad[i].bad, "invalid UTF-8 case %zu: offset %zu, want %zu", i, r, bad[i].bad);
@@ -742,7 +735,8 @@ static void test_doclen(void) {
     int ok = 1;
     for (uint64_t len = 1; len < 200000; len++) { /* buckets rise with the length and start at their low end */
         const int b = doclen_bucket(len);
-        ok &= doclen_bucket_low(b) <= len && doclen_bucket(doclen_bucket_low(b)) == b && b >= doclen_bucket(len - 1 ? len - 1 : 1);
+        ok &= doclen_bucket_low(b) <= len && doclen_bucket(doclen_bucket_low(b)) == b &&
+            b >= doclen_bucket(len - 1 ? len - 1 : 1);
     }
     CHECK(ok && doclen_bucket(1ull << 40) == DOCLEN_BUCKETS - 1, "buckets of four per octave, from their low end");
     doclen_hist h;
@@ -800,7 +794,8 @@ static void test_doclen(void) {
     if (f) {
         fputs("{\"format\":\"tetra-token-shards\",\"version\":1,\"vocab_size\":7,\"token_bytes\":2,\"bos_id\":-1,"
               "\"eos_id\":-1,\"splits\":{\"train\":{\"documents\":1,\"tokens\":0,\"shards\":[],"
-              "\"document_lengths\":[[9,1,9]]}}}\n", f);
+              "\"document_lengths\":[[9,1,9]]}}}\n",
+              f);
         fclose(f);
     }
     CHECK(shard_index_read(dir, &back, err, sizeof err) != 0 && strstr(err, "document_lengths[0]"), "bad bucket: %s",

@@ -15,8 +15,6 @@
 #include "engine/tb_writer.h"
 #include "tests/check.h"
 
-
-
 /* ---- helpers -------------------------------------------------------------- */
 
 static void remove_tree(const char *path) {
@@ -166,8 +164,7 @@ static int parse_event(const uint8_t *p, size_t n, event *ev) {
             pos += len;
             break;
         }
-        default:
-            return -1;
+        default: return -1;
         }
     }
     return 0;
@@ -236,19 +233,21 @@ static void test_varint(void) {
     CHECK(varint_is(16383, (const uint8_t[]){0xFF, 0x7F}, 2), "16383");
     CHECK(varint_is(16384, (const uint8_t[]){0x80, 0x80, 0x01}, 3), "16384");
     CHECK(varint_is(0xFFFFFFFFu, (const uint8_t[]){0xFF, 0xFF, 0xFF, 0xFF, 0x0F}, 5), "2^32-1");
-    CHECK(varint_is((uint64_t)INT64_MAX,
-                    (const uint8_t[]){0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F}, 9), "INT64_MAX");
+    CHECK(varint_is((uint64_t)INT64_MAX, (const uint8_t[]){0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F}, 9),
+          "INT64_MAX");
     /* int64 -1 as protobuf encodes it: ten bytes */
     CHECK(varint_is((uint64_t)(int64_t)-1,
-                    (const uint8_t[]){0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01}, 10), "-1");
-    CHECK(varint_is(UINT64_C(1) << 63,
-                    (const uint8_t[]){0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, 10), "2^63");
+                    (const uint8_t[]){0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01}, 10),
+          "-1");
+    CHECK(
+        varint_is(UINT64_C(1) << 63, (const uint8_t[]){0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, 10),
+        "2^63");
 }
 
 static void test_encoding(void) {
     /* Event{wall_time 1.5, step 300, summary{value{tag "a", simple_value 1.0}}} */
-    static const uint8_t want[] = {0x09, 0, 0, 0, 0, 0, 0, 0xF8, 0x3F, 0x10, 0xAC, 0x02, 0x2A, 0x0A,
-                                   0x0A, 0x08, 0x0A, 0x01, 'a', 0x15, 0x00, 0x00, 0x80, 0x3F};
+    static const uint8_t want[] = {0x09, 0,    0,    0,    0,    0,    0,   0xF8, 0x3F, 0x10, 0xAC, 0x02,
+                                   0x2A, 0x0A, 0x0A, 0x08, 0x0A, 0x01, 'a', 0x15, 0x00, 0x00, 0x80, 0x3F};
     const char *tags[] = {"a"};
     float vals[] = {1.0f};
     uint8_t out[64];
@@ -275,8 +274,7 @@ static void test_encoding(void) {
     n = tb_encode_scalars_event(big, sizeof big, 1e9, -7, 3, tags2, vals2);
     event ev;
     CHECK(n < sizeof big && parse_event(big, n, &ev) == 0, "parse multi-value event");
-    CHECK(ev.step == -7 && ev.wall_time == 1e9 && ev.n_values == 3, "step %lld n %d", (long long)ev.step,
-          ev.n_values);
+    CHECK(ev.step == -7 && ev.wall_time == 1e9 && ev.n_values == 3, "step %lld n %d", (long long)ev.step, ev.n_values);
     CHECK(!strcmp(ev.tags[0], "loss_metrics/global_avg_loss") && ev.values[0] == 10.25f, "value 0");
     CHECK(!strcmp(ev.tags[1], longtag) && ev.values[1] == -3.5f, "value 1 (long tag)");
     CHECK(!strcmp(ev.tags[2], "mfu(%)") && isnan(ev.values[2]), "value 2 NaN");
@@ -401,9 +399,19 @@ static void test_jsonl(const char *root) {
     snprintf(path, sizeof path, "%s", metrics_jsonl_path(m));
     CHECK(metrics_tb_path(m) == NULL, "no TensorBoard file when off");
     for (int s = 1; s <= 6; s++) {
-        metrics_step st = {.step = s, .loss = 10.0 / 3.0 + s, .max_loss = NAN, .grad_norm = 0.1,
-                           .lr = 8e-4, .tps = 1234.5, .tflops = 0.5, .mfu = 1.0, .mem_gib = 0.25,
-                           .mem_pct = 1.5, .step_time_s = 0.2, .data_time_s = 0.01, .tokens_seen = 2048 * s};
+        metrics_step st = {.step = s,
+                           .loss = 10.0 / 3.0 + s,
+                           .max_loss = NAN,
+                           .grad_norm = 0.1,
+                           .lr = 8e-4,
+                           .tps = 1234.5,
+                           .tflops = 0.5,
+                           .mfu = 1.0,
+                           .mem_gib = 0.25,
+                           .mem_pct = 1.5,
+                           .step_time_s = 0.2,
+                           .data_time_s = 0.01,
+                           .tokens_seen = 2048 * s};
         metrics_log_step(m, &st);
     }
     metrics_log_validation(m, 6, 2.0 / 3.0, 0.5);

@@ -15,8 +15,6 @@
 #include "data/tokenizer.h"
 #include "tests/check.h"
 
-
-
 /* ---- deterministic RNG ---------------------------------------------------------- */
 static uint64_t rng_state = 0x1234567887654321ULL;
 static uint32_t rnd(uint32_t n) {
@@ -230,11 +228,13 @@ static void check_lossy(const char *in, size_t n, const char *want) {
 static void test_utf8(void) {
     check_lossy("abc", 3, "abc");
     check_lossy("\x80", 1, FFFD);
-    check_lossy("\xE2\x82", 2, FFFD);                     /* truncated 3-byte sequence: one U+FFFD */
-    check_lossy("a\xF0\x9F\x98" "b", 5, "a" FFFD "b");     /* truncated 4-byte sequence */
-    check_lossy("\xED\xA0\x80", 3, FFFD FFFD FFFD);       /* surrogate */
-    check_lossy("\xC0\xAF", 2, FFFD FFFD);                /* overlong */
-    check_lossy("\xE0\x80\x80", 3, FFFD FFFD FFFD);       /* overlong */
+    check_lossy("\xE2\x82", 2, FFFD); /* truncated 3-byte sequence: one U+FFFD */
+    check_lossy("a\xF0\x9F\x98"
+                "b",
+                5, "a" FFFD "b");                            /* truncated 4-byte sequence */
+    check_lossy("\xED\xA0\x80", 3, FFFD FFFD FFFD);          /* surrogate */
+    check_lossy("\xC0\xAF", 2, FFFD FFFD);                   /* overlong */
+    check_lossy("\xE0\x80\x80", 3, FFFD FFFD FFFD);          /* overlong */
     check_lossy("\xF4\x90\x80\x80", 4, FFFD FFFD FFFD FFFD); /* above U+10FFFF */
     check_lossy("\xF5\xFF", 2, FFFD FFFD);
     check_lossy("\xF0\x9F\x98\x80", 4, "\xF0\x9F\x98\x80");
@@ -300,11 +300,15 @@ static void test_pretok(void) {
     check_split(re, ctx, "Hello world!", "Hello| world|!|");
     check_split(re, ctx, "It's 12345 'RE\r\n\r\nx  y", "It|'s| |123|45| '|RE|\r\n\r\n|x| | y|");
     check_split(re, ctx, "a   \n\n b", "a|   \n\n| b|");
-    check_split(re, ctx, "!\xC2\x85!", "!|\xC2\x85|!|");                 /* U+0085 is white space */
-    check_split(re, ctx, "!\xE1\xA0\x8E!", "!\xE1\xA0\x8E!|");           /* U+180E is not */
-    check_split(re, ctx, "!\xEF\xBB\xBF!", "!\xEF\xBB\xBF!|");           /* nor U+FEFF */
-    check_split(re, ctx, "a\xC2\xA0" "b", "a|\xC2\xA0" "b|");             /* NBSP joins the next word */
-    check_split(re, ctx, "x \xE2\x80\xA8 y", "x| \xE2\x80\xA8| y|");     /* U+2028 */
+    check_split(re, ctx, "!\xC2\x85!", "!|\xC2\x85|!|");       /* U+0085 is white space */
+    check_split(re, ctx, "!\xE1\xA0\x8E!", "!\xE1\xA0\x8E!|"); /* U+180E is not */
+    check_split(re, ctx, "!\xEF\xBB\xBF!", "!\xEF\xBB\xBF!|"); /* nor U+FEFF */
+    check_split(re, ctx,
+                "a\xC2\xA0"
+                "b",
+                "a|\xC2\xA0"
+                "b|");                                               /* NBSP joins the next word */
+    check_split(re, ctx, "x \xE2\x80\xA8 y", "x| \xE2\x80\xA8| y|"); /* U+2028 */
     char *tr = pretok_translate("\\s+(?!\\S)|[^\\s\\p{L}]", err, sizeof err);
     CHECK(tr && !strstr(tr, "\\s") && !strstr(tr, "\\S"), "\\s not translated: %s", tr ? tr : err);
     free(tr);
@@ -418,8 +422,7 @@ static void test_files(void) {
         uint32_t *ids;
         size_t k;
         int r = tok_encode(t, "ab</s>", 6, 1, 1, 1, &ids, &k, err, sizeof err);
-        CHECK(r == 0 && k == 4 && ids[0] == 262 && ids[1] == 256 && ids[2] == 263 && ids[3] == 263,
-              "special matching");
+        CHECK(r == 0 && k == 4 && ids[0] == 262 && ids[1] == 256 && ids[2] == 263 && ids[3] == 263, "special matching");
         if (!r) free(ids);
         r = tok_encode(t, "ab</s>", 6, 0, 0, 0, &ids, &k, err, sizeof err);
         CHECK(r == 0 && k > 2, "special text encoded as ordinary text");
@@ -460,8 +463,10 @@ static void test_files(void) {
     CHECK(hf && json_dump_file(hf, p, 0) == 0, "write %s", p);
     json_decref(hf);
     char want[600];
-    snprintf(want, sizeof want, "%s: pre_tokenizer.pretokenizers[0].pattern.Regex: pre-tokenizer pattern does not "
-             "compile", p);
+    snprintf(want, sizeof want,
+             "%s: pre_tokenizer.pretokenizers[0].pattern.Regex: pre-tokenizer pattern does not "
+             "compile",
+             p);
     CHECK(tok_load(tmpdir, err, sizeof err) == NULL && strstr(err, want), "bad regex names the file: %s", err);
     unlink(p);
     rmdir(tmpdir);

@@ -14,12 +14,10 @@
 
 static int n_checks, n_failed;
 
-static void check(int ok, int line, const char *fmt, ...)
-{
+static void check(int ok, int line, const char *fmt, ...) {
     va_list ap;
     n_checks++;
-    if (!ok)
-        n_failed++;
+    if (!ok) n_failed++;
     printf("%s %d (line %d) - ", ok ? "ok  " : "FAIL", n_checks, line);
     va_start(ap, fmt);
     vprintf(fmt, ap);
@@ -32,19 +30,16 @@ static void check(int ok, int line, const char *fmt, ...)
 static char last_err[512];
 
 /* Parse a document that must be valid; reports the error otherwise. */
-static toml_value *parse_n(const char *doc, size_t len, int line)
-{
+static toml_value *parse_n(const char *doc, size_t len, int line) {
     toml_value *v = toml_parse(doc, len, last_err, sizeof last_err);
-    if (!v)
-        check(0, line, "expected valid document, got error: %s", last_err);
+    if (!v) check(0, line, "expected valid document, got error: %s", last_err);
     return v;
 }
 #define PARSE(doc) parse_n((doc), strlen(doc), __LINE__)
 
 /* The document must be rejected with an error at the given "L:C" containing
  * the given text. */
-static void expect_err_n(const char *doc, size_t len, const char *where, const char *text, int line)
-{
+static void expect_err_n(const char *doc, size_t len, const char *where, const char *text, int line) {
     char pre[32];
     toml_value *v = toml_parse(doc, len, last_err, sizeof last_err);
     if (v) {
@@ -57,11 +52,9 @@ static void expect_err_n(const char *doc, size_t len, const char *where, const c
     snprintf(pre, sizeof pre, strchr(where, ':') ? "%s: " : *where ? "%s:" : "%s", where);
     const char *q = last_err;
     int digits1 = 0, digits2 = 0;
-    while (*q >= '0' && *q <= '9')
-        q++, digits1++;
+    while (*q >= '0' && *q <= '9') q++, digits1++;
     if (*q == ':')
-        for (q++; *q >= '0' && *q <= '9'; q++)
-            digits2++;
+        for (q++; *q >= '0' && *q <= '9'; q++) digits2++;
     int shaped = digits1 && digits2 && q[0] == ':' && q[1] == ' ';
     int ok = shaped && strncmp(last_err, pre, strlen(pre)) == 0 && strstr(last_err, text) != NULL;
     check(ok, line, "error '%s' (want '%s: ...%s...')", last_err, where, text);
@@ -70,8 +63,7 @@ static void expect_err_n(const char *doc, size_t len, const char *where, const c
 #define EXPECT_ERR_N(doc, where, text) expect_err_n((doc), sizeof(doc) - 1, (where), (text), __LINE__)
 
 /* Walk a dotted path of bare keys ("a.b.c"); array elements as "[N]" parts are not needed here. */
-static const toml_value *get(const toml_value *root, const char *path)
-{
+static const toml_value *get(const toml_value *root, const char *path) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", path);
     const toml_value *v = root;
@@ -80,32 +72,23 @@ static const toml_value *get(const toml_value *root, const char *path)
     return v;
 }
 
-static int is_int(const toml_value *v, int64_t want)
-{
-    return v && v->type == TOML_INTEGER && v->u.i == want;
-}
+static int is_int(const toml_value *v, int64_t want) { return v && v->type == TOML_INTEGER && v->u.i == want; }
 
-static int is_float(const toml_value *v, double want)
-{
-    return v && v->type == TOML_FLOAT && v->u.f == want;
-}
+static int is_float(const toml_value *v, double want) { return v && v->type == TOML_FLOAT && v->u.f == want; }
 
-static int is_str(const toml_value *v, const char *want, size_t len)
-{
+static int is_str(const toml_value *v, const char *want, size_t len) {
     return v && v->type == TOML_STRING && v->u.s.len == len && memcmp(v->u.s.ptr, want, len) == 0 &&
-           v->u.s.ptr[len] == '\0';
+        v->u.s.ptr[len] == '\0';
 }
 #define IS_STR(v, lit) is_str((v), (lit), sizeof(lit) - 1)
 
-static int is_dt(const toml_value *v, toml_type t, const char *text)
-{
+static int is_dt(const toml_value *v, toml_type t, const char *text) {
     return v && v->type == t && strcmp(v->u.dt.text, text) == 0;
 }
 
 /* ------------------------------------------------------------------------ */
 
-static void test_positions(void)
-{
+static void test_positions(void) {
     const char *doc = "a = 1\n"
                       "  [tbl]\n"
                       "  bb   =   'x'\n"
@@ -114,8 +97,7 @@ static void test_positions(void)
                       "[x.y]\n"
                       "[x]\n";
     toml_value *r = PARSE(doc);
-    if (!r)
-        return;
+    if (!r) return;
     const toml_entry *a = toml_table_find(r, "a");
     CHECK(a && a->line == 1 && a->col == 1, "key 'a' at 1:1");
     CHECK(a && a->value->line == 1 && a->value->col == 5, "value of 'a' at 1:5");
@@ -146,8 +128,7 @@ static void test_positions(void)
     toml_free(r);
 }
 
-static void test_types(void)
-{
+static void test_types(void) {
     const char *doc = "s = \"str\"\n"
                       "i = 42\n"
                       "f = 3.25\n"
@@ -160,8 +141,7 @@ static void test_types(void)
                       "tab = {k = 'v'}\n"
                       "no = false\n";
     toml_value *r = PARSE(doc);
-    if (!r)
-        return;
+    if (!r) return;
     CHECK(r->type == TOML_TABLE && r->u.tab.n == 11, "root is a table of 11 entries");
     static const struct {
         const char *key;
@@ -181,8 +161,8 @@ static void test_types(void)
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const toml_value *v = toml_table_get(r, want[i].key);
-        CHECK(v && v->type == want[i].type && strcmp(toml_type_name(v->type), want[i].name) == 0,
-              "'%s' is a %s", want[i].key, want[i].name);
+        CHECK(v && v->type == want[i].type && strcmp(toml_type_name(v->type), want[i].name) == 0, "'%s' is a %s",
+              want[i].key, want[i].name);
     }
     CHECK(IS_STR(get(r, "s"), "str"), "string value");
     CHECK(is_int(get(r, "i"), 42), "integer value");
@@ -207,8 +187,7 @@ static void test_types(void)
     CHECK(1, "toml_free(NULL) is harmless");
 }
 
-static void test_integers(void)
-{
+static void test_integers(void) {
     toml_value *r = PARSE("max = 9223372036854775807\n"
                           "min = -9223372036854775808\n"
                           "plus = +17\n"
@@ -263,8 +242,7 @@ static void test_integers(void)
     EXPECT_ERR("a = 12a", "1:7", "invalid character 'a' in number");
 }
 
-static void test_floats(void)
-{
+static void test_floats(void) {
     toml_value *r = PARSE("a = 1.5\n"
                           "b = -2e-3\n"
                           "c = 6.626e-34\n"
@@ -322,16 +300,28 @@ static void test_floats(void)
     EXPECT_ERR("a = nan_", "1:5", "invalid value");
 }
 
-static void test_format_float(void)
-{
+static void test_format_float(void) {
     static const struct {
         double v;
         const char *text;
     } cases[] = {
-        {0.1, "0.1"}, {1.0, "1.0"}, {-2.5, "-2.5"}, {0.0, "0.0"}, {1e300, "1e+300"}, {3e-4, "0.0003"},
-        {1e16, "1e+16"}, {123456789.0, "123456789.0"}, {100.0, "100.0"}, {1e15, "1000000000000000.0"},
-        {2.5e-5, "2.5e-05"}, {3e-4, "0.0003"}, {1234.5, "1234.5"}, {-7e3, "-7000.0"}, {0.001, "0.001"},
-        {6e-5, "6e-05"}, {1.5e10, "15000000000.0"},
+        {0.1, "0.1"},
+        {1.0, "1.0"},
+        {-2.5, "-2.5"},
+        {0.0, "0.0"},
+        {1e300, "1e+300"},
+        {3e-4, "0.0003"},
+        {1e16, "1e+16"},
+        {123456789.0, "123456789.0"},
+        {100.0, "100.0"},
+        {1e15, "1000000000000000.0"},
+        {2.5e-5, "2.5e-05"},
+        {3e-4, "0.0003"},
+        {1234.5, "1234.5"},
+        {-7e3, "-7000.0"},
+        {0.001, "0.001"},
+        {6e-5, "6e-05"},
+        {1.5e10, "15000000000.0"},
     };
     char buf[64];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -349,8 +339,11 @@ static void test_format_float(void)
     CHECK(strcmp(buf, "nan") == 0, "nan");
 
     /* Every rendering must parse back to the same double. */
-    static const double rt[] = {0.1, 1.0 / 3, 2.0 / 3, 1e-320, 5e-324, 1.7976931348623157e308, 123.456e-78,
-                                -9007199254740993.0, 1e23, 0.30000000000000004};
+    static const double rt[] = {0.1,         1.0 / 3,
+                                2.0 / 3,     1e-320,
+                                5e-324,      1.7976931348623157e308,
+                                123.456e-78, -9007199254740993.0,
+                                1e23,        0.30000000000000004};
     int all = 1;
     for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) {
         char doc[96];
@@ -366,8 +359,7 @@ static void test_format_float(void)
     CHECK(all, "toml_format_float output parses back exactly");
 }
 
-static void test_strings(void)
-{
+static void test_strings(void) {
     toml_value *r = PARSE("esc = \"b\\bt\\tn\\nf\\fr\\rq\\\"bs\\\\\"\n"
                           "u4 = \"\\u00E9\\u20AC\"\n"
                           "u8 = \"\\U0001F600\\U0010FFFF\"\n"
@@ -432,8 +424,7 @@ static void test_strings(void)
     EXPECT_ERR("a = '''\\'''x'''", "1:12", "expected end of line");
 }
 
-static void test_keys(void)
-{
+static void test_keys(void) {
     toml_value *r = PARSE("a.b.c = 1\n"
                           "a.b.d = 2\n"
                           "a . e = 3\n"
@@ -468,7 +459,8 @@ static void test_keys(void)
         toml_free(r);
     }
     r = PARSE("[\"\"]\nx = 12\n[''.y]\nz = 1\n");
-    const toml_value *empty = r && r->u.tab.n == 1 && r->u.tab.entries[0].key_len == 0 ? r->u.tab.entries[0].value : NULL;
+    const toml_value *empty =
+        r && r->u.tab.n == 1 && r->u.tab.entries[0].key_len == 0 ? r->u.tab.entries[0].value : NULL;
     CHECK(is_int(toml_table_get(empty, "x"), 12) && is_int(get(empty, "y.z"), 1), "the empty key as a table name");
     toml_free(r);
     r = PARSE("\"a\\u0000b\" = 1");
@@ -498,8 +490,7 @@ static void test_keys(void)
     EXPECT_ERR("a = True", "1:5", "lowercase");
 }
 
-static void test_tables(void)
-{
+static void test_tables(void) {
     toml_value *r = PARSE("[a]\n"
                           "x = 1\n"
                           "[a.b.c]\n"
@@ -524,8 +515,7 @@ static void test_tables(void)
         toml_free(r);
     }
     r = PARSE("[a.b.c]\nz = 1\n[a]\nb.d = 2\n");
-    CHECK(r && is_int(get(r, "a.b.d"), 2) && is_int(get(r, "a.b.c.z"), 1),
-          "dotted keys may extend an implicit table");
+    CHECK(r && is_int(get(r, "a.b.d"), 2) && is_int(get(r, "a.b.c.z"), 1), "dotted keys may extend an implicit table");
     toml_free(r);
 
     /* Redefinition rules, each with the position of the offending definition. */
@@ -550,8 +540,7 @@ static void test_tables(void)
     EXPECT_ERR("[ [a] ]\n", "1:3", "expected a key but found '['");
 }
 
-static void test_inline_tables(void)
-{
+static void test_inline_tables(void) {
     toml_value *r = PARSE("p = { x = 1, y = 2 }\n"
                           "e = {}\n"
                           "n = { a = { b = { c = 'deep' } }, l = [1, {m = 2}] }\n"
@@ -585,8 +574,7 @@ static void test_inline_tables(void)
     toml_free(r);
 }
 
-static void test_arrays(void)
-{
+static void test_arrays(void) {
     toml_value *r = PARSE("a = [ 1, 2, 3 ]\n"
                           "b = [ \"x\", 'y', \"\"\"z\"\"\" ]\n"
                           "c = [ [1, 2], ['a'], [] ]\n"
@@ -614,8 +602,7 @@ static void test_arrays(void)
     EXPECT_ERR("a = [1, 2\nb = 3", "2:1", "expected ',' or ']' after an array element but found 'b'");
 }
 
-static void test_array_of_tables(void)
-{
+static void test_array_of_tables(void) {
     toml_value *r = PARSE("[[products]]\n"
                           "name = 'Hammer'\n"
                           "[[products]]\n"
@@ -642,7 +629,8 @@ static void test_array_of_tables(void)
         const toml_value *f0 = toml_array_get(f, 0), *f1 = toml_array_get(f, 1);
         CHECK(toml_array_len(f) == 2 && IS_STR(get(f0, "physical.color"), "red"),
               "[fruits.physical] goes into the last [[fruits]]");
-        CHECK(toml_array_len(toml_table_get(f0, "varieties")) == 2 && toml_array_len(toml_table_get(f1, "varieties")) == 1,
+        CHECK(toml_array_len(toml_table_get(f0, "varieties")) == 2 &&
+                  toml_array_len(toml_table_get(f1, "varieties")) == 1,
               "nested arrays of tables attach to the latest parent element");
         toml_free(r);
     }
@@ -660,8 +648,7 @@ static void test_array_of_tables(void)
     toml_free(r);
 }
 
-static void test_datetimes(void)
-{
+static void test_datetimes(void) {
     toml_value *r = PARSE("a = 1979-05-27T07:32:00Z\n"
                           "b = 1979-05-27T00:32:00-07:00\n"
                           "c = 1979-05-27T00:32:00.999999+07:30\n"
@@ -722,9 +709,9 @@ static void test_datetimes(void)
     EXPECT_ERR("a = 2023-01-0110:00:00", "1:15", "expected end of line");
 }
 
-static void test_crlf_bom_control(void)
-{
-    toml_value *r = PARSE("a = 1\r\n[t]\r\nb = \"\"\"\r\nx\r\ny\"\"\"\r\nc = '''l1\r\nl2'''\r\nd = \"\"\"p\\\r\n  q\"\"\"\r\n");
+static void test_crlf_bom_control(void) {
+    toml_value *r =
+        PARSE("a = 1\r\n[t]\r\nb = \"\"\"\r\nx\r\ny\"\"\"\r\nc = '''l1\r\nl2'''\r\nd = \"\"\"p\\\r\n  q\"\"\"\r\n");
     if (r) {
         CHECK(is_int(get(r, "a"), 1), "CRLF line endings");
         CHECK(IS_STR(get(r, "t.b"), "x\ny"), "CRLF in a multi-line basic string becomes LF");
@@ -732,13 +719,16 @@ static void test_crlf_bom_control(void)
         CHECK(IS_STR(get(r, "t.d"), "pq"), "line-ending backslash before CRLF");
         toml_free(r);
     }
-    r = PARSE("\xEF\xBB\xBF" "a = 1\n");
+    r = PARSE("\xEF\xBB\xBF"
+              "a = 1\n");
     CHECK(r && is_int(get(r, "a"), 1), "a leading UTF-8 BOM is skipped");
     toml_free(r);
     r = PARSE("a = \"\xEF\xBB\xBF\"\n");
     CHECK(r && IS_STR(get(r, "a"), "\xEF\xBB\xBF"), "U+FEFF inside a string is ordinary text");
     toml_free(r);
-    EXPECT_ERR("a = 1\n\xEF\xBB\xBF" "b = 2\n", "2:1", "expected a key but found U+FEFF");
+    EXPECT_ERR("a = 1\n\xEF\xBB\xBF"
+               "b = 2\n",
+               "2:1", "expected a key but found U+FEFF");
     EXPECT_ERR("a = 1\rb = 2", "1:6", "carriage return not followed by a line feed");
     EXPECT_ERR("a = \"x\ry\"", "1:7", "bare CR");
     EXPECT_ERR("# comment\r", "1:10", "bare CR");
@@ -751,7 +741,9 @@ static void test_crlf_bom_control(void)
     EXPECT_ERR_N("a = \"x\0\"", "1:7", "NUL byte");
     EXPECT_ERR_N("\0", "1:1", "NUL byte");
     EXPECT_ERR("a = 1\n\xFF\xFE", "2:1", "invalid UTF-8");
-    EXPECT_ERR("\xFF\xFE" "a\0", "1:1", "UTF-16");
+    EXPECT_ERR("\xFF\xFE"
+               "a\0",
+               "1:1", "UTF-16");
     EXPECT_ERR("# \xC0\x80 overlong\n", "1:3", "invalid UTF-8");
     EXPECT_ERR("# \xED\xA0\x80 surrogate\n", "1:3", "invalid UTF-8");
     EXPECT_ERR("# \xF4\x90\x80\x80 too big\n", "1:3", "invalid UTF-8");
@@ -763,16 +755,13 @@ static void test_crlf_bom_control(void)
 }
 
 /* pre + a*n + mid + b*n + post, for nesting tests (caller frees). */
-static char *repeat3(const char *pre, const char *a, int n, const char *mid, const char *b, const char *post)
-{
+static char *repeat3(const char *pre, const char *a, int n, const char *mid, const char *b, const char *post) {
     const char *parts[5] = {pre, a, mid, b, post};
     int times[5] = {1, n, 1, n, 1};
     size_t len = 1;
-    for (int k = 0; k < 5; k++)
-        len += strlen(parts[k]) * (size_t)times[k];
+    for (int k = 0; k < 5; k++) len += strlen(parts[k]) * (size_t)times[k];
     char *s = malloc(len);
-    if (!s)
-        return NULL;
+    if (!s) return NULL;
     size_t o = 0;
     for (int k = 0; k < 5; k++) {
         size_t pl = strlen(parts[k]);
@@ -785,8 +774,7 @@ static char *repeat3(const char *pre, const char *a, int n, const char *mid, con
     return s;
 }
 
-static void test_nesting(void)
-{
+static void test_nesting(void) {
     /* Depth counts tables and arrays below the root: "a = [[...]]" with 512
      * brackets puts the innermost array at depth 512, the limit. */
     char *doc = repeat3("a = ", "[", TOML_MAX_DEPTH, "", "]", "\n");
@@ -796,28 +784,23 @@ static void test_nesting(void)
     free(doc);
 
     doc = repeat3("a = ", "[", TOML_MAX_DEPTH + 1, "", "]", "\n");
-    if (doc)
-        EXPECT_ERR(doc, "1:517", "nesting too deep");
+    if (doc) EXPECT_ERR(doc, "1:517", "nesting too deep");
     free(doc);
 
     doc = repeat3("a = ", "[", 200000, "", "]", "\n");
-    if (doc)
-        EXPECT_ERR(doc, "1:517", "nesting too deep");
+    if (doc) EXPECT_ERR(doc, "1:517", "nesting too deep");
     free(doc);
 
     doc = repeat3("x = ", "{a = ", 100000, "1", "}", "\n");
-    if (doc)
-        EXPECT_ERR(doc, "1:2565", "nesting too deep");
+    if (doc) EXPECT_ERR(doc, "1:2565", "nesting too deep");
     free(doc);
 
     doc = repeat3("x = ", "[{a = ", 300, "1", "}]", "\n");
-    if (doc)
-        EXPECT_ERR(doc, "1", "nesting too deep");
+    if (doc) EXPECT_ERR(doc, "1", "nesting too deep");
     free(doc);
 
     doc = repeat3("", "a.", 100000, "b = 1", "", "\n");
-    if (doc)
-        EXPECT_ERR(doc, "1:1025", "too many dotted parts");
+    if (doc) EXPECT_ERR(doc, "1:1025", "too many dotted parts");
     free(doc);
 
     doc = repeat3("", "a.", TOML_MAX_DEPTH - 1, "b = 1", "", "\n");
@@ -828,8 +811,7 @@ static void test_nesting(void)
 
     doc = repeat3("[", "a.", 300, "b]\n", "", "");
     char *doc2 = doc ? repeat3(doc, "c.", 300, "d = 1\n", "", "") : NULL;
-    if (doc2)
-        EXPECT_ERR(doc2, "2", "nesting too deep");
+    if (doc2) EXPECT_ERR(doc2, "2", "nesting too deep");
     free(doc);
     free(doc2);
 
@@ -840,15 +822,12 @@ static void test_nesting(void)
     free(doc);
 }
 
-static void test_big_table(void)
-{
+static void test_big_table(void) {
     enum { N = 20000 };
     char *doc = malloc((size_t)N * 32 + 64);
-    if (!doc)
-        return;
+    if (!doc) return;
     char *o = doc;
-    for (int i = 0; i < N; i++)
-        o += sprintf(o, "key_%d = %d\n", i, i);
+    for (int i = 0; i < N; i++) o += sprintf(o, "key_%d = %d\n", i, i);
     clock_t t0 = clock();
     toml_value *r = PARSE(doc);
     double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
@@ -864,8 +843,7 @@ static void test_big_table(void)
     free(doc);
 }
 
-static void test_api_edges(void)
-{
+static void test_api_edges(void) {
     /* Input need not be NUL-terminated: only len bytes are read. */
     const char buf[] = "a = 1\nb = 2\nGARBAGE";
     toml_value *r = toml_parse(buf, 12, last_err, sizeof last_err);
@@ -902,8 +880,7 @@ static void test_api_edges(void)
     EXPECT_ERR("\"a\\nb\" = 1\n\"a\\nb\" = 2\n", "2:1", "duplicate key '\"a\\u000Ab\"'");
 }
 
-int main(void)
-{
+int main(void) {
     test_positions();
     test_types();
     test_integers();

@@ -29,8 +29,6 @@
 #include "parallel/tp.h"
 #include "tests/check.h"
 
-
-
 static uint64_t lcg_state;
 static void seed(uint64_t s) { lcg_state = s * 0x9E3779B97F4A7C15ull + 1; }
 static uint32_t lcg(void) {
@@ -154,7 +152,8 @@ static void test_primitives(comm_group *g) {
         float *o2 = malloc((size_t)NL * C * 4);
         for (int async = 0; async < 2; async++) {
             prim_job pj = {async ? f2 : f1, C, p, 0};
-            tp_row_parallel_out(ops, g, async ? o2 : o1, pj.full, stage, (size_t)NL, (size_t)C, async, prim_produce, &pj);
+            tp_row_parallel_out(ops, g, async ? o2 : o1, pj.full, stage, (size_t)NL, (size_t)C, async, prim_produce,
+                                &pj);
             CHECK(pj.rows_seen == N, "row-parallel out (async %d): produce saw %d of %d rows", async, pj.rows_seen, N);
         }
         CHECK(!memcmp(o1, o2, (size_t)NL * C * 4) && !memcmp(o1, local, (size_t)NL * C * 4),
@@ -254,8 +253,8 @@ static void test_primitives(comm_group *g) {
     const tetra_ops counting = counting_ops(ops);
     tp_all_gather_cols(&counting, g, lgf, lgl, st5, NV, VL);
     CHECK(!memcmp(lgf, lg, (size_t)NV * V * 4), "all-gather of columns rebuilds the logits");
-    CHECK(counted_copies_2d == P && counted_copies == 0, "all-gather of columns: %ld strided copies for %d ranks, %ld copies",
-          counted_copies_2d, P, counted_copies);
+    CHECK(counted_copies_2d == P && counted_copies == 0,
+          "all-gather of columns: %ld strided copies for %d ranks, %ld copies", counted_copies_2d, P, counted_copies);
     counted_copies = counted_copies_2d = 0;
     tp_take_cols(&counting, g, back, lgf, NV, VL);
     CHECK(!memcmp(back, lgl, (size_t)NV * VL * 4), "taking this rank's columns back");
@@ -423,8 +422,8 @@ static void test_model(comm_group *g) {
             double la = llama3_forward(&tpm, aa, in, tg, 1.0f / 63.0f, NULL);
             llama3_backward(&tpm, aa);
             tpm.tp_async = 0;
-            CHECK(la == lt && !memcmp(g_ref, tpm.grad_mem, bytes), "tp %d async: the same loss and gradients, bit for bit",
-                  P);
+            CHECK(la == lt && !memcmp(g_ref, tpm.grad_mem, bytes),
+                  "tp %d async: the same loss and gradients, bit for bit", P);
             llama3_acts_free(&tpm, aa);
         }
     }
@@ -439,8 +438,10 @@ static void test_model(comm_group *g) {
         double lg = llama3_forward(&tpm, at, in, tg, 1.0f / 63.0f, NULL);
         llama3_backward(&tpm, at);
         double eg = rel(tpm.grad_mem, g_ref, tpm.total_numel);
-        CHECK(fabs(lg - lt) <= 1e-6 * fabs(lt) && eg <= 1e-5, "tp %d without loss parallel: loss %.9g vs %.9g, "
-              "gradients rel %.2e", P, lg, lt, eg);
+        CHECK(fabs(lg - lt) <= 1e-6 * fabs(lt) && eg <= 1e-5,
+              "tp %d without loss parallel: loss %.9g vs %.9g, "
+              "gradients rel %.2e",
+              P, lg, lt, eg);
     }
     free(g_ref);
     llama3_acts_free(&tpm, at);

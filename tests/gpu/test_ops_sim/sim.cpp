@@ -33,7 +33,7 @@ cudaError_t sim_malloc(void **p, size_t n) {
     if (n > SIM_TOTAL || r > SIM_TOTAL - sim_used) return cudaErrorMemoryAllocation;
     *p = aligned_alloc(256, r);
     if (!*p) return cudaErrorMemoryAllocation;
-    memset(*p, 0xff, r);  // garbage (NaN) like fresh device memory
+    memset(*p, 0xff, r); // garbage (NaN) like fresh device memory
     sim_sizes[*p] = r;
     sim_used += r;
     return cudaSuccess;
@@ -52,7 +52,10 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     *total_bytes = SIM_TOTAL;
     return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { memmove(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+    memmove(d, s, n);
+    return cudaSuccess;
+}
 
 // ---- coroutine threads
 
@@ -60,7 +63,7 @@ namespace {
 struct SimT {
     ucontext_t uc;
     jmp_buf jb;
-    int state;  // 0 runnable, 1 at a block barrier, 2 at a warp barrier, 3 returned
+    int state; // 0 runnable, 1 at a block barrier, 2 at a warp barrier, 3 returned
     int started;
 };
 std::vector<SimT> T;
@@ -102,9 +105,9 @@ void tramp() {
     T[cur].state = 3;
     check_block();
     check_warp(cur / 32);
-    _longjmp(sched_jb, 2);  // never returns into makecontext's frame
+    _longjmp(sched_jb, 2); // never returns into makecontext's frame
 }
-}  // namespace
+} // namespace
 
 double *sim_shfl_slots() { return slots; }
 int sim_cur() { return cur; }
@@ -188,56 +191,109 @@ void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
 // ---- fake cuBLASLt
 const char *cublasLtGetStatusString(cublasStatus_t s) { return s ? "sim: not supported" : "ok"; }
 const char *cublasLtGetStatusName(cublasStatus_t s) { return s ? "SIM_ERR" : "OK"; }
-cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (void *)1; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = (void *)1;
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t ct, cudaDataType st) {
     if (st != CUDA_R_32F) abort();
     *d = new SimDesc();
     (*d)->ct = ct;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
+                                              size_t n) {
     switch (a) {
-    case CUBLASLT_MATMUL_DESC_TRANSA: if (n != sizeof(cublasOperation_t)) abort(); d->transa = *(const int *)v; break;
-    case CUBLASLT_MATMUL_DESC_TRANSB: if (n != sizeof(cublasOperation_t)) abort(); d->transb = *(const int *)v; break;
-    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: if (n != 1) abort(); d->fast = *(const int8_t *)v; break;
-    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: if (n != 4) abort(); d->amode = *(const int32_t *)v; break;
-    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: if (n != 4) abort(); d->bmode = *(const int32_t *)v; break;
-    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: if (n != sizeof(void *)) abort(); d->as = *(const float *const *)v; break;
-    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: if (n != sizeof(void *)) abort(); d->bs = *(const float *const *)v; break;
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+        if (n != sizeof(cublasOperation_t)) abort();
+        d->transa = *(const int *)v;
+        break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+        if (n != sizeof(cublasOperation_t)) abort();
+        d->transb = *(const int *)v;
+        break;
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM:
+        if (n != 1) abort();
+        d->fast = *(const int8_t *)v;
+        break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE:
+        if (n != 4) abort();
+        d->amode = *(const int32_t *)v;
+        break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE:
+        if (n != 4) abort();
+        d->bmode = *(const int32_t *)v;
+        break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+        if (n != sizeof(void *)) abort();
+        d->as = *(const float *const *)v;
+        break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+        if (n != sizeof(void *)) abort();
+        d->bs = *(const float *const *)v;
+        break;
     }
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r, uint64_t c, int64_t ld) {
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r, uint64_t c,
+                                          int64_t ld) {
     *l = new SimLayout{t, r, c, ld, 1, 0};
-    if (ld < (int64_t)std::max<uint64_t>(1, r)) { fprintf(stderr, "fake lt: ld %ld < rows %lu\n", (long)ld, (unsigned long)r); abort(); }
+    if (ld < (int64_t)std::max<uint64_t>(1, r)) {
+        fprintf(stderr, "fake lt: ld %ld < rows %lu\n", (long)ld, (unsigned long)r);
+        abort();
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void *v, size_t n) {
-    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) { if (n != 4) abort(); l->batch = *(const int32_t *)v; }
-    else { if (n != 8) abort(); l->stride = *(const int64_t *)v; }
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
+                                                const void *v, size_t n) {
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+        if (n != 4) abort();
+        l->batch = *(const int32_t *)v;
+    } else {
+        if (n != 8) abort();
+        l->stride = *(const int64_t *)v;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) { *p = new SimPref(); return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
-    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) { if (n != 8) abort(); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = new SimPref();
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (n != 8) abort();
+        return CUBLAS_STATUS_SUCCESS;
+    }
     if (n != 4) abort();
     p->al[a - 1] = *(const uint32_t *)v;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 static bool is8(cudaDataType t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
 static size_t esz(cudaDataType t) { return t == CUDA_R_32F ? 4 : (t == CUDA_R_16BF ? 2 : 1); }
 
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int req,
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int req,
                                               cublasLtMatmulHeuristicResult_t *res, int *found) {
     *found = 0;
     if (req < 1 || c != dd) abort();
     uint64_t m = c->rows, n = c->cols, k = d->transa ? a->rows : a->cols;
-    if ((d->transa ? a->cols : a->rows) != m || (d->transb ? b->rows : b->cols) != n || (d->transb ? b->cols : b->rows) != k) {
+    if ((d->transa ? a->cols : a->rows) != m || (d->transb ? b->rows : b->cols) != n ||
+        (d->transb ? b->cols : b->rows) != k) {
         fprintf(stderr, "fake lt: inconsistent layouts\n");
         abort();
     }
@@ -245,7 +301,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     if (is8(a->t) || is8(b->t)) {
         if (!is8(a->t) || !is8(b->t)) return CUBLAS_STATUS_NOT_SUPPORTED;
         if (a->t == CUDA_R_8F_E5M2 && b->t == CUDA_R_8F_E5M2) return CUBLAS_STATUS_NOT_SUPPORTED;
-        if (!d->transa || d->transb) return CUBLAS_STATUS_NOT_SUPPORTED;  // TN only
+        if (!d->transa || d->transb) return CUBLAS_STATUS_NOT_SUPPORTED; // TN only
         if (k % 16 || a->ld % 16 || b->ld % 16 || p->al[0] < 16 || p->al[1] < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
         if (c->t != CUDA_R_32F && c->t != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
         if ((d->amode || d->bmode) && getenv("SIM_NO_OUTER")) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -271,9 +327,10 @@ static float ld_el(const void *p, cudaDataType t, size_t i) {
     }
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la,
-                              const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc,
-                              void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
     sim_gemm_calls++;
     if (C != D || lc != ld) abort();
     // the algorithm's alignment assumptions must hold for every batch item
@@ -283,7 +340,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
         uint32_t al = algo->al[i];
         for (int bi = 0; bi < ls[i]->batch; bi++) {
             uintptr_t u = (uintptr_t)ptrs[i] + (uintptr_t)(bi * ls[i]->stride * (int64_t)esz(ls[i]->t));
-            if (al && u % al) { fprintf(stderr, "fake lt: operand %d misaligned for the algorithm (%u)\n", i, al); abort(); }
+            if (al && u % al) {
+                fprintf(stderr, "fake lt: operand %d misaligned for the algorithm (%u)\n", i, al);
+                abort();
+            }
         }
     }
     const float al = *(const float *)alpha, be = *(const float *)beta;

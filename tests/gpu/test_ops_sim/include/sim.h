@@ -53,10 +53,7 @@ extern long sim_launches, sim_gemm_calls, sim_sorts, sim_copies;
 }
 
 cudaError_t sim_malloc(void **p, size_t n);
-template <typename T>
-cudaError_t cudaMalloc(T **p, size_t n) {
-    return sim_malloc((void **)p, n);
-}
+template <typename T> cudaError_t cudaMalloc(T **p, size_t n) { return sim_malloc((void **)p, n); }
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 // Work runs when it is launched, so streams are tokens and every wait returns at once.
@@ -66,8 +63,8 @@ inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyK
     sim_copies++;
     return cudaMemcpy(d, s, n, k);
 }
-inline cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width,
-                                     size_t rows, cudaMemcpyKind k, cudaStream_t) {
+inline cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
+                                     cudaMemcpyKind k, cudaStream_t) {
     sim_copies++;
     for (size_t r = 0; r < rows; r++) {
         cudaError_t e = cudaMemcpy((char *)d + r * dpitch, (const char *)s + r * spitch, width, k);
@@ -105,8 +102,7 @@ inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char *cudaGetErrorString(cudaError_t) { return "simulator error"; }
 inline const char *cudaGetErrorName(cudaError_t) { return "simError"; }
-template <typename F>
-cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int bytes) {
+template <typename F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int bytes) {
     return bytes <= 227 * 1024 ? cudaSuccess : 1;
 }
 inline cudaError_t cudaGetDeviceCount(int *n) {
@@ -125,8 +121,7 @@ void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 double *sim_shfl_slots();
 int sim_cur();
-template <typename T>
-T __shfl_xor_sync(unsigned, T v, int o) {
+template <typename T> T __shfl_xor_sync(unsigned, T v, int o) {
     double *s = sim_shfl_slots();
     int t = sim_cur();
     s[t] = (double)v;

@@ -9,15 +9,22 @@ struct DeviceRadixSort {
     template <typename K, typename V>
     static cudaError_t SortPairs(void *temp, size_t &bytes, const K *kin, K *kout, const V *vin, V *vout, int n,
                                  int begin, int end, cudaStream_t) {
-        if (!temp) { bytes = 1024; return cudaSuccess; }  // the size query runs nothing
+        if (!temp) {
+            bytes = 1024;
+            return cudaSuccess;
+        } // the size query runs nothing
         sim_sorts++;
         if (end <= 0 || end > 32 || begin != 0) abort();
         std::vector<int> idx(n);
         for (int i = 0; i < n; i++) idx[i] = i;
         uint32_t mask = end >= 32 ? 0xffffffffu : ((1u << end) - 1);
-        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return ((uint32_t)kin[a] & mask) < ((uint32_t)kin[b] & mask); });
-        for (int i = 0; i < n; i++) { kout[i] = kin[idx[i]]; vout[i] = vin[idx[i]]; }
+        std::stable_sort(idx.begin(), idx.end(),
+                         [&](int a, int b) { return ((uint32_t)kin[a] & mask) < ((uint32_t)kin[b] & mask); });
+        for (int i = 0; i < n; i++) {
+            kout[i] = kin[idx[i]];
+            vout[i] = vin[idx[i]];
+        }
         return cudaSuccess;
     }
 };
-}  // namespace cub
+} // namespace cub
