@@ -3,7 +3,7 @@
 # executable on the CUDA-kernel simulator (tests/gpu/test_ops_sim), whose table reports
 # device memory, so every multi-rank layout below communicates through MPI staged in
 # page-locked host memory, the path ranks sharing one real GPU take (docs/cuda.md).
-# The tiny model, 16 tokens x 4 sequences, 3 steps, on the shipped corpus:
+# The tiny model, 16 tokens x 4 sequences, 2 steps, on the shipped corpus:
 #   - the simulated 1-rank run follows the CPU backend's within 1e-5 at every step (fp32);
 #   - fsdp 2, hsdp 2x2, tp 2 (loss parallel on and off, async), pp 2 with 1F1B,
 #     Interleaved1F1B, ZBVZeroBubble and DualPipeV, cp 2 (allgather and alltoall), and
@@ -33,7 +33,7 @@ export OMP_WAIT_POLICY=PASSIVE
 fail=0
 bad() { echo "FAIL $*"; fail=1; }
 
-STEPS=3
+STEPS=2
 # metrics.peak_flops: the simulator would take minutes over the 8192^3 GEMM that measures it
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --model.flavor tiny --training.seq_len 16
         --training.global_batch_size 4 --training.steps $STEPS --training.seed 42 --lr_scheduler.warmup_steps 2
