@@ -756,7 +756,7 @@ int ckpt_save(ckpt_saver *s, const ckpt_save_request *r, char *err, size_t errle
     msg[0] = '\0';
     if (s->o.rank == 0) {
         ckpt_remove_tree(s->tmp);
-        if (ck_mkdir_p(s->dir) != 0 || mkdir(s->tmp, 0755) != 0) {
+        if (util_mkdir_p(s->dir) != 0 || mkdir(s->tmp, 0755) != 0) {
             ck_snprintf(msg, sizeof msg, "checkpoint step %" PRId64 ": cannot create '%s': %s", r->step, s->tmp,
                         strerror(errno));
             failed = 1;

@@ -22,28 +22,6 @@ int ck_snprintf(char *out, size_t n, const char *fmt, ...) {
     return r;
 }
 
-int ck_mkdir_p(const char *path) {
-    char tmp[4096];
-    if (ck_snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    struct stat st;
-    if (stat(tmp, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 /* ----------------------------------------------------------------------------
  * dtypes */
 

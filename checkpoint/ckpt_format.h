@@ -50,8 +50,6 @@
 /* snprintf that may truncate paths in messages on purpose (no truncation
  * warnings for fixed buffers); always NUL-terminates. Returns snprintf's value. */
 int ck_snprintf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* mkdir -p (mode 0755): 0 when path is a folder afterwards, else -1 with errno set. */
-int ck_mkdir_p(const char *path);
 
 /* ---- element types: float32, bfloat16, float16 (tetra_dtype values) */
 int ck_dtype_parse(const char *s, tetra_dtype *t); /* "float32" | "bfloat16" | "float16" (also F32/BF16/F16) */

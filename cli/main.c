@@ -7,9 +7,9 @@
 
 #include "cli/ckpt_cli.h"
 #include "cli/data_cli.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "cli/info.h"
-#include "engine/plan.h"
+#include "plan/plan.h"
 #include "cli/train.h"
 #include "kernels/ops.h"
 

@@ -9,9 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/config.h"
-#include "engine/config_compat.h"
-#include "engine/log.h"
+#include "config/config.h"
+#include "config/compat.h"
+#include "telemetry/log.h"
 #include "engine/run_guard.h"
 #include "engine/trainer.h"
 #include "parallel/comm.h"
@@ -168,8 +168,8 @@ int train_main(int argc, char **argv) {
     if (rc == 0 && cfg.v.metrics.disable_color_printing) log_set_color(0);
     /* TorchTitan's memory_estimation: the dry run's estimate instead of training */
     if (rc == 0 && cfg.v.memory_estimation.enable) topt.dry_run = 1;
-    cfg_parallel_dims dims;
-    if (rc == 0) rc = cfg_validate(&cfg, world, &dims, err, sizeof err);
+    tetra_job job;
+    if (rc == 0) rc = job_resolve(&cfg, world, &job, err, sizeof err);
     /* a dry run only plans: it may plan for a GPU this build cannot drive */
     if (rc == 0 && !topt.dry_run) rc = cfg_check_build(&cfg, err, sizeof err);
     if (rc != 0) {
@@ -200,9 +200,9 @@ int train_main(int argc, char **argv) {
     }
     log_info("%s: world %d = pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; global batch %lld, "
              "gradient accumulation %d",
-             cfg.v.job.description, dims.world, dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp,
-             (long long)dims.global_batch_size, dims.grad_accum_steps);
-    rc = trainer_run(&cfg, &dims, rank, world, &topt);
+             cfg.v.job.description, job.dims.world, job.dims.pp, job.dims.dp_replicate, job.dims.dp_shard, job.dims.cp,
+             job.dims.tp, (long long)job.dims.global_batch_size, job.dims.grad_accum_steps);
+    rc = trainer_run(&cfg, &job, rank, world, &topt);
     cfg_free(&cfg);
     run_guard_end();
     /* a failing rank must not leave the others waiting: it ends the job */

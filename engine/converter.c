@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/log.h"
+#include "telemetry/log.h"
 #include "float8/float8.h"
 #include "kernels/cuda_plugin.h"
 

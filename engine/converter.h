@@ -24,7 +24,7 @@
 
 #include <stddef.h>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "kernels/ops.h"
 #include "models/llama3/model.h"
 #include "parallel/comm.h"

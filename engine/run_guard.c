@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/log.h"
-#include "engine/tb_writer.h"
+#include "telemetry/log.h"
+#include "telemetry/tb_writer.h"
 #include "util/host.h"
 
 /* ---- standard streams ------------------------------------------------------ */

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/config.h"
+#include "config/config.h"
 
 /* Reopen closed fds 0, 1, 2 on /dev/null. Call first. */
 void run_guard_fix_std_fds(void);

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "models/llama3/hf_checkpoint.h"
-#include "engine/log.h"
+#include "telemetry/log.h"
 #include "engine/trainer_internal.h"
 #include "util/host.h"
 
@@ -90,7 +90,7 @@ static int hex_decode(const char *s, unsigned char *out, size_t n) {
 /* The state objects stored next to the tensors (rank 0's are used). */
 static json_t *state_json(const trainer *t, int model_only) {
     const tetra_config_values *c = t->c;
-    const cfg_parallel_dims *dims = &t->dims;
+    const cfg_parallel_dims *dims = &t->job.dims;
     const llama3_args *args = &t->args;
     const train_counters *tc = &t->tc;
     const dl_loader *train = t->train;
@@ -165,7 +165,7 @@ static int64_t state_int(const ck_meta *m, const char *obj, const char *key, int
  * weights alone (initial_load_model_only, or a model-only checkpoint). */
 int train_load_checkpoint(trainer *t, const char *path, int model_only, char *err, size_t errlen) {
     const tetra_config_values *c = t->c;
-    const cfg_parallel_dims *dims = &t->dims;
+    const cfg_parallel_dims *dims = &t->job.dims;
     const ckpt_group *groups = t->groups;
     dl_loader *train = t->train;
     const tetra_ops *ops = t->ops;

@@ -35,7 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/log.h"
+#include "telemetry/log.h"
 #include "engine/trainer_internal.h"
 #include "parallel/cp.h"
 #include "parallel/pp/csv.h"
@@ -199,14 +199,9 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
                 t->sched = s;
             }
         } else {
-            pp_schedule_kind k;
-            if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &k)) {
-                snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\" is unknown (schedules: %s)",
-                         c->parallelism.pipeline_parallel_schedule, pp_schedule_kind_list());
-                return -1;
-            }
             char why[1024];
-            t->sched = pp_schedule_generate(k, t->pp_size, t->n_stages / t->pp_size, t->n_mb, why, sizeof why);
+            t->sched = pp_schedule_generate(t->job.pp_schedule, t->pp_size, t->n_stages / t->pp_size, t->n_mb, why,
+                                            sizeof why);
             if (!t->sched) {
                 snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\": %s",
                          c->parallelism.pipeline_parallel_schedule, why);

@@ -15,9 +15,9 @@
 
 #include "data/mixture.h"
 #include "data/shard.h"
-#include "engine/log.h"
-#include "engine/memsnap.h"
-#include "engine/metrics.h"
+#include "telemetry/log.h"
+#include "telemetry/memsnap.h"
+#include "telemetry/metrics.h"
 #include "engine/run_guard.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
@@ -294,7 +294,25 @@ static void write_memory_snapshot(const trainer *t, int64_t step, const char *re
     else
         snprintf(dir, sizeof dir, "%s/%s/iteration_%lld%s", c->job.dump_folder, f, (long long)step,
                  at_exit ? "_exit" : "");
-    if (memsnap_write(dir, t->rank, step, reason, &p, t->ops, err, sizeof err)) log_warn("%s", err);
+    /* the plan's categories, as fill_plan adds them up to total_bytes */
+    const double acts = p.act_bytes - p.workspace_bytes - p.validation_bytes;
+    const memsnap_category cat[] = {
+        {"parameters", p.param_bytes,
+         p.mixed ? "this rank's fp32 shard of the parameters and its bf16 copy"
+                 : "this rank's fp32 shard of the parameters"},
+        {"gradients", p.grad_bytes, "this rank's shard of the gradients (fp32)"},
+        {"optimizer_state", p.optim_bytes, "AdamW's two moments for this rank's shard (fp32)"},
+        {"gathered_parameters", p.work_param_bytes, "whole units' parameters gathered for compute (FSDP working set)"},
+        {"unsharded_gradients", p.work_grad_bytes, "whole units' gradients before the reduce-scatter"},
+        {"reduce_staging", p.reduce_bytes, "reduce-scatter and all-reduce staging"},
+        {"activations", acts,
+         "activations kept for backward, every microbatch alive at once, and pipeline send buffers"},
+        {"workspace", p.workspace_bytes, "recompute slots and per-op scratch shared by the blocks"},
+        {"validation", p.validation_bytes, "validation activations (when its batch shape differs)"},
+        {"converters", p.converter_bytes, "model converters' state (Float8 scales, amax history)"},
+    };
+    const memsnap_plan mp = {cat, (int)(sizeof cat / sizeof cat[0]), p.mixed};
+    if (memsnap_write(dir, t->rank, step, reason, &mp, t->ops, err, sizeof err)) log_warn("%s", err);
     else if (t->rank == 0) log_info("memory snapshot (%s): %s/rank<r>_memory_snapshot.json", reason, dir);
 }
 
@@ -531,11 +549,7 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
     } else {
         /* the schedule key decides stages per rank and their placement, also when a CSV
          * gives the order (as TorchTitan) */
-        if (pp_schedule_kind_parse(c->parallelism.pipeline_parallel_schedule, &kind)) {
-            snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\" is unknown (schedules: %s)",
-                     c->parallelism.pipeline_parallel_schedule, pp_schedule_kind_list());
-            return -1;
-        }
+        kind = t->job.pp_schedule;
         const int iw = (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
                   ow = (int)c->parallelism.pipeline_parallel_last_stage_less_layers;
         if (llama3_pp_num_stages(L, t->pp_size, (int)c->parallelism.pipeline_parallel_layers_per_stage, iw, ow,
@@ -723,8 +737,9 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
     return 0;
 }
 
-int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
+int trainer_setup(trainer **out, const tetra_config *cfg, const tetra_job *job, int rank, int world,
                   const trainer_options *opt) {
+    const cfg_parallel_dims *dims = &job->dims;
     const tetra_config_values *c = &cfg->v;
     char err[2048];
     *out = NULL;
@@ -736,7 +751,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
     }
     t->cfg = cfg;
     t->c = c;
-    t->dims = *dims;
+    t->job = *job;
     if (opt) t->opt = *opt;
     t->rank = rank;
     t->world = world;
@@ -812,11 +827,7 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dim
 
     /* ---- the stages this rank runs, each a model for its layout without storage
      * (FSDP provides it) ---- */
-    llama3_flavor(c->model.flavor, &t->args);
-    if (c->model.vocab_size > 0) t->args.vocab_size = (int)c->model.vocab_size;
-    if (c->model.n_layers > 0) t->args.n_layers = (int)c->model.n_layers;
-    if (c->model.attn_mask_type) llama3_parse_mask(c->model.attn_mask_type, &t->args.attn_mask_type); /* validated */
-    t->args.reset_positions = c->model.reset_positions_at_document_boundaries != 0;
+    t->args = job->model;
     t->T = (int)c->training.seq_len;
     t->VB = (int)c->validation.local_batch_size;
     t->VT = (int)c->validation.seq_len;
@@ -1395,12 +1406,12 @@ static int prepare_run(trainer *t) {
     }
     log_plan(t);
     log_info("training %lld steps, global batch %lld x %d tokens, dataset %s (%llu tokens, %llu steps/epoch)",
-             (long long)c->training.steps, (long long)t->dims.global_batch_size, t->T, t->data_dir,
+             (long long)c->training.steps, (long long)t->job.dims.global_batch_size, t->T, t->data_dir,
              t->train ? (unsigned long long)dl_num_tokens(t->train) : 0ull,
              t->train ? (unsigned long long)dl_steps_per_epoch(t->train) / (unsigned long long)t->accum : 0ull);
     if (t->rank == 0 && c->training.dataset_mix.n > 0) { /* the shares the whole run will draw */
         char line[1 << 16];
-        const uint64_t planned = (uint64_t)c->training.steps * (uint64_t)t->dims.global_batch_size;
+        const uint64_t planned = (uint64_t)c->training.steps * (uint64_t)t->job.dims.global_batch_size;
         if (dl_mix_summary(t->train, planned, line, sizeof line) == 0)
             log_info("data mixture over the run's %llu sequences: %s", (unsigned long long)planned, line);
     }
@@ -1482,10 +1493,9 @@ static const char *pp_stage_list(const trainer *t) {
     return buf;
 }
 
-int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
-                const trainer_options *opt) {
+int trainer_run(const tetra_config *cfg, const tetra_job *job, int rank, int world, const trainer_options *opt) {
     trainer *t = NULL;
-    int rc = trainer_setup(&t, cfg, dims, rank, world, opt);
+    int rc = trainer_setup(&t, cfg, job, rank, world, opt);
     if (rc || !t) return rc;
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
@@ -1565,7 +1575,7 @@ int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank
         }
         if (c->profiling.profile_freq > 0 && step % c->profiling.profile_freq == 0)
             write_memory_snapshot(t, step, "step", 0);
-        t->tc.tokens_seen += c->training.local_batch_size * (int64_t)t->T * t->accum * t->dims.dp;
+        t->tc.tokens_seen += c->training.local_batch_size * (int64_t)t->T * t->accum * t->job.dims.dp;
         if (step > first_step) { /* the first step warms caches and plans: not counted */
             pp_busy += t->pp_stats.compute_s;
             pp_total += t->pp_step_s;

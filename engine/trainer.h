@@ -34,7 +34,8 @@
 #ifndef TETRA_TRAINER_H
 #define TETRA_TRAINER_H
 
-#include "engine/config.h"
+#include "config/config.h"
+#include "engine/job.h"
 #include "kernels/ops.h"
 
 typedef struct trainer trainer;
@@ -83,7 +84,7 @@ typedef struct {
      * (no MPI), filling *plan_out instead of logging */
     int virtual_world;
     trainer_plan *plan_out;
-    /* A recording run (engine/plan_ops.h): this op table instead of training.device's
+    /* A recording run (plan/ops.h): this op table instead of training.device's
      * (NULL: the device's), and, with skip_weight_init, no initial weights drawn (the
      * table computes nothing, so no value is ever read) */
     const tetra_ops *ops;
@@ -92,12 +93,11 @@ typedef struct {
 
 /* Collective over MPI_COMM_WORLD. 0 with *out set, or an exit code (the error is
  * logged). A dry run returns 0 with *out NULL after printing its plan. */
-int trainer_setup(trainer **out, const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
+int trainer_setup(trainer **out, const tetra_config *cfg, const tetra_job *job, int rank, int world,
                   const trainer_options *opt);
 void trainer_teardown(trainer *t);
 
 /* Runs the whole job on this rank (MPI is initialised). Returns the exit code. */
-int trainer_run(const tetra_config *cfg, const cfg_parallel_dims *dims, int rank, int world,
-                const trainer_options *opt);
+int trainer_run(const tetra_config *cfg, const tetra_job *job, int rank, int world, const trainer_options *opt);
 
 #endif

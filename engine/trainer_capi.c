@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/log.h"
+#include "telemetry/log.h"
 #include "engine/trainer_internal.h"
 #include "models/llama3/hf.h"
 #include "util/host.h"
@@ -41,9 +41,9 @@ void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
         return NULL;
     }
     cfg_init(&c->cfg);
-    cfg_parallel_dims dims;
+    tetra_job job;
     int rc = cfg_parse_args(&c->cfg, argc, argv, stdout, err, errlen);
-    if (rc == 0) rc = cfg_validate(&c->cfg, world, &dims, err, errlen);
+    if (rc == 0) rc = job_resolve(&c->cfg, world, &job, err, errlen);
     if (rc == 0) rc = cfg_check_build(&c->cfg, err, errlen);
     if (rc != 0) {
         cfg_free(&c->cfg);
@@ -53,7 +53,7 @@ void *trainer_capi_create(int argc, char **argv, char *err, size_t errlen) {
     trainer_options o;
     memset(&o, 0, sizeof o);
     o.external_batches = 1;
-    if (trainer_setup(&c->t, &c->cfg, &dims, rank, world, &o) != 0 || !c->t) {
+    if (trainer_setup(&c->t, &c->cfg, &job, rank, world, &o) != 0 || !c->t) {
         snprintf(err, errlen, "trainer_capi: setup failed (see the log)");
         cfg_free(&c->cfg);
         free(c);

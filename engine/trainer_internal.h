@@ -13,11 +13,11 @@
 
 #include "checkpoint/checkpoint.h"
 #include "data/loader.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/converter.h"
 #include "engine/lr_schedule.h"
-#include "engine/metrics.h"
-#include "engine/trace.h"
+#include "telemetry/metrics.h"
+#include "telemetry/trace.h"
 #include "engine/trainer.h"
 #include "kernels/ops.h"
 #include "models/llama3/model.h"
@@ -85,7 +85,7 @@ typedef struct {
 struct trainer {
     const tetra_config *cfg;
     const tetra_config_values *c;
-    cfg_parallel_dims dims;
+    tetra_job job;
     trainer_options opt;
     int rank, world, threads;
 
@@ -102,7 +102,7 @@ struct trainer {
      * ascending stage index) at pipeline rank pp_rank of pp_size */
     int n_stages, n_local, pp_rank, pp_size;
     train_stage *st;
-    trace *tr; /* profiling traces (engine/trace.h), NULL when off */
+    trace *tr; /* profiling traces (telemetry/trace.h), NULL when off */
     /* model.converters, in order (engine/converter.h) */
     int n_conv;
     const tetra_converter **conv;

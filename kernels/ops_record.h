@@ -3,7 +3,7 @@
  * Every compute or copy member of the table describes its call with kernels/op_costs.h
  * (launches, bytes, FLOPs of the CUDA path these arguments take on `dev`) and, while
  * recording is on, appends it with the name of the innermost range open at the time
- * (range_push/range_pop: the trainer's trace spans, engine/trace.h). Then:
+ * (range_push/range_pop: the trainer's trace spans, telemetry/trace.h). Then:
  * - without a base table it computes nothing: alloc hands out addresses from a reserved
  *   region that is never readable or writable (PROT_NONE: a host dereference crashes
  *   instead of reading made-up values), release forgets them, copy_d2h writes zeros,

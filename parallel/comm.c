@@ -107,7 +107,7 @@ static void abort_job(comm_world *w) {
 }
 
 /* A failure line with the log's prefix, "[tetra|rank N] 2026-11-28 06:12:40,761 - ERROR - comm: ...",
- * so that it reads and greps like every other line of the run (the format of engine/log.c,
+ * so that it reads and greps like every other line of the run (the format of telemetry/log.c,
  * written here because parallel/ does not depend on the engine). */
 static void fail_line(const comm_world *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail_line(const comm_world *w, const char *fmt, ...) {

@@ -7,7 +7,14 @@
 # the build stops naming the file, the include and the arrows its folder has.
 #
 #   cli        -> everything: the subcommands' front doors
-#   engine     -> models, float8, checkpoint, data, parallel, kernels: the trainer
+#   plan       -> engine, config, telemetry, models, float8, checkpoint, data, parallel,
+#                 kernels: `tetra plan` lays a config out with the trainer's own dry run
+#   engine     -> config, telemetry, models, float8, checkpoint, data, parallel, kernels:
+#                 the trainer (setup, step, loop, checkpoint state, converters, the job spec)
+#   config     -> models, data, parallel: the TOML parser, the key schema and its rules
+#                 (a flavor's sizes, a mixture's sources, a schedule's name); never the engine
+#   telemetry  -> parallel, kernels: logs, metrics, TensorBoard, traces, memory snapshots,
+#                 plots; never the trainer (it hands them plain numbers)
 #   models     -> parallel, kernels, checkpoint: a model owns how it is parallelized
 #                 and how its weights convert (Hugging Face); never the engine
 #   float8     -> parallel, kernels; models until the converter interface speaks of
@@ -16,31 +23,34 @@
 #   parallel   -> kernels: never a model
 #   data       -> util only
 #   kernels    -> util only: kernels never know of ranks
-#   tools      -> engine (the TOML decoder of the toml-test suite)
+#   tools      -> config (the TOML decoder of the toml-test suite)
 #   util       -> nothing; every folder may include it (dtypes, crc32c, error messages)
 # tests/ and bench/ may include anything.
 #
 # MPI (<mpi.h>) is named in parallel/ and in util/host.c, the host control plane every
-# other folder uses for its whole-job exchanges; engine/plan_calibrate.c measures MPI's own
+# other folder uses for its whole-job exchanges; plan/calibrate.c measures MPI's own
 # link rates, so it calls MPI too.
 cmake_minimum_required(VERSION 3.20)
 if(NOT ROOT)
   message(FATAL_ERROR "check_includes.cmake: pass -DROOT=<source tree>")
 endif()
 
-set(MODULES cli engine models float8 checkpoint parallel data kernels tools util)
-set(ALLOWED_cli engine models float8 checkpoint parallel data kernels util)
-set(ALLOWED_engine models float8 checkpoint data parallel kernels util)
+set(MODULES cli plan engine config telemetry models float8 checkpoint parallel data kernels tools util)
+set(ALLOWED_cli plan engine config telemetry models float8 checkpoint parallel data kernels util)
+set(ALLOWED_plan engine config telemetry models float8 checkpoint data parallel kernels util)
+set(ALLOWED_engine config telemetry models float8 checkpoint data parallel kernels util)
+set(ALLOWED_config models data parallel util)
+set(ALLOWED_telemetry parallel kernels util)
 set(ALLOWED_models parallel kernels checkpoint util)
 set(ALLOWED_float8 parallel kernels models util)
 set(ALLOWED_checkpoint parallel kernels util)
 set(ALLOWED_parallel kernels util)
 set(ALLOWED_data util)
 set(ALLOWED_kernels util)
-set(ALLOWED_tools engine util)
+set(ALLOWED_tools config util)
 set(ALLOWED_util)
 
-set(MPI_FILES util/host.c engine/plan_calibrate.c)
+set(MPI_FILES util/host.c plan/calibrate.c)
 
 set(violations 0)
 foreach(mod IN LISTS MODULES)

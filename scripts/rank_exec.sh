@@ -17,6 +17,6 @@ case ",$show," in
   *",all,"*|*",$rank,"*) exec "$@" ;;
 esac
 # The console stays open as fd 3: tetra copies this rank's errors there, and shows rank 0
-# whole when LOG_RANK names no rank of the run (engine/log.c).
+# whole when LOG_RANK names no rank of the run (telemetry/log.c).
 exec 3>&2
 LOG_RANK="$show" TETRA_LOG_CONSOLE_FD=3 exec "$@" >"$dir/rank_$rank.log" 2>&1

@@ -6,7 +6,7 @@
  * and exits 1. JSON is produced by hand so that keys and strings containing
  * U+0000 survive and table order stays as in the document.
  */
-#include "engine/toml.h"
+#include "config/toml.h"
 
 #include <inttypes.h>
 #include <stdio.h>

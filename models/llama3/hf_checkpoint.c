@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "models/llama3/hf.h"
 #include "models/llama3/model.h"
+#include "util/file.h"
 
 #define BLOCK_ELEMS ((uint64_t)1 << 22)
 
@@ -387,7 +388,7 @@ int llama3_hf_export(const char *step_dir, const char *out_dir, const llama3_hf_
     qsort(X.ex, (size_t)X.n, sizeof *X.ex, cmp_ex);
     assign_shards(&X, max_shard);
     if (alloc_blocks(&X)) goto oom;
-    if (ck_mkdir_p(out_dir) != 0) {
+    if (util_mkdir_p(out_dir) != 0) {
         ck_snprintf(err, errlen, "cannot create '%s': %s", out_dir, strerror(errno));
         goto done;
     }

@@ -3,7 +3,7 @@
 #
 #   tests/fuzz/run_fuzz.sh [SECONDS]      (default 60)
 #
-# Builds engine/toml.c and the harness directly with clang (no CMake), seeds
+# Builds config/toml.c and the harness directly with clang (no CMake), seeds
 # the corpus from the toml-test cases, and runs for SECONDS. Everything it
 # writes (binary, corpus, crash artefacts, dictionary) goes under
 # $TOML_FUZZ_DIR, default /tmp/tetra-toml-fuzz, never into the repository.
@@ -21,7 +21,7 @@ mkdir -p "$work/corpus" "$work/artifacts"
 echo "building $work/toml_fuzz"
 "$cc" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 \
     -std=c11 -D_POSIX_C_SOURCE=200809L -I"$root" \
-    "$root/engine/toml.c" "$root/tests/fuzz/toml_fuzz.c" -o "$work/toml_fuzz" -lm
+    "$root/config/toml.c" "$root/tests/fuzz/toml_fuzz.c" -o "$work/toml_fuzz" -lm
 
 # Seeds: every toml-test case (valid and invalid) plus the repository's configs.
 seeded=0

@@ -6,7 +6,7 @@
  * parse again to an identical tree. Any violation aborts, which libFuzzer
  * reports as a crash with the input saved.
  */
-#include "engine/toml.h"
+#include "config/toml.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -46,8 +46,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/config.h"
-#include "engine/plan_ops.h"
+#include "config/config.h"
+#include "plan/ops.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/op_costs.h"

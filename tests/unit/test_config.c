@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/config_compat.h"
+#include "config/config.h"
+#include "config/compat.h"
+#include "engine/job.h"
 #include "tests/check.h"
 
 static int load(tetra_config *c, const char *text, char *err, size_t n) {
@@ -118,8 +119,8 @@ static void expect_validate(const char *doc, int world, int ok, const char *need
     char err[1024] = "";
     cfg_init(&c);
     CHECK(load(&c, doc, err, sizeof err) == 0, "%s", err);
-    cfg_parallel_dims d;
-    int rc = cfg_validate(&c, world, &d, err, sizeof err);
+    tetra_job j;
+    int rc = job_resolve(&c, world, &j, err, sizeof err);
     CHECK((rc == 0) == ok, "validate(%s, world %d) rc %d: %s", doc, world, rc, err);
     if (needle) CHECK(strstr(err, needle) != NULL, "error '%s' lacks '%s'", err, needle);
     cfg_free(&c);
@@ -155,6 +156,37 @@ static void test_validate(void) {
     CHECK(load(&c, "[training]\nglobal_batch_size = 64\n", err, sizeof err) == 0, "%s", err);
     CHECK(cfg_validate(&c, 4, &d, err, sizeof err) == 0, "%s", err);
     CHECK(d.grad_accum_steps == 2, "accumulation %d", d.grad_accum_steps);
+    cfg_free(&c);
+}
+
+/* The typed job spec: the flavor with every model.* override applied, the schedule parsed
+ * once, float8 found among the converters — what trainer, planner and recommender read. */
+static void test_job_spec(void) {
+    tetra_config c;
+    char err[1024];
+    tetra_job j;
+    cfg_init(&c);
+    CHECK(load(&c,
+               "[model]\nflavor = \"8B\"\nn_layers = 4\nvocab_size = 32000\nattn_mask_type = \"block_causal\"\n"
+               "reset_positions_at_document_boundaries = true\nconverters = [\"float8\"]\n"
+               "[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n",
+               err, sizeof err) == 0,
+          "%s", err);
+    CHECK(job_resolve(&c, 2, &j, err, sizeof err) == 0, "%s", err);
+    CHECK(j.model.dim == 4096 && j.model.n_layers == 4 && j.model.vocab_size == 32000, "model %d %d %d", j.model.dim,
+          j.model.n_layers, j.model.vocab_size);
+    CHECK(j.model.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && j.model.reset_positions == 1, "mask %d reset %d",
+          (int)j.model.attn_mask_type, j.model.reset_positions);
+    CHECK(j.pp_schedule == PP_SCHED_ZBV && j.dims.pp == 2 && j.float8 == 1, "schedule %d pp %d float8 %d",
+          (int)j.pp_schedule, j.dims.pp, j.float8);
+    cfg_free(&c);
+    /* the flavor's own values when nothing overrides them */
+    cfg_init(&c);
+    CHECK(load(&c, "[model]\nflavor = \"8B_flex\"\n", err, sizeof err) == 0, "%s", err);
+    CHECK(job_resolve(&c, 1, &j, err, sizeof err) == 0, "%s", err);
+    CHECK(j.model.n_layers == 32 && j.model.vocab_size == 128256 &&
+              j.model.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && j.pp_schedule == PP_SCHED_1F1B && !j.float8,
+          "8B_flex: %d layers, vocab %d, mask %d", j.model.n_layers, j.model.vocab_size, (int)j.model.attn_mask_type);
     cfg_free(&c);
 }
 
@@ -470,6 +502,7 @@ int main(void) {
     test_toml_and_cli();
     test_errors();
     test_validate();
+    test_job_spec();
     test_print_roundtrip();
     test_shipped_configs();
     test_no_silent_keys();

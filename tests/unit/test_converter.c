@@ -17,8 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/converter.h"
+#include "engine/job.h"
 #include "cli/train.h"
 #include "tests/check.h"
 
@@ -100,16 +101,16 @@ int main(void) {
     /* the config refuses an unknown name, naming every registered converter, and a duplicate */
     tetra_config c;
     char err[1024];
-    cfg_parallel_dims dims;
+    tetra_job job;
     cfg_init(&c);
     CHECK(cfg_set_string(&c, "model.converters", "float8,int4", err, sizeof err) == 0, "set: %s", err);
-    CHECK(cfg_validate(&c, 1, &dims, err, sizeof err) != 0 && strstr(err, "\"int4\"") && strstr(err, "record_before") &&
+    CHECK(job_resolve(&c, 1, &job, err, sizeof err) != 0 && strstr(err, "\"int4\"") && strstr(err, "record_before") &&
               strstr(err, "float8"),
           "unknown converter refused: %s", err);
     cfg_free(&c);
     cfg_init(&c);
     CHECK(cfg_set_string(&c, "model.converters", "float8,float8", err, sizeof err) == 0, "set: %s", err);
-    CHECK(cfg_validate(&c, 1, &dims, err, sizeof err) != 0 && strstr(err, "twice"), "duplicate refused: %s", err);
+    CHECK(job_resolve(&c, 1, &job, err, sizeof err) != 0 && strstr(err, "twice"), "duplicate refused: %s", err);
     cfg_free(&c);
 
     const char *tmp = getenv("TMPDIR");

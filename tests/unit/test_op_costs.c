@@ -4,7 +4,7 @@
  *   kernels/cuda (launches of each kind, bytes, FLOPs, the path), including every fp8
  *   GEMM layout, rowwise with and without cuBLASLt's outer-vector scales, cuDNN against
  *   the built-in attention and the cuDNN version's memset;
- * - the recording run of `tetra plan --ops` (engine/plan_ops.h) on a tiny model issues
+ * - the recording run of `tetra plan --ops` (plan/ops.h) on a tiny model issues
  *   the same sequence of ops, in the same trace spans, as the real CPU backend is called
  *   with for the same step (the recording table wrapped around ops_cpu() counts the CPU's
  *   calls), in bf16, fp32 and float8; and the recording table computes nothing: its
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/config.h"
-#include "engine/plan_ops.h"
+#include "config/config.h"
+#include "plan/ops.h"
 #include "kernels/op_costs.h"
 #include "kernels/ops.h"
 #include "kernels/ops_record.h"

@@ -1,4 +1,4 @@
-/* Hardware profiles (engine/plan_hw.h): every shipped profile loads with its
+/* Hardware profiles (plan/hw.h): every shipped profile loads with its
  * datasheet numbers; a written profile reads back to the same bits; bad files
  * (missing key, wrong type, value out of range, unknown key or table, syntax)
  * are refused with the file, line and key named; the search path
@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/metrics.h"
-#include "engine/plan_hw.h"
+#include "telemetry/metrics.h"
+#include "plan/hw.h"
 #include "tests/check.h"
 
 static char tmpdir[64];

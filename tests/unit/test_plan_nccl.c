@@ -1,4 +1,4 @@
-// tests/unit/test_plan_nccl.c — the NCCL memory model of `tetra plan` (engine/plan_nccl.h)
+// tests/unit/test_plan_nccl.c — the NCCL memory model of `tetra plan` (plan/nccl.h)
 // against its formula worked by hand (docs/plan.md, "NCCL's own memory"), in MiB:
 // - one rank: nothing;
 // - FSDP 8 in one NVSwitch node: one communicator (dp_shard, dp_shard_cp, dp, dp_cp and
@@ -11,7 +11,7 @@
 // - more groups of more than one rank, more communicators and more memory.
 #include <stdio.h>
 
-#include "engine/plan_nccl.h"
+#include "plan/nccl.h"
 #include "parallel/mesh.h"
 #include "tests/check.h"
 

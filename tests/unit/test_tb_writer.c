@@ -10,9 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/metrics.h"
+#include "telemetry/metrics.h"
 #include "util/crc32c.h"
-#include "engine/tb_writer.h"
+#include "telemetry/tb_writer.h"
 #include "tests/check.h"
 
 /* ---- helpers -------------------------------------------------------------- */

@@ -1,9 +1,9 @@
-/* test_toml.c — unit tests of the TOML parser (engine/toml.h).
+/* test_toml.c — unit tests of the TOML parser (config/toml.h).
  *
  * Plain main(): every check prints one line; the exit status is the number of
  * failed checks (capped), so ctest reports any failure.
  */
-#include "engine/toml.h"
+#include "config/toml.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -1,0 +1,34 @@
+/* job.h — the job as validation resolves it: one typed spec that the trainer, `tetra
+ * plan` and its recommender all read, so no reader re-parses a key or re-derives the
+ * model on its own terms.
+ *
+ * job_resolve runs the configuration's key rules and resolves the parallel layout
+ * (cfg_validate), checks model.converters against the converter registry
+ * (engine/converter.h), and fills the typed values:
+ *   - the model: model.flavor with model.vocab_size, model.n_layers,
+ *     model.attn_mask_type and model.reset_positions_at_document_boundaries applied;
+ *   - the pipeline schedule (parallelism.pipeline_parallel_schedule, parsed once; a
+ *     schedule CSV still names the kind that sets stages per rank and placement);
+ *   - whether Float8 is among the converters.
+ */
+#ifndef TETRA_ENGINE_JOB_H
+#define TETRA_ENGINE_JOB_H
+
+#include <stddef.h>
+
+#include "config/config.h"
+#include "models/llama3/llama3_args.h"
+#include "parallel/pp/generate.h"
+
+typedef struct {
+    cfg_parallel_dims dims;       /* the layout for the world size asked for */
+    llama3_args model;            /* the flavor with its model.* overrides */
+    pp_schedule_kind pp_schedule; /* parallelism.pipeline_parallel_schedule */
+    int float8;                   /* model.converters names float8 */
+} tetra_job;
+
+/* 0 with *job filled, or -1 with the message (naming the key and where it was set) in
+ * err. The same inputs give the same answer on every rank. */
+int job_resolve(const tetra_config *c, int world, tetra_job *job, char *err, size_t errlen);
+
+#endif
