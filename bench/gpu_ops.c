@@ -131,13 +131,28 @@ static void usage(FILE *f) {
             "  shapes (seq 256, dim 256), for a quick check of the calls on the CPU\n");
 }
 
-int main(int argc, char **argv) {
-    const char *device = "cuda";
-    int small = 0;
+/* the model shapes one run measures; the upper-case names are the math's, and the bodies
+ * below unpack them so each op's call reads as the formula it times */
+typedef struct {
+    const char *label; /* for the header line */
+    int N, C, F, D, HD, KVD, V;
+    int H, KV;
+    size_t nc, nf, nkv;
+} dims;
+
+/* the operands several phases share; a phase allocates what only it uses itself */
+typedef struct {
+    uint16_t *x, *xn, *q, *k, *v, *att, *h, *a, *gg, *s, *dq, *dk, *dv, *tmp, *qkv;
+    uint16_t *w_big, *w_c, *w_kv, *w_qkv, *wn;
+    float *dw, *dw2, *rstd, *wn32, *lse, *freqs;
+} buffers;
+
+/* Returns -1 to go on measuring, or the exit code: 0 after --help, 2 after a bad option. */
+static int parse_args(int argc, char **argv, const char **device, int *small) {
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) *device = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) REPS = atoi(argv[++i]) > 0 ? atoi(argv[i]) : REPS;
-        else if (!strcmp(argv[i], "--small")) small = 1;
+        else if (!strcmp(argv[i], "--small")) *small = 1;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
@@ -146,58 +161,75 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    return -1;
+}
+
+static int open_backend(const char *device) {
     char err[512];
     O = ops_get(device, err, sizeof err);
     if (!O) {
         fprintf(stderr, "gpu_ops: no %s backend to measure: %s\n", device, err);
-        return 2;
+        return 0;
     }
-    /* Llama 3 8B: dim 4096, FFN 14336, 32 heads / 8 KV heads of 128, vocabulary 128,256 */
-    int N = 8192, C = 4096, F = 14336, D = 128, HD = 4096, KVD = 1024, V = 128256;
-    if (small) { /* the debug model's dims at seq 256 */
-        N = 256, C = 256, F = 768, D = 64, HD = 256, KVD = 128, V = 2048;
-        PAT = (size_t)1 << 20;
-    }
-    const int H = HD / D, KV = KVD / D;
-    const size_t nc = (size_t)N * C, nf = (size_t)N * F, nkv = (size_t)N * KVD;
-    make_pattern();
+    return 1;
+}
 
+static dims choose_dims(int small) {
+    /* Llama 3 8B: dim 4096, FFN 14336, 32 heads / 8 KV heads of 128, vocabulary 128,256 */
+    dims dm = {"Llama 3 8B", 8192, 4096, 14336, 128, 4096, 1024, 128256, 0, 0, 0, 0, 0};
+    if (small) { /* the debug model's dims at seq 256 */
+        dm = (dims){"debug-model", 256, 256, 768, 64, 256, 128, 2048, 0, 0, 0, 0, 0};
+        PAT = (size_t)1 << 20; /* the pattern need not outgrow the small operands it fills */
+    }
+    dm.H = dm.HD / dm.D, dm.KV = dm.KVD / dm.D;
+    dm.nc = (size_t)dm.N * dm.C, dm.nf = (size_t)dm.N * dm.F, dm.nkv = (size_t)dm.N * dm.KVD;
+    return dm;
+}
+
+static void print_header(const dims *dm) {
     printf("gpu_ops: %s backend, %s shapes: tokens %d, dim %d, ffn %d, heads %d/%d x %d, vocab %d; %d timed calls "
            "per op\n\n",
-           O->name, small ? "debug-model" : "Llama 3 8B", N, C, F, H, KV, D, V, REPS);
+           O->name, dm->label, dm->N, dm->C, dm->F, dm->H, dm->KV, dm->D, dm->V, REPS);
     printf("| group | op | ms | rate | MB |\n|---|---|---|---|---|\n");
+}
 
-    /* ---- activations (bf16) and weights (bf16 compute copy, fp32 gradients) ---- */
-    uint16_t *x = rnd(nc * 2), *xn = rnd(nc * 2), *q = rnd(nc * 2), *k = rnd(nkv * 2), *v = rnd(nkv * 2);
-    uint16_t *att = rnd(nc * 2), *h = rnd(nc * 2), *a = rnd(nf * 2), *gg = rnd(nf * 2), *s = rnd(nf * 2);
-    uint16_t *dq = rnd(nc * 2), *dk = rnd(nkv * 2), *dv = rnd(nkv * 2), *tmp = rnd(nc * 2);
-    uint16_t *qkv = rnd((size_t)N * (HD + 2 * KVD) * 2); /* the fused-QKV layout, for comparison */
-    uint16_t *w_big = rnd((size_t)F * C * 2), *w_c = rnd((size_t)C * C * 2), *w_kv = rnd((size_t)KVD * C * 2);
-    uint16_t *w_qkv = rnd((size_t)(HD + 2 * KVD) * C * 2);
-    float *dw = rnd((size_t)F * C * 4), *dw2 = rnd((size_t)F * C * 4);
-    float *rstd = dalloc((size_t)N * 4), *wn32 = dalloc((size_t)C * 4);
-    uint16_t *wn = dalloc((size_t)C * 2);
-    O->fill(rstd, 1.0f, (size_t)N);
-    O->fill(wn32, 1.0f, (size_t)C);
-    O->cast_f32_to_bf16(wn, wn32, (size_t)C);
-    float *lse = dalloc((size_t)H * N * 4);
-    float *freqs = dalloc((size_t)N * (D / 2) * 2 * 4);
-    {
-        float *ht = malloc((size_t)N * (D / 2) * 2 * 4);
-        ops_rope_table(ht, D, N, 500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192);
-        O->copy_h2d(freqs, ht, (size_t)N * (D / 2) * 2 * 4);
-        free(ht);
-    }
+/* activations (bf16) and weights (bf16 compute copy, fp32 gradients) */
+static void alloc_buffers(const dims *dm, buffers *b) {
+    const int N = dm->N, C = dm->C, F = dm->F, D = dm->D, HD = dm->HD, KVD = dm->KVD, H = dm->H;
+    const size_t nc = dm->nc, nf = dm->nf, nkv = dm->nkv;
+    b->x = rnd(nc * 2), b->xn = rnd(nc * 2), b->q = rnd(nc * 2), b->k = rnd(nkv * 2), b->v = rnd(nkv * 2);
+    b->att = rnd(nc * 2), b->h = rnd(nc * 2), b->a = rnd(nf * 2), b->gg = rnd(nf * 2), b->s = rnd(nf * 2);
+    b->dq = rnd(nc * 2), b->dk = rnd(nkv * 2), b->dv = rnd(nkv * 2), b->tmp = rnd(nc * 2);
+    b->qkv = rnd((size_t)N * (HD + 2 * KVD) * 2); /* the fused-QKV layout, for comparison */
+    b->w_big = rnd((size_t)F * C * 2), b->w_c = rnd((size_t)C * C * 2), b->w_kv = rnd((size_t)KVD * C * 2);
+    b->w_qkv = rnd((size_t)(HD + 2 * KVD) * C * 2);
+    b->dw = rnd((size_t)F * C * 4), b->dw2 = rnd((size_t)F * C * 4);
+    b->rstd = dalloc((size_t)N * 4), b->wn32 = dalloc((size_t)C * 4);
+    b->wn = dalloc((size_t)C * 2);
+    O->fill(b->rstd, 1.0f, (size_t)N);
+    O->fill(b->wn32, 1.0f, (size_t)C);
+    O->cast_f32_to_bf16(b->wn, b->wn32, (size_t)C);
+    b->lse = dalloc((size_t)H * N * 4);
+    b->freqs = dalloc((size_t)N * (D / 2) * 2 * 4);
+    float *ht = malloc((size_t)N * (D / 2) * 2 * 4);
+    ops_rope_table(ht, D, N, 500000.0f, 1, 8.0f, 1.0f, 4.0f, 8192);
+    O->copy_h2d(b->freqs, ht, (size_t)N * (D / 2) * 2 * 4);
+    free(ht);
+}
+
+/* each linear of a block as the model issues it: forward, input gradient, weight gradient */
+static void bench_block_gemms(const dims *dm, const buffers *b) {
+    const int N = dm->N, C = dm->C, F = dm->F, HD = dm->HD, KVD = dm->KVD;
     char lab[128];
-
     GROUP = "block GEMMs (bf16)";
     struct {
         const char *name;
         int out, in;
         uint16_t *w, *x, *y;
-    } L[] = {{"wq", HD, C, w_c, xn, q},  {"wk", KVD, C, w_kv, xn, k}, {"wv", KVD, C, w_kv, xn, v},
-             {"wo", C, HD, w_c, att, h}, {"w1", F, C, w_big, xn, a},  {"w3", F, C, w_big, xn, gg},
-             {"w2", C, F, w_big, s, h}};
+    } L[] = {{"wq", HD, C, b->w_c, b->xn, b->q},   {"wk", KVD, C, b->w_kv, b->xn, b->k},
+             {"wv", KVD, C, b->w_kv, b->xn, b->v}, {"wo", C, HD, b->w_c, b->att, b->h},
+             {"w1", F, C, b->w_big, b->xn, b->a},  {"w3", F, C, b->w_big, b->xn, b->gg},
+             {"w2", C, F, b->w_big, b->s, b->h}};
     for (int i = 0; i < 7; i++) {
         const double fl = 2.0 * N * L[i].out * (double)L[i].in;
         float beta = (i == 3 || i == 6) ? 1.f : 0.f; /* wo, w2 add into the residual */
@@ -205,135 +237,181 @@ int main(int argc, char **argv) {
         snprintf(lab, sizeof lab, "fwd %s [%d x %d x %d]", L[i].name, N, L[i].out, L[i].in);
         TIME(lab, O->gemm(L[i].y, L[i].x, L[i].w, &f), 0, fl);
         /* dx[N, in] = dy[N, out] W[out, in]: dy is the layer's output buffer, dx a scratch of N x in */
-        uint16_t *dx = L[i].in == F ? s : tmp;
+        uint16_t *dx = L[i].in == F ? b->s : b->tmp;
         ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, L[i].in, L[i].out, L[i].out, L[i].in, L[i].in, 0.f);
         snprintf(lab, sizeof lab, "dgrad %s", L[i].name);
         TIME(lab, O->gemm(dx, L[i].y, L[i].w, &d), 0, fl);
         ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, L[i].out, L[i].in, N, L[i].out, L[i].in, L[i].in, 1.f);
         snprintf(lab, sizeof lab, "wgrad %s (fp32 C, beta 1)", L[i].name);
-        TIME(lab, O->gemm(dw, L[i].y, L[i].x, &wg), 0, fl);
+        TIME(lab, O->gemm(b->dw, L[i].y, L[i].x, &wg), 0, fl);
     }
-    {
-        const int Q = HD + 2 * KVD;
-        const double fl = 2.0 * N * Q * (double)C;
-        ops_gemm_desc f = desc(TETRA_BF16, TETRA_BF16, 0, 1, N, Q, C, C, C, Q, 0.f);
-        snprintf(lab, sizeof lab, "fwd fused qkv [%d x %d x %d]", N, Q, C);
-        TIME(lab, O->gemm(qkv, xn, w_qkv, &f), 0, fl);
-        ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, C, Q, Q, C, C, 0.f);
-        TIME("dgrad fused qkv", O->gemm(tmp, qkv, w_qkv, &d), 0, fl);
-        ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, Q, C, N, Q, C, C, 1.f);
-        TIME("wgrad fused qkv", O->gemm(dw, qkv, xn, &wg), 0, fl);
-    }
+}
 
+/* the same three GEMMs with q, k and v as one fused projection, to compare against wq/wk/wv */
+static void bench_fused_qkv(const dims *dm, const buffers *b) {
+    const int N = dm->N, C = dm->C, Q = dm->HD + 2 * dm->KVD;
+    const double fl = 2.0 * N * Q * (double)C;
+    char lab[128];
+    GROUP = "block GEMMs (bf16)";
+    ops_gemm_desc f = desc(TETRA_BF16, TETRA_BF16, 0, 1, N, Q, C, C, C, Q, 0.f);
+    snprintf(lab, sizeof lab, "fwd fused qkv [%d x %d x %d]", N, Q, C);
+    TIME(lab, O->gemm(b->qkv, b->xn, b->w_qkv, &f), 0, fl);
+    ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, C, Q, Q, C, C, 0.f);
+    TIME("dgrad fused qkv", O->gemm(b->tmp, b->qkv, b->w_qkv, &d), 0, fl);
+    ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, Q, C, N, Q, C, C, 1.f);
+    TIME("wgrad fused qkv", O->gemm(b->dw, b->qkv, b->xn, &wg), 0, fl);
+}
+
+static void bench_attention(const dims *dm, const buffers *b) {
+    const int N = dm->N, D = dm->D, H = dm->H, KV = dm->KV;
+    char lab[128];
     GROUP = "attention (bf16, causal)";
-    {
-        ops_attn_shape sh = {1, N, N, H, KV, D, 1.0f / sqrtf((float)D), 1, 0, 0, NULL, 0};
-        size_t wsb = O->attention_workspace_size_bf16(&sh);
-        void *ws = dalloc(wsb ? wsb : 256);
-        const double ffl = 4.0 * N * (double)N * D * H / 2; /* causal: half the square */
-        snprintf(lab, sizeof lab, "forward b1 s%d h%d kv%d d%d", N, H, KV, D);
-        TIME(lab, O->attention_forward_bf16(att, lse, q, k, v, &sh, ws), 0, ffl);
-        snprintf(lab, sizeof lab, "backward (workspace %.1f MiB)", (double)wsb / 1048576.0);
-        TIME(lab, O->attention_backward_bf16(dq, dk, dv, tmp, q, k, v, att, lse, &sh, ws), 0, 2.5 * ffl);
-    }
+    ops_attn_shape sh = {1, N, N, H, KV, D, 1.0f / sqrtf((float)D), 1, 0, 0, NULL, 0};
+    size_t wsb = O->attention_workspace_size_bf16(&sh);
+    void *ws = dalloc(wsb ? wsb : 256);
+    const double ffl = 4.0 * N * (double)N * D * H / 2; /* causal: half the square */
+    snprintf(lab, sizeof lab, "forward b1 s%d h%d kv%d d%d", N, H, KV, D);
+    TIME(lab, O->attention_forward_bf16(b->att, b->lse, b->q, b->k, b->v, &sh, ws), 0, ffl);
+    snprintf(lab, sizeof lab, "backward (workspace %.1f MiB)", (double)wsb / 1048576.0);
+    TIME(lab, O->attention_backward_bf16(b->dq, b->dk, b->dv, b->tmp, b->q, b->k, b->v, b->att, b->lse, &sh, ws), 0,
+         2.5 * ffl);
+}
 
+static void bench_elementwise(const dims *dm, const buffers *b) {
+    const int N = dm->N, C = dm->C, F = dm->F, D = dm->D, H = dm->H, KV = dm->KV;
+    const size_t nc = dm->nc, nf = dm->nf, nkv = dm->nkv;
+    char lab[128];
     GROUP = "elementwise (bf16)";
     snprintf(lab, sizeof lab, "rmsnorm forward [%d x %d]", N, C);
-    TIME(lab, O->rmsnorm_forward_bf16(xn, rstd, x, wn, N, C, 1e-5f), 2 * nc * 2, 0);
-    TIME("rmsnorm backward_input", O->rmsnorm_backward_input_bf16(tmp, xn, x, wn, rstd, N, C), 4 * nc * 2, 0);
-    TIME("rmsnorm backward_weight", O->rmsnorm_backward_weight_bf16(wn32, xn, x, rstd, N, C), 2 * nc * 2, 0);
-    TIME("rope forward q (in place)", O->rope_forward_bf16(q, q, freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
-    TIME("rope forward k (in place)", O->rope_forward_bf16(k, k, freqs, NULL, 0, 1, N, KV, D), 2 * nkv * 2, 0);
-    TIME("rope backward q", O->rope_backward_bf16(tmp, dq, freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
+    TIME(lab, O->rmsnorm_forward_bf16(b->xn, b->rstd, b->x, b->wn, N, C, 1e-5f), 2 * nc * 2, 0);
+    TIME("rmsnorm backward_input", O->rmsnorm_backward_input_bf16(b->tmp, b->xn, b->x, b->wn, b->rstd, N, C),
+         4 * nc * 2, 0);
+    TIME("rmsnorm backward_weight", O->rmsnorm_backward_weight_bf16(b->wn32, b->xn, b->x, b->rstd, N, C), 2 * nc * 2,
+         0);
+    TIME("rope forward q (in place)", O->rope_forward_bf16(b->q, b->q, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
+    TIME("rope forward k (in place)", O->rope_forward_bf16(b->k, b->k, b->freqs, NULL, 0, 1, N, KV, D), 2 * nkv * 2, 0);
+    TIME("rope backward q", O->rope_backward_bf16(b->tmp, b->dq, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
     snprintf(lab, sizeof lab, "swiglu forward [%d x %d]", N, F);
-    TIME(lab, O->swiglu_forward_bf16(s, a, gg, nf), 3 * nf * 2, 0);
-    TIME("swiglu backward (in place)", O->swiglu_backward_bf16(a, gg, s, a, gg, nf), 5 * nf * 2, 0);
-    TIME("copy (residual)", O->copy(h, x, nc * 2), 2 * nc * 2, 0);
+    TIME(lab, O->swiglu_forward_bf16(b->s, b->a, b->gg, nf), 3 * nf * 2, 0);
+    TIME("swiglu backward (in place)", O->swiglu_backward_bf16(b->a, b->gg, b->s, b->a, b->gg, nf), 5 * nf * 2, 0);
+    TIME("copy (residual)", O->copy(b->h, b->x, nc * 2), 2 * nc * 2, 0);
+}
 
+/* the float8 tensorwise passes (amax, scale, casts), then the fp8 GEMMs on their outputs */
+static void bench_float8(const dims *dm, const buffers *b) {
+    const int N = dm->N, C = dm->C, F = dm->F;
+    const size_t nc = dm->nc, nf = dm->nf;
+    char lab[128];
     GROUP = "float8 tensorwise";
-    {
-        uint8_t *q8 = dalloc(nf), *q8b = dalloc((size_t)F * C), *qa = dalloc(nf);
-        float *am = dalloc(64), *sc = dalloc(64), *inv = dalloc(64), *am2 = dalloc(64), *sc2 = dalloc(64),
-              *inv2 = dalloc(64);
-        snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, C);
-        TIME(lab, O->amax_bf16(am, xn, nc), nc * 2, 0);
-        snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, F);
-        TIME(lab, O->amax_bf16(am, a, nf), nf * 2, 0);
-        TIME("fp8_scale_from_amax (1)", O->fp8_scale_from_amax(sc, inv, am, 1, 0, OPS_FP8_E4M3_MAX, 0), 8, 0);
-        O->amax_bf16(am, xn, nc);
-        O->fp8_scale_from_amax(sc, inv, am, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        O->amax_bf16(am2, w_big, (size_t)F * C);
-        O->fp8_scale_from_amax(sc2, inv2, am2, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        snprintf(lab, sizeof lab, "cast_bf16_to_fp8 [%d x %d]", N, C);
-        TIME(lab, O->cast_bf16_to_fp8(q8, xn, sc, 0, N, C, TETRA_FP8_E4M3), nc * 3, 0);
-        snprintf(lab, sizeof lab, "cast_bf16_to_fp8 [%d x %d]", N, F);
-        TIME(lab, O->cast_bf16_to_fp8(q8, a, sc, 0, N, F, TETRA_FP8_E4M3), nf * 3, 0);
-        snprintf(lab, sizeof lab, "cast_bf16_to_fp8 weight [%d x %d]", F, C);
-        TIME(lab, O->cast_bf16_to_fp8(q8b, w_big, sc2, 0, F, C, TETRA_FP8_E4M3), (size_t)F * C * 3, 0);
-        float *scv = dalloc((size_t)C * 4); /* one scale per column of x (the rowwise recipe's op) */
-        O->fp8_scale_from_amax(scv, NULL, am, C, 1, OPS_FP8_E4M3_MAX, 0);
-        snprintf(lab, sizeof lab, "cast_transpose_to_fp8 [%d x %d]", N, C);
-        TIME(lab, O->cast_transpose_to_fp8(q8, xn, TETRA_BF16, scv, N, C, TETRA_FP8_E4M3), nc * 3, 0);
-        snprintf(lab, sizeof lab, "add fp32 (wgrad accumulate) %.1fM", (double)F * C / 1e6);
-        TIME(lab, O->add(dw, dw, dw2, (size_t)F * C), (size_t)F * C * 12, 0);
-        /* fp8 GEMMs as float8/ issues them for w1 (the largest linear): forward TN; the
-         * input gradient with W [out, in] not K-major (transposed inside); the weight
-         * gradient with both operands transposed inside */
-        O->cast_bf16_to_fp8(q8, xn, sc, 0, N, C, TETRA_FP8_E4M3);
-        O->cast_bf16_to_fp8(qa, a, sc, 0, N, F, TETRA_FP8_E5M2);
-        const double fl = 2.0 * N * F * (double)C;
-        ops_gemm_desc f = desc(TETRA_FP8_E4M3, TETRA_BF16, 0, 1, N, F, C, C, C, F, 0.f);
-        f.a_scale = inv, f.b_scale = inv2, f.fast_accum = 1;
-        TIME("fp8 gemm fwd w1 (TN, fast accum)", O->gemm(a, q8, q8b, &f), 0, fl);
-        ops_gemm_desc d = desc(TETRA_FP8_E5M2, TETRA_BF16, 0, 0, N, C, F, F, C, C, 0.f);
-        d.b_type = TETRA_FP8_E4M3, d.a_scale = inv, d.b_scale = inv2;
-        TIME("fp8 gemm dgrad w1 (W transposed inside)", O->gemm(xn, qa, q8b, &d), 0, fl);
-        ops_gemm_desc wg = desc(TETRA_FP8_E5M2, TETRA_F32, 1, 0, F, C, N, F, C, C, 0.f);
-        wg.b_type = TETRA_FP8_E4M3, wg.a_scale = inv, wg.b_scale = inv2;
-        TIME("fp8 gemm wgrad w1 (both transposed inside)", O->gemm(dw2, qa, q8, &wg), 0, fl);
-    }
+    uint8_t *q8 = dalloc(nf), *q8b = dalloc((size_t)F * C), *qa = dalloc(nf);
+    float *am = dalloc(64), *sc = dalloc(64), *inv = dalloc(64), *am2 = dalloc(64), *sc2 = dalloc(64),
+          *inv2 = dalloc(64);
+    snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, C);
+    TIME(lab, O->amax_bf16(am, b->xn, nc), nc * 2, 0);
+    snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, F);
+    TIME(lab, O->amax_bf16(am, b->a, nf), nf * 2, 0);
+    TIME("fp8_scale_from_amax (1)", O->fp8_scale_from_amax(sc, inv, am, 1, 0, OPS_FP8_E4M3_MAX, 0), 8, 0);
+    O->amax_bf16(am, b->xn, nc);
+    O->fp8_scale_from_amax(sc, inv, am, 1, 0, OPS_FP8_E4M3_MAX, 0);
+    O->amax_bf16(am2, b->w_big, (size_t)F * C);
+    O->fp8_scale_from_amax(sc2, inv2, am2, 1, 0, OPS_FP8_E4M3_MAX, 0);
+    snprintf(lab, sizeof lab, "cast_bf16_to_fp8 [%d x %d]", N, C);
+    TIME(lab, O->cast_bf16_to_fp8(q8, b->xn, sc, 0, N, C, TETRA_FP8_E4M3), nc * 3, 0);
+    snprintf(lab, sizeof lab, "cast_bf16_to_fp8 [%d x %d]", N, F);
+    TIME(lab, O->cast_bf16_to_fp8(q8, b->a, sc, 0, N, F, TETRA_FP8_E4M3), nf * 3, 0);
+    snprintf(lab, sizeof lab, "cast_bf16_to_fp8 weight [%d x %d]", F, C);
+    TIME(lab, O->cast_bf16_to_fp8(q8b, b->w_big, sc2, 0, F, C, TETRA_FP8_E4M3), (size_t)F * C * 3, 0);
+    float *scv = dalloc((size_t)C * 4); /* one scale per column of x (the rowwise recipe's op) */
+    O->fp8_scale_from_amax(scv, NULL, am, C, 1, OPS_FP8_E4M3_MAX, 0);
+    snprintf(lab, sizeof lab, "cast_transpose_to_fp8 [%d x %d]", N, C);
+    TIME(lab, O->cast_transpose_to_fp8(q8, b->xn, TETRA_BF16, scv, N, C, TETRA_FP8_E4M3), nc * 3, 0);
+    snprintf(lab, sizeof lab, "add fp32 (wgrad accumulate) %.1fM", (double)F * C / 1e6);
+    TIME(lab, O->add(b->dw, b->dw, b->dw2, (size_t)F * C), (size_t)F * C * 12, 0);
+    /* fp8 GEMMs as float8/ issues them for w1 (the largest linear): forward TN; the
+     * input gradient with W [out, in] not K-major (transposed inside); the weight
+     * gradient with both operands transposed inside */
+    O->cast_bf16_to_fp8(q8, b->xn, sc, 0, N, C, TETRA_FP8_E4M3);
+    O->cast_bf16_to_fp8(qa, b->a, sc, 0, N, F, TETRA_FP8_E5M2);
+    const double fl = 2.0 * N * F * (double)C;
+    ops_gemm_desc f = desc(TETRA_FP8_E4M3, TETRA_BF16, 0, 1, N, F, C, C, C, F, 0.f);
+    f.a_scale = inv, f.b_scale = inv2, f.fast_accum = 1;
+    TIME("fp8 gemm fwd w1 (TN, fast accum)", O->gemm(b->a, q8, q8b, &f), 0, fl);
+    ops_gemm_desc d = desc(TETRA_FP8_E5M2, TETRA_BF16, 0, 0, N, C, F, F, C, C, 0.f);
+    d.b_type = TETRA_FP8_E4M3, d.a_scale = inv, d.b_scale = inv2;
+    TIME("fp8 gemm dgrad w1 (W transposed inside)", O->gemm(b->xn, qa, q8b, &d), 0, fl);
+    ops_gemm_desc wg = desc(TETRA_FP8_E5M2, TETRA_F32, 1, 0, F, C, N, F, C, C, 0.f);
+    wg.b_type = TETRA_FP8_E4M3, wg.a_scale = inv, wg.b_scale = inv2;
+    TIME("fp8 gemm wgrad w1 (both transposed inside)", O->gemm(b->dw2, qa, q8, &wg), 0, fl);
+}
 
+/* the logits GEMM, the fused cross-entropy and the head's two gradients; its vocabulary-
+ * sized buffers are released after, being the largest of the run */
+static void bench_output_head(const dims *dm, const buffers *b) {
+    const int N = dm->N, C = dm->C, V = dm->V;
+    char lab[128];
     GROUP = "output head";
-    {
-        float *logits = rnd((size_t)N * V * 4);
-        uint16_t *w_out = rnd((size_t)V * C * 2), *dl16 = dalloc((size_t)N * V * 2);
-        float *losses = dalloc((size_t)N * 4);
-        int32_t *tg = dalloc((size_t)N * 4), *ht = malloc((size_t)N * 4);
-        for (int i = 0; i < N; i++) ht[i] = (int32_t)(((unsigned)i * 7919u) % (unsigned)V);
-        O->copy_h2d(tg, ht, (size_t)N * 4);
-        free(ht);
-        const double fl = 2.0 * N * (double)V * C;
-        ops_gemm_desc f = desc(TETRA_BF16, TETRA_F32, 0, 1, N, V, C, C, C, V, 0.f);
-        snprintf(lab, sizeof lab, "logits gemm (fp32 out) [%d x %d x %d]", N, V, C);
-        TIME(lab, O->gemm(logits, xn, w_out, &f), 0, fl);
-        O->cast_f32_to_bf16(dl16, logits, (size_t)N * V);
-        O->scale(logits, 1e-3f, (size_t)N * V);
-        snprintf(lab, sizeof lab, "cross_entropy fused [%d x %d]", N, V);
-        TIME(lab, O->cross_entropy(logits, losses, logits, tg, N, V, 1.0f / (float)N), (size_t)N * V * 12, 0);
-        TIME("cast dlogits fp32 to bf16", O->cast_f32_to_bf16(dl16, logits, (size_t)N * V), (size_t)N * V * 6, 0);
-        ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, C, V, V, C, C, 0.f);
-        snprintf(lab, sizeof lab, "head dgrad (K = %d)", V);
-        TIME(lab, O->gemm(tmp, dl16, w_out, &d), 0, fl);
-        O->release(logits);
-        float *dwo = rnd((size_t)V * C * 4);
-        ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, V, C, N, V, C, C, 1.f);
-        TIME("head wgrad (fp32 C, beta 1)", O->gemm(dwo, dl16, xn, &wg), 0, fl);
-        O->release(dwo);
-        O->release(dl16);
-        O->release(w_out);
-    }
+    float *logits = rnd((size_t)N * V * 4);
+    uint16_t *w_out = rnd((size_t)V * C * 2), *dl16 = dalloc((size_t)N * V * 2);
+    float *losses = dalloc((size_t)N * 4);
+    int32_t *tg = dalloc((size_t)N * 4), *ht = malloc((size_t)N * 4);
+    for (int i = 0; i < N; i++) ht[i] = (int32_t)(((unsigned)i * 7919u) % (unsigned)V);
+    O->copy_h2d(tg, ht, (size_t)N * 4);
+    free(ht);
+    const double fl = 2.0 * N * (double)V * C;
+    ops_gemm_desc f = desc(TETRA_BF16, TETRA_F32, 0, 1, N, V, C, C, C, V, 0.f);
+    snprintf(lab, sizeof lab, "logits gemm (fp32 out) [%d x %d x %d]", N, V, C);
+    TIME(lab, O->gemm(logits, b->xn, w_out, &f), 0, fl);
+    O->cast_f32_to_bf16(dl16, logits, (size_t)N * V);
+    O->scale(logits, 1e-3f, (size_t)N * V);
+    snprintf(lab, sizeof lab, "cross_entropy fused [%d x %d]", N, V);
+    TIME(lab, O->cross_entropy(logits, losses, logits, tg, N, V, 1.0f / (float)N), (size_t)N * V * 12, 0);
+    TIME("cast dlogits fp32 to bf16", O->cast_f32_to_bf16(dl16, logits, (size_t)N * V), (size_t)N * V * 6, 0);
+    ops_gemm_desc d = desc(TETRA_BF16, TETRA_BF16, 0, 0, N, C, V, V, C, C, 0.f);
+    snprintf(lab, sizeof lab, "head dgrad (K = %d)", V);
+    TIME(lab, O->gemm(b->tmp, dl16, w_out, &d), 0, fl);
+    O->release(logits);
+    float *dwo = rnd((size_t)V * C * 4);
+    ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, V, C, N, V, C, C, 1.f);
+    TIME("head wgrad (fp32 C, beta 1)", O->gemm(dwo, dl16, b->xn, &wg), 0, fl);
+    O->release(dwo);
+    O->release(dl16);
+    O->release(w_out);
+}
 
+/* AdamW and the gradient passes around it, over one block's parameters */
+static void bench_optimizer(const dims *dm) {
+    const int C = dm->C, F = dm->F, HD = dm->HD, KVD = dm->KVD;
+    char lab[128];
     GROUP = "optimizer (one block)";
-    {
-        const size_t n = (size_t)C * HD + 2 * (size_t)C * KVD + (size_t)HD * C + 3 * (size_t)C * F + 2 * (size_t)C;
-        float *p = rnd(n * 4), *m = rnd(n * 4), *vv = dalloc(n * 4), *g = rnd(n * 4), *out = dalloc(64);
-        uint16_t *p16 = dalloc(n * 2);
-        O->fill(vv, 1e-4f, n);
-        snprintf(lab, sizeof lab, "adamw_step_bf16 (%.1fM parameters)", (double)n / 1e6);
-        TIME(lab, O->adamw_step_bf16(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f), n * 30, 0);
-        TIME("fill fp32 (zero the gradients)", O->fill(g, 0.0f, n), n * 4, 0);
-        TIME("sum_squares fp32 (grad norm)", O->sum_squares(out, p, n), n * 4, 0);
-    }
+    const size_t n = (size_t)C * HD + 2 * (size_t)C * KVD + (size_t)HD * C + 3 * (size_t)C * F + 2 * (size_t)C;
+    float *p = rnd(n * 4), *m = rnd(n * 4), *vv = dalloc(n * 4), *g = rnd(n * 4), *out = dalloc(64);
+    uint16_t *p16 = dalloc(n * 2);
+    O->fill(vv, 1e-4f, n);
+    snprintf(lab, sizeof lab, "adamw_step_bf16 (%.1fM parameters)", (double)n / 1e6);
+    TIME(lab, O->adamw_step_bf16(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f), n * 30, 0);
+    TIME("fill fp32 (zero the gradients)", O->fill(g, 0.0f, n), n * 4, 0);
+    TIME("sum_squares fp32 (grad norm)", O->sum_squares(out, p, n), n * 4, 0);
+}
+
+int main(int argc, char **argv) {
+    const char *device = "cuda";
+    int small = 0;
+    const int rc = parse_args(argc, argv, &device, &small);
+    if (rc >= 0) return rc;
+    if (!open_backend(device)) return 2;
+    const dims dm = choose_dims(small);
+    make_pattern();
+    print_header(&dm);
+
+    buffers b;
+    alloc_buffers(&dm, &b);
+    bench_block_gemms(&dm, &b);
+    bench_fused_qkv(&dm, &b);
+    bench_attention(&dm, &b);
+    bench_elementwise(&dm, &b);
+    bench_float8(&dm, &b);
+    bench_output_head(&dm, &b);
+    bench_optimizer(&dm);
     printf("\ngpu_ops: done\n");
     return 0;
 }

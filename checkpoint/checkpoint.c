@@ -283,6 +283,7 @@ typedef struct {
     int tensor, chunk; /* in the local metadata */
     const float *src;  /* backend memory */
     uint64_t count, offset, length;
+    int host; /* src is host memory */
 } plan_entry;
 
 struct ckpt_saver {
@@ -429,6 +430,7 @@ static int build_plan(ckpt_saver *s, const ckpt_save_request *r, char *err, size
                 p->tensor = ti;
                 p->chunk = s->local.tensors[ti].n_chunks - 1;
                 p->src = grp->storage + t->piece.local_offset + k;
+                p->host = grp->host;
                 p->count = cnt;
                 p->offset = off;
                 p->length = c.length;
@@ -441,6 +443,12 @@ static int build_plan(ckpt_saver *s, const ckpt_save_request *r, char *err, size
 oom:
     ck_snprintf(err, errlen, "checkpoint: out of host memory planning the save");
     return -1;
+}
+
+/* A piece's bytes to host memory: through the op table, or copied where they live on the host. */
+static void copy_out(const ckpt_saver *s, const plan_entry *p, void *dst, size_t bytes) {
+    if (p->host) memcpy(dst, p->src, bytes);
+    else s->o.ops->copy_d2h(dst, p->src, bytes);
 }
 
 static void set_crc(ckpt_saver *s, const plan_entry *p, uint32_t crc) {
@@ -479,7 +487,7 @@ static int write_file(ckpt_saver *s, const unsigned char *staging, char *err, si
         if (staging) {
             data = staging + p->offset;
         } else {
-            s->o.ops->copy_d2h(host, p->src, (size_t)p->count * sizeof(float));
+            copy_out(s, p, host, (size_t)p->count * sizeof(float));
             if (s->dtype != TETRA_F32) ck_encode(bytes, host, (size_t)p->count, s->dtype);
             data = bytes;
         }
@@ -543,14 +551,14 @@ static int stage(ckpt_saver *s, char *err, size_t errlen) {
         if (p->offset > prev_end) memset(s->staging + prev_end, 0, (size_t)(p->offset - prev_end));
         prev_end = p->offset + p->length;
         if (s->dtype == TETRA_F32) {
-            s->o.ops->copy_d2h(s->staging + p->offset, p->src, (size_t)p->length);
+            copy_out(s, p, s->staging + p->offset, (size_t)p->length);
         } else {
             if (!tmp) tmp = malloc((size_t)CK_MAX_CHUNK_ELEMS * sizeof(float));
             if (!tmp) {
                 ck_snprintf(err, errlen, "checkpoint: out of host memory staging step %" PRId64, s->step);
                 return -1;
             }
-            s->o.ops->copy_d2h(tmp, p->src, (size_t)p->count * sizeof(float));
+            copy_out(s, p, tmp, (size_t)p->count * sizeof(float));
             ck_encode(s->staging + p->offset, tmp, (size_t)p->count, s->dtype);
         }
     }
@@ -1059,7 +1067,9 @@ int ckpt_reader_load(ckpt_reader *r, const ckpt_group *g, const tetra_ops *ops, 
             part.start = whole.start + k;
             part.count = whole.count - k < block ? whole.count - k : block;
             if (ckpt_reader_read_region(r, ct, &part, r->host, err, errlen)) return -1;
-            ops->copy_h2d(g->storage + t->piece.local_offset + k, r->host, (size_t)part.count * sizeof(float));
+            float *dst = g->storage + t->piece.local_offset + k;
+            if (g->host) memcpy(dst, r->host, (size_t)part.count * sizeof(float));
+            else ops->copy_h2d(dst, r->host, (size_t)part.count * sizeof(float));
         }
     }
     return 0;

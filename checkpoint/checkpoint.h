@@ -58,6 +58,7 @@ typedef struct {
     const dt_tensor *tensors;
     int n;
     float *storage;
+    int host; /* storage is host memory (CPU offload), read and written without the op table */
 } ckpt_group;
 
 /* ---- saving ---------------------------------------------------------------- */

@@ -99,6 +99,11 @@ if(TETRA_CUDA_SIM)
   set_tests_properties(gpu/test_sim_layouts PROPERTIES
     ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};TETRA_BIN=${CMAKE_BINARY_DIR}/bin;OMP_WAIT_POLICY=PASSIVE"
     TIMEOUT 1800)
+  # CPU offload against no offload on the simulated kernels, bit for bit (tests/gpu/sim_offload.sh)
+  add_test(NAME gpu/test_sim_offload COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_offload.sh
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(gpu/test_sim_offload PROPERTIES
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
   set_tests_properties(gpu/test_ops_cuda_sim_fsdp PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none"
     TIMEOUT 1800)

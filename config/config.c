@@ -1022,13 +1022,20 @@ static int check_dataset_mix(const tetra_config *c, char *err, size_t n) {
     return 0;
 }
 
-int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char *err, size_t n) {
+/* The layout and batch numbers the rules below resolve one after another: the degrees
+ * (data_parallel_shard_degree = -1 resolved against the world size) first, then the
+ * data-parallel degree and the global batch that cfg_validate reports in *dims. */
+typedef struct {
+    int64_t rep, tp, pp, cp, shard;
+    int64_t dp, gbs, per_step;
+} resolved_layout;
+
+/* The world size, the backend against the device, and each parallel degree on its own. */
+static int check_parallel_degrees(const tetra_config *c, int world, char *err, size_t n) {
     char wbuf[4][600];
     int wi = 0;
     const tetra_config_values *v = &c->v;
     const char *par = "parallelism";
-    if (check_dataset_mix(c, err, n) != 0) return -1;
-
     if (world < 1) {
         util_set_err(err, n, "world size must be at least 1 (got %d)", world);
         return -1;
@@ -1064,6 +1071,15 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                                                                       : "expert_tensor_parallel_degree"));
         return -1;
     }
+    return 0;
+}
+
+/* Resolves data_parallel_shard_degree = -1 to the ranks the other degrees leave, and
+ * checks that the degrees multiply to exactly the world size. */
+static int resolve_layout(const tetra_config *c, int world, resolved_layout *l, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     int64_t rep = v->parallelism.data_parallel_replicate_degree, tp = v->parallelism.tensor_parallel_degree,
             pp = v->parallelism.pipeline_parallel_degree, cp = v->parallelism.context_parallel_degree,
             shard = v->parallelism.data_parallel_shard_degree;
@@ -1081,7 +1097,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         shard = world / others;
     } else if (shard < 1) {
         util_set_err(err, n, "%s: parallelism.data_parallel_shard_degree must be -1 or >= 1 (got %" PRId64 ")",
-                     WHERE(par, "data_parallel_shard_degree"), shard);
+                     WHERE("parallelism", "data_parallel_shard_degree"), shard);
         return -1;
     }
     if (shard * others != world) {
@@ -1093,7 +1109,28 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      pp, rep, shard, cp, tp, shard * others, world);
         return -1;
     }
+    l->rep = rep;
+    l->tp = tp;
+    l->pp = pp;
+    l->cp = cp;
+    l->shard = shard;
+    return 0;
+}
 
+/* model.name, model.flavor and the overrides on it, and whether tensor parallel can split
+ * the flavor's heads, vocabulary and FFN evenly. */
+void cfg_model_args(const tetra_config_values *v, llama3_args *a) {
+    llama3_flavor(v->model.flavor, a);
+    if (v->model.vocab_size > 0) a->vocab_size = (int)v->model.vocab_size;
+    if (v->model.n_layers > 0) a->n_layers = (int)v->model.n_layers;
+    if (v->model.attn_mask_type) llama3_parse_mask(v->model.attn_mask_type, &a->attn_mask_type);
+    a->reset_positions = v->model.reset_positions_at_document_boundaries != 0;
+}
+
+static int check_model(const tetra_config *c, int64_t tp, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     llama3_args a;
     if (strcmp(v->model.name, "llama3") != 0) {
         util_set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"),
@@ -1115,7 +1152,6 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("model", "vocab_size"), a.vocab_size, v->model.vocab_size);
         return -1;
     }
-    if (v->model.vocab_size > 0) a.vocab_size = (int)v->model.vocab_size;
     llama3_mask mask;
     if (v->model.attn_mask_type && llama3_parse_mask(v->model.attn_mask_type, &mask) != 0) {
         util_set_err(err, n,
@@ -1125,21 +1161,31 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      a.flavor);
         return -1;
     }
+    cfg_model_args(v, &a); /* every value is valid: the one rule every reader uses */
     if (tp > 1 && (a.n_kv_heads % tp != 0 || a.n_heads % tp != 0)) {
         util_set_err(err, n,
                      "%s: tensor_parallel_degree %" PRId64
                      " must divide the %s flavor's n_heads (%d) and n_kv_heads (%d)",
-                     WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
+                     WHERE("parallelism", "tensor_parallel_degree"), tp, a.flavor, a.n_heads, a.n_kv_heads);
         return -1;
     }
     if (tp > 1 && (a.vocab_size % tp != 0 || llama3_ffn_hidden(&a) % tp != 0)) {
-        util_set_err(
-            err, n,
-            "%s: tensor_parallel_degree %" PRId64 " must divide the %s flavor's vocab_size (%d) and FFN hidden size "
-            "(%lld): each rank holds a whole share of the vocabulary and of the hidden units",
-            WHERE(par, "tensor_parallel_degree"), tp, a.flavor, a.vocab_size, (long long)llama3_ffn_hidden(&a));
+        util_set_err(err, n,
+                     "%s: tensor_parallel_degree %" PRId64
+                     " must divide the %s flavor's vocab_size (%d) and FFN hidden size "
+                     "(%lld): each rank holds a whole share of the vocabulary and of the hidden units",
+                     WHERE("parallelism", "tensor_parallel_degree"), tp, a.flavor, a.vocab_size,
+                     (long long)llama3_ffn_hidden(&a));
         return -1;
     }
+    return 0;
+}
+
+/* Training and validation sequence lengths against context and tensor (sequence) parallel. */
+static int check_seq_len(const tetra_config *c, int64_t cp, int64_t tp, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     int64_t seq = v->training.seq_len;
     if (seq < 1) {
         util_set_err(err, n, "%s: training.seq_len must be >= 1 (got %" PRId64 ")", WHERE("training", "seq_len"), seq);
@@ -1173,6 +1219,15 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("validation", "seq_len"), v->validation.seq_len, tp);
         return -1;
     }
+    return 0;
+}
+
+/* Batch size, steps and max_norm; resolves global_batch_size = -1 to one step's worth
+ * over the data-parallel ranks, so l->gbs / l->per_step is the gradient accumulation. */
+static int check_batch(const tetra_config *c, resolved_layout *l, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->training.local_batch_size < 1) {
         util_set_err(err, n, "%s: training.local_batch_size must be >= 1", WHERE("training", "local_batch_size"));
         return -1;
@@ -1185,7 +1240,7 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
         util_set_err(err, n, "%s: training.max_norm must be > 0", WHERE("training", "max_norm"));
         return -1;
     }
-    int64_t dp = rep * shard;
+    int64_t dp = l->rep * l->shard;
     int64_t gbs = v->training.global_batch_size;
     int64_t per_step = v->training.local_batch_size * dp;
     if (gbs == -1) gbs = per_step;
@@ -1197,6 +1252,19 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      v->training.local_batch_size, dp, per_step);
         return -1;
     }
+    l->dp = dp;
+    l->gbs = gbs;
+    l->per_step = per_step;
+    return 0;
+}
+
+/* The pipeline keys: microbatches, the layer split, and a schedule only where there is a
+ * pipeline to run it. */
+static int check_pipeline(const tetra_config *c, int64_t pp, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
+    const char *par = "parallelism";
     if (v->parallelism.pipeline_parallel_microbatch_size < 1) {
         util_set_err(err, n, "%s: parallelism.pipeline_parallel_microbatch_size must be >= 1",
                      WHERE(par, "pipeline_parallel_microbatch_size"));
@@ -1234,6 +1302,14 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE(par, "pipeline_parallel_schedule_csv"));
         return -1;
     }
+    return 0;
+}
+
+/* The flight recorder's size and where its traces go. */
+static int check_comm_traces(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->comm.trace_buf_size < 0 || v->comm.trace_buf_size > 10000000) {
         util_set_err(err, n,
                      "%s: comm.trace_buf_size must be 0 (no flight recorder) to 10000000 operations, got %" PRId64,
@@ -1247,6 +1323,14 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("comm", *v->comm.save_traces_folder ? "save_traces_file_prefix" : "save_traces_folder"));
         return -1;
     }
+    return 0;
+}
+
+/* Step counts: the non-finite step limit and the LR warmup and decay. */
+static int check_step_counts(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->training.max_consecutive_nonfinite_steps < 0) {
         util_set_err(err, n, "%s: training.max_consecutive_nonfinite_steps must be >= 0 (0 = no limit), got %" PRId64,
                      WHERE("training", "max_consecutive_nonfinite_steps"), v->training.max_consecutive_nonfinite_steps);
@@ -1261,35 +1345,48 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("lr_scheduler", "decay_ratio"), v->lr_scheduler.decay_ratio);
         return -1;
     }
-    {
-        /* NaN and infinities pass every < or > test: refuse them by name (NaN means "not set"
-         * only for decay_ratio and peak_flops) */
-        struct {
-            double x;
-            const char *section, *key;
-        } fin[] = {{v->optimizer.lr, "optimizer", "lr"},
-                   {v->optimizer.beta1, "optimizer", "beta1"},
-                   {v->optimizer.beta2, "optimizer", "beta2"},
-                   {v->optimizer.eps, "optimizer", "eps"},
-                   {v->optimizer.weight_decay, "optimizer", "weight_decay"},
-                   {v->lr_scheduler.min_lr_factor, "lr_scheduler", "min_lr_factor"},
-                   {v->training.max_norm, "training", "max_norm"}};
-        for (size_t i = 0; i < sizeof fin / sizeof fin[0]; i++)
-            if (!isfinite(fin[i].x)) {
-                util_set_err(err, n, "%s: %s.%s must be a finite number, got %g", WHERE(fin[i].section, fin[i].key),
-                             fin[i].section, fin[i].key, fin[i].x);
-                return -1;
-            }
-        if (!isnan(v->lr_scheduler.decay_ratio) && !isfinite(v->lr_scheduler.decay_ratio)) {
-            util_set_err(err, n, "%s: lr_scheduler.decay_ratio must be finite", WHERE("lr_scheduler", "decay_ratio"));
+    return 0;
+}
+
+/* NaN and infinities pass every < or > test: refuse them by name (NaN means "not set"
+ * only for decay_ratio and peak_flops) */
+static int check_finite(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
+    struct {
+        double x;
+        const char *section, *key;
+    } fin[] = {{v->optimizer.lr, "optimizer", "lr"},
+               {v->optimizer.beta1, "optimizer", "beta1"},
+               {v->optimizer.beta2, "optimizer", "beta2"},
+               {v->optimizer.eps, "optimizer", "eps"},
+               {v->optimizer.weight_decay, "optimizer", "weight_decay"},
+               {v->lr_scheduler.min_lr_factor, "lr_scheduler", "min_lr_factor"},
+               {v->training.max_norm, "training", "max_norm"}};
+    for (size_t i = 0; i < sizeof fin / sizeof fin[0]; i++)
+        if (!isfinite(fin[i].x)) {
+            util_set_err(err, n, "%s: %s.%s must be a finite number, got %g", WHERE(fin[i].section, fin[i].key),
+                         fin[i].section, fin[i].key, fin[i].x);
             return -1;
         }
-        if (!isnan(v->metrics.peak_flops) && !(isfinite(v->metrics.peak_flops) && v->metrics.peak_flops > 0)) {
-            util_set_err(err, n, "%s: metrics.peak_flops must be a positive finite number (FLOP/s), got %g",
-                         WHERE("metrics", "peak_flops"), v->metrics.peak_flops);
-            return -1;
-        }
+    if (!isnan(v->lr_scheduler.decay_ratio) && !isfinite(v->lr_scheduler.decay_ratio)) {
+        util_set_err(err, n, "%s: lr_scheduler.decay_ratio must be finite", WHERE("lr_scheduler", "decay_ratio"));
+        return -1;
     }
+    if (!isnan(v->metrics.peak_flops) && !(isfinite(v->metrics.peak_flops) && v->metrics.peak_flops > 0)) {
+        util_set_err(err, n, "%s: metrics.peak_flops must be a positive finite number (FLOP/s), got %g",
+                     WHERE("metrics", "peak_flops"), v->metrics.peak_flops);
+        return -1;
+    }
+    return 0;
+}
+
+/* The ranges of the LR floor and the AdamW hyperparameters (now known to be finite). */
+static int check_optimizer(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->lr_scheduler.min_lr_factor < 0 || v->lr_scheduler.min_lr_factor > 1) {
         util_set_err(err, n, "%s: lr_scheduler.min_lr_factor must be between 0 and 1",
                      WHERE("lr_scheduler", "min_lr_factor"));
@@ -1301,6 +1398,14 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("optimizer", "lr"));
         return -1;
     }
+    return 0;
+}
+
+/* How often the profiler and the metrics log run, and the one metrics sink not built. */
+static int check_metrics(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->profiling.profile_freq < 1 || v->profiling.profiler_active < 1) {
         util_set_err(err, n, "%s: profiling.profile_freq and profiling.profiler_active must be >= 1",
                      WHERE("profiling", "profile_freq"));
@@ -1317,7 +1422,15 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("metrics", "enable_wandb"));
         return -1;
     }
-    if (cfg_compat_check(c, err, n)) return -1;
+    return 0;
+}
+
+/* How many checkpoints to keep and how often to save; then the selective activation
+ * checkpointing option, an integer stride or "op". */
+static int check_checkpointing(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->checkpoint.keep_latest_k == 1 || v->checkpoint.keep_latest_k < 0) {
         util_set_err(err, n,
                      "%s: checkpoint.keep_latest_k must be 0 (keep all) or >= 2, so a complete checkpoint "
@@ -1340,61 +1453,84 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             return -1;
         }
     }
-    /* Keys a TorchTitan config may carry whose feature tetra does not have: any value but
-     * the default is refused, so no key is silently ignored (docs/configs.md lists them). */
-    {
-        struct {
-            int set;
-            const char *section, *key, *why;
-        } no[] = {
-            {v->metrics.save_for_all_ranks, "metrics", "save_for_all_ranks",
-             "only rank 0 writes metrics and TensorBoard events in this version; set it to false"},
-            {strcmp(v->optimizer.name, "AdamW") != 0, "optimizer", "name",
-             "only AdamW (decoupled weight decay) is built; Adam with L2 weight decay is not"},
-            {v->optimizer.early_step_in_backward, "optimizer", "early_step_in_backward",
-             "stepping during backward is not built; set it to false"},
-            {v->training.enable_cpu_offload, "training", "enable_cpu_offload",
-             "CPU offload of parameters, gradients and optimizer state is not built; set it to false"},
-            {strcmp(v->training.dtype, "float32") != 0, "training", "dtype",
-             "full-bf16 training (bf16 master weights) is not built; training.mixed_precision_param = \"bfloat16\" "
-             "gives bf16 compute with fp32 master weights"},
-            {v->training.gc_debug, "training", "gc_debug", "tetra has no garbage collector; set it to false"},
-            {v->activation_checkpoint.early_stop, "activation_checkpoint", "early_stop",
-             "early stop of recomputation is not built (a block recomputes what it dropped); set it to false"},
-        };
-        for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
-            if (no[i].set) {
-                util_set_err(err, n, "%s: %s.%s is not supported: %s", WHERE(no[i].section, no[i].key), no[i].section,
-                             no[i].key, no[i].why);
-                return -1;
-            }
+    return 0;
+}
+
+/* Keys a TorchTitan config may carry whose feature tetra does not have: any value but
+ * the default is refused, so no key is silently ignored (docs/configs.md lists them). */
+static int check_unsupported_keys(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
+    struct {
+        int set;
+        const char *section, *key, *why;
+    } no[] = {
+        {v->metrics.save_for_all_ranks, "metrics", "save_for_all_ranks",
+         "only rank 0 writes metrics and TensorBoard events in this version; set it to false"},
+        {strcmp(v->optimizer.name, "AdamW") != 0, "optimizer", "name",
+         "only AdamW (decoupled weight decay) is built; Adam with L2 weight decay is not"},
+        {v->optimizer.early_step_in_backward, "optimizer", "early_step_in_backward",
+         "stepping during backward is not built; set it to false"},
+        {strcmp(v->training.dtype, "float32") != 0, "training", "dtype",
+         "full-bf16 training (bf16 master weights) is not built; training.mixed_precision_param = \"bfloat16\" "
+         "gives bf16 compute with fp32 master weights"},
+        {v->training.gc_debug, "training", "gc_debug", "tetra has no garbage collector; set it to false"},
+        {v->activation_checkpoint.early_stop, "activation_checkpoint", "early_stop",
+         "early stop of recomputation is not built (a block recomputes what it dropped); set it to false"},
+    };
+    if (v->training.enable_cpu_offload && !strcmp(v->training.device, "cpu")) {
+        util_set_err(err, n,
+                     "%s: training.enable_cpu_offload has no meaning on training.device = \"cpu\": the CPU "
+                     "backend's memory is host memory already; set it to false",
+                     WHERE("training", "enable_cpu_offload"));
+        return -1;
     }
-    /* [quantize.linear.float8] only acts through the float8 converter */
-    {
-        int f8 = 0;
-        for (int i = 0; i < v->model.converters.n; i++) f8 |= !strcmp(v->model.converters.items[i], "float8");
-        const cfg_list *ff = &v->quantize_linear_float8.filter_fqns;
-        struct {
-            int set;
-            const char *key;
-        } q[] = {
-            {strcmp(v->quantize_linear_float8.recipe_name, "tensorwise") != 0, "recipe_name"},
-            {v->quantize_linear_float8.enable_fsdp_float8_all_gather, "enable_fsdp_float8_all_gather"},
-            {v->quantize_linear_float8.precompute_float8_dynamic_scale_for_fsdp,
-             "precompute_float8_dynamic_scale_for_fsdp"},
-            /* ["output"] is tetra's default, [] TorchTitan v0.2's */
-            {!(ff->n == 0 || (ff->n == 1 && !strcmp(ff->items[0], "output"))), "filter_fqns"},
-            {v->quantize_linear_float8.emulate, "emulate"},
-        };
-        for (size_t i = 0; i < sizeof q / sizeof q[0] && !f8; i++)
-            if (q[i].set) {
-                util_set_err(err, n,
-                             "%s: quantize.linear.float8.%s has no effect without model.converters = "
-                             "[\"float8\"]: add the converter or leave the key at its default",
-                             WHERE("quantize.linear.float8", q[i].key), q[i].key);
-                return -1;
-            }
-    }
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (no[i].set) {
+            util_set_err(err, n, "%s: %s.%s is not supported: %s", WHERE(no[i].section, no[i].key), no[i].section,
+                         no[i].key, no[i].why);
+            return -1;
+        }
+    return 0;
+}
+
+/* [quantize.linear.float8] only acts through the float8 converter */
+static int check_float8_keys(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
+    int f8 = 0;
+    for (int i = 0; i < v->model.converters.n; i++) f8 |= !strcmp(v->model.converters.items[i], "float8");
+    const cfg_list *ff = &v->quantize_linear_float8.filter_fqns;
+    struct {
+        int set;
+        const char *key;
+    } q[] = {
+        {strcmp(v->quantize_linear_float8.recipe_name, "tensorwise") != 0, "recipe_name"},
+        {v->quantize_linear_float8.enable_fsdp_float8_all_gather, "enable_fsdp_float8_all_gather"},
+        {v->quantize_linear_float8.precompute_float8_dynamic_scale_for_fsdp,
+         "precompute_float8_dynamic_scale_for_fsdp"},
+        /* ["output"] is tetra's default, [] TorchTitan v0.2's */
+        {!(ff->n == 0 || (ff->n == 1 && !strcmp(ff->items[0], "output"))), "filter_fqns"},
+        {v->quantize_linear_float8.emulate, "emulate"},
+    };
+    for (size_t i = 0; i < sizeof q / sizeof q[0] && !f8; i++)
+        if (q[i].set) {
+            util_set_err(err, n,
+                         "%s: quantize.linear.float8.%s has no effect without model.converters = "
+                         "[\"float8\"]: add the converter or leave the key at its default",
+                         WHERE("quantize.linear.float8", q[i].key), q[i].key);
+            return -1;
+        }
+    return 0;
+}
+
+/* checkpoint.exclude_from_loading names only states a checkpoint holds. */
+static int check_checkpoint_exclusions(const tetra_config *c, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     static const char *exclusions[] = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"};
     for (int i = 0; i < v->checkpoint.exclude_from_loading.n; i++) {
         int ok = 0;
@@ -1408,6 +1544,14 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
             return -1;
         }
     }
+    return 0;
+}
+
+/* Stepping in backward against the pipeline, then the validation loop's own numbers. */
+static int check_backward_step_and_validation(const tetra_config *c, int64_t pp, char *err, size_t n) {
+    char wbuf[4][600];
+    int wi = 0;
+    const tetra_config_values *v = &c->v;
     if (v->optimizer.early_step_in_backward && pp > 1) {
         util_set_err(err, n, "%s: optimizer.early_step_in_backward cannot be combined with pipeline parallel",
                      WHERE("optimizer", "early_step_in_backward"));
@@ -1419,16 +1563,41 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
                      WHERE("validation", "enable"));
         return -1;
     }
+    return 0;
+}
+
+/* The rules run in a fixed order and stop at the first that fails, so the error names the
+ * earliest broken rule; the layout is resolved on the way and reported in *dims. */
+int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char *err, size_t n) {
+    resolved_layout l;
+    if (check_dataset_mix(c, err, n) != 0) return -1;
+    if (check_parallel_degrees(c, world, err, n)) return -1;
+    if (resolve_layout(c, world, &l, err, n)) return -1;
+    if (check_model(c, l.tp, err, n)) return -1;
+    if (check_seq_len(c, l.cp, l.tp, err, n)) return -1;
+    if (check_batch(c, &l, err, n)) return -1;
+    if (check_pipeline(c, l.pp, err, n)) return -1;
+    if (check_comm_traces(c, err, n)) return -1;
+    if (check_step_counts(c, err, n)) return -1;
+    if (check_finite(c, err, n)) return -1;
+    if (check_optimizer(c, err, n)) return -1;
+    if (check_metrics(c, err, n)) return -1;
+    if (cfg_compat_check(c, err, n)) return -1;
+    if (check_checkpointing(c, err, n)) return -1;
+    if (check_unsupported_keys(c, err, n)) return -1;
+    if (check_float8_keys(c, err, n)) return -1;
+    if (check_checkpoint_exclusions(c, err, n)) return -1;
+    if (check_backward_step_and_validation(c, l.pp, err, n)) return -1;
     if (dims) {
         dims->world = world;
-        dims->pp = (int)pp;
-        dims->dp_replicate = (int)rep;
-        dims->dp_shard = (int)shard;
-        dims->cp = (int)cp;
-        dims->tp = (int)tp;
-        dims->dp = (int)dp;
-        dims->grad_accum_steps = (int)(gbs / per_step);
-        dims->global_batch_size = gbs;
+        dims->pp = (int)l.pp;
+        dims->dp_replicate = (int)l.rep;
+        dims->dp_shard = (int)l.shard;
+        dims->cp = (int)l.cp;
+        dims->tp = (int)l.tp;
+        dims->dp = (int)l.dp;
+        dims->grad_accum_steps = (int)(l.gbs / l.per_step);
+        dims->global_batch_size = l.gbs;
     }
     return 0;
 }

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "models/llama3/llama3_args.h"
+
 typedef struct {
     char **items; /* [n] owned strings */
     int n;
@@ -105,6 +107,11 @@ int cfg_set_string(tetra_config *c, const char *full_key, const char *value, cha
 
 /* Cross-key rules and the parallel layout for `world` ranks. */
 int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char *err, size_t errlen);
+
+/* The model a valid configuration names: model.flavor with model.vocab_size, n_layers,
+ * attn_mask_type and reset_positions_at_document_boundaries applied — the one rule for
+ * "flavor + overrides" (engine/job.h hands its result to every reader). */
+void cfg_model_args(const tetra_config_values *v, llama3_args *a);
 
 /* What this build can run: training.device = "cuda" needs the CUDA backend. Training
  * checks it; `tetra plan` does not (a GPU run is planned from any build). */

@@ -26,21 +26,12 @@ static int check_converters(const tetra_config *c, char *err, size_t n) {
     return 0;
 }
 
-/* The one rule for "flavor + overrides"; cfg_validate has checked every value. */
-static void resolve_model(const tetra_config_values *v, llama3_args *a) {
-    llama3_flavor(v->model.flavor, a);
-    if (v->model.vocab_size > 0) a->vocab_size = (int)v->model.vocab_size;
-    if (v->model.n_layers > 0) a->n_layers = (int)v->model.n_layers;
-    if (v->model.attn_mask_type) llama3_parse_mask(v->model.attn_mask_type, &a->attn_mask_type);
-    a->reset_positions = v->model.reset_positions_at_document_boundaries != 0;
-}
-
 int job_resolve(const tetra_config *c, int world, tetra_job *job, char *err, size_t errlen) {
     memset(job, 0, sizeof *job);
     if (cfg_validate(c, world, &job->dims, err, errlen)) return -1;
     if (check_converters(c, err, errlen)) return -1;
     const tetra_config_values *v = &c->v;
-    resolve_model(v, &job->model);
+    cfg_model_args(v, &job->model);
     if (pp_schedule_kind_parse(v->parallelism.pipeline_parallel_schedule, &job->pp_schedule)) {
         char where[600];
         cfg_origin_str(c, "parallelism", "pipeline_parallel_schedule", where, sizeof where);
@@ -49,5 +40,9 @@ int job_resolve(const tetra_config *c, int world, tetra_job *job, char *err, siz
         return -1;
     }
     for (int i = 0; i < v->model.converters.n; i++) job->float8 |= !strcmp(v->model.converters.items[i], "float8");
+    /* the schema's enums: their values were checked as they were read */
+    fsdp_parse_reshard(v->parallelism.fsdp_reshard_after_forward, &job->reshard);
+    cp_parse_rotate(v->parallelism.context_parallel_rotate_method, &job->cp_rotate);
+    cp_parse_balancer(v->parallelism.context_parallel_load_balancer, &job->cp_balanced);
     return 0;
 }

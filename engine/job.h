@@ -9,7 +9,8 @@
  *     model.attn_mask_type and model.reset_positions_at_document_boundaries applied;
  *   - the pipeline schedule (parallelism.pipeline_parallel_schedule, parsed once; a
  *     schedule CSV still names the kind that sets stages per rank and placement);
- *   - whether Float8 is among the converters.
+ *   - whether Float8 is among the converters;
+ *   - FSDP's reshard policy and context parallel's rotation and load balancing.
  */
 #ifndef TETRA_ENGINE_JOB_H
 #define TETRA_ENGINE_JOB_H
@@ -18,6 +19,8 @@
 
 #include "config/config.h"
 #include "models/llama3/llama3_args.h"
+#include "parallel/cp.h"
+#include "parallel/fsdp.h"
 #include "parallel/pp/generate.h"
 
 typedef struct {
@@ -25,6 +28,9 @@ typedef struct {
     llama3_args model;            /* the flavor with its model.* overrides */
     pp_schedule_kind pp_schedule; /* parallelism.pipeline_parallel_schedule */
     int float8;                   /* model.converters names float8 */
+    fsdp_reshard_mode reshard;    /* parallelism.fsdp_reshard_after_forward */
+    cp_rotate cp_rotate;          /* parallelism.context_parallel_rotate_method */
+    int cp_balanced;              /* parallelism.context_parallel_load_balancer = headtail */
 } tetra_job;
 
 /* 0 with *job filled, or -1 with the message (naming the key and where it was set) in

@@ -94,7 +94,7 @@ static json_t *state_json(const trainer *t, int model_only) {
     const llama3_args *args = &t->args;
     const train_counters *tc = &t->tc;
     const dl_loader *train = t->train;
-    const int T = t->T, B = (int)c->training.local_batch_size, accum = t->accum;
+    const int T = t->shape.seq_len, B = (int)c->training.local_batch_size, accum = t->shape.accum;
     json_t *st = json_object(), *o;
     o = json_object();
     json_object_set_new(o, "step", json_integer(tc->step));

@@ -74,7 +74,7 @@ static int action_parts(const pp_action *a, pp_op *out) {
 
 /* Rounds of the schedule per step: the accumulation steps under pipeline parallel;
  * without it the accumulation is the schedule itself. */
-static int n_rounds(const trainer *t) { return t->pp_size > 1 ? t->accum : 1; }
+static int n_rounds(const trainer *t) { return t->pp_size > 1 ? t->shape.accum : 1; }
 
 /* Replays the buffer rules over a rank's list: the most buffers each local stage
  * holds at once (peak[i] for st[i]), and the most of its microbatches between an I
@@ -164,7 +164,7 @@ static int plan_pools(const trainer *t, const pp_schedule *s, int rank, int *pea
 int train_build_schedule(trainer *t, char *err, size_t errlen) {
     const tetra_config_values *c = t->c;
     if (t->pp_size == 1) {
-        t->sched = pp_schedule_accumulate(t->n_mb);
+        t->sched = pp_schedule_accumulate(t->shape.n_mb);
         if (!t->sched) {
             snprintf(err, errlen, "schedule: out of host memory");
             return -1;
@@ -176,7 +176,7 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
         if (csv && csv[0]) {
             pp_csv_format fmt;
             char why[1536];
-            pp_schedule *s = pp_csv_load(csv, t->pp_size, t->n_mb, &fmt, why, sizeof why);
+            pp_schedule *s = pp_csv_load(csv, t->pp_size, t->shape.n_mb, &fmt, why, sizeof why);
             if (!s) {
                 snprintf(err, errlen, "parallelism.pipeline_parallel_schedule_csv: %s", why);
                 return -1;
@@ -200,8 +200,8 @@ int train_build_schedule(trainer *t, char *err, size_t errlen) {
             }
         } else {
             char why[1024];
-            t->sched = pp_schedule_generate(t->job.pp_schedule, t->pp_size, t->n_stages / t->pp_size, t->n_mb, why,
-                                            sizeof why);
+            t->sched = pp_schedule_generate(t->job.pp_schedule, t->pp_size, t->n_stages / t->pp_size, t->shape.n_mb,
+                                            why, sizeof why);
             if (!t->sched) {
                 snprintf(err, errlen, "parallelism.pipeline_parallel_schedule \"%s\": %s",
                          c->parallelism.pipeline_parallel_schedule, why);
@@ -454,10 +454,12 @@ static void stage_backward(train_stage *s, llama3_acts *a, int what, int last) {
 /* ----------------------------------------------------------------------------
  * the schedule's callbacks */
 
-static size_t mb_offset(const trainer *t, int mb) { return ((size_t)t->round * (size_t)t->n_mb + (size_t)mb) * t->tok; }
+static size_t mb_offset(const trainer *t, int mb) {
+    return ((size_t)t->shape.round * (size_t)t->shape.n_mb + (size_t)mb) * t->shape.tokens;
+}
 /* a microbatch's document ids: whole sequences, cp_size times its local tokens */
 static const int32_t *mb_docs(const trainer *t, int mb) {
-    return t->h_doc ? t->h_doc + mb_offset(t, mb) * (size_t)t->cp_size : NULL;
+    return t->batch.doc ? t->batch.doc + mb_offset(t, mb) * (size_t)t->cp.size : NULL;
 }
 
 static void cb_forward(void *user, int stage, int mb) {
@@ -466,14 +468,15 @@ static void cb_forward(void *user, int stage, int mb) {
     llama3_acts *a = acts_take(s, mb);
     int64_t nv = 0;
     trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
-    t->step_loss_sum += stage_forward(s, a, t->h_in + mb_offset(t, mb), t->h_lab + mb_offset(t, mb), mb_docs(t, mb),
-                                      t->dloss_scale, &nv);
+    t->step_loss_sum += stage_forward(s, a, t->batch.in + mb_offset(t, mb), t->batch.lab + mb_offset(t, mb),
+                                      mb_docs(t, mb), t->dloss_scale, &nv);
     trace_end(t->tr);
     t->step_valid += nv;
     if (s->local_next >= 0) { /* the next stage runs here: hand the residual over */
         train_stage *nx = &t->st[s->local_next];
         const int l = s->model.layout.layer_end;
-        t->ops->copy(llama3_acts_residual(acts_take(nx, mb), l), llama3_acts_residual(a, l), residual_bytes(s, t->tok));
+        t->ops->copy(llama3_acts_residual(acts_take(nx, mb), l), llama3_acts_residual(a, l),
+                     residual_bytes(s, t->shape.tokens));
     }
 }
 
@@ -486,7 +489,7 @@ static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
             if (s->send_mb[i] < 0) {
                 s->send_mb[i] = mb;
                 t->ops->copy(s->send_buf[i], llama3_acts_residual_grad(a, s->model.layout.layer_start),
-                             residual_bytes(s, t->tok));
+                             residual_bytes(s, t->shape.tokens));
                 return;
             }
         fprintf(stderr, "train_step: stage %d has no send buffer free for microbatch %d (%d in use)\n", s->index, mb,
@@ -497,10 +500,10 @@ static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
     train_stage *pv = &t->st[s->local_prev];
     const int l = s->model.layout.layer_start;
     t->ops->copy(llama3_acts_residual_grad(acts_of(pv, mb), l), llama3_acts_residual_grad(a, l),
-                 residual_bytes(s, t->tok));
+                 residual_bytes(s, t->shape.tokens));
 }
 
-static int last_round(const trainer *t) { return t->round == n_rounds(t) - 1; }
+static int last_round(const trainer *t) { return t->shape.round == n_rounds(t) - 1; }
 
 static void cb_backward_input(void *user, int stage, int mb) {
     trainer *t = user;
@@ -600,7 +603,7 @@ static pp_stage_ops stage_ops(trainer *t) {
 static pp_p2p stage_p2p(const trainer *t) {
     pp_p2p p;
     p.group = t->g_pp;
-    p.count = residual_elems(&t->st[0], t->tok);
+    p.count = residual_elems(&t->st[0], t->shape.tokens);
     p.dtype = residual_comm_dtype(&t->st[0]);
     return p;
 }
@@ -613,7 +616,7 @@ static void run_rounds(trainer *t) {
     memset(&t->pp_stats, 0, sizeof t->pp_stats);
     const int rounds = n_rounds(t);
     double t0 = now_s();
-    for (t->round = 0; t->round < rounds; t->round++) {
+    for (t->shape.round = 0; t->shape.round < rounds; t->shape.round++) {
         pp_run_stats rs;
         if (pp_run_rank(t->run_sched, t->pp_rank, &so, &p2p, &rs, err, sizeof err)) {
             fprintf(stderr, "%s\n", err); /* validated before the first step: a bug */
@@ -638,7 +641,7 @@ static void run_rounds(trainer *t) {
                     abort();
                 }
     }
-    t->round = rounds - 1;
+    t->shape.round = rounds - 1;
     t->pp_step_s = now_s() - t0;
 }
 
@@ -691,12 +694,47 @@ static void report_nonfinite(trainer *t) {
     }
 }
 
+/* What one AdamW step of the job is given, whatever memory it runs on. */
+typedef struct {
+    const tetra_config_values *c;
+    int mixed; /* also write the bf16 compute copy */
+    double lr;
+    int step; /* bias correction */
+    float clip;
+} adamw_args;
+
+static void adamw(const tetra_ops *ops, const adamw_args *a, float *master, uint16_t *compute, float *m, float *v,
+                  const float *grad, size_t n) {
+    const tetra_config_values *c = a->c;
+    if (a->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
+        ops->adamw_step_bf16(master, compute, m, v, grad, n, a->lr, c->optimizer.beta1, c->optimizer.beta2,
+                             c->optimizer.eps, c->optimizer.weight_decay, a->step, a->clip);
+    else
+        ops->adamw_step(master, m, v, grad, n, a->lr, c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
+                        c->optimizer.weight_decay, a->step, a->clip);
+}
+
+/* CPU offload: AdamW on the host over one unit's range of the shard (parallel/fsdp.h),
+ * the same op as the device's on the CPU backend's table. */
+typedef struct {
+    const adamw_args *a;
+    const tetra_ops *host;
+    train_stage *s;
+} offload_ctx;
+
+static void host_adamw(void *user, size_t off, size_t n, const float *grad, void *params_out) {
+    const offload_ctx *oc = user;
+    float *master = fsdp_master(oc->s->fs) + off;
+    adamw(oc->host, oc->a, master, oc->a->mixed ? params_out : NULL, oc->s->adam_m + off, oc->s->adam_v + off, grad, n);
+    if (!oc->a->mixed) memcpy(params_out, master, n * sizeof(float));
+}
+
 void train_step(trainer *t, step_result *r) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
     memset(r, 0, sizeof *r);
-    const size_t ntok = (size_t)n_rounds(t) * (size_t)t->n_mb * t->tok;
-    for (size_t i = 0; i < ntok; i++) r->local_valid += t->h_lab[i] != OPS_IGNORE_INDEX;
+    const size_t ntok = (size_t)n_rounds(t) * (size_t)t->shape.n_mb * t->shape.tokens;
+    for (size_t i = 0; i < ntok; i++) r->local_valid += t->batch.lab[i] != OPS_IGNORE_INDEX;
     /* the loss is the sum over every valid token of the global batch divided by their
      * global count, so each rank's gradient is already its share of the global mean */
     r->global_valid = comm_all_reduce_i64(t->g_loss, r->local_valid, COMM_SUM);
@@ -706,8 +744,8 @@ void train_step(trainer *t, step_result *r) {
 
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
     /* the schedule's actions nest in it; the time between them is the schedule's waiting */
-    trace_begin(t->tr, "schedule", "schedule: %d microbatch%s x %d round%s", t->n_mb, t->n_mb == 1 ? "" : "es",
-                n_rounds(t), n_rounds(t) == 1 ? "" : "s");
+    trace_begin(t->tr, "schedule", "schedule: %d microbatch%s x %d round%s", t->shape.n_mb,
+                t->shape.n_mb == 1 ? "" : "es", n_rounds(t), n_rounds(t) == 1 ? "" : "s");
     run_rounds(t);
     trace_end(t->tr);
     trace_begin(t->tr, "fsdp", "finish gradient reductions");
@@ -743,20 +781,20 @@ void train_step(trainer *t, step_result *r) {
     r->lr = c->optimizer.lr * lr_factor(&t->lrs, t->tc.lr_count);
     t->tc.lr_count++;
     t->tc.opt_step++;
+    const adamw_args a = {c, t->mixed, r->lr, (int)t->tc.opt_step, clip};
     for (int i = 0; i < t->n_local; i++) {
         train_stage *s = &t->st[i];
-        const size_t local = fsdp_local_numel(s->fs);
-        if (t->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
-            ops->adamw_step_bf16(fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs),
-                                 local, r->lr, c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
-                                 c->optimizer.weight_decay, (int)t->tc.opt_step, clip);
-        else
-            ops->adamw_step(fsdp_master(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs), local, r->lr,
-                            c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay,
-                            (int)t->tc.opt_step, clip);
+        if (fsdp_offloaded(s->fs)) {
+            offload_ctx oc = {&a, t->host_ops, s};
+            fsdp_offload_update(s->fs, host_adamw, &oc);
+            continue;
+        }
+        adamw(ops, &a, fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs),
+              fsdp_local_numel(s->fs));
     }
     ops->synchronize();
-    for (int i = 0; i < t->n_local; i++) fsdp_params_updated(t->st[i].fs);
+    for (int i = 0; i < t->n_local; i++)
+        if (!fsdp_offloaded(t->st[i].fs)) fsdp_params_updated(t->st[i].fs);
     train_converters_post_optimizer(t);
     trace_end(t->tr);
 }
@@ -796,21 +834,21 @@ double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int
 void train_warmup(trainer *t) {
     /* token 0 everywhere, dloss_scale 0: the gradients it leaves are zeroed by the next
      * step's fsdp_begin_step, and the parameters do not change */
-    const size_t n = (size_t)t->n_mb * t->tok;
-    memset(t->h_in, 0, n * sizeof(int32_t));
-    memset(t->h_lab, 0, n * sizeof(int32_t));
-    if (t->h_doc) memset(t->h_doc, 0, n * (size_t)t->cp_size * sizeof(int32_t)); /* one document a sequence */
+    const size_t n = (size_t)t->shape.n_mb * t->shape.tokens;
+    memset(t->batch.in, 0, n * sizeof(int32_t));
+    memset(t->batch.lab, 0, n * sizeof(int32_t));
+    if (t->batch.doc) memset(t->batch.doc, 0, n * (size_t)t->cp.size * sizeof(int32_t)); /* one document a sequence */
     t->dloss_scale = 0.0f;
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
     if (t->pp_size == 1) {
-        t->round = 0;
+        t->shape.round = 0;
         cb_forward(t, t->st[0].index, 0);
         cb_backward(t, t->st[0].index, 0, 1);
     } else {
-        const int accum = t->accum;
-        t->accum = 1; /* one round, the last */
+        const int accum = t->shape.accum;
+        t->shape.accum = 1; /* one round, the last */
         run_rounds(t);
-        t->accum = accum;
+        t->shape.accum = accum;
     }
     for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
     t->step_loss_sum = 0.0;
@@ -819,6 +857,6 @@ void train_warmup(trainer *t) {
 
 void train_shard_batch(const trainer *t, int32_t *in, int32_t *lab, const int32_t *full_in, const int32_t *full_lab,
                        int n, int T) {
-    cp_shard_tokens(t->cp_size, t->cp_balanced, t->cp_rank, in, full_in, n, T);
-    cp_shard_tokens(t->cp_size, t->cp_balanced, t->cp_rank, lab, full_lab, n, T);
+    cp_shard_tokens(t->cp.size, t->cp.balanced, t->cp.rank, in, full_in, n, T);
+    cp_shard_tokens(t->cp.size, t->cp.balanced, t->cp.rank, lab, full_lab, n, T);
 }

@@ -58,7 +58,12 @@ typedef struct {
     double act_mb_bytes;                /* one microbatch of all local stages under the AC policy */
     double act_mb_full_bytes;           /* ... without activation checkpointing */
     double workspace_bytes, validation_bytes, converter_bytes;
-    double total_bytes;       /* what the backend would allocate at start-up */
+    double total_bytes; /* what the backend would allocate at start-up */
+    /* training.enable_cpu_offload: page-locked host memory (fp32 master weights, AdamW's
+     * moments, one unit's staging), not in total_bytes; param_bytes is then the device's
+     * copy in the compute dtype and optim_bytes 0 */
+    double host_bytes;
+    int offload;
     int n_acts;               /* activation buffers: microbatches alive at once, over local stages */
     int n_dropping, n_blocks; /* blocks that recompute in backward, of all local blocks */
     int recompute_slots, resident_units;

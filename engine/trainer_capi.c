@@ -76,7 +76,7 @@ const char *trainer_capi_backend(void *h) { return ((capi *)h)->t->ops->name; }
 /* Tokens of one step's batch on this rank: gradient accumulation x local batch x seq. */
 int trainer_capi_batch_tokens(void *h) {
     const trainer *t = ((capi *)h)->t;
-    return (int)((size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T);
+    return (int)((size_t)t->shape.accum * (size_t)t->c->training.local_batch_size * (size_t)t->shape.seq_len);
 }
 
 /* One optimizer step on inputs/labels [accum * local_batch * seq_len] (int32, labels may
@@ -92,16 +92,17 @@ double trainer_capi_step(void *h, const int32_t *inputs, const int32_t *labels, 
 double trainer_capi_step_docs(void *h, const int32_t *inputs, const int32_t *labels, const int32_t *docs,
                               double *grad_norm, double *lr) {
     trainer *t = ((capi *)h)->t;
-    const size_t n = (size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T;
-    if (t->h_doc) {
-        if (docs) memcpy(t->h_doc, docs, n * sizeof(int32_t));
-        else memset(t->h_doc, 0, n * sizeof(int32_t));
+    const size_t n = (size_t)t->shape.accum * (size_t)t->c->training.local_batch_size * (size_t)t->shape.seq_len;
+    if (t->batch.doc) {
+        if (docs) memcpy(t->batch.doc, docs, n * sizeof(int32_t));
+        else memset(t->batch.doc, 0, n * sizeof(int32_t));
     }
-    if (t->cp_size > 1) { /* whole sequences in, this rank's rows kept */
-        train_shard_batch(t, t->h_in, t->h_lab, inputs, labels, (int)(n / (size_t)t->T), t->T);
+    if (t->cp.size > 1) { /* whole sequences in, this rank's rows kept */
+        train_shard_batch(t, t->batch.in, t->batch.lab, inputs, labels, (int)(n / (size_t)t->shape.seq_len),
+                          t->shape.seq_len);
     } else {
-        memcpy(t->h_in, inputs, n * sizeof(int32_t));
-        memcpy(t->h_lab, labels, n * sizeof(int32_t));
+        memcpy(t->batch.in, inputs, n * sizeof(int32_t));
+        memcpy(t->batch.lab, labels, n * sizeof(int32_t));
     }
     step_result r;
     train_step(t, &r);

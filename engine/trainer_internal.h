@@ -47,6 +47,26 @@ typedef struct {
     int nonfinite; /* the loss or the gradient norm is NaN/Inf: the parameters were not updated */
 } step_result;
 
+/* The shape of the step's batches. */
+typedef struct {
+    int batch;     /* sequences per microbatch */
+    int seq_len;   /* tokens per sequence */
+    int rows;      /* this rank's tokens of a sequence: seq_len / cp */
+    size_t tokens; /* batch * rows: tokens of one microbatch on this rank */
+    int accum;     /* gradient-accumulation rounds of the schedule per step */
+    int n_mb;      /* microbatches per round */
+    int round;     /* the round running now */
+} train_shape;
+
+/* A batch in host memory: this rank's rows, and (context parallel, or documents) the
+ * whole sequences as loaded. */
+typedef struct {
+    int32_t *in, *lab;           /* [microbatches * tokens] this rank's rows */
+    int32_t *full_in, *full_lab; /* context parallel: [sequences * seq_len] whole sequences */
+    int32_t *doc;                /* block_causal or positions reset: the document ids of the whole
+                                    sequences (every cp rank keeps all of them), else NULL */
+} train_batch;
+
 /* One pipeline stage this rank runs: its part of the model, FSDP over it, its optimizer
  * state and its microbatches' activations. A rank runs one stage without pipeline
  * parallel (the whole model) and one or more with it (several for the looped and V
@@ -74,7 +94,8 @@ typedef struct {
     int n_send;                   /* gradients of the stage input being sent back (the schedule's peak) */
     void **send_buf;              /* [n_send] one residual each: [B, Tl / tp, dim] compute dtype */
     int *send_mb;                 /* [n_send] the microbatch whose gradient each holds, or -1 */
-    float *adam_m, *adam_v;       /* [local] each, one allocation */
+    float *adam_m, *adam_v;       /* [local] each, one allocation (page-locked host memory under CPU offload) */
+    int adam_on_host;             /* adam_m came from host_alloc */
     dt_tensor *save_tensors;      /* [model.n_params] what this rank writes of the stage */
     int remote_prev, remote_next; /* the neighbouring stage runs on another rank */
     int local_prev, local_next;   /* ... or on this one: index into trainer.st, else -1 */
@@ -90,7 +111,8 @@ struct trainer {
     int rank, world, threads;
 
     const tetra_ops *ops;
-    int mixed; /* bf16 compute */
+    const tetra_ops *host_ops; /* training.enable_cpu_offload: the CPU backend's, for AdamW on the host */
+    int mixed;                 /* bf16 compute */
     mesh msh;
     comm_world *cw;
     comm_device_staging comm_staging; /* MPI on device buffers: the ops' copies */
@@ -107,19 +129,19 @@ struct trainer {
     int n_conv;
     const tetra_converter **conv;
 
-    /* the step: accum rounds of the schedule, each over n_mb microbatches of B
-     * sequences of T tokens */
-    int B, T, accum, n_mb;
-    int Tl, VTl; /* this rank's rows of a sequence: T / cp (context parallel) */
-    int cp_rank, cp_size, cp_balanced;
-    size_t tok;             /* B * Tl: tokens of one microbatch on this rank */
+    /* the step: accum rounds of the schedule, each over n_mb microbatches of batch
+     * sequences of seq_len tokens, of which this rank holds rows each */
+    train_shape shape;
+    train_shape vshape; /* validation: batch, seq_len and rows (accum and n_mb unused) */
+    struct {
+        int rank, size;
+        int balanced;       /* load-balanced chunks (parallel/cp.h) */
+    } cp;                   /* context parallel */
     pp_schedule *sched;     /* compute-only */
     pp_schedule *run_sched; /* what this rank runs (lowered under pipeline parallel) */
     int n_grad_arenas;      /* unsharded gradient arenas (train_plan_grad_arenas) */
     size_t *grad_arena_off; /* [n_grad_arenas + 1] byte offsets; the last is the total */
     void *grad_arena_mem;   /* one allocation for all of them */
-    int round;              /* the schedule round running now (gradient accumulation) */
-    int VB, VT;
     llama3_workspace **vws; /* [n_local] validation workspaces, when its shape differs */
     llama3_acts **vacts;    /* [n_local] */
     int vacts_own;          /* vacts were allocated for validation (else acts[0] of each stage) */
@@ -127,14 +149,8 @@ struct trainer {
     /* data */
     char data_dir[4096];
     dl_loader *train, *val;
-    int32_t *h_in, *h_lab;     /* [accum * n_mb * tok] this step's microbatches (host), this rank's rows */
-    int32_t *hv_in, *hv_lab;   /* [VB * VTl] */
-    int32_t *hf_in, *hf_lab;   /* context parallel: [accum * local_batch * T] whole sequences as loaded */
-    int32_t *hvf_in, *hvf_lab; /* [VB * VT] */
-    /* block_causal attention or positions reset at document boundaries: the document ids of
-     * the whole sequences as loaded (every cp rank keeps all of them), else NULL */
-    int32_t *h_doc;  /* [accum * local_batch * T] */
-    int32_t *hv_doc; /* [VB * VT] */
+    train_batch batch;  /* this step's: accum * n_mb microbatches */
+    train_batch vbatch; /* validation's: one batch of vshape */
 
     /* optimizer */
     lr_schedule lrs;

@@ -447,16 +447,20 @@ void float8_params_updated(float8_model *f, fsdp *fs) {
     if (!f) return;
     f->gen++;
     if (!f->cfg.precompute_scales || !f->mem || !fs) return;
-    /* the amax of every converted weight from this rank's pieces of the fp32 master
-     * weights, then one MAX all-reduce per group; the compute copy is the master rounded
-     * to bf16, and rounding is monotonic, so its amax is the master's amax rounded */
+    /* the amax of every converted weight from this rank's pieces of the weights on the
+     * device, then one MAX all-reduce per group; the compute copy is the master rounded to
+     * bf16, and rounding is monotonic, so its amax is the master's amax rounded (the
+     * value it is rounded to below): under bf16 compute the copy is read, which CPU
+     * offload keeps on the device while the master is on the host */
     const tetra_ops *ops = f->ops;
     const dt_tensor *T = fsdp_tensors(fs);
-    const float *master = fsdp_master(fs);
+    const float *master = fsdp_device_master(fs);
+    const uint16_t *copy = fsdp_compute_shard(fs);
     for (int k = 0; k < f->n; k++) {
         const dt_tensor *t = &T[f->lin_param[k]];
-        if (t->n_pieces) ops->amax(f->pre_amax + k, master + t->piece.local_offset, t->piece.count);
-        else ops->fill(f->pre_amax + k, 0.0f, 1);
+        if (!t->n_pieces) ops->fill(f->pre_amax + k, 0.0f, 1);
+        else if (copy) ops->amax_bf16(f->pre_amax + k, copy + t->piece.local_offset, t->piece.count);
+        else ops->amax(f->pre_amax + k, master + t->piece.local_offset, t->piece.count);
     }
     reduce_max(f->shard, f->pre_amax, (size_t)f->n);
     reduce_max(f->tp, f->pre_amax, (size_t)f->n);

@@ -90,13 +90,16 @@ typedef struct {
 struct fsdp {
     fsdp_config cfg;
     const tetra_ops *ops;
-    int S, R, k; /* shard degree, replicate degree, index in the shard group */
-    int T, tr;   /* tensor-parallel degree and rank */
-    size_t esz;  /* bytes of a gathered element */
+    int S, R, k;          /* shard degree, replicate degree, index in the shard group */
+    int tp_size, tp_rank; /* tensor parallel */
+    size_t esz;           /* bytes of a gathered element */
     unit_state *units;
     dt_tensor *tensors;
-    float *master, *grad;
-    uint16_t *compute; /* bf16 copy of the master shard (or the whole layout at S = 1), or NULL */
+    float *master, *grad; /* backend memory; master: under offload the device's fp32 copy, or NULL */
+    uint16_t *compute;    /* bf16 copy of the master shard (or the whole layout at S = 1), or NULL */
+    float *host_master;   /* offload: the master shard in page-locked host memory */
+    void *host_stage;     /* offload: one unit's gradient (fp32) and updated parameters (compute dtype) */
+    size_t max_range;     /* offload: the largest unit range of the local shard */
     void *param_mem, *work_param_mem, *work_grad_mem; /* the allocations */
     float *grad_mem, *rs_mem;
     size_t local_numel;
@@ -241,6 +244,14 @@ static void plan_memory(fsdp *f) {
     fsdp_memory *mr = &f->mem;
     mr->param_bytes = f->local_numel * sizeof(float);
     mr->compute_bytes = mixed ? f->local_numel * sizeof(uint16_t) : 0;
+    if (cfg->offload) {
+        for (int u = 0; u < cfg->n_units; u++) {
+            const size_t n = f->S == 1 ? f->units[u].numel : f->units[u].shard;
+            if (n > f->max_range) f->max_range = n;
+        }
+        mr->compute_bytes = f->local_numel * f->esz;
+        mr->host_bytes = align64b(mr->param_bytes) + align64b(f->max_range * sizeof(float)) + f->max_range * f->esz;
+    }
     mr->grad_bytes = f->local_numel * sizeof(float);
     mr->optim_bytes = 2 * f->local_numel * sizeof(float);
     for (int u = 0; u < cfg->n_units; u++) {
@@ -264,6 +275,27 @@ static void plan_memory(fsdp *f) {
     mr->reduce_bytes = N_RS * align64b(f->max_shard * sizeof(float));
 }
 
+/* Offload: the device keeps the shard in the compute dtype, the host the fp32 master and
+ * one unit's staging. */
+static int alloc_offloaded(fsdp *f, char *err, size_t errlen) {
+    const tetra_ops *ops = f->ops;
+    f->param_mem = ops->alloc(f->mem.compute_bytes);
+    f->host_master = ops->host_alloc ? ops->host_alloc(f->local_numel * sizeof(float) + 4) : NULL;
+    f->host_stage = ops->host_alloc ? ops->host_alloc(f->mem.host_bytes - align64b(f->mem.param_bytes) + 4) : NULL;
+    if (!f->param_mem || !f->host_master || !f->host_stage) {
+        snprintf(err, errlen,
+                 "fsdp: cannot allocate the offloaded shards (%.1f MiB of page-locked host memory, "
+                 "%.1f MiB on the device)",
+                 (double)f->mem.host_bytes / 1048576.0, (double)f->mem.compute_bytes / 1048576.0);
+        return -1;
+    }
+    if (f->cfg.compute_dtype == TETRA_BF16) f->compute = f->param_mem;
+    else f->master = f->param_mem;
+    memset(f->host_master, 0, f->local_numel * sizeof(float));
+    if (f->master) ops->fill(f->master, 0.0f, f->local_numel);
+    return 0;
+}
+
 /* The norm scalar, the master shard (with its bf16 copy under mixed precision) and the gradient shard,
  * zeroed. */
 static int alloc_shards(fsdp *f, char *err, size_t errlen) {
@@ -274,17 +306,23 @@ static int alloc_shards(fsdp *f, char *err, size_t errlen) {
         return -1;
     }
     const size_t master_b = align64b(f->local_numel * sizeof(float));
-    f->param_mem = ops->alloc(master_b + f->mem.compute_bytes);
+    if (f->cfg.offload) {
+        if (alloc_offloaded(f, err, errlen)) return -1;
+    } else {
+        f->param_mem = ops->alloc(master_b + f->mem.compute_bytes);
+    }
     f->grad_mem = ops->alloc(f->local_numel * sizeof(float) + 4);
     if (!f->param_mem || !f->grad_mem) {
         snprintf(err, errlen, "fsdp: cannot allocate the parameter and gradient %s (%.1f MiB each)",
                  f->S > 1 ? "shards" : "buffers", (double)f->local_numel * 4.0 / (1024.0 * 1024.0));
         return -1;
     }
-    f->master = f->param_mem;
-    if (f->cfg.compute_dtype == TETRA_BF16) f->compute = (uint16_t *)((char *)f->param_mem + master_b);
+    if (!f->cfg.offload) {
+        f->master = f->param_mem;
+        if (f->cfg.compute_dtype == TETRA_BF16) f->compute = (uint16_t *)((char *)f->param_mem + master_b);
+        ops->fill(f->master, 0.0f, f->local_numel);
+    }
     f->grad = f->grad_mem;
-    ops->fill(f->master, 0.0f, f->local_numel);
     ops->fill(f->grad, 0.0f, f->local_numel);
     return 0;
 }
@@ -354,8 +392,8 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
     f->S = comm_group_size(cfg->shard);
     f->R = comm_group_size(cfg->replicate);
     f->k = comm_group_rank(cfg->shard);
-    f->T = cfg->tp ? comm_group_size(cfg->tp) : 1;
-    f->tr = cfg->tp ? comm_group_rank(cfg->tp) : 0;
+    f->tp_size = cfg->tp ? comm_group_size(cfg->tp) : 1;
+    f->tp_rank = cfg->tp ? comm_group_rank(cfg->tp) : 0;
     f->esz = cfg->compute_dtype == TETRA_BF16 ? sizeof(uint16_t) : sizeof(float);
     f->units = calloc((size_t)(cfg->n_units > 0 ? cfg->n_units : 1), sizeof *f->units);
     f->tensors = calloc((size_t)(cfg->n_params > 0 ? cfg->n_params : 1), sizeof *f->tensors);
@@ -420,6 +458,8 @@ void fsdp_free(fsdp *f) {
         if (f->rs_mem) ops->release(f->rs_mem);
         if (f->scalar) ops->release(f->scalar);
         if (f->f8_mem) ops->release(f->f8_mem);
+        if (f->host_master) ops->host_release(f->host_master);
+        if (f->host_stage) ops->host_release(f->host_stage);
     }
     free(f->f8_scale);
     free(f->f8_inv);
@@ -431,7 +471,9 @@ void fsdp_free(fsdp *f) {
 
 int fsdp_shard_degree(const fsdp *f) { return f->S; }
 int fsdp_replicate_degree(const fsdp *f) { return f->R; }
-float *fsdp_master(fsdp *f) { return f->master; }
+float *fsdp_master(fsdp *f) { return f->cfg.offload ? f->host_master : f->master; }
+float *fsdp_device_master(fsdp *f) { return f->master; }
+int fsdp_offloaded(const fsdp *f) { return f->cfg.offload; }
 float *fsdp_grad(fsdp *f) { return f->grad; }
 uint16_t *fsdp_compute_shard(fsdp *f) { return f->compute; }
 size_t fsdp_local_numel(const fsdp *f) { return f->local_numel; }
@@ -657,7 +699,7 @@ static void replicate_all_reduce(fsdp *f, int u) {
 /* The partial gradients of the unit's replicated parameters, summed over tensor parallel:
  * the pieces of the shard (or, at shard degree 1, the whole parameters). */
 static void tp_reduce_replicated(fsdp *f, int u) {
-    if (f->T == 1) return;
+    if (f->tp_size == 1) return;
     for (int i = 0; i < f->cfg.n_params; i++) {
         const dt_param_decl *d = &f->cfg.params_decl[i];
         if (d->unit != u || !d->replicated) continue;
@@ -836,14 +878,14 @@ void fsdp_finish_grads(fsdp *f) {
 double fsdp_grad_sq_norm(fsdp *f) {
     float local = 0.0f;
     f->ops->fill(f->scalar, 0.0f, 1);
-    if (f->T == 1) {
+    if (f->tp_size == 1) {
         f->ops->sum_squares(f->scalar, f->grad, f->local_numel);
     } else {
         /* tensor parallel: each rank's boxes once, the replicated parameters from one rank */
         for (int i = 0; i < f->cfg.n_params; i++) {
             const dt_param_decl *d = &f->cfg.params_decl[i];
             const dt_tensor *t = &f->tensors[i];
-            if (d->replicated && f->tr != 0) continue;
+            if (d->replicated && f->tp_rank != 0) continue;
             if (f->S == 1) f->ops->sum_squares(f->scalar, f->grad + d->offset, d->numel);
             else if (t->n_pieces) f->ops->sum_squares(f->scalar, f->grad + t->piece.local_offset, t->piece.count);
         }
@@ -852,7 +894,7 @@ double fsdp_grad_sq_norm(fsdp *f) {
     /* replicas hold identical shards after the all-reduce: count each shard once */
     double sq = (double)local;
     if (f->S > 1) sq = comm_all_reduce_f64(f->cfg.shard, sq, COMM_SUM);
-    if (f->T > 1) sq = comm_all_reduce_f64(f->cfg.tp, sq, COMM_SUM);
+    if (f->tp_size > 1) sq = comm_all_reduce_f64(f->cfg.tp, sq, COMM_SUM);
     return sq;
 }
 
@@ -864,8 +906,36 @@ void fsdp_params_updated(fsdp *f) {
     }
 }
 
+/* Offload: the host master to the device's copy in the compute dtype, a staging buffer at a time. */
+static void push_master(fsdp *f) {
+    void *stage = (char *)f->host_stage + align64b(f->max_range * sizeof(float));
+    for (size_t off = 0; off < f->local_numel; off += f->max_range) {
+        const size_t n = f->local_numel - off < f->max_range ? f->local_numel - off : f->max_range;
+        if (f->compute) {
+            f->cfg.host_ops->cast_f32_to_bf16(stage, f->host_master + off, n);
+            f->ops->copy_h2d(f->compute + off, stage, n * sizeof(uint16_t));
+        } else {
+            f->ops->copy_h2d(f->master + off, f->host_master + off, n * sizeof(float));
+        }
+    }
+}
+
 void fsdp_master_changed(fsdp *f) {
-    if (f->compute) f->ops->cast_f32_to_bf16(f->compute, f->master, f->local_numel);
+    if (f->cfg.offload) push_master(f);
+    else if (f->compute) f->ops->cast_f32_to_bf16(f->compute, f->master, f->local_numel);
+    fsdp_params_updated(f);
+}
+
+void fsdp_offload_update(fsdp *f, fsdp_host_update_fn update, void *user) {
+    float *grad = f->host_stage;
+    void *params = (char *)f->host_stage + align64b(f->max_range * sizeof(float));
+    for (int u = 0; u < f->cfg.n_units; u++) {
+        const unit_state *x = &f->units[u];
+        const size_t off = x->local_offset, n = f->S == 1 ? x->numel : x->shard;
+        f->ops->copy_d2h(grad, f->grad + off, n * sizeof(float));
+        update(user, off, n, grad, params);
+        f->ops->copy_h2d(f->compute ? (void *)(f->compute + off) : (void *)(f->master + off), params, n * f->esz);
+    }
     fsdp_params_updated(f);
 }
 
@@ -892,7 +962,9 @@ int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user) {
             size_t g = dt_piece_global_run(t, k, &run);
             if (run > chunk) run = chunk;
             rc = fill(user, i, g, run, host) != 0 ? -1 : 0;
-            if (rc == 0) f->ops->copy_h2d(f->master + t->piece.local_offset + k, host, run * sizeof(float));
+            float *dst = fsdp_master(f) + t->piece.local_offset + k;
+            if (rc == 0 && f->cfg.offload) memcpy(dst, host, run * sizeof(float));
+            else if (rc == 0) f->ops->copy_h2d(dst, host, run * sizeof(float));
             k += run;
         }
     }

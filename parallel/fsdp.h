@@ -56,6 +56,16 @@
  * after its W pass on the last microbatch (DDP). World size 1 does no
  * communication at all.
  *
+ * CPU offload (TorchTitan's training.enable_cpu_offload, offload = 1 on a backend whose
+ * memory is not host memory): the fp32 master shard lives in page-locked host memory
+ * (as does the optimizer state, which is the caller's), the device keeps only the
+ * shard in the compute dtype (what the all-gather reads and, at S = 1, what the model
+ * computes with) and the fp32 gradient shard. The optimizer runs on the host, unit by
+ * unit (fsdp_offload_update): each unit's gradient shard is copied to the host, the
+ * caller updates the master and writes the new compute-dtype values, which are copied
+ * back. Host memory: the master and the moments (12 bytes per parameter) plus one
+ * unit's staging.
+ *
  * Gradients are SUMMED (no division): the loss is already normalised by the
  * global token count, as TorchTitan sets FSDP's gradient divide factor to 1.
  */
@@ -96,11 +106,15 @@ typedef struct {
     void **unit_params;               /* [n_units] written by FSDP: each unit's gathered parameters or NULL */
     float **unit_grads;               /* [n_units] written by FSDP: each unit's gradient buffer or NULL */
     int plan_only;                    /* lay out and report memory; allocate nothing (dry run) */
+    int offload;                      /* CPU offload (see above); needs ops->host_alloc */
+    const tetra_ops *host_ops;        /* offload: an op table on host memory (the CPU backend's) */
 } fsdp_config;
 
 typedef struct {
-    size_t param_bytes;      /* persistent: fp32 master shard */
-    size_t compute_bytes;    /* persistent: its bf16 copy (mixed precision), else 0 */
+    size_t param_bytes;      /* persistent: fp32 master shard (on the host under offload) */
+    size_t compute_bytes;    /* persistent: its bf16 copy (mixed precision), else 0; under offload the
+                                device's copy in the compute dtype (fp32 too) */
+    size_t host_bytes;       /* offload: page-locked host memory FSDP holds (master, staging) */
     size_t grad_bytes;       /* persistent: fp32 gradient shard */
     size_t optim_bytes;      /* AdamW m and v for the shard (2 x param_bytes) */
     size_t work_param_bytes; /* working: gathered parameters (resident units + 2 slots) */
@@ -122,9 +136,16 @@ void fsdp_free(fsdp *f);
 
 int fsdp_shard_degree(const fsdp *f);
 int fsdp_replicate_degree(const fsdp *f);
-/* Persistent local storage (backend memory), fsdp_local_numel elements each. */
+/* Persistent local storage, fsdp_local_numel elements each: the master shard (backend
+ * memory, or page-locked host memory under offload: fsdp_offloaded) and the gradient
+ * shard (backend memory). */
 float *fsdp_master(fsdp *f);
 float *fsdp_grad(fsdp *f);
+int fsdp_offloaded(const fsdp *f);
+/* The fp32 parameters in backend memory: the master, or under offload its device copy
+ * (fp32 compute only; NULL under offload with bf16 compute, where fsdp_compute_shard is
+ * the device's only copy). */
+float *fsdp_device_master(fsdp *f);
 /* Mixed precision: the bf16 copy of the master shard (fsdp_local_numel elements) that
  * adamw_step_bf16 writes and the all-gather reads; NULL for fp32 compute. */
 uint16_t *fsdp_compute_shard(fsdp *f);
@@ -158,6 +179,14 @@ void fsdp_finish_grads(fsdp *f);
  * another user write it only after this FSDP's fsdp_finish_grads and before its next
  * W pass. */
 void fsdp_set_work_grads(fsdp *f, void *mem);
+/* Offload: the optimizer step on the host, one unit's shard at a time. For each unit,
+ * update(user, offset, n, grad, params_out) gets the unit's range of the local shard
+ * [offset, offset + n), its gradient copied to page-locked host memory, and writes the
+ * updated parameters in the compute dtype to params_out (n elements, host), which are
+ * then copied to the device shard. The caller updates fsdp_master and its own moments
+ * at the same offsets. Then as fsdp_params_updated. */
+typedef void (*fsdp_host_update_fn)(void *user, size_t offset, size_t n, const float *grad, void *params_out);
+void fsdp_offload_update(fsdp *f, fsdp_host_update_fn update, void *user);
 /* Sum of squares of the whole (global) gradient. */
 double fsdp_grad_sq_norm(fsdp *f);
 /* The master shard changed in an optimizer step (which also wrote the bf16 copy

@@ -145,6 +145,8 @@ json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const pl
                                   r->nccl.nvls_bytes / GIB, "p2p_gib", r->nccl.p2p_bytes / GIB));
     json_object_set_new(mem, "reserved_gib", json_real(r->reserved_bytes / GIB));
     json_object_set_new(mem, "training_buffers_bytes", json_real(w->total_bytes));
+    json_object_set_new(mem, "cpu_offload", json_boolean(w->offload));
+    json_object_set_new(mem, "host_gib", json_real(w->host_bytes / GIB));
     json_t *per = json_array();
     for (int p = 0; p < r->job.dims.pp; p++) json_array_append_new(per, json_real(r->rank[p].total_bytes / GIB));
     json_object_set_new(mem, "per_pipeline_rank_gib", per);
@@ -198,11 +200,15 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     printf("\nmemory per rank%s:\n", r->job.dims.pp > 1 ? " (the largest pipeline rank)" : "");
     if (r->job.dims.pp > 1) printf("  pipeline rank         %d of %d\n", r->worst_pp_rank, r->job.dims.pp);
     fmt_gib(b[0], 32, w->param_bytes);
-    printf("  parameters            %10s  (fp32 master shard%s)\n", b[0], w->mixed ? " + bf16 copy" : "");
+    if (w->offload)
+        printf("  parameters            %10s  (the %s shard; the fp32 master is on the host)\n", b[0],
+               w->mixed ? "bf16" : "fp32");
+    else printf("  parameters            %10s  (fp32 master shard%s)\n", b[0], w->mixed ? " + bf16 copy" : "");
     fmt_gib(b[0], 32, w->grad_bytes);
     printf("  gradients             %10s\n", b[0]);
     fmt_gib(b[0], 32, w->optim_bytes);
-    printf("  optimizer state       %10s  (AdamW m, v)\n", b[0]);
+    if (w->offload) printf("  optimizer state       %10s  (AdamW m, v: on the host)\n", b[0]);
+    else printf("  optimizer state       %10s  (AdamW m, v)\n", b[0]);
     fmt_gib(b[0], 32, w->work_param_bytes);
     fmt_gib(b[1], 32, w->work_grad_bytes + w->reduce_bytes);
     printf("  gathered parameters   %10s\n", b[0]);
@@ -232,6 +238,11 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     fmt_gib(b[2], 32, fabs(r->device_bytes - r->peak_bytes));
     if (r->fits) printf("  peak                  %10s  of %s: fits (%s free)\n", b[0], b[1], b[2]);
     else printf("  peak                  %10s  of %s: does not fit by %s\n", b[0], b[1], b[2]);
+    if (w->offload) {
+        fmt_gib(b[0], 32, w->host_bytes);
+        printf("  host (cpu offload)    %10s  page-locked, per rank: fp32 master, AdamW m and v, one unit's staging\n",
+               b[0]);
+    }
     printf("\nper step:\n");
     fmt_time(b[0], 32, r->compute_s);
     printf("  compute               %10s  (%.3g FLOPs on the slowest rank, recompute included)\n", b[0],

@@ -109,8 +109,7 @@ static int estimate_memory(plan_result *out, const tetra_config *cfg, int ngpu, 
     const int host_shared = plan_hw_is_host(hw);
     /* NCCL on the device: the trainer's collectives on the CPU are MPI's */
     if (!host_shared && strcmp(c->training.device, "cpu") != 0) {
-        cp_rotate rot = CP_ROTATE_ALLGATHER;
-        cp_parse_rotate(c->parallelism.context_parallel_rotate_method, &rot);
+        const cp_rotate rot = out->job.cp_rotate;
         int co[MESH_NDIMS] = {out->worst_pp_rank, 0, 0, 0, 0};
         plan_nccl_estimate(&out->nccl, &m, mesh_rank(&m, co), out->gpus_per_node, hw->nvswitch,
                            rot == CP_ROTATE_ALLTOALL);

@@ -13,13 +13,13 @@
  * recording table reads none; a computing one needs valid ids), the labels the next
  * token. The same tokens for every call, so two runs see the same batch. */
 static void fill_batch(trainer *t) {
-    const size_t n = (size_t)t->accum * (size_t)t->c->training.local_batch_size * (size_t)t->T;
+    const size_t n = (size_t)t->shape.accum * (size_t)t->c->training.local_batch_size * (size_t)t->shape.seq_len;
     uint32_t x = 12345u;
     for (size_t i = 0; i < n; i++) {
         x = x * 1664525u + 1013904223u;
-        t->h_in[i] = (int32_t)((x >> 8) % (uint32_t)t->args.vocab_size);
+        t->batch.in[i] = (int32_t)((x >> 8) % (uint32_t)t->args.vocab_size);
     }
-    for (size_t i = 0; i < n; i++) t->h_lab[i] = t->h_in[(i + 1) % n];
+    for (size_t i = 0; i < n; i++) t->batch.lab[i] = t->batch.in[(i + 1) % n];
 }
 
 static void step(trainer *t) {

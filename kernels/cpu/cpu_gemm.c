@@ -1,28 +1,11 @@
-// kernels/cpu/cpu_gemm.c — every matmul of the CPU backend. Which library runs which
-// product was measured on this model's shapes, in the training step itself
-// (docs/performance.md; bench/gemm_cpu times the GEMMs alone):
-// - fp32: oneDNN's matmul primitive where the CPU has AVX-512, or where OpenBLAS does not
-//   know the CPU; OpenBLAS sgemm elsewhere, threaded by splitting C across OpenMP threads
-//   (OpenBLAS itself runs single-threaded, see cpu_blas_init). OpenBLAS picks its kernels
-//   by CPU model: Debian 12's 0.3.21 runs its SSE3 "Prescott" kernels on an Emerald Rapids
-//   Xeon (model 207), 6x slower than oneDNN, which picks by ISA feature bits. On AVX-512
-//   oneDNN matched or beat OpenBLAS's own AVX-512 kernels on the model's shapes; on an AVX2
-//   Zen 3 routing through oneDNN or BLIS made the debug model's step no faster.
-//   TETRA_CPU_GEMM=openblas|onednn overrides the choice (benchmarks compare the two).
-// - bf16 x bf16 (mixed precision): oneDNN's matmul primitive, which runs AVX512-BF16 or
-//   AMX tiles with fp32 accumulation. Products of bf16 values are exact in fp32, so it
-//   differs from the widened fp32 product only in summation order. On a CPU without
-//   AVX512-BF16 (oneDNN has no bf16 matmul there) the bf16 operands are widened and run
-//   through OpenBLAS's sgemm, as fp8 operands are below.
-// - fp8 operands are widened to fp32 exactly and multiplied in fp32 by OpenBLAS's threaded
-//   sgemm, whatever the fp32 route: through oneDNN, a rowwise float8 run on 2 FSDP ranks
-//   built with ASan drifted from the 1-rank run by an ulp at step 7, and on OpenBLAS the
-//   two stay bit-identical, which tests/sh/test_float8.sh requires. Dequant scales are
-//   applied to the fp32 accumulator afterwards, as the hardware does, so the CPU emulates
-//   an fp8 GEMM exactly up to summation order. OpenBLAS picks its kernels when it is loaded;
-//   where that was a pre-AVX2 fallback, ops_cpu_blas_coretype names the set to restart with
-//   (cli/main.c does).
-// A bf16 C gets alpha AB + beta C in fp32, rounded once (both routes).
+// kernels/cpu/cpu_gemm.c — every matmul of the CPU backend, each dtype routed to the library that was fastest on
+// this model's shapes in the training step (docs/performance.md; bench/gemm_cpu times the GEMMs alone).
+// - fp32: oneDNN's matmul where the CPU has AVX-512 or OpenBLAS does not know it (OpenBLAS picks kernels by CPU
+//   model, oneDNN by ISA bits); elsewhere OpenBLAS sgemm, single-threaded per panel of C across OpenMP threads.
+//   TETRA_CPU_GEMM=openblas|onednn overrides. ops_cpu_blas_coretype names a kernel set to restart with (cli/main.c).
+// - bf16 x bf16: oneDNN's matmul (AVX512-BF16/AMX, fp32 accumulation); without AVX512-BF16, widened like fp8.
+// - fp8 (and widened bf16): exact fp32 copies on OpenBLAS sgemm whatever the fp32 route, so FSDP stays bit-identical
+//   to 1 rank (tests/sh/test_float8.sh); scales go on the fp32 accumulator. bf16 C: alpha AB + beta C, rounded once.
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>

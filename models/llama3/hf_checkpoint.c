@@ -513,7 +513,7 @@ int llama3_hf_import(const char *hf_path, const char *ckpt_dir, int64_t step, co
     json_t *src = json_object();
     json_object_set_new(src, "imported_from", json_string(hf_path));
     json_object_set_new(state, "source", src);
-    ckpt_group g = {"model/", ts, model.n_params, model.param_mem};
+    ckpt_group g = {"model/", ts, model.n_params, model.param_mem, 0};
     ckpt_save_request rq;
     memset(&rq, 0, sizeof rq);
     rq.step = step;

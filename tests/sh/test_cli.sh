@@ -163,8 +163,10 @@ for form in "--checkpoint.enable false" "--checkpoint.enable=false" "--checkpoin
 done
 expect_error "a boolean with another word" "unexpected argument 'maybe'" \
   "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --checkpoint.enable maybe
-expect_error "a refused key names itself" "training.enable_cpu_offload is not supported" \
-  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.enable_cpu_offload
+expect_error "a refused key names itself" "optimizer.early_step_in_backward is not supported" \
+  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --optimizer.early_step_in_backward
+expect_error "CPU offload on the CPU backend is refused as meaningless" "enable_cpu_offload has no meaning" \
+  "$TETRA" train --job.config_file "$ROOT/configs/debug_model.toml" --training.device cpu --training.enable_cpu_offload
 
 # 9. colour: NO_COLOR and TETRA_COLOR=0 turn it off, TETRA_COLOR=1 on (the launcher decides
 #    from its own stdout, since a rank's stdout under mpirun can be a pty)

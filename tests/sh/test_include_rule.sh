@@ -14,7 +14,8 @@ case_tree() { # dir folder target
   rm -rf "$1"; mkdir -p "$1/$2"
   printf '#include <stdio.h>\n#include "%s/x.h"\n' "$3" >"$1/$2/probe.c"
 }
-for c in kernels:parallel kernels:engine parallel:models checkpoint:models checkpoint:data models:engine data:kernels engine:cli util:kernels; do
+for c in kernels:parallel kernels:engine parallel:models checkpoint:models checkpoint:data models:engine data:kernels engine:cli util:kernels \
+  telemetry:engine config:engine config:telemetry engine:plan plan:cli; do
   from=${c%:*}; to=${c#*:}
   case_tree "$T/$from-$to" "$from" "$to"
   # cmake wraps its messages: read them as one line
@@ -26,7 +27,8 @@ for c in kernels:parallel kernels:engine parallel:models checkpoint:models check
     bad "$from/ including $to/: the message does not name the file and the arrow: $(cat "$T/c.log")"
   fi
 done
-for c in engine:models models:parallel parallel:kernels cli:checkpoint checkpoint:util kernels:util kernels:kernels; do
+for c in engine:models models:parallel parallel:kernels cli:checkpoint checkpoint:util kernels:util kernels:kernels \
+  plan:engine engine:config engine:telemetry config:models telemetry:parallel; do
   from=${c%:*}; to=${c#*:}
   case_tree "$T/$from-$to" "$from" "$to"
   cmake -DROOT="$T/$from-$to" -P "$CHECK" >"$T/c.log" 2>&1 && ok "$from/ may include $to/" ||

@@ -9,6 +9,8 @@
 #   2. The JSON has the documented keys; the text report names a config that does
 #      not fit and the knobs that would make it fit (exit 1); a layout the trainer
 #      refuses, an unknown profile and bad options exit non-zero with the reason.
+#      CPU offload: Llama 3 8B on one 80 GB H100 fits with training.enable_cpu_offload
+#      and not without; its master weights and moments are counted on the host.
 #   3. --recommend on the debug model at 4 ranks lists layouts that fit, and the
 #      first one's overrides run in tetra train; over a config that sets tp 2, the
 #      printed overrides of tp 1, async TP and larger pipeline microbatch layouts lay
@@ -155,6 +157,28 @@ if mpirun -np 2 --oversubscribe --bind-to none "$TETRA" plan --calibrate --out "
    "$TETRA" plan "${BASE[@]}" --hardware "$T/hw/cpu.toml" --ngpu 2 --json >"$T/cal.json" 2>"$T/cal.err"; then
   ok "calibrate: $(grep -c . "$T/cal.out") lines; $(grep -m1 -i gemm "$T/cal.out" | sed 's/^ *//')"
 else bad "calibrate"; cat "$T/cal.out" "$T/cal.err" 2>/dev/null | tail -5; fi
+
+# CPU offload: Llama 3 8B (32 blocks, seq 8192) on one 80 GB H100 does not fit without it
+# and fits with it; the master weights and the moments are counted on the host
+"$TETRA" plan --job.config_file "$ROOT/configs/llama3_8b.toml" --ngpu 1 --hardware h100-sxm --json \
+  >"$T/off0.json" 2>"$T/off0.err"
+"$TETRA" plan --job.config_file "$ROOT/configs/llama3_8b.toml" --ngpu 1 --hardware h100-sxm --json \
+  --training.enable_cpu_offload >"$T/off1.json" 2>"$T/off1.err"
+if python3 - "$T/off0.json" "$T/off1.json" <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+ma, mb = a["memory"], b["memory"]
+assert not a["fits"] and b["fits"], (a["fits"], b["fits"], a["peak_memory_gib"], b["peak_memory_gib"])
+assert not ma["cpu_offload"] and mb["cpu_offload"] and ma["host_gib"] == 0
+# the device keeps the bf16 copy only (a third of fp32 master + bf16), no optimizer state
+assert mb["optimizer_state_gib"] == 0 and abs(mb["parameters_gib"] * 3 - ma["parameters_gib"]) < 0.05
+# the host holds 12 bytes per parameter (fp32 master, m, v) and one unit's staging
+n = 8030261248
+assert 12 * n / 2**30 < mb["host_gib"] < 12 * n / 2**30 + 4, mb["host_gib"]
+print("  8B on one H100: %.1f GiB without offload, %.1f GiB with (host %.1f GiB)"
+      % (a["peak_memory_gib"], b["peak_memory_gib"], mb["host_gib"]))
+EOF
+then ok "cpu offload: 8B fits one 80 GB GPU with it and not without"; else bad "cpu offload plan: $(cat "$T/off1.err")"; fi
 
 # 5. NCCL's own memory (a model): on a GPU profile it is a line of the peak, zero for one
 # rank, more with more communicators; none on the CPU profile (MPI); no NVLS buffers on

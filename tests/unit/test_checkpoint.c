@@ -341,7 +341,7 @@ static void test_disk(const tetra_ops *ops) {
     for (size_t i = 0; i < 30; i++) store[i] = value_of(0, i);
     for (size_t i = 0; i < 7; i++) store[32 + i] = value_of(1, i);
     for (size_t i = 0; i < 64; i++) store2[i] = -store[i];
-    ckpt_group groups[2] = {{"model/", ts, 2, store}, {"optimizer/exp_avg/", ts, 2, store2}};
+    ckpt_group groups[2] = {{"model/", ts, 2, store, 0}, {"optimizer/exp_avg/", ts, 2, store2, 0}};
     ckpt_saver_options so;
     memset(&so, 0, sizeof so);
     so.dir = dir;
@@ -396,7 +396,7 @@ static void test_disk(const tetra_ops *ops) {
         float *dst = ops->alloc(64 * sizeof(float));
         ops->fill(dst, 0.0f, 64);
         dt_tensor pt[2] = {fsdp_piece(names[0], 2, shA, 3, k, 0), fsdp_piece(names[1], 1, shB, 3, k, 16)};
-        ckpt_group g = {"optimizer/exp_avg/", pt, 2, dst};
+        ckpt_group g = {"optimizer/exp_avg/", pt, 2, dst, 0};
         ckpt_reader *r = ckpt_reader_open(step, err, sizeof err);
         CHECK(r && ckpt_reader_load(r, &g, ops, err, sizeof err) == 0, "load rank %d of 3: %s", k, err);
         for (int t = 0; t < 2; t++)
@@ -409,7 +409,7 @@ static void test_disk(const tetra_ops *ops) {
     ck_snprintf(step, sizeof step, "%s/step-4", dir);
     {
         float *dst = ops->alloc(64 * sizeof(float));
-        ckpt_group g = {"model/", ts, 2, dst};
+        ckpt_group g = {"model/", ts, 2, dst, 0};
         ckpt_reader *r = ckpt_reader_open(step, err, sizeof err);
         CHECK(r && ckpt_reader_meta(r)->model_only && ckpt_reader_meta(r)->tensors[0].dtype == TETRA_BF16,
               "bf16 model-only: %s", err);
@@ -417,7 +417,7 @@ static void test_disk(const tetra_ops *ops) {
         ok = 1;
         for (size_t i = 0; i < 30; i++) ok &= dst[i] == tetra_bf16_to_f32(tetra_f32_to_bf16(value_of(0, i)));
         CHECK(ok, "bf16 values");
-        ckpt_group g2 = {"optimizer/exp_avg/", ts, 2, dst};
+        ckpt_group g2 = {"optimizer/exp_avg/", ts, 2, dst, 0};
         CHECK(r && ckpt_reader_load(r, &g2, ops, err, sizeof err) == -1 && strstr(err, "model weights only"),
               "optimizer from a model-only checkpoint: %s", err);
         ckpt_reader_close(r);
@@ -456,7 +456,7 @@ static void test_disk(const tetra_ops *ops) {
         ck_meta_free(&m);
         float *dst = ops->alloc(64 * sizeof(float));
         dt_tensor one = fsdp_piece(names[0], 2, shA, 1, 0, 0);
-        ckpt_group g = {"model/", &one, 1, dst};
+        ckpt_group g = {"model/", &one, 1, dst, 0};
         ckpt_reader *r = ckpt_reader_open(hd, err, sizeof err);
         CHECK(r && ckpt_reader_load(r, &g, ops, err, sizeof err) == 0, "%s", err);
         CHECK(!memcmp(dst, v, sizeof v), "two files gathered into one piece");
@@ -549,7 +549,7 @@ static void test_consistency(const tetra_ops *ops) {
     float *store = ops->alloc(64 * sizeof(float));
     for (size_t i = 0; i < 40; i++) store[i] = value_of(2, i);
     dt_tensor t = fsdp_piece("w", 1, sh, 1, 0, 0);
-    ckpt_group g = {"model/", &t, 1, store};
+    ckpt_group g = {"model/", &t, 1, store, 0};
     ckpt_saver_options so;
     memset(&so, 0, sizeof so);
     so.dir = dir;

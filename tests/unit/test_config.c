@@ -169,7 +169,9 @@ static void test_job_spec(void) {
     CHECK(load(&c,
                "[model]\nflavor = \"8B\"\nn_layers = 4\nvocab_size = 32000\nattn_mask_type = \"block_causal\"\n"
                "reset_positions_at_document_boundaries = true\nconverters = [\"float8\"]\n"
-               "[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n",
+               "[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n"
+               "fsdp_reshard_after_forward = \"never\"\ncontext_parallel_rotate_method = \"alltoall\"\n"
+               "context_parallel_load_balancer = \"none\"\n",
                err, sizeof err) == 0,
           "%s", err);
     CHECK(job_resolve(&c, 2, &j, err, sizeof err) == 0, "%s", err);
@@ -179,13 +181,16 @@ static void test_job_spec(void) {
           (int)j.model.attn_mask_type, j.model.reset_positions);
     CHECK(j.pp_schedule == PP_SCHED_ZBV && j.dims.pp == 2 && j.float8 == 1, "schedule %d pp %d float8 %d",
           (int)j.pp_schedule, j.dims.pp, j.float8);
+    CHECK(j.reshard == FSDP_RESHARD_NEVER && j.cp_rotate == CP_ROTATE_ALLTOALL && j.cp_balanced == 0,
+          "reshard %d rotate %d balanced %d", (int)j.reshard, (int)j.cp_rotate, j.cp_balanced);
     cfg_free(&c);
     /* the flavor's own values when nothing overrides them */
     cfg_init(&c);
     CHECK(load(&c, "[model]\nflavor = \"8B_flex\"\n", err, sizeof err) == 0, "%s", err);
     CHECK(job_resolve(&c, 1, &j, err, sizeof err) == 0, "%s", err);
     CHECK(j.model.n_layers == 32 && j.model.vocab_size == 128256 &&
-              j.model.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && j.pp_schedule == PP_SCHED_1F1B && !j.float8,
+              j.model.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && j.pp_schedule == PP_SCHED_1F1B && !j.float8 &&
+              j.reshard == FSDP_RESHARD_DEFAULT && j.cp_rotate == CP_ROTATE_ALLGATHER && j.cp_balanced == 1,
           "8B_flex: %d layers, vocab %d, mask %d", j.model.n_layers, j.model.vocab_size, (int)j.model.attn_mask_type);
     cfg_free(&c);
 }
@@ -370,7 +375,8 @@ static const char *const WORKS[] = {"job.config_file",
                                     "training.num_tokens_per_microbatch_per_dp_rank",
                                     "training.num_tokens_per_train_step",
                                     "training.max_context_length",
-                                    "parallelism.num_pp_microbatches"}; /* tests/sh/test_torchtitan_configs.sh */
+                                    "parallelism.num_pp_microbatches", /* tests/sh/test_torchtitan_configs.sh */
+                                    "training.enable_cpu_offload"};    /* gpu/test_sim_offload */
 static const char *const MEANINGLESS[] = {
     "model.hf_assets_path",                     /* read by `tetra data prepare --tokenizer`; training reads shards */
     "optimizer.implementation",                 /* one fused pass per shard whatever the style */

@@ -287,6 +287,10 @@ static void heap_note(void *p) {
     while (now > was && !atomic_compare_exchange_weak(&heap_peak, &was, now)) {
     }
 }
+/* the linker's --wrap names: defined here, called in place of the libc functions */
+void *__wrap_malloc(size_t n);
+int __wrap_posix_memalign(void **p, size_t align, size_t n);
+void __wrap_free(void *p);
 void *__wrap_malloc(size_t n) {
     void *p = __real_malloc(n);
     heap_note(p);
