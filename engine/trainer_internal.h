@@ -1,5 +1,7 @@
 /* trainer_internal.h — the state of a training job, shared by its parts:
- *   trainer.c       setup, the step loop (data, metrics, saves, validation), teardown
+ *   trainer_setup.c setup in named phases, teardown
+ *   trainer_plan.c  the memory plan, its start-up lines and memory snapshots
+ *   trainer.c       the step loop (data, metrics, saves, validation, stop requests)
  *   train_step.c    one optimizer step: the schedule's actions on the model and FSDP,
  *                   gradient clipping, AdamW and the LR schedule
  *   train_ckpt.c    checkpoint state: what is saved, finding and loading a checkpoint
@@ -175,6 +177,20 @@ struct trainer {
     pp_run_stats pp_stats; /* the last step's runtime times (summed over rounds) */
     double pp_step_s;      /* the last step's wall time inside the schedule */
 };
+
+/* trainer_plan.c */
+/* What this rank lays out (trainer.h): every buffer by category, what it sends. */
+void train_fill_plan(const trainer *t, trainer_plan *p);
+/* The start-up lines: the job, the layout, memory per rank, communication per step. */
+void train_log_plan(trainer *t);
+/* profiling.enable_memory_snapshot: this rank's snapshot for `step` (at_exit: a failure's). */
+void train_memory_snapshot(const trainer *t, int64_t step, const char *reason, int at_exit);
+/* Validation's forward keeps nothing but the residual stream and the head: a policy of
+ * the stage's blocks (malloc'd), or NULL out of memory. */
+unsigned *train_keep_none(const train_stage *s);
+/* One pipeline send buffer of the stage: a residual of one microbatch. */
+size_t train_send_bytes(const trainer *t, const train_stage *s);
+void train_fmt_bytes(char *buf, size_t n, double bytes);
 
 /* train_step.c */
 /* The converters' pre_optimizer / post_optimizer hooks on every local stage, in order. */
