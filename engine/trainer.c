@@ -426,6 +426,13 @@ static int check_nonfinite(trainer *t, int64_t step, const step_result *r, run_s
 static void log_step(trainer *t, int64_t step, const step_result *r, run_state *rs) {
     const tetra_config_values *c = t->c;
     const double dt = (now_s() - rs->log_t0) / (double)rs->log_steps;
+    /* under a document mask every data-parallel rank's sequences have their own pairs:
+     * mfu_computed counts those of the global batch */
+    comm_group *batch = comm_get(t->cw, MESH_G_BATCH);
+    if (llama3_needs_documents(&t->args) && comm_group_size(batch) > 1) {
+        rs->log_pairs = comm_all_reduce_f64(batch, rs->log_pairs, COMM_SUM);
+        rs->log_seqs = comm_all_reduce_f64(batch, rs->log_seqs, COMM_SUM);
+    }
     if (t->ml) {
         metrics_step s;
         memset(&s, 0, sizeof s);

@@ -15,7 +15,8 @@
 #   4. debugmodel_flex_attn on the one-document sample corpus equals debugmodel (a single
 #      document is the causal mask), bit for bit;
 #   5. mfu_computed (the attention the mask leaves) is below TorchTitan's mfu, more so under
-#      block_causal than causal;
+#      block_causal than causal, and counts every data-parallel rank's documents (fsdp 2
+#      reports the 1-rank run's ratio);
 #   6. an unknown model.attn_mask_type is refused naming the key, and block_causal on a
 #      corpus that marks no documents (no BOS, no EOS) is refused at start-up.
 set -uo pipefail
@@ -123,6 +124,12 @@ rc, rb = ratio("causal"), ratio("single")
 good = len(rc) == steps and len(rb) == steps and all(x < 1 for x in rc) and max(rb) < min(rc)
 ok &= good
 print(f"{'ok  ' if good else 'FAIL'} mfu_computed / mfu: causal {min(rc):.4f}, block_causal {min(rb):.4f}-{max(rb):.4f}")
+# every data-parallel rank's documents count: fsdp 2 reads the single run's sequences, split
+rf = ratio("fsdp2")
+good = len(rf) == steps and all(abs(x - y) <= 1e-9 * y for x, y in zip(rf, rb))
+ok &= good
+print(f"{'ok  ' if good else 'FAIL'} mfu_computed / mfu under fsdp 2 equals the 1-rank run's at every step: "
+      f"{[round(x, 6) for x in rf]} {[round(x, 6) for x in rb]}")
 a, b = run("sample_flex"), run("sample_causal")
 good = len(a) == 2 and a == b
 ok &= good
