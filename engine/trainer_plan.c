@@ -278,9 +278,9 @@ void train_log_plan(trainer *t) {
     if (p.offload) {
         char hb[32];
         train_fmt_bytes(hb, sizeof hb, p.host_bytes);
-        log_info("cpu offload rank %d: %s of page-locked host memory (fp32 master weights, AdamW moments, one "
-                 "unit's staging); the device keeps the %s parameters and the fp32 gradients; AdamW runs on the "
-                 "host, unit by unit",
+        log_info("cpu offload rank %d: %s of page-locked host memory (fp32 master weights, AdamW moments, two "
+                 "units' staging); the device keeps the %s parameters and the fp32 gradients; AdamW runs on the "
+                 "host, unit by unit, while the neighbouring units' copies run",
                  t->rank, hb, t->mixed ? "bf16" : "fp32");
     }
     if (S > 1)

@@ -23,6 +23,7 @@
  */
 #include "parallel/fsdp.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,7 @@ struct fsdp {
     float *master, *grad; /* backend memory; master: under offload the device's fp32 copy, or NULL */
     uint16_t *compute;    /* bf16 copy of the master shard (or the whole layout at S = 1), or NULL */
     float *host_master;   /* offload: the master shard in page-locked host memory */
-    void *host_stage;     /* offload: one unit's gradient (fp32) and updated parameters (compute dtype) */
+    void *host_stage;     /* offload: two units' gradients (fp32) and updated parameters (compute dtype) */
     size_t max_range;     /* offload: the largest unit range of the local shard */
     void *param_mem, *work_param_mem, *work_grad_mem; /* the allocations */
     float *grad_mem, *rs_mem;
@@ -237,6 +238,15 @@ static int place_param(fsdp *f, int i, char *err, size_t errlen) {
     return 0;
 }
 
+/* Offload staging: buffer b (0 or 1) holds one unit's gradient, then its updated parameters. */
+static size_t stage_bytes(const fsdp *f) {
+    return align64b(f->max_range * sizeof(float)) + align64b(f->max_range * f->esz);
+}
+static float *stage_grad(const fsdp *f, int b) { return (float *)((char *)f->host_stage + (size_t)b * stage_bytes(f)); }
+static void *stage_params(const fsdp *f, int b) {
+    return (char *)f->host_stage + (size_t)b * stage_bytes(f) + align64b(f->max_range * sizeof(float));
+}
+
 /* The memory plan (f->mem): shard, optimizer and, at S > 1, working and staging bytes. */
 static void plan_memory(fsdp *f) {
     const fsdp_config *cfg = &f->cfg;
@@ -250,7 +260,7 @@ static void plan_memory(fsdp *f) {
             if (n > f->max_range) f->max_range = n;
         }
         mr->compute_bytes = f->local_numel * f->esz;
-        mr->host_bytes = align64b(mr->param_bytes) + align64b(f->max_range * sizeof(float)) + f->max_range * f->esz;
+        mr->host_bytes = align64b(mr->param_bytes) + 2 * stage_bytes(f);
     }
     mr->grad_bytes = f->local_numel * sizeof(float);
     mr->optim_bytes = 2 * f->local_numel * sizeof(float);
@@ -908,7 +918,7 @@ void fsdp_params_updated(fsdp *f) {
 
 /* Offload: the host master to the device's copy in the compute dtype, a staging buffer at a time. */
 static void push_master(fsdp *f) {
-    void *stage = (char *)f->host_stage + align64b(f->max_range * sizeof(float));
+    void *stage = stage_params(f, 0);
     for (size_t off = 0; off < f->local_numel; off += f->max_range) {
         const size_t n = f->local_numel - off < f->max_range ? f->local_numel - off : f->max_range;
         if (f->compute) {
@@ -926,16 +936,57 @@ void fsdp_master_changed(fsdp *f) {
     fsdp_params_updated(f);
 }
 
+/* One unit's host update, on a thread of its own while the copies of its neighbours run. */
+typedef struct {
+    fsdp_host_update_fn update;
+    void *user;
+    size_t off, n;
+    const float *grad;
+    void *params;
+} host_job;
+
+static void *run_host_job(void *arg) {
+    const host_job *j = arg;
+    j->update(j->user, j->off, j->n, j->grad, j->params);
+    return NULL;
+}
+
+static void unit_range(const fsdp *f, int u, size_t *off, size_t *n) {
+    *off = f->units[u].local_offset;
+    *n = f->S == 1 ? f->units[u].numel : f->units[u].shard;
+}
+
+/* Unit u's updated parameters (staging buffer b) to the device's shard. */
+static void put_params(fsdp *f, int u, int b) {
+    size_t off, n;
+    unit_range(f, u, &off, &n);
+    f->ops->copy_h2d(f->compute ? (void *)(f->compute + off) : (void *)(f->master + off), stage_params(f, b),
+                     n * f->esz);
+}
+
+/* Two staging buffers: while the host updates unit u, the device copies unit u + 1's
+ * gradient out and unit u - 1's parameters back. */
 void fsdp_offload_update(fsdp *f, fsdp_host_update_fn update, void *user) {
-    float *grad = f->host_stage;
-    void *params = (char *)f->host_stage + align64b(f->max_range * sizeof(float));
-    for (int u = 0; u < f->cfg.n_units; u++) {
-        const unit_state *x = &f->units[u];
-        const size_t off = x->local_offset, n = f->S == 1 ? x->numel : x->shard;
-        f->ops->copy_d2h(grad, f->grad + off, n * sizeof(float));
-        update(user, off, n, grad, params);
-        f->ops->copy_h2d(f->compute ? (void *)(f->compute + off) : (void *)(f->master + off), params, n * f->esz);
+    const int nu = f->cfg.n_units;
+    size_t off, n;
+    if (nu > 0) {
+        unit_range(f, 0, &off, &n);
+        f->ops->copy_d2h(stage_grad(f, 0), f->grad + off, n * sizeof(float));
     }
+    for (int u = 0; u < nu; u++) {
+        host_job j = {update, user, 0, 0, stage_grad(f, u & 1), stage_params(f, u & 1)};
+        unit_range(f, u, &j.off, &j.n);
+        pthread_t th;
+        const int threaded = pthread_create(&th, NULL, run_host_job, &j) == 0;
+        if (!threaded) run_host_job(&j);
+        if (u + 1 < nu) {
+            unit_range(f, u + 1, &off, &n);
+            f->ops->copy_d2h(stage_grad(f, (u + 1) & 1), f->grad + off, n * sizeof(float));
+        }
+        if (u > 0) put_params(f, u - 1, (u - 1) & 1);
+        if (threaded) pthread_join(th, NULL);
+    }
+    if (nu > 0) put_params(f, nu - 1, (nu - 1) & 1);
     fsdp_params_updated(f);
 }
 

@@ -63,8 +63,9 @@
  * computes with) and the fp32 gradient shard. The optimizer runs on the host, unit by
  * unit (fsdp_offload_update): each unit's gradient shard is copied to the host, the
  * caller updates the master and writes the new compute-dtype values, which are copied
- * back. Host memory: the master and the moments (12 bytes per parameter) plus one
- * unit's staging.
+ * back; while the host updates one unit, the next unit's gradient and the previous
+ * unit's parameters are in transit. Host memory: the master and the moments (12 bytes
+ * per parameter) plus two units' staging.
  *
  * Gradients are SUMMED (no division): the loss is already normalised by the
  * global token count, as TorchTitan sets FSDP's gradient divide factor to 1.
@@ -179,7 +180,8 @@ void fsdp_finish_grads(fsdp *f);
  * another user write it only after this FSDP's fsdp_finish_grads and before its next
  * W pass. */
 void fsdp_set_work_grads(fsdp *f, void *mem);
-/* Offload: the optimizer step on the host, one unit's shard at a time. For each unit,
+/* Offload: the optimizer step on the host, one unit's shard at a time (on a thread of its
+ * own, while the device copies the neighbouring units). For each unit,
  * update(user, offset, n, grad, params_out) gets the unit's range of the local shard
  * [offset, offset + n), its gradient copied to page-locked host memory, and writes the
  * updated parameters in the compute dtype to params_out (n elements, host), which are

@@ -240,7 +240,7 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
     else printf("  peak                  %10s  of %s: does not fit by %s\n", b[0], b[1], b[2]);
     if (w->offload) {
         fmt_gib(b[0], 32, w->host_bytes);
-        printf("  host (cpu offload)    %10s  page-locked, per rank: fp32 master, AdamW m and v, one unit's staging\n",
+        printf("  host (cpu offload)    %10s  page-locked, per rank: fp32 master, AdamW m and v, two units' staging\n",
                b[0]);
     }
     printf("\nper step:\n");

@@ -172,9 +172,9 @@ assert not a["fits"] and b["fits"], (a["fits"], b["fits"], a["peak_memory_gib"],
 assert not ma["cpu_offload"] and mb["cpu_offload"] and ma["host_gib"] == 0
 # the device keeps the bf16 copy only (a third of fp32 master + bf16), no optimizer state
 assert mb["optimizer_state_gib"] == 0 and abs(mb["parameters_gib"] * 3 - ma["parameters_gib"]) < 0.05
-# the host holds 12 bytes per parameter (fp32 master, m, v) and one unit's staging
+# the host holds 12 bytes per parameter (fp32 master, m, v) and two units' staging
 n = 8030261248
-assert 12 * n / 2**30 < mb["host_gib"] < 12 * n / 2**30 + 4, mb["host_gib"]
+assert 12 * n / 2**30 < mb["host_gib"] < 12 * n / 2**30 + 8, mb["host_gib"]
 print("  8B on one H100: %.1f GiB without offload, %.1f GiB with (host %.1f GiB)"
       % (a["peak_memory_gib"], b["peak_memory_gib"], mb["host_gib"]))
 EOF
