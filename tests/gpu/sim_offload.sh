@@ -3,7 +3,7 @@
 # (the tetra executable on the CUDA-kernel simulator, tests/gpu/test_ops_sim) with the fp32
 # master weights and AdamW's moments in page-locked host memory and AdamW run on the CPU
 # backend, against the same run without offload. The tiny model, 16 tokens x 4 sequences,
-# 3 steps, a checkpoint after the last:
+# 2 steps, a checkpoint after the last:
 #   - fp32 and bf16 on one rank, bf16 with gradient accumulation 2, bf16 on fsdp 2 (MPI
 #     staged through host memory), float8 (bf16) on one rank: the loss and the gradient
 #     norm of every step, and the checkpoint's bytes (the master weights and both moments
@@ -28,7 +28,7 @@ ok() { echo "ok   $*"; }
 
 # metrics.peak_flops: the simulator would take minutes over the GEMM that measures it
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --model.flavor tiny --training.seq_len 16
-        --training.steps 3 --training.seed 42 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1
+        --training.steps 2 --training.seed 42 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1
         --metrics.disable_color_printing --metrics.peak_flops 1e12 --validation.no_enable --training.threads 1
         --training.device auto --checkpoint.enable --checkpoint.interval 100 --checkpoint.last_save_model_only false
         --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
@@ -55,14 +55,14 @@ same() { # name ranks [args...]: with and without offload
   local a b
   a="$(curve "$T/$name")"
   b="$(curve "$T/$name-offload")"
-  if [ -z "$a" ] || [ "$(echo "$a" | wc -l)" -ne 3 ]; then bad "$name: no 3-step curve"; return; fi
+  if [ -z "$a" ] || [ "$(echo "$a" | wc -l)" -ne 2 ]; then bad "$name: no 2-step curve"; return; fi
   [ "$a" = "$b" ] && ok "$name: losses and gradient norms the same bits with offload" ||
     { bad "$name: the curves differ"; diff <(echo "$a") <(echo "$b") | head -6; }
   local files n=0
-  files="$(cd "$T/$name/checkpoint/step-3" 2>/dev/null && ls)"
-  [ -n "$files" ] || { bad "$name: no checkpoint at step 3"; return; }
+  files="$(cd "$T/$name/checkpoint/step-2" 2>/dev/null && ls)"
+  [ -n "$files" ] || { bad "$name: no checkpoint at step 2"; return; }
   for f in $files; do
-    cmp -s "$T/$name/checkpoint/step-3/$f" "$T/$name-offload/checkpoint/step-3/$f" || { bad "$name: $f differs"; n=1; }
+    cmp -s "$T/$name/checkpoint/step-2/$f" "$T/$name-offload/checkpoint/step-2/$f" || { bad "$name: $f differs"; n=1; }
   done
   [ $n = 0 ] && ok "$name: the checkpoint (master weights, exp_avg, exp_avg_sq) the same bytes ($(echo $files | wc -w) files)"
 }
