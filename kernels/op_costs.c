@@ -164,6 +164,11 @@ void opc_copy_h2d(op_cost *o, const op_cost_device *d, void *dst, const void *sr
     o->written = (double)bytes;
 }
 
+void opc_copy_h2d_async(op_cost *o, const op_cost_device *d, void *dst, const void *src, size_t bytes) {
+    opc_copy_h2d(o, d, dst, src, bytes);
+    o->syncs = 0;
+}
+
 void opc_copy_d2h(op_cost *o, const op_cost_device *d, void *dst, const void *src, size_t bytes) {
     (void)d, (void)dst, (void)src;
     begin(o, OPK_COPY_D2H, "%zu B", bytes);

@@ -147,6 +147,8 @@ void op_cost_add(op_cost *a, const op_cost *b);
 
 /* ---- one description per op, with the op's arguments (ops.h states their shapes) */
 void opc_copy_h2d(op_cost *o, const op_cost_device *d, void *dst, const void *src, size_t bytes);
+/* copy_h2d_async: the same copy, no host wait */
+void opc_copy_h2d_async(op_cost *o, const op_cost_device *d, void *dst, const void *src, size_t bytes);
 void opc_copy_d2h(op_cost *o, const op_cost_device *d, void *dst, const void *src, size_t bytes);
 void opc_copy(op_cost *o, const op_cost_device *d, void *dst, const void *src, size_t bytes);
 void opc_copy_2d(op_cost *o, const op_cost_device *d, void *dst, size_t dpitch, const void *src, size_t spitch,

@@ -114,6 +114,10 @@ typedef struct tetra_ops {
     void *(*alloc)(size_t bytes); // 64-byte aligned, NULL on failure
     void (*release)(void *p);
     void (*copy_h2d)(void *dst, const void *src, size_t bytes);
+    // the same copy, ordered with the ops around it but not waited for: the caller keeps
+    // src unchanged until the next synchronize or blocking copy (a step's input batches,
+    // which change only between steps), so the host runs ahead of the device
+    void (*copy_h2d_async)(void *dst, const void *src, size_t bytes);
     void (*copy_d2h)(void *dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes); // device to device
     void (*synchronize)(void);

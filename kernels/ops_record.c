@@ -139,6 +139,11 @@ static void r_copy_h2d(void *dst, const void *src, size_t bytes) {
     if (R.base) R.base->copy_h2d(dst, src, bytes);
 }
 
+static void r_copy_h2d_async(void *dst, const void *src, size_t bytes) {
+    REC(opc_copy_h2d_async(&c_, &R.dev, dst, src, bytes));
+    if (R.base) R.base->copy_h2d_async(dst, src, bytes);
+}
+
 static void r_copy_d2h(void *dst, const void *src, size_t bytes) {
     REC(opc_copy_d2h(&c_, &R.dev, dst, src, bytes));
     if (R.base) R.base->copy_d2h(dst, src, bytes);
@@ -444,6 +449,7 @@ static void fill_table(tetra_ops *t) {
     t->alloc = r_alloc;
     t->release = r_release;
     t->copy_h2d = r_copy_h2d;
+    t->copy_h2d_async = r_copy_h2d_async;
     t->copy_d2h = r_copy_d2h;
     t->copy = r_copy;
     t->synchronize = r_synchronize;

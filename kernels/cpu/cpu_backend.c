@@ -448,6 +448,7 @@ static const tetra_ops cpu_table = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .copy_h2d = cpu_copy,
+    .copy_h2d_async = cpu_copy,
     .copy_d2h = cpu_copy,
     .copy = cpu_copy,
     .synchronize = cpu_synchronize,

@@ -230,6 +230,13 @@ extern "C" void cuda_copy_h2d(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
+// The caller keeps src unchanged until the stream is next synchronised; from pageable
+// memory the runtime stages src before returning, from page-locked memory the DMA reads it
+// when the stream gets there. Either way no host wait for the work queued before it.
+extern "C" void cuda_copy_h2d_async(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+}
+
 extern "C" void cuda_copy_d2h(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     cudaStream_t st = cuda_stream();
@@ -852,6 +859,7 @@ static tetra_ops make_table(void) {
     t.alloc = cuda_alloc;
     t.release = cuda_release;
     t.copy_h2d = cuda_copy_h2d;
+    t.copy_h2d_async = cuda_copy_h2d_async;
     t.copy_d2h = cuda_copy_d2h;
     t.copy = cuda_copy;
     t.synchronize = cuda_synchronize;

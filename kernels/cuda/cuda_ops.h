@@ -29,6 +29,7 @@ void cuda_device_memory(size_t *free_bytes, size_t *total_bytes);
 void *cuda_compute_stream(void);
 void cuda_set_deterministic(int on);
 void cuda_copy_h2d(void *dst, const void *src, size_t bytes);
+void cuda_copy_h2d_async(void *dst, const void *src, size_t bytes);
 void cuda_copy_d2h(void *dst, const void *src, size_t bytes);
 void cuda_copy(void *dst, const void *src, size_t bytes);
 void cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);

@@ -1367,7 +1367,7 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
     }
     const llama3_param *p = &m->params[pe];
     const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0], n = (int)a->n, C = m->args.dim;
-    ops->copy_h2d(a->inputs, inputs, a->n * sizeof(int32_t));
+    ops->copy_h2d_async(a->inputs, inputs, a->n * sizeof(int32_t)); /* the caller keeps inputs (model.h) */
     if (tpn(m) > 1) {
         /* vocab parallel: a token's row comes from its owner, zeros from the others, so the
          * reduce-scatter to this rank's rows sums exactly */
@@ -1489,7 +1489,7 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     int64_t valid = 0;
     for (size_t i = 0; i < a->n; i++) valid += targets[i] != OPS_IGNORE_INDEX;
     if (n_valid) *n_valid = valid;
-    ops->copy_h2d(a->targets, targets, a->n * sizeof(int32_t));
+    ops->copy_h2d_async(a->targets, targets, a->n * sizeof(int32_t)); /* the caller keeps targets (model.h) */
     /* fused: per-token losses, and dlogits written over the logits */
     if (tpn(m) == 1) {
         ops->cross_entropy(a->logits, a->losses, a->logits, a->targets, n, Vl, dloss_scale);

@@ -192,6 +192,8 @@ static void test_layers(void) {
     expect("adamw bf16", &c, 1, 0, 0, 0, 30000, "");
     opc_copy_h2d(&c, &d, P(1), P(2), 64);
     CHECK(c.copies == 1 && c.syncs == 1 && c.host_bytes == 64, "copy_h2d: copies %d syncs %d", c.copies, c.syncs);
+    opc_copy_h2d_async(&c, &d, P(1), P(2), 64);
+    CHECK(c.copies == 1 && c.syncs == 0 && c.host_bytes == 64, "copy_h2d_async: copies %d syncs %d", c.copies, c.syncs);
     CHECK(!strcmp(op_kind_name(OPK_ATTENTION_BACKWARD_BF16), "attention_backward_bf16") &&
               !strcmp(op_kind_name(OPK_COPY_2D), "copy_2d"),
           "op names");

@@ -479,6 +479,7 @@ static void test_table(void) {
     SLOT(alloc);
     SLOT(release);
     SLOT(copy_h2d);
+    SLOT(copy_h2d_async);
     SLOT(copy_d2h);
     SLOT(copy);
     SLOT(synchronize);
