@@ -357,8 +357,10 @@ static comm_dtype residual_comm_dtype(const train_stage *s) {
 
 /* doc: the microbatch's document ids (whole sequences), or NULL when the model needs none.
  * Every stage keeps them with its activations: each runs attention. */
+/* loss_dev: where the head leaves the loss sum in backend memory (read later, no host
+ * wait), or NULL to read it here and return it. */
 static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab, const int32_t *doc,
-                            float dloss_scale, int64_t *n_valid) {
+                            float dloss_scale, int64_t *n_valid, float *loss_dev) {
     llama3_model *m = &s->model;
     fsdp *fs = s->fs;
     double loss = 0.0;
@@ -391,7 +393,8 @@ static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, c
     if (u >= 0) {
         fsdp_pre_forward(fs, u);
         trace_begin(tr, "compute", "forward head (norm, output, loss)");
-        loss = llama3_forward_head(m, a, lab, dloss_scale, n_valid);
+        if (loss_dev) llama3_forward_head_to(m, a, lab, dloss_scale, n_valid, loss_dev);
+        else loss = llama3_forward_head(m, a, lab, dloss_scale, n_valid);
         trace_end(tr);
         fsdp_post_forward(fs, u);
     }
@@ -468,8 +471,10 @@ static void cb_forward(void *user, int stage, int mb) {
     llama3_acts *a = acts_take(s, mb);
     int64_t nv = 0;
     trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
+    /* the head's loss stays on the device until the step reads them all (train_read_losses) */
+    float *loss_dev = s->model.layout.has_head && t->n_loss < t->loss_cap ? t->loss_dev + t->n_loss++ : NULL;
     t->step_loss_sum += stage_forward(s, a, t->batch.in + mb_offset(t, mb), t->batch.lab + mb_offset(t, mb),
-                                      mb_docs(t, mb), t->dloss_scale, &nv);
+                                      mb_docs(t, mb), t->dloss_scale, &nv, loss_dev);
     trace_end(t->tr);
     t->step_valid += nv;
     if (s->local_next >= 0) { /* the next stage runs here: hand the residual over */
@@ -729,6 +734,15 @@ static void host_adamw(void *user, size_t off, size_t n, const float *grad, void
     if (!oc->a->mixed) memcpy(params_out, master, n * sizeof(float));
 }
 
+/* The step's loss sums, left on the device by each microbatch's head, in one read; added
+ * in the order the heads ran, as a read per microbatch would add them. */
+static void read_losses(trainer *t) {
+    if (t->n_loss == 0) return;
+    t->ops->copy_d2h(t->loss_host, t->loss_dev, (size_t)t->n_loss * sizeof(float));
+    for (int k = 0; k < t->n_loss; k++) t->step_loss_sum += (double)t->loss_host[k];
+    t->n_loss = 0;
+}
+
 void train_step(trainer *t, step_result *r) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
@@ -741,6 +755,7 @@ void train_step(trainer *t, step_result *r) {
     t->dloss_scale = r->global_valid > 0 ? (float)(1.0 / (double)r->global_valid) : 0.0f;
     t->step_loss_sum = 0.0;
     t->step_valid = 0;
+    t->n_loss = 0;
 
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
     /* the schedule's actions nest in it; the time between them is the schedule's waiting */
@@ -748,6 +763,7 @@ void train_step(trainer *t, step_result *r) {
                 t->shape.n_mb == 1 ? "" : "es", n_rounds(t), n_rounds(t) == 1 ? "" : "s");
     run_rounds(t);
     trace_end(t->tr);
+    read_losses(t);
     trace_begin(t->tr, "fsdp", "finish gradient reductions");
     for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
     trace_end(t->tr);
@@ -814,7 +830,7 @@ double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int
             comm_recv(t->g_pp, llama3_acts_residual(acts[i], L->layer_start), cnt, dt,
                       t->run_sched->stage_rank[s->index - 1], NULL);
         int64_t n = 0;
-        loss += stage_forward(s, acts[i], in, lab, doc, dloss_scale, &n);
+        loss += stage_forward(s, acts[i], in, lab, doc, dloss_scale, &n, NULL);
         nv += n;
         if (s->local_next >= 0)
             t->ops->copy(llama3_acts_residual(acts[s->local_next], L->layer_end),
@@ -853,6 +869,7 @@ void train_warmup(trainer *t) {
     for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
     t->step_loss_sum = 0.0;
     t->step_valid = 0;
+    t->n_loss = 0;
 }
 
 void train_shard_batch(const trainer *t, int32_t *in, int32_t *lab, const int32_t *full_in, const int32_t *full_lab,

@@ -166,6 +166,8 @@ void trainer_teardown(trainer *t) {
     }
     /* after every FSDP has waited for its reductions */
     if (t->grad_arena_mem) ops->release(t->grad_arena_mem);
+    if (t->loss_dev) ops->release(t->loss_dev);
+    free(t->loss_host);
     free(t->grad_arena_off);
     free(t->conv);
     trace_free(t->tr);
@@ -580,6 +582,9 @@ static int plan_stages(trainer *t) {
             t->st[i].ws_owner = i == owner;
         }
     }
+    /* a head stage keeps each microbatch's loss sum of a step on the device (train_step.c) */
+    for (int i = 0; i < t->n_local; i++)
+        if (t->st[i].model.layout.has_head) t->loss_cap = (t->pp_size > 1 ? t->shape.accum : 1) * t->shape.n_mb;
     if (train_plan_grad_arenas(t)) {
         log_error("out of host memory");
         return -1;
@@ -925,6 +930,15 @@ static int alloc_buffers(trainer *t) {
     }
     for (int i = 0; i < t->n_local; i++)
         if (alloc_stage(t, &t->st[i])) return -1;
+    /* the head's loss sum of every microbatch of a step, read once at its end */
+    if (t->loss_cap > 0) {
+        t->loss_dev = ops->alloc((size_t)t->loss_cap * sizeof(float));
+        t->loss_host = malloc((size_t)t->loss_cap * sizeof(float));
+        if (!t->loss_dev || !t->loss_host) {
+            log_error("out of memory allocating the step's loss sums");
+            return -1;
+        }
+    }
     return t->val ? alloc_validation(t) : 0;
 }
 

@@ -1462,8 +1462,8 @@ void llama3_block_forward(llama3_model *m, llama3_acts *a, int l) {
     block_forward_ops(m, a, l, &t, LLAMA3_KEEP_ALL, 1);
 }
 
-double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
-                           int64_t *n_valid) {
+void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
+                            int64_t *n_valid, float *loss_sum) {
     const tetra_ops *ops = m->ops;
     if (!m->layout.has_head) {
         fprintf(stderr, "llama3_forward_head: this layout holds no head\n");
@@ -1484,7 +1484,7 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
     if (!targets) {
         a->has_targets = 0;
         if (n_valid) *n_valid = 0;
-        return 0.0;
+        return;
     }
     int64_t valid = 0;
     for (size_t i = 0; i < a->n; i++) valid += targets[i] != OPS_IGNORE_INDEX;
@@ -1506,10 +1506,16 @@ double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targe
                                a->ce_stats);
     }
     if (mixed(m)) ops->cast_f32_to_bf16(a->dlogits16, a->logits, a->n * (size_t)Vl);
-    ops->sum(a->loss_sum, a->losses, a->n);
-    float loss = 0.0f;
-    ops->copy_d2h(&loss, a->loss_sum, sizeof loss);
+    ops->sum(loss_sum, a->losses, a->n);
     a->has_targets = 1;
+}
+
+double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
+                           int64_t *n_valid) {
+    llama3_forward_head_to(m, a, targets, dloss_scale, n_valid, a->loss_sum);
+    if (!targets) return 0.0;
+    float loss = 0.0f;
+    m->ops->copy_d2h(&loss, a->loss_sum, sizeof loss);
     return (double)loss;
 }
 

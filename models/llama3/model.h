@@ -363,6 +363,10 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int layer);
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
                            int64_t *n_valid);
+/* The same, leaving the loss sum in backend memory (*loss_sum, one float) instead of
+ * reading it: no host wait, so a step can read all its microbatches' losses at once. */
+void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,
+                            int64_t *n_valid, float *loss_sum);
 /* Residual r_l and its gradient dL/dr_l (backend memory, compute dtype, [b*t/P, dim]:
  * this rank's rows under tensor parallel), l in [layer_start, layer_end]: what
  * pipeline stages send and receive. */

@@ -10,6 +10,9 @@
 #      its 3 GEMMs in bf16, and more bytes; the bf16 block runs 7 linears x 3 GEMMs
 #      through cuBLASLt and its attention through cuDNN.
 #   4. Refusals: a block outside the model, a CPU profile (exit 2 with the reason).
+#   5. Host waits: a step of 4 microbatches (gradient accumulation) waits 3 times, as a step
+#      of one (the loss read, the gradient-norm read, the synchronisation after AdamW): the
+#      inputs go without a wait and the losses are read once per step.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
@@ -88,4 +91,12 @@ fi
 [ $rc = 2 ] && grep -q "CPU profile" "$T/c.err" && ok "--hardware cpu: exit 2, says why" \
   || bad "--hardware cpu: exit $rc: $(head -2 "$T/c.err")"
 
+# 5. host waits per step do not grow with the microbatches
+for acc in 1 4; do
+  "$TETRA" plan "${DEBUG[@]}" --training.seq_len 256 --training.local_batch_size 2 \
+    --training.global_batch_size $((2 * acc)) --ops >"$T/acc$acc.txt" 2>&1
+done
+w1=$(grep -o '[0-9]* host waits' "$T/acc1.txt" | head -1); w4=$(grep -o '[0-9]* host waits' "$T/acc4.txt" | head -1)
+[ "$w1" = "3 host waits" ] && [ "$w4" = "3 host waits" ] && ok "host waits per step: 1 microbatch $w1, 4 microbatches $w4" ||
+  bad "host waits per step: 1 microbatch '$w1', 4 microbatches '$w4' (want 3 each)"
 finish
