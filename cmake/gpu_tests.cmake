@@ -104,6 +104,9 @@ if(TETRA_CUDA_SIM)
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_sim_offload PROPERTIES
     ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+  # the longest of the suite start first (tests/CMakeLists.txt says why)
+  set_tests_properties(gpu/test_sim_layouts PROPERTIES COST 200)
+  set_tests_properties(gpu/test_sim_offload gpu/test_ops_cuda_sim PROPERTIES COST 100)
   set_tests_properties(gpu/test_ops_cuda_sim_fsdp PROPERTIES
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none"
     TIMEOUT 1800)

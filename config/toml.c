@@ -736,82 +736,98 @@ static long scan_digits(parser *p, size_t tok, const char *s, size_t n, size_t *
 
 static int is_number_char(int c) { return is_bare_char(c) || c == '.' || c == '+'; }
 
-static toml_value *parse_number(parser *p, int depth) {
-    static const char *const base_names[] = {[2] = "binary", [8] = "octal", [16] = "hexadecimal"};
-    static const char *const articles[] = {[2] = "a", [8] = "an", [16] = "a"};
-    char dbuf[32];
-    size_t tok = p->pos, end = tok;
-    while (end < p->len && is_number_char((unsigned char)p->s[end])) end++;
-    const char *s = p->s + tok;
-    size_t n = end - tok, i = 0;
-    int neg = 0;
-    if (n > 0 && (s[0] == '+' || s[0] == '-')) {
-        neg = s[0] == '-';
-        i = 1;
-    }
-    if (n - i == 3 && (memcmp(s + i, "inf", 3) == 0 || memcmp(s + i, "nan", 3) == 0)) {
-        toml_value *v = new_value(p, TOML_FLOAT, tok, depth);
-        if (!v) return NULL;
-        double x = s[i] == 'i' ? HUGE_VAL : NAN;
-        v->u.f = neg ? -x : x;
-        if (neg && isnan(x)) v->u.f = copysign(NAN, -1.0);
-        p->pos = end;
-        return v;
-    }
-    if (i + 1 < n && s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'o' || s[i + 1] == 'b')) {
-        int base = s[i + 1] == 'x' ? 16 : s[i + 1] == 'o' ? 8 : 2;
-        if (i) {
-            fail(p, tok, "%s integers cannot have a sign", base_names[base]);
-            return NULL;
-        }
-        i += 2;
-        if (i >= n || !is_digit_base((unsigned char)s[i], base)) {
-            fail(p, tok + i, "expected %s %s digit after '0%c' but found %s", articles[base], base_names[base], s[1],
-                 describe_at(p, tok + i, dbuf));
-            return NULL;
-        }
-        uint64_t acc = 0;
-        while (i < n) {
-            int c = (unsigned char)s[i];
-            if (c == '_') {
-                if (i + 1 >= n || !is_digit_base((unsigned char)s[i + 1], base)) {
-                    fail(p, tok + i, "'_' in a number must be between two digits");
-                    return NULL;
-                }
-                i++;
-                continue;
-            }
-            if (!is_digit_base(c, base)) {
-                fail(p, tok + i, "invalid %s digit %s", base_names[base], describe_at(p, tok + i, dbuf));
-                return NULL;
-            }
-            uint64_t d = (uint64_t)hexval(c);
-            if (acc > ((uint64_t)INT64_MAX - d) / (uint64_t)base) {
-                fail(p, tok, "integer %.*s is out of range (it does not fit in a signed 64-bit integer)",
-                     (int)(n < 64 ? n : 64), s);
-                return NULL;
-            }
-            acc = acc * (uint64_t)base + d;
-            i++;
-        }
-        toml_value *v = new_value(p, TOML_INTEGER, tok, depth);
-        if (!v) return NULL;
-        v->u.i = (int64_t)acc;
-        p->pos = end;
-        return v;
-    }
+/* A number token: its text s[0..n) at offset tok, ending at end, read up to i. */
+typedef struct {
+    const char *s;
+    size_t tok, end, n, i;
+    int neg, depth;
+} num_tok;
 
-    size_t int_start = i;
+static const char *const base_names[] = {[2] = "binary", [8] = "octal", [16] = "hexadecimal"};
+
+static toml_value *number_value(parser *p, const num_tok *t, toml_type type) {
+    toml_value *v = new_value(p, type, t->tok, t->depth);
+    if (v) p->pos = t->end;
+    return v;
+}
+
+static int int_out_of_range(parser *p, const num_tok *t) {
+    fail(p, t->tok, "integer %.*s is out of range (it does not fit in a signed 64-bit integer)",
+         (int)(t->n < 64 ? t->n : 64), t->s);
+    return -1;
+}
+
+/* inf, nan with an optional sign */
+static toml_value *parse_special_float(parser *p, const num_tok *t) {
+    toml_value *v = number_value(p, t, TOML_FLOAT);
+    if (!v) return NULL;
+    double x = t->s[t->i] == 'i' ? HUGE_VAL : NAN;
+    v->u.f = t->neg ? -x : x;
+    if (t->neg && isnan(x)) v->u.f = copysign(NAN, -1.0);
+    return v;
+}
+
+/* 0x, 0o, 0b integers: no sign, '_' between digits */
+static toml_value *parse_prefixed_int(parser *p, num_tok *t) {
+    static const char *const articles[] = {[2] = "a", [8] = "an", [16] = "a"};
+    const char *s = t->s;
+    const size_t n = t->n, tok = t->tok;
+    size_t i = t->i;
+    char dbuf[32];
+    int base = s[i + 1] == 'x' ? 16 : s[i + 1] == 'o' ? 8 : 2;
+    if (i) {
+        fail(p, tok, "%s integers cannot have a sign", base_names[base]);
+        return NULL;
+    }
+    i += 2;
+    if (i >= n || !is_digit_base((unsigned char)s[i], base)) {
+        fail(p, tok + i, "expected %s %s digit after '0%c' but found %s", articles[base], base_names[base], s[1],
+             describe_at(p, tok + i, dbuf));
+        return NULL;
+    }
+    uint64_t acc = 0;
+    for (; i < n; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '_') {
+            if (i + 1 >= n || !is_digit_base((unsigned char)s[i + 1], base)) {
+                fail(p, tok + i, "'_' in a number must be between two digits");
+                return NULL;
+            }
+            continue;
+        }
+        if (!is_digit_base(c, base)) {
+            fail(p, tok + i, "invalid %s digit %s", base_names[base], describe_at(p, tok + i, dbuf));
+            return NULL;
+        }
+        uint64_t d = (uint64_t)hexval(c);
+        if (acc > ((uint64_t)INT64_MAX - d) / (uint64_t)base) {
+            int_out_of_range(p, t);
+            return NULL;
+        }
+        acc = acc * (uint64_t)base + d;
+    }
+    toml_value *v = number_value(p, t, TOML_INTEGER);
+    if (v) v->u.i = (int64_t)acc;
+    return v;
+}
+
+/* The syntax of a decimal integer or float from t->i (the integer part's start):
+ * 1 for a float, 0 for an integer, -1 with the error set. */
+static int scan_decimal(parser *p, num_tok *t) {
+    const char *s = t->s;
+    const size_t n = t->n, tok = t->tok, int_start = t->i;
+    size_t i = t->i;
+    char dbuf[32];
     long nd = scan_digits(p, tok, s, n, &i, 10);
-    if (nd < 0) return NULL;
+    if (nd < 0) return -1;
     if (nd == 0) {
         const char *hint = i < n && s[i] == '.' ? " (a float needs a digit before the decimal point)" : "";
         fail(p, tok + i, "expected a digit but found %s%s", describe_at(p, tok + i, dbuf), hint);
-        return NULL;
+        return -1;
     }
     if (s[int_start] == '0' && nd > 1) {
         fail(p, tok + int_start, "leading zeros are not allowed in numbers");
-        return NULL;
+        return -1;
     }
     int is_float = 0;
     if (i < n && s[i] == '.') {
@@ -819,9 +835,9 @@ static toml_value *parse_number(parser *p, int depth) {
         i++;
         if (i >= n || !(s[i] >= '0' && s[i] <= '9')) {
             fail(p, tok + i, "expected a digit after the decimal point but found %s", describe_at(p, tok + i, dbuf));
-            return NULL;
+            return -1;
         }
-        if (scan_digits(p, tok, s, n, &i, 10) < 0) return NULL;
+        if (scan_digits(p, tok, s, n, &i, 10) < 0) return -1;
     }
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         is_float = 1;
@@ -829,69 +845,89 @@ static toml_value *parse_number(parser *p, int depth) {
         if (i < n && (s[i] == '+' || s[i] == '-')) i++;
         if (i >= n || !(s[i] >= '0' && s[i] <= '9')) {
             fail(p, tok + i, "expected a digit in the exponent but found %s", describe_at(p, tok + i, dbuf));
-            return NULL;
+            return -1;
         }
-        if (scan_digits(p, tok, s, n, &i, 10) < 0) return NULL;
+        if (scan_digits(p, tok, s, n, &i, 10) < 0) return -1;
     }
     if (i != n) {
         const char *hint = "";
         if (s[i] == 'X' || s[i] == 'O' || s[i] == 'B') hint = " (the prefixes are lowercase: 0x, 0o, 0b)";
         else if (s[i] == '.') hint = " (a number has at most one decimal point, before any exponent)";
         fail(p, tok + i, "invalid character %s in number%s", describe_at(p, tok + i, dbuf), hint);
-        return NULL;
+        return -1;
     }
-    if (end < p->len && p->s[end] == ':' && !is_float) {
+    if (t->end < p->len && p->s[t->end] == ':' && !is_float) {
         fail(p, tok, "invalid time: hours, minutes and seconds need two digits each (HH:MM:SS)");
+        return -1;
+    }
+    return is_float;
+}
+
+/* A checked decimal float: its digits without '_', with the locale's decimal point, to strtod. */
+static toml_value *decimal_float(parser *p, const num_tok *t) {
+    const char *s = t->s;
+    const size_t n = t->n;
+    char small[64];
+    char *buf = n < sizeof small ? small : malloc(n + 1);
+    if (!buf) {
+        oom(p);
         return NULL;
     }
-
-    toml_value *v;
-    if (is_float) {
-        char small[64];
-        char *buf = n < sizeof small ? small : malloc(n + 1);
-        if (!buf) {
-            oom(p);
-            return NULL;
-        }
-        size_t o = 0;
-        for (size_t k = 0; k < n; k++) {
-            if (s[k] == '_') continue;
-            buf[o++] = s[k] == '.' ? p->decimal_point : s[k];
-        }
-        buf[o] = '\0';
-        char *endp;
-        double x = strtod(buf, &endp);
-        int ok = endp == buf + o;
-        if (buf != small) free(buf);
-        if (!ok) {
-            fail(p, tok, "invalid float");
-            return NULL;
-        }
-        if (isinf(x)) {
-            fail(p, tok, "float %.*s is out of range (too large for a 64-bit float)", (int)(n < 64 ? n : 64), s);
-            return NULL;
-        }
-        v = new_value(p, TOML_FLOAT, tok, depth);
-        if (!v) return NULL;
-        v->u.f = x;
-    } else {
-        uint64_t acc = 0, limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-        for (size_t k = int_start; k < n; k++) {
-            if (s[k] == '_') continue;
-            uint64_t d = (uint64_t)(s[k] - '0');
-            if (acc > (limit - d) / 10) {
-                fail(p, tok, "integer %.*s is out of range (it does not fit in a signed 64-bit integer)",
-                     (int)(n < 64 ? n : 64), s);
-                return NULL;
-            }
-            acc = acc * 10 + d;
-        }
-        v = new_value(p, TOML_INTEGER, tok, depth);
-        if (!v) return NULL;
-        v->u.i = neg ? (acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)acc) : (int64_t)acc;
+    size_t o = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (s[k] == '_') continue;
+        buf[o++] = s[k] == '.' ? p->decimal_point : s[k];
     }
-    p->pos = end;
+    buf[o] = '\0';
+    char *endp;
+    double x = strtod(buf, &endp);
+    int ok = endp == buf + o;
+    if (buf != small) free(buf);
+    if (!ok) {
+        fail(p, t->tok, "invalid float");
+        return NULL;
+    }
+    if (isinf(x)) {
+        fail(p, t->tok, "float %.*s is out of range (too large for a 64-bit float)", (int)(n < 64 ? n : 64), s);
+        return NULL;
+    }
+    toml_value *v = number_value(p, t, TOML_FLOAT);
+    if (v) v->u.f = x;
     return v;
+}
+
+/* A checked decimal integer from int_start, within int64 (INT64_MIN when negative). */
+static toml_value *decimal_int(parser *p, const num_tok *t, size_t int_start) {
+    uint64_t acc = 0, limit = t->neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    for (size_t k = int_start; k < t->n; k++) {
+        if (t->s[k] == '_') continue;
+        uint64_t d = (uint64_t)(t->s[k] - '0');
+        if (acc > (limit - d) / 10) {
+            int_out_of_range(p, t);
+            return NULL;
+        }
+        acc = acc * 10 + d;
+    }
+    toml_value *v = number_value(p, t, TOML_INTEGER);
+    if (v) v->u.i = t->neg ? (acc == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)acc) : (int64_t)acc;
+    return v;
+}
+
+static toml_value *parse_number(parser *p, int depth) {
+    num_tok t = {p->s + p->pos, p->pos, p->pos, 0, 0, 0, depth};
+    while (t.end < p->len && is_number_char((unsigned char)p->s[t.end])) t.end++;
+    t.n = t.end - t.tok;
+    if (t.n > 0 && (t.s[0] == '+' || t.s[0] == '-')) {
+        t.neg = t.s[0] == '-';
+        t.i = 1;
+    }
+    const char *s = t.s + t.i;
+    if (t.n - t.i == 3 && (memcmp(s, "inf", 3) == 0 || memcmp(s, "nan", 3) == 0)) return parse_special_float(p, &t);
+    if (t.i + 1 < t.n && s[0] == '0' && (s[1] == 'x' || s[1] == 'o' || s[1] == 'b')) return parse_prefixed_int(p, &t);
+    const size_t int_start = t.i;
+    const int is_float = scan_decimal(p, &t);
+    if (is_float < 0) return NULL;
+    return is_float ? decimal_float(p, &t) : decimal_int(p, &t, int_start);
 }
 
 /* ------------------------------------------------------------------------ */
