@@ -291,7 +291,7 @@ static int alloc_offloaded(fsdp *f, char *err, size_t errlen) {
     const tetra_ops *ops = f->ops;
     f->param_mem = ops->alloc(f->mem.compute_bytes);
     f->host_master = ops->host_alloc ? ops->host_alloc(f->local_numel * sizeof(float) + 4) : NULL;
-    f->host_stage = ops->host_alloc ? ops->host_alloc(f->mem.host_bytes - align64b(f->mem.param_bytes) + 4) : NULL;
+    f->host_stage = ops->host_alloc ? ops->host_alloc(2 * stage_bytes(f)) : NULL;
     if (!f->param_mem || !f->host_master || !f->host_stage) {
         snprintf(err, errlen,
                  "fsdp: cannot allocate the offloaded shards (%.1f MiB of page-locked host memory, "

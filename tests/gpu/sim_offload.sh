@@ -50,8 +50,8 @@ same() { # name ranks [args...]: with and without offload
   shift 2
   run "$name" "$np" "$@"
   run "$name-offload" "$np" "$@" --training.enable_cpu_offload
-  grep -q "cpu offload rank 0: .* of page-locked host memory" "$T/$name-offload.log" ||
-    bad "$name-offload: no start-up line names the host memory"
+  grep -qE "cpu offload rank 0: ([1-9][0-9.]*|0\.[0-9]*[1-9][0-9]*) (MiB|GiB) of page-locked host memory" \
+    "$T/$name-offload.log" || bad "$name-offload: no start-up line names the (non-zero) host memory"
   local a b
   a="$(curve "$T/$name")"
   b="$(curve "$T/$name-offload")"
