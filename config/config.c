@@ -12,6 +12,7 @@
 
 #include "data/mixture.h"
 #include "config/toml.h"
+#include "models/llama3/family.h"
 #include "models/llama3/llama3_args.h"
 #include "util/err.h"
 
@@ -1127,14 +1128,25 @@ void cfg_model_args(const tetra_config_values *v, llama3_args *a) {
     a->reset_positions = v->model.reset_positions_at_document_boundaries != 0;
 }
 
+void cfg_model(const tetra_config_values *v, model_args *out) {
+    llama3_args a;
+    cfg_model_args(v, &a);
+    *out = llama3_model_args(&a);
+    /* the model keys are Llama's: the family model.name names receives them as they are */
+    const model_family *f = model_family_find(v->model.name);
+    if (f) out->family = f;
+}
+
 static int check_model(const tetra_config *c, int64_t tp, char *err, size_t n) {
     char wbuf[4][600];
     int wi = 0;
     const tetra_config_values *v = &c->v;
     llama3_args a;
-    if (strcmp(v->model.name, "llama3") != 0) {
-        util_set_err(err, n, "%s: model.name \"%s\" is not supported (only llama3)", WHERE("model", "name"),
-                     v->model.name);
+    if (!model_family_find(v->model.name)) {
+        char names[256];
+        model_family_names(names, sizeof names);
+        util_set_err(err, n, "%s: model.name \"%s\" is not supported (models: %s)", WHERE("model", "name"),
+                     v->model.name, names);
         return -1;
     }
     if (llama3_flavor(v->model.flavor, &a) != 0) {

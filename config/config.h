@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "models/llama3/llama3_args.h"
+#include "models/model.h"
 
 typedef struct {
     char **items; /* [n] owned strings */
@@ -112,6 +113,8 @@ int cfg_validate(const tetra_config *c, int world, cfg_parallel_dims *dims, char
  * attn_mask_type and reset_positions_at_document_boundaries applied — the one rule for
  * "flavor + overrides" (engine/job.h hands its result to every reader). */
 void cfg_model_args(const tetra_config_values *v, llama3_args *a);
+/* The same as the generic arguments of the family model.name names (models/model.h). */
+void cfg_model(const tetra_config_values *v, model_args *out);
 
 /* What this build can run: training.device = "cuda" needs the CUDA backend. Training
  * checks it; `tetra plan` does not (a GPU run is planned from any build). */

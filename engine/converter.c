@@ -11,6 +11,7 @@
 #include "telemetry/log.h"
 #include "float8/float8.h"
 #include "kernels/cuda_plugin.h"
+#include "models/llama3/family.h"
 
 /* ---------------------------------------------------------------------------- float8 */
 
@@ -23,9 +24,17 @@ static int gpu_sm(void) {
     return p ? atoi(p + 4) : 0;
 }
 
-static int float8_hook_convert(void **state, llama3_model *m, const converter_env *env, char *err, size_t errlen) {
+static int float8_hook_convert(void **state, model_stage *stage, const converter_env *env, char *err, size_t errlen) {
     const tetra_config_values *c = env->cfg;
     const char *file = env->config_file ? env->config_file : "command line";
+    llama3_model *m = llama3_stage_model(stage);
+    if (!m) {
+        snprintf(err, errlen,
+                 "%s: model.converters = [\"float8\"] converts the linears of Llama 3 models; model.name "
+                 "\"%s\" is not one",
+                 file, stage->family->name);
+        return -1;
+    }
     float8_config fc;
     memset(&fc, 0, sizeof fc);
     if (float8_parse_recipe(c->quantize_linear_float8.recipe_name, &fc.recipe)) {
@@ -95,12 +104,12 @@ static int float8_hook_convert(void **state, llama3_model *m, const converter_en
     return 0;
 }
 
-static int float8_hook_parallelized(void *state, llama3_model *m, fsdp *fs, char *err, size_t errlen) {
+static int float8_hook_parallelized(void *state, model_stage *m, fsdp *fs, char *err, size_t errlen) {
     (void)m;
     return float8_attach_fsdp((float8_model *)state, fs, err, errlen);
 }
 
-static void float8_hook_post_optimizer(void *state, llama3_model *m, fsdp *fs) {
+static void float8_hook_post_optimizer(void *state, model_stage *m, fsdp *fs) {
     (void)m;
     float8_params_updated((float8_model *)state, fs);
 }

@@ -5,7 +5,9 @@
  * that order, to every pipeline stage this rank runs:
  *   convert         after the stage's model is declared (its layout, tensor-parallel
  *                   boxes and linear descriptors exist) and before FSDP wraps it: e.g.
- *                   install another implementation on chosen linears (llama3_linear);
+ *                   install another implementation on chosen linears (a Llama model's
+ *                   llama3_linear: a converter knows the families it converts, and
+ *                   refuses the others);
  *   parallelized    after FSDP wrapped the stage (its shards exist, not yet filled): e.g.
  *                   Float8 asks FSDP to gather its weights in float8;
  *   pre_optimizer   every step, after the gradients are final (reduced, before
@@ -26,7 +28,7 @@
 
 #include "config/config.h"
 #include "kernels/ops.h"
-#include "models/llama3/model.h"
+#include "models/model.h"
 #include "parallel/comm.h"
 #include "parallel/fsdp.h"
 
@@ -46,12 +48,12 @@ typedef struct {
 typedef struct tetra_converter {
     const char *name;
     /* 0, or non-zero with err set; *state is the converter's per-stage state */
-    int (*convert)(void **state, llama3_model *m, const converter_env *env, char *err, size_t errlen);
+    int (*convert)(void **state, model_stage *m, const converter_env *env, char *err, size_t errlen);
     /* NULL: nothing to do. 0, or non-zero with err set. */
-    int (*parallelized)(void *state, llama3_model *m, fsdp *fs, char *err, size_t errlen);
+    int (*parallelized)(void *state, model_stage *m, fsdp *fs, char *err, size_t errlen);
     /* NULL: nothing to do. fs holds the stage's shards (master, gradient, compute copy). */
-    void (*pre_optimizer)(void *state, llama3_model *m, fsdp *fs);
-    void (*post_optimizer)(void *state, llama3_model *m, fsdp *fs);
+    void (*pre_optimizer)(void *state, model_stage *m, fsdp *fs);
+    void (*post_optimizer)(void *state, model_stage *m, fsdp *fs);
     /* NULL: none. Backend bytes the converter holds for the stage (also in a dry run):
      * the memory plan counts them. */
     size_t (*backend_bytes)(const void *state);

@@ -31,7 +31,7 @@ int job_resolve(const tetra_config *c, int world, tetra_job *job, char *err, siz
     if (cfg_validate(c, world, &job->dims, err, errlen)) return -1;
     if (check_converters(c, err, errlen)) return -1;
     const tetra_config_values *v = &c->v;
-    cfg_model_args(v, &job->model);
+    cfg_model(v, &job->model);
     if (pp_schedule_kind_parse(v->parallelism.pipeline_parallel_schedule, &job->pp_schedule)) {
         char where[600];
         cfg_origin_str(c, "parallelism", "pipeline_parallel_schedule", where, sizeof where);

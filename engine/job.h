@@ -18,14 +18,14 @@
 #include <stddef.h>
 
 #include "config/config.h"
-#include "models/llama3/llama3_args.h"
+#include "models/model.h"
 #include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp/generate.h"
 
 typedef struct {
     cfg_parallel_dims dims;       /* the layout for the world size asked for */
-    llama3_args model;            /* the flavor with its model.* overrides */
+    model_args model;             /* model.name's family, model.flavor with its model.* overrides */
     pp_schedule_kind pp_schedule; /* parallelism.pipeline_parallel_schedule */
     int float8;                   /* model.converters names float8 */
     fsdp_reshard_mode reshard;    /* parallelism.fsdp_reshard_after_forward */

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "models/llama3/hf_checkpoint.h"
+#include "models/model.h"
 #include "telemetry/log.h"
 #include "engine/trainer_internal.h"
 #include "util/host.h"
@@ -91,7 +91,6 @@ static int hex_decode(const char *s, unsigned char *out, size_t n) {
 static json_t *state_json(const trainer *t, int model_only) {
     const tetra_config_values *c = t->c;
     const cfg_parallel_dims *dims = &t->job.dims;
-    const llama3_args *args = &t->args;
     const train_counters *tc = &t->tc;
     const dl_loader *train = t->train;
     const int T = t->shape.seq_len, B = (int)c->training.local_batch_size, accum = t->shape.accum;
@@ -100,7 +99,7 @@ static json_t *state_json(const trainer *t, int model_only) {
     json_object_set_new(o, "step", json_integer(tc->step));
     json_object_set_new(o, "tokens_seen", json_integer(tc->tokens_seen));
     json_object_set_new(st, "train_state", o);
-    json_object_set_new(st, "model", llama3_ckpt_model_json(args, T));
+    json_object_set_new(st, "model", t->args.family->checkpoint_json(&t->args, T));
     o = json_object();
     json_object_set_new(o, "world", json_integer(dims->world));
     json_object_set_new(o, "pp", json_integer(dims->pp));
@@ -163,6 +162,24 @@ static int64_t state_int(const ck_meta *m, const char *obj, const char *key, int
 
 /* Load a checkpoint on every rank (collective). model_only: restore the
  * weights alone (initial_load_model_only, or a model-only checkpoint). */
+/* The checkpoint's model tensors are this model's, all of them and no more (the
+ * family's rule); each is also checked by name and shape as it loads. */
+static int check_model_tensors(const trainer *t, const ck_meta *m, const char *path, char *err, size_t errlen) {
+    const char **names = malloc((size_t)(m->n_tensors > 0 ? m->n_tensors : 1) * sizeof *names);
+    if (!names) {
+        snprintf(err, errlen, "checkpoint %s: out of host memory", path);
+        return -1;
+    }
+    int n = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strncmp(m->tensors[i].name, "model/", 6)) names[n++] = m->tensors[i].name + 6;
+    char why[1024];
+    const int rc = t->args.family->check_checkpoint(&t->args, names, n, why, sizeof why);
+    free(names);
+    if (rc) snprintf(err, errlen, "checkpoint %s %s", path, why);
+    return rc;
+}
+
 int train_load_checkpoint(trainer *t, const char *path, int model_only, char *err, size_t errlen) {
     const tetra_config_values *c = t->c;
     const cfg_parallel_dims *dims = &t->job.dims;
@@ -188,28 +205,7 @@ int train_load_checkpoint(trainer *t, const char *path, int model_only, char *er
     /* the checkpoint's model must be this model: every tensor is checked by name and shape
      * as it loads, and here nothing is left over (a deeper model's extra blocks) */
     if (!train_ckpt_excluded(c, "model")) {
-        const int64_t want = 3 + 9 * (int64_t)t->args.n_layers; /* embedding, norm, output + 9 per block */
-        int64_t have = 0;
-        const ck_tensor *extra = NULL;
-        for (int i = 0; i < m->n_tensors; i++) {
-            const char *nm = m->tensors[i].name;
-            if (strncmp(nm, "model/", 6) != 0) continue;
-            have++;
-            int layer;
-            if (!extra && sscanf(nm, "model/layers.%d.", &layer) == 1 && layer >= t->args.n_layers)
-                extra = &m->tensors[i];
-        }
-        if (have != want) {
-            if (extra)
-                snprintf(err, errlen,
-                         "checkpoint %s holds %lld model tensors, this model %lld: it has '%s' and this "
-                         "model has %d blocks (model.flavor / model.n_layers differ from the saved run's)",
-                         path, (long long)have, (long long)want, extra->name, t->args.n_layers);
-            else
-                snprintf(err, errlen, "checkpoint %s holds %lld model tensors, this model %lld (another model?)", path,
-                         (long long)have, (long long)want);
-            failed = 1;
-        }
+        failed = check_model_tensors(t, m, path, err, errlen) != 0;
         if (ckpt_agree(failed, err, errlen)) goto fail;
     }
     if (!train_ckpt_excluded(c, "model"))
@@ -335,21 +331,11 @@ int train_find_checkpoint(trainer *t, char *load_path, size_t n, int *model_only
     return found;
 }
 
-/* The final save as Hugging Face safetensors (checkpoint.last_save_in_hf): ctx points
- * at the export dtype, one of EXPORT_DTYPES, which outlive any save. */
-static const tetra_dtype EXPORT_DTYPES[] = {TETRA_F32, TETRA_BF16, TETRA_F16};
-
-static const void *dtype_ref(tetra_dtype t) {
-    for (size_t i = 0; i < sizeof EXPORT_DTYPES / sizeof EXPORT_DTYPES[0]; i++)
-        if (EXPORT_DTYPES[i] == t) return &EXPORT_DTYPES[i];
-    return &EXPORT_DTYPES[0];
-}
-
+/* The final save as Hugging Face safetensors (checkpoint.last_save_in_hf): ctx is the
+ * trainer's hf_export (the family and the dtype), which outlives any save. */
 static int export_hf(const char *step_dir, const char *out_dir, const void *ctx, char *err, size_t errlen) {
-    llama3_hf_options o;
-    memset(&o, 0, sizeof o);
-    o.dtype = *(const tetra_dtype *)ctx;
-    return llama3_hf_export(step_dir, out_dir, &o, err, errlen);
+    const train_hf_export *x = ctx;
+    return x->family->hf_export(step_dir, out_dir, x->dtype, err, errlen);
 }
 
 int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, char *err, size_t errlen) {
@@ -366,8 +352,9 @@ int train_save_checkpoint(trainer *t, int64_t step, int model_only, int last, ch
     rq.model_only = model_only;
     rq.state = st;
     if (last && c->checkpoint.last_save_in_hf) {
+        t->hf_export = (train_hf_export){t->args.family, edt};
         rq.convert = export_hf;
-        rq.convert_ctx = dtype_ref(edt);
+        rq.convert_ctx = &t->hf_export;
     }
     rq.sync = last || step == 0;
     double ts = now_s();

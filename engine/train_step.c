@@ -301,14 +301,14 @@ int train_plan_grad_arenas(trainer *t) {
 /* ----------------------------------------------------------------------------
  * activation buffers per (stage, microbatch) */
 
-static llama3_acts *acts_find(train_stage *s, int mb) {
+static model_acts *acts_find(train_stage *s, int mb) {
     for (int i = 0; i < s->n_acts; i++)
         if (s->acts_mb[i] == mb) return s->acts[i];
     return NULL;
 }
 
-static llama3_acts *acts_take(train_stage *s, int mb) {
-    llama3_acts *a = acts_find(s, mb);
+static model_acts *acts_take(train_stage *s, int mb) {
+    model_acts *a = acts_find(s, mb);
     if (a) return a;
     for (int i = 0; i < s->n_acts; i++)
         if (s->acts_mb[i] < 0) {
@@ -322,8 +322,8 @@ static llama3_acts *acts_take(train_stage *s, int mb) {
     abort();
 }
 
-static llama3_acts *acts_of(train_stage *s, int mb) {
-    llama3_acts *a = acts_find(s, mb);
+static model_acts *acts_of(train_stage *s, int mb) {
+    model_acts *a = acts_find(s, mb);
     if (!a) {
         fprintf(stderr, "train_step: stage %d: microbatch %d has no activations (backward before forward)\n", s->index,
                 mb);
@@ -343,7 +343,7 @@ static void acts_clear(train_stage *s, int mb, unsigned bit) {
 /* Elements of the residual (or its gradient) of ntok tokens on this rank: what a
  * stage hands on, sends and receives. */
 static size_t residual_elems(const train_stage *s, size_t ntok) {
-    return ntok / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim;
+    return ntok / (size_t)s->model.tp_size * s->model.residual_width;
 }
 static size_t residual_bytes(const train_stage *s, size_t ntok) {
     return residual_elems(s, ntok) * tetra_dtype_size(s->model.compute_dtype);
@@ -355,102 +355,68 @@ static comm_dtype residual_comm_dtype(const train_stage *s) {
 /* ----------------------------------------------------------------------------
  * a stage, unit by unit */
 
+/* A unit's label in traces: "layers.3", "tok_embeddings", ... */
+static const char *unit_label(const model_stage *m, int u) { return m->family->unit_name(m, u); }
+
 /* doc: the microbatch's document ids (whole sequences), or NULL when the model needs none.
  * Every stage keeps them with its activations: each runs attention. */
-/* loss_dev: where the head leaves the loss sum in backend memory (read later, no host
- * wait), or NULL to read it here and return it. */
-static double stage_forward(train_stage *s, llama3_acts *a, const int32_t *in, const int32_t *lab, const int32_t *doc,
+/* loss_dev: where the output unit leaves the loss sum in backend memory (read later, no
+ * host wait), or NULL to read it here and return it. */
+static double stage_forward(train_stage *s, model_acts *a, const int32_t *in, const int32_t *lab, const int32_t *doc,
                             float dloss_scale, int64_t *n_valid, float *loss_dev) {
-    llama3_model *m = &s->model;
+    model_stage *m = &s->model;
+    const model_family *f = m->family;
     fsdp *fs = s->fs;
     double loss = 0.0;
     trace *tr = s->tr;
     char err[256];
-    if (doc && llama3_acts_set_documents(m, a, doc, err, sizeof err) != 0) {
+    if (doc && f->set_documents(m, a, doc, err, sizeof err) != 0) {
         log_error("training data: %s", err);
         comm_abort_explained(1);
     }
-    int u = llama3_embedding_unit(m);
-    if (u >= 0) {
+    const model_loss_io io = {lab, dloss_scale, n_valid, loss_dev};
+    for (int u = 0; u < m->n_units; u++) {
+        const int block = f->unit_block(m, u) >= 0;
+        if (block) trace_begin(tr, "fsdp", "unshard %s", unit_label(m, u));
         fsdp_pre_forward(fs, u);
-        trace_begin(tr, "compute", "forward embedding");
-        llama3_forward_embedding(m, a, in);
+        if (block) trace_end(tr);
+        trace_begin(tr, "compute", "forward %s", unit_label(m, u));
+        loss += f->forward(m, a, u, in, &io);
         trace_end(tr);
         fsdp_post_forward(fs, u);
-    }
-    for (int l = m->layout.layer_start; l < m->layout.layer_end; l++) {
-        u = llama3_block_unit(m, l);
-        trace_begin(tr, "fsdp", "unshard layers.%d", l);
-        fsdp_pre_forward(fs, u);
-        trace_end(tr);
-        trace_begin(tr, "compute", "forward layers.%d", l);
-        llama3_block_forward(m, a, l);
-        trace_end(tr);
-        fsdp_post_forward(fs, u);
-        pp_progress();
-    }
-    u = llama3_head_unit(m);
-    if (u >= 0) {
-        fsdp_pre_forward(fs, u);
-        trace_begin(tr, "compute", "forward head (norm, output, loss)");
-        if (loss_dev) llama3_forward_head_to(m, a, lab, dloss_scale, n_valid, loss_dev);
-        else loss = llama3_forward_head(m, a, lab, dloss_scale, n_valid);
-        trace_end(tr);
-        fsdp_post_forward(fs, u);
+        if (block) pp_progress();
     }
     return loss;
 }
 
 /* what = 1: I passes, 2: W passes, 3: both per unit (full backward) */
-static void stage_backward(train_stage *s, llama3_acts *a, int what, int last) {
-    llama3_model *m = &s->model;
+static void stage_backward(train_stage *s, model_acts *a, int what, int last) {
+    model_stage *m = &s->model;
+    const model_family *f = m->family;
     fsdp *fs = s->fs;
-    int u = llama3_head_unit(m);
-    if (u >= 0) {
-        if (what & 1) {
-            fsdp_pre_backward(fs, u);
-            trace_begin(s->tr, "compute", "backward input head");
-            llama3_backward_head_input(m, a);
-            trace_end(s->tr);
-        }
-        if (what & 2) {
-            fsdp_pre_backward_weight(fs, u);
-            trace_begin(s->tr, "compute", "backward weight head");
-            llama3_backward_head_weight(m, a);
-            trace_end(s->tr);
-            fsdp_post_backward_weight(fs, u, last);
-        }
-    }
     trace *tr = s->tr;
-    for (int l = m->layout.layer_end - 1; l >= m->layout.layer_start; l--) {
-        u = llama3_block_unit(m, l);
-        if (what & 1) {
-            trace_begin(tr, "fsdp", "unshard layers.%d", l);
+    for (int u = m->n_units - 1; u >= 0; u--) {
+        const int block = f->unit_block(m, u) >= 0;
+        if (what & 1) { /* the input unit has no input gradient: its I pass only moves its FSDP state along */
+            if (block) trace_begin(tr, "fsdp", "unshard %s", unit_label(m, u));
             fsdp_pre_backward(fs, u);
-            trace_end(tr);
-            trace_begin(tr, "compute", "backward input layers.%d", l);
-            llama3_block_backward_input(m, a, l);
-            trace_end(tr);
+            if (block) trace_end(tr);
+            if (u != model_input_unit(m)) {
+                trace_begin(tr, "compute", "backward input %s", unit_label(m, u));
+                f->backward_input(m, a, u);
+                trace_end(tr);
+            }
         }
         if (what & 2) {
             fsdp_pre_backward_weight(fs, u);
-            trace_begin(tr, "compute", "backward weight layers.%d", l);
-            llama3_block_backward_weight(m, a, l);
+            trace_begin(tr, "compute", "backward weight %s", unit_label(m, u));
+            f->backward_weight(m, a, u);
             trace_end(tr);
-            trace_begin(tr, "fsdp", "reduce gradients layers.%d", l);
+            if (block) trace_begin(tr, "fsdp", "reduce gradients %s", unit_label(m, u));
             fsdp_post_backward_weight(fs, u, last);
-            trace_end(tr);
+            if (block) trace_end(tr);
         }
-        pp_progress();
-    }
-    u = llama3_embedding_unit(m);
-    if (u >= 0) { /* no input gradient: its I pass only moves the unit's FSDP state along */
-        if (what & 1) fsdp_pre_backward(fs, u);
-        if (what & 2) {
-            fsdp_pre_backward_weight(fs, u);
-            llama3_backward_embedding(m, a);
-            fsdp_post_backward_weight(fs, u, last);
-        }
+        if (block) pp_progress();
     }
 }
 
@@ -468,33 +434,33 @@ static const int32_t *mb_docs(const trainer *t, int mb) {
 static void cb_forward(void *user, int stage, int mb) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
-    llama3_acts *a = acts_take(s, mb);
+    model_acts *a = acts_take(s, mb);
     int64_t nv = 0;
     trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
     /* the head's loss stays on the device until the step reads them all (train_read_losses) */
-    float *loss_dev = s->model.layout.has_head && t->n_loss < t->loss_cap ? t->loss_dev + t->n_loss++ : NULL;
+    float *loss_dev = s->model.has_output && t->n_loss < t->loss_cap ? t->loss_dev + t->n_loss++ : NULL;
     t->step_loss_sum += stage_forward(s, a, t->batch.in + mb_offset(t, mb), t->batch.lab + mb_offset(t, mb),
                                       mb_docs(t, mb), t->dloss_scale, &nv, loss_dev);
     trace_end(t->tr);
     t->step_valid += nv;
     if (s->local_next >= 0) { /* the next stage runs here: hand the residual over */
         train_stage *nx = &t->st[s->local_next];
-        const int l = s->model.layout.layer_end;
-        t->ops->copy(llama3_acts_residual(acts_take(nx, mb), l), llama3_acts_residual(a, l),
+        const model_family *f = s->model.family;
+        t->ops->copy(f->boundary(&nx->model, acts_take(nx, mb), 0, 0), f->boundary(&s->model, a, 1, 0),
                      residual_bytes(s, t->shape.tokens));
     }
 }
 
 /* After the I half: the stage before, when it runs here, gets the input gradient. */
-static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
+static void hand_back(trainer *t, train_stage *s, model_acts *a, int mb) {
+    const model_family *f = s->model.family;
     if (s->remote_prev) {
         /* into the send pool: the activations are free once the backward is done, while
          * the send may be waited for only at the end of the schedule */
         for (int i = 0; i < s->n_send; i++)
             if (s->send_mb[i] < 0) {
                 s->send_mb[i] = mb;
-                t->ops->copy(s->send_buf[i], llama3_acts_residual_grad(a, s->model.layout.layer_start),
-                             residual_bytes(s, t->shape.tokens));
+                t->ops->copy(s->send_buf[i], f->boundary(&s->model, a, 0, 1), residual_bytes(s, t->shape.tokens));
                 return;
             }
         fprintf(stderr, "train_step: stage %d has no send buffer free for microbatch %d (%d in use)\n", s->index, mb,
@@ -503,8 +469,7 @@ static void hand_back(trainer *t, train_stage *s, llama3_acts *a, int mb) {
     }
     if (s->local_prev < 0) return;
     train_stage *pv = &t->st[s->local_prev];
-    const int l = s->model.layout.layer_start;
-    t->ops->copy(llama3_acts_residual_grad(acts_of(pv, mb), l), llama3_acts_residual_grad(a, l),
+    t->ops->copy(f->boundary(&pv->model, acts_of(pv, mb), 1, 1), f->boundary(&s->model, a, 0, 1),
                  residual_bytes(s, t->shape.tokens));
 }
 
@@ -513,7 +478,7 @@ static int last_round(const trainer *t) { return t->shape.round == n_rounds(t) -
 static void cb_backward_input(void *user, int stage, int mb) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
-    llama3_acts *a = acts_of(s, mb);
+    model_acts *a = acts_of(s, mb);
     trace_begin(t->tr, "action", "I stage %d microbatch %d", stage, mb);
     stage_backward(s, a, 1, 0);
     trace_end(t->tr);
@@ -532,7 +497,7 @@ static void cb_backward_weight(void *user, int stage, int mb, int last) {
 static void cb_backward(void *user, int stage, int mb, int last) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
-    llama3_acts *a = acts_of(s, mb);
+    model_acts *a = acts_of(s, mb);
     trace_begin(t->tr, "action", "B stage %d microbatch %d", stage, mb);
     stage_backward(s, a, 3, last && last_round(t));
     trace_end(t->tr);
@@ -566,17 +531,17 @@ static void cb_wait_reduce_grad(void *user, int stage) {
 static void *cb_buffer(void *user, int stage, int mb, pp_buffer which) {
     trainer *t = user;
     train_stage *s = &t->st[local_of(t, stage)];
-    const llama3_layout *L = &s->model.layout;
+    const model_family *f = s->model.family;
     switch (which) {
-    case PP_BUF_ACT_IN: return llama3_acts_residual(acts_take(s, mb), L->layer_start);
-    case PP_BUF_ACT_OUT: return llama3_acts_residual(acts_of(s, mb), L->layer_end);
+    case PP_BUF_ACT_IN: return f->boundary(&s->model, acts_take(s, mb), 0, 0);
+    case PP_BUF_ACT_OUT: return f->boundary(&s->model, acts_of(s, mb), 1, 0);
     case PP_BUF_GRAD_IN:
         for (int i = 0; i < s->n_send; i++)
             if (s->send_mb[i] == mb) return s->send_buf[i];
         fprintf(stderr, "train_step: stage %d: microbatch %d has no gradient to send (send before backward)\n",
                 s->index, mb);
         abort();
-    default: return llama3_acts_residual_grad(acts_of(s, mb), L->layer_end);
+    default: return f->boundary(&s->model, acts_of(s, mb), 1, 1);
     }
 }
 
@@ -815,7 +780,7 @@ void train_step(trainer *t, step_result *r) {
     trace_end(t->tr);
 }
 
-double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
+double train_forward_only(trainer *t, model_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
                           const int32_t *doc, float dloss_scale, int64_t *n_valid) {
     double loss = 0.0;
     int64_t nv = 0;
@@ -823,21 +788,21 @@ double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int
      * before it sends it, so the blocking chain cannot deadlock */
     for (int i = 0; i < t->n_local; i++) {
         train_stage *s = &t->st[i];
-        const llama3_layout *L = &s->model.layout;
+        const model_family *f = s->model.family;
         const size_t cnt = residual_elems(s, ntok), bytes = residual_bytes(s, ntok);
         const comm_dtype dt = residual_comm_dtype(s);
         if (s->remote_prev)
-            comm_recv(t->g_pp, llama3_acts_residual(acts[i], L->layer_start), cnt, dt,
-                      t->run_sched->stage_rank[s->index - 1], NULL);
+            comm_recv(t->g_pp, f->boundary(&s->model, acts[i], 0, 0), cnt, dt, t->run_sched->stage_rank[s->index - 1],
+                      NULL);
         int64_t n = 0;
         loss += stage_forward(s, acts[i], in, lab, doc, dloss_scale, &n, NULL);
         nv += n;
         if (s->local_next >= 0)
-            t->ops->copy(llama3_acts_residual(acts[s->local_next], L->layer_end),
-                         llama3_acts_residual(acts[i], L->layer_end), bytes);
+            t->ops->copy(f->boundary(&t->st[s->local_next].model, acts[s->local_next], 0, 0),
+                         f->boundary(&s->model, acts[i], 1, 0), bytes);
         if (s->remote_next)
-            comm_send(t->g_pp, llama3_acts_residual(acts[i], L->layer_end), cnt, dt,
-                      t->run_sched->stage_rank[s->index + 1], NULL);
+            comm_send(t->g_pp, f->boundary(&s->model, acts[i], 1, 0), cnt, dt, t->run_sched->stage_rank[s->index + 1],
+                      NULL);
     }
     if (t->pp_size > 1) {
         loss = comm_all_reduce_f64(t->g_pp, loss, COMM_SUM);

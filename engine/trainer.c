@@ -21,9 +21,7 @@
 #include "engine/run_guard.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
-#include "models/llama3/documents.h"
-#include "models/llama3/hf.h"
-#include "models/llama3/parallelize.h"
+#include "models/model.h"
 #include "parallel/cp.h"
 #include "parallel/pp/generate.h"
 #include "parallel/tp.h"
@@ -84,20 +82,21 @@ static double measure_peak_flops(const tetra_ops *ops, int bf16, const char **wh
 /* ----------------------------------------------------------------------------
  * the loop */
 
-/* The mixture's realised shares so far, a record of metrics.jsonl and TensorBoard
- * scalars (docs/data.md) */
 /* The visible attention (query, key) pairs of this rank's sequences of the step just
  * loaded: T(T+1)/2 each under the causal mask, the sum over their documents under
  * block_causal (mfu_computed counts the attention the mask leaves). */
 static double step_attention_pairs(const trainer *t) {
     const int rows = (int)t->c->training.local_batch_size * t->shape.accum;
-    if (t->args.attn_mask_type != LLAMA3_MASK_BLOCK_CAUSAL || !t->batch.doc)
-        return (double)rows * 0.5 * (double)t->shape.seq_len * (double)(t->shape.seq_len + 1);
+    const model_family *f = t->args.family;
+    if (!t->batch.doc) return (double)rows * f->attention_pairs(&t->args, NULL, t->shape.seq_len);
     double p = 0.0;
-    for (int r = 0; r < rows; r++) p += llama3_doc_pairs(t->batch.doc + (size_t)r * t->shape.seq_len, t->shape.seq_len);
+    for (int r = 0; r < rows; r++)
+        p += f->attention_pairs(&t->args, t->batch.doc + (size_t)r * t->shape.seq_len, t->shape.seq_len);
     return p;
 }
 
+/* The mixture's realised shares so far, a record of metrics.jsonl and TensorBoard
+ * scalars (docs/data.md) */
 static void log_mix(trainer *t, int64_t step) {
     char line[1 << 16];
     if (dl_mix_json(t->train, line, sizeof line) != 0) return;
@@ -429,7 +428,7 @@ static void log_step(trainer *t, int64_t step, const step_result *r, run_state *
     /* under a document mask every data-parallel rank's sequences have their own pairs:
      * mfu_computed counts those of the global batch */
     comm_group *batch = comm_get(t->cw, MESH_G_BATCH);
-    if (llama3_needs_documents(&t->args) && comm_group_size(batch) > 1) {
+    if (t->args.family->needs_documents(&t->args) && comm_group_size(batch) > 1) {
         rs->log_pairs = comm_all_reduce_f64(batch, rs->log_pairs, COMM_SUM);
         rs->log_seqs = comm_all_reduce_f64(batch, rs->log_seqs, COMM_SUM);
     }
@@ -447,7 +446,8 @@ static void log_step(trainer *t, int64_t step, const step_result *r, run_state *
             (double)(t->msh.size[MESH_TP] * t->msh.size[MESH_PP] * t->msh.size[MESH_CP]);
         s.tflops = t->flops_per_token * s.tps / 1e12;
         s.mfu = 100.0 * t->flops_per_token * s.tps / t->peak;
-        const double fpt = llama3_flops_per_token_pairs(&t->args, rs->log_pairs / rs->log_seqs, t->shape.seq_len);
+        const double fpt =
+            t->args.family->flops_per_token_pairs(&t->args, rs->log_pairs / rs->log_seqs, t->shape.seq_len);
         s.tflops_computed = fpt * s.tps / 1e12;
         s.mfu_computed = 100.0 * fpt * s.tps / t->peak;
         s.mem_gib = (double)metrics_peak_rss_bytes() / (1024.0 * 1024 * 1024);

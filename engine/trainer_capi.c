@@ -13,7 +13,7 @@
 
 #include "telemetry/log.h"
 #include "engine/trainer_internal.h"
-#include "models/llama3/hf.h"
+#include "models/model.h"
 #include "util/host.h"
 
 /* Exported helpers (not in a header: only ctypes calls them). */
@@ -119,5 +119,6 @@ int trainer_capi_save_hf(void *h, const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "trainer_capi: HF export needs the whole model on this rank");
         return -1;
     }
-    return llama3_save_hf_buffer(&t->st[0].model, fsdp_master(t->st[0].fs), path, "float32", err, errlen);
+    const model_stage *m = &t->st[0].model;
+    return m->family->hf_save_buffer(m, fsdp_master(t->st[0].fs), path, err, errlen);
 }

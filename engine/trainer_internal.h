@@ -22,7 +22,7 @@
 #include "telemetry/trace.h"
 #include "engine/trainer.h"
 #include "kernels/ops.h"
-#include "models/llama3/model.h"
+#include "models/model.h"
 #include "parallel/comm.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
@@ -69,28 +69,33 @@ typedef struct {
                                     sequences (every cp rank keeps all of them), else NULL */
 } train_batch;
 
+/* What the final Hugging Face export converts with (checkpoint.last_save_in_hf). */
+typedef struct {
+    const model_family *family;
+    tetra_dtype dtype; /* checkpoint.export_dtype */
+} train_hf_export;
+
 /* One pipeline stage this rank runs: its part of the model, FSDP over it, its optimizer
  * state and its microbatches' activations. A rank runs one stage without pipeline
  * parallel (the whole model) and one or more with it (several for the looped and V
  * schedules). */
 typedef struct {
-    int index; /* global stage index */
-    llama3_model model;
-    int model_ready;
+    int index;           /* global stage index */
+    model_stage model;   /* the family's model of the stage (models/model.h); impl NULL until built */
     dt_param_decl *decl; /* [model.n_params] the stage's parameters for FSDP */
     fsdp *fs;
     unsigned *keep;               /* [local blocks] what each block keeps for backward (activation checkpointing) */
     int n_dropping;               /* blocks that keep less than everything */
     int recompute_slots;          /* workspace slots for blocks between their I and W passes (the rank's) */
-    int fwd_scratch;              /* llama3_workspace_create's forward_scratch: 0, 1, or shared with slot 0
+    int fwd_scratch;              /* the workspace's forward_scratch: 0, 1, or shared with slot 0
                                   when every backward of the rank's stages is a full one */
-    llama3_workspace *ws;         /* one per rank: its stages run one action at a time */
+    model_workspace *ws;          /* one per rank: its stages run one action at a time */
     int ws_owner;                 /* this stage's model lays out (and frees) the rank's workspace */
     int grad_arena;               /* pipeline parallel with sharding: the arena its unsharded gradients live
                                   in (trainer.grad_arena_off), shared with the rank's stages whose
                                   gradient windows never overlap its own; -1: none */
     int n_acts;                   /* microbatch activation buffers (the schedule's peak alive on this stage) */
-    llama3_acts **acts;           /* [n_acts] */
+    model_acts **acts;            /* [n_acts] */
     int *acts_mb;                 /* [n_acts] the microbatch using each, or -1 */
     unsigned char *acts_state;    /* [n_acts] ACTS_* bits: what still holds the buffer */
     int n_send;                   /* gradients of the stage input being sent back (the schedule's peak) */
@@ -121,7 +126,7 @@ struct trainer {
     int comm_staged;                  /* 1 when comm runs MPI on device buffers */
     comm_group *g_world, *g_loss, *g_pp;
 
-    llama3_args args;
+    model_args args; /* the model's family and hyperparameters (the job's) */
     /* pipeline: n_stages in all; this rank runs n_local of them (st[0..n_local-1],
      * ascending stage index) at pipeline rank pp_rank of pp_size */
     int n_stages, n_local, pp_rank, pp_size;
@@ -144,8 +149,8 @@ struct trainer {
     int n_grad_arenas;      /* unsharded gradient arenas (train_plan_grad_arenas) */
     size_t *grad_arena_off; /* [n_grad_arenas + 1] byte offsets; the last is the total */
     void *grad_arena_mem;   /* one allocation for all of them */
-    llama3_workspace **vws; /* [n_local] validation workspaces, when its shape differs */
-    llama3_acts **vacts;    /* [n_local] */
+    model_workspace **vws;  /* [n_local] validation workspaces, when its shape differs */
+    model_acts **vacts;     /* [n_local] */
     int vacts_own;          /* vacts were allocated for validation (else acts[0] of each stage) */
 
     /* data */
@@ -163,6 +168,7 @@ struct trainer {
     ckpt_group *groups;      /* [N_GROUPS * n_local] what this rank loads, by group then stage */
     ckpt_group *save_groups; /* what it writes: replicated pieces from one tp rank only */
     ckpt_saver *saver;
+    train_hf_export hf_export; /* the last save's conversion (its saver's ctx) */
     metrics_logger *ml;
     double n_params, flops_per_token, peak;
     const char *peak_src;
@@ -217,7 +223,7 @@ void train_step(trainer *t, step_result *r);
 /* Forward of every stage of this rank over one batch (validation, warm-up), passing
  * activations along the pipeline; acts[i] serves st[i], each of ntok tokens. The summed loss of the batch
  * on every rank (0 with no valid token). */
-double train_forward_only(trainer *t, llama3_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
+double train_forward_only(trainer *t, model_acts **acts, size_t ntok, const int32_t *in, const int32_t *lab,
                           const int32_t *doc, float dloss_scale, int64_t *n_valid);
 /* Forward and backward of one microbatch without an optimizer step (warm-up). */
 void train_warmup(trainer *t);

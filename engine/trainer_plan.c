@@ -19,15 +19,16 @@ void train_fmt_bytes(char *buf, size_t n, double bytes) {
 /* Validation runs forward only: its activations keep nothing beyond the residual
  * stream and the head, on a workspace of its own shape. */
 unsigned *train_keep_none(const train_stage *s) {
-    const int nb = s->model.layout.layer_end - s->model.layout.layer_start;
-    unsigned *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof *k); /* LLAMA3_KEEP_NONE is 0 */
+    const int nb = s->model.block_end - s->model.block_start;
+    unsigned *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof *k); /* keep mask 0: only each block's input */
     return k;
 }
 
 static size_t validation_bytes(const trainer *t, const train_stage *s) {
     unsigned *none = train_keep_none(s);
-    size_t b = none ? llama3_acts_bytes_policy(&s->model, none, t->vshape.batch, t->vshape.rows) +
-            llama3_workspace_bytes(&s->model, t->vshape.batch, t->vshape.rows, 1, 0)
+    const model_family *f = s->model.family;
+    size_t b = none ? f->acts_bytes(&s->model, none, t->vshape.batch, t->vshape.rows) +
+            f->workspace_bytes(&s->model, t->vshape.batch, t->vshape.rows, 1, 0)
                     : 0;
     free(none);
     return b;
@@ -35,18 +36,18 @@ static size_t validation_bytes(const trainer *t, const train_stage *s) {
 
 /* "layers 0-3 + embedding" */
 static void describe_stage(const train_stage *s, char *buf, size_t n) {
-    const llama3_layout *L = &s->model.layout;
-    if (L->layer_end > L->layer_start)
-        snprintf(buf, n, "stage %d: blocks %d-%d%s%s", s->index, L->layer_start, L->layer_end - 1,
-                 L->has_embedding ? " + embedding" : "", L->has_head ? " + norm/output" : "");
+    const model_stage *L = &s->model;
+    if (L->block_end > L->block_start)
+        snprintf(buf, n, "stage %d: blocks %d-%d%s%s", s->index, L->block_start, L->block_end - 1,
+                 L->has_input ? " + embedding" : "", L->has_output ? " + norm/output" : "");
     else
-        snprintf(buf, n, "stage %d: no blocks%s%s", s->index, L->has_embedding ? ", embedding" : "",
-                 L->has_head ? ", norm/output" : "");
+        snprintf(buf, n, "stage %d: no blocks%s%s", s->index, L->has_input ? ", embedding" : "",
+                 L->has_output ? ", norm/output" : "");
 }
 
 /* One gradient of a stage's input, as the pipeline sends it back: [B, Tl / tp, dim]. */
 size_t train_send_bytes(const trainer *t, const train_stage *s) {
-    return t->shape.tokens / (size_t)s->model.layout.tp_size * (size_t)s->model.args.dim *
+    return t->shape.tokens / (size_t)s->model.tp_size * s->model.residual_width *
         tetra_dtype_size(s->model.compute_dtype);
 }
 
@@ -71,19 +72,20 @@ void train_fill_plan(const trainer *t, trainer_plan *p) {
         else p->grad_arena_stages++;
         p->reduce_bytes += (double)m.reduce_bytes;
         p->resident_units += m.resident_units;
-        const size_t a1 = llama3_acts_bytes_policy(&s->model, s->keep, t->shape.batch, t->shape.rows);
+        const model_family *f = s->model.family;
+        const size_t a1 = f->acts_bytes(&s->model, s->keep, t->shape.batch, t->shape.rows);
         /* the rank's one workspace, counted with the stage that lays it out */
         const size_t w = s->ws_owner
-            ? llama3_workspace_bytes(&s->model, t->shape.batch, t->shape.rows, s->fwd_scratch, s->recompute_slots)
+            ? f->workspace_bytes(&s->model, t->shape.batch, t->shape.rows, s->fwd_scratch, s->recompute_slots)
             : 0;
         p->act_bytes += (double)((size_t)s->n_acts * a1 + w + (size_t)s->n_send * train_send_bytes(t, s));
         p->act_mb_bytes += (double)a1;
         p->workspace_bytes += (double)w;
-        p->act_mb_full_bytes += (double)llama3_acts_bytes_policy(&s->model, NULL, t->shape.batch, t->shape.rows);
+        p->act_mb_full_bytes += (double)f->acts_bytes(&s->model, NULL, t->shape.batch, t->shape.rows);
         p->n_acts += s->n_acts;
         p->n_dropping += s->n_dropping;
-        const llama3_layout *L = &s->model.layout;
-        p->n_blocks += L->layer_end - L->layer_start;
+        const model_stage *L = &s->model;
+        p->n_blocks += L->block_end - L->block_start;
         if (s->ws_owner) p->recompute_slots = s->recompute_slots;
         if (c->validation.enable && (t->vshape.batch != t->shape.batch || t->vshape.rows != t->shape.rows))
             p->validation_bytes += (double)validation_bytes(t, s);
@@ -92,13 +94,12 @@ void train_fill_plan(const trainer *t, trainer_plan *p) {
                 p->converter_bytes += (double)t->conv[q]->backend_bytes(s->conv_state[q]);
         if (i < TRAINER_PLAN_MAX_STAGES) {
             p->stage[i] = s->index;
-            p->stage_blocks[i] = L->layer_end - L->layer_start;
-            p->stage_embedding[i] = L->has_embedding;
-            p->stage_head[i] = L->has_head;
-            for (int k = 0; k < L->layer_end - L->layer_start; k++) {
+            p->stage_blocks[i] = L->block_end - L->block_start;
+            p->stage_embedding[i] = L->has_input;
+            p->stage_head[i] = L->has_output;
+            for (int k = 0; k < L->block_end - L->block_start; k++) {
                 int att = 0;
-                p->stage_recompute_flops[i] +=
-                    llama3_recompute_linear_flops(&s->model.args, s->keep[k], L->tp_size, &att);
+                p->stage_recompute_flops[i] += f->recompute_flops(L, s->keep[k], &att);
                 p->stage_recompute_attention[i] += att;
             }
         }
@@ -117,11 +118,11 @@ void train_fill_plan(const trainer *t, trainer_plan *p) {
         p->fsdp_all_gather += x.all_gather;
         p->fsdp_reduce_scatter += x.reduce_scatter;
         p->replicate_all_reduce += x.all_reduce;
-        p->tp_bytes +=
-            (double)mbs * llama3_tp_traffic_bytes(&t->st[i].model, t->st[i].keep, t->shape.batch, t->shape.rows);
+        const model_stage *m = &t->st[i].model;
+        p->tp_bytes += (double)mbs * m->family->tp_traffic_bytes(m, t->st[i].keep, t->shape.batch, t->shape.rows);
     }
     if (t->pp_size > 1) {
-        const double msg = (double)t->shape.tokens / s0->model.layout.tp_size * s0->model.args.dim *
+        const double msg = (double)t->shape.tokens / s0->model.tp_size * (double)s0->model.residual_width *
             (double)tetra_dtype_size(s0->model.compute_dtype);
         for (int i = 0; i < t->n_local; i++)
             p->pp_bytes += (double)mbs * msg * (t->st[i].remote_next + t->st[i].remote_prev);
@@ -235,8 +236,7 @@ void train_log_plan(trainer *t) {
                                   "and optimizer state"
                                 : "fp32";
     char who[300], tpw[48] = "", ppw[48] = "";
-    if (s0->model.layout.tp_size > 1)
-        snprintf(tpw, sizeof tpw, "tp %d of %d, ", s0->model.layout.tp_rank, s0->model.layout.tp_size);
+    if (s0->model.tp_size > 1) snprintf(tpw, sizeof tpw, "tp %d of %d, ", s0->model.tp_rank, s0->model.tp_size);
     if (t->pp_size > 1) snprintf(ppw, sizeof ppw, "pp %d of %d, ", t->pp_rank, t->pp_size);
     if (S > 1)
         snprintf(who, sizeof who, "%s%sshard %d of %d, %s", ppw, tpw, comm_group_rank(comm_get(t->cw, MESH_G_FSDP)), S,

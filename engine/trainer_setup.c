@@ -21,9 +21,7 @@
 #include "engine/run_guard.h"
 #include "engine/trainer_internal.h"
 #include "kernels/cuda_plugin.h"
-#include "models/llama3/documents.h"
-#include "models/llama3/hf.h"
-#include "models/llama3/parallelize.h"
+#include "models/model.h"
 #include "parallel/cp.h"
 #include "parallel/pp/generate.h"
 #include "parallel/tp.h"
@@ -91,33 +89,35 @@ static int key_is_set(const tetra_config *cfg, const char *section, const char *
  * or from a Hugging Face checkpoint read piece by piece */
 
 typedef struct {
-    const llama3_model *m;
+    const model_stage *m;
     uint64_t seed;
 } init_ctx;
 
 static int init_fill(void *user, int param, size_t start, size_t count, float *host_out) {
     const init_ctx *c = user;
-    llama3_init_param_range(&c->m->params[param], c->seed, start, count, host_out);
+    c->m->family->init_param_range(c->m, param, c->seed, start, count, host_out);
     return 0;
 }
 
 typedef struct {
-    const llama3_model *m;
-    llama3_hf_reader *rd;
+    const model_stage *m;
+    void *rd;
     char err[2048];
 } hf_ctx;
 
 static int hf_fill(void *user, int param, size_t start, size_t count, float *host_out) {
     hf_ctx *c = user;
-    return llama3_hf_read(c->rd, c->m->params[param].name, start, count, host_out, c->err, sizeof c->err);
+    const model_family *f = c->m->family;
+    return f->hf_read(c->rd, f->param_name(c->m, param), start, count, host_out, c->err, sizeof c->err);
 }
 
 /* ----------------------------------------------------------------------------
  * setup and teardown */
 
 static void stage_free(const tetra_ops *ops, train_stage *s) {
-    if (s->model_ready)
-        for (int i = 0; i < s->n_acts && s->acts; i++) llama3_acts_free(&s->model, s->acts[i]);
+    const model_family *f = s->model.family;
+    if (s->model.impl)
+        for (int i = 0; i < s->n_acts && s->acts; i++) f->acts_free(&s->model, s->acts[i]);
     for (int i = 0; i < s->n_send && s->send_buf; i++)
         if (s->send_buf[i]) ops->release(s->send_buf[i]);
     free(s->send_buf);
@@ -131,7 +131,7 @@ static void stage_free(const tetra_ops *ops, train_stage *s) {
     else if (s->adam_m) ops->release(s->adam_m);
     fsdp_free(s->fs);
     free(s->decl);
-    if (s->model_ready) llama3_model_free(&s->model);
+    if (s->model.impl) f->free(&s->model);
 }
 
 void trainer_teardown(trainer *t) {
@@ -142,21 +142,23 @@ void trainer_teardown(trainer *t) {
     ckpt_saver_free(t->saver);
     for (int i = 0; i < t->n_local && t->st; i++) {
         train_stage *s = &t->st[i];
-        if (t->vacts_own && t->vacts && t->vacts[i] && s->model_ready) llama3_acts_free(&s->model, t->vacts[i]);
-        if (t->vws && t->vws[i] && s->model_ready) llama3_workspace_free(&s->model, t->vws[i]);
+        if (!s->model.impl) continue;
+        if (t->vacts_own && t->vacts && t->vacts[i]) s->model.family->acts_free(&s->model, t->vacts[i]);
+        if (t->vws && t->vws[i]) s->model.family->workspace_free(&s->model, t->vws[i]);
     }
     free(t->vacts);
     free(t->vws);
     /* every stage's activations before the workspace they share */
     for (int i = 0; i < t->n_local && t->st; i++) {
         train_stage *st = &t->st[i];
-        for (int k = 0; k < st->n_acts && st->acts && st->model_ready; k++) {
-            llama3_acts_free(&st->model, st->acts[k]);
+        for (int k = 0; k < st->n_acts && st->acts && st->model.impl; k++) {
+            st->model.family->acts_free(&st->model, st->acts[k]);
             st->acts[k] = NULL;
         }
     }
     for (int i = 0; i < t->n_local && t->st; i++)
-        if (t->st[i].ws_owner && t->st[i].model_ready) llama3_workspace_free(&t->st[i].model, t->st[i].ws);
+        if (t->st[i].ws_owner && t->st[i].model.impl)
+            t->st[i].model.family->workspace_free(&t->st[i].model, t->st[i].ws);
     for (int i = 0; i < t->n_local && t->st; i++) {
         train_stage *st = &t->st[i];
         for (int k = t->n_conv - 1; k >= 0 && st->conv_state; k--)
@@ -213,7 +215,7 @@ static int check_supported(const tetra_config *cfg, const cfg_parallel_dims *dim
 
 /* The stages of the pipeline this rank runs, in ascending order, with their neighbours. */
 static int place_stages(trainer *t, pp_schedule_kind kind, char *err, size_t errlen) {
-    int rank_of[LLAMA3_MAX_STAGES];
+    int rank_of[MODEL_MAX_STAGES];
     t->n_local = 0;
     for (int s = 0; s < t->n_stages; s++) {
         rank_of[s] = t->pp_size == 1 ? 0 : pp_stage_to_rank(kind, t->pp_size, t->n_stages, s);
@@ -276,7 +278,7 @@ static int convert_stage(trainer *t, train_stage *st, char *err, size_t errlen) 
         env.max_rows = (size_t)t->vshape.batch * (size_t)t->vshape.rows;
     env.dry_run = t->opt.dry_run;
     env.shard = comm_get(t->cw, MESH_G_FSDP);
-    env.tp = st->model.ctx.tp;
+    env.tp = st->model.tp;
     char why[1024];
     for (int q = 0; q < t->n_conv; q++)
         if (t->conv[q]->convert(&st->conv_state[q], &st->model, &env, why, sizeof why)) {
@@ -299,16 +301,16 @@ static void print_stage(const trainer *t, const train_stage *st) {
     if (!t->c->model.print_after_conversion || coord[MESH_DP_REPLICATE] || coord[MESH_DP_SHARD] || coord[MESH_CP] ||
         coord[MESH_TP])
         return;
-    const llama3_model *m = &st->model;
-    log_info("model after conversion, stage %d (blocks %d..%d), %d parameters:", st->index, m->layout.layer_start,
-             m->layout.layer_end - 1, m->n_params);
-    llama3_describe_params(m, log_param_line, NULL);
+    const model_stage *m = &st->model;
+    log_info("model after conversion, stage %d (blocks %d..%d), %d parameters:", st->index, m->block_start,
+             m->block_end - 1, m->n_params);
+    m->family->describe_params(m, log_param_line, NULL);
 }
 
 /* What the model's parallelization reads of the job and of this rank. */
-static llama3_parallel_env parallel_env(const trainer *t, int max_t) {
+static model_parallel_env parallel_env(const trainer *t, int max_t) {
     const tetra_config_values *c = t->c;
-    llama3_parallel_env env;
+    model_parallel_env env;
     memset(&env, 0, sizeof env);
     env.ops = t->ops;
     env.msh = &t->msh;
@@ -330,7 +332,7 @@ static llama3_parallel_env parallel_env(const trainer *t, int max_t) {
 }
 
 /* The pipeline: how many stages, which this rank runs, and each one's model for this
- * rank's layout (models/llama3/parallelize.h), converted, under FSDP. Without pipeline
+ * rank's layout (the family's parallelize), converted, under FSDP. Without pipeline
  * parallel: one stage, the whole model. */
 static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
     const tetra_config_values *c = t->c;
@@ -338,11 +340,12 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
     mesh_coords(&t->msh, t->rank, coord);
     t->pp_rank = coord[MESH_PP];
     t->pp_size = t->msh.size[MESH_PP];
-    const llama3_pp_spec pp = {t->pp_size, t->job.pp_schedule, (int)c->parallelism.pipeline_parallel_layers_per_stage,
-                               (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
-                               (int)c->parallelism.pipeline_parallel_last_stage_less_layers};
-    int start[LLAMA3_MAX_STAGES], end[LLAMA3_MAX_STAGES];
-    if (llama3_pipeline_stages(&t->args, &pp, &t->n_stages, start, end, err, errlen)) return -1;
+    const model_family *f = t->args.family;
+    const model_pp_spec pp = {t->pp_size, t->job.pp_schedule, (int)c->parallelism.pipeline_parallel_layers_per_stage,
+                              (int)c->parallelism.pipeline_parallel_first_stage_less_layers,
+                              (int)c->parallelism.pipeline_parallel_last_stage_less_layers};
+    int start[MODEL_MAX_STAGES], end[MODEL_MAX_STAGES];
+    if (f->pipeline_stages(&t->args, &pp, &t->n_stages, start, end, err, errlen)) return -1;
     if (t->pp_size == 1) {
         t->shape.batch = (int)c->training.local_batch_size;
         t->shape.n_mb = t->shape.accum;
@@ -352,21 +355,19 @@ static int setup_stages(trainer *t, int max_t, char *err, size_t errlen) {
     }
     t->shape.tokens = (size_t)t->shape.batch * (size_t)t->shape.rows;
     if (find_converters(t, err, errlen) || place_stages(t, pp.kind, err, errlen)) return -1;
-    const llama3_parallel_env env = parallel_env(t, max_t);
+    const model_parallel_env env = parallel_env(t, max_t);
     for (int i = 0; i < t->n_local; i++) {
         train_stage *st = &t->st[i];
-        llama3_model *m = &st->model;
+        model_stage *m = &st->model;
         char why[1024];
-        if (llama3_parallelize_stage(m, &t->args, st->index, t->n_stages, start[st->index], end[st->index], &env, why,
-                                     sizeof why)) {
+        if (f->parallelize(m, &t->args, st->index, t->n_stages, start[st->index], end[st->index], &env, why,
+                           sizeof why)) {
             snprintf(err, errlen, "model (stage %d): %s", st->index, why);
-            if (m->params) st->model_ready = 1;
             return -1;
         }
-        st->model_ready = 1;
         if (convert_stage(t, st, err, errlen)) return -1;
         print_stage(t, st);
-        st->fs = llama3_fully_shard(m, &env, &st->decl, why, sizeof why);
+        st->fs = f->fully_shard(m, &env, &st->decl, why, sizeof why);
         if (!st->fs) {
             snprintf(err, errlen, "%s", why);
             return -1;
@@ -540,20 +541,20 @@ static int plan_stages(trainer *t) {
             train_stage *st = &t->st[i];
             st->n_acts = peak[i];
             st->n_send = st->remote_prev ? peak_send[i] : 0;
-            const int nb = st->model.layout.layer_end - st->model.layout.layer_start;
+            const int nb = st->model.block_end - st->model.block_start;
             st->keep = calloc((size_t)(nb > 0 ? nb : 1), sizeof *st->keep);
             if (!st->keep ||
-                llama3_ac_policy(&st->model, c->activation_checkpoint.mode,
-                                 c->activation_checkpoint.selective_ac_option, st->keep, err, sizeof err)) {
+                st->model.family->ac_policy(&st->model, c->activation_checkpoint.mode,
+                                            c->activation_checkpoint.selective_ac_option, st->keep, err, sizeof err)) {
                 log_error("%s", st->keep ? err : "out of host memory");
                 free(peak);
                 return -1;
             }
-            for (int k = 0; k < nb; k++) st->n_dropping += st->keep[k] != LLAMA3_KEEP_ALL;
+            for (int k = 0; k < nb; k++) st->n_dropping += st->keep[k] != st->model.keep_all;
             if (st->n_dropping > 0) st->recompute_slots = open_iw[i] > 0 ? open_iw[i] * st->n_dropping : 1;
             /* without I/W split no forward runs while a block holds its slot: the forward's
              * scratch can be the slot's memory */
-            st->fwd_scratch = st->n_dropping == 0 ? 0 : open_iw[i] > 0 ? 1 : LLAMA3_FWD_SCRATCH_SHARED;
+            st->fwd_scratch = st->n_dropping == 0 ? 0 : open_iw[i] > 0 ? 1 : MODEL_FWD_SCRATCH_SHARED;
         }
         free(peak);
         /* a rank runs one action at a time, so its stages share one workspace: with the
@@ -566,11 +567,12 @@ static int plan_stages(trainer *t) {
             dropping |= t->st[i].n_dropping > 0;
             slots += t->st[i].recompute_slots;
         }
-        const int fwd = !dropping ? 0 : split ? 1 : LLAMA3_FWD_SCRATCH_SHARED;
+        const int fwd = !dropping ? 0 : split ? 1 : MODEL_FWD_SCRATCH_SHARED;
         if (!split) slots = dropping ? 1 : 0;
         size_t largest = 0;
         for (int i = 0; i < t->n_local; i++) {
-            const size_t b = llama3_workspace_bytes(&t->st[i].model, t->shape.batch, t->shape.rows, fwd, slots);
+            const model_stage *m = &t->st[i].model;
+            const size_t b = m->family->workspace_bytes(m, t->shape.batch, t->shape.rows, fwd, slots);
             if (b > largest) {
                 largest = b;
                 owner = i;
@@ -584,7 +586,7 @@ static int plan_stages(trainer *t) {
     }
     /* a head stage keeps each microbatch's loss sum of a step on the device (train_step.c) */
     for (int i = 0; i < t->n_local; i++)
-        if (t->st[i].model.layout.has_head) t->loss_cap = (t->pp_size > 1 ? t->shape.accum : 1) * t->shape.n_mb;
+        if (t->st[i].model.has_output) t->loss_cap = (t->pp_size > 1 ? t->shape.accum : 1) * t->shape.n_mb;
     if (train_plan_grad_arenas(t)) {
         log_error("out of host memory");
         return -1;
@@ -618,13 +620,14 @@ static int setup_weights(trainer *t, start_point *sp) {
                !(c->checkpoint.enable && sp->found)) {
         hf_ctx hc;
         memset(&hc, 0, sizeof hc);
-        hc.rd = llama3_hf_open(&t->args, c->checkpoint.initial_load_path, hc.err, sizeof hc.err);
+        const model_family *f = t->args.family;
+        hc.rd = f->hf_open(&t->args, c->checkpoint.initial_load_path, hc.err, sizeof hc.err);
         int bad = !hc.rd;
         for (int i = 0; i < t->n_local && !bad; i++) {
             hc.m = &t->st[i].model;
             bad = fsdp_init_shards(t->st[i].fs, hf_fill, &hc) != 0;
         }
-        llama3_hf_close(hc.rd);
+        if (hc.rd) f->hf_close(hc.rd);
         if (ckpt_agree(bad, hc.err, sizeof hc.err)) {
             log_error("checkpoint.initial_load_path: %s", hc.err);
             return -1;
@@ -654,7 +657,7 @@ static int open_train_data(trainer *t, int dp_rank, int dp) {
         tcfg.dp_rank = dp_rank;
         tcfg.dp_size = dp;
         tcfg.seed = (uint64_t)c->training.seed;
-        tcfg.expected_vocab_size = (uint32_t)t->args.vocab_size;
+        tcfg.expected_vocab_size = (uint32_t)t->args.family->vocab_size(&t->args);
         t->train = dl_open_mix((const char *const *)mix->items, mix->n, "train", &tcfg, err, sizeof err);
         snprintf(t->data_dir, sizeof t->data_dir, "a mixture of %d sources", mix->n);
     } else {
@@ -664,13 +667,13 @@ static int open_train_data(trainer *t, int dp_rank, int dp) {
             return -1;
         }
         t->train = dl_open(t->data_dir, "train", t->shape.seq_len, (int)c->training.local_batch_size, dp_rank, dp, 0,
-                           (uint64_t)c->training.seed, (uint32_t)t->args.vocab_size, err, sizeof err);
+                           (uint64_t)c->training.seed, (uint32_t)t->args.family->vocab_size(&t->args), err, sizeof err);
     }
     if (!t->train) {
         log_error("training data: %s", err);
         return -1;
     }
-    if (llama3_needs_documents(&t->args) && !dl_has_documents(t->train)) {
+    if (t->args.family->needs_documents(&t->args) && !dl_has_documents(t->train)) {
         log_error("%s needs each sequence's document boundaries, and the corpus %s marks none (no BOS or EOS "
                   "id in its index.json): prepare it with `tetra data prepare`, which wraps every document in "
                   "BOS ... EOS, or use model.attn_mask_type = \"causal\"",
@@ -689,7 +692,7 @@ static dl_config val_loader_config(const trainer *t, int dp_rank, int dp) {
     vc.local_batch_size = t->vshape.batch;
     vc.dp_rank = dp_rank;
     vc.dp_size = dp;
-    vc.expected_vocab_size = (uint32_t)t->args.vocab_size;
+    vc.expected_vocab_size = (uint32_t)t->args.family->vocab_size(&t->args);
     vc.single_pass = 1;
     return vc;
 }
@@ -801,7 +804,7 @@ static int alloc_batches(trainer *t) {
             cp_oom |= !t->vbatch.full_in || !t->vbatch.full_lab;
         }
     }
-    if (llama3_needs_documents(&t->args)) { /* whole sequences' ids; zeros (one document each) until loaded */
+    if (t->args.family->needs_documents(&t->args)) { /* whole sequences' ids; zeros (one document each) until loaded */
         t->batch.doc = calloc(step_tok * (size_t)t->cp.size, sizeof(int32_t));
         cp_oom |= !t->batch.doc;
         if (t->val) {
@@ -845,8 +848,8 @@ static int alloc_stage(trainer *t, train_stage *st) {
         train_stage *wo = st;
         for (int k = 0; k < t->n_local; k++)
             if (t->st[k].ws_owner) wo = &t->st[k];
-        llama3_workspace *ws = llama3_workspace_create(&wo->model, t->shape.batch, t->shape.rows, wo->fwd_scratch,
-                                                       wo->recompute_slots, err, sizeof err);
+        model_workspace *ws = wo->model.family->workspace_create(&wo->model, t->shape.batch, t->shape.rows,
+                                                                 wo->fwd_scratch, wo->recompute_slots, err, sizeof err);
         if (!ws) {
             log_error("out of memory allocating the workspace: %s", err);
             return -1;
@@ -856,7 +859,7 @@ static int alloc_stage(trainer *t, train_stage *st) {
     for (int k = 0; st->ws && k < st->n_acts; k++) {
         st->acts_mb[k] = -1;
         st->acts[k] =
-            llama3_acts_create_ws(&st->model, st->ws, st->keep, t->shape.batch, t->shape.rows, err, sizeof err);
+            st->model.family->acts_create(&st->model, st->ws, st->keep, t->shape.batch, t->shape.rows, err, sizeof err);
         if (!st->acts[k]) break;
     }
     if (!st->ws || !st->acts[st->n_acts - 1]) {
@@ -897,11 +900,12 @@ static int alloc_validation(trainer *t) {
             t->vacts[i] = st->acts[0];
             continue;
         }
+        const model_family *f = st->model.family;
         unsigned *none = train_keep_none(st);
         t->vws[i] =
-            none ? llama3_workspace_create(&st->model, t->vshape.batch, t->vshape.rows, 1, 0, err, sizeof err) : NULL;
+            none ? f->workspace_create(&st->model, t->vshape.batch, t->vshape.rows, 1, 0, err, sizeof err) : NULL;
         t->vacts[i] = t->vws[i]
-            ? llama3_acts_create_ws(&st->model, t->vws[i], none, t->vshape.batch, t->vshape.rows, err, sizeof err)
+            ? f->acts_create(&st->model, t->vws[i], none, t->vshape.batch, t->vshape.rows, err, sizeof err)
             : NULL;
         free(none);
         if (!t->vacts[i]) {
@@ -953,7 +957,7 @@ static int setup_ckpt_groups(trainer *t) {
     }
     for (int i = 0; i < t->n_local; i++) {
         train_stage *st = &t->st[i];
-        const llama3_model *sm = &st->model;
+        const model_stage *sm = &st->model;
         const dt_tensor *pieces = fsdp_tensors(st->fs);
         const int mh = fsdp_offloaded(st->fs), oh = st->adam_on_host; /* CPU offload: on the host */
         t->groups[G_MODEL * t->n_local + i] = (ckpt_group){"model/", pieces, sm->n_params, fsdp_master(st->fs), mh};
@@ -969,7 +973,7 @@ static int setup_ckpt_groups(trainer *t) {
         }
         memcpy(st->save_tensors, pieces, (size_t)sm->n_params * sizeof *st->save_tensors);
         for (int k = 0; k < sm->n_params; k++)
-            if (st->decl[k].replicated && sm->layout.tp_rank != 0) st->save_tensors[k].n_pieces = 0;
+            if (st->decl[k].replicated && sm->tp_rank != 0) st->save_tensors[k].n_pieces = 0;
         for (int g = 0; g < N_GROUPS; g++) {
             t->save_groups[g * t->n_local + i] = t->groups[g * t->n_local + i];
             t->save_groups[g * t->n_local + i].tensors = st->save_tensors;
@@ -1003,8 +1007,8 @@ int trainer_setup(trainer **out, const tetra_config *cfg, const tetra_job *job, 
         log_error("%s", err);
         goto fail;
     }
-    t->n_params = (double)llama3_num_params(&t->args);
-    t->flops_per_token = llama3_flops_per_token(&t->args, t->shape.seq_len);
+    t->n_params = t->args.family->num_params(&t->args);
+    t->flops_per_token = t->args.family->flops_per_token(&t->args, t->shape.seq_len);
     if (plan_stages(t)) goto fail;
     if (t->opt.dry_run) {
         if (t->opt.plan_out) train_fill_plan(t, t->opt.plan_out);

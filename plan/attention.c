@@ -12,7 +12,7 @@
 #include "data/megatron.h"
 #include "data/shard.h"
 #include "plan/estimate.h"
-#include "models/llama3/llama3_args.h"
+#include "models/llama3/family.h"
 
 /* The training corpus's document lengths into h: 0, or -1 with why not in why. */
 static int corpus_lengths(const tetra_config_values *c, doclen_hist *h, char *dir, size_t dn, char *why, size_t wn) {
@@ -54,7 +54,7 @@ static int corpus_lengths(const tetra_config_values *c, doclen_hist *h, char *di
 }
 
 void plan_attention_pairs(plan_result *out, const tetra_config_values *c, int T) {
-    const llama3_args a = out->job.model;
+    const llama3_args a = *llama3_args_of(&out->job.model);
     const double causal = 0.5 * (double)T * (T + 1.0);
     out->block_causal = a.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL;
     out->attn_pairs_per_seq = causal;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/ckpt_format.h"
 #include "config/config.h"
+#include "models/llama3/family.h"
 #include "plan/plan.h"
 #include "plan/internal.h"
 #include "plan/calibrate.h"
@@ -269,6 +270,13 @@ static void print_report(const plan_result *r, const tetra_config *cfg, const pl
            r->model_flops_per_token, hw->peak_bf16_flops);
     printf("  MFU (computed)        %9.1f%%  (the attention the mask leaves: %s)\n", 100.0 * r->mfu_computed,
            r->attn_source);
+}
+
+int plan_check_llama(const tetra_job *job, char *err, size_t errlen) {
+    if (llama3_args_of(&job->model)) return 0;
+    snprintf(err, errlen, "tetra plan: model.name \"%s\": the planner's cost model is Llama 3's (llama3)",
+             job->model.family ? job->model.family->name : "?");
+    return -1;
 }
 
 int plan_cfg_with(tetra_config *dst, const tetra_config *src, const char **kv, int n, char *err, size_t errlen) {

@@ -1,5 +1,6 @@
 /* estimate.c — the memory and time model of `tetra plan` (see estimate.h). */
 #include "plan/estimate.h"
+#include "plan/internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -7,7 +8,7 @@
 #include <string.h>
 
 #include "telemetry/log.h"
-#include "models/llama3/llama3_args.h"
+#include "models/llama3/family.h"
 #include "parallel/cp.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/generate.h"
@@ -273,7 +274,7 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
                   size_t errlen) {
     memset(out, 0, sizeof *out);
     const tetra_config_values *c = &cfg->v;
-    if (job_resolve(cfg, ngpu, &out->job, err, errlen)) return -1;
+    if (job_resolve(cfg, ngpu, &out->job, err, errlen) || plan_check_llama(&out->job, err, errlen)) return -1;
     const cfg_parallel_dims *d = &out->job.dims;
     if (d->pp > PLAN_MAX_PP) {
         snprintf(err, errlen, "tetra plan: pipeline_parallel_degree %d: at most %d", d->pp, PLAN_MAX_PP);
@@ -287,7 +288,7 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
 
     /* ---- compute ---- */
     est E = {.out = out, .c = c, .d = d, .hw = hw, .host_shared = plan_hw_is_host(hw)};
-    E.a = out->job.model;
+    E.a = *llama3_args_of(&out->job.model);
     E.T = (int)c->training.seq_len;
     out->model_flops_per_token = llama3_flops_per_token(&E.a, E.T);
     plan_attention_pairs(out, c, E.T);

@@ -5,6 +5,7 @@
 #include <jansson.h>
 
 #include "config/config.h"
+#include "engine/job.h"
 #include "plan/estimate.h"
 #include "plan/hw.h"
 
@@ -20,6 +21,9 @@ int plan_try(plan_result *r, const tetra_config *base, const char **kv, int n, i
              const plan_hw *hw, char *err, size_t errlen);
 /* The estimate as one JSON object (plan.h's keys). */
 json_t *plan_result_json(const plan_result *r, const tetra_config *cfg, const plan_hw *hw);
+/* The planner's cost model is Llama 3's (models/llama3/family.h): 0 when the job's model
+ * is Llama, else -1 with err naming model.name. */
+int plan_check_llama(const tetra_job *job, char *err, size_t errlen);
 /* `--recommend`: prints the top layouts; the exit status. */
 int plan_recommend(const tetra_config *cfg, int ngpu, int gpus_per_node, const plan_hw *hw, int top, int json);
 

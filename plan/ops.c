@@ -11,7 +11,7 @@
 #include "plan/ops.h"
 #include "kernels/op_costs.h"
 #include "kernels/ops_record.h"
-#include "models/llama3/llama3_args.h"
+#include "models/llama3/family.h"
 #include "util/host.h"
 
 /* A launch's fixed cost on the device, an assumption (not a measurement): reported
@@ -126,7 +126,7 @@ static int record(recording *r, const tetra_config *cfg, const tetra_job *job, c
         snprintf(err, errlen, "cannot reserve address space for the recording op table");
         return -1;
     }
-    r->n_layers = job->model.n_layers;
+    r->n_layers = llama3_args_of(&job->model)->n_layers;
     r->block = block < 0 ? r->n_layers / 2 : block;
     if (r->block >= r->n_layers) {
         snprintf(err, errlen, "--block %d: the model has %d blocks (0 to %d)", block, r->n_layers, r->n_layers - 1);
@@ -492,7 +492,7 @@ static int record_config(recording *r, const tetra_config *cfg, int without_floa
     tetra_config c;
     int rc = recording_config(&c, cfg, without_float8, err, errlen) ? -1 : 0;
     tetra_job job;
-    if (!rc && job_resolve(&c, 1, &job, err, errlen)) rc = -1;
+    if (!rc && (job_resolve(&c, 1, &job, err, errlen) || plan_check_llama(&job, err, errlen))) rc = -1;
     if (!rc) rc = record(r, &c, &job, dev, hw, block, err, errlen);
     if (!rc) r->microbatches = job.dims.grad_accum_steps;
     cfg_free(&c);

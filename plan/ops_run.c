@@ -17,7 +17,7 @@ static void fill_batch(trainer *t) {
     uint32_t x = 12345u;
     for (size_t i = 0; i < n; i++) {
         x = x * 1664525u + 1013904223u;
-        t->batch.in[i] = (int32_t)((x >> 8) % (uint32_t)t->args.vocab_size);
+        t->batch.in[i] = (int32_t)((x >> 8) % (uint32_t)t->args.family->vocab_size(&t->args));
     }
     for (size_t i = 0; i < n; i++) t->batch.lab[i] = t->batch.in[(i + 1) % n];
 }

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "plan/internal.h"
-#include "models/llama3/llama3_args.h"
+#include "models/llama3/family.h"
 
 typedef struct {
     char over[640]; /* the command-line overrides */
@@ -301,13 +301,13 @@ int plan_recommend(const tetra_config *cfg, int ngpu, int gpn_opt, const plan_hw
     /* the batch to keep: the config's own at this GPU count */
     static plan_result r;
     tetra_job j0;
-    if (job_resolve(cfg, ngpu, &j0, err, sizeof err)) {
+    if (job_resolve(cfg, ngpu, &j0, err, sizeof err) || plan_check_llama(&j0, err, sizeof err)) {
         fprintf(stderr, "tetra plan --recommend: the config at %d GPUs: %s\n", ngpu, err);
         return 1;
     }
     search S = {.cfg = cfg, .c = c, .hw = hw, .ngpu = ngpu, .gpn = gpn, .r = &r, .err = err, .errlen = sizeof err};
     S.G = (long long)j0.dims.global_batch_size;
-    S.a = j0.model;
+    S.a = *llama3_args_of(&j0.model);
     S.T = (int)c->training.seq_len;
     S.fp8_ok = hw->peak_fp8_flops > 0;
     S.cfg_f8 = j0.float8;

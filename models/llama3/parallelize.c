@@ -6,7 +6,7 @@
 
 #include "models/llama3/pipeline.h"
 
-int llama3_pipeline_stages(const llama3_args *a, const llama3_pp_spec *pp, int *n_stages, int *start, int *end,
+int llama3_pipeline_stages(const llama3_args *a, const model_pp_spec *pp, int *n_stages, int *start, int *end,
                            char *err, size_t errlen) {
     const int L = a->n_layers;
     if (pp->pp == 1) {
@@ -25,15 +25,15 @@ int llama3_pipeline_stages(const llama3_args *a, const llama3_pp_spec *pp, int *
                  pp_schedule_kind_name(pp->kind), pp->layers_per_stage, *n_stages, pp->pp);
         return -1;
     }
-    if (*n_stages > LLAMA3_MAX_STAGES) {
-        snprintf(err, errlen, "pipeline: %d stages; at most %d are supported", *n_stages, LLAMA3_MAX_STAGES);
+    if (*n_stages > MODEL_MAX_STAGES) {
+        snprintf(err, errlen, "pipeline: %d stages; at most %d are supported", *n_stages, MODEL_MAX_STAGES);
         return -1;
     }
     return llama3_pp_split(L, *n_stages, pp->first_stage_less, pp->last_stage_less, start, end, err, errlen);
 }
 
 int llama3_parallelize_stage(llama3_model *m, const llama3_args *a, int stage, int n_stages, int start, int end,
-                             const llama3_parallel_env *env, char *err, size_t errlen) {
+                             const model_parallel_env *env, char *err, size_t errlen) {
     int coord[MESH_NDIMS];
     mesh_coords(env->msh, env->rank, coord);
     llama3_layout layout = llama3_layout_full(a);
@@ -81,7 +81,7 @@ static dt_param_decl *param_decls(const llama3_model *m) {
     return decl;
 }
 
-fsdp *llama3_fully_shard(llama3_model *m, const llama3_parallel_env *env, dt_param_decl **decl, char *err,
+fsdp *llama3_fully_shard(llama3_model *m, const model_parallel_env *env, dt_param_decl **decl, char *err,
                          size_t errlen) {
     *decl = param_decls(m);
     if (!*decl) {

@@ -6,7 +6,8 @@
  * mesh coordinates (tensor- and context-parallel rank and size), the groups and flags
  * tensor and context parallel compute with, and FSDP over the stage's units (its
  * parameter declarations by global coordinates). Model converters run between the
- * declaration and FSDP (engine/converter.h): the trainer calls
+ * declaration and FSDP (engine/converter.h): the trainer calls, through the family's
+ * table (family.c, models/model.h)
  *   llama3_parallelize_stage   the stage's model, declared for this rank's layout;
  *   (converters' convert hooks)
  *   llama3_fully_shard         FSDP/HSDP/DDP over its units;
@@ -20,56 +21,28 @@
 #include "kernels/ops.h"
 #include "models/llama3/llama3_args.h"
 #include "models/llama3/model.h"
+#include "models/model.h"
 #include "parallel/comm.h"
 #include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/generate.h"
 
-/* The pipeline's keys (parallelism.pipeline_parallel_*). */
-typedef struct {
-    int pp;                                /* pipeline ranks */
-    pp_schedule_kind kind;                 /* decides stages per rank and their placement */
-    int layers_per_stage;                  /* 0 = not set */
-    int first_stage_less, last_stage_less; /* the embedding's and the head's weight in blocks */
-} llama3_pp_spec;
-
-#define LLAMA3_MAX_STAGES 256
-
 /* The stages in all (*n_stages) and the blocks [start[s], end[s]) of each; one stage,
  * the whole model, at pp 1. 0, or -1 with the reason in err. */
-int llama3_pipeline_stages(const llama3_args *a, const llama3_pp_spec *pp, int *n_stages, int *start, int *end,
+int llama3_pipeline_stages(const llama3_args *a, const model_pp_spec *pp, int *n_stages, int *start, int *end,
                            char *err, size_t errlen);
-
-/* What a stage is parallelized over on this rank. */
-typedef struct {
-    const tetra_ops *ops;
-    const mesh *msh;
-    int rank;
-    comm_world *cw;            /* the mesh's groups */
-    int cp_rank, cp_size;      /* context parallel: this rank's chunks of every sequence */
-    int cp_balanced;           /* load-balanced chunks */
-    cp_rotate rotate;          /* context parallel: all-gather, or the all-to-all ring */
-    int loss_parallel;         /* 0: gather the logits before the loss (disable_loss_parallel) */
-    int async_tp;              /* enable_async_tensor_parallel */
-    int bf16;                  /* compute in bf16 */
-    int max_rows;              /* the longest sequence (rows) the stage computes */
-    int dry_run;               /* declare only: no backend memory */
-    fsdp_reshard_mode reshard; /* fsdp_reshard_after_forward */
-    int offload;               /* training.enable_cpu_offload (parallel/fsdp.h) */
-    const tetra_ops *host_ops; /* offload: the op table on host memory */
-} llama3_parallel_env;
 
 /* Declare stage `stage` of n_stages (blocks [start, end)) for this rank's layout, with
  * the tensor- and context-parallel groups and flags set. 0, or -1 with err set; a model
  * that was partly built has m->params set and is freed with llama3_model_free. */
 int llama3_parallelize_stage(llama3_model *m, const llama3_args *a, int stage, int n_stages, int start, int end,
-                             const llama3_parallel_env *env, char *err, size_t errlen);
+                             const model_parallel_env *env, char *err, size_t errlen);
 
 /* FSDP over the stage's units: *decl gets the stage's parameter declarations
  * ([m->n_params], malloc'd, owned by the caller, alive as long as the fsdp). NULL with
  * err set on failure. */
-fsdp *llama3_fully_shard(llama3_model *m, const llama3_parallel_env *env, dt_param_decl **decl, char *err,
+fsdp *llama3_fully_shard(llama3_model *m, const model_parallel_env *env, dt_param_decl **decl, char *err,
                          size_t errlen);
 
 /* One line per parameter (name, global shape, what computes it) to line(user, text):

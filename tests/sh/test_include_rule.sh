@@ -34,6 +34,16 @@ for c in engine:models models:parallel parallel:kernels cli:checkpoint checkpoin
   cmake -DROOT="$T/$from-$to" -P "$CHECK" >"$T/c.log" 2>&1 && ok "$from/ may include $to/" ||
     bad "$from/ including $to/ was refused: $(cat "$T/c.log")"
 done
+# the trainer reaches a model family only through models/model.h
+mkdir -p "$T/fam/engine"
+printf '#include "models/model.h"\n' >"$T/fam/engine/probe.c"
+cmake -DROOT="$T/fam" -P "$CHECK" >"$T/f.log" 2>&1 && ok "engine/ may include models/model.h" ||
+  bad "engine/ including models/model.h was refused: $(cat "$T/f.log")"
+printf '#include "models/llama3/model.h"\n' >"$T/fam/engine/probe.c"
+cmake -DROOT="$T/fam" -P "$CHECK" 2>&1 | tr '\n' ' ' | tr -s ' ' >"$T/f.log"
+grep -q 'engine/probe.c: #include "models/llama3/model.h": the trainer reaches a model family only through models/model.h' \
+  "$T/f.log" && ok "engine/ including a family's folder is refused" ||
+  bad "engine/ including models/llama3/: $(cat "$T/f.log")"
 # MPI outside parallel/ and the host control plane
 mkdir -p "$T/mpi/engine" "$T/mpi/parallel" "$T/mpi/util"
 printf '#include <mpi.h>\n' >"$T/mpi/engine/probe.c"

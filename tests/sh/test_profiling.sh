@@ -103,7 +103,7 @@ def check_file(path, need_names, need_groups):
 
 for path in f.get("iteration_2", [])[:2]:
     check_file(path, ["forward layers.0", "backward input layers.0", "backward weight layers.0", "unshard layers.1",
-                      "F stage 0 microbatch 0", "forward head (norm, output, loss)", "clip gradients and AdamW",
+                      "F stage 0 microbatch 0", "forward norm+output", "clip gradients and AdamW",
                       "load batch"], {"tp", "dp_shard_cp"})
 pp = files("prof_pp2").get("iteration_4", [])
 say(len(pp) == 2, f"pp 2: {len(pp)} rank traces")

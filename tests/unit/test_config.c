@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "models/llama3/family.h"
 #include "config/compat.h"
 #include "engine/job.h"
 #include "tests/check.h"
@@ -175,10 +176,12 @@ static void test_job_spec(void) {
                err, sizeof err) == 0,
           "%s", err);
     CHECK(job_resolve(&c, 2, &j, err, sizeof err) == 0, "%s", err);
-    CHECK(j.model.dim == 4096 && j.model.n_layers == 4 && j.model.vocab_size == 32000, "model %d %d %d", j.model.dim,
-          j.model.n_layers, j.model.vocab_size);
-    CHECK(j.model.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && j.model.reset_positions == 1, "mask %d reset %d",
-          (int)j.model.attn_mask_type, j.model.reset_positions);
+    CHECK(j.model.family == model_family_find("llama3") && llama3_args_of(&j.model), "model.name resolves to llama3");
+    const llama3_args *jm = llama3_args_of(&j.model);
+    CHECK(jm->dim == 4096 && jm->n_layers == 4 && jm->vocab_size == 32000, "model %d %d %d", jm->dim, jm->n_layers,
+          jm->vocab_size);
+    CHECK(jm->attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && jm->reset_positions == 1, "mask %d reset %d",
+          (int)jm->attn_mask_type, jm->reset_positions);
     CHECK(j.pp_schedule == PP_SCHED_ZBV && j.dims.pp == 2 && j.float8 == 1, "schedule %d pp %d float8 %d",
           (int)j.pp_schedule, j.dims.pp, j.float8);
     CHECK(j.reshard == FSDP_RESHARD_NEVER && j.cp_rotate == CP_ROTATE_ALLTOALL && j.cp_balanced == 0,
@@ -188,10 +191,11 @@ static void test_job_spec(void) {
     cfg_init(&c);
     CHECK(load(&c, "[model]\nflavor = \"8B_flex\"\n", err, sizeof err) == 0, "%s", err);
     CHECK(job_resolve(&c, 1, &j, err, sizeof err) == 0, "%s", err);
-    CHECK(j.model.n_layers == 32 && j.model.vocab_size == 128256 &&
-              j.model.attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL && j.pp_schedule == PP_SCHED_1F1B && !j.float8 &&
-              j.reshard == FSDP_RESHARD_DEFAULT && j.cp_rotate == CP_ROTATE_ALLGATHER && j.cp_balanced == 1,
-          "8B_flex: %d layers, vocab %d, mask %d", j.model.n_layers, j.model.vocab_size, (int)j.model.attn_mask_type);
+    jm = llama3_args_of(&j.model);
+    CHECK(jm->n_layers == 32 && jm->vocab_size == 128256 && jm->attn_mask_type == LLAMA3_MASK_BLOCK_CAUSAL &&
+              j.pp_schedule == PP_SCHED_1F1B && !j.float8 && j.reshard == FSDP_RESHARD_DEFAULT &&
+              j.cp_rotate == CP_ROTATE_ALLGATHER && j.cp_balanced == 1,
+          "8B_flex: %d layers, vocab %d, mask %d", jm->n_layers, jm->vocab_size, (int)jm->attn_mask_type);
     cfg_free(&c);
 }
 

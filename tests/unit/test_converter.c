@@ -21,6 +21,7 @@
 #include "engine/converter.h"
 #include "engine/job.h"
 #include "cli/train.h"
+#include "models/llama3/family.h"
 #include "tests/check.h"
 
 /* what the hooks saw, in order */
@@ -39,10 +40,12 @@ typedef struct {
 static rec recs[2] = {{"before", 0, 0, 0.0, 0, 0, 0}, {"after", 0, 0, 0.0, 0, 0, 0}};
 static int destroyed;
 
-static int rec_convert(int which, void **state, llama3_model *m, const converter_env *env, char *err, size_t n) {
+static int rec_convert(int which, void **state, model_stage *stage, const converter_env *env, char *err, size_t n) {
     (void)err;
     (void)n;
     rec *r = &recs[which];
+    const llama3_model *m = llama3_stage_model(stage);
+    CHECK(m != NULL, "%s: the stage is a Llama model", r->who);
     for (int i = 0; i < m->n_params; i++) {
         if (!m->is_linear[i]) continue;
         if (!strcmp(m->linears[i].impl->name, "float8")) r->float8_linears++;
@@ -53,13 +56,13 @@ static int rec_convert(int which, void **state, llama3_model *m, const converter
     note(which ? "convert:after" : "convert:before");
     return 0;
 }
-static int conv_before(void **s, llama3_model *m, const converter_env *e, char *err, size_t n) {
+static int conv_before(void **s, model_stage *m, const converter_env *e, char *err, size_t n) {
     return rec_convert(0, s, m, e, err, n);
 }
-static int conv_after(void **s, llama3_model *m, const converter_env *e, char *err, size_t n) {
+static int conv_after(void **s, model_stage *m, const converter_env *e, char *err, size_t n) {
     return rec_convert(1, s, m, e, err, n);
 }
-static void rec_pre(void *state, llama3_model *m, fsdp *fs) {
+static void rec_pre(void *state, model_stage *m, fsdp *fs) {
     (void)m;
     rec *r = state;
     CHECK(fsdp_grad(fs) && fsdp_master(fs), "%s: shards at pre_optimizer", r->who);
@@ -67,13 +70,13 @@ static void rec_pre(void *state, llama3_model *m, fsdp *fs) {
     r->pre_calls++;
     note(r == &recs[0] ? "pre:before" : "pre:after");
 }
-static void rec_post(void *state, llama3_model *m, fsdp *fs) {
+static void rec_post(void *state, model_stage *m, fsdp *fs) {
     (void)m;
     rec *r = state;
     if (r->pre_calls && fsdp_master(fs)[0] != r->w_before) r->changed_steps++;
     note(r == &recs[0] ? "post:before" : "post:after");
 }
-static int rec_parallelized(void *state, llama3_model *m, fsdp *fs, char *err, size_t n) {
+static int rec_parallelized(void *state, model_stage *m, fsdp *fs, char *err, size_t n) {
     (void)m;
     (void)err;
     (void)n;
