@@ -48,6 +48,8 @@ typedef struct {
     float *dkf, *dvf; /* [B T KV D] fp32 gradient of the whole sequence's K, V */
     float *dkg, *dvg; /* [cp][B t KV D] fp32, rank-major for the reduce-scatter */
     float *dkl, *dvl; /* [B t KV D] fp32 this rank's rows after it */
+    float *acc;       /* bf16: [c H D] fp32 a split call's merged output, then its dq */
+    float *lse_acc;   /* bf16: [H c] its merged lse */
     /* alltoall (the ring) */
     void *kv[2];    /* [2][B t KV D] a rank's K then V, current and arriving */
     float *dkv[2];  /* [2][B t KV D] fp32 dK, dV accumulators travelling with them */
@@ -118,6 +120,10 @@ static size_t layout(const cp_ctx *c, const tetra_ops *ops, const cp_attn_dims *
         TAKE(b->dvg, (size_t)cp * nkv * 4);
         TAKE(b->dkl, nkv * 4);
         TAKE(b->dvl, nkv * 4);
+        if (bf16 && !d->doc) { /* the split calls (ag_split) */
+            TAKE(b->acc, ch * (size_t)d->h * (size_t)d->d * 4);
+            TAKE(b->lse_acc, (size_t)d->h * ch * 4);
+        }
         rows_max = T;
         s = call_shape(c, d, 0, (int)ch, (int)T, 1, (int)(T - ch), 0);
     } else {
@@ -137,6 +143,14 @@ static size_t layout(const cp_ctx *c, const tetra_ops *ops, const cp_attn_dims *
     TAKE(b->tmp32, rows_max * wide * 4);
     TAKE(b->lse_stage, (size_t)d->h * ch * 4);
     b->attn_bytes = bf16 ? ops->attention_workspace_size_bf16(&s) : ops->attention_workspace_size(&s);
+    if (bf16 && c->rotate == CP_ROTATE_ALLGATHER && T > ch) { /* the split calls' shapes too */
+        const ops_attn_shape parts[2] = {call_shape(c, d, 0, (int)ch, (int)(T - ch), 0, (int)(T - ch), 0),
+                                         call_shape(c, d, 0, (int)ch, (int)ch, 1, (int)(T - ch), (int)(T - ch))};
+        for (int k = 0; k < 2; k++) {
+            const size_t pb = ops->attention_workspace_size_bf16(&parts[k]);
+            if (pb > b->attn_bytes) b->attn_bytes = pb;
+        }
+    }
     if (b->attn_bytes) TAKE(b->attn_ws, b->attn_bytes);
 #undef TAKE
     return off;
@@ -199,23 +213,6 @@ static void gather_kv(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffer
     to_sequence(c, ops, w->vf, w->vg, d, es, 0);
 }
 
-static void ag_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *out, float *lse,
-                       const void *q, const void *k, const void *v, const cp_attn_dims *d) {
-    const int cp = comm_group_size(c->g), r = comm_group_rank(c->g), ns = cp_n_segments(c->balanced);
-    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
-    const size_t qrow = (size_t)d->h * d->d, krow = (size_t)d->kv * d->d;
-    gather_kv(c, ops, bf16, w, k, v, d);
-    for (int b = 0; b < d->b; b++)
-        for (int i = 0; i < ns; i++) {
-            const size_t j = (size_t)cp_segment_chunk(cp, c->balanced, r, i);
-            ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)((j + 1) * ch), 1, (int)(j * ch), 0);
-            const size_t qo = ((size_t)b * t + (size_t)i * ch) * qrow;
-            attn_fwd(ops, bf16, at(out, qo, es), w->lse_stage, at(q, qo, es), at(w->kf, (size_t)b * T * krow, es),
-                     at(w->vf, (size_t)b * T * krow, es), &s, w->attn_ws);
-            lse_put(ops, lse, w->lse_stage, d, b, i, (int)ch);
-        }
-}
-
 /* dst (compute dtype) = src (fp32) */
 static void store(const tetra_ops *ops, int bf16, void *dst, const float *src, size_t n) {
     if (bf16) ops->cast_f32_to_bf16(dst, src, n);
@@ -226,6 +223,72 @@ static void store(const tetra_ops *ops, int bf16, void *dst, const float *src, s
 static void add_bf16(const tetra_ops *ops, float *acc, const void *x, float *tmp32, size_t n) {
     ops->cast_bf16_to_f32(tmp32, x, n);
     ops->axpy(acc, tmp32, 1.0f, n);
+}
+
+/* bf16 without a document mask: chunk j > 0 attends to keys [0, (j+1) c) causally with
+ * the query block at offset j c, a shape cuDNN's fused SDPA refuses (causal with unequal
+ * offsets). It runs as two calls cuDNN takes: every query against the keys before the
+ * chunk, unmasked ([0, j c)), and the chunk's own keys with the causal diagonal; their
+ * outputs merge by log-sum-exp as ring attention's blocks do. */
+static int ag_split(int bf16, const cp_attn_dims *d, size_t j) { return bf16 && !d->doc && j > 0; }
+
+/* The two calls' shapes: part 0 the keys before the chunk, part 1 its diagonal. */
+static ops_attn_shape split_shape(const cp_ctx *c, const cp_attn_dims *d, int b, int j, int ch, int part) {
+    return part ? call_shape(c, d, b, ch, ch, 1, j * ch, j * ch) : call_shape(c, d, b, ch, j * ch, 0, j * ch, 0);
+}
+
+/* out [c H D] bf16 and w->lse_stage [H c] of chunk j against kb/vb (the sequence's keys) */
+static void ag_split_forward(const cp_ctx *c, const tetra_ops *ops, cp_buffers *w, void *out, const void *q,
+                             const void *kb, const void *vb, const cp_attn_dims *d, int b, int j, int ch) {
+    const size_t n = (size_t)ch * d->h * d->d, krow = (size_t)d->kv * d->d, diag = (size_t)j * ch * krow;
+    ops_attn_shape s0 = split_shape(c, d, b, j, ch, 0), s1 = split_shape(c, d, b, j, ch, 1);
+    ops->attention_forward_bf16(w->tmp16[0], w->lse_acc, q, kb, vb, &s0, w->attn_ws);
+    ops->cast_bf16_to_f32(w->acc, w->tmp16[0], n);
+    ops->attention_forward_bf16(w->tmp16[0], w->lse_stage, q, at(kb, diag, 2), at(vb, diag, 2), &s1, w->attn_ws);
+    ops->cast_bf16_to_f32(w->tmp32, w->tmp16[0], n);
+    ops->attention_merge(w->acc, w->lse_acc, w->tmp32, w->lse_stage, 1, ch, d->h, d->d);
+    ops->cast_f32_to_bf16(out, w->acc, n);
+    ops->copy(w->lse_stage, w->lse_acc, (size_t)d->h * ch * 4);
+}
+
+/* The gradients of chunk j's split calls, from the merged out and lse (w->lse_stage): dq
+ * (bf16, written), and dK, dV added into dkb/dvb (fp32, the sequence's). */
+static void ag_split_backward(const cp_ctx *c, const tetra_ops *ops, cp_buffers *w, void *dq, float *dkb, float *dvb,
+                              const void *dout, const void *q, const void *kb, const void *vb, const void *out,
+                              const cp_attn_dims *d, int b, int j, int ch) {
+    const size_t n = (size_t)ch * d->h * d->d, krow = (size_t)d->kv * d->d;
+    ops->fill(w->acc, 0.0f, n);
+    for (int part = 0; part < 2; part++) {
+        const ops_attn_shape s = split_shape(c, d, b, j, ch, part);
+        const size_t k0 = part ? (size_t)j * ch * krow : 0, nk = (size_t)s.sk * krow;
+        ops->attention_backward_bf16(w->tmp16[0], w->tmp16[1], w->tmp16[2], dout, q, at(kb, k0, 2), at(vb, k0, 2), out,
+                                     w->lse_stage, &s, w->attn_ws);
+        add_bf16(ops, w->acc, w->tmp16[0], w->tmp32, n);
+        add_bf16(ops, dkb + k0, w->tmp16[1], w->tmp32, nk);
+        add_bf16(ops, dvb + k0, w->tmp16[2], w->tmp32, nk);
+    }
+    ops->cast_f32_to_bf16(dq, w->acc, n);
+}
+
+static void ag_forward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *out, float *lse,
+                       const void *q, const void *k, const void *v, const cp_attn_dims *d) {
+    const int cp = comm_group_size(c->g), r = comm_group_rank(c->g), ns = cp_n_segments(c->balanced);
+    const size_t es = bf16 ? 2 : 4, t = (size_t)d->t, T = t * (size_t)cp, ch = T / (size_t)cp_n_chunks(cp, c->balanced);
+    const size_t qrow = (size_t)d->h * d->d, krow = (size_t)d->kv * d->d;
+    gather_kv(c, ops, bf16, w, k, v, d);
+    for (int b = 0; b < d->b; b++)
+        for (int i = 0; i < ns; i++) {
+            const size_t j = (size_t)cp_segment_chunk(cp, c->balanced, r, i);
+            const size_t qo = ((size_t)b * t + (size_t)i * ch) * qrow;
+            const void *kb = at(w->kf, (size_t)b * T * krow, es), *vb = at(w->vf, (size_t)b * T * krow, es);
+            if (ag_split(bf16, d, j)) {
+                ag_split_forward(c, ops, w, at(out, qo, es), at(q, qo, es), kb, vb, d, b, (int)j, (int)ch);
+            } else {
+                ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)((j + 1) * ch), 1, (int)(j * ch), 0);
+                attn_fwd(ops, bf16, at(out, qo, es), w->lse_stage, at(q, qo, es), kb, vb, &s, w->attn_ws);
+            }
+            lse_put(ops, lse, w->lse_stage, d, b, i, (int)ch);
+        }
 }
 
 static void ag_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buffers *w, void *dq, void *dk, void *dv,
@@ -244,7 +307,10 @@ static void ag_backward(const cp_ctx *c, const tetra_ops *ops, int bf16, cp_buff
             ops_attn_shape s = call_shape(c, d, b, (int)ch, (int)sk, 1, (int)(j * ch), 0);
             const size_t qo = ((size_t)b * t + (size_t)i * ch) * qrow, ko = (size_t)b * T * krow;
             lse_get(ops, w->lse_stage, lse, d, b, i, (int)ch);
-            if (bf16) {
+            if (ag_split(bf16, d, j)) {
+                ag_split_backward(c, ops, w, at(dq, qo, es), w->dkf + ko, w->dvf + ko, at(dout, qo, es), at(q, qo, es),
+                                  at(w->kf, ko, es), at(w->vf, ko, es), at(out, qo, es), d, b, (int)j, (int)ch);
+            } else if (bf16) {
                 ops->attention_backward_bf16(at(dq, qo, es), w->tmp16[0], w->tmp16[1], at(dout, qo, es), at(q, qo, es),
                                              at(w->kf, ko, es), at(w->vf, ko, es), at(out, qo, es), w->lse_stage, &s,
                                              w->attn_ws);

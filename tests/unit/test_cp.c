@@ -8,7 +8,11 @@
  *     double-precision truth every result is as accurate as the unsharded op's
  *     (within 3x its error, or 1e-6; bf16 1e-2);
  *   - the same with a document mask (block_causal): documents crossing chunk edges and
- *     short ones inside chunks, so some block pairs see nothing; the truth is masked too. */
+ *     short ones inside chunks, so some block pairs see nothing; the truth is masked too;
+ *   - without a document mask, every bf16 attention call context parallel makes (both
+ *     rotate methods, balanced or not) is a shape cuDNN's fused SDPA takes
+ *     (kernels/ops_paths.h, on an sm_90 device with cuDNN 9.19): no chunk falls back to
+ *     the built-in kernels. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "kernels/ops_paths.h"
 #include "parallel/comm.h"
 #include "parallel/cp.h"
 #include "parallel/mesh.h"
@@ -151,8 +156,38 @@ static int32_t *make_docs(int T) {
     return doc;
 }
 
+/* The CPU table, with its bf16 attention calls checked against the cuDNN path's shape
+ * rules on the way through. */
+static tetra_ops watched;
+static int n_bf16_calls, n_refused;
+static char refused[160];
+
+static void watch(const ops_attn_shape *s, const char *dir) {
+    n_bf16_calls++;
+    if (!s->doc && !ops_path_cudnn_sdpa_shape(s, 9, 91900) && !n_refused++)
+        snprintf(refused, sizeof refused, "%s sq %d sk %d causal %d q_offset %d k_offset %d", dir, s->sq, s->sk,
+                 s->causal, s->q_offset, s->k_offset);
+}
+static void watched_fwd(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                        const ops_attn_shape *s, void *ws) {
+    watch(s, "forward");
+    ops_cpu()->attention_forward_bf16(out, lse, q, k, v, s, ws);
+}
+static void watched_bwd(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
+                        const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
+                        const ops_attn_shape *s, void *ws) {
+    watch(s, "backward");
+    ops_cpu()->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, ws);
+}
+static const tetra_ops *watched_ops(void) {
+    watched = *ops_cpu();
+    watched.attention_forward_bf16 = watched_fwd;
+    watched.attention_backward_bf16 = watched_bwd;
+    return &watched;
+}
+
 static void test_attention(comm_group *g, int bf16, int docs) {
-    const tetra_ops *ops = ops_cpu();
+    const tetra_ops *ops = ops_cpu(), *cp_ops = watched_ops();
     const int cp = comm_group_size(g), r = comm_group_rank(g);
     const int B = 2, T = 16 * cp, H = 4, KV = 2, D = 16, t = T / cp;
     int32_t *doc = docs ? make_docs(T) : NULL;
@@ -240,9 +275,10 @@ static void test_attention(comm_group *g, int bf16, int docs) {
                 memcpy(ldo, xdo, lq * 4);
             }
             cp_attn_dims dim = {B, t, H, KV, D, 0.25f, doc};
-            void *ws = malloc(cp_workspace_bytes(&c, ops, &dim, bf16));
-            cp_attention_forward(&c, ops, bf16, lo, wl, lq_in, lk_in, lv_in, &dim, ws);
-            cp_attention_backward(&c, ops, bf16, ldq, ldk, ldv, ldo, lq_in, lk_in, lv_in, lo, wl, &dim, ws);
+            void *ws = malloc(cp_workspace_bytes(&c, cp_ops, &dim, bf16));
+            n_bf16_calls = n_refused = 0;
+            cp_attention_forward(&c, cp_ops, bf16, lo, wl, lq_in, lk_in, lv_in, &dim, ws);
+            cp_attention_backward(&c, cp_ops, bf16, ldq, ldk, ldv, ldo, lq_in, lk_in, lv_in, lo, wl, &dim, ws);
             if (bf16) {
                 from_bf16(wo, lo, lq);
                 from_bf16(wdq, ldq, lq);
@@ -271,6 +307,10 @@ static void test_attention(comm_group *g, int bf16, int docs) {
             const char *mname = method ? "alltoall" : "allgather";
             const char *bname =
                 bal ? (doc ? "headtail block_causal" : "headtail") : (doc ? "none block_causal" : "none");
+            if (bf16 && !doc)
+                CHECK(n_bf16_calls > 0 && n_refused == 0,
+                      "cp %d bf16 %s %s: %d of %d attention calls are shapes cuDNN refuses (first: %s)", cp, mname,
+                      bname, n_refused, n_bf16_calls, refused);
             CHECK(e[0] <= tol && e[1] <= 1e-6, "cp %d %s %s %s: out %.3g lse %.3g", cp, bf16 ? "bf16" : "fp32", mname,
                   bname, e[0], e[1]);
             for (int i = 0; i < 4; i++)
