@@ -4,14 +4,19 @@ Trains a Llama 3 model (a TorchTitan flavor, optionally with fewer layers or a
 smaller vocabulary) on random token ids on one CUDA GPU, the way TorchTitan's
 best single-GPU setup does: bf16 autocast (the one-GPU equivalent of FSDP
 mixed precision, bf16 params / fp32 reduce), each transformer block compiled
-on its own with torch.compile (or eager), optionally float8 linears through
-torchao (tensorwise or rowwise; the output projection stays bf16).
+on its own with torch.compile (default mode, or mode="reduce-overhead": CUDA
+graphs), or eager, optionally float8 linears through torchao (tensorwise or
+rowwise; the output projection stays bf16), optionally each block
+checkpointed whole (--ac full, as tetra's activation_checkpoint.mode = "full").
 
 A step is forward + cross-entropy + backward + clip_grad_norm_(1.0) + fused
-AdamW + zero_grad, timed with CUDA synchronisation on both sides. Reported:
-median step time after warm-up as tokens/s, TFLOP/s and MFU with TorchTitan's
+AdamW + zero_grad. After the warm-up, --repeats windows of --steps steps each
+are timed with one CUDA synchronisation at each end of the window (nothing
+reads the loss inside it, as tetra's steps between two log steps). Reported:
+the median window's step time as tokens/s, TFLOP/s and MFU with TorchTitan's
 FLOPs-per-token count (6*N + 12*L*H*D*T, N = parameters without the token
-embedding), peak allocated memory and the last loss.
+embedding), every window's tokens/s (the spread), peak allocated memory and
+the last loss.
 
 Exit status 2 when no CUDA device is present, 3 when --float8 is asked for and
 torchao is not importable.
@@ -99,8 +104,18 @@ class Attention(nn.Module):
             k = k.unsqueeze(3).expand(b, t, self.n_kv_heads, rep, self.head_dim).reshape(b, t, self.n_heads, self.head_dim)
             v = v.unsqueeze(3).expand(b, t, self.n_kv_heads, rep, self.head_dim).reshape(b, t, self.n_heads, self.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o = sdpa_causal(q, k, v)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
+
+
+def sdpa_causal(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # PyTorch before 2.0 (a CPU check of this script only): the same, spelled out
+    t = q.shape[-2]
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
 
 
 class FeedForward(nn.Module):
@@ -176,20 +191,26 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--steps", type=int, default=20, help="measured steps (after warm-up)")
     ap.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (compilation happens here)")
-    ap.add_argument("--mode", choices=["eager", "compile"], default="compile")
+    ap.add_argument("--mode", choices=["eager", "compile", "reduce-overhead"], default="compile",
+                    help="eager, torch.compile per block, or torch.compile(mode='reduce-overhead') per block")
+    ap.add_argument("--ac", choices=["none", "full"], default="none",
+                    help="activation checkpointing: none, or every block recomputed in backward")
+    ap.add_argument("--repeats", type=int, default=2, help="timed windows of --steps steps each")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only checks this script (eager, no timing claims)")
     ap.add_argument("--vocab", type=int, help="override the flavor's vocabulary size")
     ap.add_argument("--float8", choices=["none", "tensorwise", "rowwise"], default="none")
     ap.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s for MFU (default: H100 SXM dense bf16)")
     ap.add_argument("--json-out", help="also write the results as a JSON object to this file")
     args = ap.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.repeats < 1:
+        ap.error("--steps and --repeats must be >= 1 and --warmup >= 0")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
         print("gpu_pytorch: no CUDA device", file=sys.stderr)
         return 2
     if args.float8 != "none":
@@ -205,24 +226,39 @@ def main(argv=None):
         cfg["n_layers"] = args.n_layers
     if args.vocab is not None:
         cfg["vocab"] = args.vocab
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
     torch.manual_seed(0)
 
     model = Llama3(cfg, args.seq_len, device=dev)
     n_params = n_params_no_embedding(model)
     fpt = flops_per_token(n_params, cfg, args.seq_len)
 
-    label = f"pytorch-{args.mode}"
+    label = f"pytorch-{args.mode}" + ("-ac-full" if args.ac == "full" else "")
     if args.float8 != "none":
         f8cfg = Float8LinearConfig() if args.float8 == "tensorwise" else Float8LinearConfig.from_recipe_name("rowwise")
         convert_to_float8_training(model, config=f8cfg, module_filter_fn=lambda mod, fqn: fqn != "output")
         label += f"-float8-{args.float8}"
-    if args.mode == "compile":
+    if args.mode != "eager":
+        kw = dict(mode="reduce-overhead") if args.mode == "reduce-overhead" else {}
         for i, block in enumerate(model.layers):
-            model.layers[i] = torch.compile(block, fullgraph=True)
+            model.layers[i] = torch.compile(block, fullgraph=True, **kw)
+    if args.ac == "full":
+        from torch.utils.checkpoint import checkpoint
+
+        blocks = list(model.layers)
+
+        def forward_ac(tokens):
+            t = tokens.shape[1]
+            cos, sin = model.rope_cos[:t], model.rope_sin[:t]
+            h = model.tok_embeddings(tokens)
+            for blk in blocks:
+                h = checkpoint(blk, h, cos, sin, use_reentrant=False)
+            return model.output(model.norm(h))
+
+        model.forward = forward_ac
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=8e-4, weight_decay=0.1, fused=True)
+    opt = torch.optim.AdamW(params, lr=8e-4, weight_decay=0.1, **(dict(fused=True) if cuda else {}))
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234)
 
@@ -230,8 +266,12 @@ def main(argv=None):
         ids = torch.randint(0, cfg["vocab"], (args.batch, args.seq_len + 1), device=dev, generator=gen)
         return ids[:, :-1], ids[:, 1:]
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     def step(inputs, targets):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
             logits = model(inputs)
             loss = loss_fn(logits, targets)
         loss.backward()
@@ -240,37 +280,44 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    torch.cuda.reset_peak_memory_stats()
-    times, loss = [], None
-    for i in range(args.warmup + args.steps):
-        inputs, targets = batch()
-        torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    loss = None
+    for _ in range(args.warmup):
+        loss = step(*batch())
+    # the batches of every window drawn before it, so the window times only the steps
+    windows = []
+    for _ in range(args.repeats):
+        batches = [batch() for _ in range(args.steps)]
+        sync()
         t0 = time.perf_counter()
-        loss = step(inputs, targets)
-        torch.cuda.synchronize()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        for inputs, targets in batches:
+            loss = step(inputs, targets)
+        sync()
+        windows.append((time.perf_counter() - t0) / args.steps)
     last_loss = loss.item()
 
-    step_s = statistics.median(times)
+    step_s = statistics.median(windows)
     tokens_per_s = args.batch * args.seq_len / step_s
+    window_tps = [args.batch * args.seq_len / w for w in windows]
     tflops = tokens_per_s * fpt / 1e12
     mfu = 100.0 * tflops * 1e12 / args.peak
-    peak_gib = torch.cuda.max_memory_allocated() / 2**30
-    print(f"{label} | steps {args.steps} | tokens/s {tokens_per_s:.0f} | TFLOP/s {tflops:.2f} | "
-          f"MFU {mfu:.2f}% | peak memory {peak_gib:.2f} GiB | last loss {last_loss:.4f}")
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    spread = f"{min(window_tps):,.0f}-{max(window_tps):,.0f}"
+    print(f"{label} | {args.repeats} x {args.steps} steps | tokens/s {tokens_per_s:.0f} (windows {spread}) | "
+          f"TFLOP/s {tflops:.2f} | MFU {mfu:.2f}% | peak memory {peak_gib:.2f} GiB | last loss {last_loss:.4f}")
     if not math.isfinite(last_loss):
         print("gpu_pytorch: warning: loss is not finite", file=sys.stderr)
 
     if args.json_out:
         result = dict(
-            label=label, mode=args.mode, float8=args.float8, flavor=args.flavor,
+            label=label, mode=args.mode, ac=args.ac, float8=args.float8, flavor=args.flavor, repeats=args.repeats,
             dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], n_kv_heads=cfg["n_kv_heads"],
             vocab=cfg["vocab"], seq_len=args.seq_len, batch=args.batch, steps=args.steps, warmup=args.warmup,
             n_params_no_embedding=n_params, flops_per_token=fpt, step_time_median_s=step_s,
-            step_times_s=times, tokens_per_s=tokens_per_s, tflops=tflops, mfu_percent=mfu, peak_flops=args.peak,
+            window_step_s=windows, window_tokens_per_s=window_tps, tokens_per_s=tokens_per_s, tflops=tflops, mfu_percent=mfu, peak_flops=args.peak,
             peak_memory_gib=peak_gib, last_loss=last_loss, torch_version=torch.__version__,
-            device=torch.cuda.get_device_name(dev),
+            device=torch.cuda.get_device_name(dev) if cuda else "cpu",
         )
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)

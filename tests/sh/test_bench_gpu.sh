@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# bench/gpu's like-for-like rules, without a GPU: a stand-in tetra (it answers the GPU count
+# and writes metrics.jsonl as a run logging every LOG_FREQ-th step would) shows that
+#   - both sides get the same activation checkpointing, tetra logs every LOG_FREQ-th step
+#     and runs REPEATS times; the row is the median of the log windows wholly after the
+#     warm-up (never a window holding warm-up steps) with the runs' spread;
+#   - bad settings are refused;
+# and bench/gpu_pytorch.py itself runs on the CPU (eager, the debug model, two timed
+# windows) with and without full activation checkpointing, to the same loss.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+mkdir -p "$T/bin"
+cat >"$T/bin/tetra" <<'EOF'
+#!/usr/bin/env bash
+if [ "$1" = info ]; then echo 1; exit 0; fi
+echo "$*" >>"$(dirname "$0")/calls"
+dump= steps= freq=
+while [ $# -gt 0 ]; do
+  case "$1" in --job.dump_folder) dump=$2 ;; --training.steps) steps=$2 ;; --metrics.log_freq) freq=$2 ;; esac
+  shift
+done
+mkdir -p "$dump"
+run=${dump##*run}
+# tokens/s: 100 in the warm-up's windows, then 1000 + 10 x the window's last step + the run
+for s in $(seq 1 "$steps"); do
+  if [ "$s" = 1 ] || [ $((s % freq)) = 0 ]; then
+    tps=$((s <= 10 ? 100 : 1000 + 10 * s + run))
+    echo "{\"step\": $s, \"loss\": 7.5, \"tps\": $tps, \"tflops\": 1.0, \"mfu\": 10.0}"
+  fi
+done >"$dump/metrics.jsonl"
+EOF
+chmod +x "$T/bin/tetra"
+
+TETRA_BIN="$T/bin" BENCH_OUT="$T/out" PYTORCH=none CASES=debug AC=full bash "$ROOT/bench/gpu" >"$T/table" 2>"$T/err"
+rc=$?
+row=$(grep '^| debug |' "$T/table" | tail -1)
+# windows after the 10-step warm-up end at steps 20, 30, 40: medians 1301 (run 1) and 1302 (run 2)
+if [ $rc = 0 ] && [ "$row" = "| debug | 2 x 30 | 1,302 | 1.0 | 10.0% | 7.500 | 1,301-1,302 |" ]; then
+  ok "the row is the median of the post-warm-up log windows of 2 runs: $row"
+else
+  bad "bench/gpu exited $rc, row '$row': $(tail -3 "$T/err")"
+fi
+n=$(grep -c -- '--activation_checkpoint.mode full' "$T/bin/calls")
+f=$(grep -c -- '--metrics.log_freq 10 ' "$T/bin/calls")
+[ "$n" = 2 ] && [ "$f" = 2 ] && ok "tetra ran twice with AC full and logging every 10th step" ||
+  bad "tetra's calls: $n with AC full, $f logging every 10th step: $(cat "$T/bin/calls")"
+grep -q '^| case (AC full) |' "$T/table" && ok "the table names the AC both sides ran" || bad "header: $(head -1 "$T/table")"
+
+for bad_env in "AC=selective" "PYTORCH=fastest" "STEPS=15" "REPEATS=0"; do
+  env "$bad_env" TETRA_BIN="$T/bin" BENCH_OUT="$T/out2" CASES=debug bash "$ROOT/bench/gpu" >/dev/null 2>"$T/e2"
+  rc=$?
+  [ $rc = 2 ] && [ -s "$T/e2" ] && ok "$bad_env is refused: $(head -1 "$T/e2")" || bad "$bad_env: exit $rc"
+done
+
+# the PyTorch side's script, on the CPU
+if "$PY" -c "import torch" 2>/dev/null; then
+  for ac in none full; do
+    "$PY" "$ROOT/bench/gpu_pytorch.py" --flavor debugmodel --n-layers 2 --seq-len 32 --batch 2 --steps 2 --warmup 1 \
+      --repeats 2 --mode eager --device cpu --ac $ac --json-out "$T/pt_$ac.json" >"$T/pt_$ac.log" 2>&1 ||
+      bad "gpu_pytorch.py --ac $ac on the CPU: $(tail -2 "$T/pt_$ac.log")"
+  done
+  "$PY" - "$T/pt_none.json" "$T/pt_full.json" <<'EOF' && ok "gpu_pytorch.py: 2 timed windows, the same loss with and without full AC" ||
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert len(a["window_tokens_per_s"]) == 2 and a["repeats"] == 2, a
+assert b["ac"] == "full" and abs(a["last_loss"] - b["last_loss"]) < 1e-4, (a["last_loss"], b["last_loss"])
+EOF
+    bad "gpu_pytorch.py's results: $(cat "$T/pt_none.json" "$T/pt_full.json" 2>/dev/null | tr -s ' \n' ' ' | cut -c1-300)"
+else
+  echo "skip gpu_pytorch.py on the CPU: $PY has no torch"
+fi
+finish
