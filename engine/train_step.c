@@ -437,7 +437,7 @@ static void cb_forward(void *user, int stage, int mb) {
     model_acts *a = acts_take(s, mb);
     int64_t nv = 0;
     trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
-    /* the head's loss stays on the device until the step reads them all (train_read_losses) */
+    /* the head's loss stays on the device until the step reads them all (read_step_scalars) */
     float *loss_dev = s->model.has_output && t->n_loss < t->loss_cap ? t->loss_dev + t->n_loss++ : NULL;
     t->step_loss_sum += stage_forward(s, a, t->batch.in + mb_offset(t, mb), t->batch.lab + mb_offset(t, mb),
                                       mb_docs(t, mb), t->dloss_scale, &nv, loss_dev);
@@ -699,13 +699,21 @@ static void host_adamw(void *user, size_t off, size_t n, const float *grad, void
     if (!oc->a->mixed) memcpy(params_out, master, n * sizeof(float));
 }
 
-/* The step's loss sums, left on the device by each microbatch's head, in one read; added
- * in the order the heads ran, as a read per microbatch would add them. */
-static void read_losses(trainer *t) {
-    if (t->n_loss == 0) return;
-    t->ops->copy_d2h(t->loss_host, t->loss_dev, (size_t)t->n_loss * sizeof(float));
+/* The step's one host wait: the loss sums each microbatch's head left on the device and
+ * every local stage's gradient sum of squares, in one read. The losses are added in the
+ * order the heads ran, as a read per microbatch would add them; returns the gradient's
+ * global sum of squares over the stages of every pipeline rank. */
+static double read_step_scalars(trainer *t) {
+    float *norms = t->loss_dev + t->loss_cap;
+    for (int i = 0; i < t->n_local; i++) fsdp_grad_sq_norm_local(t->st[i].fs, norms + i);
+    t->ops->copy_d2h(t->loss_host, t->loss_dev, (size_t)(t->loss_cap + t->n_local) * sizeof(float));
     for (int k = 0; k < t->n_loss; k++) t->step_loss_sum += (double)t->loss_host[k];
     t->n_loss = 0;
+    double sq = 0.0;
+    for (int i = 0; i < t->n_local; i++) sq += fsdp_grad_sq_norm_global(t->st[i].fs, t->loss_host[t->loss_cap + i]);
+    /* each stage's norm is over its parameters: the pipeline ranks add theirs up */
+    if (t->pp_size > 1) sq = comm_all_reduce_f64(t->g_pp, sq, COMM_SUM);
+    return sq;
 }
 
 void train_step(trainer *t, step_result *r) {
@@ -728,18 +736,13 @@ void train_step(trainer *t, step_result *r) {
                 t->shape.n_mb == 1 ? "" : "es", n_rounds(t), n_rounds(t) == 1 ? "" : "s");
     run_rounds(t);
     trace_end(t->tr);
-    read_losses(t);
     trace_begin(t->tr, "fsdp", "finish gradient reductions");
     for (int i = 0; i < t->n_local; i++) fsdp_finish_grads(t->st[i].fs);
     trace_end(t->tr);
     trace_begin(t->tr, "optimizer", "clip gradients and AdamW");
     /* converters see the final gradients before the norm and the update */
     train_converters_pre_optimizer(t);
-    double sq = 0.0;
-    for (int i = 0; i < t->n_local; i++) sq += fsdp_grad_sq_norm(t->st[i].fs);
-    /* each stage's norm is over its parameters: the pipeline ranks add theirs up */
-    if (t->pp_size > 1) sq = comm_all_reduce_f64(t->g_pp, sq, COMM_SUM);
-    r->grad_norm = sqrt(sq);
+    r->grad_norm = sqrt(read_step_scalars(t));
     /* the loss is computed on the last stage: every pipeline rank learns it (before the
      * update, so that a non-finite loss keeps the parameters as they were) */
     r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;
@@ -773,7 +776,8 @@ void train_step(trainer *t, step_result *r) {
         adamw(ops, &a, fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs),
               fsdp_local_numel(s->fs));
     }
-    ops->synchronize();
+    /* no wait for the update: the next step's work queues behind it on the stream, and
+     * what reads the parameters on the host (a checkpoint, a log step's timing) waits */
     for (int i = 0; i < t->n_local; i++)
         if (!fsdp_offloaded(t->st[i].fs)) fsdp_params_updated(t->st[i].fs);
     train_converters_post_optimizer(t);

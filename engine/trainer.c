@@ -424,6 +424,7 @@ static int check_nonfinite(trainer *t, int64_t step, const step_result *r, run_s
 /* The metrics of a log step, averaged over the steps since the last one. */
 static void log_step(trainer *t, int64_t step, const step_result *r, run_state *rs) {
     const tetra_config_values *c = t->c;
+    t->ops->synchronize(); /* a step ends without waiting for its update: the window's time includes it */
     const double dt = (now_s() - rs->log_t0) / (double)rs->log_steps;
     /* under a document mask every data-parallel rank's sequences have their own pairs:
      * mfu_computed counts those of the global batch */

@@ -180,8 +180,9 @@ struct trainer {
     float dloss_scale;
     double step_loss_sum;
     int64_t step_valid;
-    float *loss_dev;  /* [loss_cap] backend memory: each head forward's loss sum of the step */
-    float *loss_host; /* [loss_cap] */
+    float *loss_dev;  /* [loss_cap + n_local] backend memory: each head forward's loss sum of the
+                         step, then each local stage's gradient sum of squares */
+    float *loss_host; /* [loss_cap + n_local] */
     int loss_cap, n_loss;
     pp_run_stats pp_stats; /* the last step's runtime times (summed over rounds) */
     double pp_step_s;      /* the last step's wall time inside the schedule */

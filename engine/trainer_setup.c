@@ -934,15 +934,16 @@ static int alloc_buffers(trainer *t) {
     }
     for (int i = 0; i < t->n_local; i++)
         if (alloc_stage(t, &t->st[i])) return -1;
-    /* the head's loss sum of every microbatch of a step, read once at its end */
-    if (t->loss_cap > 0) {
-        t->loss_dev = ops->alloc((size_t)t->loss_cap * sizeof(float));
-        t->loss_host = malloc((size_t)t->loss_cap * sizeof(float));
-        if (!t->loss_dev || !t->loss_host) {
-            log_error("out of memory allocating the step's loss sums");
-            return -1;
-        }
+    /* the head's loss sum of every microbatch of a step and each stage's gradient sum of
+     * squares, read in one host wait per step */
+    const size_t n_scalars = (size_t)(t->loss_cap + t->n_local);
+    t->loss_dev = ops->alloc(n_scalars * sizeof(float));
+    t->loss_host = calloc(n_scalars, sizeof(float));
+    if (!t->loss_dev || !t->loss_host) {
+        log_error("out of memory allocating the step's loss sums");
+        return -1;
     }
+    ops->fill(t->loss_dev, 0.0f, n_scalars);
     return t->val ? alloc_validation(t) : 0;
 }
 

@@ -885,27 +885,35 @@ void fsdp_finish_grads(fsdp *f) {
     }
 }
 
-double fsdp_grad_sq_norm(fsdp *f) {
-    float local = 0.0f;
-    f->ops->fill(f->scalar, 0.0f, 1);
+void fsdp_grad_sq_norm_local(fsdp *f, float *dev_out) {
+    f->ops->fill(dev_out, 0.0f, 1);
     if (f->tp_size == 1) {
-        f->ops->sum_squares(f->scalar, f->grad, f->local_numel);
+        f->ops->sum_squares(dev_out, f->grad, f->local_numel);
     } else {
         /* tensor parallel: each rank's boxes once, the replicated parameters from one rank */
         for (int i = 0; i < f->cfg.n_params; i++) {
             const dt_param_decl *d = &f->cfg.params_decl[i];
             const dt_tensor *t = &f->tensors[i];
             if (d->replicated && f->tp_rank != 0) continue;
-            if (f->S == 1) f->ops->sum_squares(f->scalar, f->grad + d->offset, d->numel);
-            else if (t->n_pieces) f->ops->sum_squares(f->scalar, f->grad + t->piece.local_offset, t->piece.count);
+            if (f->S == 1) f->ops->sum_squares(dev_out, f->grad + d->offset, d->numel);
+            else if (t->n_pieces) f->ops->sum_squares(dev_out, f->grad + t->piece.local_offset, t->piece.count);
         }
     }
-    f->ops->copy_d2h(&local, f->scalar, sizeof local);
+}
+
+double fsdp_grad_sq_norm_global(fsdp *f, float local) {
     /* replicas hold identical shards after the all-reduce: count each shard once */
     double sq = (double)local;
     if (f->S > 1) sq = comm_all_reduce_f64(f->cfg.shard, sq, COMM_SUM);
     if (f->tp_size > 1) sq = comm_all_reduce_f64(f->cfg.tp, sq, COMM_SUM);
     return sq;
+}
+
+double fsdp_grad_sq_norm(fsdp *f) {
+    float local = 0.0f;
+    fsdp_grad_sq_norm_local(f, f->scalar);
+    f->ops->copy_d2h(&local, f->scalar, sizeof local);
+    return fsdp_grad_sq_norm_global(f, local);
 }
 
 void fsdp_params_updated(fsdp *f) {

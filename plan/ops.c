@@ -95,11 +95,12 @@ static int classify(const char *span, op_kind op, int block) {
     if ((l = span_layer(span, "forward layers.")) >= 0) return l == block ? SEC_FWD : SEC_OTHER_BLOCKS;
     if ((l = span_layer(span, "backward input layers.")) >= 0) return l == block ? SEC_BWD_I : SEC_OTHER_BLOCKS;
     if ((l = span_layer(span, "backward weight layers.")) >= 0) return l == block ? SEC_BWD_W : SEC_OTHER_BLOCKS;
-    if (!strncmp(span, "forward head", 12)) return SEC_HEAD_FWD;
-    if (!strcmp(span, "backward input head")) return SEC_HEAD_BWD_I;
-    if (!strcmp(span, "backward weight head")) return SEC_HEAD_BWD_W;
-    /* the embedding's backward runs in its action's span */
-    if (!strcmp(span, "forward embedding") || op == OPK_EMBEDDING_BACKWARD || op == OPK_EMBEDDING_BACKWARD_BF16)
+    /* the trainer names a unit's spans by the unit (Llama's "norm+output", "tok_embeddings") */
+    if (!strcmp(span, "forward norm+output")) return SEC_HEAD_FWD;
+    if (!strcmp(span, "backward input norm+output")) return SEC_HEAD_BWD_I;
+    if (!strcmp(span, "backward weight norm+output")) return SEC_HEAD_BWD_W;
+    /* the embedding's backward: its op, wherever it runs */
+    if (!strcmp(span, "forward tok_embeddings") || op == OPK_EMBEDDING_BACKWARD || op == OPK_EMBEDDING_BACKWARD_BF16)
         return SEC_EMBEDDING;
     if (!strcmp(span, "clip gradients and AdamW")) return SEC_OPTIMIZER;
     if (!strncmp(span, "unshard ", 8) || !strncmp(span, "reduce gradients", 16) ||
@@ -219,8 +220,9 @@ static void print_section(const recording *r, const plan_hw *hw, int s, const ch
 }
 
 static void print_launch_kinds(const char *what, const op_cost *c) {
-    printf("  %-22s %6d launches: %d kernels, %d cuBLASLt, %d cuDNN, %d CUB sorts, %d copies/memsets; %d host waits\n",
-           what, op_cost_launches(c), c->kernels, c->gemms, c->cudnn, c->sorts, c->copies, c->syncs);
+    printf("  %-22s %6d launches: %d kernels, %d cuBLASLt, %d cuDNN, %d CUB sorts, %d copies/memsets; %d host wait%s\n",
+           what, op_cost_launches(c), c->kernels, c->gemms, c->cudnn, c->sorts, c->copies, c->syncs,
+           c->syncs == 1 ? "" : "s");
 }
 
 static void print_header(const tetra_config *cfg, const recording *r, const plan_hw *hw, const op_cost_device *dev) {
