@@ -11,7 +11,6 @@
 #include "telemetry/log.h"
 #include "float8/float8.h"
 #include "kernels/cuda_plugin.h"
-#include "models/llama3/family.h"
 
 /* ---------------------------------------------------------------------------- float8 */
 
@@ -24,17 +23,32 @@ static int gpu_sm(void) {
     return p ? atoi(p + 4) : 0;
 }
 
+/* Does a filter entry name a linear of the whole model? */
+typedef struct {
+    const char *want;
+    int hit;
+} filter_probe;
+
+static void probe_name(void *user, const char *name) {
+    filter_probe *p = user;
+    p->hit |= strstr(name, p->want) != NULL;
+}
+
+/* a filter entry that names no linear of the whole model is most likely a typo */
+static void check_filter(const float8_config *fc, const model_args *args) {
+    for (int i = 0; i < fc->n_filter; i++) {
+        filter_probe p = {fc->filter[i], !fc->filter[i][0]};
+        if (!p.hit && args && args->family->linear_names) args->family->linear_names(args, probe_name, &p);
+        if (!p.hit)
+            log_warn("quantize.linear.float8.filter_fqns: \"%s\" matches no linear layer of the model "
+                     "(names look like layers.0.attention.wq, layers.3.feed_forward.w2, output)",
+                     p.want);
+    }
+}
+
 static int float8_hook_convert(void **state, model_stage *stage, const converter_env *env, char *err, size_t errlen) {
     const tetra_config_values *c = env->cfg;
     const char *file = env->config_file ? env->config_file : "command line";
-    llama3_model *m = llama3_stage_model(stage);
-    if (!m) {
-        snprintf(err, errlen,
-                 "%s: model.converters = [\"float8\"] converts the linears of Llama 3 models; model.name "
-                 "\"%s\" is not one",
-                 file, stage->family->name);
-        return -1;
-    }
     float8_config fc;
     memset(&fc, 0, sizeof fc);
     if (float8_parse_recipe(c->quantize_linear_float8.recipe_name, &fc.recipe)) {
@@ -74,27 +88,19 @@ static int float8_hook_convert(void **state, model_stage *stage, const converter
             return -1;
         }
     }
-    float8_model *f = float8_convert(m, &fc, env->max_rows, env->shard, env->tp, env->dry_run, err, errlen);
+    model_linear **lins = malloc((size_t)(stage->n_params > 0 ? stage->n_params : 1) * sizeof *lins);
+    if (!lins) {
+        snprintf(err, errlen, "float8: out of host memory");
+        return -1;
+    }
+    const int n_lins = stage->family->linears ? stage->family->linears(stage, lins) : 0;
+    float8_model *f = float8_convert(lins, n_lins, env->ops, stage->compute_dtype, &fc, env->max_rows, env->shard,
+                                     env->tp, env->dry_run, err, errlen);
+    free(lins);
     if (!f) return -1;
     *state = f;
     if (env->rank == 0 && env->stage == 0) {
-        /* a filter entry that names no linear of the whole model is most likely a typo */
-        char name[96];
-        static const char *lin[] = {"attention.wq",    "attention.wk",    "attention.wv",   "attention.wo",
-                                    "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"};
-        for (int i = 0; i < fc.n_filter; i++) {
-            const char *want = fc.filter[i];
-            int hit = !want[0] || strstr("output", want) != NULL;
-            for (int l = 0; l < m->args.n_layers && !hit; l++)
-                for (int j = 0; j < 7 && !hit; j++) {
-                    snprintf(name, sizeof name, "layers.%d.%s", l, lin[j]);
-                    hit = strstr(name, want) != NULL;
-                }
-            if (!hit)
-                log_warn("quantize.linear.float8.filter_fqns: \"%s\" matches no linear layer of the model "
-                         "(names look like layers.0.attention.wq, layers.3.feed_forward.w2, output)",
-                         want);
-        }
+        check_filter(&fc, env->args);
         const int pre = fc.precompute_scales || fc.fsdp_fp8_all_gather;
         log_info("Float8 %s%s: %d linear layers of stage %d in float8%s%s", float8_recipe_name(fc.recipe),
                  fc.emulate ? " (emulated: fp32 GEMMs on dequantised operands)" : "", float8_converted(f), env->stage,

@@ -5,9 +5,8 @@
  * that order, to every pipeline stage this rank runs:
  *   convert         after the stage's model is declared (its layout, tensor-parallel
  *                   boxes and linear descriptors exist) and before FSDP wraps it: e.g.
- *                   install another implementation on chosen linears (a Llama model's
- *                   llama3_linear: a converter knows the families it converts, and
- *                   refuses the others);
+ *                   install another implementation on chosen linears (the family's
+ *                   `linears`, models/linear.h);
  *   parallelized    after FSDP wrapped the stage (its shards exist, not yet filled): e.g.
  *                   Float8 asks FSDP to gather its weights in float8;
  *   pre_optimizer   every step, after the gradients are final (reduced, before
@@ -38,11 +37,12 @@ typedef struct {
     const char *config_file; /* for messages ("command line" when none) */
     const tetra_ops *ops;
     int rank;
-    int stage;         /* the global stage index */
-    size_t max_rows;   /* tokens of one microbatch on this rank: the most rows a linear sees */
-    int dry_run;       /* a plan: declare, allocate no backend memory */
-    comm_group *shard; /* the FSDP group the parameters are sharded over (dp_shard x cp) */
-    comm_group *tp;    /* tensor parallel (NULL: none) */
+    int stage;              /* the global stage index */
+    size_t max_rows;        /* tokens of one microbatch on this rank: the most rows a linear sees */
+    int dry_run;            /* a plan: declare, allocate no backend memory */
+    comm_group *shard;      /* the FSDP group the parameters are sharded over (dp_shard x cp) */
+    comm_group *tp;         /* tensor parallel (NULL: none) */
+    const model_args *args; /* the model's family and hyperparameters */
 } converter_env;
 
 typedef struct tetra_converter {

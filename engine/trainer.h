@@ -2,7 +2,7 @@
  *
  * The ranks form the mesh pp x dp_replicate x dp_shard x cp x tp
  * (parallel/mesh.h) with a communicator per group (parallel/comm.h). Each rank
- * builds the model for its layout (models/llama3/model.h) without storage of its
+ * builds the model for its layout (its family's, models/model.h) without storage of its
  * own; FSDP (parallel/fsdp.h: FSDP, HSDP, or DDP when the shard degree is 1)
  * owns the parameter, gradient and working buffers and binds each unit to the
  * model while it computes.

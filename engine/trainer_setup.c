@@ -279,6 +279,7 @@ static int convert_stage(trainer *t, train_stage *st, char *err, size_t errlen) 
     env.dry_run = t->opt.dry_run;
     env.shard = comm_get(t->cw, MESH_G_FSDP);
     env.tp = st->model.tp;
+    env.args = &t->args;
     char why[1024];
     for (int q = 0; q < t->n_conv; q++)
         if (t->conv[q]->convert(&st->conv_state[q], &st->model, &env, why, sizeof why)) {

@@ -26,7 +26,7 @@ typedef struct {
     float *w_row_amax; /* [out] per output channel, over every input channel (rowwise output) */
     float *w_col_amax; /* [in] per input channel, over every output channel (rowwise grad_input) */
     int gen_t, gen_r, gen_c;
-    int reg_mode[2]; /* per llama3_operand */
+    int reg_mode[2]; /* per model_operand */
     float *reg[2];   /* [max_rows] each */
 } f8_lin;
 
@@ -73,7 +73,7 @@ int float8_wants(const float8_config *c, const char *name, long in_features, lon
 
 /* ---------------------------------------------------------------------------- helpers */
 
-static f8_lin *state_of(const llama3_linear *l) { return (f8_lin *)l->impl_state; }
+static f8_lin *state_of(const model_linear *l) { return (f8_lin *)l->impl_state; }
 
 /* The statistics and the fp8 cast of an operand in the compute dtype: fp32, or bf16 read
  * as it is (the bf16 ops widen exactly, so the results are those of its fp32 copy without
@@ -101,11 +101,11 @@ static void reduce_max(comm_group *g, float *v, size_t n) {
 /* The group whose ranks hold the other parts of the weight, and of each operand's
  * columns: a column-parallel linear splits the output features (dy's columns), a
  * row-parallel one the input features (x's columns). */
-static comm_group *tp_if(const llama3_model *m, const llama3_linear *l, llama3_linear_style s) {
-    return m->ctx.tp && l->style == s ? m->ctx.tp : NULL;
+static comm_group *tp_if(const model_linear_env *e, const model_linear *l, model_linear_style s) {
+    return e->tp && l->style == s ? e->tp : NULL;
 }
-static comm_group *tp_weight(const llama3_model *m, const llama3_linear *l) {
-    return m->ctx.tp && l->style != LLAMA3_LINEAR_REPLICATED ? m->ctx.tp : NULL;
+static comm_group *tp_weight(const model_linear_env *e, const model_linear *l) {
+    return e->tp && l->style != MODEL_LINEAR_REPLICATED ? e->tp : NULL;
 }
 
 /* A weight statistic, computed once per generation (optimizer step): the amax of m [rows,
@@ -120,24 +120,24 @@ static const float *w_stat(const f8_lin *s, int *gen, float *out, const void *m,
     }
     return out;
 }
-static const float *w_tensor_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
+static const float *w_tensor_amax(const model_linear_env *e, const model_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_t, s->w_amax, w, l->out, l->in, 0, 0, tp_weight(m, l));
+    return w_stat(s, &s->gen_t, s->w_amax, w, l->out, l->in, 0, 0, tp_weight(e, l));
 }
 /* per output channel (rows of W [out, in]) */
-static const float *w_row_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
+static const float *w_row_amax(const model_linear_env *e, const model_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_r, s->w_row_amax, w, l->out, l->in, 1, 0, tp_if(m, l, LLAMA3_LINEAR_ROWWISE));
+    return w_stat(s, &s->gen_r, s->w_row_amax, w, l->out, l->in, 1, 0, tp_if(e, l, MODEL_LINEAR_ROWWISE));
 }
 /* per input channel (columns of W) */
-static const float *w_col_amax(const llama3_model *m, const llama3_linear *l, const void *w) {
+static const float *w_col_amax(const model_linear_env *e, const model_linear *l, const void *w) {
     f8_lin *s = state_of(l);
-    return w_stat(s, &s->gen_c, s->w_col_amax, w, l->out, l->in, 0, 1, tp_if(m, l, LLAMA3_LINEAR_COLWISE));
+    return w_stat(s, &s->gen_c, s->w_col_amax, w, l->out, l->in, 0, 1, tp_if(e, l, MODEL_LINEAR_COLWISE));
 }
 
 /* The statistics of a block's operand x [n, cols]: the announced ones (row0 >= 0 after
  * begin_rows) or x's own, into `own`. */
-static const float *operand_amax(const f8_lin *s, llama3_operand which, int row0, const void *x, int n, int cols,
+static const float *operand_amax(const f8_lin *s, model_operand which, int row0, const void *x, int n, int cols,
                                  int per_row, float *own) {
     if (row0 >= 0 && s->reg_mode[which] == REG_TENSOR && !per_row) return s->reg[which];
     if (row0 >= 0 && s->reg_mode[which] == REG_ROWS && per_row) return s->reg[which] + row0;
@@ -188,32 +188,32 @@ static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, tetra_
 
 /* ---------------------------------------------------------------------------- the linear */
 
-static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_operand which, const void *local,
-                          int rows, int cols, llama3_rows_layout layout) {
+static void f8_begin_rows(const model_linear_env *e, const model_linear *l, model_operand which, const void *local,
+                          int rows, int cols, model_rows_layout layout) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const float8_recipe r = f->cfg.recipe;
     /* the weight statistics the blocks will use, so that no block runs a collective; once
      * per step (cached until the parameters change), so the weight is read only then */
-    const int tensor = r == FLOAT8_TENSORWISE || (which == LLAMA3_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP);
-    const int gen = tensor ? s->gen_t : which == LLAMA3_OPERAND_X ? s->gen_r : s->gen_c;
+    const int tensor = r == FLOAT8_TENSORWISE || (which == MODEL_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP);
+    const int gen = tensor ? s->gen_t : which == MODEL_OPERAND_X ? s->gen_r : s->gen_c;
     if (gen != f->gen) {
-        const void *w = llama3_linear_weight(m, l);
+        const void *w = e->weight(e->model, l);
         if (tensor) {
-            w_tensor_amax(m, l, w);
-        } else if (which == LLAMA3_OPERAND_X) {
-            w_row_amax(m, l, w);
+            w_tensor_amax(e, l, w);
+        } else if (which == MODEL_OPERAND_X) {
+            w_row_amax(e, l, w);
         } else {
-            w_col_amax(m, l, w);
+            w_col_amax(e, l, w);
         }
     }
     if (r == FLOAT8_TENSORWISE) {
         x_amax(f, s->reg[which], local, rows, cols, 0);
-        if (layout != LLAMA3_ROWS_WHOLE) reduce_max(m->ctx.tp, s->reg[which], 1);
+        if (layout != MODEL_ROWS_WHOLE) reduce_max(e->tp, s->reg[which], 1);
         s->reg_mode[which] = REG_TENSOR;
-    } else if (layout == LLAMA3_ROWS_COL_SHARD) {
+    } else if (layout == MODEL_ROWS_COL_SHARD) {
         x_amax(f, s->reg[which], local, rows, cols, 1);
-        reduce_max(m->ctx.tp, s->reg[which], (size_t)rows);
+        reduce_max(e->tp, s->reg[which], (size_t)rows);
         s->reg_mode[which] = REG_ROWS;
     } else {
         s->reg_mode[which] = REG_SELF;
@@ -221,78 +221,78 @@ static void f8_begin_rows(const llama3_model *m, const llama3_linear *l, llama3_
 }
 
 /* y[n, out] = x[n, in] W[out, in]^T + beta y */
-static void f8_forward(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
+static void f8_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
                        const void *w, int n, int row0, float beta) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) {
-        const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x, n, in, 0, f->amax_a);
+        const float *ax = operand_amax(s, MODEL_OPERAND_X, row0, x, n, in, 0, f->amax_a);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
         x_cast(f, f->qa, x, f->sc_a, 0, n, in, TETRA_FP8_E4M3);
         x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 0, 1, beta);
         return;
     }
     /* rowwise: x per token, W per output channel */
-    const float *ax = operand_amax(s, LLAMA3_OPERAND_X, row0, x, n, in, 1, f->amax_a);
+    const float *ax = operand_amax(s, MODEL_OPERAND_X, row0, x, n, in, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, n, 0, OPS_FP8_E4M3_MAX, 1);
-    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(m, l, w), out, 0, OPS_FP8_E4M3_MAX, 1);
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(e, l, w), out, 0, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qa, x, f->sc_a, 1, n, in, TETRA_FP8_E4M3);
     x_cast(f, f->qb, w, f->sc_b, 1, out, in, TETRA_FP8_E4M3);
     fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 1, 1, beta);
 }
 
 /* dx[n, in] = dy[n, out] W[out, in] + beta dx */
-static void f8_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx, const void *dy,
-                              const void *w, int n, int row0, float beta) {
+static void f8_backward_input(const model_linear_env *e, const model_linear *l, tetra_dtype dxt, void *dx,
+                              const void *dy, const void *w, int n, int row0, float beta) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . W e4m3 */
-        const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy, n, out, 0, f->amax_a);
+        const float *ady = operand_amax(s, MODEL_OPERAND_DY, row0, dy, n, out, 0, f->amax_a);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, 1, 0, OPS_FP8_E5M2_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
         x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
         x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, dxt, dx, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 0, 0, beta);
         return;
     }
     /* dy e4m3 per token */
-    const float *ady = operand_amax(s, LLAMA3_OPERAND_DY, row0, dy, n, out, 1, f->amax_a);
+    const float *ady = operand_amax(s, MODEL_OPERAND_DY, row0, dy, n, out, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, n, 0, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qa, dy, f->sc_a, 1, n, out, TETRA_FP8_E4M3);
     if (f->cfg.recipe == FLOAT8_ROWWISE) { /* W per input channel: W^T [in, out] quantised by rows */
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(m, l, w), in, 0, OPS_FP8_E4M3_MAX, 1);
+        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(e, l, w), in, 0, OPS_FP8_E4M3_MAX, 1);
         ops->cast_transpose_to_fp8(f->qb, w, f->cdt, f->sc_b, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, in, out, out, out, in, 1, 0, beta);
         return;
     }
     /* rowwise_with_gw_hp: W tensorwise, its one scale broadcast to every column */
-    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(m, l, w), in, 1, OPS_FP8_E4M3_MAX, 1);
+    ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), in, 1, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
     fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 1, 0, beta);
 }
 
 /* dW[out, in] += dy[n, out]^T x[n, in] (fp32) */
-static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
-                               int n) {
+static void f8_backward_weight(const model_linear_env *e, const model_linear *l, float *dw, const void *dy,
+                               const void *x, int n) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     if (f->cfg.recipe == FLOAT8_ROWWISE_GW_HP) {
-        llama3_linear_default()->backward_weight(m, l, dw, dy, x, n);
+        e->fallback->backward_weight(e, l, dw, dy, x, n);
         return;
     }
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . x e4m3, whole-tensor scales */
         x_amax(f, f->amax_a, dy, n, out, 0);
-        reduce_max(tp_if(m, l, LLAMA3_LINEAR_COLWISE), f->amax_a, 1);
+        reduce_max(tp_if(e, l, MODEL_LINEAR_COLWISE), f->amax_a, 1);
         x_amax(f, f->amax_b, x, n, in, 0);
-        reduce_max(tp_if(m, l, LLAMA3_LINEAR_ROWWISE), f->amax_b, 1);
+        reduce_max(tp_if(e, l, MODEL_LINEAR_ROWWISE), f->amax_b, 1);
         ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, 1, 0, OPS_FP8_E5M2_MAX, 0);
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, 1, 0, OPS_FP8_E4M3_MAX, 0);
         x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
@@ -313,37 +313,36 @@ static void f8_backward_weight(const llama3_model *m, const llama3_linear *l, fl
     ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
 }
 
-static const llama3_linear_impl float8_linear = {"float8", f8_forward, f8_backward_input, f8_backward_weight,
-                                                 f8_begin_rows};
+static const model_linear_impl float8_linear = {"float8", f8_forward, f8_backward_input, f8_backward_weight,
+                                                f8_begin_rows};
 
 /* ---------------------------------------------------------------------------- conversion */
 
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
-/* Parameter i is a linear that float8 converts (its module name is the parameter's
- * name without ".weight"; the sizes are the global ones, as torchao sees the module). */
-static int converts(const llama3_model *m, const float8_config *c, int i) {
-    if (!m->is_linear[i]) return 0;
-    const llama3_param *p = &m->params[i];
+/* Does float8 convert the linear (its module name is the weight's name without ".weight";
+ * the sizes are the global ones, as torchao sees the module)? */
+static int converts(const model_linear *l, const float8_config *c) {
     char name[128];
-    snprintf(name, sizeof name, "%s", p->name);
+    snprintf(name, sizeof name, "%s", l->name ? l->name : "");
     char *dot = strstr(name, ".weight");
     if (dot) *dot = 0;
-    return float8_wants(c, name, (long)p->shape[1], (long)p->shape[0]);
+    return float8_wants(c, name, (long)l->global_in, (long)l->global_out);
 }
 
-float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max_rows, comm_group *shard,
-                             comm_group *tp, int dry_run, char *err, size_t errlen) {
+float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_ops *ops, tetra_dtype compute_dtype,
+                             const float8_config *c, size_t max_rows, comm_group *shard, comm_group *tp, int dry_run,
+                             char *err, size_t errlen) {
     struct float8_model *f = calloc(1, sizeof *f);
     if (!f) {
         snprintf(err, errlen, "float8: out of host memory");
         return NULL;
     }
-    f->ops = m->ops;
+    f->ops = ops;
     f->cfg = *c;
     f->cfg.filter = NULL;
     f->cfg.n_filter = 0;
-    f->cdt = m->compute_dtype;
+    f->cdt = compute_dtype;
     f->shard = shard;
     f->tp = tp;
     f->gen = 0;
@@ -357,16 +356,18 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
         return NULL;
     }
     size_t max_dim = 1, max_w = 1;
-    for (int i = 0; i < m->n_params; i++) {
-        if (!converts(m, c, i)) continue;
+    for (int i = 0; i < n_lins; i++) {
+        if (!converts(lins[i], c)) continue;
         f->n++;
-        const llama3_linear *l = &m->linears[i];
+        const model_linear *l = lins[i];
         max_dim = max_z(max_dim, max_z((size_t)l->in, (size_t)l->out));
         max_w = max_z(max_w, (size_t)l->in * (size_t)l->out);
     }
     f->lin = calloc((size_t)(f->n > 0 ? f->n : 1), sizeof *f->lin);
     f->lin_param = calloc((size_t)(f->n > 0 ? f->n : 1), sizeof *f->lin_param);
-    if (!f->lin || !f->lin_param) {
+    model_linear **sel = calloc((size_t)(f->n > 0 ? f->n : 1), sizeof *sel);
+    if (!f->lin || !f->lin_param || !sel) {
+        free(sel);
         snprintf(err, errlen, "float8: out of host memory");
         float8_free(f);
         return NULL;
@@ -375,20 +376,25 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
     const int rows_any = c->recipe != FLOAT8_TENSORWISE;
     /* one allocation, carved into 64-byte aligned views */
     size_t sz_lin = 0;
-    for (int i = 0, k = 0; i < m->n_params; i++) {
-        if (!converts(m, c, i)) continue;
-        f->lin_param[k++] = i;
-        const llama3_linear *l = &m->linears[i];
+    for (int i = 0, k = 0; i < n_lins; i++) {
+        if (!converts(lins[i], c)) continue;
+        sel[k] = lins[i];
+        f->lin_param[k++] = lins[i]->param;
+        const model_linear *l = lins[i];
         sz_lin += 16 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
     size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
         4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
     f->bytes = floats * sizeof(float) + 2 * ALIGN16(big);
-    if (dry_run || f->n == 0) return f;
-    f->mem = m->ops->alloc(f->bytes);
+    if (dry_run || f->n == 0) {
+        free(sel);
+        return f;
+    }
+    f->mem = ops->alloc(f->bytes);
     if (!f->mem) {
         snprintf(err, errlen, "float8: cannot allocate %.2f GiB of workspace", (double)f->bytes / (1 << 30));
+        free(sel);
         float8_free(f);
         return NULL;
     }
@@ -396,7 +402,7 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
 #define TAKE(n) (p += ALIGN16(n), p - ALIGN16(n))
     for (int k = 0; k < f->n; k++) {
         f8_lin *s = &f->lin[k];
-        const llama3_linear *l = &m->linears[f->lin_param[k]];
+        const model_linear *l = sel[k];
         s->f = f;
         s->gen_t = s->gen_r = s->gen_c = -1;
         s->w_amax = p;
@@ -433,10 +439,10 @@ float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max
 #undef TAKE
 #undef ALIGN16
     for (int k = 0; k < f->n; k++) {
-        llama3_linear *l = &m->linears[f->lin_param[k]];
-        l->impl = &float8_linear;
-        l->impl_state = &f->lin[k];
+        sel[k]->impl = &float8_linear;
+        sel[k]->impl_state = &f->lin[k];
     }
+    free(sel);
     return f;
 }
 

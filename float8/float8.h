@@ -1,6 +1,6 @@
 /* float8.h — Float8 training: linear layers whose GEMMs take e4m3/e5m2 operands with
  * dynamic scaling (torchao's Float8Linear recipes), installed on a model's linear
- * descriptors (models/llama3/model.h, llama3_linear_impl).
+ * descriptors (models/linear.h): any model that runs its projections through them.
  *
  * Scaling (parallelism reference §5): amax = max |x|, scale = fp8_max / max(amax, 1e-12)
  * (double, stored fp32), q = rne(clamp(x * scale)), the GEMM gets 1/scale per operand.
@@ -34,7 +34,8 @@
 
 #include <stddef.h>
 
-#include "models/llama3/model.h"
+#include "kernels/ops.h"
+#include "models/linear.h"
 #include "parallel/comm.h"
 #include "parallel/fsdp.h"
 
@@ -60,12 +61,14 @@ int float8_wants(const float8_config *c, const char *name, long in_features, lon
 
 typedef struct float8_model float8_model;
 
-/* Install the fp8 linear on every linear of m that float8_wants (m keeps the pointer
- * to the returned state in each linear's impl_state). max_rows: the most rows a
- * linear's forward sees (tokens of a microbatch); shard/tp: the groups the weights
- * are split over (NULL: none). dry_run: count, allocate nothing. */
-float8_model *float8_convert(llama3_model *m, const float8_config *c, size_t max_rows, comm_group *shard,
-                             comm_group *tp, int dry_run, char *err, size_t errlen);
+/* Install the fp8 linear on every one of lins[0..n_lins) that float8_wants (each keeps
+ * the pointer to the returned state in its impl_state), computing on ops in
+ * compute_dtype. max_rows: the most rows a linear's forward sees (tokens of a
+ * microbatch); shard/tp: the groups the weights are split over (NULL: none). dry_run:
+ * count, allocate nothing. */
+float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_ops *ops, tetra_dtype compute_dtype,
+                             const float8_config *c, size_t max_rows, comm_group *shard, comm_group *tp, int dry_run,
+                             char *err, size_t errlen);
 /* Linears converted; backend bytes of the float8 workspace and caches. */
 int float8_converted(const float8_model *f);
 size_t float8_workspace_bytes(const float8_model *f);

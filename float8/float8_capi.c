@@ -8,11 +8,18 @@
 
 #include "float8/float8.h"
 #include "kernels/ops.h"
+#include "models/llama3/model.h"
 
 /* Exported for ctypes only. y[n, out] = x W^T; dx[n, in] = dy W; dw[out, in] = dy^T x
  * (any of y, dx, dw may be NULL). 0, or -1 with err set. */
 int float8_capi_linear(const char *recipe, int emulate, int n, int in, int out, const float *x, const float *w,
                        const float *dy, float *y, float *dx, float *dw, char *err, size_t errlen);
+
+/* the one linear's weight: the model pointer is the weight itself */
+static const void *weight_of(const void *model, const model_linear *l) {
+    (void)l;
+    return model;
+}
 
 int float8_capi_linear(const char *recipe, int emulate, int n, int in, int out, const float *x, const float *w,
                        const float *dy, float *y, float *dx, float *dw, char *err, size_t errlen) {
@@ -25,41 +32,32 @@ int float8_capi_linear(const char *recipe, int emulate, int n, int in, int out, 
         return -1;
     }
     c.emulate = emulate;
-    /* a model of one linear: just what the float8 linear reads */
-    llama3_model m;
-    memset(&m, 0, sizeof m);
-    llama3_param p;
-    memset(&p, 0, sizeof p);
-    snprintf(p.name, sizeof p.name, "layers.0.attention.wq.weight");
-    p.ndim = 2;
-    p.shape[0] = out;
-    p.shape[1] = in;
-    llama3_linear l;
+    /* one linear, and what its calls see of a model: the CPU ops in fp32, no tensor
+     * parallel, the compute-dtype GEMM to fall back to */
+    model_linear l;
     memset(&l, 0, sizeof l);
     l.param = 0;
+    l.name = "layers.0.attention.wq.weight";
+    l.global_out = out;
+    l.global_in = in;
     l.in = in;
     l.out = out;
-    l.style = LLAMA3_LINEAR_REPLICATED;
+    l.style = MODEL_LINEAR_REPLICATED;
     l.impl = llama3_linear_default();
-    unsigned char is_lin = 1;
-    m.ops = ops;
-    m.compute_dtype = TETRA_F32;
-    m.n_params = 1;
-    m.params = &p;
-    m.linears = &l;
-    m.is_linear = &is_lin;
-    float8_model *f = float8_convert(&m, &c, (size_t)n, NULL, NULL, 0, err, errlen);
+    model_linear *lp = &l;
+    float8_model *f = float8_convert(&lp, 1, ops, TETRA_F32, &c, (size_t)n, NULL, NULL, 0, err, errlen);
     if (!f) return -1;
     if (float8_converted(f) != 1) {
         snprintf(err, errlen, "%d x %d is not converted (dims must divide by 16)", out, in);
         float8_free(f);
         return -1;
     }
-    if (y) l.impl->forward(&m, &l, TETRA_F32, y, x, w, n, -1, 0.0f);
-    if (dx) l.impl->backward_input(&m, &l, TETRA_F32, dx, dy, w, n, -1, 0.0f);
+    const model_linear_env e = {ops, TETRA_F32, NULL, llama3_linear_default(), w, weight_of};
+    if (y) l.impl->forward(&e, &l, TETRA_F32, y, x, w, n, -1, 0.0f);
+    if (dx) l.impl->backward_input(&e, &l, TETRA_F32, dx, dy, w, n, -1, 0.0f);
     if (dw) {
         memset(dw, 0, (size_t)out * (size_t)in * sizeof(float));
-        l.impl->backward_weight(&m, &l, dw, dy, x, n);
+        l.impl->backward_weight(&e, &l, dw, dy, x, n);
     }
     float8_free(f);
     return 0;

@@ -38,6 +38,7 @@
 #include <jansson.h>
 
 #include "kernels/ops.h"
+#include "models/linear.h"
 #include "parallel/comm.h"
 #include "parallel/cp.h"
 #include "parallel/fsdp.h"
@@ -153,6 +154,12 @@ struct model_family {
     /* FSDP over the stage's units; *decl: the parameter declarations ([n_params],
      * malloc'd, the caller's, alive as long as the fsdp). NULL with err set. */
     fsdp *(*fully_shard)(model_stage *s, const model_parallel_env *env, dt_param_decl **decl, char *err, size_t errlen);
+    /* The stage's linear descriptors (models/linear.h), what converters install on:
+     * pointers into the stage's model, at most n_params of them into out. Returns the count. */
+    int (*linears)(model_stage *s, model_linear **out);
+    /* Every linear's module name in the whole model ("layers.3.attention.wq", ...), to
+     * name(user, name): what a converter's filter can match. */
+    void (*linear_names)(const model_args *a, void (*name)(void *user, const char *name), void *user);
     /* one line per parameter: model.print_after_conversion */
     void (*describe_params)(const model_stage *s, void (*line)(void *user, const char *text), void *user);
     void (*free)(model_stage *s);

@@ -116,6 +116,26 @@ static fsdp *fully_shard(model_stage *s, const model_parallel_env *env, dt_param
     return llama3_fully_shard(MODEL(s), env, decl, err, errlen);
 }
 
+static int linears(model_stage *s, model_linear **out) {
+    llama3_model *m = MODEL(s);
+    int n = 0;
+    for (int p = 0; p < m->n_params; p++)
+        if (m->is_linear[p]) out[n++] = &m->linears[p];
+    return n;
+}
+
+static void linear_names(const model_args *ma, void (*name)(void *, const char *), void *user) {
+    static const char *const lin[] = {"attention.wq",    "attention.wk",    "attention.wv",   "attention.wo",
+                                      "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"};
+    char buf[96];
+    for (int l = 0; l < ARGS(ma)->n_layers; l++)
+        for (size_t j = 0; j < sizeof lin / sizeof lin[0]; j++) {
+            snprintf(buf, sizeof buf, "layers.%d.%s", l, lin[j]);
+            name(user, buf);
+        }
+    name(user, "output");
+}
+
 static void describe_params(const model_stage *s, void (*line)(void *, const char *), void *user) {
     llama3_describe_params(MODEL(s), line, user);
 }
@@ -239,6 +259,8 @@ const model_family llama3_family = {
     .pipeline_stages = pipeline_stages,
     .parallelize = parallelize,
     .fully_shard = fully_shard,
+    .linears = linears,
+    .linear_names = linear_names,
     .describe_params = describe_params,
     .free = stage_free,
     .param_name = param_name,

@@ -140,58 +140,69 @@ static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int t
 }
 
 /* y[N, out] = x[N, in] W[out, in]^T + beta y */
-static void default_forward(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
+static void default_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
                             const void *w, int n, int row0, float beta) {
     (void)row0;
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, yt, 0, 1, n, l->out, l->in, l->in, l->in, l->out, beta);
-    m->ops->gemm(y, x, w, &g);
+    ops_gemm_desc g = gemm_desc(e->compute_dtype, yt, 0, 1, n, l->out, l->in, l->in, l->in, l->out, beta);
+    e->ops->gemm(y, x, w, &g);
 }
 /* dx[N, in] = dy[N, out] W[out, in] + beta dx */
-static void default_backward_input(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx,
+static void default_backward_input(const model_linear_env *e, const model_linear *l, tetra_dtype dxt, void *dx,
                                    const void *dy, const void *w, int n, int row0, float beta) {
     (void)row0;
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, dxt, 0, 0, n, l->in, l->out, l->out, l->in, l->in, beta);
-    m->ops->gemm(dx, dy, w, &g);
+    ops_gemm_desc g = gemm_desc(e->compute_dtype, dxt, 0, 0, n, l->in, l->out, l->out, l->in, l->in, beta);
+    e->ops->gemm(dx, dy, w, &g);
 }
 /* dW[out, in] += dy[N, out]^T x[N, in]   (fp32 accumulation into the fp32 gradient) */
-static void default_backward_weight(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy,
+static void default_backward_weight(const model_linear_env *e, const model_linear *l, float *dw, const void *dy,
                                     const void *x, int n) {
-    ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, l->out, l->in, n, l->out, l->in, l->in, 1.0f);
-    m->ops->gemm(dw, dy, x, &g);
+    ops_gemm_desc g = gemm_desc(e->compute_dtype, TETRA_F32, 1, 0, l->out, l->in, n, l->out, l->in, l->in, 1.0f);
+    e->ops->gemm(dw, dy, x, &g);
 }
 
-static const llama3_linear_impl default_linear = {"gemm", default_forward, default_backward_input,
-                                                  default_backward_weight, NULL};
+static const model_linear_impl default_linear = {"gemm", default_forward, default_backward_input,
+                                                 default_backward_weight, NULL};
 
-const llama3_linear_impl *llama3_linear_default(void) { return &default_linear; }
+const model_linear_impl *llama3_linear_default(void) { return &default_linear; }
 
-const void *llama3_linear_weight(const llama3_model *m, const llama3_linear *l) { return param_ptr(m, l->param); }
+const void *llama3_linear_weight(const llama3_model *m, const model_linear *l) { return param_ptr(m, l->param); }
 
-/* row0: see llama3_linear_impl (-1: the whole operand) */
+static const void *env_weight(const void *model, const model_linear *l) { return param_ptr(model, l->param); }
+
+model_linear_env llama3_linear_env(const llama3_model *m) {
+    model_linear_env e = {m->ops, m->compute_dtype, m->ctx.tp, &default_linear, m, env_weight};
+    return e;
+}
+
+/* row0: see model_linear_impl (-1: the whole operand) */
 static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, const void *x, int n, int row0,
                        float beta) {
-    const llama3_linear *l = &m->linears[idx];
-    l->impl->forward(m, l, yt, y, x, param_ptr(m, idx), n, row0, beta);
+    const model_linear *l = &m->linears[idx];
+    const model_linear_env e = llama3_linear_env(m);
+    l->impl->forward(&e, l, yt, y, x, param_ptr(m, idx), n, row0, beta);
 }
 static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, int row0, float beta) {
     lin_fwd_to(m, idx, m->compute_dtype, y, x, n, row0, beta);
 }
 static void lin_bwd_input_to(const llama3_model *m, int idx, tetra_dtype dxt, void *dx, const void *dy, int n, int row0,
                              float beta) {
-    const llama3_linear *l = &m->linears[idx];
-    l->impl->backward_input(m, l, dxt, dx, dy, param_ptr(m, idx), n, row0, beta);
+    const model_linear *l = &m->linears[idx];
+    const model_linear_env e = llama3_linear_env(m);
+    l->impl->backward_input(&e, l, dxt, dx, dy, param_ptr(m, idx), n, row0, beta);
 }
 static void lin_bwd_input(const llama3_model *m, int idx, void *dx, const void *dy, int n, int row0, float beta) {
     lin_bwd_input_to(m, idx, m->compute_dtype, dx, dy, n, row0, beta);
 }
-static void lin_begin(const llama3_model *m, int idx, llama3_operand which, const void *local, size_t rows, size_t cols,
-                      llama3_rows_layout lay) {
-    const llama3_linear *l = &m->linears[idx];
-    if (l->impl->begin_rows) l->impl->begin_rows(m, l, which, local, (int)rows, (int)cols, lay);
+static void lin_begin(const llama3_model *m, int idx, model_operand which, const void *local, size_t rows, size_t cols,
+                      model_rows_layout lay) {
+    const model_linear *l = &m->linears[idx];
+    const model_linear_env e = llama3_linear_env(m);
+    if (l->impl->begin_rows) l->impl->begin_rows(&e, l, which, local, (int)rows, (int)cols, lay);
 }
 static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const void *x, int n) {
-    const llama3_linear *l = &m->linears[idx];
-    l->impl->backward_weight(m, l, grad_ptr(m, idx), dy, x, n);
+    const model_linear *l = &m->linears[idx];
+    const model_linear_env e = llama3_linear_env(m);
+    l->impl->backward_weight(&e, l, grad_ptr(m, idx), dy, x, n);
 }
 
 /* The element-wise ops in the compute dtype: one body of forward and backward for
@@ -888,11 +899,14 @@ static void add_param(llama3_model *m, size_t *off, const char *name, int unit, 
     if (linear) {
         m->is_linear[i] = 1;
         m->linears[i].param = i;
+        m->linears[i].name = p->name;
+        m->linears[i].global_out = p->shape[0];
+        m->linears[i].global_in = p->shape[1];
         m->linears[i].out = (int)p->box_shape[0];
         m->linears[i].in = (int)p->box_shape[1];
-        m->linears[i].style = split == SPLIT_ROWS ? LLAMA3_LINEAR_COLWISE
-            : split == SPLIT_COLS                 ? LLAMA3_LINEAR_ROWWISE
-                                                  : LLAMA3_LINEAR_REPLICATED;
+        m->linears[i].style = split == SPLIT_ROWS ? MODEL_LINEAR_COLWISE
+            : split == SPLIT_COLS                 ? MODEL_LINEAR_ROWWISE
+                                                  : MODEL_LINEAR_REPLICATED;
         m->linears[i].impl = &default_linear;
     }
 }
@@ -1258,7 +1272,7 @@ static void rows_run(void *user, size_t r0, size_t rows) {
 #undef AT
 }
 
-/* Announce the operands of a job's linears before its blocks run (llama3_linear_impl's
+/* Announce the operands of a job's linears before its blocks run (model_linear_impl's
  * begin_rows): `local` is this rank's rows of a row-gathered input (ROW_SHARD), or NULL
  * when the job reads a buffer that already holds every row (WHOLE, or COL_SHARD for the
  * row-parallel inputs and the column-parallel output gradients). */
@@ -1268,40 +1282,40 @@ static void rows_begin(rows_job *j, const void *local) {
     const layer_acts *t = j->t;
     const int l = j->l;
     const size_t C = (size_t)m->args.dim, HD = hd_l(m), KVD = kvd_l(m), F = ffn_l(m), V = vocab_l(m);
-    const llama3_rows_layout in = local ? LLAMA3_ROWS_ROW_SHARD : LLAMA3_ROWS_WHOLE, cols = LLAMA3_ROWS_COL_SHARD;
+    const model_rows_layout in = local ? MODEL_ROWS_ROW_SHARD : MODEL_ROWS_WHOLE, cols = MODEL_ROWS_COL_SHARD;
     const size_t rows = local ? a->nl : a->n, n = a->n;
     j->begun = 1;
     switch (j->what) {
     case ROWS_QKV: {
         const void *x = local ? local : t->xn1;
-        if (j->compute & LLAMA3_KEEP_Q) lin_begin(m, pidx_block(m, l, P_WQ), LLAMA3_OPERAND_X, x, rows, C, in);
-        if (j->compute & LLAMA3_KEEP_K) lin_begin(m, pidx_block(m, l, P_WK), LLAMA3_OPERAND_X, x, rows, C, in);
-        if (j->compute & LLAMA3_KEEP_V) lin_begin(m, pidx_block(m, l, P_WV), LLAMA3_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_Q) lin_begin(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_K) lin_begin(m, pidx_block(m, l, P_WK), MODEL_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_V) lin_begin(m, pidx_block(m, l, P_WV), MODEL_OPERAND_X, x, rows, C, in);
         break;
     }
-    case ROWS_WO: lin_begin(m, pidx_block(m, l, P_WO), LLAMA3_OPERAND_X, t->att, n, HD, cols); break;
+    case ROWS_WO: lin_begin(m, pidx_block(m, l, P_WO), MODEL_OPERAND_X, t->att, n, HD, cols); break;
     case ROWS_W13: {
         const void *x = local ? local : t->xn2;
-        if (j->compute & LLAMA3_KEEP_A) lin_begin(m, pidx_block(m, l, P_W1), LLAMA3_OPERAND_X, x, rows, C, in);
-        if (j->compute & LLAMA3_KEEP_G) lin_begin(m, pidx_block(m, l, P_W3), LLAMA3_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_A) lin_begin(m, pidx_block(m, l, P_W1), MODEL_OPERAND_X, x, rows, C, in);
+        if (j->compute & LLAMA3_KEEP_G) lin_begin(m, pidx_block(m, l, P_W3), MODEL_OPERAND_X, x, rows, C, in);
         break;
     }
-    case ROWS_W2: lin_begin(m, pidx_block(m, l, P_W2), LLAMA3_OPERAND_X, t->s, n, F, cols); break;
-    case ROWS_DS: lin_begin(m, pidx_block(m, l, P_W2), LLAMA3_OPERAND_DY, local, rows, C, in); break;
+    case ROWS_W2: lin_begin(m, pidx_block(m, l, P_W2), MODEL_OPERAND_X, t->s, n, F, cols); break;
+    case ROWS_DS: lin_begin(m, pidx_block(m, l, P_W2), MODEL_OPERAND_DY, local, rows, C, in); break;
     case ROWS_DXN2:
-        lin_begin(m, pidx_block(m, l, P_W1), LLAMA3_OPERAND_DY, t->a, n, F, cols);
-        lin_begin(m, pidx_block(m, l, P_W3), LLAMA3_OPERAND_DY, t->g, n, F, cols);
+        lin_begin(m, pidx_block(m, l, P_W1), MODEL_OPERAND_DY, t->a, n, F, cols);
+        lin_begin(m, pidx_block(m, l, P_W3), MODEL_OPERAND_DY, t->g, n, F, cols);
         break;
-    case ROWS_DATT: lin_begin(m, pidx_block(m, l, P_WO), LLAMA3_OPERAND_DY, local, rows, C, in); break;
+    case ROWS_DATT: lin_begin(m, pidx_block(m, l, P_WO), MODEL_OPERAND_DY, local, rows, C, in); break;
     case ROWS_DXN1:
-        lin_begin(m, pidx_block(m, l, P_WQ), LLAMA3_OPERAND_DY, t->q, n, HD, cols);
-        lin_begin(m, pidx_block(m, l, P_WK), LLAMA3_OPERAND_DY, t->k, n, KVD, cols);
-        lin_begin(m, pidx_block(m, l, P_WV), LLAMA3_OPERAND_DY, t->v, n, KVD, cols);
+        lin_begin(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_DY, t->q, n, HD, cols);
+        lin_begin(m, pidx_block(m, l, P_WK), MODEL_OPERAND_DY, t->k, n, KVD, cols);
+        lin_begin(m, pidx_block(m, l, P_WV), MODEL_OPERAND_DY, t->v, n, KVD, cols);
         break;
-    case ROWS_LOGITS: lin_begin(m, pidx_output(m), LLAMA3_OPERAND_X, local ? local : a->xnf, rows, C, in); break;
+    case ROWS_LOGITS: lin_begin(m, pidx_output(m), MODEL_OPERAND_X, local ? local : a->xnf, rows, C, in); break;
     case ROWS_DXNF: {
         const void *dl = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
-        lin_begin(m, pidx_output(m), LLAMA3_OPERAND_DY, dl, n, V, cols);
+        lin_begin(m, pidx_output(m), MODEL_OPERAND_DY, dl, n, V, cols);
         break;
     }
     case ROWS_EMBEDDING: j->begun = 0; break;

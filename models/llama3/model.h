@@ -19,7 +19,7 @@
  * tests and tools, llama3_model_init gives the whole model its own flat
  * buffers (param_mem, grad_mem, param_bf16) and binds them once.
  *
- * Every projection goes through a linear descriptor (llama3_linear): its
+ * Every projection goes through a linear descriptor (model_linear): its
  * weight, its sizes, its tensor-parallel style and an implementation slot
  * (default: the compute-dtype GEMM). A model converter such as Float8 swaps
  * the implementation of chosen linears without touching the forward code.
@@ -68,6 +68,7 @@
 #include <stdint.h>
 
 #include "kernels/ops.h"
+#include "models/linear.h"
 #include "models/llama3/llama3_args.h"
 #include "parallel/comm.h"
 
@@ -110,62 +111,17 @@ typedef struct {
     char name[32]; /* "tok_embeddings", "layers.3", "norm+output" */
 } llama3_unit;
 
-/* ---- linear layers ----
+/* ---- linear layers (models/linear.h) ----
  * y[N, out] = x[N, in] W[out, in]^T. The default implementation runs the gemm op in
  * the compute dtype with fp32 weight gradients; a converter installs another. */
 typedef struct llama3_model llama3_model;
-typedef struct llama3_linear llama3_linear;
 
-typedef enum { LLAMA3_LINEAR_REPLICATED = 0, LLAMA3_LINEAR_COLWISE, LLAMA3_LINEAR_ROWWISE } llama3_linear_style;
-
-/* Which operand of a linear a block of rows belongs to: the input x of forward or the
- * output gradient dy of backward_input. */
-typedef enum { LLAMA3_OPERAND_X = 0, LLAMA3_OPERAND_DY = 1 } llama3_operand;
-
-/* How this rank holds an operand whose rows are about to be consumed block by block:
- * WHOLE: `local` is the whole operand; ROW_SHARD: this rank's block of rows of an
- * operand whose full rows are every tensor-parallel rank's block in rank order (it is
- * being all-gathered); COL_SHARD: every row of this rank's block of columns, the other
- * columns are on the other ranks of the tensor-parallel group. */
-typedef enum { LLAMA3_ROWS_WHOLE = 0, LLAMA3_ROWS_ROW_SHARD, LLAMA3_ROWS_COL_SHARD } llama3_rows_layout;
-
-typedef struct {
-    const char *name;
-    /* y = x W^T + beta y, y of type y_type (compute dtype, or F32 for the logits).
-     * row0 < 0: x is the whole operand. row0 >= 0: x is rows [row0, row0 + n) of the
-     * operand announced by the last begin_rows(LLAMA3_OPERAND_X) of this linear. */
-    void (*forward)(const llama3_model *m, const llama3_linear *l, tetra_dtype y_type, void *y, const void *x,
-                    const void *w, int n, int row0, float beta);
-    /* dx = dy W + beta dx, dx of type dx_type (compute dtype, or F32 for a tensor-parallel
-     * partial sum); row0 as in forward, for dy */
-    void (*backward_input)(const llama3_model *m, const llama3_linear *l, tetra_dtype dx_type, void *dx, const void *dy,
-                           const void *w, int n, int row0, float beta);
-    /* dW += dy^T x (fp32), over every row of the microbatch */
-    void (*backward_weight)(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
-                            int n);
-    /* Optional (NULL: nothing to do). Under tensor parallel the forward and the input
-     * gradient run one block of rows at a time (parallel/tp.h), possibly before the other
-     * blocks have arrived. Before the blocks of an operand the model announces it here
-     * (local [rows, cols] in the compute dtype, held as `layout` says; the group is
-     * m->ctx.tp), so an implementation that scales by tensor or by row can take the
-     * statistics of the whole operand, identical on every rank and to an unsplit run.
-     * Every rank of the group calls it at the same point: it may run collectives. */
-    void (*begin_rows)(const llama3_model *m, const llama3_linear *l, llama3_operand which, const void *local, int rows,
-                       int cols, llama3_rows_layout layout);
-} llama3_linear_impl;
-
-struct llama3_linear {
-    int param;                      /* the weight: index into params */
-    int in, out;                    /* local sizes (this rank's box) */
-    llama3_linear_style style;      /* how tensor parallel splits it */
-    const llama3_linear_impl *impl; /* never NULL: llama3_linear_default() unless a converter set one */
-    void *impl_state;               /* the converter's per-linear state */
-};
-
-const llama3_linear_impl *llama3_linear_default(void);
+const model_linear_impl *llama3_linear_default(void);
 /* The linear's weight [out, in] in the compute dtype where its unit is bound now (the
  * pointer an implementation's forward receives as w); stops if the unit is not bound. */
-const void *llama3_linear_weight(const llama3_model *m, const llama3_linear *l);
+const void *llama3_linear_weight(const llama3_model *m, const model_linear *l);
+/* What an implementation's call sees of m (models/linear.h). */
+model_linear_env llama3_linear_env(const llama3_model *m);
 
 /* The process groups a layout computes over (NULL: degree 1, nothing to talk to). */
 typedef struct {
@@ -182,7 +138,7 @@ struct llama3_model {
 
     int n_params;
     llama3_param *params;     /* [n_params], in unit order */
-    llama3_linear *linears;   /* [n_params]: linears[i] describes params[i] when is_linear[i]
+    model_linear *linears;    /* [n_params]: linears[i] describes params[i] when is_linear[i]
                                  (the projections; not the embedding or the norms) */
     unsigned char *is_linear; /* [n_params] */
     int n_units;

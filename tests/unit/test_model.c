@@ -760,21 +760,21 @@ static void test_keep_policy(void) {
 /* ---------------------------------------------------------------------------- linear descriptors */
 
 static int lin_calls[3];
-static void count_fwd(const llama3_model *m, const llama3_linear *l, tetra_dtype yt, void *y, const void *x,
+static void count_fwd(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
                       const void *w, int n, int row0, float beta) {
     lin_calls[0]++;
-    llama3_linear_default()->forward(m, l, yt, y, x, w, n, row0, beta);
+    e->fallback->forward(e, l, yt, y, x, w, n, row0, beta);
 }
-static void count_bwd_in(const llama3_model *m, const llama3_linear *l, tetra_dtype dxt, void *dx, const void *dy,
+static void count_bwd_in(const model_linear_env *e, const model_linear *l, tetra_dtype dxt, void *dx, const void *dy,
                          const void *w, int n, int row0, float beta) {
     lin_calls[1]++;
-    llama3_linear_default()->backward_input(m, l, dxt, dx, dy, w, n, row0, beta);
+    e->fallback->backward_input(e, l, dxt, dx, dy, w, n, row0, beta);
 }
-static void count_bwd_w(const llama3_model *m, const llama3_linear *l, float *dw, const void *dy, const void *x,
+static void count_bwd_w(const model_linear_env *e, const model_linear *l, float *dw, const void *dy, const void *x,
                         int n) {
     lin_calls[2]++;
     *(int *)l->impl_state += 1;
-    llama3_linear_default()->backward_weight(m, l, dw, dy, x, n);
+    e->fallback->backward_weight(e, l, dw, dy, x, n);
 }
 
 /* Every projection runs through its descriptor: a replacement implementation (what a
@@ -796,7 +796,7 @@ static void test_linear_impl(void) {
     llama3_backward(&m, a);
     memcpy(g_ref, m.grad_mem, bytes);
 
-    static const llama3_linear_impl counting = {"counting", count_fwd, count_bwd_in, count_bwd_w, NULL};
+    static const model_linear_impl counting = {"counting", count_fwd, count_bwd_in, count_bwd_w, NULL};
     int n_lin = 0, *per = calloc((size_t)m.n_params, sizeof *per);
     for (int i = 0; i < m.n_params; i++) {
         if (!m.is_linear[i]) continue;
