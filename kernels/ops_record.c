@@ -13,6 +13,7 @@ enum { SPAN_DEPTH = 64 };
 
 static struct {
     op_cost_device dev;
+    double doc_share; /* ops_record_set_doc_share */
     const tetra_ops *base;
     tetra_ops table;
     int active;
@@ -56,6 +57,14 @@ static void keep(const op_cost *c) {
     } while (0)
 
 void ops_record_set_active(int on) { R.active = on != 0; }
+void ops_record_set_doc_share(double share) { R.doc_share = share > 0.0 && share < 1.0 ? share : 1.0; }
+
+/* an attention call under a document mask: its FLOPs at the documents' share of the pairs */
+static void doc_share(op_cost *c, const ops_attn_shape *s) {
+    if (!s->doc || R.doc_share >= 1.0) return;
+    c->flops[OPC_FLOP_ATTN_TC] *= R.doc_share;
+    c->flops[OPC_FLOP_ATTN_F32] *= R.doc_share;
+}
 void ops_record_clear(void) { R.n = 0; }
 size_t ops_record_count(void) { return R.n; }
 const ops_record_entry *ops_record_entries(void) { return R.rec; }
@@ -333,13 +342,13 @@ static size_t r_attention_workspace_size_bf16(const ops_attn_shape *s) {
 }
 static void r_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                 const ops_attn_shape *s, void *workspace) {
-    REC(opc_attention_forward(&c_, &R.dev, TETRA_F32, out, lse, q, k, v, s));
+    REC(opc_attention_forward(&c_, &R.dev, TETRA_F32, out, lse, q, k, v, s); doc_share(&c_, s));
     if (R.base) R.base->attention_forward(out, lse, q, k, v, s, workspace);
 }
 static void r_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                  const float *v, const float *out, const float *lse, const ops_attn_shape *s,
                                  void *workspace) {
-    REC(opc_attention_backward(&c_, &R.dev, TETRA_F32, dq, dk, dv, dout, q, k, v, out, lse, s));
+    REC(opc_attention_backward(&c_, &R.dev, TETRA_F32, dq, dk, dv, dout, q, k, v, out, lse, s); doc_share(&c_, s));
     if (R.base) R.base->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
 }
 static void r_attention_merge(float *out, float *lse, const float *out_blk, const float *lse_blk, int b, int sq, int h,
@@ -431,13 +440,13 @@ static void r_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *d
 }
 static void r_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                      const ops_attn_shape *s, void *workspace) {
-    REC(opc_attention_forward(&c_, &R.dev, TETRA_BF16, out, lse, q, k, v, s));
+    REC(opc_attention_forward(&c_, &R.dev, TETRA_BF16, out, lse, q, k, v, s); doc_share(&c_, s));
     if (R.base) R.base->attention_forward_bf16(out, lse, q, k, v, s, workspace);
 }
 static void r_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
                                       const uint16_t *k, const uint16_t *v, const uint16_t *out, const float *lse,
                                       const ops_attn_shape *s, void *workspace) {
-    REC(opc_attention_backward(&c_, &R.dev, TETRA_BF16, dq, dk, dv, dout, q, k, v, out, lse, s));
+    REC(opc_attention_backward(&c_, &R.dev, TETRA_BF16, dq, dk, dv, dout, q, k, v, out, lse, s); doc_share(&c_, s));
     if (R.base) R.base->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
 }
 
@@ -522,6 +531,7 @@ static void fill_table(tetra_ops *t) {
 const tetra_ops *ops_record_table(const op_cost_device *dev, const tetra_ops *base) {
     if (!base && reserve_region()) return NULL;
     R.dev = *dev;
+    R.doc_share = 1.0;
     R.base = base;
     R.active = 0;
     R.n = 0;

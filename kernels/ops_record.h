@@ -34,6 +34,12 @@ const tetra_ops *ops_record_table(const op_cost_device *dev, const tetra_ops *ba
 /* Records are kept only while on (off at first): the trainer's start-up, warm-up and
  * earlier steps run through the table unrecorded. */
 void ops_record_set_active(int on);
+/* The share of the causal (query, key) pairs an attention call with document ids leaves
+ * visible (0 < share <= 1), which a shape-only record cannot read (the ids live in
+ * backend memory): such a call's attention FLOPs are counted at this share of its causal
+ * count. The plan sets it from the training corpus's document lengths; 1 (the default
+ * and after ops_record_table) counts them as causal. */
+void ops_record_set_doc_share(double share);
 /* Drop the records (the spans' names stay). */
 void ops_record_clear(void);
 

@@ -47,6 +47,8 @@ static const char *const sec_title[SEC_COUNT] = {"forward",
 
 typedef struct {
     int n_layers, block, microbatches;
+    double doc_share;      /* block_causal: the share of the causal pairs the documents leave */
+    char attn_source[512]; /* where the attention's pairs come from (plan_attention_pairs) */
     size_t n;
     ops_record_entry *rec; /* a copy of the recorder's */
     char **span;           /* [n] span names (copies) */
@@ -128,6 +130,16 @@ static int record(recording *r, const tetra_config *cfg, const tetra_job *job, c
         return -1;
     }
     r->n_layers = llama3_args_of(&job->model)->n_layers;
+    /* a document mask's attention at the pairs the corpus's documents leave, as the plan
+     * estimates them (the recorder cannot read the ids the step hands the op) */
+    plan_result pr;
+    memset(&pr, 0, sizeof pr);
+    pr.job = *job;
+    const int T = (int)cfg->v.training.seq_len;
+    plan_attention_pairs(&pr, &cfg->v, T);
+    r->doc_share = pr.block_causal ? pr.attn_pairs_per_seq / (0.5 * (double)T * (T + 1.0)) : 1.0;
+    snprintf(r->attn_source, sizeof r->attn_source, "%s", pr.attn_source);
+    ops_record_set_doc_share(r->doc_share);
     r->block = block < 0 ? r->n_layers / 2 : block;
     if (r->block >= r->n_layers) {
         snprintf(err, errlen, "--block %d: the model has %d blocks (0 to %d)", block, r->n_layers, r->n_layers - 1);
@@ -250,6 +262,7 @@ static void print_header(const tetra_config *cfg, const recording *r, const plan
            "%.0f us per launch (not in the roofline)\n",
            hw->name, hw->peak_bf16_flops / 1e12, hw->peak_fp8_flops / 1e12, hw->peak_fp32_flops / 1e12,
            hw->memory_bandwidth / 1e12, LAUNCH_OVERHEAD_S * 1e6);
+    printf("attention: %s\n", r->attn_source);
     printf("every number is a prediction from the op sequence of the trainer's own step, not a measurement\n");
 }
 
@@ -385,6 +398,7 @@ static json_t *report_json(const tetra_config *cfg, const recording *r, const pl
     json_object_set_new(o, "n_layers", json_integer(r->n_layers));
     json_object_set_new(o, "block", json_integer(r->block));
     json_object_set_new(o, "microbatches", json_integer(r->microbatches));
+    json_object_set_new(o, "attention", json_pack("{s:s,s:f}", "source", r->attn_source, "doc_share", r->doc_share));
     json_object_set_new(o, "device",
                         json_pack("{s:i,s:i,s:i,s:b}", "sm_major", dev->sm_major, "sm_minor", dev->sm_minor,
                                   "cudnn_version", dev->cudnn_version, "outer_vector_scales",

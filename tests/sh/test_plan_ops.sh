@@ -106,4 +106,36 @@ for ph in "head forward (norm, output, loss)" "head backward input" "head backwa
   [ "${n:-0}" -gt 0 ] 2>/dev/null && ok "phase '$ph': $n launches" || bad "phase '$ph' has no launches: $(grep -F "$ph" "$T/acc1.txt")"
 done
 
+# a document mask's attention at the pairs the corpus's documents leave (the plan's own
+# estimate: the recorder cannot read the ids the step hands the op)
+python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs.jsonl" <<'EOF'
+import json, sys
+words = open(sys.argv[1], encoding="utf-8").read().split()[:40000]
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    i = k = 0
+    while i < len(words):
+        n = (37 * k) % 150 + 10
+        f.write(json.dumps({"text": " ".join(words[i:i + n])}) + "\n")
+        i, k = i + n, k + 1
+EOF
+"$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$T/docs.jsonl" --output "$T/docs" \
+  --val-fraction 0 --quiet
+for m in causal block_causal; do
+  "$TETRA" plan "${DEBUG[@]}" --training.seq_len 2048 --training.dataset_path "$T/docs" --model.attn_mask_type $m \
+    --ops --json >"$T/ops_$m.json" 2>"$T/ops_$m.err" || bad "plan --ops with $m: $(head -2 "$T/ops_$m.err")"
+done
+if python3 - "$T/ops_causal.json" "$T/ops_block_causal.json" <<'EOF'
+import json, sys
+c, b = (json.load(open(p)) for p in sys.argv[1:])
+attn = lambda r: sum(v for k, v in r["phases"]["block_forward"]["flops"].items() if k.startswith("attention"))
+share = b["attention"]["doc_share"]
+assert c["attention"]["doc_share"] == 1.0 and "causal mask" in c["attention"]["source"], c["attention"]
+assert 0 < share < 0.2 and "block_causal on" in b["attention"]["source"], b["attention"]
+assert abs(attn(b) - share * attn(c)) <= 1e-6 * attn(c), (attn(b), share, attn(c))
+print("block_causal: the block's attention %.3g GFLOP against causal %.3g (share %.3f: %s)" %
+      (attn(b) / 1e9, attn(c) / 1e9, share, b["attention"]["source"]))
+EOF
+then ok "document-masked attention recorded at the corpus's share of the pairs"
+else bad "document-masked attention in plan --ops"; fi
+
 finish
