@@ -79,7 +79,8 @@ const char *op_kind_name(op_kind k) {
                                              "swiglu_forward_bf16",
                                              "swiglu_backward_bf16",
                                              "attention_forward_bf16",
-                                             "attention_backward_bf16"};
+                                             "attention_backward_bf16",
+                                             "cross_entropy_bf16"};
     return (int)k >= 0 && k < OPK_COUNT ? n[k] : "?";
 }
 
@@ -650,6 +651,14 @@ void opc_cross_entropy(op_cost *o, const op_cost_device *d, const float *dlogits
     const double nv = (double)n * v;
     kernel(o, row_passes(v, dlogits != NULL) * 4.0 * nv + 4.0 * n, 4.0 * n + (dlogits ? 4.0 * nv : 0.0),
            (dlogits ? 8.0 : 5.0) * nv);
+}
+
+void opc_cross_entropy_bf16(op_cost *o, const op_cost_device *d, int n, int v) {
+    (void)d;
+    begin(o, OPK_CROSS_ENTROPY_BF16, "%dx%d", n, v);
+    if (n <= 0) return;
+    const double nv = (double)n * v;
+    kernel(o, row_passes(v, 1) * 4.0 * nv + 4.0 * n, 4.0 * n + 2.0 * nv, 8.0 * nv);
 }
 
 void opc_ce_shard_max(op_cost *o, const op_cost_device *d, int n, int v_local) {

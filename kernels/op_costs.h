@@ -118,6 +118,7 @@ typedef enum {
     OPK_SWIGLU_BACKWARD_BF16,
     OPK_ATTENTION_FORWARD_BF16,
     OPK_ATTENTION_BACKWARD_BF16,
+    OPK_CROSS_ENTROPY_BF16,
     OPK_COUNT
 } op_kind;
 
@@ -204,6 +205,8 @@ void opc_attention_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, 
                             const float *lse, const ops_attn_shape *s);
 void opc_attention_merge(op_cost *o, const op_cost_device *d, int b, int sq, int h, int dh);
 void opc_cross_entropy(op_cost *o, const op_cost_device *d, const float *dlogits, int n, int v);
+/* cross_entropy_bf16: the fused kernel writing bf16 dlogits */
+void opc_cross_entropy_bf16(op_cost *o, const op_cost_device *d, int n, int v);
 void opc_ce_shard_max(op_cost *o, const op_cost_device *d, int n, int v_local);
 void opc_ce_shard_sums(op_cost *o, const op_cost_device *d, int n, int v_local);
 void opc_ce_shard_finish(op_cost *o, const op_cost_device *d, const float *dlogits, int n, int v_local);

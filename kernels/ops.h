@@ -243,6 +243,11 @@ typedef struct tetra_ops {
     // in [0, V) or OPS_IGNORE_INDEX; anything else is treated as ignored.
     void (*cross_entropy)(float *dlogits /*[N, V] or NULL*/, float *losses /*[N]*/, const float *logits /*[N, V]*/,
                           const int32_t *targets /*[N]*/, int n, int v, float dloss_scale);
+    // The same with dlogits written in bf16, the bits cast_f32_to_bf16 makes of
+    // cross_entropy's: a bf16 backward reads them without a cast pass over [N, V]. dlogits
+    // is never NULL and never aliases logits.
+    void (*cross_entropy_bf16)(uint16_t *dlogits /*[N, V]*/, float *losses /*[N]*/, const float *logits /*[N, V]*/,
+                               const int32_t *targets /*[N]*/, int n, int v, float dloss_scale);
     // Vocab-sharded (loss parallel), three phases with reductions between them:
     //   1. ce_shard_max   -> row_max (local)        ; all-reduce MAX over the vocab group
     //   2. ce_shard_sums  -> sum_exp, target_logit  ; all-reduce SUM over the vocab group

@@ -356,6 +356,11 @@ static void r_attention_merge(float *out, float *lse, const float *out_blk, cons
     REC(opc_attention_merge(&c_, &R.dev, b, sq, h, d));
     if (R.base) R.base->attention_merge(out, lse, out_blk, lse_blk, b, sq, h, d);
 }
+static void r_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
+                                 int v, float dloss_scale) {
+    REC(opc_cross_entropy_bf16(&c_, &R.dev, n, v));
+    if (R.base) R.base->cross_entropy_bf16(dlogits, losses, logits, targets, n, v, dloss_scale);
+}
 static void r_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
                             float dloss_scale) {
     REC(opc_cross_entropy(&c_, &R.dev, dlogits, n, v));
@@ -496,6 +501,7 @@ static void fill_table(tetra_ops *t) {
     t->attention_backward = r_attention_backward;
     t->attention_merge = r_attention_merge;
     t->cross_entropy = r_cross_entropy;
+    t->cross_entropy_bf16 = r_cross_entropy_bf16;
     t->ce_shard_max = r_ce_shard_max;
     t->ce_shard_sums = r_ce_shard_sums;
     t->ce_shard_finish = r_ce_shard_finish;

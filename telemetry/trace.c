@@ -334,6 +334,17 @@ static void w_ce(float *dlogits, float *losses, const float *logits, const int32
     trace_end(op_trace);
 }
 
+static void w_ce_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
+                      float dloss_scale) {
+    if (!op_on()) {
+        op_base->cross_entropy_bf16(dlogits, losses, logits, targets, n, v, dloss_scale);
+        return;
+    }
+    trace_begin(op_trace, "loss", "cross_entropy %dx%d", n, v);
+    op_base->cross_entropy_bf16(dlogits, losses, logits, targets, n, v, dloss_scale);
+    trace_end(op_trace);
+}
+
 const tetra_ops *trace_ops(const tetra_ops *base) {
     if (!base) return NULL;
     op_base = base;
@@ -344,5 +355,6 @@ const tetra_ops *trace_ops(const tetra_ops *base) {
     if (base->attention_forward_bf16) op_wrapped.attention_forward_bf16 = w_attn_fwd_bf16;
     if (base->attention_backward_bf16) op_wrapped.attention_backward_bf16 = w_attn_bwd_bf16;
     if (base->cross_entropy) op_wrapped.cross_entropy = w_ce;
+    if (base->cross_entropy_bf16) op_wrapped.cross_entropy_bf16 = w_ce_bf16;
     return &op_wrapped;
 }

@@ -486,6 +486,7 @@ static const tetra_ops cpu_table = {
     .attention_backward = cpu_attention_backward,
     .attention_merge = cpu_attention_merge,
     .cross_entropy = cpu_cross_entropy,
+    .cross_entropy_bf16 = cpu_cross_entropy_bf16,
     .ce_shard_max = cpu_ce_shard_max,
     .ce_shard_sums = cpu_ce_shard_sums,
     .ce_shard_finish = cpu_ce_shard_finish,

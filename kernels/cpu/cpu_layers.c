@@ -3,6 +3,7 @@
 // CUDA backend computes the same functions; the row kernels (cpu_*_k) are also what the
 // bf16 twins in cpu_bf16.c run on widened rows.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,35 +236,60 @@ CPU_SIMD static void row_exp_scale_k(float *d, const float *z, float m, float a,
     for (int j = 0; j < v; j++) d[j] = tetra_expf(z[j] - m) * a;
 }
 
+/* One row of the fused cross-entropy: its loss, and unless d is NULL its dlogits (d may
+ * alias z). */
+static void ce_row(float *d, float *loss, const float *z, int t, int v, float dloss_scale) {
+    int valid = t >= 0 && t < v; // OPS_IGNORE_INDEX (and any out-of-range id): no loss
+    if (!d) {
+        if (!valid) {
+            *loss = 0.0f;
+            return;
+        }
+        float m = row_max_k(z, v);
+        float s = (float)row_sumexp_k(NULL, z, m, v);
+        *loss = logf(s) - (z[t] - m);
+        return;
+    }
+    if (!valid) {
+        memset(d, 0, (size_t)v * sizeof(float));
+        *loss = 0.0f;
+        return;
+    }
+    float m = row_max_k(z, v);
+    float zt = z[t] - m; // read before d (possibly == z) is overwritten
+    float s = (float)row_sumexp_k(d, z, m, v);
+    *loss = logf(s) - zt;
+    row_scale_k(d, dloss_scale / s, v);
+    d[t] -= dloss_scale;
+}
+
 void cpu_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
                        float dloss_scale) {
 #pragma omp parallel for schedule(dynamic, 4) if (n > 1)
-    for (int i = 0; i < n; i++) {
-        const float *z = logits + (size_t)i * v;
-        int t = targets[i];
-        int valid = t >= 0 && t < v; // OPS_IGNORE_INDEX (and any out-of-range id): no loss
-        if (!dlogits) {
-            if (!valid) {
-                losses[i] = 0.0f;
-                continue;
-            }
-            float m = row_max_k(z, v);
-            float s = (float)row_sumexp_k(NULL, z, m, v);
-            losses[i] = logf(s) - (z[t] - m);
-            continue;
+    for (int i = 0; i < n; i++)
+        ce_row(dlogits ? dlogits + (size_t)i * v : NULL, losses + i, logits + (size_t)i * v, targets[i], v,
+               dloss_scale);
+}
+
+/* Each row through an fp32 row of its thread, then rounded: the fp32 op's bits, cast. */
+void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
+                            float dloss_scale) {
+    int failed = 0;
+#pragma omp parallel if (n > 1) reduction(| : failed)
+    {
+        float *row = malloc((size_t)(v > 0 ? v : 1) * sizeof *row);
+        failed |= row == NULL;
+#pragma omp for schedule(dynamic, 4)
+        for (int i = 0; i < n; i++) {
+            if (!row) continue;
+            ce_row(row, losses + i, logits + (size_t)i * v, targets[i], v, dloss_scale);
+            for (int j = 0; j < v; j++) dlogits[(size_t)i * v + j] = tetra_f32_to_bf16(row[j]);
         }
-        float *d = dlogits + (size_t)i * v;
-        if (!valid) {
-            memset(d, 0, (size_t)v * sizeof(float));
-            losses[i] = 0.0f;
-            continue;
-        }
-        float m = row_max_k(z, v);
-        float zt = z[t] - m; // read before d (possibly == z) is overwritten
-        float s = (float)row_sumexp_k(d, z, m, v);
-        losses[i] = logf(s) - zt;
-        row_scale_k(d, dloss_scale / s, v);
-        d[t] -= dloss_scale;
+        free(row);
+    }
+    if (failed) {
+        fprintf(stderr, "cpu cross_entropy_bf16: out of host memory for a row of %d\n", v);
+        abort();
     }
 }
 

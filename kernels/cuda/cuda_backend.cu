@@ -897,6 +897,7 @@ static tetra_ops make_table(void) {
     t.attention_backward = cuda_attention_backward;
     t.attention_merge = cuda_attention_merge;
     t.cross_entropy = cuda_cross_entropy;
+    t.cross_entropy_bf16 = cuda_cross_entropy_bf16;
     t.ce_shard_max = cuda_ce_shard_max;
     t.ce_shard_sums = cuda_ce_shard_sums;
     t.ce_shard_finish = cuda_ce_shard_finish;

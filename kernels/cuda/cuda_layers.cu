@@ -360,25 +360,28 @@ extern "C" void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint
 
 #define CE_THREADS 512
 
-__device__ __forceinline__ void ce_write_grad(float *d, const float *z, float m, float a, int t, float dloss_scale,
-                                              int v) {
+// dlogits in fp32 (T = float) or bf16 (T = uint16_t: the fp32 value rounded once, as the
+// cast op would round it)
+template <typename T>
+__device__ __forceinline__ void ce_write_grad(T *d, const float *z, float m, float a, int t, float dloss_scale, int v) {
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
         float e = __fmul_rn(tetra_expf(z[j] - m), a);
-        d[j] = j == t ? __fsub_rn(e, dloss_scale) : e;
+        store_f32(d + j, j == t ? __fsub_rn(e, dloss_scale) : e);
     }
 }
 
-__device__ __forceinline__ void ce_zero_row(float *d, int v) {
-    for (int j = threadIdx.x; j < v; j += blockDim.x) d[j] = 0.0f;
+template <typename T> __device__ __forceinline__ void ce_zero_row(T *d, int v) {
+    for (int j = threadIdx.x; j < v; j += blockDim.x) store_f32(d + j, 0.0f);
 }
 
-__global__ void __launch_bounds__(CE_THREADS) ce_fused_kernel(float *dlogits, float *losses, const float *logits,
-                                                              const int32_t *targets, int v, float dloss_scale) {
+template <typename T>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_fused_kernel(T *dlogits, float *losses, const float *logits, const int32_t *targets, int v, float dloss_scale) {
     __shared__ float shf[32];
     __shared__ double shd[32];
     const size_t row = blockIdx.x;
     const float *z = logits + row * (size_t)v;
-    float *d = dlogits ? dlogits + row * (size_t)v : NULL;
+    T *d = dlogits ? dlogits + row * (size_t)v : NULL;
     const int t = targets[row];
     if (!(t >= 0 && t < v)) { // ignored (or out of range): no loss, zero gradient
         if (threadIdx.x == 0) losses[row] = 0.0f;
@@ -409,7 +412,14 @@ __global__ void __launch_bounds__(CE_THREADS) ce_fused_kernel(float *dlogits, fl
 extern "C" void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
                                    int v, float dloss_scale) {
     if (n <= 0) return;
-    ce_fused_kernel<<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
+    ce_fused_kernel<float><<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets,
+                                        int n, int v, float dloss_scale) {
+    if (n <= 0) return;
+    ce_fused_kernel<uint16_t><<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -103,6 +103,8 @@ void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *fr
 void cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n);
 void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a, const uint16_t *g,
                                size_t n);
+void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
+                             int v, float dloss_scale);
 void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
                         float dloss_scale);
 void cuda_ce_shard_max(float *row_max, const float *logits, int n, int v_local);

@@ -1504,8 +1504,11 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
     for (size_t i = 0; i < a->n; i++) valid += targets[i] != OPS_IGNORE_INDEX;
     if (n_valid) *n_valid = valid;
     ops->copy_h2d_async(a->targets, targets, a->n * sizeof(int32_t)); /* the caller keeps targets (model.h) */
-    /* fused: per-token losses, and dlogits written over the logits */
-    if (tpn(m) == 1) {
+    /* fused: per-token losses, and dlogits written over the logits (in bf16: straight into
+     * the bf16 dlogits the backward reads, the same bits as the cast below) */
+    if (tpn(m) == 1 && mixed(m)) {
+        ops->cross_entropy_bf16(a->dlogits16, a->losses, a->logits, a->targets, n, Vl, dloss_scale);
+    } else if (tpn(m) == 1) {
         ops->cross_entropy(a->logits, a->losses, a->logits, a->targets, n, Vl, dloss_scale);
     } else if (m->tp_gather_logits) {
         /* loss parallel off: every rank gathers the whole logits and takes its own columns
@@ -1519,7 +1522,7 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
         tp_vocab_cross_entropy(ops, m->ctx.tp, a->logits, a->losses, a->logits, a->targets, n, Vl, v0, dloss_scale,
                                a->ce_stats);
     }
-    if (mixed(m)) ops->cast_f32_to_bf16(a->dlogits16, a->logits, a->n * (size_t)Vl);
+    if (mixed(m) && tpn(m) > 1) ops->cast_f32_to_bf16(a->dlogits16, a->logits, a->n * (size_t)Vl);
     ops->sum(loss_sum, a->losses, a->n);
     a->has_targets = 1;
 }

@@ -286,6 +286,7 @@ static void test_table(void) {
     SLOT(attention_backward);
     SLOT(attention_merge);
     SLOT(cross_entropy);
+    SLOT(cross_entropy_bf16);
     SLOT(ce_shard_max);
     SLOT(ce_shard_sums);
     SLOT(ce_shard_finish);
@@ -1649,6 +1650,31 @@ static void test_cross_entropy_fused(int n, int v) {
     check_close("cross_entropy in place losses", shape, gl, loss, n, 1e-5);
     free(gd);
     free(gl);
+    // bf16 dlogits: the bits of this backend's fp32 dlogits cast to bf16, and the CPU's
+    // within bf16 rounding
+    {
+        uint16_t *d_d16 = (uint16_t *)G->alloc(nv * 2), *d_c16 = (uint16_t *)G->alloc(nv * 2);
+        float *d_z2 = (float *)dup_gpu(z, nv * 4), *d_l2 = (float *)G->alloc((size_t)n * 4);
+        G->cross_entropy(d_dz, d_loss, d_z2, d_t, n, v, scale);
+        G->cast_f32_to_bf16(d_c16, d_dz, nv);
+        G->cross_entropy_bf16(d_d16, d_l2, d_z2, d_t, n, v, scale);
+        uint16_t *g16 = (uint16_t *)from_gpu(d_d16, nv * 2), *c16 = (uint16_t *)from_gpu(d_c16, nv * 2);
+        float *gl2 = (float *)from_gpu(d_l2, (size_t)n * 4), *gl1 = (float *)from_gpu(d_loss, (size_t)n * 4);
+        check_bits("cross_entropy_bf16 == cast(cross_entropy)", shape, g16, c16, nv * 2);
+        check_bits("cross_entropy_bf16 losses", shape, gl2, gl1, (size_t)n * 4);
+        float *g32 = (float *)malloc(nv * 4);
+        C->cast_bf16_to_f32(g32, g16, nv);
+        check_close("cross_entropy_bf16 dlogits against the CPU", shape, g32, dz, nv, 1e-2);
+        free(g32);
+        free(g16);
+        free(c16);
+        free(gl2);
+        free(gl1);
+        G->release(d_d16);
+        G->release(d_c16);
+        G->release(d_z2);
+        G->release(d_l2);
+    }
     free(z);
     free(loss);
     free(dz);
@@ -2391,6 +2417,7 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
     }
     LC("n=6 v=300", NULL, R->cross_entropy(X, Z, X, tok, 6, 300, 0.1f));
     LC("n=6 v=300 no dlogits", NULL, R->cross_entropy(NULL, Z, X, tok, 6, 300, 0.1f));
+    LC("n=6 v=300", NULL, R->cross_entropy_bf16(H, Z, X, tok, 6, 300, 0.1f));
     LC("n=6 v=100", NULL, R->ce_shard_max(Z, X, 6, 100));
     LC("n=6 v=100", NULL, R->ce_shard_sums(Z, Z + 8, X, Z + 16, tok, 6, 100, 0));
     LC("n=6 v=100", NULL, R->ce_shard_finish(X, Z, X, Z + 16, Z, Z + 8, tok, 6, 100, 0, 0.1f));

@@ -512,6 +512,7 @@ static void test_table(void) {
     SLOT(attention_backward);
     SLOT(attention_merge);
     SLOT(cross_entropy);
+    SLOT(cross_entropy_bf16);
     SLOT(ce_shard_max);
     SLOT(ce_shard_sums);
     SLOT(ce_shard_finish);
@@ -707,8 +708,42 @@ static void test_bf16_determinism(void) {
     free(x), free(w), free(dy), free(tok), free(freqs);
 }
 
+/* cross_entropy_bf16 writes the bits the fp32 op's dlogits cast to bf16 have, with the
+ * same losses; ignored and out-of-range targets give zero rows. */
+static void test_cross_entropy_bf16(void) {
+    const tetra_ops *o = ops_cpu();
+    const int n = 9, v = 1500;
+    const size_t nv = (size_t)n * v;
+    float *z = malloc(nv * 4), *d = malloc(nv * 4), *l32 = malloc((size_t)n * 4), *l16 = malloc((size_t)n * 4);
+    uint16_t *ref = malloc(nv * 2), *got = malloc(nv * 2);
+    int32_t t[9];
+    uint32_t x = 7;
+    for (size_t i = 0; i < nv; i++) {
+        x = x * 1664525u + 1013904223u;
+        z[i] = (float)((x >> 8) % 20000) / 1000.0f - 10.0f;
+    }
+    for (int i = 0; i < n; i++) t[i] = (i * 389) % v;
+    t[2] = OPS_IGNORE_INDEX;
+    t[5] = v + 3;
+    o->cross_entropy(d, l32, z, t, n, v, 1.0f / 7.0f);
+    o->cast_f32_to_bf16(ref, d, nv);
+    o->cross_entropy_bf16(got, l16, z, t, n, v, 1.0f / 7.0f);
+    CHECK(!memcmp(got, ref, nv * 2) && !memcmp(l16, l32, (size_t)n * 4),
+          "cross_entropy_bf16: the fp32 op's dlogits cast to bf16 and its losses, bit for bit");
+    int zero = 1;
+    for (int j = 0; j < v; j++) zero &= got[2 * (size_t)v + j] == 0 && got[5 * (size_t)v + j] == 0;
+    CHECK(zero && l16[2] == 0.0f && l16[5] == 0.0f, "cross_entropy_bf16: ignored targets give zero rows and losses");
+    free(z);
+    free(d);
+    free(l32);
+    free(l16);
+    free(ref);
+    free(got);
+}
+
 int main(void) {
     test_table();
+    test_cross_entropy_bf16();
     test_memory();
     test_bf16_determinism();
     test_casts();
