@@ -6,6 +6,7 @@
 #          removes it there)
 #   ok/bad count and print a passed or failed check; finish prints the tally and is the
 #   script's last command (its status is the test's).
+#   docs_corpus DIR  prepares a corpus of short documents into DIR (below).
 # shellcheck shell=bash
 ROOT="${TETRA_ROOT:-$(pwd)}"
 BIN="${TETRA_BIN:-$ROOT/build/bin}"
@@ -24,3 +25,21 @@ finish() {
 # Open MPI as root (CI runs as root) and without the single-copy mechanism containers lack
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+
+# docs_corpus DIR: the first 40,000 words of Moby-Dick cut into documents of 10 to 159
+# words, prepared into DIR with the test tokenizer (every document BOS ... EOS, their
+# lengths in index.json): what the document-mask plans are made on.
+docs_corpus() {
+  python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs_corpus.jsonl" <<'EOF'
+import json, sys
+words = open(sys.argv[1], encoding="utf-8").read().split()[:40000]
+with open(sys.argv[2], "w", encoding="utf-8") as f:
+    i = k = 0
+    while i < len(words):
+        n = (37 * k) % 150 + 10
+        f.write(json.dumps({"text": " ".join(words[i:i + n])}) + "\n")
+        i, k = i + n, k + 1
+EOF
+  "$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$T/docs_corpus.jsonl" --output "$1" \
+    --val-fraction 0 --quiet
+}

@@ -233,18 +233,7 @@ then
 else bad "NCCL memory model"; fi
 
 # 6. document-masked attention planned from the corpus's document lengths
-python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs.jsonl" <<'EOF'
-import json, sys
-words = open(sys.argv[1], encoding="utf-8").read().split()[:40000]
-with open(sys.argv[2], "w", encoding="utf-8") as f:
-    i = k = 0
-    while i < len(words):
-        n = (37 * k) % 150 + 10
-        f.write(json.dumps({"text": " ".join(words[i:i + n])}) + "\n")
-        i, k = i + n, k + 1
-EOF
-"$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$T/docs.jsonl" --output "$T/docs" \
-  --val-fraction 0 --quiet
+docs_corpus "$T/docs"
 cp -r "$T/docs" "$T/docs_old"
 python3 -c 'import json,sys; p=sys.argv[1]+"/index.json"; ix=json.load(open(p)); del ix["splits"]["train"]["document_lengths"]; json.dump(ix, open(p, "w"))' "$T/docs_old"
 DOC=(--job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 2048 --ngpu 1 --json)

@@ -108,18 +108,7 @@ done
 
 # a document mask's attention at the pairs the corpus's documents leave (the plan's own
 # estimate: the recorder cannot read the ids the step hands the op)
-python3 - "$ROOT/tests/assets/moby_dick.txt" "$T/docs.jsonl" <<'EOF'
-import json, sys
-words = open(sys.argv[1], encoding="utf-8").read().split()[:40000]
-with open(sys.argv[2], "w", encoding="utf-8") as f:
-    i = k = 0
-    while i < len(words):
-        n = (37 * k) % 150 + 10
-        f.write(json.dumps({"text": " ".join(words[i:i + n])}) + "\n")
-        i, k = i + n, k + 1
-EOF
-"$TETRA" data prepare --tokenizer "$ROOT/tests/assets/tokenizer" --input "$T/docs.jsonl" --output "$T/docs" \
-  --val-fraction 0 --quiet
+docs_corpus "$T/docs"
 for m in causal block_causal; do
   "$TETRA" plan "${DEBUG[@]}" --training.seq_len 2048 --training.dataset_path "$T/docs" --model.attn_mask_type $m \
     --ops --json >"$T/ops_$m.json" 2>"$T/ops_$m.err" || bad "plan --ops with $m: $(head -2 "$T/ops_$m.err")"
