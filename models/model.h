@@ -222,8 +222,7 @@ int model_family_register(const model_family *f);
 /* "llama3, ..." for messages */
 void model_family_names(char *buf, size_t n);
 
-/* The unit the input unit is (0), or -1 when the stage has none; the output unit likewise. */
+/* The input unit (0), or -1 when the stage has none. */
 static inline int model_input_unit(const model_stage *s) { return s->has_input ? 0 : -1; }
-static inline int model_output_unit(const model_stage *s) { return s->has_output ? s->n_units - 1 : -1; }
 
 #endif

@@ -1,6 +1,7 @@
 /* registry.c — the model families model.name can name: the built-in ones, and those
  * registered before the config is validated (the tests add their own). A new built-in
  * family adds its folder and one line here. */
+#include <stdio.h>
 #include <string.h>
 
 #include "models/llama3/family.h"
@@ -26,11 +27,8 @@ void model_family_names(char *buf, size_t n) {
     size_t o = 0;
     if (n) buf[0] = 0;
     for (int i = 0; i < n_families && o < n; i++) {
-        const size_t left = n - o;
-        const size_t w = strlen(families[i]->name) + (i ? 2 : 0);
-        if (w >= left) break;
-        if (i) memcpy(buf + o, ", ", 2);
-        memcpy(buf + o + (i ? 2 : 0), families[i]->name, strlen(families[i]->name) + 1);
-        o += w;
+        const int w = snprintf(buf + o, n - o, "%s%s", i ? ", " : "", families[i]->name);
+        if (w < 0) break;
+        o += (size_t)w;
     }
 }

@@ -242,13 +242,13 @@ static void ag_split_forward(const cp_ctx *c, const tetra_ops *ops, cp_buffers *
                              const void *kb, const void *vb, const cp_attn_dims *d, int b, int j, int ch) {
     const size_t n = (size_t)ch * d->h * d->d, krow = (size_t)d->kv * d->d, diag = (size_t)j * ch * krow;
     ops_attn_shape s0 = split_shape(c, d, b, j, ch, 0), s1 = split_shape(c, d, b, j, ch, 1);
-    ops->attention_forward_bf16(w->tmp16[0], w->lse_acc, q, kb, vb, &s0, w->attn_ws);
+    /* the merged lse accumulates in lse_stage, where the caller reads it */
+    ops->attention_forward_bf16(w->tmp16[0], w->lse_stage, q, kb, vb, &s0, w->attn_ws);
     ops->cast_bf16_to_f32(w->acc, w->tmp16[0], n);
-    ops->attention_forward_bf16(w->tmp16[0], w->lse_stage, q, at(kb, diag, 2), at(vb, diag, 2), &s1, w->attn_ws);
+    ops->attention_forward_bf16(w->tmp16[0], w->lse_acc, q, at(kb, diag, 2), at(vb, diag, 2), &s1, w->attn_ws);
     ops->cast_bf16_to_f32(w->tmp32, w->tmp16[0], n);
-    ops->attention_merge(w->acc, w->lse_acc, w->tmp32, w->lse_stage, 1, ch, d->h, d->d);
+    ops->attention_merge(w->acc, w->lse_stage, w->tmp32, w->lse_acc, 1, ch, d->h, d->d);
     ops->cast_f32_to_bf16(out, w->acc, n);
-    ops->copy(w->lse_stage, w->lse_acc, (size_t)d->h * ch * 4);
 }
 
 /* The gradients of chunk j's split calls, from the merged out and lse (w->lse_stage): dq

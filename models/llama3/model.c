@@ -165,11 +165,10 @@ static const model_linear_impl default_linear = {"gemm", default_forward, defaul
 
 const model_linear_impl *llama3_linear_default(void) { return &default_linear; }
 
-const void *llama3_linear_weight(const llama3_model *m, const model_linear *l) { return param_ptr(m, l->param); }
-
 static const void *env_weight(const void *model, const model_linear *l) { return param_ptr(model, l->param); }
 
-model_linear_env llama3_linear_env(const llama3_model *m) {
+/* What an implementation's call sees of m (models/linear.h). */
+static model_linear_env llama3_linear_env(const llama3_model *m) {
     model_linear_env e = {m->ops, m->compute_dtype, m->ctx.tp, &default_linear, m, env_weight};
     return e;
 }

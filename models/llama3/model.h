@@ -117,11 +117,6 @@ typedef struct {
 typedef struct llama3_model llama3_model;
 
 const model_linear_impl *llama3_linear_default(void);
-/* The linear's weight [out, in] in the compute dtype where its unit is bound now (the
- * pointer an implementation's forward receives as w); stops if the unit is not bound. */
-const void *llama3_linear_weight(const llama3_model *m, const model_linear *l);
-/* What an implementation's call sees of m (models/linear.h). */
-model_linear_env llama3_linear_env(const llama3_model *m);
 
 /* The process groups a layout computes over (NULL: degree 1, nothing to talk to). */
 typedef struct {
