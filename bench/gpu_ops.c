@@ -283,17 +283,18 @@ static void bench_elementwise(const dims *dm, const buffers *b) {
     char lab[128];
     GROUP = "elementwise (bf16)";
     snprintf(lab, sizeof lab, "rmsnorm forward [%d x %d]", N, C);
-    TIME(lab, O->rmsnorm_forward_bf16(b->xn, b->rstd, b->x, b->wn, N, C, 1e-5f), 2 * nc * 2, 0);
+    TIME(lab, O->rmsnorm_forward_bf16(b->xn, b->rstd, NULL, b->x, b->wn, N, C, 1e-5f), 2 * nc * 2, 0);
     TIME("rmsnorm backward_input", O->rmsnorm_backward_input_bf16(b->tmp, b->xn, b->x, b->wn, b->rstd, N, C),
          4 * nc * 2, 0);
     TIME("rmsnorm backward_weight", O->rmsnorm_backward_weight_bf16(b->wn32, b->xn, b->x, b->rstd, N, C), 2 * nc * 2,
          0);
     TIME("rope forward q (in place)", O->rope_forward_bf16(b->q, b->q, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
     TIME("rope forward k (in place)", O->rope_forward_bf16(b->k, b->k, b->freqs, NULL, 0, 1, N, KV, D), 2 * nkv * 2, 0);
-    TIME("rope backward q", O->rope_backward_bf16(b->tmp, b->dq, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
+    TIME("rope backward q", O->rope_backward_bf16(b->tmp, NULL, b->dq, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
     snprintf(lab, sizeof lab, "swiglu forward [%d x %d]", N, F);
-    TIME(lab, O->swiglu_forward_bf16(b->s, b->a, b->gg, nf), 3 * nf * 2, 0);
-    TIME("swiglu backward (in place)", O->swiglu_backward_bf16(b->a, b->gg, b->s, b->a, b->gg, nf), 5 * nf * 2, 0);
+    TIME(lab, O->swiglu_forward_bf16(b->s, NULL, b->a, b->gg, nf), 3 * nf * 2, 0);
+    TIME("swiglu backward (in place)", O->swiglu_backward_bf16(b->a, b->gg, NULL, NULL, b->s, b->a, b->gg, nf),
+         5 * nf * 2, 0);
     TIME("copy (residual)", O->copy(b->h, b->x, nc * 2), 2 * nc * 2, 0);
 }
 
@@ -303,7 +304,8 @@ static void bench_float8(const dims *dm, const buffers *b) {
     const size_t nc = dm->nc, nf = dm->nf;
     char lab[128];
     GROUP = "float8 tensorwise";
-    uint8_t *q8 = dalloc(nf), *q8b = dalloc((size_t)F * C), *qa = dalloc(nf);
+    uint8_t *q8 = dalloc(nf), *q8b = dalloc((size_t)F * C), *qa = dalloc(nf), *qwt = dalloc((size_t)F * C),
+            *qxt = dalloc(nc);
     float *am = dalloc(64), *sc = dalloc(64), *inv = dalloc(64), *am2 = dalloc(64), *sc2 = dalloc(64),
           *inv2 = dalloc(64);
     snprintf(lab, sizeof lab, "amax_bf16 [%d x %d]", N, C);
@@ -325,23 +327,38 @@ static void bench_float8(const dims *dm, const buffers *b) {
     O->fp8_scale_from_amax(scv, NULL, am, C, 1, OPS_FP8_E4M3_MAX, 0);
     snprintf(lab, sizeof lab, "cast_transpose_to_fp8 [%d x %d]", N, C);
     TIME(lab, O->cast_transpose_to_fp8(q8, b->xn, TETRA_BF16, scv, N, C, TETRA_FP8_E4M3), nc * 3, 0);
-    snprintf(lab, sizeof lab, "add fp32 (wgrad accumulate) %.1fM", (double)F * C / 1e6);
-    TIME(lab, O->add(b->dw, b->dw, b->dw2, (size_t)F * C), (size_t)F * C * 12, 0);
-    /* fp8 GEMMs as float8/ issues them for w1 (the largest linear): forward TN; the
-     * input gradient with W [out, in] not K-major (transposed inside); the weight
-     * gradient with both operands transposed inside */
-    O->cast_bf16_to_fp8(q8, b->xn, sc, 0, N, C, TETRA_FP8_E4M3);
-    O->cast_bf16_to_fp8(qa, b->a, sc, 0, N, F, TETRA_FP8_E5M2);
+    /* what float8/ issues now: one pass from the amax to the K-major codes (and the
+     * transpose), the weight gradient accumulated by its GEMM */
+    snprintf(lab, sizeof lab, "fp8_quantize [%d x %d]", N, C);
+    TIME(lab, O->fp8_quantize(q8, NULL, inv, b->xn, TETRA_BF16, am, N, C, TETRA_FP8_E4M3), nc * 3, 0);
+    snprintf(lab, sizeof lab, "fp8_quantize transposed [%d x %d]", N, F);
+    TIME(lab, O->fp8_quantize(NULL, qa, inv, b->a, TETRA_BF16, am, N, F, TETRA_FP8_E5M2), nf * 3, 0);
+    snprintf(lab, sizeof lab, "fp8_quantize weight and transposed [%d x %d]", F, C);
+    TIME(lab, O->fp8_quantize(q8b, qwt, inv2, b->w_big, TETRA_BF16, am2, F, C, TETRA_FP8_E4M3), (size_t)F * C * 4, 0);
+    snprintf(lab, sizeof lab, "swiglu_forward_bf16 with amax [%d x %d]", N, F);
+    TIME(lab, O->swiglu_forward_bf16(b->s, am, b->a, b->gg, nf), 3 * nf * 2, 0);
+    snprintf(lab, sizeof lab, "rmsnorm_forward_bf16 with amax [%d x %d]", N, C);
+    TIME(lab, O->rmsnorm_forward_bf16(b->xn, b->rstd, am, b->x, b->wn, N, C, 1e-5f), 2 * nc * 2, 0);
+    /* fp8 GEMMs as float8/ issues them for w1 (the largest linear), every operand
+     * K-major: forward x . W^T; input gradient dy . (W^T)^T from W^T's codes; weight
+     * gradient dy^T . (x^T)^T from the transposed codes, into the fp32 gradient (beta 1) */
+    O->amax_bf16(am, b->xn, nc);
+    O->fp8_quantize(q8, NULL, inv, b->xn, TETRA_BF16, am, N, C, TETRA_FP8_E4M3);
+    O->fp8_quantize(q8b, NULL, inv2, b->w_big, TETRA_BF16, am2, F, C, TETRA_FP8_E4M3);
     const double fl = 2.0 * N * F * (double)C;
     ops_gemm_desc f = desc(TETRA_FP8_E4M3, TETRA_BF16, 0, 1, N, F, C, C, C, F, 0.f);
     f.a_scale = inv, f.b_scale = inv2, f.fast_accum = 1;
-    TIME("fp8 gemm fwd w1 (TN, fast accum)", O->gemm(b->a, q8, q8b, &f), 0, fl);
-    ops_gemm_desc d = desc(TETRA_FP8_E5M2, TETRA_BF16, 0, 0, N, C, F, F, C, C, 0.f);
+    TIME("fp8 gemm fwd w1 (K-major, fast accum)", O->gemm(b->a, q8, q8b, &f), 0, fl);
+    O->fp8_quantize(NULL, qwt, inv2, b->w_big, TETRA_BF16, am2, F, C, TETRA_FP8_E4M3); /* W^T [C, F] */
+    O->fp8_quantize(qa, NULL, inv, b->a, TETRA_BF16, am, N, F, TETRA_FP8_E5M2);        /* dy [N, F] */
+    ops_gemm_desc d = desc(TETRA_FP8_E5M2, TETRA_BF16, 0, 1, N, C, F, F, F, C, 0.f);
     d.b_type = TETRA_FP8_E4M3, d.a_scale = inv, d.b_scale = inv2;
-    TIME("fp8 gemm dgrad w1 (W transposed inside)", O->gemm(b->xn, qa, q8b, &d), 0, fl);
-    ops_gemm_desc wg = desc(TETRA_FP8_E5M2, TETRA_F32, 1, 0, F, C, N, F, C, C, 0.f);
+    TIME("fp8 gemm dgrad w1 (K-major)", O->gemm(b->xn, qa, qwt, &d), 0, fl);
+    O->fp8_quantize(NULL, qa, inv, b->a, TETRA_BF16, am, N, F, TETRA_FP8_E5M2);     /* dy^T [F, N] */
+    O->fp8_quantize(NULL, qxt, inv2, b->xn, TETRA_BF16, am2, N, C, TETRA_FP8_E4M3); /* x^T [C, N] */
+    ops_gemm_desc wg = desc(TETRA_FP8_E5M2, TETRA_F32, 0, 1, F, C, N, N, N, C, 1.f);
     wg.b_type = TETRA_FP8_E4M3, wg.a_scale = inv, wg.b_scale = inv2;
-    TIME("fp8 gemm wgrad w1 (both transposed inside)", O->gemm(b->dw2, qa, q8, &wg), 0, fl);
+    TIME("fp8 gemm wgrad w1 (K-major, beta 1)", O->gemm(b->dw2, qa, qxt, &wg), 0, fl);
 }
 
 /* the logits GEMM, the fused cross-entropy and the head's two gradients; its vocabulary-

@@ -28,7 +28,33 @@ typedef struct {
     int gen_t, gen_r, gen_c;
     int reg_mode[2]; /* per model_operand */
     float *reg[2];   /* [max_rows] each */
+    /* tensorwise, weights not sharded by FSDP: W quantised once per optimizer step, in both
+     * GEMM layouts (W for the output, W^T for the input gradient), and its dequant factor */
+    uint8_t *qw, *qwt; /* [out, in], [in, out] */
+    float *w_inv;      /* [1] */
+    int gen_q;
+    /* tensorwise: the amax of the output gradient of this linear's last whole-operand
+     * input-gradient call (dy_key, dy_n), which its weight-gradient call reads again */
+    float *dy_amax; /* [1] */
+    const void *dy_key;
+    int dy_n;
+    /* tensorwise: amaxes the model's producers write (amax_slot) for the next call on
+     * the operand at pend[which] with pend_n rows: x's into x_amax, dy's into dy_amax */
+    float *x_amax; /* [1] */
+    const void *pend[2];
+    int pend_n[2];
 } f8_lin;
+
+/* One fp8 GEMM operand: the codes, their dequant factor(s) and format. */
+typedef struct {
+    const uint8_t *q;
+    const float *inv;
+    tetra_dtype fmt;
+} f8_operand;
+
+/* What the last call of any converted linear quantised, so the next linear on the same
+ * input (model_linear.input_from) takes the codes instead of casting again. */
+enum { CALL_NONE = 0, CALL_FORWARD, CALL_WEIGHT };
 
 struct float8_model {
     const tetra_ops *ops;
@@ -42,12 +68,17 @@ struct float8_model {
     size_t bytes;
     void *mem;
     /* workspace shared by every converted linear (one GEMM at a time) */
-    float *da, *db;   /* [max(operand, weight)] dequantised operands (emulate) */
-    float *dw;        /* [max weight] one microbatch's weight gradient, added to the gradient once:
-                            sum(microbatches) then rounds the same as a reduction over ranks */
-    uint8_t *qa, *qb; /* [max(operand, weight)] quantised operands */
+    float *da, *db;                                       /* [max(operand, weight)] dequantised operands (emulate) */
+    uint8_t *qa, *qb;                                     /* [max(operand, weight)] quantised operands */
     float *amax_a, *sc_a, *inv_a, *amax_b, *sc_b, *inv_b; /* [max(max_rows, max_dim)] */
     float *pre_amax;                                      /* [n] precomputed weight amaxes */
+    int cache_w;                                          /* tensorwise weights quantised once per step (f8_lin.qw) */
+    /* the last call of any converted linear (CALL_*, its linear, x and rows): its x's codes
+     * are still in qa (forward) or qb (weight gradient) */
+    const model_linear *last_lin;
+    int last_call;
+    const void *last_x;
+    int last_n;
     float *pre_scale, *pre_inv; /* [n] their scales and dequant factors (the float8 all-gather's) */
     uint16_t *pre_bf16;         /* [n] */
 };
@@ -145,13 +176,13 @@ static const float *operand_amax(const f8_lin *s, model_operand which, int row0,
     return own;
 }
 
-/* C = op(A) op(B) + beta C on the quantised operands f->qa (a_fmt) and f->qb (b_fmt) with
- * dequant factors f->inv_a / f->inv_b (per row of op(A) and per column of op(B) when
- * rowwise). B without trans_b under rowwise scaling carries a broadcast (tensorwise)
- * scale. */
-static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, tetra_dtype a_fmt, tetra_dtype b_fmt,
-                     int trans_a, int trans_b, int m, int n, int k, int lda, int ldb, int ldc, int rowwise,
-                     int fast_accum, float beta) {
+/* C = op(A) op(B) + beta C on quantised operands (stored [m, k] or [k, m] for A, [n, k]
+ * or [k, n] for B as trans_a/trans_b say), dequantised by their factors (per row of
+ * op(A) and per column of op(B) when rowwise). B without trans_b under rowwise scaling
+ * carries a broadcast (tensorwise) scale. */
+static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, f8_operand A, f8_operand B, int trans_a,
+                     int trans_b, int m, int n, int k, int lda, int ldb, int ldc, int rowwise, int fast_accum,
+                     float beta) {
     const tetra_ops *ops = f->ops;
     ops_gemm_desc g;
     memset(&g, 0, sizeof g);
@@ -167,24 +198,27 @@ static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, tetra_
     g.alpha = 1.0f;
     g.beta = beta;
     if (f->cfg.emulate) {
-        /* dequantise (stored layouts: A [m, k] or [k, m], B [n, k] or [k, n]) and
-         * multiply in fp32; a rowwise A is never transposed here */
+        /* dequantise (stored layouts) and multiply in fp32; a rowwise A is never transposed */
         const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
         const int b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-        ops->cast_fp8_to_f32(f->da, f->qa, f->inv_a, rowwise, a_rows, a_cols, a_fmt);
-        ops->cast_fp8_to_f32(f->db, f->qb, f->inv_b, rowwise && trans_b, b_rows, b_cols, b_fmt);
+        ops->cast_fp8_to_f32(f->da, A.q, A.inv, rowwise, a_rows, a_cols, A.fmt);
+        ops->cast_fp8_to_f32(f->db, B.q, B.inv, rowwise && trans_b, b_rows, b_cols, B.fmt);
         g.a_type = g.b_type = TETRA_F32;
         ops->gemm(c, f->da, f->db, &g);
         return;
     }
-    g.a_type = a_fmt;
-    g.b_type = b_fmt;
-    g.a_scale = f->inv_a;
-    g.b_scale = f->inv_b;
+    g.a_type = A.fmt;
+    g.b_type = B.fmt;
+    g.a_scale = A.inv;
+    g.b_scale = B.inv;
     g.scale_rowwise = rowwise;
     g.fast_accum = fast_accum;
-    ops->gemm(c, f->qa, f->qb, &g);
+    ops->gemm(c, A.q, B.q, &g);
 }
+
+/* the shared workspace operands */
+static f8_operand op_a(const struct float8_model *f, tetra_dtype fmt) { return (f8_operand){f->qa, f->inv_a, fmt}; }
+static f8_operand op_b(const struct float8_model *f, tetra_dtype fmt) { return (f8_operand){f->qb, f->inv_b, fmt}; }
 
 /* ---------------------------------------------------------------------------- the linear */
 
@@ -193,6 +227,7 @@ static void f8_begin_rows(const model_linear_env *e, const model_linear *l, mode
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const float8_recipe r = f->cfg.recipe;
+    f->last_call = CALL_NONE;
     /* the weight statistics the blocks will use, so that no block runs a collective; once
      * per step (cached until the parameters change), so the weight is read only then */
     const int tensor = r == FLOAT8_TENSORWISE || (which == MODEL_OPERAND_DY && r == FLOAT8_ROWWISE_GW_HP);
@@ -220,6 +255,124 @@ static void f8_begin_rows(const model_linear_env *e, const model_linear *l, mode
     }
 }
 
+/* ---------------------------------------------------------------------------- tensorwise */
+
+/* Is x (n rows, the whole operand) the input the last call quantised, for a linear that
+ * the model runs right after that call's linear on the same tensor? Every call records
+ * itself, so anything in between breaks the chain. */
+static int chain_hit(const struct float8_model *f, const model_linear *l, int call, const void *x, int n, int row0) {
+    return row0 < 0 && l->input_from && f->last_lin == l->input_from && f->last_call == call && f->last_x == x &&
+        f->last_n == n;
+}
+static void chain_note(struct float8_model *f, const model_linear *l, int call, const void *x, int n, int row0) {
+    f->last_lin = l;
+    f->last_call = row0 < 0 ? call : CALL_NONE;
+    f->last_x = x;
+    f->last_n = n;
+}
+
+/* W (transposed: W^T [in, out]) in e4m3 with the whole weight's scale: from the step's
+ * cache (both layouts written by one pass at the first use after each optimizer step), or
+ * quantised now into qb */
+static f8_operand tw_weight(const model_linear_env *e, const model_linear *l, const void *w, int transposed) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    if (f->cache_w) {
+        if (s->gen_q != f->gen) {
+            f->ops->fp8_quantize(s->qw, s->qwt, s->w_inv, w, f->cdt, w_tensor_amax(e, l, w), l->out, l->in,
+                                 TETRA_FP8_E4M3);
+            s->gen_q = f->gen;
+        }
+        return (f8_operand){transposed ? s->qwt : s->qw, s->w_inv, TETRA_FP8_E4M3};
+    }
+    f->ops->fp8_quantize(transposed ? NULL : f->qb, transposed ? f->qb : NULL, f->inv_b, w, f->cdt,
+                         w_tensor_amax(e, l, w), l->out, l->in, TETRA_FP8_E4M3);
+    return op_b(f, TETRA_FP8_E4M3);
+}
+
+/* The amax of a whole operand the model is about to produce (models/linear.h): under
+ * tensor parallel the operands' statistics come through begin_rows instead. */
+static float *f8_amax_slot(const model_linear_env *e, const model_linear *l, model_operand which, const void *t,
+                           int rows) {
+    f8_lin *s = state_of(l);
+    if (s->f->cfg.recipe != FLOAT8_TENSORWISE || e->tp) return NULL;
+    s->pend[which] = t;
+    s->pend_n[which] = rows;
+    return which == MODEL_OPERAND_X ? s->x_amax : s->dy_amax;
+}
+
+/* The announced amax, if this whole-operand call is the one it was announced for (each
+ * announcement serves one call). */
+static const float *pending_amax(f8_lin *s, model_operand which, const void *t, int n, int row0) {
+    const int hit = row0 < 0 && s->pend[which] == t && s->pend_n[which] == n;
+    s->pend[which] = NULL;
+    return hit ? (which == MODEL_OPERAND_X ? s->x_amax : s->dy_amax) : NULL;
+}
+
+/* y = x W^T: x e4m3 [n, in] . W e4m3 [out, in], both K-major */
+static void tw_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
+                       const void *w, int n, int row0, float beta) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const int in = l->in, out = l->out;
+    const float *ax = pending_amax(s, MODEL_OPERAND_X, x, n, row0);
+    if (!chain_hit(f, l, CALL_FORWARD, x, n, row0)) {
+        if (!ax) ax = operand_amax(s, MODEL_OPERAND_X, row0, x, n, in, 0, f->amax_a);
+        f->ops->fp8_quantize(f->qa, NULL, f->inv_a, x, f->cdt, ax, n, in, TETRA_FP8_E4M3);
+    }
+    fp8_gemm(f, yt, y, op_a(f, TETRA_FP8_E4M3), tw_weight(e, l, w, 0), 0, 1, n, out, in, in, in, out, 0, 1, beta);
+    chain_note(f, l, CALL_FORWARD, x, n, row0);
+}
+
+/* dx = dy W: dy e5m2 [n, out] . W^T e4m3 [in, out], both K-major. A whole operand's amax
+ * is kept for the weight gradient, which reads the same dy. */
+static void tw_backward_input(const model_linear_env *e, const model_linear *l, tetra_dtype dxt, void *dx,
+                              const void *dy, const void *w, int n, int row0, float beta) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const int in = l->in, out = l->out;
+    const int keep = row0 < 0 && !e->tp;
+    const float *ady = pending_amax(s, MODEL_OPERAND_DY, dy, n, row0);
+    if (!ady) ady = operand_amax(s, MODEL_OPERAND_DY, row0, dy, n, out, 0, keep ? s->dy_amax : f->amax_a);
+    s->dy_key = keep ? dy : NULL;
+    s->dy_n = n;
+    f->ops->fp8_quantize(f->qa, NULL, f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
+    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E5M2), tw_weight(e, l, w, 1), 0, 1, n, in, out, out, out, in, 0, 0, beta);
+    chain_note(f, l, CALL_NONE, NULL, 0, row0);
+}
+
+/* dW += dy^T x (fp32, accumulated by the GEMM): dy^T e5m2 [out, n] . x^T e4m3 [in, n], both
+ * K-major, each cast transposed in one pass. The input-gradient call left dy's amax when
+ * it saw the same whole operand: dy stays unchanged from that call until this one (this
+ * call reads it), and a later input-gradient call of this linear on another microbatch
+ * cannot hold this dy's buffer, so the key identifies it. */
+static void tw_backward_weight(const model_linear_env *e, const model_linear *l, float *dw, const void *dy,
+                               const void *x, int n) {
+    f8_lin *s = state_of(l);
+    struct float8_model *f = s->f;
+    const tetra_ops *ops = f->ops;
+    const int in = l->in, out = l->out;
+    const float *ady = s->dy_amax;
+    if (!(s->dy_key == dy && s->dy_n == n && !e->tp)) {
+        x_amax(f, f->amax_a, dy, n, out, 0);
+        reduce_max(tp_if(e, l, MODEL_LINEAR_COLWISE), f->amax_a, 1);
+        ady = f->amax_a;
+    }
+    ops->fp8_quantize(NULL, f->qa, f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
+    const float *ax = pending_amax(s, MODEL_OPERAND_X, x, n, -1);
+    if (!chain_hit(f, l, CALL_WEIGHT, x, n, -1)) {
+        if (!ax) {
+            x_amax(f, f->amax_b, x, n, in, 0);
+            reduce_max(tp_if(e, l, MODEL_LINEAR_ROWWISE), f->amax_b, 1);
+            ax = f->amax_b;
+        }
+        ops->fp8_quantize(NULL, f->qb, f->inv_b, x, f->cdt, ax, n, in, TETRA_FP8_E4M3);
+    }
+    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E5M2), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0,
+             1.0f);
+    chain_note(f, l, CALL_WEIGHT, x, n, -1);
+}
+
 /* y[n, out] = x[n, in] W[out, in]^T + beta y */
 static void f8_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
                        const void *w, int n, int row0, float beta) {
@@ -228,21 +381,17 @@ static void f8_forward(const model_linear_env *e, const model_linear *l, tetra_d
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) {
-        const float *ax = operand_amax(s, MODEL_OPERAND_X, row0, x, n, in, 0, f->amax_a);
-        ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
-        x_cast(f, f->qa, x, f->sc_a, 0, n, in, TETRA_FP8_E4M3);
-        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
-        fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 0, 1, beta);
+        tw_forward(e, l, yt, y, x, w, n, row0, beta);
         return;
     }
+    f->last_call = CALL_NONE;
     /* rowwise: x per token, W per output channel */
     const float *ax = operand_amax(s, MODEL_OPERAND_X, row0, x, n, in, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ax, n, 0, OPS_FP8_E4M3_MAX, 1);
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(e, l, w), out, 0, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qa, x, f->sc_a, 1, n, in, TETRA_FP8_E4M3);
     x_cast(f, f->qb, w, f->sc_b, 1, out, in, TETRA_FP8_E4M3);
-    fp8_gemm(f, yt, y, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, out, in, in, in, out, 1, 1, beta);
+    fp8_gemm(f, yt, y, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, n, out, in, in, in, out, 1, 1, beta);
 }
 
 /* dx[n, in] = dy[n, out] W[out, in] + beta dx */
@@ -252,15 +401,11 @@ static void f8_backward_input(const model_linear_env *e, const model_linear *l, 
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
-    if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . W e4m3 */
-        const float *ady = operand_amax(s, MODEL_OPERAND_DY, row0, dy, n, out, 0, f->amax_a);
-        ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, 1, 0, OPS_FP8_E5M2_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), 1, 0, OPS_FP8_E4M3_MAX, 0);
-        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
-        x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
-        fp8_gemm(f, dxt, dx, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 0, 0, beta);
+    if (f->cfg.recipe == FLOAT8_TENSORWISE) {
+        tw_backward_input(e, l, dxt, dx, dy, w, n, row0, beta);
         return;
     }
+    f->last_call = CALL_NONE;
     /* dy e4m3 per token */
     const float *ady = operand_amax(s, MODEL_OPERAND_DY, row0, dy, n, out, 1, f->amax_a);
     ops->fp8_scale_from_amax(f->sc_a, f->inv_a, ady, n, 0, OPS_FP8_E4M3_MAX, 1);
@@ -268,13 +413,14 @@ static void f8_backward_input(const model_linear_env *e, const model_linear *l, 
     if (f->cfg.recipe == FLOAT8_ROWWISE) { /* W per input channel: W^T [in, out] quantised by rows */
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(e, l, w), in, 0, OPS_FP8_E4M3_MAX, 1);
         ops->cast_transpose_to_fp8(f->qb, w, f->cdt, f->sc_b, out, in, TETRA_FP8_E4M3);
-        fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, n, in, out, out, out, in, 1, 0, beta);
+        fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, n, in, out, out, out, in, 1, 0,
+                 beta);
         return;
     }
     /* rowwise_with_gw_hp: W tensorwise, its one scale broadcast to every column */
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), in, 1, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
-    fp8_gemm(f, dxt, dx, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 0, n, in, out, out, in, in, 1, 0, beta);
+    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 0, n, in, out, out, in, in, 1, 0, beta);
 }
 
 /* dW[out, in] += dy[n, out]^T x[n, in] (fp32) */
@@ -284,23 +430,16 @@ static void f8_backward_weight(const model_linear_env *e, const model_linear *l,
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     if (f->cfg.recipe == FLOAT8_ROWWISE_GW_HP) {
+        f->last_call = CALL_NONE;
         e->fallback->backward_weight(e, l, dw, dy, x, n);
         return;
     }
     const int in = l->in, out = l->out;
-    if (f->cfg.recipe == FLOAT8_TENSORWISE) { /* dy e5m2 . x e4m3, whole-tensor scales */
-        x_amax(f, f->amax_a, dy, n, out, 0);
-        reduce_max(tp_if(e, l, MODEL_LINEAR_COLWISE), f->amax_a, 1);
-        x_amax(f, f->amax_b, x, n, in, 0);
-        reduce_max(tp_if(e, l, MODEL_LINEAR_ROWWISE), f->amax_b, 1);
-        ops->fp8_scale_from_amax(f->sc_a, f->inv_a, f->amax_a, 1, 0, OPS_FP8_E5M2_MAX, 0);
-        ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, 1, 0, OPS_FP8_E4M3_MAX, 0);
-        x_cast(f, f->qa, dy, f->sc_a, 0, n, out, TETRA_FP8_E5M2);
-        x_cast(f, f->qb, x, f->sc_b, 0, n, in, TETRA_FP8_E4M3);
-        fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E5M2, TETRA_FP8_E4M3, 1, 0, out, in, n, out, in, in, 0, 0, 0.0f);
-        ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
+    if (f->cfg.recipe == FLOAT8_TENSORWISE) {
+        tw_backward_weight(e, l, dw, dy, x, n);
         return;
     }
+    f->last_call = CALL_NONE;
     /* rowwise: dy per output channel, x per input channel (over every token: nothing to
      * reduce across tensor-parallel ranks, whose rows here are whole) */
     ops->amax_cols(f->amax_a, dy, f->cdt, n, out);
@@ -309,12 +448,12 @@ static void f8_backward_weight(const model_linear_env *e, const model_linear *l,
     ops->amax_cols(f->amax_b, x, f->cdt, n, in);
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, in, 0, OPS_FP8_E4M3_MAX, 1);
     ops->cast_transpose_to_fp8(f->qb, x, f->cdt, f->sc_b, n, in, TETRA_FP8_E4M3); /* x^T [in, n] */
-    fp8_gemm(f, TETRA_F32, f->dw, TETRA_FP8_E4M3, TETRA_FP8_E4M3, 0, 1, out, in, n, n, n, in, 1, 0, 0.0f);
-    ops->add(dw, dw, f->dw, (size_t)out * (size_t)in);
+    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 1, 0,
+             1.0f);
 }
 
-static const model_linear_impl float8_linear = {"float8", f8_forward, f8_backward_input, f8_backward_weight,
-                                                f8_begin_rows};
+static const model_linear_impl float8_linear = {"float8",           f8_forward,    f8_backward_input,
+                                                f8_backward_weight, f8_begin_rows, f8_amax_slot};
 
 /* ---------------------------------------------------------------------------- conversion */
 
@@ -374,19 +513,24 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
     }
     const size_t R = max_rows > 0 ? max_rows : 1, rd = R * max_dim, big = max_z(rd, max_w), vec = max_z(R, max_dim);
     const int rows_any = c->recipe != FLOAT8_TENSORWISE;
+    /* tensorwise weights quantised once per step where they stay whole on this rank: FSDP
+     * frees its gathered weights between uses, so under it they are quantised at each use */
+    f->cache_w = c->recipe == FLOAT8_TENSORWISE && (!shard || comm_group_size(shard) <= 1);
     /* one allocation, carved into 64-byte aligned views */
-    size_t sz_lin = 0;
+#define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+    size_t sz_lin = 0, cache_bytes = 0;
     for (int i = 0, k = 0; i < n_lins; i++) {
         if (!converts(lins[i], c)) continue;
         sel[k] = lins[i];
         f->lin_param[k++] = lins[i]->param;
         const model_linear *l = lins[i];
-        sz_lin += 16 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
+        sz_lin += 64 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
+        if (f->cache_w) cache_bytes += 2 * ALIGN64((size_t)l->out * (size_t)l->in);
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
-    size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + ALIGN16(max_w) + 6 * ALIGN16(vec) +
+    size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + 6 * ALIGN16(vec) +
         4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
-    f->bytes = floats * sizeof(float) + 2 * ALIGN16(big);
+    f->bytes = floats * sizeof(float) + 2 * ALIGN16(big) + cache_bytes;
     if (dry_run || f->n == 0) {
         free(sel);
         return f;
@@ -405,7 +549,14 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         const model_linear *l = sel[k];
         s->f = f;
         s->gen_t = s->gen_r = s->gen_c = -1;
+        s->gen_q = -1;
         s->w_amax = p;
+        p += 16;
+        s->w_inv = p;
+        p += 16;
+        s->dy_amax = p;
+        p += 16;
+        s->x_amax = p;
         p += 16;
         if (rows_any) {
             s->w_row_amax = p;
@@ -423,7 +574,6 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         f->da = TAKE(big);
         f->db = TAKE(big);
     }
-    f->dw = TAKE(max_w);
     f->amax_a = TAKE(vec);
     f->sc_a = TAKE(vec);
     f->inv_a = TAKE(vec);
@@ -436,8 +586,16 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
     f->pre_inv = TAKE((size_t)f->n + 1);
     f->qa = (uint8_t *)p;
     f->qb = f->qa + ALIGN16(big);
+    uint8_t *qc = f->qb + ALIGN16(big);
+    for (int k = 0; k < f->n && f->cache_w; k++) {
+        const size_t wn = ALIGN64((size_t)sel[k]->out * (size_t)sel[k]->in);
+        f->lin[k].qw = qc;
+        f->lin[k].qwt = qc + wn;
+        qc += 2 * wn;
+    }
 #undef TAKE
 #undef ALIGN16
+#undef ALIGN64
     for (int k = 0; k < f->n; k++) {
         sel[k]->impl = &float8_linear;
         sel[k]->impl_state = &f->lin[k];

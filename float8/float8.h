@@ -28,6 +28,15 @@
  * Weight scales are computed once per optimizer step (at first use, or all at once
  * after the step from the sharded master weights with precompute_scales: one amax
  * all-reduce per group for every weight) and cached until the next step.
+ *
+ * Tensorwise passes (the cost table of docs/float8.md): every fp8 operand reaches the GEMM
+ * K-major from one fp8_quantize pass (scale from a device amax, codes, and the transpose
+ * where the GEMM wants it), so the GEMM never packs. Weights that FSDP does not shard are
+ * quantised once per step into W and W^T codes kept for the step; under FSDP at each use.
+ * A linear whose input is its predecessor's (model_linear.input_from: wk, wv after wq)
+ * reuses that cast; the weight gradient reuses the amax the input gradient took of the
+ * same dy; amaxes a producer writes as it writes the operand (model_linear_impl.amax_slot)
+ * replace the amax pass; the weight gradient accumulates in its GEMM (beta 1).
  */
 #ifndef TETRA_FLOAT8_FLOAT8_H
 #define TETRA_FLOAT8_FLOAT8_H

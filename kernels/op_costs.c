@@ -50,6 +50,7 @@ const char *op_kind_name(op_kind k) {
                                              "cast_transpose_to_fp8",
                                              "cast_fp8_to_f32",
                                              "fp8_scale_from_amax",
+                                             "fp8_quantize",
                                              "gemm",
                                              "embedding_forward",
                                              "embedding_backward",
@@ -144,6 +145,14 @@ static void kernel(op_cost *o, double r, double w, double f) {
 }
 
 /* kernels/cuda/cuda_backend.cu: partial blocks of the two-pass reductions */
+/* the blocks of an element-wise kernel with an amax (tetra_blocks, at most 1024) */
+static double swiglu_amax_blocks(size_t n) {
+    size_t b = (n + 255) / 256;
+    if (b < 1) b = 1;
+    if (b > 1024) b = 1024;
+    return (double)b;
+}
+
 static double red_parts(size_t n) {
     size_t p = (n + 8191) / 8192;
     if (p < 1) p = 1;
@@ -248,11 +257,11 @@ void opc_sum(op_cost *o, const op_cost_device *d, float *out, const float *x, si
     two_pass_sum(o, n, 0, 1.0); /* both passes even for n = 0 (the final block writes 0) */
 }
 
-/* the partial pass only when n > 0; the final block always (it writes 0 for n = 0) */
+/* one launch: the partials, and the last block's reduction of them (n = 0: one block
+ * writes 0) */
 static void amax_passes(op_cost *o, size_t n, double elem) {
     const double p = red_parts(n);
-    if (n) kernel(o, elem * n, 4.0 * p, (double)n);
-    kernel(o, n ? 4.0 * p : 0.0, 4.0, n ? p : 0.0);
+    kernel(o, elem * n + 4.0 * p, 4.0 * p + 4.0, (double)n + p);
 }
 
 void opc_amax(op_cost *o, const op_cost_device *d, float *out, const float *x, size_t n) {
@@ -475,12 +484,23 @@ void opc_embedding_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, 
     kernel(o, 8.0 * n + es(t) * rc(n, c) + 4.0 * rows * c, 4.0 * rows * c, (double)rc(n, c));
 }
 
-void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *rstd, const void *x,
-                         const void *w, int n, int c) {
+/* with amax: at most 1024 blocks walk the rows, and the last one reduces their maxima
+ * (kernels/cuda/cuda_layers.cu); no rows: one block writes 0 */
+void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *rstd, float *amax,
+                         const void *x, const void *w, int n, int c) {
     (void)d, (void)out, (void)rstd, (void)x, (void)w;
-    begin(o, twin(t, OPK_RMSNORM_FORWARD, OPK_RMSNORM_FORWARD_BF16), "%dx%d", n, c);
-    if (n <= 0 || c <= 0) return;
+    begin(o, twin(t, OPK_RMSNORM_FORWARD, OPK_RMSNORM_FORWARD_BF16), "%dx%d%s", n, c, amax ? " with amax" : "");
+    if (n <= 0 || c <= 0) {
+        if (amax) kernel(o, 0, 4.0, 0);
+        return;
+    }
     kernel(o, es(t) * rc(n, c) + es(t) * c, es(t) * rc(n, c) + 4.0 * n, 4.0 * rc(n, c));
+    if (amax) {
+        const double p = n < 1024 ? n : 1024;
+        o->read += 4.0 * p;
+        o->written += 4.0 * (p + 1);
+        o->flops[OPC_FLOP_ELEMENT] += (double)rc(n, c);
+    }
 }
 
 void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, const void *dout,
@@ -504,31 +524,49 @@ void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtyp
     kernel(o, 8.0 * chunks * c + 4.0 * c, 4.0 * c, chunks * c);                    /* their sum into dw */
 }
 
-void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, const void *x, int b, int s,
-              int nh, int dh) {
+/* with amax: the same launch also writes a partial per block, which its last block reduces
+ * (kernels/cuda/cuda_layers.cu); n = 0 still launches, to write 0 */
+static void amax_tail(op_cost *o, size_t n, int k) {
+    const double p = swiglu_amax_blocks(n);
+    o->read += 4.0 * p * k;
+    o->written += 4.0 * (p + 1) * k;
+    o->flops[OPC_FLOP_ELEMENT] += (double)n * k;
+}
+
+/* with amax (backward, bf16): at most 1024 blocks, finished as amax is; empty: one block
+ * writes 0 */
+void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, float *amax, const void *x,
+              int b, int s, int nh, int dh) {
     (void)d, (void)out, (void)x;
     begin(o,
           backward ? twin(t, OPK_ROPE_BACKWARD, OPK_ROPE_BACKWARD_BF16)
                    : twin(t, OPK_ROPE_FORWARD, OPK_ROPE_FORWARD_BF16),
-          "b%d s%d h%d d%d", b, s, nh, dh);
-    if (b <= 0 || s <= 0 || nh <= 0 || dh < 2) return;
+          "b%d s%d h%d d%d%s", b, s, nh, dh, amax ? " with amax" : "");
+    if (b <= 0 || s <= 0 || nh <= 0 || dh < 2) {
+        if (amax) kernel(o, 0, 4.0, 0);
+        return;
+    }
     const double pairs = (double)b * s * nh * (dh / 2);
     /* the rows' angles: one (cos, sin) table row per position */
     kernel(o, 2.0 * es(t) * pairs + 8.0 * (double)s * (dh / 2), 2.0 * es(t) * pairs, 6.0 * pairs);
+    if (amax) amax_tail(o, (size_t)pairs, 1);
 }
 
-void opc_swiglu_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, const void *a, const void *g,
-                        size_t n) {
+void opc_swiglu_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *amax, const void *a,
+                        const void *g, size_t n) {
     (void)d, (void)out, (void)a, (void)g;
-    begin(o, twin(t, OPK_SWIGLU_FORWARD, OPK_SWIGLU_FORWARD_BF16), "%zu", n);
-    if (n) kernel(o, 2.0 * es(t) * n, es(t) * n, 6.0 * n);
+    begin(o, twin(t, OPK_SWIGLU_FORWARD, OPK_SWIGLU_FORWARD_BF16), "%zu%s", n, amax ? " with amax" : "");
+    if (n || amax) kernel(o, 2.0 * es(t) * n, es(t) * n, 6.0 * n);
+    if (amax) amax_tail(o, n, 1);
 }
 
-void opc_swiglu_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *da, void *dg, const void *dout,
-                         const void *a, const void *g, size_t n) {
+void opc_swiglu_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *da, void *dg, float *amax_da,
+                         float *amax_dg, const void *dout, const void *a, const void *g, size_t n) {
     (void)d, (void)da, (void)dg, (void)dout, (void)a, (void)g;
-    begin(o, twin(t, OPK_SWIGLU_BACKWARD, OPK_SWIGLU_BACKWARD_BF16), "%zu", n);
-    if (n) kernel(o, 3.0 * es(t) * n, 2.0 * es(t) * n, 12.0 * n);
+    const int amax = amax_da || amax_dg;
+    begin(o, twin(t, OPK_SWIGLU_BACKWARD, OPK_SWIGLU_BACKWARD_BF16), "%zu%s", n, amax ? " with amax" : "");
+    if (n || amax) kernel(o, 3.0 * es(t) * n, 2.0 * es(t) * n, 12.0 * n);
+    if (amax) amax_tail(o, n, 2);
 }
 
 /* ---------------------------------------------------------------------------- attention (cuda_attention.cu) */
@@ -686,4 +724,20 @@ void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n
     begin(o, bf16_copy ? OPK_ADAMW_STEP_BF16 : OPK_ADAMW_STEP, "%zu", n);
     /* param, m, v and the gradient read; param, m, v (and the bf16 copy) written */
     if (n) kernel(o, 16.0 * n, (bf16_copy ? 14.0 : 12.0) * n, 20.0 * n);
+}
+
+/* one kernel: row-major only, or the tiles of the transpose (writing the row-major copy
+ * too when asked) */
+void opc_fp8_quantize(op_cost *o, const op_cost_device *d, uint8_t *out, uint8_t *out_t, float *inv_scale,
+                      const void *x, tetra_dtype xt, const float *amax, int rows, int cols, tetra_dtype fmt) {
+    (void)d, (void)x, (void)amax;
+    begin(o, OPK_FP8_QUANTIZE, "%dx%d %s to %s%s%s", rows, cols, dt(xt), dt(fmt), out || !out_t ? "" : " transposed",
+          out && out_t ? " and transposed" : "");
+    const size_t n = rc(rows, cols);
+    if (!n || (!out && !out_t)) {
+        if (inv_scale) kernel(o, 4.0, 4.0, 0); /* the dequant factor alone */
+        return;
+    }
+    const double outs = (out ? 1.0 : 0.0) + (out_t ? 1.0 : 0.0);
+    kernel(o, es(xt) * n + 4.0, outs * n + (inv_scale ? 4.0 : 0.0), 2.0 * n);
 }

@@ -88,6 +88,7 @@ typedef enum {
     OPK_CAST_TRANSPOSE_TO_FP8,
     OPK_CAST_FP8_TO_F32,
     OPK_FP8_SCALE_FROM_AMAX,
+    OPK_FP8_QUANTIZE,
     OPK_GEMM,
     OPK_EMBEDDING_FORWARD,
     OPK_EMBEDDING_BACKWARD,
@@ -179,23 +180,25 @@ void opc_cast_fp8_to_f32(op_cost *o, const op_cost_device *d, float *out, const 
                          int rowwise, int rows, int cols, tetra_dtype fmt);
 void opc_fp8_scale_from_amax(op_cost *o, const op_cost_device *d, float *scale, float *inv_scale, const float *amax,
                              int n, int broadcast, float fp8_max, int pow2);
+void opc_fp8_quantize(op_cost *o, const op_cost_device *d, uint8_t *out, uint8_t *out_t, float *inv_scale,
+                      const void *x, tetra_dtype xt, const float *amax, int rows, int cols, tetra_dtype fmt);
 void opc_gemm(op_cost *o, const op_cost_device *d, void *c, const void *a, const void *b, const ops_gemm_desc *g);
 void opc_embedding_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, const int32_t *tokens,
                            const void *wte, int n, int c, int v_start, int v_local);
 void opc_embedding_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dwte, const void *dout,
                             const int32_t *tokens, int n, int c, int v_start, int v_local);
-void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *rstd, const void *x,
-                         const void *w, int n, int c);
+void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *rstd, float *amax,
+                         const void *x, const void *w, int n, int c);
 void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, const void *dout,
                                 const void *x, const void *w, const float *rstd, int n, int c);
 void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dw, const void *dout,
                                  const void *x, const float *rstd, int n, int c);
-void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, const void *x, int b, int s,
-              int nh, int dh);
-void opc_swiglu_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, const void *a, const void *g,
-                        size_t n);
-void opc_swiglu_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *da, void *dg, const void *dout,
-                         const void *a, const void *g, size_t n);
+void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, float *amax, const void *x,
+              int b, int s, int nh, int dh);
+void opc_swiglu_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *amax, const void *a,
+                        const void *g, size_t n);
+void opc_swiglu_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *da, void *dg, float *amax_da,
+                         float *amax_dg, const void *dout, const void *a, const void *g, size_t n);
 /* t: TETRA_F32 (the fp32 op: the built-in kernels) or TETRA_BF16 (cuDNN where it applies;
  * cuDNN also wants every tensor on 16 bytes) */
 void opc_attention_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *lse, const void *q,

@@ -172,6 +172,17 @@ typedef struct tetra_ops {
     void (*fp8_scale_from_amax)(float *scale /*[n]*/, float *inv_scale /*[n] or NULL*/,
                                 const float *amax /*[n], or [1] with broadcast*/, int n, int broadcast, float fp8_max,
                                 int pow2);
+    // Tensorwise quantisation in one pass, the scale taken from a device amax: s =
+    // fp8_max / max(amax[0], 1e-12) as fp8_scale_from_amax computes it (fp8_max of fmt, no
+    // power of 2), q = rne(clamp(x * s, -max, max)) of x [rows, cols] (fp32 or bf16, xt)
+    // written to out [rows, cols] and/or to its transpose out_t [cols, rows] (either may be
+    // NULL), and inv_scale[0] = 1.0f / s unless inv_scale is NULL. The bytes are those of
+    // fp8_scale_from_amax followed by cast_*_to_fp8 (out) and cast_transpose_to_fp8 with
+    // that scale in every column (out_t): one read of x gives the operand of both GEMM
+    // layouts, already K-major for the fp8 GEMM.
+    void (*fp8_quantize)(uint8_t *out /*[rows, cols] or NULL*/, uint8_t *out_t /*[cols, rows] or NULL*/,
+                         float *inv_scale /*[1] or NULL*/, const void *x /*[rows, cols]*/, tetra_dtype xt,
+                         const float *amax /*[1]*/, int rows, int cols, tetra_dtype fmt);
 
     // ---- matmul (see ops_gemm_desc)
     void (*gemm)(void *c, const void *a, const void *b, const ops_gemm_desc *g);
@@ -297,8 +308,9 @@ typedef struct tetra_ops {
     // dwte (fp32) += scatter(dout) (deterministic)
     void (*embedding_backward_bf16)(float *dwte /*[Vl, C]*/, const uint16_t *dout /*[N, C]*/,
                                     const int32_t *tokens /*[N]*/, int n, int c, int v_start, int v_local);
-    void (*rmsnorm_forward_bf16)(uint16_t *out /*[N, C]*/, float *rstd /*[N]*/, const uint16_t *x /*[N, C]*/,
-                                 const uint16_t *w /*[C]*/, int n, int c, float eps);
+    // amax (NULL: not computed): amax_bf16 of out, formed as out is written (as swiglu's)
+    void (*rmsnorm_forward_bf16)(uint16_t *out /*[N, C]*/, float *rstd /*[N]*/, float *amax /*[1] or NULL*/,
+                                 const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/, int n, int c, float eps);
     // dx = bf16(dx + d/dx) (accumulates into the residual gradient)
     void (*rmsnorm_backward_input_bf16)(uint16_t *dx /*[N, C]*/, const uint16_t *dout /*[N, C]*/,
                                         const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/,
@@ -309,12 +321,18 @@ typedef struct tetra_ops {
     void (*rope_forward_bf16)(uint16_t *out /*[B, S, nh, D]*/, const uint16_t *x /*[B, S, nh, D]*/,
                               const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
                               int pos_offset, int b, int s, int nh, int d);
-    void (*rope_backward_bf16)(uint16_t *dx /*[B, S, nh, D]*/, const uint16_t *dout /*[B, S, nh, D]*/,
-                               const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
-                               int pos_offset, int b, int s, int nh, int d);
-    void (*swiglu_forward_bf16)(uint16_t *out /*[n]*/, const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/, size_t n);
-    void (*swiglu_backward_bf16)(uint16_t *da /*[n]*/, uint16_t *dg /*[n]*/, const uint16_t *dout /*[n]*/,
-                                 const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/, size_t n);
+    // amax (NULL: not computed): amax_bf16 of dx, formed as dx is written (as swiglu's)
+    void (*rope_backward_bf16)(uint16_t *dx /*[B, S, nh, D]*/, float *amax /*[1] or NULL*/,
+                               const uint16_t *dout /*[B, S, nh, D]*/, const float *freqs /*[max_pos, D/2, 2]*/,
+                               const int32_t *pos /*[S] or NULL*/, int pos_offset, int b, int s, int nh, int d);
+    // amax, amax_da, amax_dg (each [1], NULL: not computed): what amax_bf16 gives over
+    // what the op wrote (out; da; dg), formed as the outputs are written, so an fp8 cast of
+    // them needs no pass of its own to find its scale
+    void (*swiglu_forward_bf16)(uint16_t *out /*[n]*/, float *amax, const uint16_t *a /*[n]*/,
+                                const uint16_t *g /*[n]*/, size_t n);
+    void (*swiglu_backward_bf16)(uint16_t *da /*[n]*/, uint16_t *dg /*[n]*/, float *amax_da, float *amax_dg,
+                                 const uint16_t *dout /*[n]*/, const uint16_t *a /*[n]*/, const uint16_t *g /*[n]*/,
+                                 size_t n);
     // Attention on bf16 q/k/v with fp32 softmax statistics. The CUDA backend runs cuDNN's
     // fused SDPA where it applies (causal with equal offsets, or non-causal) and its own
     // kernel otherwise. The workspace (attention_workspace_size_bf16 bytes, or NULL to use

@@ -276,6 +276,11 @@ static void r_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_sca
     REC(opc_cast_fp8_to_f32(&c_, &R.dev, out, q, inv_scale, rowwise, rows, cols, fmt));
     if (R.base) R.base->cast_fp8_to_f32(out, q, inv_scale, rowwise, rows, cols, fmt);
 }
+static void r_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void *x, tetra_dtype xt,
+                           const float *amax, int rows, int cols, tetra_dtype fmt) {
+    REC(opc_fp8_quantize(&c_, &R.dev, out, out_t, inv_scale, x, xt, amax, rows, cols, fmt));
+    if (R.base) R.base->fp8_quantize(out, out_t, inv_scale, x, xt, amax, rows, cols, fmt);
+}
 static void r_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast,
                                   float fp8_max, int pow2) {
     REC(opc_fp8_scale_from_amax(&c_, &R.dev, scale, inv_scale, amax, n, broadcast, fp8_max, pow2));
@@ -300,7 +305,7 @@ static void r_embedding_backward(float *dwte, const float *dout, const int32_t *
     if (R.base) R.base->embedding_backward(dwte, dout, tokens, n, c, v_start, v_local);
 }
 static void r_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps) {
-    REC(opc_rmsnorm_forward(&c_, &R.dev, TETRA_F32, out, rstd, x, w, n, c));
+    REC(opc_rmsnorm_forward(&c_, &R.dev, TETRA_F32, out, rstd, NULL, x, w, n, c));
     if (R.base) R.base->rmsnorm_forward(out, rstd, x, w, n, c, eps);
 }
 static void r_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd,
@@ -314,20 +319,20 @@ static void r_rmsnorm_backward_weight(float *dw, const float *dout, const float 
 }
 static void r_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b,
                            int s, int nh, int d) {
-    REC(opc_rope(&c_, &R.dev, TETRA_F32, 0, out, x, b, s, nh, d));
+    REC(opc_rope(&c_, &R.dev, TETRA_F32, 0, out, NULL, x, b, s, nh, d));
     if (R.base) R.base->rope_forward(out, x, freqs, pos, pos_offset, b, s, nh, d);
 }
 static void r_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
                             int s, int nh, int d) {
-    REC(opc_rope(&c_, &R.dev, TETRA_F32, 1, dx, dout, b, s, nh, d));
+    REC(opc_rope(&c_, &R.dev, TETRA_F32, 1, dx, NULL, dout, b, s, nh, d));
     if (R.base) R.base->rope_backward(dx, dout, freqs, pos, pos_offset, b, s, nh, d);
 }
 static void r_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
-    REC(opc_swiglu_forward(&c_, &R.dev, TETRA_F32, out, a, g, n));
+    REC(opc_swiglu_forward(&c_, &R.dev, TETRA_F32, out, NULL, a, g, n));
     if (R.base) R.base->swiglu_forward(out, a, g, n);
 }
 static void r_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n) {
-    REC(opc_swiglu_backward(&c_, &R.dev, TETRA_F32, da, dg, dout, a, g, n));
+    REC(opc_swiglu_backward(&c_, &R.dev, TETRA_F32, da, dg, NULL, NULL, dout, a, g, n));
     if (R.base) R.base->swiglu_backward(da, dg, dout, a, g, n);
 }
 
@@ -409,10 +414,10 @@ static void r_embedding_backward_bf16(float *dwte, const uint16_t *dout, const i
     REC(opc_embedding_backward(&c_, &R.dev, TETRA_BF16, dwte, dout, tokens, n, c, v_start, v_local));
     if (R.base) R.base->embedding_backward_bf16(dwte, dout, tokens, n, c, v_start, v_local);
 }
-static void r_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
-                                   float eps) {
-    REC(opc_rmsnorm_forward(&c_, &R.dev, TETRA_BF16, out, rstd, x, w, n, c));
-    if (R.base) R.base->rmsnorm_forward_bf16(out, rstd, x, w, n, c, eps);
+static void r_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uint16_t *x, const uint16_t *w, int n,
+                                   int c, float eps) {
+    REC(opc_rmsnorm_forward(&c_, &R.dev, TETRA_BF16, out, rstd, amax, x, w, n, c));
+    if (R.base) R.base->rmsnorm_forward_bf16(out, rstd, amax, x, w, n, c, eps);
 }
 static void r_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
                                           const float *rstd, int n, int c) {
@@ -426,22 +431,22 @@ static void r_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, cons
 }
 static void r_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
                                 int pos_offset, int b, int s, int nh, int d) {
-    REC(opc_rope(&c_, &R.dev, TETRA_BF16, 0, out, x, b, s, nh, d));
+    REC(opc_rope(&c_, &R.dev, TETRA_BF16, 0, out, NULL, x, b, s, nh, d));
     if (R.base) R.base->rope_forward_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d);
 }
-static void r_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                                 int pos_offset, int b, int s, int nh, int d) {
-    REC(opc_rope(&c_, &R.dev, TETRA_BF16, 1, dx, dout, b, s, nh, d));
-    if (R.base) R.base->rope_backward_bf16(dx, dout, freqs, pos, pos_offset, b, s, nh, d);
+static void r_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs,
+                                 const int32_t *pos, int pos_offset, int b, int s, int nh, int d) {
+    REC(opc_rope(&c_, &R.dev, TETRA_BF16, 1, dx, amax, dout, b, s, nh, d));
+    if (R.base) R.base->rope_backward_bf16(dx, amax, dout, freqs, pos, pos_offset, b, s, nh, d);
 }
-static void r_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n) {
-    REC(opc_swiglu_forward(&c_, &R.dev, TETRA_BF16, out, a, g, n));
-    if (R.base) R.base->swiglu_forward_bf16(out, a, g, n);
+static void r_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n) {
+    REC(opc_swiglu_forward(&c_, &R.dev, TETRA_BF16, out, amax, a, g, n));
+    if (R.base) R.base->swiglu_forward_bf16(out, amax, a, g, n);
 }
-static void r_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
-                                   const uint16_t *g, size_t n) {
-    REC(opc_swiglu_backward(&c_, &R.dev, TETRA_BF16, da, dg, dout, a, g, n));
-    if (R.base) R.base->swiglu_backward_bf16(da, dg, dout, a, g, n);
+static void r_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
+                                   const uint16_t *a, const uint16_t *g, size_t n) {
+    REC(opc_swiglu_backward(&c_, &R.dev, TETRA_BF16, da, dg, amax_da, amax_dg, dout, a, g, n));
+    if (R.base) R.base->swiglu_backward_bf16(da, dg, amax_da, amax_dg, dout, a, g, n);
 }
 static void r_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                      const ops_attn_shape *s, void *workspace) {
@@ -486,6 +491,7 @@ static void fill_table(tetra_ops *t) {
     t->cast_transpose_to_fp8 = r_cast_transpose_to_fp8;
     t->cast_fp8_to_f32 = r_cast_fp8_to_f32;
     t->fp8_scale_from_amax = r_fp8_scale_from_amax;
+    t->fp8_quantize = r_fp8_quantize;
     t->gemm = r_gemm;
     t->embedding_forward = r_embedding_forward;
     t->embedding_backward = r_embedding_backward;

@@ -68,6 +68,14 @@ struct model_linear_impl {
      * Every rank of the group calls it at the same point: it may run collectives. */
     void (*begin_rows)(const model_linear_env *e, const model_linear *l, model_operand which, const void *local,
                        int rows, int cols, model_rows_layout layout);
+    /* Optional (NULL: never). The model is about to produce operand `which` of this linear
+     * whole at t (rows x the operand's columns, compute dtype), with an op that can also
+     * write max |t| (amax_bf16's bits) as it writes t. Returns the device float to write it
+     * to, or NULL when the implementation does not want it. After a non-NULL answer the
+     * model's next call of this linear that reads that operand (x: forward or
+     * backward_weight; dy: backward_input) reads t whole (row0 < 0) with `rows` rows, and
+     * t is unchanged until then. */
+    float *(*amax_slot)(const model_linear_env *e, const model_linear *l, model_operand which, const void *t, int rows);
 };
 
 struct model_linear {
@@ -76,6 +84,11 @@ struct model_linear {
     int64_t global_out, global_in; /* the whole weight's shape, over every tensor-parallel rank */
     int in, out;                   /* local sizes (this rank's box) */
     model_linear_style style;      /* how tensor parallel splits it */
+    /* NULL, or the linear whose input this one reads: the model promises that whenever it
+     * runs this linear's forward (or weight gradient) on the whole operand right after that
+     * linear's forward (weight gradient) with the same pointer, the tensor is unchanged, so
+     * an implementation may reuse what it derived from it (Float8's cast of x) */
+    const model_linear *input_from;
     const model_linear_impl *impl; /* never NULL: the model's own unless a converter set one */
     void *impl_state;              /* the converter's per-linear state */
 };

@@ -367,8 +367,9 @@ void cpu_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, i
     cast_rows_to_fp8(out, x, TETRA_BF16, scale, rowwise, rows, cols, fmt);
 }
 
-void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
-                               tetra_dtype fmt) {
+// out[c, r] = fp8(x[r, c] * scale[c]) (per_col) or * scale[0], through tiles of x
+static void cast_transpose_tiles(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int per_col, int rows,
+                                 int cols, tetra_dtype fmt) {
     if (rows <= 0 || cols <= 0) return;
     const int tr = (rows + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
     const int tc = (cols + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
@@ -380,13 +381,29 @@ void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, cons
         const int c1 = c0 + CPU_TRANSPOSE_TILE < cols ? c0 + CPU_TRANSPOSE_TILE : cols;
         for (int c = c0; c < c1; c++) {
             uint8_t *o = out + (size_t)c * (size_t)rows;
-            const float s = scale[c];
+            const float s = scale[per_col ? c : 0];
             for (int r = r0; r < r1; r++) {
                 const float v = load_f32(x, xt, (size_t)r * (size_t)cols + (size_t)c);
                 o[r] = fmt == TETRA_FP8_E5M2 ? tetra_quant_e5m2(v, s) : tetra_quant_e4m3(v, s);
             }
         }
     }
+}
+
+void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
+                               tetra_dtype fmt) {
+    cast_transpose_tiles(out, x, xt, scale, 1, rows, cols, fmt);
+}
+
+// The cast of cast_rows_to_fp8 and the tiles of cpu_cast_transpose_to_fp8, with the one
+// scale fp8_scale_from_amax would give.
+void cpu_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void *x, tetra_dtype xt, const float *amax,
+                      int rows, int cols, tetra_dtype fmt) {
+    const float s = tetra_fp8_scale(amax[0], fmt == TETRA_FP8_E5M2 ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX, 0);
+    if (inv_scale) inv_scale[0] = 1.0f / s;
+    if (rows <= 0 || cols <= 0) return;
+    if (out) cast_rows_to_fp8(out, x, xt, &s, 0, rows, cols, fmt);
+    if (out_t) cast_transpose_tiles(out_t, x, xt, &s, 0, rows, cols, fmt);
 }
 
 void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
@@ -471,6 +488,7 @@ static const tetra_ops cpu_table = {
     .amax_cols = cpu_amax_cols,
     .cast_transpose_to_fp8 = cpu_cast_transpose_to_fp8,
     .fp8_scale_from_amax = cpu_fp8_scale_from_amax,
+    .fp8_quantize = cpu_fp8_quantize,
     .gemm = cpu_gemm,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,

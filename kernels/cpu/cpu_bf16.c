@@ -79,8 +79,8 @@ void cpu_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_
 // ----------------------------------------------------------------------------
 // RMSNorm
 
-void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
-                              float eps) {
+void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uint16_t *x, const uint16_t *w, int n,
+                              int c, float eps) {
     float *wf = scratch((size_t)c);
     widen_k(wf, w, (size_t)c);
 #pragma omp parallel if (row_parallel(n, c))
@@ -96,6 +96,7 @@ void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, con
         free(xf);
     }
     free(wf);
+    if (amax) cpu_amax_bf16(amax, out, (size_t)(n > 0 ? n : 0) * (size_t)(c > 0 ? c : 0));
 }
 
 // dx = bf16(dx + d/dx): the residual gradient is widened, the contribution added in fp32
@@ -154,9 +155,13 @@ void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs,
     rope_apply_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
 }
 
-void cpu_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos, int pos_offset,
-                            int b, int s, int nh, int d) {
+void cpu_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,
+                            int pos_offset, int b, int s, int nh, int d) {
     rope_apply_bf16(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+    if (amax) {
+        const size_t n = b > 0 && s > 0 && nh > 0 && d > 0 ? (size_t)b * (size_t)s * (size_t)nh * (size_t)d : 0;
+        cpu_amax_bf16(amax, dx, n);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -165,7 +170,7 @@ void cpu_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *fre
 
 #define SUB 512
 
-void cpu_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n) {
+void cpu_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n) {
     int64_t nc = ((int64_t)n + CPU_CHUNK - 1) / CPU_CHUNK;
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
@@ -179,11 +184,12 @@ void cpu_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g
             round_k(out + i, of, m);
         }
     }
+    if (amax) cpu_amax_bf16(amax, out, n); // the CPU reads its cache again; the GPU fuses it
 }
 
 // da may alias a and dg may alias g: each sub-block is read in full before it is written.
-void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a, const uint16_t *g,
-                              size_t n) {
+void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
+                              const uint16_t *a, const uint16_t *g, size_t n) {
     int64_t nc = ((int64_t)n + CPU_CHUNK - 1) / CPU_CHUNK;
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
@@ -199,6 +205,8 @@ void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, 
             round_k(dg + i, dgf, m);
         }
     }
+    if (amax_da) cpu_amax_bf16(amax_da, da, n);
+    if (amax_dg) cpu_amax_bf16(amax_dg, dg, n);
 }
 
 // ----------------------------------------------------------------------------

@@ -362,7 +362,22 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
     if (!rowwise) {
         // tensorwise: one scalar, folded into alpha
         float s = g->alpha * (g->a_scale ? g->a_scale[0] : 1.0f) * (g->b_scale ? g->b_scale[0] : 1.0f);
-        if (g->c_type == TETRA_F32) {
+        const int fp8 = tetra_dtype_size(g->a_type) == 1 || tetra_dtype_size(g->b_type) == 1;
+        if (g->c_type == TETRA_F32 && fp8 && g->beta != 0.0f) {
+            // fp8 into fp32 C with beta (a weight gradient accumulating): the scaled product
+            // whole, then one add, as cuBLASLt's epilogue forms it, so that microbatches
+            // accumulated here round as a sum of per-rank products does
+            float *acc = (float *)malloc((size_t)m * (size_t)n * sizeof(float) + 64);
+            if (!acc) abort();
+            sgemm_openblas(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, 0.0f, acc, n);
+#pragma omp parallel for schedule(static) if (par)
+            for (int i = 0; i < m; i++) {
+                float *ci = (float *)c + (size_t)i * (size_t)g->ldc;
+                const float *ai = acc + (size_t)i * n;
+                for (int j = 0; j < n; j++) ci[j] = ai[j] + g->beta * ci[j];
+            }
+            free(acc);
+        } else if (g->c_type == TETRA_F32) {
             sgemm_openblas(g->trans_a, g->trans_b, m, n, k, s, af, lda, bf, ldb, g->beta, (float *)c, g->ldc);
         } else {
             // bf16 C: s AB + beta C formed in an fp32 buffer by the sgemm itself, rounded once

@@ -47,6 +47,8 @@ void cpu_amax_rows(float *out, const float *x, int rows, int cols);
 void cpu_amax_bf16(float *out, const uint16_t *x, size_t n);
 void cpu_amax_rows_bf16(float *out, const uint16_t *x, int rows, int cols);
 void cpu_amax_cols(float *out, const void *x, tetra_dtype xt, int rows, int cols);
+void cpu_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void *x, tetra_dtype xt, const float *amax,
+                      int rows, int cols, tetra_dtype fmt);
 void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
                                tetra_dtype fmt);
 void cpu_transpose(float *out, const float *x, int rows, int cols);
@@ -129,19 +131,19 @@ void cpu_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint
                                 int v_local);
 void cpu_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c, int v_start,
                                  int v_local);
-void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
-                              float eps);
+void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uint16_t *x, const uint16_t *w, int n,
+                              int c, float eps);
 void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
                                      const float *rstd, int n, int c);
 void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                       int c);
 void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
                            int b, int s, int nh, int d);
-void cpu_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos, int pos_offset,
-                            int b, int s, int nh, int d);
-void cpu_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n);
-void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a, const uint16_t *g,
-                              size_t n);
+void cpu_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,
+                            int pos_offset, int b, int s, int nh, int d);
+void cpu_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n);
+void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
+                              const uint16_t *a, const uint16_t *g, size_t n);
 size_t cpu_attention_workspace_size_bf16(const ops_attn_shape *s);
 void cpu_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                 const ops_attn_shape *s, void *workspace);

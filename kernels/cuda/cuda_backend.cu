@@ -58,6 +58,8 @@ static void report_frozen(size_t bytes, const char *what, const char *hint) {
             "start-up; %s)\n",
             bytes, what, hint);
 }
+// blocks of the running amax reduction that have finished (0 between reductions)
+static unsigned *g_amax_done;
 
 // Backend init, once per process, on the device current at the first alloc or op (the
 // trainer selects the rank's device before it allocates anything). Everything the ops
@@ -68,6 +70,8 @@ static void backend_init(void) {
     // cuda_common.cuh), so synchronous cudaMemcpy elsewhere still sees finished results
     CUDA_CHECK(cudaStreamCreate(&g_stream));
     g_one = (float *)cuda_internal_alloc(sizeof(float), "the constant 1.0f (default fp8 scale)");
+    g_amax_done = (unsigned *)cuda_internal_alloc(sizeof(unsigned), "the amax reduction's block counter");
+    CUDA_CHECK(cudaMemsetAsync(g_amax_done, 0, sizeof(unsigned), g_stream));
     const float h = 1.0f;
     CUDA_CHECK(cudaMemcpyAsync(g_one, &h, sizeof h, cudaMemcpyHostToDevice, g_stream));
     CUDA_CHECK(cudaStreamSynchronize(g_stream));
@@ -446,42 +450,22 @@ extern "C" void cuda_sum_squares(float *out, const float *x, size_t n) {
 
 extern "C" void cuda_sum(float *out, const float *x, size_t n) { reduce_sum(out, x, n, RED_SUM, 0); }
 
-__device__ __forceinline__ float block_nan_max(float v, float *shared) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_nan_max(v);
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float r = lane < nwarps ? shared[lane] : 0.0f;
-    return warp_nan_max(r);
-}
+unsigned *cuda_amax_counter(void) { return g_amax_done; }
+float *cuda_amax_part(void) { return (float *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double)); }
 
-__global__ void __launch_bounds__(TETRA_THREADS) amax_partial_kernel(float *part, const float *x, size_t n) {
+__global__ void __launch_bounds__(TETRA_THREADS)
+    amax_kernel(float *out, float *part, unsigned *done, const float *x, size_t n) {
     __shared__ float sh[32];
+    __shared__ int last;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     float m = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) m = nan_max(m, fabsf(x[i]));
     m = block_nan_max(m, sh);
-    if (threadIdx.x == 0) part[blockIdx.x] = m;
-}
-
-__global__ void __launch_bounds__(1024) amax_final_kernel(float *out, const float *part, int parts) {
-    __shared__ float sh[32];
-    float m = (int)threadIdx.x < parts ? part[threadIdx.x] : 0.0f;
-    m = block_nan_max(m, sh);
-    if (threadIdx.x == 0) out[0] = m;
+    amax_finish<1>(&out, part, done, &m, sh, &last);
 }
 
 extern "C" void cuda_amax(float *out, const float *x, size_t n) {
-    int parts = red_parts(n);
-    float *part = (float *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
-    if (n) {
-        amax_partial_kernel<<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n);
-        CUDA_CHECK_LAUNCH();
-    } else {
-        parts = 0; // max over nothing is 0
-    }
-    amax_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts);
+    amax_kernel<<<red_parts(n), TETRA_THREADS, 0, cuda_stream()>>>(out, cuda_amax_part(), g_amax_done, x, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -575,32 +559,26 @@ __device__ __forceinline__ float abs_max4_bf16(float m, unsigned long long w) {
 }
 
 __global__ void __launch_bounds__(TETRA_THREADS)
-    amax_partial_bf16_kernel(float *part, const uint16_t *x, size_t n, int vec) {
+    amax_bf16_kernel(float *out, float *part, unsigned *done, const uint16_t *x, size_t n, int vec) {
     __shared__ float sh[32];
+    __shared__ int last;
     const size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float m = 0.0f;
-    size_t done = 0;
+    size_t done_n = 0;
     if (vec) {
         const unsigned long long *w = (const unsigned long long *)x;
         const size_t nw = n / 4;
         for (size_t i = t; i < nw; i += stride) m = abs_max4_bf16(m, w[i]);
-        done = nw * 4;
+        done_n = nw * 4;
     }
-    for (size_t i = done + t; i < n; i += stride) m = nan_max(m, fabsf(tetra_bf16_to_f32(x[i])));
+    for (size_t i = done_n + t; i < n; i += stride) m = nan_max(m, fabsf(tetra_bf16_to_f32(x[i])));
     m = block_nan_max(m, sh);
-    if (threadIdx.x == 0) part[blockIdx.x] = m;
+    amax_finish<1>(&out, part, done, &m, sh, &last);
 }
 
 extern "C" void cuda_amax_bf16(float *out, const uint16_t *x, size_t n) {
-    int parts = red_parts(n);
-    float *part = (float *)cuda_scratch(SCRATCH_REDUCE, RED_MAX_PARTS * sizeof(double));
-    if (n) {
-        amax_partial_bf16_kernel<<<parts, TETRA_THREADS, 0, cuda_stream()>>>(part, x, n, ((uintptr_t)x & 7) == 0);
-        CUDA_CHECK_LAUNCH();
-    } else {
-        parts = 0;
-    }
-    amax_final_kernel<<<1, 1024, 0, cuda_stream()>>>(out, part, parts);
+    amax_bf16_kernel<<<red_parts(n), TETRA_THREADS, 0, cuda_stream()>>>(out, cuda_amax_part(), g_amax_done, x, n,
+                                                                        ((uintptr_t)x & 7) == 0);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -813,6 +791,117 @@ extern "C" void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const f
     CUDA_CHECK_LAUNCH();
 }
 
+// fp8_quantize: every thread derives the one scale from the device amax itself (the
+// arithmetic of fp8_scale_kernel), so the scale costs no launch of its own; block 0
+// writes the GEMM's dequant factor.
+__device__ __forceinline__ float quantize_scale(const float *amax, float fp8_max, float *inv_scale) {
+    const float s = tetra_fp8_scale(amax[0], fp8_max, 0);
+    if (inv_scale && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *inv_scale = 1.0f / s;
+    return s;
+}
+
+// Row-major only. bf16 x 16-byte aligned (and out 8-byte aligned): eight elements a step,
+// one 16-byte load and one 8-byte store; otherwise one at a time.
+template <int FMT, typename T>
+__global__ void quantize_rows_kernel(uint8_t *out, float *inv_scale, const T *x, const float *amax, size_t n, int vec) {
+    const float s = quantize_scale(amax, FMT == TETRA_FP8_E5M2 ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX, inv_scale);
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if (vec) {
+        const uint4 *w = (const uint4 *)x;
+        unsigned long long *o = (unsigned long long *)out;
+        const size_t n8 = n / 8;
+        for (size_t i = t; i < n8; i += stride) {
+            const uint4 v = w[i];
+            const unsigned int h[4] = {v.x, v.y, v.z, v.w};
+            unsigned long long r = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                r |= quant_fp8<FMT>(tetra_bf16_to_f32((uint16_t)(h[j] & 0xffffu)), s) << (16 * j);
+                r |= quant_fp8<FMT>(tetra_bf16_to_f32((uint16_t)(h[j] >> 16)), s) << (16 * j + 8);
+            }
+            o[i] = r;
+        }
+        done = n8 * 8;
+    }
+    for (size_t i = done + t; i < n; i += stride) out[i] = (uint8_t)quant_fp8<FMT>(load_f32(x, i), s);
+}
+
+// Through the tiles of the transpose: x is read once, row-major, each element quantised as
+// it enters shared memory (and stored row-major too when out is given), then the tile
+// leaves transposed.
+template <int FMT, typename T>
+__global__ void __launch_bounds__(TRANSPOSE_TILE *TRANSPOSE_ROWS)
+    quantize_tiles_kernel(uint8_t *out, uint8_t *out_t, float *inv_scale, const T *x, const float *amax, int rows,
+                          int cols) {
+    __shared__ uint8_t tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
+    const float s = quantize_scale(amax, FMT == TETRA_FP8_E5M2 ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX, inv_scale);
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const int r0 = tr * TRANSPOSE_TILE, c0 = tc * TRANSPOSE_TILE;
+#pragma unroll
+            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+                const int r = r0 + ty + i, c = c0 + tx;
+                if (r < rows && c < cols) {
+                    const size_t at = (size_t)r * (size_t)cols + c;
+                    const uint8_t q = (uint8_t)quant_fp8<FMT>(load_f32(x, at), s);
+                    tile[ty + i][tx] = q;
+                    if (out) out[at] = q;
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+                const int c = c0 + ty + i, r = r0 + tx;
+                if (r < rows && c < cols) out_t[(size_t)c * (size_t)rows + r] = tile[tx][ty + i];
+            }
+            __syncthreads();
+        }
+    }
+}
+
+template <int FMT, typename T>
+static void quantize_launch(uint8_t *out, uint8_t *out_t, float *inv_scale, const T *x, const float *amax, int rows,
+                            int cols) {
+    const size_t n = (size_t)rows * (size_t)cols;
+    if (out_t) {
+        dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
+        quantize_tiles_kernel<FMT, T>
+            <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, out_t, inv_scale, x, amax, rows, cols);
+    } else {
+        const int vec = sizeof(T) == 2 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)out & 7) == 0;
+        quantize_rows_kernel<FMT, T>
+            <<<tetra_blocks(vec ? (n + 7) / 8 : n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, inv_scale, x,
+                                                                                                      amax, n, vec);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void *x, tetra_dtype xt,
+                                  const float *amax, int rows, int cols, tetra_dtype fmt) {
+    const int e5 = fmt == TETRA_FP8_E5M2;
+    if (rows <= 0 || cols <= 0 || (!out && !out_t)) {
+        /* nothing to cast; the dequant factor is still written when asked for */
+        if (!inv_scale) return;
+        if (e5)
+            quantize_rows_kernel<TETRA_FP8_E5M2, float><<<1, 32, 0, cuda_stream()>>>(NULL, inv_scale, NULL, amax, 0, 0);
+        else
+            quantize_rows_kernel<TETRA_FP8_E4M3, float><<<1, 32, 0, cuda_stream()>>>(NULL, inv_scale, NULL, amax, 0, 0);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    const int bf = xt == TETRA_BF16;
+    const uint16_t *xb = (const uint16_t *)x;
+    const float *xf = (const float *)x;
+    if (e5 && bf) quantize_launch<TETRA_FP8_E5M2>(out, out_t, inv_scale, xb, amax, rows, cols);
+    else if (e5) quantize_launch<TETRA_FP8_E5M2>(out, out_t, inv_scale, xf, amax, rows, cols);
+    else if (bf) quantize_launch<TETRA_FP8_E4M3>(out, out_t, inv_scale, xb, amax, rows, cols);
+    else quantize_launch<TETRA_FP8_E4M3>(out, out_t, inv_scale, xf, amax, rows, cols);
+}
+
 // ----------------------------------------------------------------------------
 // AdamW: tetra_adamw_update per element with tetra_adamw_coefficients, both shared with
 // the CPU backend. The explicit fmaf calls of the shared update and IEEE division and
@@ -881,6 +970,7 @@ static tetra_ops make_table(void) {
     t.amax_rows_bf16 = cuda_amax_rows_bf16;
     t.amax_cols = cuda_amax_cols;
     t.cast_transpose_to_fp8 = cuda_cast_transpose_to_fp8;
+    t.fp8_quantize = cuda_fp8_quantize;
     t.fp8_scale_from_amax = cuda_fp8_scale_from_amax;
     t.gemm = cuda_gemm;
     t.embedding_forward = cuda_embedding_forward;

@@ -69,6 +69,16 @@ __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(uint16_t x) { return tetra_bf16_to_f32(x); }
 __device__ __forceinline__ void store_f32(float *p, float v) { *p = v; }
 __device__ __forceinline__ void store_f32(uint16_t *p, float v) { *p = tetra_f32_to_bf16(v); }
+// store_f32 that also returns the value as stored (what a later read would widen to)
+__device__ __forceinline__ float store_f32_as(float *p, float v) {
+    *p = v;
+    return v;
+}
+__device__ __forceinline__ float store_f32_as(uint16_t *p, float v) {
+    const uint16_t b = tetra_f32_to_bf16(v);
+    *p = b;
+    return tetra_bf16_to_f32(b);
+}
 
 // ----------------------------------------------------------------------------
 // reductions. Shuffle-xor trees and a fixed warp order: the same inputs in the same
@@ -98,6 +108,45 @@ __device__ __forceinline__ float warp_nan_max(float v) {
     return v;
 }
 
+// nan_max over a one-dimensional block (every thread gets it); shared: 32 floats
+__device__ __forceinline__ float block_nan_max(float v, float *shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_nan_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = lane < nwarps ? shared[lane] : 0.0f;
+    return warp_nan_max(r);
+}
+
+// amax in one launch (amax ops, and the element-wise kernels that emit the amax of what
+// they write): each block hands in its K maxima m (block_nan_max results); thread 0 stores
+// them as partials (part[j * gridDim.x + block], at most 1024 blocks, part from
+// cuda_amax_part) and counts the block done; the last block to finish reduces the partials
+// into *outs[j] (those not NULL) and resets the counter (cuda_amax_counter) for the next
+// reduction. Maxima do not depend on order, so the bits are those of any order. last: a
+// __shared__ int.
+template <int K>
+__device__ __forceinline__ void amax_finish(float *const *outs, float *part, unsigned *done, const float *m, float *sh,
+                                            int *last) {
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < K; j++) part[j * gridDim.x + blockIdx.x] = m[j];
+        __threadfence();
+        *last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    const volatile float *vp = part;
+    for (int j = 0; j < K; j++) {
+        float r = 0.0f;
+        for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) r = nan_max(r, vp[j * gridDim.x + i]);
+        r = block_nan_max(r, sh);
+        if (threadIdx.x == 0 && outs[j]) *outs[j] = r;
+    }
+    if (threadIdx.x == 0) *done = 0;
+}
+#define TETRA_AMAX_MAX_BLOCKS 1024
 // Block-wide sum; every thread gets the result. blockDim.x must be a multiple of 32
 // (at most 1024); `shared` holds 32 elements. Starts with a barrier so it can be
 // called repeatedly with the same scratch.
@@ -140,6 +189,9 @@ enum {
 };
 
 void *cuda_scratch(int slot, size_t bytes);
+// amax_finish's block counter and partials (2 x 1024 floats), on the compute stream
+unsigned *cuda_amax_counter(void);
+float *cuda_amax_part(void);
 // A device float holding 1.0f (default dequant scale), made at backend init.
 const float *cuda_one(void);
 

@@ -115,20 +115,35 @@ extern "C" void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, 
 // ----------------------------------------------------------------------------
 // RMSNorm: one block per row
 
-template <typename T>
+// Block b takes rows b, b + gridDim.x, ... (one row each when launched with a block per
+// row). With AMAX (at most TETRA_AMAX_MAX_BLOCKS blocks) the maximum of what it stored
+// goes to amax_finish.
+template <typename T, int AMAX>
 __global__ void __launch_bounds__(TETRA_THREADS)
-    rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, int c, float eps) {
+    rmsnorm_fwd_kernel(T *out, float *rstd, float *amax, float *part, unsigned *done, const T *x, const T *w, int n,
+                       int c, float eps) {
     __shared__ float sh[32];
-    const size_t o = (size_t)blockIdx.x * (size_t)c;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
-        float v = to_f32(x[o + j]);
-        ss = fmaf(v, v, ss);
+    __shared__ int last;
+    float m = 0.0f;
+    for (int row = blockIdx.x; row < n; row += gridDim.x) {
+        const size_t o = (size_t)row * (size_t)c;
+        float ss = 0.0f;
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            float v = to_f32(x[o + j]);
+            ss = fmaf(v, v, ss);
+        }
+        ss = block_sum(ss, sh);
+        float r = tetra_rms_rstd(ss, c, eps);
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            const float v = store_f32_as(out + o + j, (to_f32(x[o + j]) * r) * to_f32(w[j]));
+            if (AMAX) m = nan_max(m, fabsf(v));
+        }
+        if (threadIdx.x == 0) rstd[row] = r;
     }
-    ss = block_sum(ss, sh);
-    float r = tetra_rms_rstd(ss, c, eps);
-    for (int j = threadIdx.x; j < c; j += blockDim.x) store_f32(out + o + j, (to_f32(x[o + j]) * r) * to_f32(w[j]));
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    if (AMAX) {
+        m = block_nan_max(m, sh);
+        amax_finish<1>(&amax, part, done, &m, sh, &last);
+    }
 }
 
 // dx = dx + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
@@ -147,9 +162,17 @@ __global__ void __launch_bounds__(TETRA_THREADS)
 }
 
 template <typename T>
-static void rmsnorm_forward(T *out, float *rstd, const T *x, const T *w, int n, int c, float eps) {
+static void rmsnorm_forward(T *out, float *rstd, float *amax, const T *x, const T *w, int n, int c, float eps) {
+    if (amax) {
+        const int rows = n > 0 && c > 0 ? n : 0; /* none: one block writes 0 */
+        const unsigned grid = rows < 1 ? 1u : rows < TETRA_AMAX_MAX_BLOCKS ? (unsigned)rows : TETRA_AMAX_MAX_BLOCKS;
+        rmsnorm_fwd_kernel<T, 1><<<grid, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, amax, cuda_amax_part(),
+                                                                            cuda_amax_counter(), x, w, rows, c, eps);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (n <= 0 || c <= 0) return;
-    rmsnorm_fwd_kernel<T><<<n, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, x, w, c, eps);
+    rmsnorm_fwd_kernel<T, 0><<<n, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, NULL, NULL, NULL, x, w, n, c, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -161,12 +184,12 @@ static void rmsnorm_backward_input(T *dx, const T *dout, const T *x, const T *w,
 }
 
 extern "C" void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps) {
-    rmsnorm_forward(out, rstd, x, w, n, c, eps);
+    rmsnorm_forward(out, rstd, (float *)NULL, x, w, n, c, eps);
 }
 
-extern "C" void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n,
-                                          int c, float eps) {
-    rmsnorm_forward(out, rstd, x, w, n, c, eps);
+extern "C" void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uint16_t *x, const uint16_t *w,
+                                          int n, int c, float eps) {
+    rmsnorm_forward(out, rstd, amax, x, w, n, c, eps);
 }
 
 extern "C" void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
@@ -250,9 +273,12 @@ extern "C" void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dou
 // ----------------------------------------------------------------------------
 // RoPE: one thread per (row, head, pair); reads both values before writing (in place ok)
 
-template <bool INVERSE, typename T>
+template <bool INVERSE, typename T, int AMAX = 0>
 __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int s, int nh,
-                            int d, size_t total) {
+                            int d, size_t total, float *amax = NULL, float *part = NULL, unsigned *done = NULL) {
+    __shared__ float sh[AMAX ? 32 : 1];
+    __shared__ int last;
+    float m = 0.0f;
     const size_t half = (size_t)(d / 2);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += stride) {
@@ -265,8 +291,13 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
         float x0 = to_f32(x[o]), x1 = to_f32(x[o + 1]), y0, y1;
         if constexpr (INVERSE) tetra_rope_unrotate(&y0, &y1, x0, x1, f[0], f[1]);
         else tetra_rope_rotate(&y0, &y1, x0, x1, f[0], f[1]);
-        store_f32(out + o, y0);
-        store_f32(out + o + 1, y1);
+        y0 = store_f32_as(out + o, y0);
+        y1 = store_f32_as(out + o + 1, y1);
+        if (AMAX) m = nan_max(m, nan_max(fabsf(y0), fabsf(y1)));
+    }
+    if (AMAX) {
+        m = block_nan_max(m, sh);
+        amax_finish<1>(&amax, part, done, &m, sh, &last);
     }
 }
 
@@ -298,59 +329,117 @@ extern "C" void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const f
     rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
 }
 
-extern "C" void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                                        int pos_offset, int b, int s, int nh, int d) {
-    rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+// with the amax of dx: at most TETRA_AMAX_MAX_BLOCKS blocks; empty: one block writes 0
+extern "C" void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs,
+                                        const int32_t *pos, int pos_offset, int b, int s, int nh, int d) {
+    if (!amax) {
+        rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+        return;
+    }
+    const int empty = b <= 0 || s <= 0 || nh <= 0 || d < 2;
+    const size_t total = empty ? 0 : (size_t)b * (size_t)s * (size_t)nh * (size_t)(d / 2);
+    unsigned nb = tetra_blocks(total, TETRA_THREADS);
+    if (nb > TETRA_AMAX_MAX_BLOCKS) nb = TETRA_AMAX_MAX_BLOCKS;
+    rope_kernel<true, uint16_t, 1>
+        <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, freqs, pos, pos_offset, empty ? 1 : s, empty ? 1 : nh,
+                                                  empty ? 2 : d, total, amax, cuda_amax_part(), cuda_amax_counter());
+    CUDA_CHECK_LAUNCH();
 }
 
 // ----------------------------------------------------------------------------
 // SwiGLU
 
-template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *a, const T *g, size_t n) {
+// With AMAX, the block maxima of what was stored go to amax_finish (amax[0]; backward:
+// da into amax[0], dg into amax[1]).
+template <typename T, int AMAX>
+__global__ void swiglu_fwd_kernel(T *out, float *amax, float *part, unsigned *done, const T *a, const T *g, size_t n) {
+    __shared__ float sh[32];
+    __shared__ int last;
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        store_f32(out + i, tetra_silu(to_f32(a[i])) * to_f32(g[i]));
+    float m = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float v = store_f32_as(out + i, tetra_silu(to_f32(a[i])) * to_f32(g[i]));
+        if (AMAX) m = nan_max(m, fabsf(v));
+    }
+    if (AMAX) {
+        m = block_nan_max(m, sh);
+        amax_finish<1>(&amax, part, done, &m, sh, &last);
+    }
 }
 
-template <typename T> __global__ void swiglu_bwd_kernel(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
+template <typename T, int AMAX>
+__global__ void swiglu_bwd_kernel(T *da, T *dg, float *amax_da, float *amax_dg, float *part, unsigned *done,
+                                  const T *dout, const T *a, const T *g, size_t n) {
+    __shared__ float sh[32];
+    __shared__ int last;
     size_t stride = (size_t)gridDim.x * blockDim.x;
+    float m[2] = {0.0f, 0.0f};
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float ai = to_f32(a[i]), gi = to_f32(g[i]), d = to_f32(dout[i]);
         float dai = d * gi * tetra_dsilu(ai);
         float dgi = d * tetra_silu(ai);
-        store_f32(da + i, dai); // both inputs read before either write: in place is safe
-        store_f32(dg + i, dgi);
+        dai = store_f32_as(da + i, dai); // both inputs read before either write: in place is safe
+        dgi = store_f32_as(dg + i, dgi);
+        if (AMAX) {
+            m[0] = nan_max(m[0], fabsf(dai));
+            m[1] = nan_max(m[1], fabsf(dgi));
+        }
+    }
+    if (AMAX) {
+        m[0] = block_nan_max(m[0], sh);
+        m[1] = block_nan_max(m[1], sh);
+        float *outs[2] = {amax_da, amax_dg};
+        amax_finish<2>(outs, part, done, m, sh, &last);
     }
 }
 
-template <typename T> static void swiglu_forward(T *out, const T *a, const T *g, size_t n) {
-    if (!n) return;
-    swiglu_fwd_kernel<T><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, a, g, n);
+static unsigned amax_blocks(size_t n) {
+    const unsigned b = tetra_blocks(n, TETRA_THREADS);
+    return b < TETRA_AMAX_MAX_BLOCKS ? b : TETRA_AMAX_MAX_BLOCKS;
+}
+
+template <typename T> static void swiglu_forward(T *out, float *amax, const T *a, const T *g, size_t n) {
+    if (amax) {
+        swiglu_fwd_kernel<T, 1><<<amax_blocks(n), TETRA_THREADS, 0, cuda_stream()>>>(out, amax, cuda_amax_part(),
+                                                                                     cuda_amax_counter(), a, g, n);
+    } else {
+        if (!n) return;
+        swiglu_fwd_kernel<T, 0>
+            <<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, NULL, NULL, NULL, a, g, n);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename T> static void swiglu_backward(T *da, T *dg, const T *dout, const T *a, const T *g, size_t n) {
-    if (!n) return;
-    swiglu_bwd_kernel<T><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(da, dg, dout, a, g, n);
+template <typename T>
+static void swiglu_backward(T *da, T *dg, float *amax_da, float *amax_dg, const T *dout, const T *a, const T *g,
+                            size_t n) {
+    if (amax_da || amax_dg) {
+        swiglu_bwd_kernel<T, 1><<<amax_blocks(n), TETRA_THREADS, 0, cuda_stream()>>>(
+            da, dg, amax_da, amax_dg, cuda_amax_part(), cuda_amax_counter(), dout, a, g, n);
+    } else {
+        if (!n) return;
+        swiglu_bwd_kernel<T, 0><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(
+            da, dg, NULL, NULL, NULL, NULL, dout, a, g, n);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
-    swiglu_forward(out, a, g, n);
+    swiglu_forward(out, (float *)NULL, a, g, n);
 }
 
 extern "C" void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g,
                                      size_t n) {
-    swiglu_backward(da, dg, dout, a, g, n);
+    swiglu_backward(da, dg, (float *)NULL, (float *)NULL, dout, a, g, n);
 }
 
-extern "C" void cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n) {
-    swiglu_forward(out, a, g, n);
+extern "C" void cuda_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n) {
+    swiglu_forward(out, amax, a, g, n);
 }
 
-extern "C" void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a,
-                                          const uint16_t *g, size_t n) {
-    swiglu_backward(da, dg, dout, a, g, n);
+extern "C" void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg,
+                                          const uint16_t *dout, const uint16_t *a, const uint16_t *g, size_t n) {
+    swiglu_backward(da, dg, amax_da, amax_dg, dout, a, g, n);
 }
 
 // ----------------------------------------------------------------------------

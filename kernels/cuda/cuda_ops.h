@@ -57,6 +57,8 @@ void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, 
                            tetra_dtype fmt);
 void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
                           tetra_dtype fmt);
+void cuda_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void *x, tetra_dtype xt, const float *amax,
+                       int rows, int cols, tetra_dtype fmt);
 void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
                               int pow2);
 void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
@@ -90,19 +92,19 @@ void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uin
                                  int v_local);
 void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32_t *tokens, int n, int c, int v_start,
                                   int v_local);
-void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int n, int c,
-                               float eps);
+void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uint16_t *x, const uint16_t *w, int n,
+                               int c, float eps);
 void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
                                       const float *rstd, int n, int c);
 void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                        int c);
 void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
                             int b, int s, int nh, int d);
-void cuda_rope_backward_bf16(uint16_t *dx, const uint16_t *dout, const float *freqs, const int32_t *pos, int pos_offset,
-                             int b, int s, int nh, int d);
-void cuda_swiglu_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *g, size_t n);
-void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, const uint16_t *dout, const uint16_t *a, const uint16_t *g,
-                               size_t n);
+void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,
+                             int pos_offset, int b, int s, int nh, int d);
+void cuda_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n);
+void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
+                               const uint16_t *a, const uint16_t *g, size_t n);
 void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
                              int v, float dloss_scale);
 void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,

@@ -160,8 +160,8 @@ static void default_backward_weight(const model_linear_env *e, const model_linea
     e->ops->gemm(dw, dy, x, &g);
 }
 
-static const model_linear_impl default_linear = {"gemm", default_forward, default_backward_input,
-                                                 default_backward_weight, NULL};
+static const model_linear_impl default_linear = {
+    "gemm", default_forward, default_backward_input, default_backward_weight, NULL, NULL};
 
 const model_linear_impl *llama3_linear_default(void) { return &default_linear; }
 
@@ -198,6 +198,14 @@ static void lin_begin(const llama3_model *m, int idx, model_operand which, const
     const model_linear_env e = llama3_linear_env(m);
     if (l->impl->begin_rows) l->impl->begin_rows(&e, l, which, local, (int)rows, (int)cols, lay);
 }
+/* The device float where the linear's implementation wants the amax of the operand about
+ * to be produced at t (rows x its columns), or NULL (model_linear_impl.amax_slot) */
+static float *lin_amax_slot(const llama3_model *m, int idx, model_operand which, const void *t, size_t rows) {
+    const model_linear *l = &m->linears[idx];
+    if (!l->impl->amax_slot) return NULL;
+    const model_linear_env e = llama3_linear_env(m);
+    return l->impl->amax_slot(&e, l, which, t, (int)rows);
+}
 static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const void *x, int n) {
     const model_linear *l = &m->linears[idx];
     const model_linear_env e = llama3_linear_env(m);
@@ -206,11 +214,16 @@ static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const
 
 /* The element-wise ops in the compute dtype: one body of forward and backward for
  * both precisions (ops.h's *_bf16 twins compute the same functions). */
-static void rmsnorm_fwd(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n) {
+/* amax (bf16 only; NULL: none): where the op also writes max |out| */
+static void rmsnorm_fwd_amax(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n,
+                             float *amax) {
     const int c = m->args.dim;
     const float eps = (float)m->args.norm_eps;
-    if (mixed(m)) m->ops->rmsnorm_forward_bf16(out, rstd, x, w, n, c, eps);
+    if (mixed(m)) m->ops->rmsnorm_forward_bf16(out, rstd, amax, x, w, n, c, eps);
     else m->ops->rmsnorm_forward(out, rstd, x, w, n, c, eps);
+}
+static void rmsnorm_fwd(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n) {
+    rmsnorm_fwd_amax(m, out, rstd, x, w, n, NULL);
 }
 static void rmsnorm_bwd_input(const llama3_model *m, void *dx, const void *dout, const void *x, const void *w,
                               const float *rstd, int n) {
@@ -228,15 +241,16 @@ static void rope_fwd(const llama3_model *m, void *x, const int32_t *pos, int b, 
     if (mixed(m)) m->ops->rope_forward_bf16(x, x, m->rope_table, pos, 0, b, t, nh, d);
     else m->ops->rope_forward(x, x, m->rope_table, pos, 0, b, t, nh, d);
 }
-static void rope_bwd(const llama3_model *m, void *dx, const void *dout, const int32_t *pos, int b, int t, int nh) {
+static void rope_bwd(const llama3_model *m, void *dx, const void *dout, const int32_t *pos, int b, int t, int nh,
+                     float *amax) {
     const int d = llama3_head_dim(&m->args);
-    if (mixed(m)) m->ops->rope_backward_bf16(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
+    if (mixed(m)) m->ops->rope_backward_bf16(dx, amax, dout, m->rope_table, pos, 0, b, t, nh, d);
     else m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
 }
 /* RoPE on a microbatch's q or k [b, t, nh, D]: at each row's position within its document
  * (a->dpos, per sequence: one call per sequence), else at the rows' global positions. */
 static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, int nh);
-static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh);
+static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh, float *amax);
 static void zero_acts(const llama3_model *m, void *x, size_t elems) {
     if (mixed(m)) m->ops->fill(x, 0.0f, elems / 2); /* bf16 zeros as fp32 zeros (elems is even: a multiple of dim) */
     else m->ops->fill(x, 0.0f, elems);
@@ -388,15 +402,17 @@ static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, 
     const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
     for (int r = 0; r < a->b; r++) rope_fwd(m, act_at(m, x, (size_t)r * seq), a->dpos + (size_t)r * a->t, 1, a->t, nh);
 }
-static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh) {
+/* amax (one call only, so not with per-document positions): of all of dx, as it is written */
+static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh,
+                          float *amax) {
     if (!a->dpos) {
-        rope_bwd(m, dx, dout, a->pos, a->b, a->t, nh);
+        rope_bwd(m, dx, dout, a->pos, a->b, a->t, nh, amax);
         return;
     }
     const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
     for (int r = 0; r < a->b; r++)
         rope_bwd(m, act_at(m, dx, (size_t)r * seq), act_at(m, (void *)dout, (size_t)r * seq),
-                 a->dpos + (size_t)r * a->t, 1, a->t, nh);
+                 a->dpos + (size_t)r * a->t, 1, a->t, nh, NULL);
 }
 
 static size_t scratch_cols(const llama3_model *m) {
@@ -1017,6 +1033,12 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
         BLOCK_PARAM("attention_norm.weight", C, 0, 1, 0.0, 0, SPLIT_NONE);
         BLOCK_PARAM("ffn_norm.weight", C, 0, 1, 0.0, 0, SPLIT_NONE);
 #undef BLOCK_PARAM
+        /* the projections that follow another on the same input (block_forward_ops and
+         * llama3_block_backward_weight call them in this order) */
+        model_linear *lb = &m->linears[pidx_block(m, l, 0)];
+        lb[P_WK].input_from = &lb[P_WQ];
+        lb[P_WV].input_from = &lb[P_WK];
+        lb[P_W3].input_from = &lb[P_W1];
     }
     if (layout->has_head) {
         begin_unit(m, u, LLAMA3_UNIT_HEAD, -1, off);
@@ -1415,7 +1437,11 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
             sp_gather_then(m, a, t->xn1, ws->xn_local, &qkv);
             qkv.compute = 0;
         } else {
-            rmsnorm_fwd(m, t->xn1, t->rstd1, x, w, n);
+            /* wq's input (wk and wv read wq's cast of it): its amax comes with it */
+            float *am = (qkv.compute & LLAMA3_KEEP_Q) && mixed(m)
+                ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_X, t->xn1, n)
+                : NULL;
+            rmsnorm_fwd_amax(m, t->xn1, t->rstd1, x, w, n, am);
         }
     }
     if (qkv.compute) rows_all(m, a, &qkv); /* projections whose input was kept (not gathered now) */
@@ -1449,12 +1475,18 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
             sp_gather_then(m, a, t->xn2, ws->xn_local, &w13);
             w13.compute = 0;
         } else {
-            rmsnorm_fwd(m, t->xn2, t->rstd2, t->h, w, n);
+            float *am = (w13.compute & LLAMA3_KEEP_A) && mixed(m)
+                ? lin_amax_slot(m, pidx_block(m, l, P_W1), MODEL_OPERAND_X, t->xn2, n)
+                : NULL;
+            rmsnorm_fwd_amax(m, t->xn2, t->rstd2, t->h, w, n, am);
         }
     }
     if (w13.compute) rows_all(m, a, &w13);
     if (compute & LLAMA3_KEEP_S) {
-        if (mixed(m)) ops->swiglu_forward_bf16(t->s, t->a, t->g, ff);
+        /* w2's input: its amax comes with it where w2 runs on it next (whole, tp 1) */
+        float *am =
+            output && !tp && mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_W2), MODEL_OPERAND_X, t->s, n) : NULL;
+        if (mixed(m)) ops->swiglu_forward_bf16(t->s, am, t->a, t->g, ff);
         else ops->swiglu_forward(t->s, t->a, t->g, ff);
     }
     if (output) {
@@ -1638,7 +1670,12 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     } else {
         lin_bwd_input(m, pidx_block(m, l, P_W2), ds, dout, n, -1, 0.0f);
     }
-    if (mixed(m)) ops->swiglu_backward_bf16(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
+    /* w1's and w3's output gradients: their amaxes come with them where those linears take
+     * them next (whole, tp 1) */
+    const int slots = !tp && mixed(m);
+    float *am1 = slots ? lin_amax_slot(m, pidx_block(m, l, P_W1), MODEL_OPERAND_DY, t->a, n) : NULL;
+    float *am3 = slots ? lin_amax_slot(m, pidx_block(m, l, P_W3), MODEL_OPERAND_DY, t->g, n) : NULL;
+    if (mixed(m)) ops->swiglu_backward_bf16(t->a, t->g, am1, am3, ds, t->a, t->g, a->n * (size_t)F);
     else ops->swiglu_backward(t->a, t->g, ds, t->a, t->g, a->n * (size_t)F);
     void *dh_full = t->dh;    /* dL/dh of every row: wo's input gradient reads it, W keeps it */
     void *datt = ws->scratch; /* [N, HD] */
@@ -1680,8 +1717,13 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
         ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     }
-    rope_bwd_acts(m, a, t->q, dq, H);
-    rope_bwd_acts(m, a, t->k, dk, KV);
+    /* wq's and wk's output gradients: their amaxes come with them where those linears take
+     * them next (whole, tp 1, one RoPE call each) */
+    const int rslots = !tp && mixed(m) && !a->dpos;
+    rope_bwd_acts(m, a, t->q, dq, H,
+                  rslots ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_DY, t->q, n) : NULL);
+    rope_bwd_acts(m, a, t->k, dk, KV,
+                  rslots ? lin_amax_slot(m, pidx_block(m, l, P_WK), MODEL_OPERAND_DY, t->k, n) : NULL);
     ops->copy(t->v, dv, a->n * (size_t)KVD * es);
     const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
     if (tp) {
@@ -1719,14 +1761,18 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
 
     /* feed-forward */
     lin_bwd_weight(m, pidx_block(m, l, P_W2), tp ? t->dop : a->dres[bl + 1], t->s, n);
-    if (!tp) rmsnorm_fwd(m, xn, ws->rstd_scratch, t->h, w_ffn_norm, n);
+    if (!tp)
+        rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, t->h, w_ffn_norm, n,
+                         mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_W1), MODEL_OPERAND_X, xn, n) : NULL);
     lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, tp ? t->xn2 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
     rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_FFN_NORM)), tp ? t->dxn2l : t->xn2, t->h, t->rstd2, nl);
 
     /* attention */
     lin_bwd_weight(m, pidx_block(m, l, P_WO), t->dh, t->att, n);
-    if (!tp) rmsnorm_fwd(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n);
+    if (!tp)
+        rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n,
+                         mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_X, xn, n) : NULL);
     lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);

@@ -271,6 +271,7 @@ static void test_table(void) {
     SLOT(cast_f32_to_fp8);
     SLOT(cast_fp8_to_f32);
     SLOT(fp8_scale_from_amax);
+    SLOT(fp8_quantize);
     SLOT(gemm);
     SLOT(embedding_forward);
     SLOT(embedding_backward);
@@ -571,6 +572,135 @@ static void test_elementwise(void) {
             free(xb);
             free(xw);
             free(xt);
+        }
+    }
+    // fp8_quantize (fp32 and bf16 x, both formats, row-major, transposed and both): on the
+    // CPU, the bytes of fp8_scale_from_amax then the row cast and the column-scaled
+    // transpose cast; on the device, equal to the CPU, also at an unaligned x (the scalar
+    // path) and with x's amax 0 (the 1e-12 floor).
+    {
+        const int qshapes[][2] = {{37, 135}, {64, 96}, {1, 70}, {70, 1}, {300, 517}, {128, 256}};
+        for (int ts = 0; ts < 6; ts++) {
+            const int rows = qshapes[ts][0], cols = qshapes[ts][1];
+            const size_t n = (size_t)rows * cols;
+            float *x = hrandn(n + 8, 3.0f);
+            for (size_t i = 0; i < n; i += 97) x[i] = ldexpf(x[i], 14);
+            if (ts == 3) memset(x, 0, (n + 8) * 4);
+            uint16_t *xb = (uint16_t *)malloc((n + 8) * 2);
+            C->cast_f32_to_bf16(xb, x, n + 8);
+            for (int dt = 0; dt < 2; dt++)
+                for (int off = 0; off < 2; off++) {
+                    const tetra_dtype xt_ = dt ? TETRA_BF16 : TETRA_F32;
+                    const void *hx = dt ? (const void *)(xb + off) : (const void *)(x + off);
+                    char bshape[64];
+                    snprintf(bshape, sizeof bshape, "%d x %d %s%s", rows, cols, dt ? "bf16" : "f32",
+                             off ? " at +1" : "");
+                    float am;
+                    if (dt) C->amax_bf16(&am, (const uint16_t *)hx, n);
+                    else C->amax(&am, (const float *)hx, n);
+                    void *dx = dup_gpu(hx, n * (dt ? 2 : 4));
+                    float *dam = (float *)dup_gpu(&am, 4), *dinv = (float *)G->alloc(4);
+                    uint8_t *dq = (uint8_t *)G->alloc(n), *dqt = (uint8_t *)G->alloc(n);
+                    uint8_t *hq = (uint8_t *)malloc(n), *hqt = (uint8_t *)malloc(n), *rq = (uint8_t *)malloc(n),
+                            *rqt = (uint8_t *)malloc(n);
+                    for (int fi = 0; fi < 2; fi++) {
+                        const tetra_dtype fmt = fi ? TETRA_FP8_E5M2 : TETRA_FP8_E4M3;
+                        const float fmax = fi ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX;
+                        float sc, inv, hinv, *colsc = (float *)malloc((size_t)cols * 4);
+                        C->fp8_scale_from_amax(&sc, &inv, &am, 1, 0, fmax, 0);
+                        for (int c = 0; c < cols; c++) colsc[c] = sc;
+                        if (dt) C->cast_bf16_to_fp8(rq, (const uint16_t *)hx, &sc, 0, rows, cols, fmt);
+                        else C->cast_f32_to_fp8(rq, (const float *)hx, &sc, 0, rows, cols, fmt);
+                        C->cast_transpose_to_fp8(rqt, hx, xt_, colsc, rows, cols, fmt);
+                        C->fp8_quantize(hq, hqt, &hinv, hx, xt_, &am, rows, cols, fmt);
+                        char name[64];
+                        snprintf(name, sizeof name, "fp8_quantize (cpu) %s", fi ? "e5m2" : "e4m3");
+                        check_bits(name, bshape, hq, rq, n);
+                        check_bits(name, bshape, hqt, rqt, n);
+                        check_f32_bits(name, bshape, &hinv, &inv, 1);
+                        for (int mode = 0; mode < 3; mode++) { /* rows, transposed, both */
+                            snprintf(name, sizeof name, "fp8_quantize %s %s", fi ? "e5m2" : "e4m3",
+                                     mode == 0       ? "rows"
+                                         : mode == 1 ? "transposed"
+                                                     : "both");
+                            G->fill((float *)dinv, 0.0f, 1);
+                            G->fp8_quantize(mode != 1 ? dq : NULL, mode != 0 ? dqt : NULL, dinv, dx, xt_, dam, rows,
+                                            cols, fmt);
+                            if (mode != 1) {
+                                uint8_t *g = (uint8_t *)from_gpu(dq, n);
+                                check_bits(name, bshape, g, rq, n);
+                                free(g);
+                            }
+                            if (mode != 0) {
+                                uint8_t *g = (uint8_t *)from_gpu(dqt, n);
+                                check_bits(name, bshape, g, rqt, n);
+                                free(g);
+                            }
+                            float *gi = (float *)from_gpu(dinv, 4);
+                            check_f32_bits(name, bshape, gi, &inv, 1);
+                            free(gi);
+                        }
+                        free(colsc);
+                    }
+                    free(hq);
+                    free(hqt);
+                    free(rq);
+                    free(rqt);
+                    G->release(dx);
+                    G->release(dam);
+                    G->release(dinv);
+                    G->release(dq);
+                    G->release(dqt);
+                }
+            free(x);
+            free(xb);
+        }
+    }
+    // rmsnorm_forward_bf16 with the amax of its output: out and rstd the bits of the call
+    // without it (also with more rows than the amax launch has blocks, and none), amax the
+    // bits of amax_bf16 over out; on the CPU the same
+    {
+        const int ashapes[][2] = {{1, 7}, {33, 256}, {2100, 24}, {0, 8}};
+        for (int si = 0; si < 4; si++) {
+            const int n = ashapes[si][0], c = ashapes[si][1];
+            const size_t nc = (size_t)n * c + 1;
+            uint16_t *x = hrandn_bf16(nc, 2.0f), *w = hrandn_bf16((size_t)c, 1.0f);
+            char ashape[64];
+            snprintf(ashape, sizeof ashape, "n%d c%d", n, c);
+            uint16_t *d_x = (uint16_t *)dup_gpu(x, nc * 2), *d_w = (uint16_t *)dup_gpu(w, (size_t)c * 2);
+            uint16_t *d_o1 = (uint16_t *)G->alloc(nc * 2), *d_o2 = (uint16_t *)G->alloc(nc * 2);
+            float *d_r1 = (float *)G->alloc((size_t)n * 4 + 4), *d_r2 = (float *)G->alloc((size_t)n * 4 + 4);
+            float *d_am = (float *)G->alloc(8);
+            G->rmsnorm_forward_bf16(d_o1, d_r1, NULL, d_x, d_w, n, c, 1e-5f);
+            G->rmsnorm_forward_bf16(d_o2, d_r2, d_am, d_x, d_w, n, c, 1e-5f);
+            G->amax_bf16(d_am + 1, d_o2, (size_t)n * c);
+            void *o1 = from_gpu(d_o1, nc * 2), *o2 = from_gpu(d_o2, nc * 2);
+            void *r1 = from_gpu(d_r1, (size_t)n * 4 + 4), *r2 = from_gpu(d_r2, (size_t)n * 4 + 4);
+            float *am = (float *)from_gpu(d_am, 8);
+            check_bits("rmsnorm_forward_bf16 with amax: out", ashape, o2, o1, (size_t)n * c * 2);
+            check_bits("rmsnorm_forward_bf16 with amax: rstd", ashape, r2, r1, (size_t)n * 4);
+            check_f32_bits("rmsnorm_forward_bf16 amax == amax_bf16 of out", ashape, am, am + 1, 1);
+            uint16_t *co = (uint16_t *)malloc(nc * 2);
+            float *cr = (float *)malloc((size_t)n * 4 + 4), cam[2];
+            C->rmsnorm_forward_bf16(co, cr, cam, x, w, n, c, 1e-5f);
+            C->amax_bf16(cam + 1, co, (size_t)n * c);
+            check_f32_bits("rmsnorm_forward_bf16 (cpu) amax == amax_bf16 of out", ashape, cam, cam + 1, 1);
+            free(co);
+            free(cr);
+            free(o1);
+            free(o2);
+            free(r1);
+            free(r2);
+            free(am);
+            free(x);
+            free(w);
+            G->release(d_x);
+            G->release(d_w);
+            G->release(d_o1);
+            G->release(d_o2);
+            G->release(d_r1);
+            G->release(d_r2);
+            G->release(d_am);
         }
     }
     // transpose: partial tiles at both edges, one row, one column, several tiles each way
@@ -1171,14 +1301,14 @@ static void test_rmsnorm_bf16(void) {
 
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_forward_bf16));
         if (C->rmsnorm_forward_bf16) {
-            C->rmsnorm_forward_bf16(out, rstd, x, w, n, c, 1e-5f);
+            C->rmsnorm_forward_bf16(out, rstd, NULL, x, w, n, c, 1e-5f);
         } else {
             float *of = (float *)malloc(nc * 4);
             C->rmsnorm_forward(of, rstd, xf, wf, n, c, 1e-5f);
             narrow(out, of, nc);
             free(of);
         }
-        G->rmsnorm_forward_bf16(d_out, d_rstd, d_x, d_w, n, c, 1e-5f);
+        G->rmsnorm_forward_bf16(d_out, d_rstd, NULL, d_x, d_w, n, c, 1e-5f);
         uint16_t *g1 = (uint16_t *)from_gpu(d_out, nc * 2);
         float *g2 = (float *)from_gpu(d_rstd, (size_t)n * 4);
         check_bf16("rmsnorm_forward_bf16 out", shape, g1, out, nc, 1e-5, 1.0);
@@ -1243,10 +1373,11 @@ static void test_rope_bf16(void) {
             uint16_t *x = hrandn_bf16(n, 1), *out = (uint16_t *)malloc(n * 2);
             uint16_t *dx = (uint16_t *)dup_gpu(x, n * 2), *dout = (uint16_t *)G->alloc(n * 2);
             const int32_t *hp = mode ? pos : NULL, *gp = mode ? dpos : NULL;
-            void (*cop)(uint16_t *, const uint16_t *, const float *, const int32_t *, int, int, int, int, int) =
-                bwd ? C->rope_backward_bf16 : C->rope_forward_bf16;
-            if (cop) {
-                cop(out, x, table, hp, 50, b, s, nh, d);
+            const void *cop = bwd ? (const void *)C->rope_backward_bf16 : (const void *)C->rope_forward_bf16;
+            if (cop && bwd) {
+                C->rope_backward_bf16(out, NULL, x, table, hp, 50, b, s, nh, d);
+            } else if (cop) {
+                C->rope_forward_bf16(out, x, table, hp, 50, b, s, nh, d);
             } else {
                 float *xf = widen(x, n), *of = (float *)malloc(n * 4);
                 (bwd ? C->rope_backward : C->rope_forward)(of, xf, table, hp, 50, b, s, nh, d);
@@ -1258,13 +1389,19 @@ static void test_rope_bf16(void) {
                 G->rope_forward_bf16(dout, dx, dtable, gp, 50, b, s, nh, d);
                 G->rope_forward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d); // in place
             } else {
-                G->rope_backward_bf16(dout, dx, dtable, gp, 50, b, s, nh, d);
-                G->rope_backward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d);
+                /* in place with the amax of what it writes: the bits amax_bf16 finds there */
+                float *d_am = (float *)G->alloc(8);
+                G->rope_backward_bf16(dout, NULL, dx, dtable, gp, 50, b, s, nh, d);
+                G->rope_backward_bf16(dx, d_am, dx, dtable, gp, 50, b, s, nh, d);
+                G->amax_bf16(d_am + 1, dx, n);
+                float *g_am = (float *)from_gpu(d_am, 8);
+                check_f32_bits("rope_backward_bf16 amax == amax_bf16 of dx", "b2 s37 nh3 d16", g_am, g_am + 1, 1);
+                free(g_am);
+                G->release(d_am);
             }
             uint16_t *g1 = (uint16_t *)from_gpu(dout, n * 2), *g2 = (uint16_t *)from_gpu(dx, n * 2);
             char shape[96];
-            snprintf(shape, sizeof shape, "b2 s37 nh3 d16 %s %s", mode ? "pos[]" : "offset 50",
-                     ref_tag((const void *)cop));
+            snprintf(shape, sizeof shape, "b2 s37 nh3 d16 %s %s", mode ? "pos[]" : "offset 50", ref_tag(cop));
             check_bf16(bwd ? "rope_backward_bf16" : "rope_forward_bf16", shape, g1, out, n, 1e-6, 1.0);
             check_bf16(bwd ? "rope_backward_bf16 in place" : "rope_forward_bf16 in place", shape, g2, out, n, 1e-6,
                        1.0);
@@ -1291,20 +1428,30 @@ static void test_swiglu_bf16(void) {
     char shape[64];
     snprintf(shape, sizeof shape, "n=100007 %s", ref_tag((const void *)C->swiglu_forward_bf16));
     if (C->swiglu_forward_bf16) {
-        C->swiglu_forward_bf16(out, a, g, n);
+        C->swiglu_forward_bf16(out, NULL, a, g, n);
     } else {
         float *of = (float *)malloc(n * 4);
         C->swiglu_forward(of, af, gf, n);
         narrow(out, of, n);
         free(of);
     }
-    G->swiglu_forward_bf16(d_out, d_a, d_g, n);
+    /* with the amax of what it writes: the bits amax_bf16 finds in the output */
+    float *d_am = (float *)G->alloc(4 * sizeof(float));
+    G->swiglu_forward_bf16(d_out, d_am, d_a, d_g, n);
     uint16_t *r = (uint16_t *)from_gpu(d_out, n * 2);
     check_bf16("swiglu_forward_bf16", shape, r, out, n, 1e-5, 1.0);
+    G->amax_bf16(d_am + 2, d_out, n);
+    float *g_am = (float *)from_gpu(d_am, 4 * sizeof(float));
+    check_f32_bits("swiglu_forward_bf16 amax == amax_bf16 of out", shape, g_am, g_am + 2, 1);
+    free(g_am);
     free(r);
     snprintf(shape, sizeof shape, "n=100007 %s", ref_tag((const void *)C->swiglu_backward_bf16));
     if (C->swiglu_backward_bf16) {
-        C->swiglu_backward_bf16(da, dg, dy, a, g, n);
+        float c_am[2], c_am2[2];
+        C->swiglu_backward_bf16(da, dg, c_am, c_am + 1, dy, a, g, n);
+        C->amax_bf16(c_am2, da, n);
+        C->amax_bf16(c_am2 + 1, dg, n);
+        check_f32_bits("swiglu_backward_bf16 (cpu) amax == amax_bf16 of da, dg", shape, c_am, c_am2, 2);
     } else {
         float *daf = (float *)malloc(n * 4), *dgf = (float *)malloc(n * 4);
         C->swiglu_backward(daf, dgf, dyf, af, gf, n);
@@ -1313,10 +1460,16 @@ static void test_swiglu_bf16(void) {
         free(daf);
         free(dgf);
     }
-    G->swiglu_backward_bf16(d_a, d_g, d_dy, d_a, d_g, n); // in place, as the model calls it
+    G->swiglu_backward_bf16(d_a, d_g, d_am, d_am + 1, d_dy, d_a, d_g, n); // in place, as the model calls it
     uint16_t *ra = (uint16_t *)from_gpu(d_a, n * 2), *rg = (uint16_t *)from_gpu(d_g, n * 2);
     check_bf16("swiglu_bwd_bf16 da (in place)", shape, ra, da, n, 1e-5, 1.0);
     check_bf16("swiglu_bwd_bf16 dg (in place)", shape, rg, dg, n, 1e-5, 1.0);
+    G->amax_bf16(d_am + 2, d_a, n);
+    G->amax_bf16(d_am + 3, d_g, n);
+    g_am = (float *)from_gpu(d_am, 4 * sizeof(float));
+    check_f32_bits("swiglu_backward_bf16 amax == amax_bf16 of da, dg", shape, g_am, g_am + 2, 2);
+    free(g_am);
+    G->release(d_am);
     free(ra);
     free(rg);
     free(a);
@@ -2373,6 +2526,11 @@ static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uin
     LC("5x64 e4m3 rowwise", NULL, R->cast_fp8_to_f32(Z, Q, S, 1, 5, 64, TETRA_FP8_E4M3));
     LC("n=7", NULL, R->fp8_scale_from_amax(S, S + 8, Z, 7, 0, OPS_FP8_E4M3_MAX, 1));
     LC("n=0", NULL, R->fp8_scale_from_amax(S, NULL, Z, 0, 1, OPS_FP8_E4M3_MAX, 0));
+    LC("40x24 bf16 rows", NULL, R->fp8_quantize(Q, NULL, S + 8, H, TETRA_BF16, Z, 40, 24, TETRA_FP8_E4M3));
+    LC("5x63 bf16 rows at +1", NULL, R->fp8_quantize(Q + 1, NULL, S + 8, H + 1, TETRA_BF16, Z, 5, 63, TETRA_FP8_E5M2));
+    LC("40x24 f32 transposed", NULL, R->fp8_quantize(NULL, Q, S + 8, X, TETRA_F32, Z, 40, 24, TETRA_FP8_E5M2));
+    LC("40x24 bf16 both", NULL, R->fp8_quantize(Q, Q + 1024, NULL, H, TETRA_BF16, Z, 40, 24, TETRA_FP8_E4M3));
+    LC("empty, scale only", NULL, R->fp8_quantize(NULL, NULL, S + 8, H, TETRA_BF16, Z, 0, 24, TETRA_FP8_E4M3));
     LC("n=3000", NULL, R->adamw_step(X, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f));
     LC("n=3000", NULL, R->adamw_step_bf16(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f));
     float h[4] = {1, 2, 3, 4};
@@ -2395,13 +2553,24 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
         if (b) {
             LC(s, NULL, R->embedding_forward_bf16(H, tok, H + 4096, 24, 32, 10, 30));
             LC(s, NULL, R->embedding_backward_bf16(W, H, tok, 24, 32, 10, 30));
-            LC(s, NULL, R->rmsnorm_forward_bf16(H, Z, H + 2048, H + 4096, 24, 32, 1e-5f));
+            LC(s, NULL, R->rmsnorm_forward_bf16(H, Z, NULL, H + 2048, H + 4096, 24, 32, 1e-5f));
+            LC("24x32 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 2048, H + 4096, 24, 32, 1e-5f));
+            LC("2100x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 2100, 8, 1e-5f));
+            LC("0x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 0, 8, 1e-5f));
             LC(s, NULL, R->rmsnorm_backward_input_bf16(H, H + 1024, H + 2048, H + 4096, Z, 24, 32));
             LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32));
             LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16));
-            LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, H + 1024, Y, tok, 0, 2, 12, 2, 16));
-            LC("n=777", NULL, R->swiglu_forward_bf16(H, H + 1024, H + 2048, 777));
-            LC("n=777", NULL, R->swiglu_backward_bf16(H, H + 1024, H + 2048, H, H + 1024, 777));
+            LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, NULL, H + 1024, Y, tok, 0, 2, 12, 2, 16));
+            LC("b2 s12 h2 d16 with amax", NULL,
+               R->rope_backward_bf16(H, Y + 200000, H + 1024, Y, tok, 0, 2, 12, 2, 16));
+            LC("b1 s2048 h4 d64 with amax", NULL, R->rope_backward_bf16(H, Y + 200000, H, Y, NULL, 0, 1, 2048, 4, 64));
+            LC("empty with amax", NULL, R->rope_backward_bf16(H, Y + 200000, H, Y, NULL, 0, 0, 12, 2, 16));
+            LC("n=777", NULL, R->swiglu_forward_bf16(H, NULL, H + 1024, H + 2048, 777));
+            LC("n=777", NULL, R->swiglu_backward_bf16(H, H + 1024, NULL, NULL, H + 2048, H, H + 1024, 777));
+            LC("n=777 with amax", NULL, R->swiglu_forward_bf16(H, Z, H + 1024, H + 2048, 777));
+            LC("n=300000 with amax", NULL, R->swiglu_forward_bf16(H, Z, H, H, 300000));
+            LC("n=777 with amax", NULL, R->swiglu_backward_bf16(H, H + 1024, Z, Z + 8, H + 2048, H, H + 1024, 777));
+            LC("n=0 with amax", NULL, R->swiglu_backward_bf16(H, H + 1024, NULL, Z + 8, H + 2048, H, H + 1024, 0));
         } else {
             LC(s, NULL, R->embedding_forward(X, tok, Y, 24, 32, 0, 50));
             LC(s, NULL, R->embedding_backward(W, X, tok, 24, 32, 0, 50));

@@ -663,13 +663,13 @@ static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, cons
     r->att = (uint16_t *)malloc((size_t)B * S * H * D * 2);
     r->rstd = zeros((size_t)n), r->dw = zeros((size_t)c), r->dwte = zeros((size_t)v * c), r->lse = zeros(B * H * S);
     memcpy(r->dx, dy, nx * 2);
-    cpu_rmsnorm_forward_bf16(r->out, r->rstd, x, w, n, c, 1e-5f);
+    cpu_rmsnorm_forward_bf16(r->out, r->rstd, NULL, x, w, n, c, 1e-5f);
     cpu_rmsnorm_backward_input_bf16(r->dx, dy, x, w, r->rstd, n, c);
     cpu_rmsnorm_backward_weight_bf16(r->dw, dy, x, r->rstd, n, c);
     cpu_embedding_backward_bf16(r->dwte, dy, tok, n, c, 0, v);
     cpu_rope_forward_bf16(r->rope, x, freqs, NULL, 0, n / 4, 4, c / 16, 16);
-    cpu_swiglu_forward_bf16(r->sw, x, dy, nx);
-    cpu_swiglu_backward_bf16(r->da, r->dg, r->out, x, dy, nx);
+    cpu_swiglu_forward_bf16(r->sw, NULL, x, dy, nx);
+    cpu_swiglu_backward_bf16(r->da, r->dg, NULL, NULL, r->out, x, dy, nx);
     cpu_attention_forward_bf16(r->att, r->lse, x, dy, x, &s, NULL);
 }
 

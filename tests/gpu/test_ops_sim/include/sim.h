@@ -33,6 +33,10 @@ struct dim3 {
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+// CUDA's 16-byte vector type (the vectorised loads of the element-wise kernels)
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
 
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
@@ -118,6 +122,14 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
 }
 
 void __syncthreads();
+// Blocks run one after another, so an atomic is a plain read-modify-write and every
+// write is visible to the next block.
+inline unsigned int atomicAdd(unsigned int *p, unsigned int v) {
+    const unsigned int o = *p;
+    *p = o + v;
+    return o;
+}
+inline void __threadfence() {}
 void __syncwarp(unsigned mask = 0xffffffffu);
 double *sim_shfl_slots();
 int sim_cur();
