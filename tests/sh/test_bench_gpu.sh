@@ -14,6 +14,7 @@ mkdir -p "$T/bin"
 cat >"$T/bin/tetra" <<'EOF'
 #!/usr/bin/env bash
 if [ "$1" = info ]; then echo 1; exit 0; fi
+if [ "$1" = data ]; then exit 0; fi # the 8B cases' corpus: not read by this stand-in
 echo "$*" >>"$(dirname "$0")/calls"
 dump= steps= freq=
 while [ $# -gt 0 ]; do
@@ -46,6 +47,17 @@ f=$(grep -c -- '--metrics.log_freq 10 ' "$T/bin/calls")
 [ "$n" = 2 ] && [ "$f" = 2 ] && ok "tetra ran twice with AC full and logging every 10th step" ||
   bad "tetra's calls: $n with AC full, $f logging every 10th step: $(cat "$T/bin/calls")"
 grep -q '^| case (AC full) |' "$T/table" && ok "the table names the AC both sides ran" || bad "header: $(head -1 "$T/table")"
+
+# the 8-block float8 case: 8 blocks, the converter, its own row
+rm -f "$T/bin/calls"
+TETRA_BIN="$T/bin" BENCH_OUT="$T/out8" PYTORCH=none CASES=8b8_float8_rowwise bash "$ROOT/bench/gpu" >"$T/table8" \
+  2>"$T/err8"
+rc=$?
+n=$(grep -c -- '--model.n_layers 8 .*--model.converters float8 --quantize.linear.float8.recipe_name rowwise' \
+  "$T/bin/calls" 2>/dev/null)
+[ $rc = 0 ] && [ "$n" = 2 ] && grep -q '^| 8b_8layers_float8_rowwise |' "$T/table8" &&
+  ok "8b8_float8_rowwise runs 8 blocks of 8B with rowwise float8, twice, as row 8b_8layers_float8_rowwise" ||
+  bad "8b8_float8_rowwise: exit $rc, $n matching runs: $(tail -3 "$T/err8") $(grep '^|' "$T/table8" | tail -1)"
 
 for bad_env in "AC=selective" "PYTORCH=fastest" "STEPS=15" "REPEATS=0"; do
   env "$bad_env" TETRA_BIN="$T/bin" BENCH_OUT="$T/out2" CASES=debug bash "$ROOT/bench/gpu" >/dev/null 2>"$T/e2"
