@@ -81,6 +81,10 @@ struct float8_model {
     int last_n;
     float *pre_scale, *pre_inv; /* [n] their scales and dequant factors (the float8 all-gather's) */
     uint16_t *pre_bf16;         /* [n] */
+    /* the float8 all-gather: FSDP's gather codec, and each model parameter's converted
+     * linear (-1: none) */
+    fsdp_gather_codec codec;
+    int *param_lin; /* [largest converted parameter + 1] */
 };
 
 int float8_parse_recipe(const char *s, float8_recipe *out) {
@@ -639,24 +643,46 @@ void float8_params_updated(float8_model *f, fsdp *fs) {
     }
 }
 
+/* The float8 all-gather's codec: a converted weight travels as its e4m3 codes with the
+ * precomputed scale (the compute copy widened exactly, then cast), and arrives
+ * dequantised into the compute dtype, which the linear's cast with the same scale takes
+ * back to the same codes. */
+static void codec_encode(const fsdp_gather_codec *c, int param, uint8_t *dst, const void *src, tetra_dtype src_type,
+                         size_t n, float *scratch) {
+    const struct float8_model *f = c->user;
+    const int k = f->param_lin[param];
+    if (src_type == TETRA_BF16) {
+        f->ops->cast_bf16_to_f32(scratch, src, n);
+        src = scratch;
+    }
+    f->ops->cast_f32_to_fp8(dst, src, f->pre_scale + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+}
+static void codec_decode(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src,
+                         size_t n, float *scratch) {
+    const struct float8_model *f = c->user;
+    const int k = f->param_lin[param];
+    if (dst_type == TETRA_BF16) {
+        f->ops->cast_fp8_to_f32(scratch, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+        f->ops->cast_f32_to_bf16(dst, scratch, n);
+    } else {
+        f->ops->cast_fp8_to_f32(dst, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+    }
+}
+
 int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen) {
     if (!f || !f->cfg.fsdp_fp8_all_gather || !fs || f->n == 0) return 0;
-    const float **sc = calloc((size_t)f->n, sizeof *sc), **inv = calloc((size_t)f->n, sizeof *inv);
-    if (!sc || !inv) {
-        free(sc);
-        free(inv);
+    int np = 0;
+    for (int k = 0; k < f->n; k++)
+        if (f->lin_param[k] + 1 > np) np = f->lin_param[k] + 1;
+    f->param_lin = malloc((size_t)np * sizeof *f->param_lin);
+    if (!f->param_lin) {
         snprintf(err, errlen, "float8: out of host memory");
         return -1;
     }
-    for (int k = 0; k < f->n && f->mem; k++) { /* a plan (no memory) passes no scales */
-        sc[k] = f->pre_scale + k;
-        inv[k] = f->pre_inv + k;
-    }
-    int rc = fsdp_enable_fp8_gather(fs, f->n, f->lin_param, (const float *const *)sc, (const float *const *)inv, err,
-                                    errlen);
-    free(sc);
-    free(inv);
-    return rc;
+    for (int i = 0; i < np; i++) f->param_lin[i] = -1;
+    for (int k = 0; k < f->n; k++) f->param_lin[f->lin_param[k]] = k;
+    f->codec = (fsdp_gather_codec){"float8", 1, codec_encode, codec_decode, f};
+    return fsdp_enable_coded_gather(fs, f->n, f->lin_param, &f->codec, err, errlen);
 }
 
 void float8_free(float8_model *f) {
@@ -664,5 +690,6 @@ void float8_free(float8_model *f) {
     if (f->mem) f->ops->release(f->mem);
     free(f->lin);
     free(f->lin_param);
+    free(f->param_lin);
     free(f);
 }

@@ -81,8 +81,9 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
 /* Linears converted; backend bytes of the float8 workspace and caches. */
 int float8_converted(const float8_model *f);
 size_t float8_workspace_bytes(const float8_model *f);
-/* With fsdp_fp8_all_gather: register the converted weights with fs (fsdp_enable_fp8_gather)
- * once FSDP wraps the model. 0, or -1 with err. */
+/* With fsdp_fp8_all_gather: FSDP gathers the converted weights through float8's gather
+ * codec (fsdp_enable_coded_gather: e4m3 codes with the precomputed scales), once FSDP
+ * wraps the model. 0, or -1 with err. */
 int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen);
 /* The parameters changed (initialised, loaded, or after the optimizer step): the cached
  * weight scales are stale; with precompute_scales they are recomputed here from fs's

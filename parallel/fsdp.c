@@ -34,7 +34,7 @@ double commi_now(void);
 #define N_PSLOTS 2
 #define N_GSLOTS 2
 #define N_RS 2
-#define N_F8 2 /* float8 all-gathers in flight at once (staging buffers) */
+#define N_CODED 2 /* coded all-gathers in flight at once (staging buffers) */
 
 typedef struct {
     size_t offset, numel; /* range in the flat index space */
@@ -54,19 +54,20 @@ typedef struct {
     int grad_fresh;       /* nothing reduced into the shard yet this step */
     int needs_params_bwd;
     comm_request *ar; /* replicate all-reduce in flight */
-    /* float8 all-gather (fsdp_enable_fp8_gather): the unit holds e4m3 parameters; each
-     * rank's block is blk bytes: the e4m3 codes of its shard, then (at align16(shard))
-     * hp_pad elements in the compute dtype for its other parameters */
-    int f8;
+    /* coded all-gather (fsdp_enable_coded_gather): the unit holds coded parameters; each
+     * rank's block is blk bytes: the codes of its shard (codec->bytes per element), then (at
+     * align16(shard * codec->bytes)) hp_pad elements in the compute dtype for its other
+     * parameters */
+    int coded;
     size_t blk, hp_pad;
-    int f8slot; /* the staging slot of its gather in flight, or -1 */
+    int cgslot; /* the staging slot of its gather in flight, or -1 */
 } unit_state;
 
 typedef struct {
     uint8_t *send; /* [max blk] this rank's block */
     uint8_t *recv; /* [S * max blk] every rank's */
     int unit;      /* -1 = free */
-} f8_slot;
+} coded_slot;
 
 typedef struct {
     void *buf; /* [max padded transient unit], compute dtype */
@@ -110,13 +111,13 @@ struct fsdp {
     rs_slot rs[N_RS];
     long clock, ticket;
     float *scalar; /* [1] backend memory for norms */
-    /* float8 all-gather */
-    const float **f8_scale, **f8_inv; /* [n_params] per parameter, NULL: not float8 */
-    int *f8_order;                    /* [n_params] parameter indices by unit, then offset */
-    f8_slot f8s[N_F8];
-    void *f8_mem;
-    float *f8_tmp;         /* [max shard] fp32 staging for bf16 pack and unpack */
-    float f8_plan_mark[1]; /* stands for the scales in a plan (never read) */
+    /* coded all-gather */
+    const fsdp_gather_codec *codec;
+    char *cg_param; /* [n_params] 1: travels coded */
+    int *cg_order;  /* [n_params] parameter indices by unit, then offset */
+    coded_slot cgs[N_CODED];
+    void *cg_mem;
+    float *cg_scratch; /* [max shard] backend memory the codec's calls may use */
     fsdp_memory mem;
     fsdp_stats st;
 };
@@ -182,7 +183,7 @@ static void layout_units(fsdp *f) {
         }
         x->pslot = -1;
         x->gslot = -1;
-        x->f8slot = -1;
+        x->cgslot = -1;
         x->needs_params_bwd = 1;
         x->resident = f->S > 1 && !reshards_after_forward(cfg, f->S, u);
         if (x->padded > f->max_padded) f->max_padded = x->padded;
@@ -415,7 +416,7 @@ fsdp *fsdp_create(const fsdp_config *cfg, char *err, size_t errlen) {
     for (int i = 0; i < N_PSLOTS; i++) f->ps[i].unit = -1;
     for (int i = 0; i < N_GSLOTS; i++) f->gs[i].unit = -1;
     for (int i = 0; i < N_RS; i++) f->rs[i].unit = -1;
-    for (int i = 0; i < N_F8; i++) f->f8s[i].unit = -1;
+    for (int i = 0; i < N_CODED; i++) f->cgs[i].unit = -1;
 
     layout_units(f);
     for (int i = 0; i < cfg->n_params; i++)
@@ -467,13 +468,12 @@ void fsdp_free(fsdp *f) {
         if (f->work_grad_mem) ops->release(f->work_grad_mem);
         if (f->rs_mem) ops->release(f->rs_mem);
         if (f->scalar) ops->release(f->scalar);
-        if (f->f8_mem) ops->release(f->f8_mem);
+        if (f->cg_mem) ops->release(f->cg_mem);
         if (f->host_master) ops->host_release(f->host_master);
         if (f->host_stage) ops->host_release(f->host_stage);
     }
-    free(f->f8_scale);
-    free(f->f8_inv);
-    free(f->f8_order);
+    free(f->cg_param);
+    free(f->cg_order);
     free(f->units);
     free(f->tensors);
     free(f);
@@ -500,9 +500,9 @@ static void unbind_params(fsdp *f, int u) {
     unit_state *x = &f->units[u];
     if (x->ag) timed_wait(f, x->ag); /* a gather in flight still writes the buffer */
     x->ag = NULL;
-    if (x->f8slot >= 0) { /* its codes are not needed: the unit is dropped */
-        f->f8s[x->f8slot].unit = -1;
-        x->f8slot = -1;
+    if (x->cgslot >= 0) { /* its codes are not needed: the unit is dropped */
+        f->cgs[x->cgslot].unit = -1;
+        x->cgslot = -1;
     }
     x->gathered = 0;
     f->cfg.unit_params[u] = NULL;
@@ -537,7 +537,7 @@ static int take_pslot(fsdp *f, int u, int evict) {
     return best;
 }
 
-/* ---- float8 all-gather: pack this rank's block, unpack every rank's ---- */
+/* ---- coded all-gather: pack this rank's block, unpack every rank's ---- */
 
 /* The part [lo, hi) of unit-relative range [o, o + n) that lies in rank r's shard. */
 static int piece_of(const unit_state *x, size_t o, size_t n, int r, size_t *lo, size_t *hi) {
@@ -547,80 +547,70 @@ static int piece_of(const unit_state *x, size_t o, size_t n, int r, size_t *lo, 
     return *hi > *lo;
 }
 
-static void f8_pack(fsdp *f, int u, uint8_t *send) {
-    const tetra_ops *ops = f->ops;
+static void coded_pack(fsdp *f, int u, uint8_t *send) {
     const unit_state *x = &f->units[u];
-    uint8_t *hp = send + align16(x->shard);
+    const size_t cb = (size_t)f->codec->bytes;
+    uint8_t *hp = send + align16(x->shard * cb);
     size_t cur = 0;
     for (int j = 0; j < f->cfg.n_params; j++) {
-        const int i = f->f8_order[j];
+        const int i = f->cg_order[j];
         const dt_param_decl *d = &f->cfg.params_decl[i];
         if (d->unit != u) continue;
         size_t lo, hi;
         if (!piece_of(x, d->offset - x->offset, d->numel, f->k, &lo, &hi)) continue;
         const size_t n = hi - lo, local = x->local_offset + (lo - (size_t)f->k * x->shard);
-        if (f->f8_scale[i]) {
-            /* quantise what the compute copy holds, as the linear does after a plain gather */
-            const float *src = f->master + local;
-            if (f->compute) {
-                ops->cast_bf16_to_f32(f->f8_tmp, f->compute + local, n);
-                src = f->f8_tmp;
-            }
-            ops->cast_f32_to_fp8(send + (lo - (size_t)f->k * x->shard), src, f->f8_scale[i], 0, 1, (int)n,
-                                 TETRA_FP8_E4M3);
+        /* what the compute copy holds, as a plain gather would send it */
+        const void *src = f->compute ? (const void *)(f->compute + local) : (const void *)(f->master + local);
+        if (f->cg_param[i]) {
+            f->codec->encode(f->codec, i, send + (lo - (size_t)f->k * x->shard) * cb, src,
+                             f->compute ? TETRA_BF16 : TETRA_F32, n, f->cg_scratch);
         } else {
-            const void *src = f->compute ? (const void *)(f->compute + local) : (const void *)(f->master + local);
-            ops->copy(hp + cur * f->esz, src, n * f->esz);
+            f->ops->copy(hp + cur * f->esz, src, n * f->esz);
             cur += n;
         }
     }
 }
 
-static void f8_unpack(fsdp *f, int u, const uint8_t *recv, void *buf) {
-    const tetra_ops *ops = f->ops;
+static void coded_unpack(fsdp *f, int u, const uint8_t *recv, void *buf) {
     const unit_state *x = &f->units[u];
+    const size_t cb = (size_t)f->codec->bytes;
     for (int r = 0; r < f->S; r++) {
-        const uint8_t *blk = recv + (size_t)r * x->blk, *hp = blk + align16(x->shard);
+        const uint8_t *blk = recv + (size_t)r * x->blk, *hp = blk + align16(x->shard * cb);
         size_t cur = 0;
         for (int j = 0; j < f->cfg.n_params; j++) {
-            const int i = f->f8_order[j];
+            const int i = f->cg_order[j];
             const dt_param_decl *d = &f->cfg.params_decl[i];
             if (d->unit != u) continue;
             size_t lo, hi;
             if (!piece_of(x, d->offset - x->offset, d->numel, r, &lo, &hi)) continue;
             const size_t n = hi - lo;
             char *dst = (char *)buf + lo * f->esz;
-            if (f->f8_scale[i]) {
-                const uint8_t *q = blk + (lo - (size_t)r * x->shard);
-                if (f->compute) {
-                    ops->cast_fp8_to_f32(f->f8_tmp, q, f->f8_inv[i], 0, 1, (int)n, TETRA_FP8_E4M3);
-                    ops->cast_f32_to_bf16((uint16_t *)dst, f->f8_tmp, n);
-                } else {
-                    ops->cast_fp8_to_f32((float *)dst, q, f->f8_inv[i], 0, 1, (int)n, TETRA_FP8_E4M3);
-                }
+            if (f->cg_param[i]) {
+                f->codec->decode(f->codec, i, dst, f->compute ? TETRA_BF16 : TETRA_F32,
+                                 blk + (lo - (size_t)r * x->shard) * cb, n, f->cg_scratch);
             } else {
-                ops->copy(dst, hp + cur * f->esz, n * f->esz);
+                f->ops->copy(dst, hp + cur * f->esz, n * f->esz);
                 cur += n;
             }
         }
     }
 }
 
-/* Unit u's float8 gather is done: its parameters into its buffer, its slot free. */
-static void f8_complete(fsdp *f, int u) {
+/* Unit u's coded gather is done: its parameters into its buffer, its slot free. */
+static void coded_complete(fsdp *f, int u) {
     unit_state *x = &f->units[u];
     timed_wait(f, x->ag);
     x->ag = NULL;
-    f8_unpack(f, u, f->f8s[x->f8slot].recv, unit_buf_params(f, u));
-    f->f8s[x->f8slot].unit = -1;
-    x->f8slot = -1;
+    coded_unpack(f, u, f->cgs[x->cgslot].recv, unit_buf_params(f, u));
+    f->cgs[x->cgslot].unit = -1;
+    x->cgslot = -1;
     x->gathered = 1;
     f->cfg.unit_params[u] = unit_buf_params(f, u);
 }
 
-static int f8_free_slot(const fsdp *f) {
-    for (int i = 0; i < N_F8; i++)
-        if (f->f8s[i].unit < 0) return i;
+static int coded_free_slot(const fsdp *f) {
+    for (int i = 0; i < N_CODED; i++)
+        if (f->cgs[i].unit < 0) return i;
     return -1;
 }
 
@@ -630,13 +620,13 @@ static int ag_start(fsdp *f, int u, int blocking) {
     if (u < 0 || u >= f->cfg.n_units || f->S == 1) return 1;
     unit_state *x = &f->units[u];
     if (x->gathered || x->ag) return 1;
-    int f8 = -1;
-    if (x->f8) { /* a staging slot first: without one a prefetch waits for a later call */
-        f8 = f8_free_slot(f);
-        if (f8 < 0 && !blocking) return 0;
-        if (f8 < 0) {
-            f8_complete(f, f->f8s[0].unit);
-            f8 = 0;
+    int cs = -1;
+    if (x->coded) { /* a staging slot first: without one a prefetch waits for a later call */
+        cs = coded_free_slot(f);
+        if (cs < 0 && !blocking) return 0;
+        if (cs < 0) {
+            coded_complete(f, f->cgs[0].unit);
+            cs = 0;
         }
     }
     if (!x->resident && x->pslot < 0 && take_pslot(f, u, blocking) < 0) {
@@ -647,12 +637,12 @@ static int ag_start(fsdp *f, int u, int blocking) {
                 u);
         abort();
     }
-    if (f8 >= 0) {
-        f8_slot *sl = &f->f8s[f8];
-        f8_pack(f, u, sl->send);
+    if (cs >= 0) {
+        coded_slot *sl = &f->cgs[cs];
+        coded_pack(f, u, sl->send);
         comm_all_gather(f->cfg.shard, sl->recv, sl->send, x->blk, COMM_U8, &x->ag);
         sl->unit = u;
-        x->f8slot = f8;
+        x->cgslot = cs;
         f->st.all_gathers++;
         return 1;
     }
@@ -670,8 +660,8 @@ static void unshard(fsdp *f, int u) {
         return;
     }
     ag_start(f, u, 1);
-    if (x->f8slot >= 0) {
-        f8_complete(f, u);
+    if (x->cgslot >= 0) {
+        coded_complete(f, u);
         return;
     }
     timed_wait(f, x->ag);
@@ -1032,38 +1022,41 @@ int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user) {
     return rc;
 }
 
-int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale, const float *const *inv_scale,
-                           char *err, size_t errlen) {
+int fsdp_enable_coded_gather(fsdp *f, int n, const int *params, const fsdp_gather_codec *codec, char *err,
+                             size_t errlen) {
     if (f->S == 1 || n <= 0) return 0;
-    if (f->f8_scale) {
-        snprintf(err, errlen, "fsdp: the float8 all-gather is already enabled");
+    if (f->codec) {
+        snprintf(err, errlen, "fsdp: a coded all-gather (%s) is already enabled", f->codec->name);
+        return -1;
+    }
+    if (!codec || codec->bytes < 1 || !codec->encode || !codec->decode) {
+        snprintf(err, errlen, "fsdp: coded all-gather: an incomplete codec");
         return -1;
     }
     const int np = f->cfg.n_params;
-    f->f8_scale = calloc((size_t)np, sizeof *f->f8_scale);
-    f->f8_inv = calloc((size_t)np, sizeof *f->f8_inv);
-    f->f8_order = calloc((size_t)np, sizeof *f->f8_order);
-    if (!f->f8_scale || !f->f8_inv || !f->f8_order) {
+    f->cg_param = calloc((size_t)np, sizeof *f->cg_param);
+    f->cg_order = calloc((size_t)np, sizeof *f->cg_order);
+    if (!f->cg_param || !f->cg_order) {
         snprintf(err, errlen, "fsdp: out of host memory");
         return -1;
     }
     for (int j = 0; j < n; j++) {
-        if (params[j] < 0 || params[j] >= np || (!f->cfg.plan_only && (!scale[j] || !inv_scale[j]))) {
-            snprintf(err, errlen, "fsdp: float8 all-gather: parameter %d or its scales invalid", params[j]);
+        if (params[j] < 0 || params[j] >= np) {
+            snprintf(err, errlen, "fsdp: %s all-gather: parameter %d invalid", codec->name, params[j]);
             return -1;
         }
-        f->f8_scale[params[j]] = scale[j] ? scale[j] : f->f8_plan_mark; /* a plan has no scales yet */
-        f->f8_inv[params[j]] = inv_scale[j];
+        f->cg_param[params[j]] = 1;
     }
+    f->codec = codec;
     /* pack and unpack walk a unit's parameters in the order of their offsets */
-    for (int i = 0; i < np; i++) f->f8_order[i] = i;
+    for (int i = 0; i < np; i++) f->cg_order[i] = i;
     for (int i = 1; i < np; i++)
         for (int j = i; j > 0; j--) {
-            const dt_param_decl *a = &f->cfg.params_decl[f->f8_order[j - 1]], *b = &f->cfg.params_decl[f->f8_order[j]];
+            const dt_param_decl *a = &f->cfg.params_decl[f->cg_order[j - 1]], *b = &f->cfg.params_decl[f->cg_order[j]];
             if (a->unit < b->unit || (a->unit == b->unit && a->offset <= b->offset)) break;
-            const int t = f->f8_order[j - 1];
-            f->f8_order[j - 1] = f->f8_order[j];
-            f->f8_order[j] = t;
+            const int t = f->cg_order[j - 1];
+            f->cg_order[j - 1] = f->cg_order[j];
+            f->cg_order[j] = t;
         }
     size_t max_blk = 0;
     for (int u = 0; u < f->cfg.n_units; u++) {
@@ -1076,34 +1069,35 @@ int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const
                 const dt_param_decl *d = &f->cfg.params_decl[i];
                 size_t lo, hi;
                 if (d->unit != u) continue;
-                any |= f->f8_scale[i] != NULL;
-                if (!f->f8_scale[i] && piece_of(x, d->offset - x->offset, d->numel, r, &lo, &hi)) hp += hi - lo;
+                any |= f->cg_param[i];
+                if (!f->cg_param[i] && piece_of(x, d->offset - x->offset, d->numel, r, &lo, &hi)) hp += hi - lo;
             }
             if (hp > hp_pad) hp_pad = hp;
         }
         if (!any) continue;
-        x->f8 = 1;
+        x->coded = 1;
         x->hp_pad = hp_pad;
-        x->blk = align16(align16(x->shard) + hp_pad * f->esz);
+        x->blk = align16(align16(x->shard * (size_t)codec->bytes) + hp_pad * f->esz);
         if (x->blk > max_blk) max_blk = x->blk;
     }
     if (!max_blk) return 0;
-    const size_t bytes = N_F8 * ((size_t)(f->S + 1) * max_blk) + align64b(f->max_shard * sizeof(float));
+    const size_t bytes = N_CODED * ((size_t)(f->S + 1) * max_blk) + align64b(f->max_shard * sizeof(float));
     f->mem.work_param_bytes += bytes;
     if (f->cfg.plan_only) return 0;
-    f->f8_mem = f->ops->alloc(bytes);
-    if (!f->f8_mem) {
-        snprintf(err, errlen, "fsdp: cannot allocate %.1f MiB for the float8 all-gather", (double)bytes / 1048576.0);
+    f->cg_mem = f->ops->alloc(bytes);
+    if (!f->cg_mem) {
+        snprintf(err, errlen, "fsdp: cannot allocate %.1f MiB for the %s all-gather", (double)bytes / 1048576.0,
+                 codec->name);
         return -1;
     }
-    uint8_t *p = f->f8_mem;
-    f->f8_tmp = (float *)p;
+    uint8_t *p = f->cg_mem;
+    f->cg_scratch = (float *)p;
     p += align64b(f->max_shard * sizeof(float));
-    for (int i = 0; i < N_F8; i++) {
-        f->f8s[i].unit = -1;
-        f->f8s[i].send = p;
+    for (int i = 0; i < N_CODED; i++) {
+        f->cgs[i].unit = -1;
+        f->cgs[i].send = p;
         p += max_blk;
-        f->f8s[i].recv = p;
+        f->cgs[i].recv = p;
         p += (size_t)f->S * max_blk;
     }
     return 0;
@@ -1114,7 +1108,7 @@ fsdp_traffic fsdp_step_traffic(const fsdp *f, int microbatches) {
     for (int u = 0; u < f->cfg.n_units; u++) {
         const unit_state *x = &f->units[u];
         if (f->S > 1) {
-            const double ag = (double)(f->S - 1) * (x->f8 ? (double)x->blk : (double)x->shard * (double)f->esz);
+            const double ag = (double)(f->S - 1) * (x->coded ? (double)x->blk : (double)x->shard * (double)f->esz);
             const int gathers = 1 + (x->needs_params_bwd && reshards_after_forward(&f->cfg, f->S, u));
             t.all_gather += (double)microbatches * gathers * ag;
             const int rs = f->cfg.reduce_at_last_microbatch ? 1 : microbatches;

@@ -217,16 +217,29 @@ void fsdp_reshard_all(fsdp *f);
 typedef struct {
     double all_gather, reduce_scatter, all_reduce;
 } fsdp_traffic;
-/* Float8 all-gather (torchao's for FSDP2): the n parameters named here travel as e4m3
- * codes q = rne(clamp(w * scale)) of the compute copy, scale[j] / inv_scale[j] being one
- * float each in backend memory that the caller keeps current (recomputed after every
- * optimizer step, before the next gather). A unit holding any of them gathers one byte
- * block per rank: the codes of its shard and, packed after them, its other elements in
- * the compute dtype; the gathered buffer then holds q * inv_scale in the compute dtype,
- * which quantises back to q with the same scale. Call once, before the first gather; a
- * no-op without sharding. 0, or -1 with err. */
-int fsdp_enable_fp8_gather(fsdp *f, int n, const int *params, const float *const *scale, const float *const *inv_scale,
-                           char *err, size_t errlen);
+/* A gather codec: the parameters it is enabled for travel in the all-gather as `bytes`
+ * bytes per element instead of the compute dtype. encode writes the codes of n elements of
+ * parameter param (src: this rank's compute copy, bf16, or its fp32 master, as src_type
+ * says); decode writes n elements of the gathered buffer (dst_type: the compute dtype)
+ * from their codes. scratch: n floats of backend memory lent for the call. Float8's
+ * (torchao's float8 all-gather for FSDP2) is one: float8/float8.c. */
+typedef struct fsdp_gather_codec fsdp_gather_codec;
+struct fsdp_gather_codec {
+    const char *name;
+    int bytes;
+    void (*encode)(const fsdp_gather_codec *c, int param, uint8_t *dst, const void *src, tetra_dtype src_type, size_t n,
+                   float *scratch);
+    void (*decode)(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src, size_t n,
+                   float *scratch);
+    void *user; /* the codec's own state */
+};
+/* Coded all-gather: the n parameters named here travel coded. A unit holding any of them
+ * gathers one byte block per rank: the codes of its shard and, packed after them, its
+ * other elements in the compute dtype; the gathered buffer then holds what decode makes of
+ * the codes. The codec must outlive f. Call once, before the first gather; a no-op without
+ * sharding. 0, or -1 with err. */
+int fsdp_enable_coded_gather(fsdp *f, int n, const int *params, const fsdp_gather_codec *codec, char *err,
+                             size_t errlen);
 fsdp_traffic fsdp_step_traffic(const fsdp *f, int microbatches);
 
 fsdp_memory fsdp_memory_report(const fsdp *f);
