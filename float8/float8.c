@@ -302,6 +302,7 @@ static float *f8_amax_slot(const model_linear_env *e, const model_linear *l, mod
     if (s->f->cfg.recipe != FLOAT8_TENSORWISE || e->tp) return NULL;
     s->pend[which] = t;
     s->pend_n[which] = rows;
+    if (which == MODEL_OPERAND_DY) s->dy_key = NULL; /* the slot is about to hold another dy's amax */
     return which == MODEL_OPERAND_X ? s->x_amax : s->dy_amax;
 }
 

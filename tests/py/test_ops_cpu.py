@@ -127,13 +127,13 @@ cpu_attention_merge = sig("cpu_attention_merge", P, P, P, P, c_int, c_int, c_int
 cpu_attention_set_backward_mode = sig("cpu_attention_set_backward_mode", c_int)
 cpu_embedding_forward_bf16 = sig("cpu_embedding_forward_bf16", P, P, P, c_int, c_int, c_int, c_int)
 cpu_embedding_backward_bf16 = sig("cpu_embedding_backward_bf16", P, P, P, c_int, c_int, c_int, c_int)
-cpu_rmsnorm_forward_bf16 = sig("cpu_rmsnorm_forward_bf16", P, P, P, P, c_int, c_int, c_float)
+cpu_rmsnorm_forward_bf16 = sig("cpu_rmsnorm_forward_bf16", P, P, P, P, P, c_int, c_int, c_float)
 cpu_rmsnorm_backward_input_bf16 = sig("cpu_rmsnorm_backward_input_bf16", P, P, P, P, P, c_int, c_int)
 cpu_rmsnorm_backward_weight_bf16 = sig("cpu_rmsnorm_backward_weight_bf16", P, P, P, P, c_int, c_int)
 cpu_rope_forward_bf16 = sig("cpu_rope_forward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
-cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
-cpu_swiglu_forward_bf16 = sig("cpu_swiglu_forward_bf16", P, P, P, c_size)
-cpu_swiglu_backward_bf16 = sig("cpu_swiglu_backward_bf16", P, P, P, P, P, c_size)
+cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, P, c_int, c_int, c_int, c_int, c_int)
+cpu_swiglu_forward_bf16 = sig("cpu_swiglu_forward_bf16", P, P, P, P, c_size)
+cpu_swiglu_backward_bf16 = sig("cpu_swiglu_backward_bf16", P, P, P, P, P, P, P, c_size)
 cpu_attention_workspace_size_bf16 = sig("cpu_attention_workspace_size_bf16", ctypes.POINTER(AttnShape), ret=c_size)
 cpu_attention_forward_bf16 = sig("cpu_attention_forward_bf16", P, P, P, P, P, ctypes.POINTER(AttnShape), P)
 cpu_attention_backward_bf16 = sig("cpu_attention_backward_bf16", P, P, P, P, P, P, P, P, P,
@@ -980,7 +980,9 @@ def test_bf16_rmsnorm():
         x = bf(N, C, scale=3.0)
         w = (f32(C) * 0.2 + 1).bfloat16()
         out, rstd = bf_empty(N, C), torch.empty(N)
-        cpu_rmsnorm_forward_bf16(ptr(out), ptr(rstd), ptr(x), ptr(w), N, C, eps)
+        am = torch.empty(1)  # the amax the op writes as it writes out: max |out|, exactly
+        cpu_rmsnorm_forward_bf16(ptr(out), ptr(rstd), ptr(am), ptr(x), ptr(w), N, C, eps)
+        record(f"bf16 rmsnorm fwd amax {N}x{C}", "abs diff vs max|out|", float((am[0] - out.float().abs().max()).abs()), 0)
         xf = x.float().requires_grad_()
         wf = w.float().requires_grad_()
         yf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * wf  # torch in fp32
@@ -1033,7 +1035,9 @@ def test_bf16_rope():
         check_twin(f"bf16 rope fwd {tag}", out, round_bf16(t32))
         dout = bf(B, S, NH, D)
         dx = dout.clone()  # in place
-        cpu_rope_backward_bf16(ptr(dx), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D)
+        am = torch.empty(1)
+        cpu_rope_backward_bf16(ptr(dx), ptr(am), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D)
+        record(f"bf16 rope bwd amax {tag}", "abs diff vs max|dx|", float((am[0] - dx.float().abs().max()).abs()), 0)
         refb = torch.view_as_real(torch.view_as_complex(dout.float().reshape(B, S, NH, D // 2, 2)) * f.conj())
         check_bf(f"bf16 rope bwd in-place {tag}", dx, refb.reshape(B, S, NH, D))
         dout32 = dout.float()
@@ -1046,7 +1050,9 @@ def test_bf16_swiglu():
     a, g = bf(n, scale=4.0), bf(n)
     a[:4] = torch.tensor([-100.0, 100.0, 0.0, -88.5])
     out = bf_empty(n)
-    cpu_swiglu_forward_bf16(ptr(out), ptr(a), ptr(g), n)
+    am = torch.empty(2)
+    cpu_swiglu_forward_bf16(ptr(out), ptr(am), ptr(a), ptr(g), n)
+    record("bf16 swiglu fwd amax", "abs diff vs max|out|", float((am[0] - out.float().abs().max()).abs()), 0)
     af, gf = a.float().requires_grad_(), g.float().requires_grad_()
     yf = F.silu(af) * gf
     check_bf("bf16 swiglu fwd", out, yf.detach())
@@ -1056,7 +1062,9 @@ def test_bf16_swiglu():
     dout = bf(n)
     yf.backward(dout.float())
     da, dg = bf_empty(n), bf_empty(n)
-    cpu_swiglu_backward_bf16(ptr(da), ptr(dg), ptr(dout), ptr(a), ptr(g), n)
+    cpu_swiglu_backward_bf16(ptr(da), ptr(dg), ptr(am), ptr(am[1:]), ptr(dout), ptr(a), ptr(g), n)
+    record("bf16 swiglu bwd amax", "abs diff vs max|da|, max|dg|",
+           float((am[0] - da.float().abs().max()).abs() + (am[1] - dg.float().abs().max()).abs()), 0)
     check_bf("bf16 swiglu bwd da", da, af.grad)
     check_bf("bf16 swiglu bwd dg", dg, gf.grad)
     ta, tg, dout32 = torch.empty(n), torch.empty(n), dout.float()
@@ -1064,7 +1072,7 @@ def test_bf16_swiglu():
     check_twin("bf16 swiglu bwd da", da, round_bf16(ta))
     check_twin("bf16 swiglu bwd dg", dg, round_bf16(tg))
     a2, g2 = a.clone(), g.clone()
-    cpu_swiglu_backward_bf16(ptr(a2), ptr(g2), ptr(dout), ptr(a2), ptr(g2), n)
+    cpu_swiglu_backward_bf16(ptr(a2), ptr(g2), None, None, ptr(dout), ptr(a2), ptr(g2), n)
     bits = lambda t: t.view(torch.int16)  # noqa: E731
     record("bf16 swiglu bwd in-place", "differs from out-of-place",
            float((bits(a2) != bits(da)).sum() + (bits(g2) != bits(dg)).sum()), 0)
