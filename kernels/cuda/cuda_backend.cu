@@ -504,19 +504,23 @@ extern "C" void cuda_amax_rows(float *out, const float *x, int rows, int cols) {
 #define TRANSPOSE_ROWS 8
 
 // The element a tile holds: x itself (transpose), or x quantised with its column's scale
-// (cast_transpose_to_fp8, below).
+// (cast_transpose_to_fp8, below) or with one scale from a device amax (fp8_quantize). Each
+// thread calls begin() on its copy of the op once, before the first element.
 struct tile_same {
+    __device__ void begin() {}
     __device__ float operator()(float v, int) const { return v; }
 };
 
+// out = op(x)^T; out_rows (NULL: none) = op(x) as well, row-major
 template <typename TO, typename TI, typename OP>
 __global__ void __launch_bounds__(TRANSPOSE_TILE *TRANSPOSE_ROWS)
-    transpose_tiles_kernel(TO *out, const TI *x, int rows, int cols, OP op) {
+    transpose_tiles_kernel(TO *out, TO *out_rows, const TI *x, int rows, int cols, OP op) {
     // one padding column: the column-wise reads of the second phase fall in 32 banks
     __shared__ TO tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
     const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    op.begin();
     // the tile loops depend on the block only, so every thread reaches each barrier
     for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
         for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
@@ -524,7 +528,12 @@ __global__ void __launch_bounds__(TRANSPOSE_TILE *TRANSPOSE_ROWS)
 #pragma unroll
             for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
                 int r = r0 + ty + i, c = c0 + tx;
-                if (r < rows && c < cols) tile[ty + i][tx] = (TO)op(load_f32(x, (size_t)r * (size_t)cols + c), c);
+                if (r < rows && c < cols) {
+                    const size_t at = (size_t)r * (size_t)cols + c;
+                    const TO v = (TO)op(load_f32(x, at), c);
+                    tile[ty + i][tx] = v;
+                    if (out_rows) out_rows[at] = v;
+                }
             }
             __syncthreads();
 #pragma unroll
@@ -547,7 +556,7 @@ extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
     transpose_tiles_kernel<float, float, tile_same>
-        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, x, rows, cols, tile_same());
+        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, (float *)NULL, x, rows, cols, tile_same());
     CUDA_CHECK_LAUNCH();
 }
 
@@ -678,6 +687,7 @@ __global__ void bf16_to_fp8_kernel(uint8_t *out, const uint16_t *x, const float 
 // the transpose, each element quantised as it enters shared memory
 template <int FMT> struct tile_quant {
     const float *scale;
+    __device__ void begin() {}
     __device__ uint8_t operator()(float v, int c) const { return (uint8_t)quant_fp8<FMT>(v, scale[c]); }
 };
 
@@ -737,10 +747,10 @@ static void cast_transpose_launch(uint8_t *out, const void *x, tetra_dtype xt, c
     const tile_quant<FMT> q = {scale};
     if (xt == TETRA_BF16)
         transpose_tiles_kernel<uint8_t, uint16_t, tile_quant<FMT>>
-            <<<grid, block, 0, cuda_stream()>>>(out, (const uint16_t *)x, rows, cols, q);
+            <<<grid, block, 0, cuda_stream()>>>(out, (uint8_t *)NULL, (const uint16_t *)x, rows, cols, q);
     else
         transpose_tiles_kernel<uint8_t, float, tile_quant<FMT>>
-            <<<grid, block, 0, cuda_stream()>>>(out, (const float *)x, rows, cols, q);
+            <<<grid, block, 0, cuda_stream()>>>(out, (uint8_t *)NULL, (const float *)x, rows, cols, q);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -827,41 +837,17 @@ __global__ void quantize_rows_kernel(uint8_t *out, float *inv_scale, const T *x,
     for (size_t i = done + t; i < n; i += stride) out[i] = (uint8_t)quant_fp8<FMT>(load_f32(x, i), s);
 }
 
-// Through the tiles of the transpose: x is read once, row-major, each element quantised as
-// it enters shared memory (and stored row-major too when out is given), then the tile
-// leaves transposed.
-template <int FMT, typename T>
-__global__ void __launch_bounds__(TRANSPOSE_TILE *TRANSPOSE_ROWS)
-    quantize_tiles_kernel(uint8_t *out, uint8_t *out_t, float *inv_scale, const T *x, const float *amax, int rows,
-                          int cols) {
-    __shared__ uint8_t tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
-    const float s = quantize_scale(amax, FMT == TETRA_FP8_E5M2 ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX, inv_scale);
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-    const int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
-            const int r0 = tr * TRANSPOSE_TILE, c0 = tc * TRANSPOSE_TILE;
-#pragma unroll
-            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-                const int r = r0 + ty + i, c = c0 + tx;
-                if (r < rows && c < cols) {
-                    const size_t at = (size_t)r * (size_t)cols + c;
-                    const uint8_t q = (uint8_t)quant_fp8<FMT>(load_f32(x, at), s);
-                    tile[ty + i][tx] = q;
-                    if (out) out[at] = q;
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (int i = 0; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-                const int c = c0 + ty + i, r = r0 + tx;
-                if (r < rows && c < cols) out_t[(size_t)c * (size_t)rows + r] = tile[tx][ty + i];
-            }
-            __syncthreads();
-        }
+// Through the tiles of the transpose (transpose_tiles_kernel): x read once, each element
+// quantised as it enters shared memory with the one scale each thread derives at begin()
+template <int FMT> struct tile_quant_amax {
+    const float *amax;
+    float *inv_scale;
+    float s;
+    __device__ void begin() {
+        s = quantize_scale(amax, FMT == TETRA_FP8_E5M2 ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX, inv_scale);
     }
-}
+    __device__ uint8_t operator()(float v, int) const { return (uint8_t)quant_fp8<FMT>(v, s); }
+};
 
 template <int FMT, typename T>
 static void quantize_launch(uint8_t *out, uint8_t *out_t, float *inv_scale, const T *x, const float *amax, int rows,
@@ -869,8 +855,9 @@ static void quantize_launch(uint8_t *out, uint8_t *out_t, float *inv_scale, cons
     const size_t n = (size_t)rows * (size_t)cols;
     if (out_t) {
         dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
-        quantize_tiles_kernel<FMT, T>
-            <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, out_t, inv_scale, x, amax, rows, cols);
+        const tile_quant_amax<FMT> q = {amax, inv_scale, 0.0f};
+        transpose_tiles_kernel<uint8_t, T, tile_quant_amax<FMT>>
+            <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out_t, out, x, rows, cols, q);
     } else {
         const int vec = sizeof(T) == 2 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)out & 7) == 0;
         quantize_rows_kernel<FMT, T>
