@@ -2,7 +2,8 @@
 # Memory under FSDP: a unit's full parameters and gradients exist only while it
 # computes, so what a rank holds shrinks with the shard degree.
 #   1. A model whose parameters dominate (small flavor, 64 blocks: 0.2 B parameters,
-#      fp32, seq 64, batch 1 per rank, the debug config's activation checkpointing):
+#      fp32, seq 64, batch 1 per rank, the debug config's activation checkpointing, one
+#      step: every buffer is taken at start-up, so the first step reaches the peak):
 #      peak resident memory per rank at fsdp 4 <= 0.35 x the 1-rank peak, at fsdp 2
 #      <= 0.6 x; each rank's start-up plan (persistent + working + activations) is
 #      within 10% of its measured peak; the working parameters are two slots plus the
@@ -18,7 +19,7 @@ export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
 
 MODEL=(train --job.config_file "$ROOT/configs/debug_model.toml" --model.flavor small --model.n_layers 64
-       --training.seq_len 64 --training.local_batch_size 1 --training.steps 3 --training.device cpu
+       --training.seq_len 64 --training.local_batch_size 1 --training.steps 1 --training.device cpu
        --metrics.disable_color_printing --comm.init_timeout_seconds 120)
 for np in 1 2 4; do
   s=$SECONDS

@@ -2,7 +2,10 @@
 // fake cuBLASLt (include/cublasLt.h).
 //
 // Threads of a block are coroutines: created with makecontext, entered the first time
-// with setcontext, then switched with _setjmp/_longjmp (no signal-mask system calls).
+// with setcontext, then switched with _setjmp/_longjmp (no signal-mask system calls). A
+// coroutine outlives its block: when the kernel body returns it parks at the top of its
+// loop, and the next block (of any launch) that needs a thread of that index resumes it
+// there, so a context is made once per thread index, not once per thread of every block.
 // The scheduler resumes every runnable thread in turn; a thread runs until it waits at a
 // barrier (block or warp) or returns. A barrier opens when every thread of its scope
 // that has not returned has arrived. SIM_REVERSE=1 resumes threads in the opposite order,
@@ -76,22 +79,20 @@ double slots[1024];
 std::vector<char> dyn;
 const size_t STACK = 256 * 1024;
 
-int live() {
-    int n = 0;
-    for (int i = 0; i < nthr; i++) n += T[i].state != 3;
-    return n;
-}
+// Threads not yet returned, in the block and per warp: kept as counts, because a barrier
+// is checked at every arrival and a scan of the block there costs O(threads^2) a barrier.
+int block_live;
+std::vector<int> warp_live;
 void check_block() {
-    if (block_arrived > 0 && block_arrived >= live()) {
+    if (block_arrived > 0 && block_arrived >= block_live) {
         for (int i = 0; i < nthr; i++)
             if (T[i].state == 1) T[i].state = 0;
         block_arrived = 0;
     }
 }
 void check_warp(int w) {
-    int lo = w * 32, hi = std::min(nthr, lo + 32), l = 0;
-    for (int i = lo; i < hi; i++) l += T[i].state != 3;
-    if (warp_arrived[w] > 0 && warp_arrived[w] >= l) {
+    int lo = w * 32, hi = std::min(nthr, lo + 32);
+    if (warp_arrived[w] > 0 && warp_arrived[w] >= warp_live[w]) {
         for (int i = lo; i < hi; i++)
             if (T[i].state == 2) T[i].state = 0;
         warp_arrived[w] = 0;
@@ -101,11 +102,15 @@ void yield() {
     if (!_setjmp(T[cur].jb)) _longjmp(sched_jb, 1);
 }
 void tramp() {
-    (*body)();
-    T[cur].state = 3;
-    check_block();
-    check_warp(cur / 32);
-    _longjmp(sched_jb, 2); // never returns into makecontext's frame
+    for (;;) { // never returns into makecontext's frame
+        (*body)();
+        T[cur].state = 3;
+        block_live--;
+        warp_live[cur / 32]--;
+        check_block();
+        check_warp(cur / 32);
+        if (!_setjmp(T[cur].jb)) _longjmp(sched_jb, 2);
+    }
 }
 } // namespace
 
@@ -141,8 +146,12 @@ void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
         fprintf(stderr, "simulator: %zu bytes of shared memory\n", smem);
         abort();
     }
-    T.assign(nthr, SimT());
-    while ((int)stacks.size() < nthr) stacks.push_back((char *)malloc(STACK));
+    T.reserve(1024); // never moved: a made context points into itself (its saved FP state)
+    while ((int)T.size() < nthr) {
+        T.emplace_back();
+        T.back().started = 0;
+        stacks.push_back((char *)malloc(STACK));
+    }
     warp_arrived.assign((nthr + 31) / 32, 0);
     body = &f;
     static const int rev = getenv("SIM_REVERSE") != NULL;
@@ -153,14 +162,18 @@ void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
                 dyn.assign(smem + 16, (char)0xff);
                 block_arrived = 0;
                 std::fill(warp_arrived.begin(), warp_arrived.end(), 0);
+                block_live = nthr;
+                warp_live.assign((nthr + 31) / 32, 0);
+                for (int t = 0; t < nthr; t++) warp_live[t / 32]++;
                 for (int t = 0; t < nthr; t++) {
-                    getcontext(&T[t].uc);
-                    T[t].uc.uc_stack.ss_sp = stacks[t];
-                    T[t].uc.uc_stack.ss_size = STACK;
-                    T[t].uc.uc_link = NULL;
-                    makecontext(&T[t].uc, tramp, 0);
+                    if (!T[t].started) {
+                        getcontext(&T[t].uc);
+                        T[t].uc.uc_stack.ss_sp = stacks[t];
+                        T[t].uc.uc_stack.ss_size = STACK;
+                        T[t].uc.uc_link = NULL;
+                        makecontext(&T[t].uc, tramp, 0);
+                    }
                     T[t].state = 0;
-                    T[t].started = 0;
                 }
                 for (;;) {
                     bool progress = false, all_done = true;
