@@ -405,7 +405,7 @@ static void bench_optimizer(const dims *dm) {
     uint16_t *p16 = dalloc(n * 2);
     O->fill(vv, 1e-4f, n);
     snprintf(lab, sizeof lab, "adamw_step_bf16 (%.1fM parameters)", (double)n / 1e6);
-    TIME(lab, O->adamw_step_bf16(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f), n * 30, 0);
+    TIME(lab, O->adamw_step_bf16(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f, NULL), n * 30, 0);
     TIME("fill fp32 (zero the gradients)", O->fill(g, 0.0f, n), n * 4, 0);
     TIME("sum_squares fp32 (grad norm)", O->sum_squares(out, p, n), n * 4, 0);
 }

@@ -104,6 +104,11 @@ if(TETRA_CUDA_SIM)
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_sim_offload PROPERTIES
     ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+  # host waits per step: 0 on one rank when a step neither logs nor saves (tests/gpu/sim_host_waits.sh)
+  add_test(NAME gpu/test_sim_host_waits COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_host_waits.sh
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(gpu/test_sim_host_waits PROPERTIES
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
   # the longest of the suite start first (tests/CMakeLists.txt says why)
   set_tests_properties(gpu/test_sim_layouts PROPERTIES COST 200)
   set_tests_properties(gpu/test_sim_offload gpu/test_ops_cuda_sim PROPERTIES COST 100)

@@ -437,7 +437,7 @@ static void cb_forward(void *user, int stage, int mb) {
     model_acts *a = acts_take(s, mb);
     int64_t nv = 0;
     trace_begin(t->tr, "action", "F stage %d microbatch %d", stage, mb);
-    /* the head's loss stays on the device until the step reads them all (read_step_scalars) */
+    /* the head's loss stays on the device until the step reads them all (train_step_read) */
     float *loss_dev = s->model.has_output && t->n_loss < t->loss_cap ? t->loss_dev + t->n_loss++ : NULL;
     t->step_loss_sum += stage_forward(s, a, t->batch.in + mb_offset(t, mb), t->batch.lab + mb_offset(t, mb),
                                       mb_docs(t, mb), t->dloss_scale, &nv, loss_dev);
@@ -664,13 +664,14 @@ static void report_nonfinite(trainer *t) {
     }
 }
 
-/* What one AdamW step of the job is given, whatever memory it runs on. */
+/* What one AdamW step of the job is given, whatever memory it runs on. With `dev` the
+ * step count, clip coefficient and skip come from the optimizer's state instead (backend
+ * memory of the table that runs the update). */
 typedef struct {
     const tetra_config_values *c;
     int mixed; /* also write the bf16 compute copy */
     double lr;
-    int step; /* bias correction */
-    float clip;
+    const ops_optim_state *dev;
 } adamw_args;
 
 static void adamw(const tetra_ops *ops, const adamw_args *a, float *master, uint16_t *compute, float *m, float *v,
@@ -678,10 +679,10 @@ static void adamw(const tetra_ops *ops, const adamw_args *a, float *master, uint
     const tetra_config_values *c = a->c;
     if (a->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
         ops->adamw_step_bf16(master, compute, m, v, grad, n, a->lr, c->optimizer.beta1, c->optimizer.beta2,
-                             c->optimizer.eps, c->optimizer.weight_decay, a->step, a->clip);
+                             c->optimizer.eps, c->optimizer.weight_decay, 0, 1.0f, a->dev);
     else
         ops->adamw_step(master, m, v, grad, n, a->lr, c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
-                        c->optimizer.weight_decay, a->step, a->clip);
+                        c->optimizer.weight_decay, 0, 1.0f, a->dev);
 }
 
 /* CPU offload: AdamW on the host over one unit's range of the shard (parallel/fsdp.h),
@@ -699,21 +700,64 @@ static void host_adamw(void *user, size_t off, size_t n, const float *grad, void
     if (!oc->a->mixed) memcpy(params_out, master, n * sizeof(float));
 }
 
-/* The step's one host wait: the loss sums each microbatch's head left on the device and
- * every local stage's gradient sum of squares, in one read. The losses are added in the
- * order the heads ran, as a read per microbatch would add them; returns the gradient's
- * global sum of squares over the stages of every pipeline rank. */
-static double read_step_scalars(trainer *t) {
+size_t train_step_scalar_bytes(const trainer *t) {
+    return sizeof(ops_optim_state) + (size_t)t->n_local * sizeof(double) +
+        (size_t)(t->loss_cap + t->n_local) * sizeof(float);
+}
+
+/* The gradient norm, clip coefficient and update decision of the step, queued on the
+ * device: each stage's sum of squares is summed over the ranks holding its other pieces,
+ * the stages' sums added in order, the pipeline ranks' added up (the same reductions, in
+ * the same order, as a host read would make), and a non-finite loss on any rank turns the
+ * norm into NaN on every rank those reductions reach. */
+static void queue_step_scalars(trainer *t) {
+    const tetra_config_values *c = t->c;
+    const tetra_ops *ops = t->ops;
     float *norms = t->loss_dev + t->loss_cap;
     for (int i = 0; i < t->n_local; i++) fsdp_grad_sq_norm_local(t->st[i].fs, norms + i);
-    t->ops->copy_d2h(t->loss_host, t->loss_dev, (size_t)(t->loss_cap + t->n_local) * sizeof(float));
-    for (int k = 0; k < t->n_loss; k++) t->step_loss_sum += (double)t->loss_host[k];
-    t->n_loss = 0;
-    double sq = 0.0;
-    for (int i = 0; i < t->n_local; i++) sq += fsdp_grad_sq_norm_global(t->st[i].fs, t->loss_host[t->loss_cap + i]);
-    /* each stage's norm is over its parameters: the pipeline ranks add theirs up */
-    if (t->pp_size > 1) sq = comm_all_reduce_f64(t->g_pp, sq, COMM_SUM);
-    return sq;
+    for (int i = 0; i < t->n_local; i++) {
+        ops->grad_sq_to_f64(t->sq_dev + i, norms + i, 1, i == 0 ? t->loss_dev : NULL, i == 0 ? t->n_loss : 0);
+        fsdp_grad_sq_norm_global_dev(t->st[i].fs, t->sq_dev + i);
+    }
+    ops->sum_f64(&t->opt_dev->sq, t->sq_dev, t->n_local);
+    if (t->pp_size > 1) comm_all_reduce(t->g_pp, &t->opt_dev->sq, 1, COMM_F64, COMM_SUM, NULL);
+    const int skip_mode = !strcmp(c->training.on_nonfinite, "skip");
+    const ops_optim_args a = {c->optimizer.lr * lr_factor(&t->lrs, t->tc.lr_count),
+                              c->optimizer.beta1,
+                              c->optimizer.beta2,
+                              c->optimizer.eps,
+                              c->optimizer.weight_decay,
+                              c->training.max_norm,
+                              t->cur_step,
+                              (int32_t)(t->tc.opt_step + 1),
+                              skip_mode ? (int32_t)c->training.max_consecutive_nonfinite_steps : 0,
+                              !skip_mode};
+    ops->optim_scalars(t->opt_dev, &a);
+}
+
+void train_step_read(trainer *t, step_result *r) {
+    if (r->read) return;
+    t->ops->copy_d2h(t->step_host, t->step_dev, train_step_scalar_bytes(t));
+    const ops_optim_state *o = t->step_host;
+    r->read = 1;
+    /* the losses added in the order the heads ran, as a read per microbatch would add them */
+    double loss_sum = t->step_loss_sum;
+    for (int k = 0; k < t->n_loss; k++) loss_sum += (double)t->loss_host[k];
+    r->grad_norm = sqrt(o->sq);
+    /* the loss is computed on the last stage: every pipeline rank learns it */
+    r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, loss_sum, COMM_SUM) : loss_sum;
+    double local_avg = r->local_valid > 0 ? r->loss_sum / (double)r->local_valid : 0.0;
+    double global_sum = comm_all_reduce_f64(t->g_loss, r->loss_sum, COMM_SUM);
+    r->max_loss = comm_all_reduce_f64(t->g_loss, local_avg, COMM_MAX);
+    r->loss = r->global_valid > 0 ? global_sum / (double)r->global_valid : 0.0;
+    t->tc.opt_step = o->updates;
+    r->nonfinite = o->nonfinite > 0 && o->last_bad == t->cur_step;
+    r->new_bad = o->nonfinite - t->bad_seen;
+    t->bad_seen = o->nonfinite;
+    r->first_bad = o->first_bad;
+    r->run = o->run;
+    r->halted = o->halted;
+    if (r->nonfinite) report_nonfinite(t);
 }
 
 void train_step(trainer *t, step_result *r) {
@@ -729,6 +773,14 @@ void train_step(trainer *t, step_result *r) {
     t->step_loss_sum = 0.0;
     t->step_valid = 0;
     t->n_loss = 0;
+    if (!t->opt_ready) { /* the update count (a resumed run's) reaches the device without a wait */
+        ops_optim_state *o = t->step_host;
+        memset(o, 0, sizeof *o);
+        o->updates = (int32_t)t->tc.opt_step;
+        t->bad_seen = 0;
+        ops->copy_h2d_async(t->opt_dev, o, sizeof *o);
+        t->opt_ready = 1;
+    }
 
     for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
     /* the schedule's actions nest in it; the time between them is the schedule's waiting */
@@ -742,34 +794,20 @@ void train_step(trainer *t, step_result *r) {
     trace_begin(t->tr, "optimizer", "clip gradients and AdamW");
     /* converters see the final gradients before the norm and the update */
     train_converters_pre_optimizer(t);
-    r->grad_norm = sqrt(read_step_scalars(t));
-    /* the loss is computed on the last stage: every pipeline rank learns it (before the
-     * update, so that a non-finite loss keeps the parameters as they were) */
-    r->loss_sum = t->pp_size > 1 ? comm_all_reduce_f64(t->g_pp, t->step_loss_sum, COMM_SUM) : t->step_loss_sum;
-    double local_avg = r->local_valid > 0 ? r->loss_sum / (double)r->local_valid : 0.0;
-    double global_sum = comm_all_reduce_f64(t->g_loss, r->loss_sum, COMM_SUM);
-    r->max_loss = comm_all_reduce_f64(t->g_loss, local_avg, COMM_MAX);
-    r->loss = r->global_valid > 0 ? global_sum / (double)r->global_valid : 0.0;
-    /* the norm is summed over every rank and the loss over every data rank, so all agree */
-    r->nonfinite = !isfinite(r->grad_norm) || !isfinite(r->loss);
-    if (r->nonfinite) {
-        report_nonfinite(t);
-        r->lr = c->optimizer.lr * lr_factor(&t->lrs, t->tc.lr_count);
-        t->tc.lr_count++; /* the schedule follows the steps; AdamW's bias correction counts updates */
-        trace_end(t->tr);
-        return;
-    }
-    /* torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1 */
-    float clip = (float)(c->training.max_norm / (r->grad_norm + 1e-6));
-    if (clip > 1.0f) clip = 1.0f;
+    queue_step_scalars(t);
     r->lr = c->optimizer.lr * lr_factor(&t->lrs, t->tc.lr_count);
-    t->tc.lr_count++;
-    t->tc.opt_step++;
-    const adamw_args a = {c, t->mixed, r->lr, (int)t->tc.opt_step, clip};
+    t->tc.lr_count++; /* the schedule follows the steps; AdamW's bias correction counts updates */
+    t->tc.opt_step++; /* as the device expects it; the next read corrects it after a skipped step */
+    const adamw_args a = {c, t->mixed, r->lr, t->opt_dev};
+    int offloaded = 0;
+    for (int i = 0; i < t->n_local; i++) offloaded |= fsdp_offloaded(t->st[i].fs);
+    /* the host's AdamW needs the step's coefficients on the host: the one wait of such a step */
+    if (offloaded) train_step_read(t, r);
+    const adamw_args host_a = {c, t->mixed, r->lr, t->step_host};
     for (int i = 0; i < t->n_local; i++) {
         train_stage *s = &t->st[i];
         if (fsdp_offloaded(s->fs)) {
-            offload_ctx oc = {&a, t->host_ops, s};
+            offload_ctx oc = {&host_a, t->host_ops, s};
             fsdp_offload_update(s->fs, host_adamw, &oc);
             continue;
         }

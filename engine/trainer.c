@@ -315,7 +315,7 @@ typedef struct {
     double log_t0, log_data;    /* the log window's start and its time loading data */
     int64_t log_steps;          /* steps in the log window */
     double log_pairs, log_seqs; /* visible attention pairs of this rank's sequences (mfu_computed) */
-    int64_t nonfinite_run;      /* non-finite steps skipped in a row */
+    uint64_t wait_mark, waits;  /* host waits (ops.h host_waits) at the step's start, and in the log window */
     double pp_busy, pp_total, pp_recv, pp_type_s[4];
     long pp_type_n[4];
 } run_state;
@@ -388,34 +388,44 @@ static void add_pp_stats(const trainer *t, run_state *rs) {
 }
 
 /* A non-finite loss or gradient norm: stop, or skip the update (training.on_nonfinite)
- * until too many in a row. 0 to go on, -1 to stop. */
-static int check_nonfinite(trainer *t, int64_t step, const step_result *r, run_state *rs) {
+ * until too many in a row. The device decides at every step (ops.h optim_scalars: no
+ * update from a stopping step on); the host learns it at the step's read, which on a
+ * step that neither logs nor saves comes later. 0 to go on, -1 to stop. */
+static int check_nonfinite(trainer *t, int64_t step, const step_result *r) {
     const tetra_config_values *c = t->c;
-    if (!r->nonfinite) {
-        rs->nonfinite_run = 0;
-        return 0;
-    }
+    if (!r->read || r->new_bad <= 0) return 0;
+    const int me = t->rank == 0;
+    char when[96] = "";
+    if (!r->nonfinite || r->new_bad > 1)
+        snprintf(when, sizeof when, " (%lld non-finite step%s since the last read)", (long long)r->new_bad,
+                 r->new_bad == 1 ? "" : "s");
     if (strcmp(c->training.on_nonfinite, "skip") != 0) {
-        if (t->rank == 0)
+        if (me && r->nonfinite && r->first_bad == step)
             log_error("step %lld: loss %g, gradient norm %g; stopping before the update, so the parameters "
                       "and the checkpoints stay finite (lower optimizer.lr or check the data; "
                       "training.on_nonfinite = \"skip\" skips such steps)",
                       (long long)step, r->loss, r->grad_norm);
+        else if (me)
+            log_error("step %lld: the loss or gradient norm of step %lld was not finite%s; no update was applied "
+                      "from it on, so the parameters and the checkpoints stay finite; stopping (lower "
+                      "optimizer.lr or check the data; training.on_nonfinite = \"skip\" skips such steps)",
+                      (long long)step, (long long)r->first_bad, when);
         return -1;
     }
-    if (t->rank == 0)
-        log_warn("step %lld: loss %g, gradient norm %g: update skipped (training.on_nonfinite = \"skip\")",
-                 (long long)step, r->loss, r->grad_norm);
+    if (me && r->nonfinite)
+        log_warn("step %lld: loss %g, gradient norm %g: update skipped (training.on_nonfinite = \"skip\")%s",
+                 (long long)step, r->loss, r->grad_norm, when);
+    else if (me) log_warn("step %lld: updates skipped%s (training.on_nonfinite = \"skip\")", (long long)step, when);
     /* a bad batch passes; step after step of them means the run diverged: every rank
-     * agrees on r->nonfinite, so every rank stops at the same step */
-    const int64_t k = c->training.max_consecutive_nonfinite_steps;
-    if (++rs->nonfinite_run >= k && k > 0) {
-        if (t->rank == 0)
+     * agrees (the norm is reduced over them), so every rank stops at the same step */
+    if (r->halted) {
+        const int64_t k = c->training.max_consecutive_nonfinite_steps;
+        if (me)
             log_error("step %lld: %lld non-finite steps in a row were skipped (training.max_consecutive_"
                       "nonfinite_steps = %lld): the run has diverged, stopping; the parameters and the "
                       "checkpoints are those of the last finite update (lower optimizer.lr or check the "
                       "data)",
-                      (long long)step, (long long)rs->nonfinite_run, (long long)k);
+                      (long long)step, (long long)(r->run > k ? r->run : k), (long long)k);
         return -1;
     }
     return 0;
@@ -455,12 +465,14 @@ static void log_step(trainer *t, int64_t step, const step_result *r, run_state *
         s.mem_pct = 100.0 * (double)metrics_peak_rss_bytes() / (double)metrics_host_memory_bytes();
         s.step_time_s = dt;
         s.data_time_s = rs->log_data / (double)rs->log_steps;
+        s.host_waits = (double)rs->waits / (double)rs->log_steps;
         s.tokens_seen = t->tc.tokens_seen;
         metrics_log_step(t->ml, &s);
         if (c->training.dataset_mix.n > 0) log_mix(t, step);
     }
     rs->log_t0 = now_s();
     rs->log_data = 0.0;
+    rs->waits = 0;
     rs->log_steps = 0;
     rs->log_pairs = rs->log_seqs = 0.0;
 }
@@ -468,12 +480,17 @@ static void log_step(trainer *t, int64_t step, const step_result *r, run_state *
 /* A checkpoint at its interval, the first step (enable_first_step_checkpoint) and the
  * last; the last may be model-only in export_dtype, or Hugging Face safetensors, and is
  * written synchronously so the run ends with it complete. 0, or -1. */
+static int save_due(const trainer *t, int64_t step) {
+    const tetra_config_values *c = t->c;
+    const int last = step == c->training.steps;
+    return t->saver && !c->checkpoint.load_only &&
+        (last || step % c->checkpoint.interval == 0 || (step == 1 && c->checkpoint.enable_first_step_checkpoint));
+}
+
 static int save_at_interval(trainer *t, int64_t step) {
     const tetra_config_values *c = t->c;
     const int last = step == c->training.steps;
-    if (!t->saver || c->checkpoint.load_only ||
-        !(last || step % c->checkpoint.interval == 0 || (step == 1 && c->checkpoint.enable_first_step_checkpoint)))
-        return 0;
+    if (!save_due(t, step)) return 0;
     char err[2048];
     const int model_only = last && (c->checkpoint.last_save_model_only || c->checkpoint.last_save_in_hf);
     if (train_save_checkpoint(t, step, model_only, last, err, sizeof err)) {
@@ -485,7 +502,7 @@ static int save_at_interval(trainer *t, int64_t step) {
 
 /* A stop signal on any rank stops every rank after the same step, with a checkpoint.
  * 0 to go on, 1 to stop, -1 when the stop's save failed. */
-static int stop_after(trainer *t, int64_t step) {
+static int stop_after(trainer *t, int64_t step, step_result *r) {
     const tetra_config_values *c = t->c;
     const int last = step == c->training.steps;
     const int64_t sig = comm_all_reduce_i64(t->g_world, (int64_t)run_guard_stop_request(t->rank), COMM_MAX);
@@ -493,6 +510,10 @@ static int stop_after(trainer *t, int64_t step) {
     if (!sig || last) return 0;
     const int saving = t->saver && !c->checkpoint.load_only;
     char err[2048];
+    if (!r->read) { /* the checkpoint needs the update count, and a stopping run stops here */
+        train_step_read(t, r);
+        if (check_nonfinite(t, step, r)) return -1;
+    }
     if (saving && step % c->checkpoint.interval != 0 && train_save_checkpoint(t, step, 0, 0, err, sizeof err)) {
         if (t->rank == 0) log_error("%s", err);
         return -1;
@@ -519,9 +540,11 @@ static int run_one_step(trainer *t, int64_t step, run_state *rs) {
     comm_set_step(t->cw, step);
     trace_step_begin(t->tr, step);
     trace_begin(t->tr, "data", "load batch");
+    rs->wait_mark = t->ops->host_waits();
     if (poll_async_save(t, 0) || load_batch(t, step, rs)) return -1;
     trace_end(t->tr);
     step_result r;
+    t->cur_step = step;
     train_step(t, &r);
     if (trace_step_end(t->tr, step, err, sizeof err)) {
         log_error("%s", err);
@@ -538,15 +561,26 @@ static int run_one_step(trainer *t, int64_t step, run_state *rs) {
         comm_barrier(t->g_world, NULL);
         comm_set_phase_training(t->cw);
     }
-    if (check_nonfinite(t, step, &r, rs)) return -1;
-    if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) log_step(t, step, &r, rs);
+    /* the step's scalars stay on the device unless this step logs or saves */
+    const int logs = step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps;
+    if (logs || save_due(t, step)) {
+        rs->waits += t->ops->host_waits() - rs->wait_mark;
+        rs->wait_mark = UINT64_MAX;
+        train_step_read(t, &r);
+    }
+    if (check_nonfinite(t, step, &r)) return -1;
+    if (logs) log_step(t, step, &r, rs);
     if (save_at_interval(t, step)) return -1;
     if (t->val && (step == 1 || step % c->validation.freq == 0 || step == c->training.steps)) {
         const double tv = now_s();
+        const uint64_t w = t->ops->host_waits();
         run_validation(t, step);
         rs->log_t0 += now_s() - tv; /* validation time is not training throughput */
+        if (rs->wait_mark != UINT64_MAX) rs->wait_mark += t->ops->host_waits() - w; /* nor are its reads */
     }
-    return stop_after(t, step);
+    const int rc = stop_after(t, step, &r);
+    if (rs->wait_mark != UINT64_MAX) rs->waits += t->ops->host_waits() - rs->wait_mark;
+    return rc;
 }
 
 /* The pipeline's bubble per rank, from steps 2 on. */

@@ -47,6 +47,14 @@ typedef struct {
     double grad_norm; /* before clipping */
     double lr;
     int nonfinite; /* the loss or the gradient norm is NaN/Inf: the parameters were not updated */
+    /* The fields above except lr and the valid counts hold only when `read`: a step reads
+     * the device's scalars when it logs, saves a checkpoint or offloads the optimizer
+     * (train_step_read); the others leave them on the device. */
+    int read;
+    int64_t new_bad;   /* non-finite steps since the previous read, this one included */
+    int64_t first_bad; /* the run's first non-finite step (0: none) */
+    int run;           /* non-finite steps in a row up to the latest */
+    int halted;        /* no update is applied any more (training.on_nonfinite): the run stops */
 } step_result;
 
 /* The shape of the step's batches. */
@@ -180,10 +188,19 @@ struct trainer {
     float dloss_scale;
     double step_loss_sum;
     int64_t step_valid;
-    float *loss_dev;  /* [loss_cap + n_local] backend memory: each head forward's loss sum of the
-                         step, then each local stage's gradient sum of squares */
-    float *loss_host; /* [loss_cap + n_local] */
+    /* The step's scalars in one block of backend memory (train_step_scalar_bytes), read in
+     * one host wait on the steps that need them: the optimizer's state, each local stage's
+     * gradient sum of squares widened to double, then each head forward's loss sum of the
+     * step and each stage's fp32 sum of squares. step_host mirrors the block. */
+    void *step_dev, *step_host;
+    ops_optim_state *opt_dev;
+    double *sq_dev;   /* [n_local] */
+    float *loss_dev;  /* [loss_cap + n_local] */
+    float *loss_host; /* [loss_cap + n_local], in step_host */
     int loss_cap, n_loss;
+    int opt_ready;         /* opt_dev holds the update count (queued at the first step) */
+    int64_t cur_step;      /* the step train_step runs */
+    int64_t bad_seen;      /* non-finite steps known to the host */
     pp_run_stats pp_stats; /* the last step's runtime times (summed over rounds) */
     double pp_step_s;      /* the last step's wall time inside the schedule */
 };
@@ -221,6 +238,12 @@ int train_plan_pools(trainer *t, int *peak, int *open_iw, int *peak_send, char *
 int train_plan_grad_arenas(trainer *t);
 /* One optimizer step over t->h_in / t->h_lab (accum microbatches of this rank). */
 void train_step(trainer *t, step_result *r);
+/* Read the step's scalars from the device into r (one host wait): the loss, the gradient
+ * norm, the update count and what went non-finite since the last read. Idempotent within
+ * a step. */
+void train_step_read(trainer *t, step_result *r);
+/* Bytes of the step's scalar block (trainer_internal.h step_dev). */
+size_t train_step_scalar_bytes(const trainer *t);
 /* Forward of every stage of this rank over one batch (validation, warm-up), passing
  * activations along the pipeline; acts[i] serves st[i], each of ntok tokens. The summed loss of the batch
  * on every rank (0 with no valid token). */

@@ -107,8 +107,8 @@ void train_fill_plan(const trainer *t, trainer_plan *p) {
     if (t->grad_arena_off) p->work_grad_bytes += (double)t->grad_arena_off[t->n_grad_arenas];
     p->grad_arenas = t->n_grad_arenas;
     p->act_bytes += p->validation_bytes;
-    /* the step's loss sums and gradient norms (train_step.c) */
-    p->act_bytes += (double)((size_t)(t->loss_cap + t->n_local) * sizeof(float));
+    /* the step's scalars: optimizer state, loss sums and gradient norms (train_step.c) */
+    p->act_bytes += (double)train_step_scalar_bytes(t);
     p->total_bytes = p->param_bytes + p->grad_bytes + p->optim_bytes + p->work_param_bytes + p->work_grad_bytes +
         p->reduce_bytes + p->act_bytes + p->converter_bytes;
     /* what this rank sends per step, by parallelism */

@@ -168,8 +168,8 @@ void trainer_teardown(trainer *t) {
     }
     /* after every FSDP has waited for its reductions */
     if (t->grad_arena_mem) ops->release(t->grad_arena_mem);
-    if (t->loss_dev) ops->release(t->loss_dev);
-    free(t->loss_host);
+    if (t->step_dev) ops->release(t->step_dev);
+    free(t->step_host);
     free(t->grad_arena_off);
     free(t->conv);
     trace_free(t->tr);
@@ -935,16 +935,20 @@ static int alloc_buffers(trainer *t) {
     }
     for (int i = 0; i < t->n_local; i++)
         if (alloc_stage(t, &t->st[i])) return -1;
-    /* the head's loss sum of every microbatch of a step and each stage's gradient sum of
-     * squares, read in one host wait per step */
-    const size_t n_scalars = (size_t)(t->loss_cap + t->n_local);
-    t->loss_dev = ops->alloc(n_scalars * sizeof(float));
-    t->loss_host = calloc(n_scalars, sizeof(float));
-    if (!t->loss_dev || !t->loss_host) {
-        log_error("out of memory allocating the step's loss sums");
+    /* the optimizer's state, the head's loss sum of every microbatch of a step and each
+     * stage's gradient sum of squares, read in one host wait on the steps that need them */
+    const size_t bytes = train_step_scalar_bytes(t);
+    t->step_dev = ops->alloc(bytes);
+    t->step_host = calloc(1, bytes);
+    if (!t->step_dev || !t->step_host) {
+        log_error("out of memory allocating the step's scalars");
         return -1;
     }
-    ops->fill(t->loss_dev, 0.0f, n_scalars);
+    t->opt_dev = t->step_dev;
+    t->sq_dev = (double *)(t->opt_dev + 1);
+    t->loss_dev = (float *)(t->sq_dev + t->n_local);
+    t->loss_host = (float *)((char *)t->step_host + ((char *)t->loss_dev - (char *)t->step_dev));
+    ops->fill(t->loss_dev, 0.0f, (size_t)(t->loss_cap + t->n_local));
     return t->val ? alloc_validation(t) : 0;
 }
 

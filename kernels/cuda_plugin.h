@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define CUDA_PLUGIN_ABI 5
+#define CUDA_PLUGIN_ABI 6
 
 typedef struct {
     int abi; /* CUDA_PLUGIN_ABI */

@@ -81,7 +81,10 @@ const char *op_kind_name(op_kind k) {
                                              "swiglu_backward_bf16",
                                              "attention_forward_bf16",
                                              "attention_backward_bf16",
-                                             "cross_entropy_bf16"};
+                                             "cross_entropy_bf16",
+                                             "grad_sq_to_f64",
+                                             "sum_f64",
+                                             "optim_scalars"};
     return (int)k >= 0 && k < OPK_COUNT ? n[k] : "?";
 }
 
@@ -724,6 +727,24 @@ void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n
     begin(o, bf16_copy ? OPK_ADAMW_STEP_BF16 : OPK_ADAMW_STEP, "%zu", n);
     /* param, m, v and the gradient read; param, m, v (and the bf16 copy) written */
     if (n) kernel(o, 16.0 * n, (bf16_copy ? 14.0 : 12.0) * n, 20.0 * n);
+}
+
+void opc_grad_sq_to_f64(op_cost *o, const op_cost_device *d, int n, int n_loss) {
+    (void)d;
+    begin(o, OPK_GRAD_SQ_TO_F64, "%d stage%s, %d loss%s", n, n == 1 ? "" : "s", n_loss, n_loss == 1 ? "" : "es");
+    kernel(o, 4.0 * n + 4.0 * n_loss, 8.0 * n, (double)n_loss);
+}
+
+void opc_sum_f64(op_cost *o, const op_cost_device *d, int n) {
+    (void)d;
+    begin(o, OPK_SUM_F64, "%d", n);
+    kernel(o, 8.0 * n, 8.0, (double)n);
+}
+
+void opc_optim_scalars(op_cost *o, const op_cost_device *d) {
+    (void)d;
+    begin(o, OPK_OPTIM_SCALARS, "norm, clip, AdamW coefficients");
+    kernel(o, (double)sizeof(ops_optim_state), (double)sizeof(ops_optim_state), 16.0);
 }
 
 /* one kernel: row-major only, or the tiles of the transpose (writing the row-major copy

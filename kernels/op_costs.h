@@ -120,6 +120,9 @@ typedef enum {
     OPK_ATTENTION_FORWARD_BF16,
     OPK_ATTENTION_BACKWARD_BF16,
     OPK_CROSS_ENTROPY_BF16,
+    OPK_GRAD_SQ_TO_F64,
+    OPK_SUM_F64,
+    OPK_OPTIM_SCALARS,
     OPK_COUNT
 } op_kind;
 
@@ -214,6 +217,10 @@ void opc_ce_shard_max(op_cost *o, const op_cost_device *d, int n, int v_local);
 void opc_ce_shard_sums(op_cost *o, const op_cost_device *d, int n, int v_local);
 void opc_ce_shard_finish(op_cost *o, const op_cost_device *d, const float *dlogits, int n, int v_local);
 void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n);
+/* the optimizer's scalars on the device: one single-thread kernel each */
+void opc_grad_sq_to_f64(op_cost *o, const op_cost_device *d, int n, int n_loss);
+void opc_sum_f64(op_cost *o, const op_cost_device *d, int n);
+void opc_optim_scalars(op_cost *o, const op_cost_device *d);
 
 /* Visible (query, key) pairs of an attention call (causal by global position). */
 double opc_attention_pairs(const ops_attn_shape *s);

@@ -107,6 +107,40 @@ typedef struct {
 // ----------------------------------------------------------------------------
 // the op table
 
+// AdamW's fp32 coefficients of one step (kernels/ops_math.h derives them and applies them
+// per element); grad_scale is the clip coefficient.
+typedef struct {
+    float decay, b1, omb1, b2, omb2, neg_step_size, bc2_sqrt, eps, grad_scale;
+} tetra_adamw_coef;
+
+// The optimizer step's scalars, kept in backend memory so that a step that logs nothing
+// never reads a device value on the host: the gradient norm, the clip coefficient, whether
+// the update happens, and AdamW's step count all stay on the device until the trainer
+// next reads them (optim_scalars, adamw_step's `dev`). All zero before the first step
+// except `updates`.
+typedef struct {
+    double sq;          // the step's global gradient sum of squares (sum_f64 writes it)
+    tetra_adamw_coef k; // the coefficients adamw_step uses with `dev`
+    int32_t skip;       // 1: this step applies no update
+    int32_t updates;    // AdamW updates applied so far: the bias correction's t
+    int32_t nonfinite;  // steps whose loss or gradient norm was not finite
+    int32_t run;        // of those, in a row up to the latest step
+    int32_t halted;     // 1: no update from now on (the trainer stops at its next read)
+    int32_t pad_;
+    int64_t first_bad; // the first non-finite step (the host's numbering; 0: none)
+    int64_t last_bad;  // the latest non-finite step
+} ops_optim_state;
+
+// What the host knows of a step for optim_scalars.
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    double max_norm;    // clip_grad_norm_'s max_norm
+    int64_t step;       // the step's number (recorded in first_bad / last_bad)
+    int32_t expected_t; // the bias correction's t if every step since the host's last read updated
+    int32_t max_run;    // halt when this many steps in a row are non-finite (0: never)
+    int32_t halt_first; // halt at the first non-finite step
+} ops_optim_args;
+
 typedef struct tetra_ops {
     const char *name; // "cpu", "cuda"
 
@@ -114,9 +148,9 @@ typedef struct tetra_ops {
     void *(*alloc)(size_t bytes); // 64-byte aligned, NULL on failure
     void (*release)(void *p);
     void (*copy_h2d)(void *dst, const void *src, size_t bytes);
-    // the same copy, ordered with the ops around it but not waited for: the caller keeps
-    // src unchanged until the next synchronize or blocking copy (a step's input batches,
-    // which change only between steps), so the host runs ahead of the device
+    // the same copy, ordered with the ops around it but not waited for, so the host runs
+    // ahead of the device; src may change once the call returns (the CUDA backend stages
+    // it in page-locked memory of its own)
     void (*copy_h2d_async)(void *dst, const void *src, size_t bytes);
     void (*copy_d2h)(void *dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes); // device to device
@@ -283,9 +317,12 @@ typedef struct tetra_ops {
     // because torch derives its fp32 coefficients from Python floats (1 - 0.9 in double,
     // then rounded, differs from 1 - 0.9f). step is t >= 1 (after the increment).
     // grad_scale multiplies the gradient first (the clip coefficient; 1 for none).
+    // With `dev` (backend memory, written by optim_scalars) the step, clip coefficient and
+    // hyperparameters come from dev->k instead, and nothing changes when dev->skip is set;
+    // the host arguments are then ignored.
     void (*adamw_step)(float *param /*[n]*/, float *m /*[n]*/, float *v /*[n]*/, const float *grad /*[n]*/, size_t n,
                        double lr, double beta1, double beta2, double eps, double weight_decay, int step,
-                       float grad_scale);
+                       float grad_scale, const ops_optim_state *dev);
 
     // ---- appended members (new slots go at the end so older initialisers stay valid)
 
@@ -293,7 +330,7 @@ typedef struct tetra_ops {
     // param_bf16 = bf16(param) (round to nearest even), the compute copy.
     void (*adamw_step_bf16)(float *param /*[n]*/, uint16_t *param_bf16 /*[n]*/, float *m /*[n]*/, float *v /*[n]*/,
                             const float *grad /*[n]*/, size_t n, double lr, double beta1, double beta2, double eps,
-                            double weight_decay, int step, float grad_scale);
+                            double weight_decay, int step, float grad_scale, const ops_optim_state *dev);
 
     // ---- bf16 activations (mixed precision, training.mixed_precision_param = "bfloat16").
     // Activations and the parameters' compute copies are bf16 (uint16_t bit patterns). Each
@@ -393,6 +430,26 @@ typedef struct tetra_ops {
     // dst[r * dpitch + c] = src[r * spitch + c] for c < width, r < rows (bytes; device to
     // device, ordered like copy): one strided copy instead of a copy per row.
     void (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
+
+    // ---- the optimizer's scalars on the device (ops_optim_state)
+    // out[i] = (double)sq[i], the stages' gradient sums of squares widened for their
+    // reductions over ranks; when the sum of loss[0..n_loss) is not finite, out[0] is NaN,
+    // so that every rank those reductions reach sees the step as non-finite.
+    void (*grad_sq_to_f64)(double *out /*[n]*/, const float *sq /*[n]*/, int n, const float *loss /*[n_loss]*/,
+                           int n_loss);
+    // *out = in[0] + in[1] + ... in that order, in double.
+    void (*sum_f64)(double *out, const double *in /*[n]*/, int n);
+    // From s->sq: norm = sqrt(sq). A finite norm: the clip coefficient
+    // min(1, (float)(max_norm / (norm + 1e-6))) (torch.nn.utils.clip_grad_norm_), the
+    // coefficients of t = updates + 1 (tetra_adamw_coefficients; those of expected_t are
+    // derived on the host, the same bits), updates += 1, run = 0. Not finite: nonfinite
+    // and run += 1, first_bad / last_bad = step, halted when halt_first or run reaches
+    // max_run. skip = non-finite or halted (a halted state updates nothing again).
+    void (*optim_scalars)(ops_optim_state *s, const ops_optim_args *a);
+    // Host waits so far: every blocking copy, stream or device synchronisation the backend
+    // has made (a host read of a device value is one). 0 on the CPU, whose ops finish
+    // before they return.
+    uint64_t (*host_waits)(void);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/ops.h"
+
 #ifdef __CUDACC__
 #define TETRA_HD static __host__ __device__ __forceinline__
 #else
@@ -218,18 +220,15 @@ TETRA_HD float tetra_fp8_scale(float amax, float fp8_max, int pow2) {
 // AdamW element update, in the order of torch.optim.AdamW(foreach=False) in fp32. torch's
 // vectorised CPU kernels fuse add(alpha=) and addcmul into one fma each; doing the same
 // here reproduces its moments bit for bit (on the vector path; its scalar tail rounds twice).
-// The host precomputes (in double, as Python does, then rounds to fp32):
-// decay = 1 - lr wd, b1, omb1 = 1 - b1, b2, omb2 = 1 - b2, step_size = lr / (1 - b1^t),
-// bc2_sqrt = sqrt(1 - b2^t), eps.
-typedef struct {
-    float decay, b1, omb1, b2, omb2, neg_step_size, bc2_sqrt, eps, grad_scale;
-} tetra_adamw_coef;
+// The host precomputes (in double, as Python does, then rounds to fp32) the coefficients
+// of tetra_adamw_coef (kernels/ops.h): decay = 1 - lr wd, b1, omb1 = 1 - b1, b2,
+// omb2 = 1 - b2, step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t), eps.
 
 // The coefficients of one step, derived on the host as torch does: Python doubles,
 // rounded to fp32 where they meet an fp32 tensor. Both backends take them from here,
 // which is what makes their updates bit-identical.
-static inline tetra_adamw_coef tetra_adamw_coefficients(double lr, double beta1, double beta2, double eps,
-                                                        double weight_decay, int step, float grad_scale) {
+TETRA_HD tetra_adamw_coef tetra_adamw_coefficients(double lr, double beta1, double beta2, double eps,
+                                                   double weight_decay, int step, float grad_scale) {
     double bc1 = 1.0 - pow(beta1, (double)step);
     double bc2 = 1.0 - pow(beta2, (double)step);
     tetra_adamw_coef k;
@@ -243,6 +242,34 @@ static inline tetra_adamw_coef tetra_adamw_coefficients(double lr, double beta1,
     k.eps = (float)eps;
     k.grad_scale = grad_scale;
     return k;
+}
+
+// The optimizer's scalars of one step (ops.h optim_scalars), shared by both backends.
+// host_k: the coefficients of a->expected_t as the host derived them (the CUDA launcher
+// passes them: the device's pow may differ from the host's in the last bit), or NULL to
+// derive them here.
+TETRA_HD void tetra_optim_scalars(ops_optim_state *s, const ops_optim_args *a, const tetra_adamw_coef *host_k) {
+    const double norm = sqrt(s->sq);
+    if (!isfinite(norm)) {
+        s->nonfinite++;
+        s->run++;
+        if (!s->first_bad) s->first_bad = a->step;
+        s->last_bad = a->step;
+        if (a->halt_first || (a->max_run > 0 && s->run >= a->max_run)) s->halted = 1;
+        s->skip = 1;
+        return;
+    }
+    s->run = 0;
+    s->skip = s->halted;
+    if (s->skip) return;
+    float clip = (float)(a->max_norm / (norm + 1e-6));
+    if (clip > 1.0f) clip = 1.0f;
+    const int t = s->updates + 1;
+    s->k = host_k && t == a->expected_t
+        ? *host_k
+        : tetra_adamw_coefficients(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay, t, 1.0f);
+    s->k.grad_scale = clip;
+    s->updates = t;
 }
 
 // A product rounded on its own: nvcc (--fmad=true, its default) fuses a product into a

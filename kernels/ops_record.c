@@ -389,18 +389,32 @@ static void r_ce_shard_finish(float *dlogits, float *losses, const float *logits
                                 dloss_scale);
 }
 static void r_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
-                         double beta2, double eps, double weight_decay, int step, float grad_scale) {
+                         double beta2, double eps, double weight_decay, int step, float grad_scale,
+                         const ops_optim_state *dev) {
     REC(opc_adamw_step(&c_, &R.dev, 0, n));
-    if (R.base) R.base->adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    if (R.base) R.base->adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, dev);
 }
 static void r_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
                               double lr, double beta1, double beta2, double eps, double weight_decay, int step,
-                              float grad_scale) {
+                              float grad_scale, const ops_optim_state *dev) {
     REC(opc_adamw_step(&c_, &R.dev, 1, n));
     if (R.base)
-        R.base->adamw_step_bf16(param, param_bf16, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step,
-                                grad_scale);
+        R.base->adamw_step_bf16(param, param_bf16, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
+                                dev);
 }
+static void r_grad_sq_to_f64(double *out, const float *sq, int n, const float *loss, int n_loss) {
+    REC(opc_grad_sq_to_f64(&c_, &R.dev, n, n_loss));
+    if (R.base) R.base->grad_sq_to_f64(out, sq, n, loss, n_loss);
+}
+static void r_sum_f64(double *out, const double *in, int n) {
+    REC(opc_sum_f64(&c_, &R.dev, n));
+    if (R.base) R.base->sum_f64(out, in, n);
+}
+static void r_optim_scalars(ops_optim_state *s, const ops_optim_args *a) {
+    REC(opc_optim_scalars(&c_, &R.dev));
+    if (R.base) R.base->optim_scalars(s, a);
+}
+static uint64_t r_host_waits(void) { return R.base ? R.base->host_waits() : 0; }
 
 /* ---------------------------------------------------------------------------- layers, bf16 */
 
@@ -513,6 +527,10 @@ static void fill_table(tetra_ops *t) {
     t->ce_shard_finish = r_ce_shard_finish;
     t->adamw_step = r_adamw_step;
     t->adamw_step_bf16 = r_adamw_step_bf16;
+    t->grad_sq_to_f64 = r_grad_sq_to_f64;
+    t->sum_f64 = r_sum_f64;
+    t->optim_scalars = r_optim_scalars;
+    t->host_waits = r_host_waits;
     t->embedding_forward_bf16 = r_embedding_forward_bf16;
     t->embedding_backward_bf16 = r_embedding_backward_bf16;
     t->rmsnorm_forward_bf16 = r_rmsnorm_forward_bf16;

@@ -899,6 +899,11 @@ double fsdp_grad_sq_norm_global(fsdp *f, float local) {
     return sq;
 }
 
+void fsdp_grad_sq_norm_global_dev(fsdp *f, double *dev) {
+    if (f->S > 1) comm_all_reduce(f->cfg.shard, dev, 1, COMM_F64, COMM_SUM, NULL);
+    if (f->tp_size > 1) comm_all_reduce(f->cfg.tp, dev, 1, COMM_F64, COMM_SUM, NULL);
+}
+
 double fsdp_grad_sq_norm(fsdp *f) {
     float local = 0.0f;
     fsdp_grad_sq_norm_local(f, f->scalar);

@@ -197,6 +197,9 @@ double fsdp_grad_sq_norm(fsdp *f);
  * other pieces (each shard counted once), as fsdp_grad_sq_norm returns it. */
 void fsdp_grad_sq_norm_local(fsdp *f, float *dev_out);
 double fsdp_grad_sq_norm_global(fsdp *f, float local);
+/* _global on the device: *dev (backend memory, the widened _local value) becomes the sum
+ * over the same ranks, in the same order of reductions, without a host wait of its own. */
+void fsdp_grad_sq_norm_global_dev(fsdp *f, double *dev);
 /* The master shard changed in an optimizer step (which also wrote the bf16 copy
  * under mixed precision): gathered copies are stale. */
 void fsdp_params_updated(fsdp *f);

@@ -316,6 +316,8 @@ void metrics_log_step(metrics_logger *m, const metrics_step *s) {
         json_number(f, s->step_time_s);
         fputs(",\"data_time_s\":", f);
         json_number(f, s->data_time_s);
+        fputs(",\"host_waits\":", f);
+        json_number(f, s->host_waits);
         fprintf(f, ",\"tokens_seen\":%" PRId64 ",\"time\":", s->tokens_seen);
         json_number(f, wt);
         fputs("}\n", f);

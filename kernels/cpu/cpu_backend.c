@@ -95,6 +95,7 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
 }
 
 void cpu_synchronize(void) {}
+static uint64_t cpu_host_waits(void) { return 0; }
 
 // Host memory is already what MPI moves; staging buffers are plain heap blocks.
 static void *cpu_host_alloc(size_t bytes) {
@@ -439,8 +440,10 @@ CPU_SIMD_EXACT static void adamw_k(float *restrict p, float *restrict m, float *
 }
 
 void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
-                    double beta2, double eps, double weight_decay, int step, float grad_scale) {
-    tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+                    double beta2, double eps, double weight_decay, int step, float grad_scale,
+                    const ops_optim_state *dev) {
+    if (dev && dev->skip) return;
+    tetra_adamw_coef k = dev ? dev->k : tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     int64_t nc = CHUNKS(n);
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
@@ -452,10 +455,28 @@ void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t 
 // AdamW on fp32 master weights, then the bf16 compute copy (ops.h adamw_step_bf16)
 static void cpu_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
                                 double lr, double beta1, double beta2, double eps, double weight_decay, int step,
-                                float grad_scale) {
-    cpu_adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+                                float grad_scale, const ops_optim_state *dev) {
+    if (dev && dev->skip) return;
+    cpu_adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, dev);
     cpu_cast_f32_to_bf16(param_bf16, param, n);
 }
+
+// The optimizer's scalars (ops.h ops_optim_state): the same arithmetic as the CUDA
+// kernels, on one core.
+static void cpu_grad_sq_to_f64(double *out, const float *sq, int n, const float *loss, int n_loss) {
+    double l = 0.0;
+    for (int k = 0; k < n_loss; k++) l += (double)loss[k];
+    for (int i = 0; i < n; i++) out[i] = (double)sq[i];
+    if (n > 0 && !isfinite(l)) out[0] = NAN;
+}
+
+static void cpu_sum_f64(double *out, const double *in, int n) {
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += in[i];
+    *out = s;
+}
+
+static void cpu_optim_scalars(ops_optim_state *s, const ops_optim_args *a) { tetra_optim_scalars(s, a, NULL); }
 
 // ----------------------------------------------------------------------------
 // the table
@@ -510,6 +531,10 @@ static const tetra_ops cpu_table = {
     .ce_shard_finish = cpu_ce_shard_finish,
     .adamw_step = cpu_adamw_step,
     .adamw_step_bf16 = cpu_adamw_step_bf16,
+    .grad_sq_to_f64 = cpu_grad_sq_to_f64,
+    .sum_f64 = cpu_sum_f64,
+    .optim_scalars = cpu_optim_scalars,
+    .host_waits = cpu_host_waits,
     .embedding_forward_bf16 = cpu_embedding_forward_bf16,
     .embedding_backward_bf16 = cpu_embedding_backward_bf16,
     .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,

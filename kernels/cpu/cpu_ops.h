@@ -63,7 +63,8 @@ void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, i
 void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
                              int pow2);
 void cpu_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
-                    double beta2, double eps, double weight_decay, int step, float grad_scale);
+                    double beta2, double eps, double weight_decay, int step, float grad_scale,
+                    const ops_optim_state *dev);
 // memory accounting (ops.h: alloc_count .. compute_stream)
 size_t cpu_alloc_count(void);
 size_t cpu_allocated_bytes(void);

@@ -58,6 +58,15 @@ static void report_frozen(size_t bytes, const char *what, const char *hint) {
             "start-up; %s)\n",
             bytes, what, hint);
 }
+// Every host wait goes through here, so that ops.h host_waits counts them all.
+static std::atomic<uint64_t> g_host_waits;
+static void host_wait(cudaStream_t st) { // NULL: the whole device
+    g_host_waits.fetch_add(1, std::memory_order_relaxed);
+    if (st) CUDA_CHECK(cudaStreamSynchronize(st));
+    else CUDA_CHECK(cudaDeviceSynchronize());
+}
+static uint64_t cuda_host_waits(void) { return g_host_waits.load(std::memory_order_relaxed); }
+
 // blocks of the running amax reduction that have finished (0 between reductions)
 static unsigned *g_amax_done;
 
@@ -74,7 +83,7 @@ static void backend_init(void) {
     CUDA_CHECK(cudaMemsetAsync(g_amax_done, 0, sizeof(unsigned), g_stream));
     const float h = 1.0f;
     CUDA_CHECK(cudaMemcpyAsync(g_one, &h, sizeof h, cudaMemcpyHostToDevice, g_stream));
-    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    host_wait(g_stream);
     cuda_gemm_init();
     (void)cuda_scratch(SCRATCH_REDUCE, 1024 * sizeof(double)); // fixed size: reserved now
 }
@@ -137,7 +146,7 @@ void *cuda_scratch(int slot, size_t bytes) {
     }
     if (scratch_ptr[slot]) {
         // the old buffer may still be read by work in flight
-        CUDA_CHECK(cudaDeviceSynchronize());
+        host_wait(NULL);
         cuda_internal_free(scratch_ptr[slot], scratch_size[slot]);
         scratch_ptr[slot] = NULL;
         scratch_size[slot] = 0;
@@ -231,28 +240,74 @@ extern "C" void cuda_copy_h2d(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     cudaStream_t st = cuda_stream();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
+    host_wait(st);
 }
 
-// The caller keeps src unchanged until the stream is next synchronised; from pageable
-// memory the runtime stages src before returning, from page-locked memory the DMA reads it
-// when the stream gets there. Either way no host wait for the work queued before it.
+// copy_h2d_async stages src in a ring of page-locked host memory, so that the caller may
+// change src as soon as the call returns and the runtime never stages pageable memory
+// itself (which it may do by waiting for the stream). The ring has STAGE_SEGS segments;
+// a copy goes into the current segment, or the next one when it does not fit, and a
+// segment is written again only after the copies that last read it have run: an event
+// recorded when the ring left it, waited for (a counted host wait) only when the device
+// is a whole ring behind the host. A copy larger than a segment waits for itself.
+enum { STAGE_SEGS = 8 };
+static const size_t STAGE_SEG_BYTES = (size_t)2 << 20;
+static char *g_stage;
+static cudaEvent_t g_stage_ev[STAGE_SEGS];
+static int g_stage_seg, g_stage_used[STAGE_SEGS];
+static size_t g_stage_off;
+static std::mutex g_stage_mutex;
+
+static char *stage_take(size_t bytes) {
+    if (!g_stage) {
+        CUDA_CHECK(cudaHostAlloc((void **)&g_stage, STAGE_SEGS * STAGE_SEG_BYTES, cudaHostAllocDefault));
+        for (int i = 0; i < STAGE_SEGS; i++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&g_stage_ev[i], cudaEventDisableTiming));
+    }
+    if (g_stage_off + bytes > STAGE_SEG_BYTES) { // leave the segment: its copies are queued
+        CUDA_CHECK(cudaEventRecord(g_stage_ev[g_stage_seg], cuda_stream()));
+        g_stage_used[g_stage_seg] = 1;
+        g_stage_seg = (g_stage_seg + 1) % STAGE_SEGS;
+        g_stage_off = 0;
+        if (g_stage_used[g_stage_seg]) {
+            cudaError_t q = cudaEventQuery(g_stage_ev[g_stage_seg]);
+            if (q == cudaErrorNotReady) {
+                g_host_waits.fetch_add(1, std::memory_order_relaxed);
+                CUDA_CHECK(cudaEventSynchronize(g_stage_ev[g_stage_seg]));
+            } else {
+                CUDA_CHECK(q);
+            }
+        }
+    }
+    char *p = g_stage + (size_t)g_stage_seg * STAGE_SEG_BYTES + g_stage_off;
+    g_stage_off += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+
 extern "C" void cuda_copy_h2d_async(void *dst, const void *src, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+    if (!bytes) return;
+    if (bytes > STAGE_SEG_BYTES) {
+        cuda_copy_h2d(dst, src, bytes);
+        return;
+    }
+    std::lock_guard<std::mutex> lock(g_stage_mutex);
+    char *p = stage_take(bytes);
+    memcpy(p, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, cuda_stream()));
 }
 
 extern "C" void cuda_copy_d2h(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     cudaStream_t st = cuda_stream();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
+    host_wait(st);
 }
 
 extern "C" void cuda_copy(void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream()));
 }
 
-extern "C" void cuda_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
+extern "C" void cuda_synchronize(void) { host_wait(cuda_stream()); }
 
 extern "C" void cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
     if (width && rows)
@@ -894,8 +949,12 @@ extern "C" void cuda_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale
 // the CPU backend. The explicit fmaf calls of the shared update and IEEE division and
 // square root make the GPU result equal the CPU's.
 
-__global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n,
-                             tetra_adamw_coef k) {
+__global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n, tetra_adamw_coef k,
+                             const ops_optim_state *dev) {
+    if (dev) {
+        if (dev->skip) return;
+        k = dev->k;
+    }
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float pp = p[i], mm = m[i], vv = v[i];
@@ -908,20 +967,62 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *g, uint1
 }
 
 extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
-                                double beta2, double eps, double weight_decay, int step, float grad_scale) {
+                                double beta2, double eps, double weight_decay, int step, float grad_scale,
+                                const ops_optim_state *dev) {
     if (!n) return;
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, NULL, n, k);
+    adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, NULL, n, k,
+                                                                                      dev);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
                                      size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
-                                     int step, float grad_scale) {
+                                     int step, float grad_scale, const ops_optim_state *dev) {
     if (!n) return;
     tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     adamw_kernel<<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(param, m, v, grad, param_bf16, n,
-                                                                                      k);
+                                                                                      k, dev);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The optimizer's scalars (ops.h ops_optim_state): one thread each, so that a step that
+// logs nothing keeps its norm, clip coefficient and update count on the device.
+__global__ void grad_sq_to_f64_kernel(double *out, const float *sq, int n, const float *loss, int n_loss) {
+    if (threadIdx.x) return; // a block of one warp: the simulator runs whole warps
+    double l = 0.0;
+    for (int k = 0; k < n_loss; k++) l += (double)loss[k];
+    for (int i = 0; i < n; i++) out[i] = (double)sq[i];
+    if (n > 0 && !isfinite(l)) out[0] = (double)NAN;
+}
+
+__global__ void sum_f64_kernel(double *out, const double *in, int n) {
+    if (threadIdx.x) return; // a block of one warp: the simulator runs whole warps
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += in[i];
+    *out = s;
+}
+
+__global__ void optim_scalars_kernel(ops_optim_state *s, ops_optim_args a, tetra_adamw_coef host_k) {
+    if (threadIdx.x) return; // a block of one warp: the simulator runs whole warps
+    tetra_optim_scalars(s, &a, &host_k);
+}
+
+static void cuda_grad_sq_to_f64(double *out, const float *sq, int n, const float *loss, int n_loss) {
+    grad_sq_to_f64_kernel<<<1, 32, 0, cuda_stream()>>>(out, sq, n, loss, n_loss);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cuda_sum_f64(double *out, const double *in, int n) {
+    sum_f64_kernel<<<1, 32, 0, cuda_stream()>>>(out, in, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void cuda_optim_scalars(ops_optim_state *s, const ops_optim_args *a) {
+    // the coefficients of the expected t from the host's pow, as the host path derives them
+    const tetra_adamw_coef k =
+        tetra_adamw_coefficients(a->lr, a->beta1, a->beta2, a->eps, a->weight_decay, a->expected_t, 1.0f);
+    optim_scalars_kernel<<<1, 32, 0, cuda_stream()>>>(s, *a, k);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -980,6 +1081,10 @@ static tetra_ops make_table(void) {
     t.ce_shard_finish = cuda_ce_shard_finish;
     t.adamw_step = cuda_adamw_step;
     t.adamw_step_bf16 = cuda_adamw_step_bf16;
+    t.grad_sq_to_f64 = cuda_grad_sq_to_f64;
+    t.sum_f64 = cuda_sum_f64;
+    t.optim_scalars = cuda_optim_scalars;
+    t.host_waits = cuda_host_waits;
     t.embedding_forward_bf16 = cuda_embedding_forward_bf16;
     t.embedding_backward_bf16 = cuda_embedding_backward_bf16;
     t.rmsnorm_forward_bf16 = cuda_rmsnorm_forward_bf16;

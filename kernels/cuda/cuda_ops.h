@@ -62,10 +62,11 @@ void cuda_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const voi
 void cuda_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
                               int pow2);
 void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, int step, float grad_scale);
+                     double beta2, double eps, double weight_decay, int step, float grad_scale,
+                     const ops_optim_state *dev);
 void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
                           double lr, double beta1, double beta2, double eps, double weight_decay, int step,
-                          float grad_scale);
+                          float grad_scale, const ops_optim_state *dev);
 
 // ---- cuda_gemm.cu (cuBLASLt)
 void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);

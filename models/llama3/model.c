@@ -740,7 +740,8 @@ int llama3_acts_set_documents(const llama3_model *m, llama3_acts *a, const int32
     const int T = a->t * cpn(m);
     if (!a->doc && !a->dpos) return 0; /* causal, positions by sequence: nothing to keep */
     if (llama3_doc_check(doc, a->b, T, err, errlen) != 0) return -1;
-    if (a->doc) m->ops->copy_h2d(a->doc, doc, (size_t)a->b * (size_t)T * sizeof *doc);
+    /* every microbatch's documents: no host wait (ops.h copy_h2d_async) */
+    if (a->doc) m->ops->copy_h2d_async(a->doc, doc, (size_t)a->b * (size_t)T * sizeof *doc);
     if (a->dpos) {
         int32_t *rows = NULL, *pos = malloc(a->n * sizeof *pos);
         if (cpn(m) > 1) rows = malloc((size_t)a->t * sizeof *rows);
@@ -752,7 +753,7 @@ int llama3_acts_set_documents(const llama3_model *m, llama3_acts *a, const int32
         }
         if (rows) cp_positions(cpn(m), m->cp_balanced, m->layout.cp_rank, T, rows);
         llama3_doc_positions(doc, a->b, T, rows, a->t, pos);
-        m->ops->copy_h2d(a->dpos, pos, a->n * sizeof *pos);
+        m->ops->copy_h2d_async(a->dpos, pos, a->n * sizeof *pos);
         free(pos);
         free(rows);
     }
@@ -1402,7 +1403,7 @@ void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *in
     }
     const llama3_param *p = &m->params[pe];
     const int v0 = (int)p->box_start[0], vl = (int)p->box_shape[0], n = (int)a->n, C = m->args.dim;
-    ops->copy_h2d_async(a->inputs, inputs, a->n * sizeof(int32_t)); /* the caller keeps inputs (model.h) */
+    ops->copy_h2d_async(a->inputs, inputs, a->n * sizeof(int32_t)); /* no host wait (model.h) */
     if (tpn(m) > 1) {
         /* vocab parallel: a token's row comes from its owner, zeros from the others, so the
          * reduce-scatter to this rank's rows sums exactly */
@@ -1534,7 +1535,7 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
     int64_t valid = 0;
     for (size_t i = 0; i < a->n; i++) valid += targets[i] != OPS_IGNORE_INDEX;
     if (n_valid) *n_valid = valid;
-    ops->copy_h2d_async(a->targets, targets, a->n * sizeof(int32_t)); /* the caller keeps targets (model.h) */
+    ops->copy_h2d_async(a->targets, targets, a->n * sizeof(int32_t)); /* no host wait (model.h) */
     /* fused: per-token losses, and dlogits written over the logits (in bf16: straight into
      * the bf16 dlogits the backward reads, the same bits as the cast below) */
     if (tpn(m) == 1 && mixed(m)) {

@@ -307,9 +307,8 @@ double llama3_forward(llama3_model *m, llama3_acts *a, const int32_t *inputs, co
                       int64_t *n_valid);
 /* The pieces, per unit (residual r_0 is the embedding output, block l maps r_l to
  * r_{l+1}, the head reads r_L; l is the global block index). inputs and targets (host
- * memory) are copied to the device without a host wait (copy_h2d_async): the caller keeps
- * them unchanged until the backend next synchronises (the trainer's batches change only
- * between steps, and every step ends with a synchronisation). */
+ * memory) are copied to the device without a host wait (copy_h2d_async), which leaves the
+ * caller free to change them once the call returns. */
 void llama3_forward_embedding(llama3_model *m, llama3_acts *a, const int32_t *inputs);
 void llama3_block_forward(llama3_model *m, llama3_acts *a, int layer);
 double llama3_forward_head(llama3_model *m, llama3_acts *a, const int32_t *targets, float dloss_scale,

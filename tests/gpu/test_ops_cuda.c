@@ -38,6 +38,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,20 @@ static void report(const char *op, const char *shape, double err, double tol, in
     if (!ok) failures++;
     printf("%-30s %-46s %11.3e %9.1e  %s\n", op, shape, err, tol, ok ? "ok" : "FAIL");
     fflush(stdout);
+}
+
+// A condition, with what was seen when it fails.
+static void check(int ok, const char *op, const char *shape, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void check(int ok, const char *op, const char *shape, const char *fmt, ...) {
+    report(op, shape, ok ? 0.0 : 1.0, 0.0, ok);
+    if (ok) return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("    ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
 }
 
 // Error of got against ref, relative to max |ref| over the finite entries. Non-finite
@@ -1922,14 +1937,109 @@ static void test_cross_entropy_sharded(void) {
 // ----------------------------------------------------------------------------
 // AdamW: the same coefficients and the same fused updates give the same bits
 
+// The optimizer's scalars on the device (ops.h optim_scalars) against the CPU's, and
+// AdamW driven by them against AdamW given the same step and clip coefficient on the host:
+// a finite step (clipped), a skipped (NaN) step that leaves everything as it was, a step
+// whose expected t is stale (the device derives the coefficients), and halting.
+static void test_optim_scalars(void) {
+    const size_t n = 5003;
+    float *p = hrandn(n, 0.02f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.001f), *g = hrandn(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *d_p = (float *)dup_gpu(p, n * 4), *d_m = (float *)dup_gpu(m, n * 4), *d_v = (float *)dup_gpu(v, n * 4);
+    float *d_g = (float *)dup_gpu(g, n * 4);
+    float *q = (float *)malloc(n * 4), *qm = (float *)malloc(n * 4), *qv = (float *)malloc(n * 4);
+    memcpy(q, p, n * 4), memcpy(qm, m, n * 4), memcpy(qv, v, n * 4);
+    ops_optim_state hs, gs;
+    memset(&hs, 0, sizeof hs);
+    hs.updates = 6;
+    ops_optim_state *d_s = (ops_optim_state *)dup_gpu(&hs, sizeof hs);
+    double *d_sq = (double *)G->alloc(2 * sizeof(double)), hsq[2];
+    float norms[2] = {3.0f, 1.25f}, losses[2] = {2.5f, 3.5f};
+    float *d_norms = (float *)dup_gpu(norms, sizeof norms), *d_losses = (float *)dup_gpu(losses, sizeof losses);
+    // a finite step: sum of squares 4.25, norm 2.06, clipped to max_norm 1
+    C->grad_sq_to_f64(hsq, norms, 2, losses, 2);
+    G->grad_sq_to_f64(d_sq, d_norms, 2, d_losses, 2);
+    C->sum_f64(&hs.sq, hsq, 2);
+    G->sum_f64(&d_s->sq, d_sq, 2);
+    ops_optim_args a = {3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, 10, 7, 5, 0};
+    C->optim_scalars(&hs, &a);
+    G->optim_scalars(d_s, &a);
+    G->copy_d2h(&gs, d_s, sizeof gs);
+    check_bits("optim_scalars state", "finite step, t 7", &gs, &hs, sizeof gs);
+    const float clip = (float)(1.0 / (sqrt(4.25) + 1e-6));
+    check(hs.updates == 7 && !hs.skip && hs.k.grad_scale == clip, "optim_scalars", "finite step: t 7, clipped",
+          "updates %d skip %d clip %g (want %g)", hs.updates, hs.skip, hs.k.grad_scale, clip);
+    C->adamw_step(p, m, v, g, n, 0, 0, 0, 0, 0, 0, 0.0f, &hs);
+    G->adamw_step(d_p, d_m, d_v, d_g, n, 0, 0, 0, 0, 0, 0, 0.0f, d_s);
+    C->adamw_step(q, qm, qv, g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, clip, NULL);
+    check_bits("adamw_step with the device's scalars", "n=5003 t=7 (CPU, host arguments)", p, q, n * 4);
+    float *gp = (float *)from_gpu(d_p, n * 4);
+    check_bits("adamw_step with the device's scalars", "n=5003 t=7 (cuda)", gp, p, n * 4);
+    free(gp);
+    // a NaN loss: the norm is NaN, nothing moves, the step is recorded
+    losses[1] = NAN;
+    G->copy_h2d(d_losses, losses, sizeof losses);
+    C->grad_sq_to_f64(hsq, norms, 2, losses, 2);
+    G->grad_sq_to_f64(d_sq, d_norms, 2, d_losses, 2);
+    C->sum_f64(&hs.sq, hsq, 2);
+    G->sum_f64(&d_s->sq, d_sq, 2);
+    a.step = 11, a.expected_t = 8;
+    C->optim_scalars(&hs, &a);
+    G->optim_scalars(d_s, &a);
+    G->copy_d2h(&gs, d_s, sizeof gs);
+    check(memcmp(&gs, &hs, sizeof gs) == 0 && hs.skip && hs.nonfinite == 1 && hs.first_bad == 11 && hs.updates == 7 &&
+              !hs.halted,
+          "optim_scalars", "NaN loss", "skip %d nonfinite %d first_bad %lld updates %d halted %d (same on cuda: %d)",
+          hs.skip, hs.nonfinite, (long long)hs.first_bad, hs.updates, hs.halted, memcmp(&gs, &hs, sizeof gs) == 0);
+    memcpy(q, p, n * 4);
+    C->adamw_step(p, m, v, g, n, 0, 0, 0, 0, 0, 0, 0.0f, &hs);
+    G->adamw_step(d_p, d_m, d_v, d_g, n, 0, 0, 0, 0, 0, 0, 0.0f, d_s);
+    gp = (float *)from_gpu(d_p, n * 4);
+    check_bits("adamw_step skipped", "n=5003 (CPU)", p, q, n * 4);
+    check_bits("adamw_step skipped", "n=5003 (cuda)", gp, q, n * 4);
+    free(gp);
+    // finite again, but the host expected t 9 (it did not know of the skip): t is 8
+    losses[1] = 3.5f;
+    G->copy_h2d(d_losses, losses, sizeof losses);
+    C->grad_sq_to_f64(hsq, norms, 1, losses, 2);
+    G->grad_sq_to_f64(d_sq, d_norms, 1, d_losses, 2);
+    C->sum_f64(&hs.sq, hsq, 1);
+    G->sum_f64(&d_s->sq, d_sq, 1);
+    a.step = 12, a.expected_t = 9;
+    C->optim_scalars(&hs, &a);
+    G->optim_scalars(d_s, &a);
+    G->copy_d2h(&gs, d_s, sizeof gs);
+    tetra_adamw_coef k8 = tetra_adamw_coefficients(3e-4, 0.9, 0.95, 1e-8, 0.1, 8, 1.0f);
+    k8.grad_scale = hs.k.grad_scale;
+    check(hs.updates == 8 && hs.run == 0 && memcmp(&hs.k, &k8, sizeof k8) == 0, "optim_scalars", "stale expected t",
+          "updates %d run %d, coefficients of t 8: %d", hs.updates, hs.run, memcmp(&hs.k, &k8, sizeof k8) == 0);
+    check(gs.updates == 8 && fabsf(gs.k.neg_step_size / hs.k.neg_step_size - 1.0f) < 1e-6f &&
+              fabsf(gs.k.bc2_sqrt / hs.k.bc2_sqrt - 1.0f) < 1e-6f,
+          "optim_scalars", "stale expected t (cuda: the device's pow)", "updates %d step size %g / %g", gs.updates,
+          gs.k.neg_step_size, hs.k.neg_step_size);
+    // halt_first: the first non-finite step halts, and no finite step updates after it
+    hs.sq = INFINITY;
+    a.halt_first = 1, a.step = 13;
+    C->optim_scalars(&hs, &a);
+    hs.sq = 1.0;
+    a.step = 14;
+    C->optim_scalars(&hs, &a);
+    check(hs.halted && hs.skip && hs.updates == 8 && hs.last_bad == 13 && hs.first_bad == 11, "optim_scalars",
+          "halt_first", "halted %d skip %d updates %d last_bad %lld", hs.halted, hs.skip, hs.updates,
+          (long long)hs.last_bad);
+    free(p), free(m), free(v), free(g), free(q), free(qm), free(qv);
+    G->release(d_p), G->release(d_m), G->release(d_v), G->release(d_g), G->release(d_s), G->release(d_sq);
+    G->release(d_norms), G->release(d_losses);
+}
+
 static void test_adamw(void) {
     const size_t n = 100003;
     float *p = hrandn(n, 0.02f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.001f), *g = hrandn(n, 0.1f);
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
     float *d_p = (float *)dup_gpu(p, n * 4), *d_m = (float *)dup_gpu(m, n * 4), *d_v = (float *)dup_gpu(v, n * 4);
     float *d_g = (float *)dup_gpu(g, n * 4);
-    C->adamw_step(p, m, v, g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, 0.5f);
-    G->adamw_step(d_p, d_m, d_v, d_g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, 0.5f);
+    C->adamw_step(p, m, v, g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, 0.5f, NULL);
+    G->adamw_step(d_p, d_m, d_v, d_g, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 7, 0.5f, NULL);
     float *gp = (float *)from_gpu(d_p, n * 4), *gm = (float *)from_gpu(d_m, n * 4), *gv = (float *)from_gpu(d_v, n * 4);
     check_bits("adamw_step param", "n=100003 t=7", gp, p, n * 4);
     check_bits("adamw_step m", "n=100003 t=7", gm, m, n * 4);
@@ -1938,8 +2048,8 @@ static void test_adamw(void) {
     free(gm);
     free(gv);
     uint16_t *p16 = (uint16_t *)malloc(n * 2), *d_p16 = (uint16_t *)G->alloc(n * 2), *g16;
-    C->adamw_step_bf16(p, p16, m, v, g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
-    G->adamw_step_bf16(d_p, d_p16, d_m, d_v, d_g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
+    C->adamw_step_bf16(p, p16, m, v, g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f, NULL);
+    G->adamw_step_bf16(d_p, d_p16, d_m, d_v, d_g, n, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f, NULL);
     gp = (float *)from_gpu(d_p, n * 4);
     g16 = (uint16_t *)from_gpu(d_p16, n * 2);
     check_bits("adamw_step_bf16 param", "n=100003 t=1", gp, p, n * 4);
@@ -2192,12 +2302,14 @@ static void test_full_step(tetra_dtype dt) {
         free(gg);
         if (bf16) { // fp32 master weights, then the bf16 compute copy in the same pass
             C->adamw_step_bf16(mc.param_mem, mc.param_bf16, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95,
-                               1e-8, 0.1, step, 1.0f);
+                               1e-8, 0.1, step, 1.0f, NULL);
             G->adamw_step_bf16(mg.param_mem, mg.param_bf16, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95,
-                               1e-8, 0.1, step, 1.0f);
+                               1e-8, 0.1, step, 1.0f, NULL);
         } else {
-            C->adamw_step(mc.param_mem, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f);
-            G->adamw_step(mg.param_mem, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f);
+            C->adamw_step(mc.param_mem, mom_c[0], mom_c[1], mc.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f,
+                          NULL);
+            G->adamw_step(mg.param_mem, mom_g[0], mom_g[1], mg.grad_mem, total, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, 1.0f,
+                          NULL);
         }
     }
     snprintf(shape, sizeof shape, "steps 2-4: %zu allocs, %+lld bytes", G->alloc_count() - count_after_warmup,
@@ -2531,8 +2643,8 @@ static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uin
     LC("40x24 f32 transposed", NULL, R->fp8_quantize(NULL, Q, S + 8, X, TETRA_F32, Z, 40, 24, TETRA_FP8_E5M2));
     LC("40x24 bf16 both", NULL, R->fp8_quantize(Q, Q + 1024, NULL, H, TETRA_BF16, Z, 40, 24, TETRA_FP8_E4M3));
     LC("empty, scale only", NULL, R->fp8_quantize(NULL, NULL, S + 8, H, TETRA_BF16, Z, 0, 24, TETRA_FP8_E4M3));
-    LC("n=3000", NULL, R->adamw_step(X, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f));
-    LC("n=3000", NULL, R->adamw_step_bf16(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f));
+    LC("n=3000", NULL, R->adamw_step(X, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL));
+    LC("n=3000", NULL, R->adamw_step_bf16(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL));
     float h[4] = {1, 2, 3, 4};
     LC("16 B", NULL, R->copy_h2d(X, h, sizeof h));
     LC("16 B", NULL, R->copy_d2h(h, X, sizeof h));
@@ -2791,6 +2903,7 @@ int main(int argc, char **argv) {
     test_cross_entropy_fused(3, 128256);
     test_cross_entropy_sharded();
     test_adamw();
+    test_optim_scalars();
     test_memory();
     test_copy_2d();
     test_launch_counts();

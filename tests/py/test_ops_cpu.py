@@ -103,7 +103,7 @@ cpu_cast_f32_to_fp8 = sig("cpu_cast_f32_to_fp8", P, P, P, c_int, c_int, c_int, c
 cpu_cast_fp8_to_f32 = sig("cpu_cast_fp8_to_f32", P, P, P, c_int, c_int, c_int, c_int)
 cpu_fp8_scale_from_amax = sig("cpu_fp8_scale_from_amax", P, P, P, c_int, c_int, c_float, c_int)
 cpu_adamw_step = sig("cpu_adamw_step", P, P, P, P, c_size, c_double, c_double, c_double, c_double, c_double,
-                     c_int, c_float)
+                     c_int, c_float, P)
 cpu_gemm = sig("cpu_gemm", P, P, P, ctypes.POINTER(GemmDesc))
 cpu_gemm_bf16_onednn = sig("cpu_gemm_bf16_onednn", ctypes.c_int, ret=ctypes.c_int)
 cpu_gemm_f32_onednn = sig("cpu_gemm_f32_onednn", ctypes.c_int, ret=ctypes.c_int)
@@ -887,7 +887,7 @@ def test_adamw():
             if gs != 1.0:
                 pt.grad.mul_(gs)  # what clip_grad_norm_ does
             opt.step()
-            cpu_adamw_step(ptr(p), ptr(m), ptr(v), ptr(g), n, lr, b1, b2, eps, wd, step, gs)
+            cpu_adamw_step(ptr(p), ptr(m), ptr(v), ptr(g), n, lr, b1, b2, eps, wd, step, gs, None)
             st = opt.state[pt]
             for got, ref in ((p, pt.detach()), (m, st["exp_avg"]), (v, st["exp_avg_sq"])):
                 worst = max(worst, ((got.double() - ref.double()).norm() / ref.double().norm()).item())

@@ -3,6 +3,8 @@
 #   1. lr 1e30 makes step 2's gradients NaN. training.on_nonfinite = "stop" (the default)
 #      names the first non-finite gradient and its rank, exits 1 before the update, and
 #      leaves the step-1 checkpoint as the newest (no checkpoint holds the NaN step).
+#      With a log every 4th step the update count, skip and norm stay on the device: the
+#      run stops at step 4 naming step 2 as the first non-finite one, no checkpoint of 4.
 #   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0);
 #      on one rank over 8 steps the 5th non-finite step in a row (steps 2-6; the default
 #      training.max_consecutive_nonfinite_steps) stops the run with exit 1 naming the key.
@@ -42,6 +44,18 @@ if [ $rc = 1 ] && grep -q "first non-finite gradient: .*weight on rank 0" "$T/st
   ok "stop: exit 1 at step 2 naming $(grep -o 'first non-finite gradient: [^;]*' "$T/stop.log"); newest checkpoint step-1"
 else
   bad "stop: exit $rc, checkpoints '$(ls "$T/stop/checkpoint" 2>/dev/null | tr '\n' ' ')': $(grep -m2 -E 'WARN|ERROR' "$T/stop.log")"
+fi
+
+# a log every 4th step: the device skips the updates from step 2 on, and the run learns
+# it (and stops) at step 4, its next read, without a checkpoint of step 4
+"$TETRA" "${COMMON[@]}" --training.local_batch_size 2 --training.steps 8 --metrics.log_freq 4 --checkpoint.enable \
+  --checkpoint.interval 4 --job.dump_folder "$T/stop_late" >"$T/stop_late.log" 2>&1
+rc=$?
+if [ $rc = 1 ] && grep -q "step 4: the loss or gradient norm of step 2 was not finite (3 non-finite steps since the last read); no update was applied from it on" "$T/stop_late.log" &&
+   [ "$(grep -c '"grad_norm"' "$T/stop_late/metrics.jsonl")" = 1 ] && [ ! -e "$T/stop_late/checkpoint/step-4" ]; then
+  ok "stop with a log every 4th step: exit 1 at step 4 naming step 2, no checkpoint of step 4"
+else
+  bad "stop_late: exit $rc: $(grep -m2 -E 'WARN|ERROR' "$T/stop_late.log")"
 fi
 
 mpirun -np 2 --oversubscribe --bind-to none "$TETRA" "${COMMON[@]}" --training.local_batch_size 1 \
