@@ -186,7 +186,7 @@ static const float *operand_amax(const f8_lin *s, model_operand which, int row0,
  * carries a broadcast (tensorwise) scale. */
 static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, f8_operand A, f8_operand B, int trans_a,
                      int trans_b, int m, int n, int k, int lda, int ldb, int ldc, int rowwise, int fast_accum,
-                     float beta) {
+                     float beta, const void *c_in) {
     const tetra_ops *ops = f->ops;
     ops_gemm_desc g;
     memset(&g, 0, sizeof g);
@@ -201,6 +201,7 @@ static void fp8_gemm(struct float8_model *f, tetra_dtype c_type, void *c, f8_ope
     g.ldc = ldc;
     g.alpha = 1.0f;
     g.beta = beta;
+    g.c_in = c_in;
     if (f->cfg.emulate) {
         /* dequantise (stored layouts) and multiply in fp32; a rowwise A is never transposed */
         const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
@@ -316,7 +317,7 @@ static const float *pending_amax(f8_lin *s, model_operand which, const void *t, 
 
 /* y = x W^T: x e4m3 [n, in] . W e4m3 [out, in], both K-major */
 static void tw_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
-                       const void *w, int n, int row0, float beta) {
+                       const void *w, int n, int row0, float beta, const void *c_in) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const int in = l->in, out = l->out;
@@ -325,7 +326,7 @@ static void tw_forward(const model_linear_env *e, const model_linear *l, tetra_d
         if (!ax) ax = operand_amax(s, MODEL_OPERAND_X, row0, x, n, in, 0, f->amax_a);
         f->ops->fp8_quantize(f->qa, NULL, f->inv_a, x, f->cdt, ax, n, in, TETRA_FP8_E4M3);
     }
-    fp8_gemm(f, yt, y, op_a(f, TETRA_FP8_E4M3), tw_weight(e, l, w, 0), 0, 1, n, out, in, in, in, out, 0, 1, beta);
+    fp8_gemm(f, yt, y, op_a(f, TETRA_FP8_E4M3), tw_weight(e, l, w, 0), 0, 1, n, out, in, in, in, out, 0, 1, beta, c_in);
     chain_note(f, l, CALL_FORWARD, x, n, row0);
 }
 
@@ -342,7 +343,8 @@ static void tw_backward_input(const model_linear_env *e, const model_linear *l, 
     s->dy_key = keep ? dy : NULL;
     s->dy_n = n;
     f->ops->fp8_quantize(f->qa, NULL, f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
-    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E5M2), tw_weight(e, l, w, 1), 0, 1, n, in, out, out, out, in, 0, 0, beta);
+    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E5M2), tw_weight(e, l, w, 1), 0, 1, n, in, out, out, out, in, 0, 0, beta,
+             NULL);
     chain_note(f, l, CALL_NONE, NULL, 0, row0);
 }
 
@@ -373,20 +375,20 @@ static void tw_backward_weight(const model_linear_env *e, const model_linear *l,
         }
         ops->fp8_quantize(NULL, f->qb, f->inv_b, x, f->cdt, ax, n, in, TETRA_FP8_E4M3);
     }
-    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E5M2), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0,
-             1.0f);
+    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E5M2), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0, 1.0f,
+             NULL);
     chain_note(f, l, CALL_WEIGHT, x, n, -1);
 }
 
 /* y[n, out] = x[n, in] W[out, in]^T + beta y */
 static void f8_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
-                       const void *w, int n, int row0, float beta) {
+                       const void *w, int n, int row0, float beta, const void *c_in) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) {
-        tw_forward(e, l, yt, y, x, w, n, row0, beta);
+        tw_forward(e, l, yt, y, x, w, n, row0, beta, c_in);
         return;
     }
     f->last_call = CALL_NONE;
@@ -396,7 +398,8 @@ static void f8_forward(const model_linear_env *e, const model_linear *l, tetra_d
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_row_amax(e, l, w), out, 0, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qa, x, f->sc_a, 1, n, in, TETRA_FP8_E4M3);
     x_cast(f, f->qb, w, f->sc_b, 1, out, in, TETRA_FP8_E4M3);
-    fp8_gemm(f, yt, y, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, n, out, in, in, in, out, 1, 1, beta);
+    fp8_gemm(f, yt, y, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, n, out, in, in, in, out, 1, 1, beta,
+             c_in);
 }
 
 /* dx[n, in] = dy[n, out] W[out, in] + beta dx */
@@ -419,13 +422,14 @@ static void f8_backward_input(const model_linear_env *e, const model_linear *l, 
         ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_col_amax(e, l, w), in, 0, OPS_FP8_E4M3_MAX, 1);
         ops->cast_transpose_to_fp8(f->qb, w, f->cdt, f->sc_b, out, in, TETRA_FP8_E4M3);
         fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, n, in, out, out, out, in, 1, 0,
-                 beta);
+                 beta, NULL);
         return;
     }
     /* rowwise_with_gw_hp: W tensorwise, its one scale broadcast to every column */
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, w_tensor_amax(e, l, w), in, 1, OPS_FP8_E4M3_MAX, 1);
     x_cast(f, f->qb, w, f->sc_b, 0, out, in, TETRA_FP8_E4M3);
-    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 0, n, in, out, out, in, in, 1, 0, beta);
+    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 0, n, in, out, out, in, in, 1, 0, beta,
+             NULL);
 }
 
 /* dW[out, in] += dy[n, out]^T x[n, in] (fp32) */
@@ -453,8 +457,8 @@ static void f8_backward_weight(const model_linear_env *e, const model_linear *l,
     ops->amax_cols(f->amax_b, x, f->cdt, n, in);
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, in, 0, OPS_FP8_E4M3_MAX, 1);
     ops->cast_transpose_to_fp8(f->qb, x, f->cdt, f->sc_b, n, in, TETRA_FP8_E4M3); /* x^T [in, n] */
-    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 1, 0,
-             1.0f);
+    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 1, 0, 1.0f,
+             NULL);
 }
 
 static const model_linear_impl float8_linear = {"float8",           f8_forward,    f8_backward_input,

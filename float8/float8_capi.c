@@ -53,7 +53,7 @@ int float8_capi_linear(const char *recipe, int emulate, int n, int in, int out, 
         return -1;
     }
     const model_linear_env e = {ops, TETRA_F32, NULL, llama3_linear_default(), w, weight_of};
-    if (y) l.impl->forward(&e, &l, TETRA_F32, y, x, w, n, -1, 0.0f);
+    if (y) l.impl->forward(&e, &l, TETRA_F32, y, x, w, n, -1, 0.0f, NULL);
     if (dx) l.impl->backward_input(&e, &l, TETRA_F32, dx, dy, w, n, -1, 0.0f);
     if (dw) {
         memset(dw, 0, (size_t)out * (size_t)in * sizeof(float));

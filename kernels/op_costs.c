@@ -511,7 +511,7 @@ void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype
     (void)d, (void)dx, (void)dout, (void)x, (void)w, (void)rstd;
     begin(o, twin(t, OPK_RMSNORM_BACKWARD_INPUT, OPK_RMSNORM_BACKWARD_INPUT_BF16), "%dx%d", n, c);
     if (n <= 0 || c <= 0) return;
-    /* dout, x and the accumulated dx read; dx written */
+    /* dout, x and the residual gradient (dx itself or another buffer) read; dx written */
     kernel(o, 3.0 * es(t) * rc(n, c) + es(t) * c + 4.0 * n, es(t) * rc(n, c), 8.0 * rc(n, c));
 }
 

@@ -56,7 +56,11 @@ extern "C" {
 // scale_rowwise = 0: a_scale[1], b_scale[1] (tensorwise); 1: a_scale[m] (per row of
 // op(A)), b_scale[n] (per column of op(B)) (torchao rowwise/axiswise).
 // batch > 1 runs `batch` independent products at the given element strides.
-// When beta == 0, C is not read (it may hold garbage). The CPU backend takes F32, BF16,
+// When beta == 0, C is not read (it may hold garbage). c_in, when set, is the C that beta
+// scales and the output is written to the op's `c` alone (D = alpha op(A) op(B) + beta
+// c_in, as cuBLASLt's separate C and D): same type, ldc and stride_c as the output, and
+// either the output itself or not overlapping it; NULL: the output is also the input. A
+// residual add then needs no copy of the residual first. The CPU backend takes F32, BF16,
 // FP8_E4M3 and FP8_E5M2 operands (not F16) and widens them exactly to fp32.
 // Every GEMM of the model goes through this one entry point, so the fp8 converter only
 // has to change the descriptor.
@@ -72,6 +76,7 @@ typedef struct {
     int fast_accum;                       // fp8 fast accumulation (GPU hint; the CPU always accumulates in fp32)
     int batch;                            // 0 or 1: a single product
     int64_t stride_a, stride_b, stride_c; // elements between batch items
+    const void *c_in;                     // beta's C when it is not the output (above), or NULL
 } ops_gemm_desc;
 
 // One attention call: queries [Sq] against keys [Sk], which may be a block of a longer
@@ -232,9 +237,12 @@ typedef struct tetra_ops {
     // ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps)
     void (*rmsnorm_forward)(float *out /*[N, C]*/, float *rstd /*[N]*/, const float *x /*[N, C]*/,
                             const float *w /*[C]*/, int n, int c, float eps);
-    // "I" half: dx += d/dx (accumulates into the residual gradient)
+    // "I" half: dx = dres + d/dx, the residual gradient dres (NULL: dx's own values, which
+    // it accumulates into; else not overlapping dx) plus the norm's, so that the residual
+    // needs no copy into dx first
     void (*rmsnorm_backward_input)(float *dx /*[N, C]*/, const float *dout /*[N, C]*/, const float *x /*[N, C]*/,
-                                   const float *w /*[C]*/, const float *rstd /*[N]*/, int n, int c);
+                                   const float *w /*[C]*/, const float *rstd /*[N]*/, int n, int c,
+                                   const float *dres /*[N, C] or NULL*/);
     // "W" half: dw += sum_rows dout * x * rstd (deterministic column reduction)
     void (*rmsnorm_backward_weight)(float *dw /*[C]*/, const float *dout /*[N, C]*/, const float *x /*[N, C]*/,
                                     const float *rstd /*[N]*/, int n, int c);
@@ -348,10 +356,10 @@ typedef struct tetra_ops {
     // amax (NULL: not computed): amax_bf16 of out, formed as out is written (as swiglu's)
     void (*rmsnorm_forward_bf16)(uint16_t *out /*[N, C]*/, float *rstd /*[N]*/, float *amax /*[1] or NULL*/,
                                  const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/, int n, int c, float eps);
-    // dx = bf16(dx + d/dx) (accumulates into the residual gradient)
+    // dx = bf16(dres + d/dx), dres as rmsnorm_backward_input's (NULL: dx)
     void (*rmsnorm_backward_input_bf16)(uint16_t *dx /*[N, C]*/, const uint16_t *dout /*[N, C]*/,
                                         const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/,
-                                        const float *rstd /*[N]*/, int n, int c);
+                                        const float *rstd /*[N]*/, int n, int c, const uint16_t *dres);
     // dw (fp32) += sum_rows dout * x * rstd (deterministic column reduction)
     void (*rmsnorm_backward_weight_bf16)(float *dw /*[C]*/, const uint16_t *dout /*[N, C]*/,
                                          const uint16_t *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c);

@@ -30,7 +30,8 @@ static inline int ops_path_gemm_fp8_shape(const ops_gemm_desc *g, const void *c)
     const int batch = g->batch > 1 ? g->batch : 1;
     const int64_t cs = (int64_t)tetra_dtype_size(g->c_type);
     return g->m % 16 == 0 && g->n % 16 == 0 && g->k % 16 == 0 && ((int64_t)g->ldc * cs) % 16 == 0 &&
-        ops_path_aligned16(c) && (batch <= 1 || (g->stride_c * cs) % 16 == 0);
+        ops_path_aligned16(c) && (!g->c_in || ops_path_aligned16(g->c_in)) &&
+        (batch <= 1 || (g->stride_c * cs) % 16 == 0);
 }
 
 /* An fp8 operand is used in place when it is K-major (A as [m, k]: trans 0; B as [n, k]:

@@ -309,9 +309,9 @@ static void r_rmsnorm_forward(float *out, float *rstd, const float *x, const flo
     if (R.base) R.base->rmsnorm_forward(out, rstd, x, w, n, c, eps);
 }
 static void r_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd,
-                                     int n, int c) {
+                                     int n, int c, const float *dres) {
     REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_F32, dx, dout, x, w, rstd, n, c));
-    if (R.base) R.base->rmsnorm_backward_input(dx, dout, x, w, rstd, n, c);
+    if (R.base) R.base->rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
 }
 static void r_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c) {
     REC(opc_rmsnorm_backward_weight(&c_, &R.dev, TETRA_F32, dw, dout, x, rstd, n, c));
@@ -434,9 +434,9 @@ static void r_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, cons
     if (R.base) R.base->rmsnorm_forward_bf16(out, rstd, amax, x, w, n, c, eps);
 }
 static void r_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
-                                          const float *rstd, int n, int c) {
+                                          const float *rstd, int n, int c, const uint16_t *dres) {
     REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_BF16, dx, dout, x, w, rstd, n, c));
-    if (R.base) R.base->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, c);
+    if (R.base) R.base->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, c, dres);
 }
 static void r_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                            int c) {

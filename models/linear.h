@@ -47,11 +47,13 @@ typedef struct {
 
 struct model_linear_impl {
     const char *name;
-    /* y = x W^T + beta y, y of type y_type (compute dtype, or F32 for the logits).
-     * row0 < 0: x is the whole operand. row0 >= 0: x is rows [row0, row0 + n) of the
-     * operand announced by the last begin_rows(MODEL_OPERAND_X) of this linear. */
+    /* y = x W^T + beta c, y of type y_type (compute dtype, or F32 for the logits); c is
+     * c_in, or y itself when c_in is NULL (c_in: a residual added without copying it into
+     * y first; ops.h ops_gemm_desc.c_in). row0 < 0: x is the whole operand. row0 >= 0: x
+     * is rows [row0, row0 + n) of the operand announced by the last
+     * begin_rows(MODEL_OPERAND_X) of this linear. */
     void (*forward)(const model_linear_env *e, const model_linear *l, tetra_dtype y_type, void *y, const void *x,
-                    const void *w, int n, int row0, float beta);
+                    const void *w, int n, int row0, float beta, const void *c_in);
     /* dx = dy W + beta dx, dx of type dx_type (compute dtype, or F32 for a tensor-parallel
      * partial sum); row0 as in forward, for dy */
     void (*backward_input)(const model_linear_env *e, const model_linear *l, tetra_dtype dx_type, void *dx,

@@ -99,10 +99,11 @@ void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uin
     if (amax) cpu_amax_bf16(amax, out, (size_t)(n > 0 ? n : 0) * (size_t)(c > 0 ? c : 0));
 }
 
-// dx = bf16(dx + d/dx): the residual gradient is widened, the contribution added in fp32
+// dx = bf16(dres + d/dx): the residual gradient is widened, the contribution added in fp32
 // by the twin's kernel, and the sum rounded once.
 void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
-                                     const float *rstd, int n, int c) {
+                                     const float *rstd, int n, int c, const uint16_t *dres) {
+    if (!dres) dres = dx;
     float *wf = scratch((size_t)c);
     widen_k(wf, w, (size_t)c);
 #pragma omp parallel if (row_parallel(n, c))
@@ -112,7 +113,7 @@ void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const u
 #pragma omp for schedule(static)
         for (int i = 0; i < n; i++) {
             size_t o = (size_t)i * c;
-            widen_k(dxf, dx + o, (size_t)c);
+            widen_k(dxf, dres + o, (size_t)c);
             widen_k(dyf, dout + o, (size_t)c);
             widen_k(xf, x + o, (size_t)c);
             cpu_rmsnorm_bwd_row_k(dxf, dyf, xf, wf, rstd[i], c);

@@ -414,6 +414,12 @@ static void gemm_one(void *c, const void *a, const void *b, const ops_gemm_desc 
 void cpu_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g) {
     int batch = g->batch > 1 ? g->batch : 1;
     size_t ea = tetra_dtype_size(g->a_type), eb = tetra_dtype_size(g->b_type), ec = tetra_dtype_size(g->c_type);
+    if (g->c_in && g->c_in != c && g->beta != 0.0f && g->m > 0 && g->n > 0) /* the sums below accumulate into c */
+        for (int i = 0; i < batch; i++)
+            for (int r = 0; r < g->m; r++) {
+                const size_t off = ((size_t)i * (size_t)g->stride_c + (size_t)r * (size_t)g->ldc) * ec;
+                memcpy((char *)c + off, (const char *)g->c_in + off, (size_t)g->n * ec);
+            }
     for (int i = 0; i < batch; i++) {
         gemm_one((char *)c + (size_t)i * (size_t)g->stride_c * ec,
                  (const char *)a + (size_t)i * (size_t)g->stride_a * ea,

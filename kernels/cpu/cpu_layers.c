@@ -76,10 +76,11 @@ CPU_SIMD void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy
 }
 
 void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd, int n,
-                                int c) {
+                                int c, const float *dres) {
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
     for (int i = 0; i < n; i++) {
         size_t o = (size_t)i * c;
+        if (dres && dres != dx) memcpy(dx + o, dres + o, (size_t)c * sizeof(float)); /* the row, cache-hot */
         cpu_rmsnorm_bwd_row_k(dx + o, dout + o, x + o, w, rstd[i], c);
     }
 }

@@ -181,12 +181,13 @@ static void pack(void *dst, tetra_dtype out, const void *src, tetra_dtype in, in
 }
 
 // ----------------------------------------------------------------------------
-// epilogue of the general path: C = alpha * sa * sb * acc + beta * C (acc NULL: k = 0),
-// acc dense [batch, m, n]; the CPU backend's formula, operation for operation.
+// epilogue of the general path: C = alpha * sa * sb * acc + beta * cin (acc NULL: k = 0),
+// acc dense [batch, m, n], cin C itself or the descriptor's c_in; the CPU backend's
+// formula, operation for operation.
 
 template <bool BF16_OUT>
-__global__ void epilogue_kernel(void *c, const float *acc, int m, int n, int64_t ldc, int64_t stride_c, int batch,
-                                float alpha, const float *sa, const float *sb, int rowwise, float beta) {
+__global__ void epilogue_kernel(void *c, const void *cin, const float *acc, int m, int n, int64_t ldc, int64_t stride_c,
+                                int batch, float alpha, const float *sa, const float *sb, int rowwise, float beta) {
     const size_t mn = (size_t)m * (size_t)n, total = mn * (size_t)batch;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
@@ -197,12 +198,10 @@ __global__ void epilogue_kernel(void *c, const float *acc, int m, int n, int64_t
         float r = __fmul_rn(__fmul_rn(__fmul_rn(alpha, a_s), b_s), acc ? acc[idx] : 0.0f);
         size_t ci = (size_t)bi * (size_t)stride_c + (size_t)i * (size_t)ldc + (size_t)j;
         if constexpr (BF16_OUT) {
-            uint16_t *cb = (uint16_t *)c;
-            if (beta != 0.0f) r = __fadd_rn(r, __fmul_rn(beta, tetra_bf16_to_f32(cb[ci])));
-            cb[ci] = tetra_f32_to_bf16(r);
+            if (beta != 0.0f) r = __fadd_rn(r, __fmul_rn(beta, tetra_bf16_to_f32(((const uint16_t *)cin)[ci])));
+            ((uint16_t *)c)[ci] = tetra_f32_to_bf16(r);
         } else {
-            float *cf = (float *)c;
-            cf[ci] = beta != 0.0f ? __fadd_rn(r, __fmul_rn(beta, cf[ci])) : r;
+            ((float *)c)[ci] = beta != 0.0f ? __fadd_rn(r, __fmul_rn(beta, ((const float *)cin)[ci])) : r;
         }
     }
 }
@@ -212,7 +211,8 @@ __global__ void epilogue_kernel(void *c, const float *acc, int m, int n, int64_t
 
 enum { SCALE_NONE = 0, SCALE_TENSOR = 1, SCALE_OUTER = 2 };
 
-// One column-major cuBLASLt product: D[m x n] = alpha * opa(A) opb(B) + beta * C, D = C.
+// One column-major cuBLASLt product: D[m x n] = alpha * opa(A) opb(B) + beta * C, C and D
+// of one layout (C is D unless the call names another input).
 // Compared with memcmp: 64-bit fields first and an even count of ints, so no padding.
 typedef struct {
     int64_t lda, ldb, ldc;
@@ -339,6 +339,7 @@ typedef struct {
     lt_key key;
     const void *a, *b;
     void *c;
+    const void *cin;                // beta's C when it is not c, or NULL
     const float *a_scale, *b_scale; // device, for SCALE_TENSOR / SCALE_OUTER
     float alpha, beta;
 } lt_call;
@@ -351,6 +352,10 @@ static cublasStatus_t lt_matmul(lt_call *c) {
     k->align_a = align_of(c->a, k->sa * (int64_t)lt_elem_size((cudaDataType)k->ta), k->batch);
     k->align_b = align_of(c->b, k->sb * (int64_t)lt_elem_size((cudaDataType)k->tb), k->batch);
     k->align_c = align_of(c->c, k->sc * (int64_t)lt_elem_size((cudaDataType)k->tc), k->batch);
+    if (c->cin) { // the algorithm's C alignment holds for both
+        const int ai = align_of(c->cin, k->sc * (int64_t)lt_elem_size((cudaDataType)k->tc), k->batch);
+        if (ai < k->align_c) k->align_c = ai;
+    }
     lt_plan *p = plan_get(k);
     if (p->status != CUBLAS_STATUS_SUCCESS) return p->status;
     if (k->scale_mode != SCALE_NONE) {
@@ -359,8 +364,9 @@ static cublasStatus_t lt_matmul(lt_call *c) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof as));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs));
     }
-    cublasStatus_t s = cublasLtMatmul(lt_handle, p->desc, &c->alpha, c->a, p->la, c->b, p->lb, &c->beta, c->c, p->lc,
-                                      c->c, p->lc, &p->algo, lt_workspace, LT_WORKSPACE_BYTES, stream);
+    cublasStatus_t s =
+        cublasLtMatmul(lt_handle, p->desc, &c->alpha, c->a, p->la, c->b, p->lb, &c->beta, c->cin ? c->cin : c->c, p->lc,
+                       c->c, p->lc, &p->algo, lt_workspace, LT_WORKSPACE_BYTES, stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
         p->status = s; // refused before running: remember, and let the caller take another path
         return s;
@@ -425,12 +431,13 @@ static void run_epilogue(void *c, const float *acc, const ops_gemm_desc *g, int 
     size_t total = (size_t)g->m * (size_t)g->n * (size_t)batch;
     unsigned nb = tetra_blocks(total, TETRA_THREADS);
     cudaStream_t st = cuda_stream();
+    const void *cin = g->c_in ? g->c_in : c;
     if (g->c_type == TETRA_BF16)
-        epilogue_kernel<true><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha,
-                                                            sa, sb, rowwise, g->beta);
+        epilogue_kernel<true><<<nb, TETRA_THREADS, 0, st>>>(c, cin, acc, g->m, g->n, g->ldc, g->stride_c, batch,
+                                                            g->alpha, sa, sb, rowwise, g->beta);
     else
-        epilogue_kernel<false><<<nb, TETRA_THREADS, 0, st>>>(c, acc, g->m, g->n, g->ldc, g->stride_c, batch, g->alpha,
-                                                             sa, sb, rowwise, g->beta);
+        epilogue_kernel<false><<<nb, TETRA_THREADS, 0, st>>>(c, cin, acc, g->m, g->n, g->ldc, g->stride_c, batch,
+                                                             g->alpha, sa, sb, rowwise, g->beta);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -495,6 +502,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
         operand Bk = kmajor(g, B, 1, SCRATCH_GEMM_B, batch);
         if (!rowwise) {
             lt_call call = make_call(g, Ak, Bk, c, g->c_type, g->ldc, g->stride_c, batch);
+            call.cin = g->c_in;
             call.key.fast_accum = g->fast_accum ? 1 : 0;
             call.key.scale_mode = SCALE_TENSOR;
             call.a_scale = g->b_scale; // swapped
@@ -511,6 +519,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
             // remembered in its cached plan and falls through to the epilogue at once
             if (g->a_scale && g->b_scale) {
                 lt_call call = make_call(g, Ak, Bk, c, g->c_type, g->ldc, g->stride_c, batch);
+                call.cin = g->c_in;
                 call.key.fast_accum = g->fast_accum ? 1 : 0;
                 call.key.scale_mode = SCALE_OUTER;
                 call.a_scale = g->b_scale; // cuBLASLt A (our B): one scale per its m' = n rows
@@ -541,6 +550,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
     if (B.t != common) B = widen(g, B, 1, common, SCRATCH_GEMM_B, batch);
     if (ops_path_gemm_direct(g, common)) {
         lt_call call = make_call(g, A, B, c, g->c_type, g->ldc, g->stride_c, batch);
+        call.cin = g->c_in;
         call.alpha = g->alpha;
         call.beta = g->beta;
         gemm_checked(lt_matmul(&call), common == TETRA_F32 ? "f32" : "bf16");

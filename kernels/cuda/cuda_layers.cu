@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(TETRA_THREADS)
 // dx = dx + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
 template <typename T>
 __global__ void __launch_bounds__(TETRA_THREADS)
-    rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int c) {
+    rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int c, const T *dres) {
     __shared__ float sh[32];
     const size_t o = (size_t)blockIdx.x * (size_t)c;
     float dot = 0.0f;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(TETRA_THREADS)
     const float r = rstd[blockIdx.x], dot_c = dot / (float)c;
     for (int j = threadIdx.x; j < c; j += blockDim.x)
         store_f32(dx + o + j,
-                  to_f32(dx[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
+                  to_f32(dres[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
 }
 
 template <typename T>
@@ -177,9 +177,10 @@ static void rmsnorm_forward(T *out, float *rstd, float *amax, const T *x, const 
 }
 
 template <typename T>
-static void rmsnorm_backward_input(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int n, int c) {
+static void rmsnorm_backward_input(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int n, int c,
+                                   const T *dres) {
     if (n <= 0 || c <= 0) return;
-    rmsnorm_bwd_input_kernel<T><<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, c);
+    rmsnorm_bwd_input_kernel<T><<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, c, dres ? dres : dx);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -193,13 +194,14 @@ extern "C" void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *ama
 }
 
 extern "C" void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
-                                            const float *rstd, int n, int c) {
-    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c);
+                                            const float *rstd, int n, int c, const float *dres) {
+    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
 }
 
 extern "C" void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x,
-                                                 const uint16_t *w, const float *rstd, int n, int c) {
-    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c);
+                                                 const uint16_t *w, const float *rstd, int n, int c,
+                                                 const uint16_t *dres) {
+    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
 }
 
 // Weight gradient: a column reduction over rows, deterministic in two passes. Pass 1:

@@ -139,11 +139,12 @@ static ops_gemm_desc gemm_desc(tetra_dtype ab, tetra_dtype c, int trans_a, int t
     return g;
 }
 
-/* y[N, out] = x[N, in] W[out, in]^T + beta y */
+/* y[N, out] = x[N, in] W[out, in]^T + beta (c_in or y) */
 static void default_forward(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
-                            const void *w, int n, int row0, float beta) {
+                            const void *w, int n, int row0, float beta, const void *c_in) {
     (void)row0;
     ops_gemm_desc g = gemm_desc(e->compute_dtype, yt, 0, 1, n, l->out, l->in, l->in, l->in, l->out, beta);
+    g.c_in = c_in;
     e->ops->gemm(y, x, w, &g);
 }
 /* dx[N, in] = dy[N, out] W[out, in] + beta dx */
@@ -178,10 +179,16 @@ static void lin_fwd_to(const llama3_model *m, int idx, tetra_dtype yt, void *y, 
                        float beta) {
     const model_linear *l = &m->linears[idx];
     const model_linear_env e = llama3_linear_env(m);
-    l->impl->forward(&e, l, yt, y, x, param_ptr(m, idx), n, row0, beta);
+    l->impl->forward(&e, l, yt, y, x, param_ptr(m, idx), n, row0, beta, NULL);
 }
 static void lin_fwd(const llama3_model *m, int idx, void *y, const void *x, int n, int row0, float beta) {
     lin_fwd_to(m, idx, m->compute_dtype, y, x, n, row0, beta);
+}
+/* y = x W^T + res over the whole operand: the residual read by the GEMM, not copied into y */
+static void lin_fwd_res(const llama3_model *m, int idx, void *y, const void *x, int n, const void *res) {
+    const model_linear *l = &m->linears[idx];
+    const model_linear_env e = llama3_linear_env(m);
+    l->impl->forward(&e, l, m->compute_dtype, y, x, param_ptr(m, idx), n, -1, 1.0f, res);
 }
 static void lin_bwd_input_to(const llama3_model *m, int idx, tetra_dtype dxt, void *dx, const void *dy, int n, int row0,
                              float beta) {
@@ -225,10 +232,11 @@ static void rmsnorm_fwd_amax(const llama3_model *m, void *out, float *rstd, cons
 static void rmsnorm_fwd(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n) {
     rmsnorm_fwd_amax(m, out, rstd, x, w, n, NULL);
 }
+/* dx = dres + d rmsnorm (dres NULL: dx accumulates) */
 static void rmsnorm_bwd_input(const llama3_model *m, void *dx, const void *dout, const void *x, const void *w,
-                              const float *rstd, int n) {
-    if (mixed(m)) m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim);
-    else m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim);
+                              const float *rstd, int n, const void *dres) {
+    if (mixed(m)) m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim, dres);
+    else m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim, dres);
 }
 static void rmsnorm_bwd_weight(const llama3_model *m, float *dw, const void *dout, const void *x, const float *rstd,
                                int n) {
@@ -1424,7 +1432,7 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
                               int output) {
     const tetra_ops *ops = m->ops;
     const int n = (int)a->n, nl = (int)a->nl, H = heads_l(m), KV = kv_l(m), tp = tpn(m) > 1;
-    const size_t es = act_size(m), nc = a->n * (size_t)m->args.dim, ff = a->n * ffn_l(m);
+    const size_t ff = a->n * ffn_l(m);
     const int bl = local_block(m, l);
     llama3_workspace *ws = a->ws;
     const void *x = a->res[bl];
@@ -1462,8 +1470,7 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
             rows_job wo = {m, a, l, ROWS_WO, t, 0, 0};
             sp_exit(m, a, &wo, t->h, x);
         } else {
-            ops->copy(t->h, x, nc * es);
-            lin_fwd(m, pidx_block(m, l, P_WO), t->h, t->att, n, -1, 1.0f);
+            lin_fwd_res(m, pidx_block(m, l, P_WO), t->h, t->att, n, x);
         }
     }
 
@@ -1496,8 +1503,7 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
             rows_job w2 = {m, a, l, ROWS_W2, t, 0, 0};
             sp_exit(m, a, &w2, out, t->h);
         } else {
-            ops->copy(out, t->h, nc * es);
-            lin_fwd(m, pidx_block(m, l, P_W2), out, t->s, n, -1, 1.0f);
+            lin_fwd_res(m, pidx_block(m, l, P_W2), out, t->s, n, t->h);
         }
     }
 }
@@ -1611,7 +1617,7 @@ void llama3_backward_head_input(llama3_model *m, llama3_acts *a) {
         lin_bwd_input(m, pidx_output(m), a->dxnf, dlogits, n, -1, 0.0f);
     }
     zero_acts(m, dres, a->nl * (size_t)m->args.dim);
-    rmsnorm_bwd_input(m, dres, a->dxnf, a->res[a->nb], param_ptr(m, pidx_norm(m)), a->rstdf, nl);
+    rmsnorm_bwd_input(m, dres, a->dxnf, a->res[a->nb], param_ptr(m, pidx_norm(m)), a->rstdf, nl, NULL);
 }
 
 void llama3_backward_head_weight(llama3_model *m, llama3_acts *a) {
@@ -1630,9 +1636,9 @@ void llama3_backward_head(llama3_model *m, llama3_acts *a) {
 
 void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     const tetra_ops *ops = m->ops;
-    const int n = (int)a->n, C = m->args.dim, H = heads_l(m), KV = kv_l(m);
+    const int n = (int)a->n, H = heads_l(m), KV = kv_l(m);
     const int HD = (int)hd_l(m), KVD = (int)kvd_l(m), F = (int)ffn_l(m);
-    const size_t nc = a->n * (size_t)C, es = act_size(m);
+    const size_t es = act_size(m);
     const int bl = local_block(m, l);
     llama3_workspace *ws = a->ws;
 
@@ -1686,9 +1692,8 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         /* dh = dout (residual) + d rmsnorm, on this rank's rows (kept in dr_l, which the
          * attention part then adds to), gathered for wo, whose input gradient runs on the
          * rows as they arrive */
-        ops->copy(a->dres[bl], a->dres[bl + 1], a->nl * (size_t)C * es);
         rmsnorm_bwd_input(m, a->dres[bl], t->dxn2l, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2,
-                          (int)a->nl);
+                          (int)a->nl, a->dres[bl + 1]);
         rows_job dj = {m, a, l, ROWS_DATT, t, 0, 0};
         sp_gather_then(m, a, dh_full, a->dres[bl], &dj);
     } else {
@@ -1696,8 +1701,7 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, -1, 0.0f);
         lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, -1, 1.0f);
         /* dh = dout (residual) + d rmsnorm */
-        ops->copy(t->dh, dout, nc * es);
-        rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n);
+        rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n, dout);
     }
 
     /* attention: datt = dh Wo; attention backward into scratch (it reads q/k/v, so it
@@ -1731,7 +1735,7 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         rows_job job = {m, a, l, ROWS_DXN1, t, 0, 0};
         sp_exit(m, a, &job, t->dxn1l, NULL);
         /* dr_l = dh (already there) + d rmsnorm */
-        rmsnorm_bwd_input(m, a->dres[bl], t->dxn1l, a->res[bl], w_attn_norm, t->rstd1, (int)a->nl);
+        rmsnorm_bwd_input(m, a->dres[bl], t->dxn1l, a->res[bl], w_attn_norm, t->rstd1, (int)a->nl, NULL);
         return;
     }
     void *dxn1 = t->xn1;
@@ -1739,8 +1743,7 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, -1, 1.0f);
     lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, -1, 1.0f);
     /* dr_l = dh (residual) + d rmsnorm */
-    ops->copy(a->dres[bl], t->dh, nc * es);
-    rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], w_attn_norm, t->rstd1, n);
+    rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], w_attn_norm, t->rstd1, n, t->dh);
 }
 
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {

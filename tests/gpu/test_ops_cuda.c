@@ -921,7 +921,8 @@ static void c_to_float(float *dst, const void *src, tetra_dtype t, size_t n) {
         for (size_t i = 0; i < n; i++) dst[i] = tetra_bf16_to_f32(((const uint16_t *)src)[i]);
 }
 
-static void run_gemm(const gemm_case *gc) {
+// sep_c: beta's C in a buffer of its own (c_in), the output NaN before the call
+static void run_gemm_c(const gemm_case *gc, int sep_c) {
     const int batch = gc->batch > 1 ? gc->batch : 1;
     const int ar = gc->ta ? gc->k : gc->m, ac = gc->ta ? gc->m : gc->k;
     const int br = gc->tb ? gc->n : gc->k, bc = gc->tb ? gc->k : gc->n;
@@ -969,13 +970,40 @@ static void run_gemm(const gemm_case *gc) {
         dsa = (float *)dup_gpu(sa, la * 4);
         dsb = (float *)dup_gpu(sb, lb * 4);
     }
+    void *cin = NULL, *dcin = NULL, *inplace = NULL;
+    if (sep_c) { // c moves to c_in; the output starts as NaN, so every element must be written
+        cin = malloc(nc * ec);
+        memcpy(cin, c, nc * ec);
+        inplace = malloc(nc * ec);
+        memcpy(inplace, c, nc * ec);
+        memset(c, 0xff, nc * ec);
+        for (size_t r = 0; r < nc / (size_t)g.ldc; r++) // the padding columns are nobody's output
+            memcpy((char *)c + (r * (size_t)g.ldc + (size_t)gc->n) * ec,
+                   (char *)cin + (r * (size_t)g.ldc + (size_t)gc->n) * ec, (size_t)gc->pad * ec);
+        dcin = dup_gpu(cin, nc * ec);
+        g.a_scale = sa, g.b_scale = sb;
+        C->gemm(inplace, a, b, &g); // the same product with C = D, for the bits
+    }
     void *da = dup_gpu(a, na * ea), *db = dup_gpu(b, nb * eb), *dc = dup_gpu(c, nc * ec);
     g.a_scale = sa;
     g.b_scale = sb;
+    g.c_in = cin;
     C->gemm(c, a, b, &g);
     g.a_scale = dsa;
     g.b_scale = dsb;
+    g.c_in = dcin;
     G->gemm(dc, da, db, &g);
+    if (sep_c) {
+        void *back = from_gpu(dcin, nc * ec);
+        char sh[96];
+        snprintf(sh, sizeof sh, "m%d n%d k%d beta %.2g %s", gc->m, gc->n, gc->k, (double)gc->beta, tname(gc->ct));
+        check_bits("gemm c_in: CPU equals C = D", sh, c, inplace, nc * ec);
+        check_bits("gemm c_in: left unchanged", sh, back, cin, nc * ec);
+        free(back);
+        free(cin);
+        free(inplace);
+        G->release(dcin);
+    }
     void *gcv = from_gpu(dc, nc * ec);
     float *ref = (float *)malloc(nc * 4), *got = (float *)malloc(nc * 4);
     c_to_float(ref, c, gc->ct, nc);
@@ -1001,6 +1029,8 @@ static void run_gemm(const gemm_case *gc) {
     if (dsa) G->release(dsa);
     if (dsb) G->release(dsb);
 }
+
+static void run_gemm(const gemm_case *gc) { run_gemm_c(gc, 0); }
 
 static void test_gemm(void) {
     const tetra_dtype F = TETRA_F32, B = TETRA_BF16, E4 = TETRA_FP8_E4M3, E5 = TETRA_FP8_E5M2;
@@ -1063,6 +1093,16 @@ static void test_gemm(void) {
     run_gemm(&oddr);
     run_gemm(&nos);
     run_gemm(&mix);
+    // beta's C in another buffer (a residual add without a copy): each path that applies beta
+    const gemm_case sep[] = {
+        {F, F, F, 0, 0, 37, 53, 29, 3, 1, 1.3f, 0.7f, 0, 0, 1e-5},    // fp32 direct
+        {B, B, B, 0, 1, 64, 48, 80, 0, 1, 1.0f, 1.0f, 0, 0, 1e-2},    // bf16 direct (y = x W^T + r)
+        {F, F, B, 0, 1, 33, 40, 50, 0, 1, 1.0f, 1.0f, 0, 0, 1e-2},    // fp32 -> bf16: the epilogue
+        {E4, E4, B, 0, 1, 64, 128, 96, 0, 1, 1.0f, 1.0f, 1, 0, 1e-2}, // fp8 tensorwise
+        {E4, E4, B, 0, 1, 32, 64, 48, 0, 1, 1.0f, 1.0f, 2, 0, 1e-2},  // fp8 rowwise
+        {F, F, F, 0, 1, 9, 7, 0, 1, 2, 1.0f, 0.5f, 0, 0, 0.0},        // k = 0, batched
+    };
+    for (size_t i = 0; i < sizeof sep / sizeof sep[0]; i++) run_gemm_c(&sep[i], 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -1132,10 +1172,26 @@ static void test_rmsnorm(void) {
         // backward halves from the CPU's rstd (isolates each op); both accumulate
         G->copy_h2d(d_rstd, rstd, (size_t)n * 4);
         if (rows) {
-            C->rmsnorm_backward_input(dx0, dy, x, w, rstd, n, c);
-            G->rmsnorm_backward_input(d_dx, d_dy, d_x, d_w, d_rstd, n, c);
+            C->rmsnorm_backward_input(dx0, dy, x, w, rstd, n, c, NULL);
+            G->rmsnorm_backward_input(d_dx, d_dy, d_x, d_w, d_rstd, n, c, NULL);
             g3 = (float *)from_gpu(d_dx, nc * 4);
             check_close("rmsnorm_backward_input (+=)", shape, g3, dx0, nc, 1e-5);
+            // dx = dres + d from another buffer: the in-place bits, dres untouched (both backends)
+            float *acc = (float *)malloc(nc * 4), *sep = (float *)malloc(nc * 4);
+            memcpy(acc, dx0, nc * 4);
+            memset(sep, 0xff, nc * 4);
+            C->rmsnorm_backward_input(acc, dy, x, w, rstd, n, c, NULL);
+            C->rmsnorm_backward_input(sep, dy, x, w, rstd, n, c, dx0);
+            check_bits("rmsnorm_backward_input dres", shape, sep, acc, nc * 4);
+            float *d_acc = (float *)dup_gpu(g3, nc * 4), *d_sep = (float *)dup_gpu(sep, nc * 4);
+            G->rmsnorm_backward_input(d_acc, d_dy, d_x, d_w, d_rstd, n, c, NULL);
+            G->rmsnorm_backward_input(d_sep, d_dy, d_x, d_w, d_rstd, n, c, d_dx);
+            float *ga = (float *)from_gpu(d_acc, nc * 4), *gs = (float *)from_gpu(d_sep, nc * 4);
+            float *gd = (float *)from_gpu(d_dx, nc * 4);
+            check_bits("rmsnorm_backward_input dres (cuda)", shape, gs, ga, nc * 4);
+            check_bits("rmsnorm_backward_input dres unchanged (cuda)", shape, gd, g3, nc * 4);
+            free(acc), free(sep), free(ga), free(gs), free(gd);
+            G->release(d_acc), G->release(d_sep);
         }
         C->rmsnorm_backward_weight(dw0, dy, x, rstd, n, c);
         G->rmsnorm_backward_weight(d_dw, d_dy, d_x, d_rstd, n, c);
@@ -1333,16 +1389,37 @@ static void test_rmsnorm_bf16(void) {
         G->copy_h2d(d_rstd, rstd, (size_t)n * 4);
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_backward_input_bf16));
         if (C->rmsnorm_backward_input_bf16) {
-            C->rmsnorm_backward_input_bf16(dx, dy, x, w, rstd, n, c);
+            C->rmsnorm_backward_input_bf16(dx, dy, x, w, rstd, n, c, NULL);
         } else {
             float *dxf = widen(dx, nc);
-            C->rmsnorm_backward_input(dxf, dyf, xf, wf, rstd, n, c);
+            C->rmsnorm_backward_input(dxf, dyf, xf, wf, rstd, n, c, NULL);
             narrow(dx, dxf, nc);
             free(dxf);
         }
-        G->rmsnorm_backward_input_bf16(d_dx, d_dy, d_x, d_w, d_rstd, n, c);
+        G->rmsnorm_backward_input_bf16(d_dx, d_dy, d_x, d_w, d_rstd, n, c, NULL);
         uint16_t *g3 = (uint16_t *)from_gpu(d_dx, nc * 2);
         check_bf16("rmsnorm_bwd_input_bf16 (+=)", shape, g3, dx, nc, 1e-5, 1.0);
+        { // dx = bf16(dres + d) from another buffer: the in-place bits on the device, dres untouched
+            uint16_t *nan16 = (uint16_t *)malloc(nc * 2);
+            memset(nan16, 0xff, nc * 2);
+            uint16_t *d_acc = (uint16_t *)dup_gpu(g3, nc * 2), *d_sep = (uint16_t *)dup_gpu(nan16, nc * 2);
+            G->rmsnorm_backward_input_bf16(d_acc, d_dy, d_x, d_w, d_rstd, n, c, NULL);
+            G->rmsnorm_backward_input_bf16(d_sep, d_dy, d_x, d_w, d_rstd, n, c, d_dx);
+            uint16_t *ga = (uint16_t *)from_gpu(d_acc, nc * 2), *gs = (uint16_t *)from_gpu(d_sep, nc * 2);
+            uint16_t *gd = (uint16_t *)from_gpu(d_dx, nc * 2);
+            check_bits("rmsnorm_bwd_input_bf16 dres (cuda)", shape, gs, ga, nc * 2);
+            check_bits("rmsnorm_bwd_input_bf16 dres unchanged (cuda)", shape, gd, g3, nc * 2);
+            if (C->rmsnorm_backward_input_bf16) {
+                uint16_t *acc = (uint16_t *)malloc(nc * 2);
+                memcpy(acc, dx, nc * 2);
+                C->rmsnorm_backward_input_bf16(acc, dy, x, w, rstd, n, c, NULL);
+                C->rmsnorm_backward_input_bf16(nan16, dy, x, w, rstd, n, c, dx);
+                check_bits("rmsnorm_bwd_input_bf16 dres", shape, nan16, acc, nc * 2);
+                free(acc);
+            }
+            free(nan16), free(ga), free(gs), free(gd);
+            G->release(d_acc), G->release(d_sep);
+        }
 
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_backward_weight_bf16));
         if (C->rmsnorm_backward_weight_bf16) C->rmsnorm_backward_weight_bf16(dw, dy, x, rstd, n, c);
@@ -2669,7 +2746,7 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC("24x32 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 2048, H + 4096, 24, 32, 1e-5f));
             LC("2100x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 2100, 8, 1e-5f));
             LC("0x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 0, 8, 1e-5f));
-            LC(s, NULL, R->rmsnorm_backward_input_bf16(H, H + 1024, H + 2048, H + 4096, Z, 24, 32));
+            LC(s, NULL, R->rmsnorm_backward_input_bf16(H, H + 1024, H + 2048, H + 4096, Z, 24, 32, NULL));
             LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32));
             LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16));
             LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, NULL, H + 1024, Y, tok, 0, 2, 12, 2, 16));
@@ -2688,7 +2765,7 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC(s, NULL, R->embedding_backward(W, X, tok, 24, 32, 0, 50));
             LC("24x32 vocab 0", NULL, R->embedding_backward(W, X, tok, 24, 32, 0, 0));
             LC(s, NULL, R->rmsnorm_forward(X, Z, Y, W, 24, 32, 1e-5f));
-            LC(s, NULL, R->rmsnorm_backward_input(X, Y, Y + 1024, W, Z, 24, 32));
+            LC(s, NULL, R->rmsnorm_backward_input(X, Y, Y + 1024, W, Z, 24, 32, NULL));
             LC("300x20", NULL, R->rmsnorm_backward_weight(W, Y, Y + 8192, Z, 300, 20));
             LC("b2 s12 h2 d16", NULL, R->rope_forward(X, X, Y, NULL, 3, 2, 12, 2, 16));
             LC("d=1", NULL, R->rope_backward(X, X, Y, NULL, 0, 2, 12, 2, 1));

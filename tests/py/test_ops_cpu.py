@@ -78,7 +78,8 @@ class GemmDesc(ctypes.Structure):
                 ("m", c_int), ("n", c_int), ("k", c_int), ("lda", c_int), ("ldb", c_int), ("ldc", c_int),
                 ("alpha", c_float), ("beta", c_float), ("a_scale", c_void), ("b_scale", c_void),
                 ("scale_rowwise", c_int), ("fast_accum", c_int), ("batch", c_int),
-                ("stride_a", ctypes.c_int64), ("stride_b", ctypes.c_int64), ("stride_c", ctypes.c_int64)]
+                ("stride_a", ctypes.c_int64), ("stride_b", ctypes.c_int64), ("stride_c", ctypes.c_int64),
+                ("c_in", c_void)]
 
 
 def sig(name, *args, ret=None):
@@ -110,7 +111,7 @@ cpu_gemm_f32_onednn = sig("cpu_gemm_f32_onednn", ctypes.c_int, ret=ctypes.c_int)
 cpu_embedding_forward = sig("cpu_embedding_forward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_embedding_backward = sig("cpu_embedding_backward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_rmsnorm_forward = sig("cpu_rmsnorm_forward", P, P, P, P, c_int, c_int, c_float)
-cpu_rmsnorm_backward_input = sig("cpu_rmsnorm_backward_input", P, P, P, P, P, c_int, c_int)
+cpu_rmsnorm_backward_input = sig("cpu_rmsnorm_backward_input", P, P, P, P, P, c_int, c_int, P)
 cpu_rmsnorm_backward_weight = sig("cpu_rmsnorm_backward_weight", P, P, P, P, c_int, c_int)
 cpu_rope_forward = sig("cpu_rope_forward", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
 cpu_rope_backward = sig("cpu_rope_backward", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
@@ -128,7 +129,7 @@ cpu_attention_set_backward_mode = sig("cpu_attention_set_backward_mode", c_int)
 cpu_embedding_forward_bf16 = sig("cpu_embedding_forward_bf16", P, P, P, c_int, c_int, c_int, c_int)
 cpu_embedding_backward_bf16 = sig("cpu_embedding_backward_bf16", P, P, P, c_int, c_int, c_int, c_int)
 cpu_rmsnorm_forward_bf16 = sig("cpu_rmsnorm_forward_bf16", P, P, P, P, P, c_int, c_int, c_float)
-cpu_rmsnorm_backward_input_bf16 = sig("cpu_rmsnorm_backward_input_bf16", P, P, P, P, P, c_int, c_int)
+cpu_rmsnorm_backward_input_bf16 = sig("cpu_rmsnorm_backward_input_bf16", P, P, P, P, P, c_int, c_int, P)
 cpu_rmsnorm_backward_weight_bf16 = sig("cpu_rmsnorm_backward_weight_bf16", P, P, P, P, c_int, c_int)
 cpu_rope_forward_bf16 = sig("cpu_rope_forward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
 cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, P, c_int, c_int, c_int, c_int, c_int)
@@ -431,10 +432,10 @@ def test_casts():
 
 
 def gemm_call(c, a, b, m, n, k, ta=0, tb=0, lda=None, ldb=None, ldc=None, alpha=1.0, beta=0.0,
-              at=F32, bt=F32, ct=F32, a_scale=None, b_scale=None, rowwise=0, batch=0, sa=0, sb=0, sc=0):
+              at=F32, bt=F32, ct=F32, a_scale=None, b_scale=None, rowwise=0, batch=0, sa=0, sb=0, sc=0, c_in=None):
     g = GemmDesc(at, bt, ct, ta, tb, m, n, k,
                  lda if lda else (m if ta else k), ldb if ldb else (k if tb else n), ldc if ldc else n,
-                 alpha, beta, ptr(a_scale), ptr(b_scale), rowwise, 0, batch, sa, sb, sc)
+                 alpha, beta, ptr(a_scale), ptr(b_scale), rowwise, 0, batch, sa, sb, sc, ptr(c_in))
     cpu_gemm(ptr(c), ptr(a), ptr(b), ctypes.byref(g))
 
 
@@ -457,6 +458,12 @@ def test_gemm():
             B = b.double().t() if tb else b.double()
             ref = alpha * A @ B + beta * c0.double()
             check(f"gemm f32 {m}x{n}x{k} t{ta}{tb} ({route})", c, ref, 1e-5)
+            if beta != 0.0:  # beta's C from another buffer (c_in): the output over NaN, C untouched
+                d = torch.full((m, n), float("nan"))
+                cin = c0.clone()
+                gemm_call(d, a, b, m, n, k, ta, tb, alpha=alpha, beta=beta, c_in=cin)
+                check(f"gemm f32 c_in {m}x{n}x{k} t{ta}{tb} ({route})", d, ref, 1e-5)
+                record(f"gemm f32 c_in {m}x{n}x{k} t{ta}{tb} ({route})", "C changed", float(not torch.equal(cin, c0)), 0)
         # beta = 0 must not read C (NaN garbage stays out), on the threaded and the bf16 paths
         for (m, n, k) in ((300, 257, 129), (20, 30, 40)):
             a, b = f32(m, k), f32(k, n)
@@ -600,7 +607,7 @@ def test_rmsnorm():
         yd.backward(dout.double())
         dx0 = f32(N, C)
         dx = dx0.clone()
-        cpu_rmsnorm_backward_input(ptr(dx), ptr(dout), ptr(x), ptr(w), ptr(rstd), N, C)
+        cpu_rmsnorm_backward_input(ptr(dx), ptr(dout), ptr(x), ptr(w), ptr(rstd), N, C, None)
         check(f"rmsnorm bwd dx {N}x{C}", dx - dx0, xd.grad, 1e-4)
         dw0 = f32(C)
         dw = dw0.clone()
@@ -998,10 +1005,10 @@ def test_bf16_rmsnorm():
         yf.backward(dout.float())
         dx0 = bf(N, C)  # the residual gradient so far: the op adds to it in fp32, rounds once
         dx = dx0.clone()
-        cpu_rmsnorm_backward_input_bf16(ptr(dx), ptr(dout), ptr(x), ptr(w), ptr(rstd), N, C)
+        cpu_rmsnorm_backward_input_bf16(ptr(dx), ptr(dout), ptr(x), ptr(w), ptr(rstd), N, C, None)
         check_bf(f"bf16 rmsnorm bwd dx (accumulate) {tag}", dx, dx0.float() + xf.grad)
         d32, dout32 = dx0.float(), dout.float()
-        cpu_rmsnorm_backward_input(ptr(d32), ptr(dout32), ptr(x32), ptr(w32), ptr(rstd), N, C)
+        cpu_rmsnorm_backward_input(ptr(d32), ptr(dout32), ptr(x32), ptr(w32), ptr(rstd), N, C, None)
         check_twin(f"bf16 rmsnorm bwd dx {tag}", dx, round_bf16(d32))
 
         dw0 = f32(C)

@@ -761,9 +761,9 @@ static void test_keep_policy(void) {
 
 static int lin_calls[3];
 static void count_fwd(const model_linear_env *e, const model_linear *l, tetra_dtype yt, void *y, const void *x,
-                      const void *w, int n, int row0, float beta) {
+                      const void *w, int n, int row0, float beta, const void *c_in) {
     lin_calls[0]++;
-    e->fallback->forward(e, l, yt, y, x, w, n, row0, beta);
+    e->fallback->forward(e, l, yt, y, x, w, n, row0, beta, c_in);
 }
 static void count_bwd_in(const model_linear_env *e, const model_linear *l, tetra_dtype dxt, void *dx, const void *dy,
                          const void *w, int n, int row0, float beta) {
