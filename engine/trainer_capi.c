@@ -105,7 +105,9 @@ double trainer_capi_step_docs(void *h, const int32_t *inputs, const int32_t *lab
         memcpy(t->batch.lab, labels, n * sizeof(int32_t));
     }
     step_result r;
+    t->cur_step = t->tc.step + 1;
     train_step(t, &r);
+    train_step_read(t, &r); /* the caller reads this step's loss and norm */
     t->tc.step++;
     if (grad_norm) *grad_norm = r.grad_norm;
     if (lr) *lr = r.lr;

@@ -32,14 +32,14 @@ typedef struct {
     double mem_pct;     /* of device / host memory */
     double step_time_s; /* end-to-end seconds per step (avg since last log) */
     double data_time_s; /* data loading seconds per step (avg since last log) */
-    /* host waits on the device per step since the last log (ops.h host_waits), leaving
-     * out the reads and synchronisations that logging and checkpoints add */
-    double host_waits;
     int64_t tokens_seen;
     /* the same two counting the attention the mask leaves (causal: half the score pairs;
      * block_causal: those within documents) instead of TorchTitan's T^2; NAN: not known */
     double tflops_computed;
     double mfu_computed; /* percent */
+    /* host waits on the device per step since the last log (ops.h host_waits), leaving
+     * out the reads and synchronisations that logging and checkpoints add */
+    double host_waits;
 } metrics_step;
 
 /* Opens <dump_folder>/metrics.jsonl for appending (creating dump_folder if

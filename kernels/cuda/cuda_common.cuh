@@ -80,6 +80,15 @@ __device__ __forceinline__ float store_f32_as(uint16_t *p, float v) {
     return tetra_bf16_to_f32(b);
 }
 
+// 16 bytes of T moved as one access (an aligned 16-byte struct compiles to one 128-bit load
+// or store): N elements, each widened and rounded as the scalar accessors above do.
+template <typename T> struct alignas(16) vec16 {
+    static constexpr int N = 16 / (int)sizeof(T);
+    T e[16 / sizeof(T)];
+};
+template <typename T> __device__ __forceinline__ vec16<T> load16(const T *p) { return *(const vec16<T> *)p; }
+template <typename T> __device__ __forceinline__ void store16(T *p, const vec16<T> &v) { *(vec16<T> *)p = v; }
+
 // ----------------------------------------------------------------------------
 // reductions. Shuffle-xor trees and a fixed warp order: the same inputs in the same
 // threads always give the same bits (no atomics anywhere in the backend's float sums).

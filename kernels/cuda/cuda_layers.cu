@@ -273,29 +273,61 @@ extern "C" void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dou
 }
 
 // ----------------------------------------------------------------------------
-// RoPE: one thread per (row, head, pair); reads both values before writing (in place ok)
+// RoPE: a block per row (grid-stride over rows), its threads over the row's (head, pair)
+// units, so the index path divides 32-bit numbers only. With 16-byte aligned x, out and
+// freqs and whole vectors per head, a thread takes N / 2 pairs in one 16-byte load and
+// store (bf16: 4 pairs; fp32: 2); otherwise one pair. Each pair reads both values before
+// writing (in place ok), with the same per-element math either way.
+
+template <bool INVERSE>
+__device__ __forceinline__ void rope_pair(float *y0, float *y1, float x0, float x1, float c, float s) {
+    if constexpr (INVERSE) tetra_rope_unrotate(y0, y1, x0, x1, c, s);
+    else tetra_rope_rotate(y0, y1, x0, x1, c, s);
+}
 
 template <bool INVERSE, typename T, int AMAX = 0>
-__global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int s, int nh,
-                            int d, size_t total, float *amax = NULL, float *part = NULL, unsigned *done = NULL) {
+__global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int rows, int s,
+                            int nh, int d, int vec, float *amax = NULL, float *part = NULL, unsigned *done = NULL) {
     __shared__ float sh[AMAX ? 32 : 1];
     __shared__ int last;
+    constexpr int P = vec16<T>::N / 2; // pairs per 16 bytes
     float m = 0.0f;
-    const size_t half = (size_t)(d / 2);
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += stride) {
-        size_t rest = q / half, i = q - rest * half; // rest = row * nh + head
-        size_t row = rest / (size_t)nh;              // b * s + si
-        int si = (int)(row % (size_t)s);
-        int p = pos ? pos[si] : pos_offset + si;
-        size_t o = rest * (size_t)d + 2 * i;
-        const float *f = freqs + ((size_t)p * half + i) * 2;
-        float x0 = to_f32(x[o]), x1 = to_f32(x[o + 1]), y0, y1;
-        if constexpr (INVERSE) tetra_rope_unrotate(&y0, &y1, x0, x1, f[0], f[1]);
-        else tetra_rope_rotate(&y0, &y1, x0, x1, f[0], f[1]);
-        y0 = store_f32_as(out + o, y0);
-        y1 = store_f32_as(out + o + 1, y1);
-        if (AMAX) m = nan_max(m, nan_max(fabsf(y0), fabsf(y1)));
+    const int half = d / 2, step = vec ? P : 1, units = nh * (half / step), per_head = half / step;
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        const int si = row % s;
+        const int p = pos ? pos[si] : pos_offset + si;
+        const float *f = freqs + (size_t)p * (size_t)half * 2;
+        const size_t base = (size_t)row * (size_t)nh * (size_t)d;
+        for (int u = threadIdx.x; u < units; u += blockDim.x) {
+            const int head = u / per_head, i = (u - head * per_head) * step; // the unit's first pair
+            const size_t o = base + (size_t)head * (size_t)d + 2 * (size_t)i;
+            if (vec) {
+                const vec16<T> xv = load16(x + o);
+                vec16<T> yv;
+                float fc[2 * P];
+#pragma unroll
+                for (int k = 0; k < 2 * P; k += 4) {
+                    const float4 f4 = *(const float4 *)(f + 2 * i + k);
+                    fc[k] = f4.x, fc[k + 1] = f4.y, fc[k + 2] = f4.z, fc[k + 3] = f4.w;
+                }
+#pragma unroll
+                for (int k = 0; k < P; k++) {
+                    float y0, y1;
+                    rope_pair<INVERSE>(&y0, &y1, to_f32(xv.e[2 * k]), to_f32(xv.e[2 * k + 1]), fc[2 * k],
+                                       fc[2 * k + 1]);
+                    y0 = store_f32_as(&yv.e[2 * k], y0);
+                    y1 = store_f32_as(&yv.e[2 * k + 1], y1);
+                    if (AMAX) m = nan_max(m, nan_max(fabsf(y0), fabsf(y1)));
+                }
+                store16(out + o, yv);
+            } else {
+                float y0, y1;
+                rope_pair<INVERSE>(&y0, &y1, to_f32(x[o]), to_f32(x[o + 1]), f[2 * i], f[2 * i + 1]);
+                y0 = store_f32_as(out + o, y0);
+                y1 = store_f32_as(out + o + 1, y1);
+                if (AMAX) m = nan_max(m, nan_max(fabsf(y0), fabsf(y1)));
+            }
+        }
     }
     if (AMAX) {
         m = block_nan_max(m, sh);
@@ -303,16 +335,28 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
     }
 }
 
+// The 16-byte path: whole vectors per head (d a multiple of N, so every head starts on
+// a vector, as every row of freqs does) and aligned bases.
+template <typename T> static int rope_vec(const T *out, const T *x, const float *freqs, int d) {
+    return d % vec16<T>::N == 0 && d % 8 == 0 && tetra_aligned16(out) && tetra_aligned16(x) && tetra_aligned16(freqs);
+}
+
+static unsigned row_blocks(int rows, unsigned cap) {
+    return rows < 1 ? 1u : (unsigned)rows < cap ? (unsigned)rows : cap;
+}
+
 template <typename T>
 static void rope_launch(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
                         int nh, int d, int inverse) {
     if (b <= 0 || s <= 0 || nh <= 0 || d < 2) return;
-    size_t total = (size_t)b * (size_t)s * (size_t)nh * (size_t)(d / 2);
-    unsigned nb = tetra_blocks(total, TETRA_THREADS);
+    const int rows = b * s, vec = rope_vec(out, x, freqs, d);
+    const unsigned nb = row_blocks(rows, TETRA_MAX_BLOCKS);
     if (inverse)
-        rope_kernel<true, T><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
+        rope_kernel<true, T>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, rows, s, nh, d, vec);
     else
-        rope_kernel<false, T><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, s, nh, d, total);
+        rope_kernel<false, T>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, rows, s, nh, d, vec);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -338,29 +382,48 @@ extern "C" void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_
         rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
         return;
     }
-    const int empty = b <= 0 || s <= 0 || nh <= 0 || d < 2;
-    const size_t total = empty ? 0 : (size_t)b * (size_t)s * (size_t)nh * (size_t)(d / 2);
-    unsigned nb = tetra_blocks(total, TETRA_THREADS);
-    if (nb > TETRA_AMAX_MAX_BLOCKS) nb = TETRA_AMAX_MAX_BLOCKS;
-    rope_kernel<true, uint16_t, 1>
-        <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, freqs, pos, pos_offset, empty ? 1 : s, empty ? 1 : nh,
-                                                  empty ? 2 : d, total, amax, cuda_amax_part(), cuda_amax_counter());
+    const int empty = b <= 0 || s <= 0 || nh <= 0 || d < 2, rows = empty ? 0 : b * s;
+    rope_kernel<true, uint16_t, 1><<<row_blocks(rows, TETRA_AMAX_MAX_BLOCKS), TETRA_THREADS, 0, cuda_stream()>>>(
+        dx, dout, freqs, pos, pos_offset, rows, empty ? 1 : s, empty ? 1 : nh, empty ? 2 : d,
+        !empty && rope_vec(dx, dout, freqs, d), amax, cuda_amax_part(), cuda_amax_counter());
     CUDA_CHECK_LAUNCH();
 }
 
 // ----------------------------------------------------------------------------
-// SwiGLU
+// SwiGLU: elementwise, with 16-byte loads and stores when every operand is 16-byte aligned
+// (N elements a step, the remainder one at a time); the same per-element math either way.
 
 // With AMAX, the block maxima of what was stored go to amax_finish (amax[0]; backward:
 // da into amax[0], dg into amax[1]).
+template <typename T> __device__ __forceinline__ float swiglu_fwd_one(T *out, T a, T g) {
+    return store_f32_as(out, tetra_silu(to_f32(a)) * to_f32(g));
+}
+
 template <typename T, int AMAX>
-__global__ void swiglu_fwd_kernel(T *out, float *amax, float *part, unsigned *done, const T *a, const T *g, size_t n) {
+__global__ void swiglu_fwd_kernel(T *out, float *amax, float *part, unsigned *done, const T *a, const T *g, size_t n,
+                                  int vec) {
     __shared__ float sh[32];
     __shared__ int last;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
+    constexpr int N = vec16<T>::N;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float m = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float v = store_f32_as(out + i, tetra_silu(to_f32(a[i])) * to_f32(g[i]));
+    size_t head = 0;
+    if (vec) {
+        const size_t nv = n / N;
+        for (size_t i = t; i < nv; i += stride) {
+            const vec16<T> av = load16(a + i * N), gv = load16(g + i * N);
+            vec16<T> ov;
+#pragma unroll
+            for (int k = 0; k < N; k++) {
+                const float v = swiglu_fwd_one(&ov.e[k], av.e[k], gv.e[k]);
+                if (AMAX) m = nan_max(m, fabsf(v));
+            }
+            store16(out + i * N, ov);
+        }
+        head = nv * N;
+    }
+    for (size_t i = head + t; i < n; i += stride) {
+        const float v = swiglu_fwd_one(out + i, a[i], g[i]);
         if (AMAX) m = nan_max(m, fabsf(v));
     }
     if (AMAX) {
@@ -369,24 +432,40 @@ __global__ void swiglu_fwd_kernel(T *out, float *amax, float *part, unsigned *do
     }
 }
 
+// da = dout g dsilu(a), dg = dout silu(a), stored; m[] takes their magnitudes
+template <typename T, int AMAX>
+__device__ __forceinline__ void swiglu_bwd_one(T *da, T *dg, float *m, T dout, T a, T g) {
+    const float ai = to_f32(a), gi = to_f32(g), d = to_f32(dout);
+    const float dai = store_f32_as(da, d * gi * tetra_dsilu(ai));
+    const float dgi = store_f32_as(dg, d * tetra_silu(ai));
+    if (AMAX) {
+        m[0] = nan_max(m[0], fabsf(dai));
+        m[1] = nan_max(m[1], fabsf(dgi));
+    }
+}
+
 template <typename T, int AMAX>
 __global__ void swiglu_bwd_kernel(T *da, T *dg, float *amax_da, float *amax_dg, float *part, unsigned *done,
-                                  const T *dout, const T *a, const T *g, size_t n) {
+                                  const T *dout, const T *a, const T *g, size_t n, int vec) {
     __shared__ float sh[32];
     __shared__ int last;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
+    constexpr int N = vec16<T>::N;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float m[2] = {0.0f, 0.0f};
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float ai = to_f32(a[i]), gi = to_f32(g[i]), d = to_f32(dout[i]);
-        float dai = d * gi * tetra_dsilu(ai);
-        float dgi = d * tetra_silu(ai);
-        dai = store_f32_as(da + i, dai); // both inputs read before either write: in place is safe
-        dgi = store_f32_as(dg + i, dgi);
-        if (AMAX) {
-            m[0] = nan_max(m[0], fabsf(dai));
-            m[1] = nan_max(m[1], fabsf(dgi));
+    size_t head = 0;
+    if (vec) { // every input read before either output is written: in place is safe
+        const size_t nv = n / N;
+        for (size_t i = t; i < nv; i += stride) {
+            const vec16<T> dv = load16(dout + i * N), av = load16(a + i * N), gv = load16(g + i * N);
+            vec16<T> dav, dgv;
+#pragma unroll
+            for (int k = 0; k < N; k++) swiglu_bwd_one<T, AMAX>(&dav.e[k], &dgv.e[k], m, dv.e[k], av.e[k], gv.e[k]);
+            store16(da + i * N, dav);
+            store16(dg + i * N, dgv);
         }
+        head = nv * N;
     }
+    for (size_t i = head + t; i < n; i += stride) swiglu_bwd_one<T, AMAX>(da + i, dg + i, m, dout[i], a[i], g[i]);
     if (AMAX) {
         m[0] = block_nan_max(m[0], sh);
         m[1] = block_nan_max(m[1], sh);
@@ -400,14 +479,21 @@ static unsigned amax_blocks(size_t n) {
     return b < TETRA_AMAX_MAX_BLOCKS ? b : TETRA_AMAX_MAX_BLOCKS;
 }
 
+// threads needed: one per 16 bytes on the vector path
+template <typename T> static size_t swiglu_work(size_t n, int vec) {
+    return vec ? (n + vec16<T>::N - 1) / vec16<T>::N : n;
+}
+
 template <typename T> static void swiglu_forward(T *out, float *amax, const T *a, const T *g, size_t n) {
+    const int vec = tetra_aligned16(out) && tetra_aligned16(a) && tetra_aligned16(g);
+    const size_t w = swiglu_work<T>(n, vec);
     if (amax) {
-        swiglu_fwd_kernel<T, 1><<<amax_blocks(n), TETRA_THREADS, 0, cuda_stream()>>>(out, amax, cuda_amax_part(),
-                                                                                     cuda_amax_counter(), a, g, n);
+        swiglu_fwd_kernel<T, 1><<<amax_blocks(w), TETRA_THREADS, 0, cuda_stream()>>>(out, amax, cuda_amax_part(),
+                                                                                     cuda_amax_counter(), a, g, n, vec);
     } else {
         if (!n) return;
         swiglu_fwd_kernel<T, 0>
-            <<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, NULL, NULL, NULL, a, g, n);
+            <<<tetra_blocks(w, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(out, NULL, NULL, NULL, a, g, n, vec);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -415,13 +501,16 @@ template <typename T> static void swiglu_forward(T *out, float *amax, const T *a
 template <typename T>
 static void swiglu_backward(T *da, T *dg, float *amax_da, float *amax_dg, const T *dout, const T *a, const T *g,
                             size_t n) {
+    const int vec =
+        tetra_aligned16(da) && tetra_aligned16(dg) && tetra_aligned16(dout) && tetra_aligned16(a) && tetra_aligned16(g);
+    const size_t w = swiglu_work<T>(n, vec);
     if (amax_da || amax_dg) {
-        swiglu_bwd_kernel<T, 1><<<amax_blocks(n), TETRA_THREADS, 0, cuda_stream()>>>(
-            da, dg, amax_da, amax_dg, cuda_amax_part(), cuda_amax_counter(), dout, a, g, n);
+        swiglu_bwd_kernel<T, 1><<<amax_blocks(w), TETRA_THREADS, 0, cuda_stream()>>>(
+            da, dg, amax_da, amax_dg, cuda_amax_part(), cuda_amax_counter(), dout, a, g, n, vec);
     } else {
         if (!n) return;
-        swiglu_bwd_kernel<T, 0><<<tetra_blocks(n, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(
-            da, dg, NULL, NULL, NULL, NULL, dout, a, g, n);
+        swiglu_bwd_kernel<T, 0><<<tetra_blocks(w, TETRA_THREADS), TETRA_THREADS, 0, cuda_stream()>>>(
+            da, dg, NULL, NULL, NULL, NULL, dout, a, g, n, vec);
     }
     CUDA_CHECK_LAUNCH();
 }

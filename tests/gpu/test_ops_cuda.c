@@ -1451,6 +1451,50 @@ static void test_rmsnorm_bf16(void) {
     }
 }
 
+// RoPE's two CUDA paths (16-byte vectors; one pair a thread when the head dim or an
+// address does not allow vectors) against the CPU: bf16 bit for bit, fp32 within 1e-6
+static void test_rope_paths(void) {
+    const int b = 2, s = 9, nh = 3, max_pos = 64;
+    const int dims[3] = {16, 16, 6}, shift[3] = {0, 1, 0}; // aligned, unaligned by one element, d % 8 != 0
+    for (int c = 0; c < 3; c++) {
+        const int d = dims[c];
+        const size_t n = (size_t)b * s * nh * d;
+        float *table = (float *)malloc((size_t)max_pos * d * 4);
+        ops_rope_table(table, d, max_pos, 500000.0f, 0, 1.0f, 1.0f, 1.0f, 8192);
+        float *dtable = (float *)dup_gpu(table, (size_t)max_pos * d * 4);
+        char shape[64];
+        snprintf(shape, sizeof shape, "b%d s%d nh%d d%d%s", b, s, nh, d, shift[c] ? " unaligned" : "");
+        for (int bf = 0; bf < 2; bf++) {
+            const size_t es = bf ? 2 : 4, k = (size_t)shift[c];
+            void *x = bf ? (void *)hrandn_bf16(n + 1, 1) : (void *)hrandn(n + 1, 1);
+            void *ref = malloc((n + 1) * es), *dx = dup_gpu(x, (n + 1) * es), *dy = G->alloc((n + 1) * es);
+            for (int bwd = 0; bwd < 2; bwd++) {
+                if (bf && bwd)
+                    C->rope_backward_bf16((uint16_t *)ref + k, NULL, (uint16_t *)x + k, table, NULL, 3, b, s, nh, d);
+                else if (bf) C->rope_forward_bf16((uint16_t *)ref + k, (uint16_t *)x + k, table, NULL, 3, b, s, nh, d);
+                else if (bwd) C->rope_backward((float *)ref + k, (float *)x + k, table, NULL, 3, b, s, nh, d);
+                else C->rope_forward((float *)ref + k, (float *)x + k, table, NULL, 3, b, s, nh, d);
+                if (bf && bwd)
+                    G->rope_backward_bf16((uint16_t *)dy + k, NULL, (uint16_t *)dx + k, dtable, NULL, 3, b, s, nh, d);
+                else if (bf) G->rope_forward_bf16((uint16_t *)dy + k, (uint16_t *)dx + k, dtable, NULL, 3, b, s, nh, d);
+                else if (bwd) G->rope_backward((float *)dy + k, (float *)dx + k, dtable, NULL, 3, b, s, nh, d);
+                else G->rope_forward((float *)dy + k, (float *)dx + k, dtable, NULL, 3, b, s, nh, d);
+                void *got = from_gpu(dy, (n + 1) * es);
+                char op[64];
+                snprintf(op, sizeof op, "rope_%s%s paths", bwd ? "backward" : "forward", bf ? "_bf16" : "");
+                if (bf) check_bits(op, shape, (char *)got + k * es, (char *)ref + k * es, n * es);
+                else
+                    check_close(op, shape, (float *)got + k, (float *)ref + k, n, 1e-6); // fp32: the CPU's own rounding
+                free(got);
+            }
+            free(x), free(ref);
+            G->release(dx), G->release(dy);
+        }
+        free(table);
+        G->release(dtable);
+    }
+}
+
 static void test_rope_bf16(void) {
     const int b = 2, s = 37, nh = 3, d = 16, max_pos = 200;
     const size_t n = (size_t)b * s * nh * d;
@@ -2973,6 +3017,7 @@ int main(int argc, char **argv) {
     test_embedding_bf16();
     test_rmsnorm_bf16();
     test_rope_bf16();
+    test_rope_paths();
     test_swiglu_bf16();
     test_attention();
     test_attention_bf16();

@@ -52,6 +52,7 @@ class MetricsStep(ctypes.Structure):
         ("tokens_seen", ctypes.c_int64),
         ("tflops_computed", ctypes.c_double),
         ("mfu_computed", ctypes.c_double),
+        ("host_waits", ctypes.c_double),
     ]
 
 
