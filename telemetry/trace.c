@@ -111,8 +111,15 @@ void trace_free(trace *t) {
 /* a trace without a folder only names the spans (trace.h): nothing is timed */
 static int timed(const trace *t) { return t->dir[0] != 0; }
 
+static const tetra_ops *op_base; /* trace_ops' backend, and its wrapped table */
+static tetra_ops op_wrapped;
+
+/* The trace's own synchronisation goes to the backend itself: through the wrapped table it
+ * would be reported as a host wait of the step. */
 static void sync_device(const trace *t) {
-    if (timed(t) && t->ops && !t->ops->host_memory) t->ops->synchronize();
+    if (!timed(t) || !t->ops || t->ops->host_memory) return;
+    if (t->ops == &op_wrapped && op_base) op_base->synchronize();
+    else t->ops->synchronize();
 }
 
 void trace_step_begin(trace *t, int64_t step) {
@@ -253,8 +260,6 @@ void trace_end(trace *t) {
 /* ---- op spans: the backend's table with its heavy ops wrapped ----
  * One trace per process reports them (the training thread's); outside a recorded step a
  * wrapper costs a branch. */
-static const tetra_ops *op_base;
-static tetra_ops op_wrapped;
 
 static int op_on(void) { return op_trace && op_trace->recording; }
 
@@ -345,6 +350,40 @@ static void w_ce_bf16(uint16_t *dlogits, float *losses, const float *logits, con
     trace_end(op_trace);
 }
 
+/* Host waits (a backend whose memory is not the host's): a span "host wait: ..." inside
+ * the span that asked for it, which says why. */
+static int wait_on(void) { return op_on() && !op_base->host_memory; }
+
+static void w_copy_h2d(void *dst, const void *src, size_t bytes) {
+    if (!wait_on()) {
+        op_base->copy_h2d(dst, src, bytes);
+        return;
+    }
+    trace_begin(op_trace, "host_wait", "host wait: copy_h2d %zu B", bytes);
+    op_base->copy_h2d(dst, src, bytes);
+    trace_end(op_trace);
+}
+
+static void w_copy_d2h(void *dst, const void *src, size_t bytes) {
+    if (!wait_on()) {
+        op_base->copy_d2h(dst, src, bytes);
+        return;
+    }
+    trace_begin(op_trace, "host_wait", "host wait: copy_d2h %zu B", bytes);
+    op_base->copy_d2h(dst, src, bytes);
+    trace_end(op_trace);
+}
+
+static void w_synchronize(void) {
+    if (!wait_on()) {
+        op_base->synchronize();
+        return;
+    }
+    trace_begin(op_trace, "host_wait", "host wait: synchronize");
+    op_base->synchronize();
+    trace_end(op_trace);
+}
+
 const tetra_ops *trace_ops(const tetra_ops *base) {
     if (!base) return NULL;
     op_base = base;
@@ -356,5 +395,8 @@ const tetra_ops *trace_ops(const tetra_ops *base) {
     if (base->attention_backward_bf16) op_wrapped.attention_backward_bf16 = w_attn_bwd_bf16;
     if (base->cross_entropy) op_wrapped.cross_entropy = w_ce;
     if (base->cross_entropy_bf16) op_wrapped.cross_entropy_bf16 = w_ce_bf16;
+    if (base->copy_h2d) op_wrapped.copy_h2d = w_copy_h2d;
+    if (base->copy_d2h) op_wrapped.copy_d2h = w_copy_d2h;
+    if (base->synchronize) op_wrapped.synchronize = w_synchronize;
     return &op_wrapped;
 }

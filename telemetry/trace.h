@@ -39,7 +39,10 @@ int trace_step_end(trace *t, int64_t step, char *err, size_t errlen);
 /* The backend's op table with its heavy ops wrapped: while a step is recorded, every GEMM
  * (span "gemm MxNxK dtype", its FLOPs in args), attention forward/backward (shape in the
  * name) and cross-entropy becomes a span of the trace created last, nested in the block
- * span that called it. Use it in place of base for a run that profiles. */
+ * span that called it, and so does every host wait of a device backend (blocking copies
+ * and synchronisations: "host wait: copy_d2h N B"), nested in the span that asked for it;
+ * the trace's own synchronisations are not among them. Use it in place of base for a run
+ * that profiles. */
 const tetra_ops *trace_ops(const tetra_ops *base);
 
 /* Nested spans on the training thread (no-ops on NULL or outside a recorded step). */

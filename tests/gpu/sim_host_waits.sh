@@ -10,7 +10,10 @@
 #     (the norm, clip coefficient, skip decision and AdamW's step count stay on the
 #     device between reads and give what a read every step gives);
 #   - fsdp 2 through MPI staged in host memory reports its staging copies (> 0 per step):
-#     the count is not a constant.
+#     the count is not a constant;
+#   - a profiled step's trace names every host wait where it happens: none in the one-rank
+#     step, and under fsdp 2 each staging copy as a "host wait: ..." span inside the span
+#     that asked for it (the FSDP or communication step it serves).
 # Built with -DTETRA_CUDA_SIM=ON (./run_tests.sh does).
 set -uo pipefail
 ROOT="${TETRA_ROOT:-$(pwd)}"
@@ -50,6 +53,10 @@ run f8_every 1 1 --training.local_batch_size 4 "${F8[@]}"
 run bc 1 3 --training.local_batch_size 4 "${BC[@]}"
 run bc_every 1 1 --training.local_batch_size 4 "${BC[@]}"
 run fsdp2 2 3 --training.local_batch_size 2
+PROF=(--profiling.enable_profiling --profiling.profile_freq 3 --profiling.profiler_active 2
+      --profiling.save_traces_folder traces)
+run fp32_prof 1 3 --training.local_batch_size 4 "${PROF[@]}"
+run fsdp2_prof 2 3 --training.local_batch_size 2 "${PROF[@]}"
 
 python3 - "$T" <<'P' || fail=1
 import json, sys
@@ -78,6 +85,33 @@ w = [r.get("host_waits", 0) for r in fs.values()]
 good = len(w) == 3 and all(x > 0 for x in w)
 ok &= good
 print(f"{'ok  ' if good else 'FAIL'} fsdp2 through staged MPI: {w} host waits per step (its staging copies)")
+
+def waits_in_trace(name):
+    """the host-wait spans of steps 2-3's trace, each with the innermost span around it"""
+    try:
+        ev = [e for e in json.load(open(f"{d}/{name}/traces/iteration_3/rank0_trace.json"))["traceEvents"]
+              if e.get("ph") == "X" and e.get("tid") == 0]
+    except (OSError, ValueError, KeyError):
+        return None
+    out = []
+    for e in ev:
+        if e.get("cat") != "host_wait":
+            continue
+        around = [p for p in ev if p is not e and p.get("cat") != "host_wait" and p["ts"] <= e["ts"] and
+                  p["ts"] + p["dur"] >= e["ts"] + e["dur"]]
+        inner = min(around, key=lambda p: p["dur"])["name"] if around else None
+        out.append((e["name"], inner))
+    return out
+
+one, two = waits_in_trace("fp32_prof"), waits_in_trace("fsdp2_prof")
+good = one == []
+ok &= good
+print(f"{'ok  ' if good else 'FAIL'} one rank, profiled steps 2-3: {one if one is None else len(one)} host-wait spans")
+good = bool(two) and all(w.startswith("host wait: ") and inner and not inner.startswith("step ") for w, inner in two)
+ok &= good
+kinds = sorted({(w.split(" ")[2], inner.split(" ")[0] if inner else None) for w, inner in two or []})
+print(f"{'ok  ' if good else 'FAIL'} fsdp2, profiled steps 2-3: {len(two or [])} host-wait spans, each inside the "
+      f"span that asked for it: {kinds}")
 sys.exit(0 if ok else 1)
 P
 [ $fail = 0 ] && echo "test_sim_host_waits: ok" || echo "test_sim_host_waits: FAIL"
