@@ -113,7 +113,9 @@ extern "C" void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, 
 }
 
 // ----------------------------------------------------------------------------
-// RMSNorm: one block per row
+// RMSNorm: one block per row. vec (a row of whole 16-byte vectors, every operand aligned):
+// each thread takes N elements a step with 16-byte loads and stores, its share of the
+// row's sum accumulated over them in order; otherwise one element a step.
 
 // Block b takes rows b, b + gridDim.x, ... (one row each when launched with a block per
 // row). With AMAX (at most TETRA_AMAX_MAX_BLOCKS blocks) the maximum of what it stored
@@ -121,22 +123,44 @@ extern "C" void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, 
 template <typename T, int AMAX>
 __global__ void __launch_bounds__(TETRA_THREADS)
     rmsnorm_fwd_kernel(T *out, float *rstd, float *amax, float *part, unsigned *done, const T *x, const T *w, int n,
-                       int c, float eps) {
+                       int c, float eps, int vec) {
     __shared__ float sh[32];
     __shared__ int last;
+    constexpr int N = vec16<T>::N;
     float m = 0.0f;
     for (int row = blockIdx.x; row < n; row += gridDim.x) {
         const size_t o = (size_t)row * (size_t)c;
         float ss = 0.0f;
-        for (int j = threadIdx.x; j < c; j += blockDim.x) {
-            float v = to_f32(x[o + j]);
-            ss = fmaf(v, v, ss);
+        if (vec) {
+            for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
+                const vec16<T> xv = load16(x + o + j);
+#pragma unroll
+                for (int k = 0; k < N; k++) ss = fmaf(to_f32(xv.e[k]), to_f32(xv.e[k]), ss);
+            }
+        } else {
+            for (int j = threadIdx.x; j < c; j += blockDim.x) {
+                float v = to_f32(x[o + j]);
+                ss = fmaf(v, v, ss);
+            }
         }
         ss = block_sum(ss, sh);
         float r = tetra_rms_rstd(ss, c, eps);
-        for (int j = threadIdx.x; j < c; j += blockDim.x) {
-            const float v = store_f32_as(out + o + j, (to_f32(x[o + j]) * r) * to_f32(w[j]));
-            if (AMAX) m = nan_max(m, fabsf(v));
+        if (vec) {
+            for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
+                const vec16<T> xv = load16(x + o + j), wv = load16(w + j);
+                vec16<T> ov;
+#pragma unroll
+                for (int k = 0; k < N; k++) {
+                    const float v = store_f32_as(&ov.e[k], (to_f32(xv.e[k]) * r) * to_f32(wv.e[k]));
+                    if (AMAX) m = nan_max(m, fabsf(v));
+                }
+                store16(out + o + j, ov);
+            }
+        } else {
+            for (int j = threadIdx.x; j < c; j += blockDim.x) {
+                const float v = store_f32_as(out + o + j, (to_f32(x[o + j]) * r) * to_f32(w[j]));
+                if (AMAX) m = nan_max(m, fabsf(v));
+            }
         }
         if (threadIdx.x == 0) rstd[row] = r;
     }
@@ -146,19 +170,51 @@ __global__ void __launch_bounds__(TETRA_THREADS)
     }
 }
 
-// dx = dx + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
+// dx = dres + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
 template <typename T>
 __global__ void __launch_bounds__(TETRA_THREADS)
-    rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int c, const T *dres) {
+    rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int c, const T *dres,
+                             int vec) {
     __shared__ float sh[32];
+    constexpr int N = vec16<T>::N;
     const size_t o = (size_t)blockIdx.x * (size_t)c;
     float dot = 0.0f;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) dot += (to_f32(w[j]) * to_f32(dout[o + j])) * to_f32(x[o + j]);
+    if (vec) {
+        for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
+            const vec16<T> wv = load16(w + j), dv = load16(dout + o + j), xv = load16(x + o + j);
+#pragma unroll
+            for (int k = 0; k < N; k++) dot += (to_f32(wv.e[k]) * to_f32(dv.e[k])) * to_f32(xv.e[k]);
+        }
+    } else {
+        for (int j = threadIdx.x; j < c; j += blockDim.x)
+            dot += (to_f32(w[j]) * to_f32(dout[o + j])) * to_f32(x[o + j]);
+    }
     dot = block_sum(dot, sh);
     const float r = rstd[blockIdx.x], dot_c = dot / (float)c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x)
-        store_f32(dx + o + j,
-                  to_f32(dres[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
+    if (vec) {
+        for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
+            const vec16<T> wv = load16(w + j), dv = load16(dout + o + j), xv = load16(x + o + j),
+                           rv = load16(dres + o + j);
+            vec16<T> out;
+#pragma unroll
+            for (int k = 0; k < N; k++)
+                store_f32(&out.e[k],
+                          to_f32(rv.e[k]) + tetra_rms_dx(to_f32(xv.e[k]), to_f32(wv.e[k]), to_f32(dv.e[k]), r, dot_c));
+            store16(dx + o + j, out);
+        }
+    } else {
+        for (int j = threadIdx.x; j < c; j += blockDim.x)
+            store_f32(dx + o + j,
+                      to_f32(dres[o + j]) +
+                          tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
+    }
+}
+
+// whole vectors per row and every operand on 16 bytes (rows then stay aligned)
+template <typename T>
+static int rms_vec(int c, const void *a, const void *b, const void *d, const void *e = NULL, const void *f = NULL) {
+    return c % vec16<T>::N == 0 && tetra_aligned16(a) && tetra_aligned16(b) && tetra_aligned16(d) &&
+        (!e || tetra_aligned16(e)) && (!f || tetra_aligned16(f));
 }
 
 template <typename T>
@@ -166,13 +222,14 @@ static void rmsnorm_forward(T *out, float *rstd, float *amax, const T *x, const 
     if (amax) {
         const int rows = n > 0 && c > 0 ? n : 0; /* none: one block writes 0 */
         const unsigned grid = rows < 1 ? 1u : rows < TETRA_AMAX_MAX_BLOCKS ? (unsigned)rows : TETRA_AMAX_MAX_BLOCKS;
-        rmsnorm_fwd_kernel<T, 1><<<grid, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, amax, cuda_amax_part(),
-                                                                            cuda_amax_counter(), x, w, rows, c, eps);
+        rmsnorm_fwd_kernel<T, 1><<<grid, TETRA_THREADS, 0, cuda_stream()>>>(
+            out, rstd, amax, cuda_amax_part(), cuda_amax_counter(), x, w, rows, c, eps, rms_vec<T>(c, out, x, w));
         CUDA_CHECK_LAUNCH();
         return;
     }
     if (n <= 0 || c <= 0) return;
-    rmsnorm_fwd_kernel<T, 0><<<n, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, NULL, NULL, NULL, x, w, n, c, eps);
+    rmsnorm_fwd_kernel<T, 0><<<n, TETRA_THREADS, 0, cuda_stream()>>>(out, rstd, NULL, NULL, NULL, x, w, n, c, eps,
+                                                                     rms_vec<T>(c, out, x, w));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -180,7 +237,9 @@ template <typename T>
 static void rmsnorm_backward_input(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int n, int c,
                                    const T *dres) {
     if (n <= 0 || c <= 0) return;
-    rmsnorm_bwd_input_kernel<T><<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, c, dres ? dres : dx);
+    const T *r = dres ? dres : dx;
+    rmsnorm_bwd_input_kernel<T>
+        <<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, c, r, rms_vec<T>(c, dx, dout, x, w, r));
     CUDA_CHECK_LAUNCH();
 }
 
