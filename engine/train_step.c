@@ -705,6 +705,18 @@ size_t train_step_scalar_bytes(const trainer *t) {
         (size_t)(t->loss_cap + t->n_local) * sizeof(float);
 }
 
+/* A stage's gradients at the start of a step: where the model overwrites a gradient at its
+ * first write and FSDP leaves them unzeroed, nothing is filled (a pass over every
+ * gradient fewer); otherwise FSDP zeroes them. */
+static void begin_stage_grads(train_stage *s) {
+    const model_family *f = s->model.family;
+    if (!f->grads_fresh) {
+        fsdp_begin_step(s->fs);
+        return;
+    }
+    if (fsdp_begin_step_unzeroed(s->fs)) f->grads_fresh(&s->model);
+}
+
 /* The gradient norm, clip coefficient and update decision of the step, queued on the
  * device: each stage's sum of squares is summed over the ranks holding its other pieces,
  * the stages' sums added in order, the pipeline ranks' added up (the same reductions, in
@@ -782,7 +794,7 @@ void train_step(trainer *t, step_result *r) {
         t->opt_ready = 1;
     }
 
-    for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
+    for (int i = 0; i < t->n_local; i++) begin_stage_grads(&t->st[i]);
     /* the schedule's actions nest in it; the time between them is the schedule's waiting */
     trace_begin(t->tr, "schedule", "schedule: %d microbatch%s x %d round%s", t->shape.n_mb,
                 t->shape.n_mb == 1 ? "" : "es", n_rounds(t), n_rounds(t) == 1 ? "" : "s");
@@ -862,7 +874,7 @@ void train_warmup(trainer *t) {
     memset(t->batch.lab, 0, n * sizeof(int32_t));
     if (t->batch.doc) memset(t->batch.doc, 0, n * (size_t)t->cp.size * sizeof(int32_t)); /* one document a sequence */
     t->dloss_scale = 0.0f;
-    for (int i = 0; i < t->n_local; i++) fsdp_begin_step(t->st[i].fs);
+    for (int i = 0; i < t->n_local; i++) begin_stage_grads(&t->st[i]);
     if (t->pp_size == 1) {
         t->shape.round = 0;
         cb_forward(t, t->st[0].index, 0);

@@ -348,13 +348,13 @@ static void tw_backward_input(const model_linear_env *e, const model_linear *l, 
     chain_note(f, l, CALL_NONE, NULL, 0, row0);
 }
 
-/* dW += dy^T x (fp32, accumulated by the GEMM): dy^T e5m2 [out, n] . x^T e4m3 [in, n], both
+/* dW = dy^T x + beta dW (fp32, accumulated by the GEMM): dy^T e5m2 [out, n] . x^T e4m3 [in, n], both
  * K-major, each cast transposed in one pass. The input-gradient call left dy's amax when
  * it saw the same whole operand: dy stays unchanged from that call until this one (this
  * call reads it), and a later input-gradient call of this linear on another microbatch
  * cannot hold this dy's buffer, so the key identifies it. */
 static void tw_backward_weight(const model_linear_env *e, const model_linear *l, float *dw, const void *dy,
-                               const void *x, int n) {
+                               const void *x, int n, float beta) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
@@ -375,7 +375,7 @@ static void tw_backward_weight(const model_linear_env *e, const model_linear *l,
         }
         ops->fp8_quantize(NULL, f->qb, f->inv_b, x, f->cdt, ax, n, in, TETRA_FP8_E4M3);
     }
-    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E5M2), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0, 1.0f,
+    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E5M2), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0, beta,
              NULL);
     chain_note(f, l, CALL_WEIGHT, x, n, -1);
 }
@@ -434,18 +434,18 @@ static void f8_backward_input(const model_linear_env *e, const model_linear *l, 
 
 /* dW[out, in] += dy[n, out]^T x[n, in] (fp32) */
 static void f8_backward_weight(const model_linear_env *e, const model_linear *l, float *dw, const void *dy,
-                               const void *x, int n) {
+                               const void *x, int n, float beta) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
     const tetra_ops *ops = f->ops;
     if (f->cfg.recipe == FLOAT8_ROWWISE_GW_HP) {
         f->last_call = CALL_NONE;
-        e->fallback->backward_weight(e, l, dw, dy, x, n);
+        e->fallback->backward_weight(e, l, dw, dy, x, n, beta);
         return;
     }
     const int in = l->in, out = l->out;
     if (f->cfg.recipe == FLOAT8_TENSORWISE) {
-        tw_backward_weight(e, l, dw, dy, x, n);
+        tw_backward_weight(e, l, dw, dy, x, n, beta);
         return;
     }
     f->last_call = CALL_NONE;
@@ -457,7 +457,7 @@ static void f8_backward_weight(const model_linear_env *e, const model_linear *l,
     ops->amax_cols(f->amax_b, x, f->cdt, n, in);
     ops->fp8_scale_from_amax(f->sc_b, f->inv_b, f->amax_b, in, 0, OPS_FP8_E4M3_MAX, 1);
     ops->cast_transpose_to_fp8(f->qb, x, f->cdt, f->sc_b, n, in, TETRA_FP8_E4M3); /* x^T [in, n] */
-    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 1, 0, 1.0f,
+    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E4M3), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 1, 0, beta,
              NULL);
 }
 

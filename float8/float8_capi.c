@@ -57,7 +57,7 @@ int float8_capi_linear(const char *recipe, int emulate, int n, int in, int out, 
     if (dx) l.impl->backward_input(&e, &l, TETRA_F32, dx, dy, w, n, -1, 0.0f);
     if (dw) {
         memset(dw, 0, (size_t)out * (size_t)in * sizeof(float));
-        l.impl->backward_weight(&e, &l, dw, dy, x, n);
+        l.impl->backward_weight(&e, &l, dw, dy, x, n, 1.0f);
     }
     float8_free(f);
     return 0;

@@ -516,15 +516,21 @@ void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype
 }
 
 void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dw, const void *dout,
-                                 const void *x, const float *rstd, int n, int c) {
+                                 const void *x, const float *rstd, int n, int c, int accumulate) {
     (void)d, (void)dw, (void)dout, (void)x, (void)rstd;
-    begin(o, twin(t, OPK_RMSNORM_BACKWARD_WEIGHT, OPK_RMSNORM_BACKWARD_WEIGHT_BF16), "%dx%d", n, c);
-    if (n <= 0 || c <= 0) return;
+    begin(o, twin(t, OPK_RMSNORM_BACKWARD_WEIGHT, OPK_RMSNORM_BACKWARD_WEIGHT_BF16), "%dx%d%s", n, c,
+          accumulate ? "" : " =");
+    if (c <= 0) return;
+    if (n <= 0) { /* no rows: an overwrite still writes the empty sum */
+        if (!accumulate) kernel(o, 0.0, 4.0 * c, 0.0);
+        return;
+    }
     int rpc = (n + 255) / 256;
     if (rpc < 64) rpc = 64;
     const double chunks = (double)((n + rpc - 1) / rpc);
     kernel(o, 2.0 * es(t) * rc(n, c) + 4.0 * n, 8.0 * chunks * c, 3.0 * rc(n, c)); /* partials in double */
-    kernel(o, 8.0 * chunks * c + 4.0 * c, 4.0 * c, chunks * c);                    /* their sum into dw */
+    /* their sum into dw (added to what it held, unless it overwrites) */
+    kernel(o, 8.0 * chunks * c + (accumulate ? 4.0 * c : 0.0), 4.0 * c, chunks * c);
 }
 
 /* with amax: the same launch also writes a partial per block, which its last block reduces

@@ -195,7 +195,7 @@ void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, voi
 void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, const void *dout,
                                 const void *x, const void *w, const float *rstd, int n, int c);
 void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dw, const void *dout,
-                                 const void *x, const float *rstd, int n, int c);
+                                 const void *x, const float *rstd, int n, int c, int accumulate);
 void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, float *amax, const void *x,
               int b, int s, int nh, int dh);
 void opc_swiglu_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *amax, const void *a,

@@ -243,9 +243,10 @@ typedef struct tetra_ops {
     void (*rmsnorm_backward_input)(float *dx /*[N, C]*/, const float *dout /*[N, C]*/, const float *x /*[N, C]*/,
                                    const float *w /*[C]*/, const float *rstd /*[N]*/, int n, int c,
                                    const float *dres /*[N, C] or NULL*/);
-    // "W" half: dw += sum_rows dout * x * rstd (deterministic column reduction)
+    // "W" half: dw += sum_rows dout * x * rstd (deterministic column reduction); with
+    // accumulate 0, dw = the sum (dw's old values are not read)
     void (*rmsnorm_backward_weight)(float *dw /*[C]*/, const float *dout /*[N, C]*/, const float *x /*[N, C]*/,
-                                    const float *rstd /*[N]*/, int n, int c);
+                                    const float *rstd /*[N]*/, int n, int c, int accumulate);
 
     // ---- RoPE on [B, S, nh, D] (q: nh = H, k: nh = KV); pairs (x[2i], x[2i+1]) rotated by
     // freqs[pos, i] = (cos, sin) (ops_rope_table). Position of row s: pos[s] if pos is not
@@ -360,9 +361,11 @@ typedef struct tetra_ops {
     void (*rmsnorm_backward_input_bf16)(uint16_t *dx /*[N, C]*/, const uint16_t *dout /*[N, C]*/,
                                         const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/,
                                         const float *rstd /*[N]*/, int n, int c, const uint16_t *dres);
-    // dw (fp32) += sum_rows dout * x * rstd (deterministic column reduction)
+    // dw (fp32) += sum_rows dout * x * rstd (deterministic column reduction); accumulate as
+    // rmsnorm_backward_weight's
     void (*rmsnorm_backward_weight_bf16)(float *dw /*[C]*/, const uint16_t *dout /*[N, C]*/,
-                                         const uint16_t *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c);
+                                         const uint16_t *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c,
+                                         int accumulate);
     void (*rope_forward_bf16)(uint16_t *out /*[B, S, nh, D]*/, const uint16_t *x /*[B, S, nh, D]*/,
                               const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
                               int pos_offset, int b, int s, int nh, int d);

@@ -313,9 +313,10 @@ static void r_rmsnorm_backward_input(float *dx, const float *dout, const float *
     REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_F32, dx, dout, x, w, rstd, n, c));
     if (R.base) R.base->rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
 }
-static void r_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c) {
-    REC(opc_rmsnorm_backward_weight(&c_, &R.dev, TETRA_F32, dw, dout, x, rstd, n, c));
-    if (R.base) R.base->rmsnorm_backward_weight(dw, dout, x, rstd, n, c);
+static void r_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
+                                      int accumulate) {
+    REC(opc_rmsnorm_backward_weight(&c_, &R.dev, TETRA_F32, dw, dout, x, rstd, n, c, accumulate));
+    if (R.base) R.base->rmsnorm_backward_weight(dw, dout, x, rstd, n, c, accumulate);
 }
 static void r_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b,
                            int s, int nh, int d) {
@@ -439,9 +440,9 @@ static void r_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, co
     if (R.base) R.base->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, c, dres);
 }
 static void r_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
-                                           int c) {
-    REC(opc_rmsnorm_backward_weight(&c_, &R.dev, TETRA_BF16, dw, dout, x, rstd, n, c));
-    if (R.base) R.base->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, c);
+                                           int c, int accumulate) {
+    REC(opc_rmsnorm_backward_weight(&c_, &R.dev, TETRA_BF16, dw, dout, x, rstd, n, c, accumulate));
+    if (R.base) R.base->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, c, accumulate);
 }
 static void r_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
                                 int pos_offset, int b, int s, int nh, int d) {

@@ -58,9 +58,10 @@ struct model_linear_impl {
      * partial sum); row0 as in forward, for dy */
     void (*backward_input)(const model_linear_env *e, const model_linear *l, tetra_dtype dx_type, void *dx,
                            const void *dy, const void *w, int n, int row0, float beta);
-    /* dW += dy^T x (fp32), over every row of the microbatch */
+    /* dW = dy^T x + beta dW (fp32), over every row of the microbatch: beta 1 accumulates,
+     * 0 overwrites (the first write of a step whose gradients were not zeroed) */
     void (*backward_weight)(const model_linear_env *e, const model_linear *l, float *dw, const void *dy, const void *x,
-                            int n);
+                            int n, float beta);
     /* Optional (NULL: nothing to do). Under tensor parallel the forward and the input
      * gradient run one block of rows at a time (parallel/tp.h), possibly before the other
      * blocks have arrived. Before the blocks of an operand the model announces it here

@@ -209,6 +209,10 @@ struct model_family {
     double (*forward)(model_stage *s, model_acts *a, int unit, const int32_t *tokens, const model_loss_io *loss);
     void (*backward_input)(model_stage *s, model_acts *a, int unit);
     void (*backward_weight)(model_stage *s, model_acts *a, int unit);
+    /* Optional (NULL: the trainer zeroes the gradients before each step). Every gradient of
+     * the stage holds no value for the step about to run: the first write of each overwrites
+     * it, later writes of the step add. */
+    void (*grads_fresh)(model_stage *s);
     /* the residual at the stage's input (at_output 0) or past its last block (1), or its
      * gradient (grad 1): backend memory, [tokens / tp_size, residual_width] */
     void *(*boundary)(const model_stage *s, model_acts *a, int at_output, int grad);

@@ -797,12 +797,20 @@ static void bind_grads(fsdp *f, int u) {
 /* ----------------------------------------------------------------------------
  * the hooks */
 
-void fsdp_begin_step(fsdp *f) {
-    f->ops->fill(f->grad, 0.0f, f->local_numel);
+static void begin_step(fsdp *f, int zero) {
+    if (zero) f->ops->fill(f->grad, 0.0f, f->local_numel);
     for (int u = 0; u < f->cfg.n_units; u++) {
         unit_state *x = &f->units[u];
         x->grad_fresh = 1;
     }
+}
+
+void fsdp_begin_step(fsdp *f) { begin_step(f, 1); }
+
+int fsdp_begin_step_unzeroed(fsdp *f) {
+    const int keep = f->S == 1 && !f->cfg.offload;
+    begin_step(f, !keep);
+    return keep;
 }
 
 void fsdp_pre_forward(fsdp *f, int u) {

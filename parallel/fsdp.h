@@ -168,6 +168,12 @@ typedef int (*fsdp_fill_fn)(void *user, int param, size_t start, size_t count, f
 int fsdp_init_shards(fsdp *f, fsdp_fill_fn fill, void *user);
 
 void fsdp_begin_step(fsdp *f);
+/* fsdp_begin_step for a caller whose first write of each gradient in a step can overwrite
+ * it: where the gradients are the shard itself (no sharding) they are left as they are
+ * and it returns 1 (the caller overwrites; what lies between parameters stays zero from
+ * start-up, as nothing writes it); otherwise it zeroes as fsdp_begin_step does and
+ * returns 0. */
+int fsdp_begin_step_unzeroed(fsdp *f);
 void fsdp_pre_forward(fsdp *f, int u);
 void fsdp_post_forward(fsdp *f, int u);
 void fsdp_pre_backward(fsdp *f, int u);

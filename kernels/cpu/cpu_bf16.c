@@ -125,8 +125,8 @@ void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const u
 }
 
 void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
-                                      int c) {
-    cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 1);
+                                      int c, int accumulate) {
+    cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 1, accumulate);
 }
 
 // ----------------------------------------------------------------------------

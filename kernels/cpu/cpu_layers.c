@@ -99,7 +99,8 @@ CPU_SIMD static void rmsnorm_dw_bf16_k(double *restrict acc, const uint16_t *res
 // Column blocks again: each thread reduces its columns over all rows in row order
 // (deterministic), accumulating in double. One loop for both element types, so the
 // bf16 op's fp32 gradient is summed exactly as the fp32 op's.
-void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c, int bf16) {
+void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c, int bf16,
+                           int accumulate) {
     const int cb = 64;
     int nblk = (c + cb - 1) / cb;
 #pragma omp parallel for schedule(static) if (row_parallel(n, c))
@@ -111,12 +112,16 @@ void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const flo
             if (bf16) rmsnorm_dw_bf16_k(acc, (const uint16_t *)dout + o, (const uint16_t *)x + o, rstd[i], w);
             else rmsnorm_dw_k(acc, (const float *)dout + o, (const float *)x + o, rstd[i], w);
         }
-        for (int j = 0; j < w; j++) dw[j0 + j] += (float)acc[j];
+        if (accumulate)
+            for (int j = 0; j < w; j++) dw[j0 + j] += (float)acc[j];
+        else
+            for (int j = 0; j < w; j++) dw[j0 + j] = (float)acc[j];
     }
 }
 
-void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c) {
-    cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 0);
+void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
+                                 int accumulate) {
+    cpu_rmsnorm_dw_blocks(dw, dout, x, rstd, n, c, 0, accumulate);
 }
 
 // ----------------------------------------------------------------------------

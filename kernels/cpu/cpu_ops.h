@@ -96,7 +96,8 @@ void cpu_embedding_backward(float *dwte, const float *dout, const int32_t *token
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps);
 void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd, int n,
                                 int c, const float *dres);
-void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c);
+void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
+                                 int accumulate);
 void cpu_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
                       int nh, int d);
 void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
@@ -121,7 +122,8 @@ void cpu_rmsnorm_row_k(float *restrict out, float *restrict rstd, const float *r
 void cpu_rmsnorm_bwd_row_k(float *restrict dx, const float *restrict dy, const float *restrict x,
                            const float *restrict w, float r, int c);
 // dw += column sums of dout * x * rstd over [n, c], fp32 (bf16 = 0) or bf16 inputs
-void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c, int bf16);
+void cpu_rmsnorm_dw_blocks(float *dw, const void *dout, const void *x, const float *rstd, int n, int c, int bf16,
+                           int accumulate);
 // one row of nh heads of d (rotation by the row's freqs; inverse: by the conjugate)
 void cpu_rope_row_k(float *out, const float *x, const float *f, int nh, int d, int inverse);
 void cpu_swiglu_fwd_k(float *out, const float *a, const float *g, size_t n);
@@ -137,7 +139,7 @@ void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uin
 void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
                                      const float *rstd, int n, int c, const uint16_t *dres);
 void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
-                                      int c);
+                                      int c, int accumulate);
 void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
                            int b, int s, int nh, int d);
 void cpu_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,

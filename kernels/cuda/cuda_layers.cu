@@ -299,17 +299,27 @@ __global__ void __launch_bounds__(256) rmsnorm_dw_partial_kernel(double *partial
     }
 }
 
-__global__ void rmsnorm_dw_final_kernel(float *dw, const double *partial, int chunks, int c) {
+__global__ void rmsnorm_dw_final_kernel(float *dw, const double *partial, int chunks, int c, int accumulate) {
     int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= c) return;
     double s = 0.0;
     for (int k = 0; k < chunks; k++) s += partial[(size_t)k * (size_t)c + col];
-    dw[col] += (float)s;
+    if (accumulate) dw[col] += (float)s;
+    else dw[col] = (float)s;
 }
 
 template <typename T>
-static void rmsnorm_backward_weight(float *dw, const T *dout, const T *x, const float *rstd, int n, int c) {
-    if (n <= 0 || c <= 0) return;
+static void rmsnorm_backward_weight(float *dw, const T *dout, const T *x, const float *rstd, int n, int c,
+                                    int accumulate) {
+    if (c <= 0) return;
+    if (n <= 0) { /* no rows: an overwrite still writes the empty sum */
+        if (!accumulate) {
+            rmsnorm_dw_final_kernel<<<(c + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, cuda_stream()>>>(
+                dw, (const double *)NULL, 0, c, 0);
+            CUDA_CHECK_LAUNCH();
+        }
+        return;
+    }
     int rpc = rms_rows_per_chunk(n);
     int chunks = (n + rpc - 1) / rpc;
     double *partial = (double *)cuda_scratch(SCRATCH_RMS_DW, (size_t)chunks * (size_t)c * sizeof(double));
@@ -317,18 +327,19 @@ static void rmsnorm_backward_weight(float *dw, const T *dout, const T *x, const 
     cudaStream_t st = cuda_stream();
     rmsnorm_dw_partial_kernel<T><<<grid, 256, 0, st>>>(partial, dout, x, rstd, n, c, rpc);
     CUDA_CHECK_LAUNCH();
-    rmsnorm_dw_final_kernel<<<(c + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, st>>>(dw, partial, chunks, c);
+    rmsnorm_dw_final_kernel<<<(c + TETRA_THREADS - 1) / TETRA_THREADS, TETRA_THREADS, 0, st>>>(dw, partial, chunks, c,
+                                                                                               accumulate);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n,
-                                             int c) {
-    rmsnorm_backward_weight(dw, dout, x, rstd, n, c);
+                                             int c, int accumulate) {
+    rmsnorm_backward_weight(dw, dout, x, rstd, n, c, accumulate);
 }
 
 extern "C" void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd,
-                                                  int n, int c) {
-    rmsnorm_backward_weight(dw, dout, x, rstd, n, c);
+                                                  int n, int c, int accumulate) {
+    rmsnorm_backward_weight(dw, dout, x, rstd, n, c, accumulate);
 }
 
 // ----------------------------------------------------------------------------

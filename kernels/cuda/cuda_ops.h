@@ -82,7 +82,8 @@ void cuda_embedding_backward(float *dwte, const float *dout, const int32_t *toke
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int n, int c, float eps);
 void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd, int n,
                                  int c, const float *dres);
-void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c);
+void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
+                                  int accumulate);
 void cuda_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
                        int nh, int d);
 void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
@@ -98,7 +99,7 @@ void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const ui
 void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
                                       const float *rstd, int n, int c, const uint16_t *dres);
 void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
-                                       int c);
+                                       int c, int accumulate);
 void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
                             int b, int s, int nh, int d);
 void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,

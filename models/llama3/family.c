@@ -233,6 +233,8 @@ static void backward_input(model_stage *s, model_acts *a, int u) {
     else if (un->kind == LLAMA3_UNIT_HEAD) llama3_backward_head_input(m, ACTS(a));
 }
 
+static void grads_fresh(model_stage *s) { llama3_grads_fresh(MODEL(s)); }
+
 static void backward_weight(model_stage *s, model_acts *a, int u) {
     llama3_model *m = MODEL(s);
     const llama3_unit *un = &m->units[u];
@@ -285,5 +287,6 @@ const model_family llama3_family = {
     .forward = forward,
     .backward_input = backward_input,
     .backward_weight = backward_weight,
+    .grads_fresh = grads_fresh,
     .boundary = boundary,
 };

@@ -156,8 +156,8 @@ static void default_backward_input(const model_linear_env *e, const model_linear
 }
 /* dW[out, in] += dy[N, out]^T x[N, in]   (fp32 accumulation into the fp32 gradient) */
 static void default_backward_weight(const model_linear_env *e, const model_linear *l, float *dw, const void *dy,
-                                    const void *x, int n) {
-    ops_gemm_desc g = gemm_desc(e->compute_dtype, TETRA_F32, 1, 0, l->out, l->in, n, l->out, l->in, l->in, 1.0f);
+                                    const void *x, int n, float beta) {
+    ops_gemm_desc g = gemm_desc(e->compute_dtype, TETRA_F32, 1, 0, l->out, l->in, n, l->out, l->in, l->in, beta);
     e->ops->gemm(dw, dy, x, &g);
 }
 
@@ -213,10 +213,17 @@ static float *lin_amax_slot(const llama3_model *m, int idx, model_operand which,
     const model_linear_env e = llama3_linear_env(m);
     return l->impl->amax_slot(&e, l, which, t, (int)rows);
 }
+/* 1 when param idx's gradient is written for the first time this step and holds no value
+ * (llama3_grads_fresh): the write overwrites; then it accumulates */
+static int take_fresh(const llama3_model *m, int idx) {
+    const int f = m->grad_fresh[idx];
+    m->grad_fresh[idx] = 0;
+    return f;
+}
 static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const void *x, int n) {
     const model_linear *l = &m->linears[idx];
     const model_linear_env e = llama3_linear_env(m);
-    l->impl->backward_weight(&e, l, grad_ptr(m, idx), dy, x, n);
+    l->impl->backward_weight(&e, l, grad_ptr(m, idx), dy, x, n, take_fresh(m, idx) ? 0.0f : 1.0f);
 }
 
 /* The element-wise ops in the compute dtype: one body of forward and backward for
@@ -238,10 +245,13 @@ static void rmsnorm_bwd_input(const llama3_model *m, void *dx, const void *dout,
     if (mixed(m)) m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim, dres);
     else m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim, dres);
 }
-static void rmsnorm_bwd_weight(const llama3_model *m, float *dw, const void *dout, const void *x, const float *rstd,
+/* the norm param idx's weight gradient */
+static void rmsnorm_bwd_weight(const llama3_model *m, int idx, const void *dout, const void *x, const float *rstd,
                                int n) {
-    if (mixed(m)) m->ops->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, m->args.dim);
-    else m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim);
+    float *dw = grad_ptr(m, idx);
+    const int acc = !take_fresh(m, idx);
+    if (mixed(m)) m->ops->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, m->args.dim, acc);
+    else m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim, acc);
 }
 /* pos: the rows' global positions under context parallel, NULL for 0..t-1 */
 static void rope_fwd(const llama3_model *m, void *x, const int32_t *pos, int b, int t, int nh) {
@@ -1002,13 +1012,14 @@ int llama3_model_init_layout(llama3_model *m, const llama3_args *a, const llama3
     m->params = calloc(np, sizeof *m->params);
     m->linears = calloc(np, sizeof *m->linears);
     m->is_linear = calloc(np, sizeof *m->is_linear);
+    m->grad_fresh = calloc(np, sizeof *m->grad_fresh);
     m->units = calloc((size_t)m->n_units, sizeof *m->units);
     m->unit_offset = calloc((size_t)m->n_units, sizeof *m->unit_offset);
     m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel);
     m->unit_params = calloc((size_t)m->n_units, sizeof *m->unit_params);
     m->unit_grads = calloc((size_t)m->n_units, sizeof *m->unit_grads);
-    if (!m->params || !m->linears || !m->is_linear || !m->units || !m->unit_offset || !m->unit_numel ||
-        !m->unit_params || !m->unit_grads) {
+    if (!m->params || !m->linears || !m->is_linear || !m->grad_fresh || !m->units || !m->unit_offset ||
+        !m->unit_numel || !m->unit_params || !m->unit_grads) {
         snprintf(err, errlen, "llama3: out of host memory");
         llama3_model_free(m);
         return -1;
@@ -1120,6 +1131,7 @@ void llama3_model_free(llama3_model *m) {
     free(m->params);
     free(m->linears);
     free(m->is_linear);
+    free(m->grad_fresh);
     free(m->units);
     free(m->unit_offset);
     free(m->unit_numel);
@@ -1167,6 +1179,8 @@ const llama3_param *llama3_find_param(const llama3_model *m, const char *name) {
 void llama3_zero_grads(llama3_model *m) {
     if (m->grad_mem) m->ops->fill(m->grad_mem, 0.0f, m->total_numel);
 }
+
+void llama3_grads_fresh(llama3_model *m) { memset(m->grad_fresh, 1, (size_t)m->n_params); }
 
 void llama3_init_param_range(const llama3_param *p, uint64_t seed, size_t start, size_t count, float *host_out) {
     if (p->init_ones) {
@@ -1626,7 +1640,7 @@ void llama3_backward_head_weight(llama3_model *m, llama3_acts *a) {
     const void *dlogits = mixed(m) ? (const void *)a->dlogits16 : (const void *)a->logits;
     (void)param_ptr(m, pidx_norm(m)); /* W runs where the unit's parameters are gathered, as for blocks */
     lin_bwd_weight(m, pidx_output(m), dlogits, a->xnf, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_norm(m)), a->dxnf, a->res[a->nb], a->rstdf, nl);
+    rmsnorm_bwd_weight(m, pidx_norm(m), a->dxnf, a->res[a->nb], a->rstdf, nl);
 }
 
 void llama3_backward_head(llama3_model *m, llama3_acts *a) {
@@ -1770,7 +1784,7 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
                          mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_W1), MODEL_OPERAND_X, xn, n) : NULL);
     lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, tp ? t->xn2 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_FFN_NORM)), tp ? t->dxn2l : t->xn2, t->h, t->rstd2, nl);
+    rmsnorm_bwd_weight(m, pidx_block(m, l, P_FFN_NORM), tp ? t->dxn2l : t->xn2, t->h, t->rstd2, nl);
 
     /* attention */
     lin_bwd_weight(m, pidx_block(m, l, P_WO), t->dh, t->att, n);
@@ -1780,7 +1794,7 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
     lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
-    rmsnorm_bwd_weight(m, grad_ptr(m, pidx_block(m, l, P_ATTN_NORM)), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1, nl);
+    rmsnorm_bwd_weight(m, pidx_block(m, l, P_ATTN_NORM), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1, nl);
 
     if (a->slot[bl] >= 0) { /* the recomputed activations are spent */
         ws->slot_owner[a->slot[bl]] = NULL;
@@ -1803,6 +1817,9 @@ void llama3_backward_embedding(llama3_model *m, llama3_acts *a) {
         sp_gather(m, a, a->ws->tp_full, a->dres[0]);
         dout = a->ws->tp_full;
     }
+    /* a scatter-add: rows no token of the microbatch names keep what they hold, so a fresh
+     * gradient is zeroed first (this rank's rows of the table) */
+    if (take_fresh(m, pe)) m->ops->fill(grad_ptr(m, pe), 0.0f, p->numel);
     if (mixed(m)) m->ops->embedding_backward_bf16(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
     else m->ops->embedding_backward(grad_ptr(m, pe), dout, a->inputs, (int)a->n, m->args.dim, v0, vl);
 }

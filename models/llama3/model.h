@@ -136,6 +136,9 @@ struct llama3_model {
     model_linear *linears;    /* [n_params]: linears[i] describes params[i] when is_linear[i]
                                  (the projections; not the embedding or the norms) */
     unsigned char *is_linear; /* [n_params] */
+    /* [n_params] 1: the gradient holds no value this step (llama3_grads_fresh), so its first
+     * write overwrites instead of adding; 0 (the default): writes accumulate */
+    unsigned char *grad_fresh;
     int n_units;
     llama3_unit *units;  /* [n_units] */
     size_t *unit_offset; /* [n_units] element offset of each unit (= units[u].offset) */
@@ -213,6 +216,10 @@ void llama3_init_param_range(const llama3_param *p, uint64_t seed, size_t start,
 const llama3_param *llama3_find_param(const llama3_model *m, const char *name);
 /* Own storage: zero every gradient. */
 void llama3_zero_grads(llama3_model *m);
+/* Every gradient holds no value for the step about to run (its buffer was not zeroed):
+ * the first write of each this step overwrites it (the linears' weight gradients with
+ * beta 0, the norms' as a sum, the embedding's after zeroing its rows), later ones add. */
+void llama3_grads_fresh(llama3_model *m);
 
 /* Local units: the block's unit, the embedding's, the head's; -1 when not held. */
 int llama3_block_unit(const llama3_model *m, int layer);

@@ -1193,10 +1193,24 @@ static void test_rmsnorm(void) {
             free(acc), free(sep), free(ga), free(gs), free(gd);
             G->release(d_acc), G->release(d_sep);
         }
-        C->rmsnorm_backward_weight(dw0, dy, x, rstd, n, c);
-        G->rmsnorm_backward_weight(d_dw, d_dy, d_x, d_rstd, n, c);
+        C->rmsnorm_backward_weight(dw0, dy, x, rstd, n, c, 1);
+        G->rmsnorm_backward_weight(d_dw, d_dy, d_x, d_rstd, n, c, 1);
         float *g4 = (float *)from_gpu(d_dw, c * 4);
         check_close("rmsnorm_backward_weight (+=)", shape, g4, dw0, c, 1e-5);
+        { // accumulate 0 over NaN: the sum alone, as accumulating onto zeros gives it (both backends)
+            float *z = (float *)calloc((size_t)c, 4), *o = (float *)malloc((size_t)c * 4);
+            for (int j = 0; j < c; j++) o[j] = NAN;
+            float *d_z = (float *)dup_gpu(z, (size_t)c * 4), *d_o = (float *)dup_gpu(o, (size_t)c * 4);
+            C->rmsnorm_backward_weight(z, dy, x, rstd, n, c, 1);
+            C->rmsnorm_backward_weight(o, dy, x, rstd, n, c, 0);
+            check_close("rmsnorm_backward_weight (=)", shape, o, z, c, 0.0);
+            G->rmsnorm_backward_weight(d_z, d_dy, d_x, d_rstd, n, c, 1);
+            G->rmsnorm_backward_weight(d_o, d_dy, d_x, d_rstd, n, c, 0);
+            float *gz = (float *)from_gpu(d_z, (size_t)c * 4), *go = (float *)from_gpu(d_o, (size_t)c * 4);
+            check_close("rmsnorm_backward_weight (=, cuda)", shape, go, gz, c, 0.0);
+            free(z), free(o), free(gz), free(go);
+            G->release(d_z), G->release(d_o);
+        }
         free(g1);
         free(g2);
         free(g3);
@@ -1422,9 +1436,9 @@ static void test_rmsnorm_bf16(void) {
         }
 
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_backward_weight_bf16));
-        if (C->rmsnorm_backward_weight_bf16) C->rmsnorm_backward_weight_bf16(dw, dy, x, rstd, n, c);
-        else C->rmsnorm_backward_weight(dw, dyf, xf, rstd, n, c);
-        G->rmsnorm_backward_weight_bf16(d_dw, d_dy, d_x, d_rstd, n, c);
+        if (C->rmsnorm_backward_weight_bf16) C->rmsnorm_backward_weight_bf16(dw, dy, x, rstd, n, c, 1);
+        else C->rmsnorm_backward_weight(dw, dyf, xf, rstd, n, c, 1);
+        G->rmsnorm_backward_weight_bf16(d_dw, d_dy, d_x, d_rstd, n, c, 1);
         float *g4 = (float *)from_gpu(d_dw, c * 4);
         check_close("rmsnorm_bwd_weight_bf16 (+=)", shape, g4, dw, c, 1e-5);
         free(g1);
@@ -2302,7 +2316,7 @@ static void test_memory(void) {
             float *x = (float *)G->alloc((size_t)c * 4), *r = (float *)G->alloc(4);
             float *w = (float *)G->alloc((size_t)c * 4);
             G->memory_freeze(1);
-            G->rmsnorm_backward_weight(w, x, x, r, n, c);
+            G->rmsnorm_backward_weight(w, x, x, r, n, c, 1);
             _exit(0); // not reached: the growth aborts
         }
         close(fds[1]);
@@ -2791,7 +2805,7 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC("2100x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 2100, 8, 1e-5f));
             LC("0x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 0, 8, 1e-5f));
             LC(s, NULL, R->rmsnorm_backward_input_bf16(H, H + 1024, H + 2048, H + 4096, Z, 24, 32, NULL));
-            LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32));
+            LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32, 1));
             LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16));
             LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, NULL, H + 1024, Y, tok, 0, 2, 12, 2, 16));
             LC("b2 s12 h2 d16 with amax", NULL,
@@ -2810,7 +2824,7 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC("24x32 vocab 0", NULL, R->embedding_backward(W, X, tok, 24, 32, 0, 0));
             LC(s, NULL, R->rmsnorm_forward(X, Z, Y, W, 24, 32, 1e-5f));
             LC(s, NULL, R->rmsnorm_backward_input(X, Y, Y + 1024, W, Z, 24, 32, NULL));
-            LC("300x20", NULL, R->rmsnorm_backward_weight(W, Y, Y + 8192, Z, 300, 20));
+            LC("300x20", NULL, R->rmsnorm_backward_weight(W, Y, Y + 8192, Z, 300, 20, 1));
             LC("b2 s12 h2 d16", NULL, R->rope_forward(X, X, Y, NULL, 3, 2, 12, 2, 16));
             LC("d=1", NULL, R->rope_backward(X, X, Y, NULL, 0, 2, 12, 2, 1));
             LC("n=777", NULL, R->swiglu_forward(X, Y, Z, 777));

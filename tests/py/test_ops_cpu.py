@@ -112,7 +112,7 @@ cpu_embedding_forward = sig("cpu_embedding_forward", P, P, P, c_int, c_int, c_in
 cpu_embedding_backward = sig("cpu_embedding_backward", P, P, P, c_int, c_int, c_int, c_int)
 cpu_rmsnorm_forward = sig("cpu_rmsnorm_forward", P, P, P, P, c_int, c_int, c_float)
 cpu_rmsnorm_backward_input = sig("cpu_rmsnorm_backward_input", P, P, P, P, P, c_int, c_int, P)
-cpu_rmsnorm_backward_weight = sig("cpu_rmsnorm_backward_weight", P, P, P, P, c_int, c_int)
+cpu_rmsnorm_backward_weight = sig("cpu_rmsnorm_backward_weight", P, P, P, P, c_int, c_int, c_int)
 cpu_rope_forward = sig("cpu_rope_forward", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
 cpu_rope_backward = sig("cpu_rope_backward", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
 cpu_swiglu_forward = sig("cpu_swiglu_forward", P, P, P, c_size)
@@ -130,7 +130,7 @@ cpu_embedding_forward_bf16 = sig("cpu_embedding_forward_bf16", P, P, P, c_int, c
 cpu_embedding_backward_bf16 = sig("cpu_embedding_backward_bf16", P, P, P, c_int, c_int, c_int, c_int)
 cpu_rmsnorm_forward_bf16 = sig("cpu_rmsnorm_forward_bf16", P, P, P, P, P, c_int, c_int, c_float)
 cpu_rmsnorm_backward_input_bf16 = sig("cpu_rmsnorm_backward_input_bf16", P, P, P, P, P, c_int, c_int, P)
-cpu_rmsnorm_backward_weight_bf16 = sig("cpu_rmsnorm_backward_weight_bf16", P, P, P, P, c_int, c_int)
+cpu_rmsnorm_backward_weight_bf16 = sig("cpu_rmsnorm_backward_weight_bf16", P, P, P, P, c_int, c_int, c_int)
 cpu_rope_forward_bf16 = sig("cpu_rope_forward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
 cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, P, c_int, c_int, c_int, c_int, c_int)
 cpu_swiglu_forward_bf16 = sig("cpu_swiglu_forward_bf16", P, P, P, P, c_size)
@@ -611,7 +611,7 @@ def test_rmsnorm():
         check(f"rmsnorm bwd dx {N}x{C}", dx - dx0, xd.grad, 1e-4)
         dw0 = f32(C)
         dw = dw0.clone()
-        cpu_rmsnorm_backward_weight(ptr(dw), ptr(dout), ptr(x), ptr(rstd), N, C)
+        cpu_rmsnorm_backward_weight(ptr(dw), ptr(dout), ptr(x), ptr(rstd), N, C, 1)
         check(f"rmsnorm bwd dw {N}x{C}", dw.double(), dw0.double() + wd.grad, 1e-4)
 
 
@@ -1013,12 +1013,12 @@ def test_bf16_rmsnorm():
 
         dw0 = f32(C)
         dw = dw0.clone()
-        cpu_rmsnorm_backward_weight_bf16(ptr(dw), ptr(dout), ptr(x), ptr(rstd), N, C)
+        cpu_rmsnorm_backward_weight_bf16(ptr(dw), ptr(dout), ptr(x), ptr(rstd), N, C, 1)
         refw = dw0.double() + (dout.double() * x.double() * rstd.double()[:, None]).sum(0)
         check(f"bf16 rmsnorm bwd dw (fp32, accumulate) {tag}", dw, refw, 1e-5)
         check(f"bf16 rmsnorm bwd dw vs torch fp32 autograd {tag}", dw.double() - dw0.double(), wf.grad.double(), 1e-4)
         t32 = dw0.clone()
-        cpu_rmsnorm_backward_weight(ptr(t32), ptr(dout32), ptr(x32), ptr(rstd), N, C)
+        cpu_rmsnorm_backward_weight(ptr(t32), ptr(dout32), ptr(x32), ptr(rstd), N, C, 1)
         check_twin(f"bf16 rmsnorm bwd dw {tag}", dw, t32)
 
 

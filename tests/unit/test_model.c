@@ -771,10 +771,10 @@ static void count_bwd_in(const model_linear_env *e, const model_linear *l, tetra
     e->fallback->backward_input(e, l, dxt, dx, dy, w, n, row0, beta);
 }
 static void count_bwd_w(const model_linear_env *e, const model_linear *l, float *dw, const void *dy, const void *x,
-                        int n) {
+                        int n, float beta) {
     lin_calls[2]++;
     *(int *)l->impl_state += 1;
-    e->fallback->backward_weight(e, l, dw, dy, x, n);
+    e->fallback->backward_weight(e, l, dw, dy, x, n, beta);
 }
 
 /* Every projection runs through its descriptor: a replacement implementation (what a
@@ -819,6 +819,30 @@ static void test_linear_impl(void) {
     for (int i = 0; i < m.n_params; i++) each &= !m.is_linear[i] || per[i] == 1;
     CHECK(each, "each linear's state saw its own weight-gradient call");
     CHECK(l2 == l_ref && !memcmp(g_ref, m.grad_mem, bytes), "a delegating implementation changes nothing");
+
+    /* Fresh gradients (llama3_grads_fresh): over NaN garbage, two microbatches give what
+     * zeroed gradients give (first writes overwrite, the second microbatch adds; a -0 may
+     * come out +0, so compared as values) */
+    for (int i = 0; i < m.n_params; i++)
+        if (m.is_linear[i]) m.linears[i].impl = llama3_linear_default();
+    llama3_zero_grads(&m);
+    for (int k = 0; k < 2; k++) {
+        llama3_forward(&m, a, in, tg, 0.1f, NULL);
+        llama3_backward(&m, a);
+    }
+    memcpy(g_ref, m.grad_mem, bytes);
+    for (size_t i = 0; i < m.total_numel; i++) m.grad_mem[i] = NAN;
+    llama3_grads_fresh(&m);
+    for (int k = 0; k < 2; k++) {
+        llama3_forward(&m, a, in, tg, 0.1f, NULL);
+        llama3_backward(&m, a);
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < m.total_numel; i++) differ += !(m.grad_mem[i] == g_ref[i]);
+    int none_left = 1;
+    for (int i = 0; i < m.n_params; i++) none_left &= !m.grad_fresh[i];
+    CHECK(differ == 0 && none_left, "fresh gradients over NaN, 2 microbatches: %zu of %zu differ from zeroed ones",
+          differ, m.total_numel);
     free(per);
     free(g_ref);
     llama3_acts_free(&m, a);

@@ -165,7 +165,7 @@ static void test_layers(void) {
     op_cost c;
     const double N = 8192, C = 4096, V = 128256;
     /* rmsnorm dw: 128 chunks of 64 rows, partials in double, then their sum */
-    opc_rmsnorm_backward_weight(&c, &d, TETRA_BF16, P(1), P(2), P(3), P(4), 8192, 4096);
+    opc_rmsnorm_backward_weight(&c, &d, TETRA_BF16, P(1), P(2), P(3), P(4), 8192, 4096, 1);
     expect("rmsnorm dw", &c, 2, 0, 0, 0, (2 * 2 * N * C + 4 * N + 8 * 128 * C) + (8 * 128 * C + 4 * C + 4 * C), "");
     /* cross-entropy over 128256 logits: the row (501 KiB) is read twice */
     opc_cross_entropy(&c, &d, P(1), 8192, 128256);

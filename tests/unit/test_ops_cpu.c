@@ -549,8 +549,8 @@ static void test_table(void) {
     float *dw1 = zeros(c), *dw2 = zeros(c);
     o->rmsnorm_forward(y, r, x, w, n, c, 1e-5f);
     o->rmsnorm_backward_input(dx1, dy, x, w, r, n, c, NULL);
-    o->rmsnorm_backward_weight(dw1, dy, x, r, n, c);
-    o->rmsnorm_backward_weight(dw2, dy, x, r, n, c);
+    o->rmsnorm_backward_weight(dw1, dy, x, r, n, c, 1);
+    o->rmsnorm_backward_weight(dw2, dy, x, r, n, c, 1);
     o->rmsnorm_backward_input(dx2, dy, x, w, r, n, c, NULL);
     CHECK(!memcmp(dx1, dx2, (size_t)n * c * 4) && !memcmp(dw1, dw2, (size_t)c * 4), "rmsnorm I/W order dependence");
     free(x), free(w), free(dy), free(y), free(r), free(dx1), free(dx2), free(dw1), free(dw2);
@@ -665,7 +665,7 @@ static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, cons
     memcpy(r->dx, dy, nx * 2);
     cpu_rmsnorm_forward_bf16(r->out, r->rstd, NULL, x, w, n, c, 1e-5f);
     cpu_rmsnorm_backward_input_bf16(r->dx, dy, x, w, r->rstd, n, c, NULL);
-    cpu_rmsnorm_backward_weight_bf16(r->dw, dy, x, r->rstd, n, c);
+    cpu_rmsnorm_backward_weight_bf16(r->dw, dy, x, r->rstd, n, c, 1);
     cpu_embedding_backward_bf16(r->dwte, dy, tok, n, c, 0, v);
     cpu_rope_forward_bf16(r->rope, x, freqs, NULL, 0, n / 4, 4, c / 16, 16);
     cpu_swiglu_forward_bf16(r->sw, NULL, x, dy, nx);
