@@ -899,15 +899,8 @@ void fsdp_grad_sq_norm_local(fsdp *f, float *dev_out) {
     }
 }
 
-double fsdp_grad_sq_norm_global(fsdp *f, float local) {
-    /* replicas hold identical shards after the all-reduce: count each shard once */
-    double sq = (double)local;
-    if (f->S > 1) sq = comm_all_reduce_f64(f->cfg.shard, sq, COMM_SUM);
-    if (f->tp_size > 1) sq = comm_all_reduce_f64(f->cfg.tp, sq, COMM_SUM);
-    return sq;
-}
-
 void fsdp_grad_sq_norm_global_dev(fsdp *f, double *dev) {
+    /* replicas hold identical shards after the all-reduce: count each shard once */
     if (f->S > 1) comm_all_reduce(f->cfg.shard, dev, 1, COMM_F64, COMM_SUM, NULL);
     if (f->tp_size > 1) comm_all_reduce(f->cfg.tp, dev, 1, COMM_F64, COMM_SUM, NULL);
 }
@@ -916,7 +909,11 @@ double fsdp_grad_sq_norm(fsdp *f) {
     float local = 0.0f;
     fsdp_grad_sq_norm_local(f, f->scalar);
     f->ops->copy_d2h(&local, f->scalar, sizeof local);
-    return fsdp_grad_sq_norm_global(f, local);
+    /* the same reductions as fsdp_grad_sq_norm_global_dev, on a host value */
+    double sq = (double)local;
+    if (f->S > 1) sq = comm_all_reduce_f64(f->cfg.shard, sq, COMM_SUM);
+    if (f->tp_size > 1) sq = comm_all_reduce_f64(f->cfg.tp, sq, COMM_SUM);
+    return sq;
 }
 
 void fsdp_params_updated(fsdp *f) {

@@ -197,14 +197,11 @@ typedef void (*fsdp_host_update_fn)(void *user, size_t offset, size_t n, const f
 void fsdp_offload_update(fsdp *f, fsdp_host_update_fn update, void *user);
 /* Sum of squares of the whole (global) gradient. */
 double fsdp_grad_sq_norm(fsdp *f);
-/* The same in two halves, so a caller can read several values in one host wait: _local
- * queues this rank's sum of squares (fp32) into dev_out (backend memory, one float)
- * without waiting; _global, given that value read back, sums it over the ranks holding
- * other pieces (each shard counted once), as fsdp_grad_sq_norm returns it. */
+/* The same in two halves, with no host wait of their own: _local queues this rank's sum
+ * of squares (fp32) into dev_out (backend memory, one float); _global_dev, given that
+ * value widened to double in backend memory, sums it over the ranks holding other pieces
+ * (each shard counted once), as fsdp_grad_sq_norm returns it. */
 void fsdp_grad_sq_norm_local(fsdp *f, float *dev_out);
-double fsdp_grad_sq_norm_global(fsdp *f, float local);
-/* _global on the device: *dev (backend memory, the widened _local value) becomes the sum
- * over the same ranks, in the same order of reductions, without a host wait of its own. */
 void fsdp_grad_sq_norm_global_dev(fsdp *f, double *dev);
 /* The master shard changed in an optimizer step (which also wrote the bf16 copy
  * under mixed precision): gathered copies are stale. */

@@ -406,9 +406,9 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
 }
 
 // The 16-byte path: whole vectors per head (d a multiple of N, so every head starts on
-// a vector, as every row of freqs does) and aligned bases.
+// a vector, and each unit's N floats of freqs on 16 bytes) and aligned bases.
 template <typename T> static int rope_vec(const T *out, const T *x, const float *freqs, int d) {
-    return d % vec16<T>::N == 0 && d % 8 == 0 && tetra_aligned16(out) && tetra_aligned16(x) && tetra_aligned16(freqs);
+    return d % vec16<T>::N == 0 && tetra_aligned16(out) && tetra_aligned16(x) && tetra_aligned16(freqs);
 }
 
 static unsigned row_blocks(int rows, unsigned cap) {

@@ -2076,6 +2076,20 @@ static void test_cross_entropy_sharded(void) {
 // AdamW driven by them against AdamW given the same step and clip coefficient on the host:
 // a finite step (clipped), a skipped (NaN) step that leaves everything as it was, a step
 // whose expected t is stale (the device derives the coefficients), and halting.
+// One step's scalars on both backends from the first n stage sums of squares and two
+// microbatch losses; gs receives the device's state.
+static void optim_both(ops_optim_state *hs, ops_optim_state *d_s, ops_optim_state *gs, double *hsq, double *d_sq,
+                       const float *norms, const float *d_norms, int n, const float *losses, const float *d_losses,
+                       const ops_optim_args *a) {
+    C->grad_sq_to_f64(hsq, norms, n, losses, 2);
+    G->grad_sq_to_f64(d_sq, d_norms, n, d_losses, 2);
+    C->sum_f64(&hs->sq, hsq, n);
+    G->sum_f64(&d_s->sq, d_sq, n);
+    C->optim_scalars(hs, a);
+    G->optim_scalars(d_s, a);
+    G->copy_d2h(gs, d_s, sizeof *gs);
+}
+
 static void test_optim_scalars(void) {
     const size_t n = 5003;
     float *p = hrandn(n, 0.02f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.001f), *g = hrandn(n, 0.1f);
@@ -2092,14 +2106,8 @@ static void test_optim_scalars(void) {
     float norms[2] = {3.0f, 1.25f}, losses[2] = {2.5f, 3.5f};
     float *d_norms = (float *)dup_gpu(norms, sizeof norms), *d_losses = (float *)dup_gpu(losses, sizeof losses);
     // a finite step: sum of squares 4.25, norm 2.06, clipped to max_norm 1
-    C->grad_sq_to_f64(hsq, norms, 2, losses, 2);
-    G->grad_sq_to_f64(d_sq, d_norms, 2, d_losses, 2);
-    C->sum_f64(&hs.sq, hsq, 2);
-    G->sum_f64(&d_s->sq, d_sq, 2);
     ops_optim_args a = {3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, 10, 7, 5, 0};
-    C->optim_scalars(&hs, &a);
-    G->optim_scalars(d_s, &a);
-    G->copy_d2h(&gs, d_s, sizeof gs);
+    optim_both(&hs, d_s, &gs, hsq, d_sq, norms, d_norms, 2, losses, d_losses, &a);
     check_bits("optim_scalars state", "finite step, t 7", &gs, &hs, sizeof gs);
     const float clip = (float)(1.0 / (sqrt(4.25) + 1e-6));
     check(hs.updates == 7 && !hs.skip && hs.k.grad_scale == clip, "optim_scalars", "finite step: t 7, clipped",
@@ -2114,14 +2122,8 @@ static void test_optim_scalars(void) {
     // a NaN loss: the norm is NaN, nothing moves, the step is recorded
     losses[1] = NAN;
     G->copy_h2d(d_losses, losses, sizeof losses);
-    C->grad_sq_to_f64(hsq, norms, 2, losses, 2);
-    G->grad_sq_to_f64(d_sq, d_norms, 2, d_losses, 2);
-    C->sum_f64(&hs.sq, hsq, 2);
-    G->sum_f64(&d_s->sq, d_sq, 2);
     a.step = 11, a.expected_t = 8;
-    C->optim_scalars(&hs, &a);
-    G->optim_scalars(d_s, &a);
-    G->copy_d2h(&gs, d_s, sizeof gs);
+    optim_both(&hs, d_s, &gs, hsq, d_sq, norms, d_norms, 2, losses, d_losses, &a);
     check(memcmp(&gs, &hs, sizeof gs) == 0 && hs.skip && hs.nonfinite == 1 && hs.first_bad == 11 && hs.updates == 7 &&
               !hs.halted,
           "optim_scalars", "NaN loss", "skip %d nonfinite %d first_bad %lld updates %d halted %d (same on cuda: %d)",
@@ -2136,14 +2138,8 @@ static void test_optim_scalars(void) {
     // finite again, but the host expected t 9 (it did not know of the skip): t is 8
     losses[1] = 3.5f;
     G->copy_h2d(d_losses, losses, sizeof losses);
-    C->grad_sq_to_f64(hsq, norms, 1, losses, 2);
-    G->grad_sq_to_f64(d_sq, d_norms, 1, d_losses, 2);
-    C->sum_f64(&hs.sq, hsq, 1);
-    G->sum_f64(&d_s->sq, d_sq, 1);
     a.step = 12, a.expected_t = 9;
-    C->optim_scalars(&hs, &a);
-    G->optim_scalars(d_s, &a);
-    G->copy_d2h(&gs, d_s, sizeof gs);
+    optim_both(&hs, d_s, &gs, hsq, d_sq, norms, d_norms, 1, losses, d_losses, &a);
     tetra_adamw_coef k8 = tetra_adamw_coefficients(3e-4, 0.9, 0.95, 1e-8, 0.1, 8, 1.0f);
     k8.grad_scale = hs.k.grad_scale;
     check(hs.updates == 8 && hs.run == 0 && memcmp(&hs.k, &k8, sizeof k8) == 0, "optim_scalars", "stale expected t",
