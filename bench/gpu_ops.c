@@ -406,6 +406,17 @@ static void bench_optimizer(const dims *dm) {
     O->fill(vv, 1e-4f, n);
     snprintf(lab, sizeof lab, "adamw_step_bf16 (%.1fM parameters)", (double)n / 1e6);
     TIME(lab, O->adamw_step_bf16(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f, NULL), n * 30, 0);
+    /* the same update reporting the amaxes of the block's 7 linears (Float8's weights) */
+    const int64_t lin[7] = {(int64_t)C * HD, (int64_t)C * KVD, (int64_t)C * KVD, (int64_t)HD * C,
+                            (int64_t)C * F,  (int64_t)C * F,   (int64_t)C * F};
+    int64_t h[14], at = 0;
+    for (int k = 0; k < 7; k++) h[k] = at, h[7 + k] = lin[k], at += lin[k];
+    int64_t *d = dalloc(sizeof h);
+    O->copy_h2d(d, h, sizeof h);
+    const ops_amax_segments seg = {7, d, d + 7, out};
+    snprintf(lab, sizeof lab, "adamw_step_amax (%.1fM parameters, 7 weight amaxes)", (double)n / 1e6);
+    TIME(lab, O->adamw_step_amax(p, p16, m, vv, g, n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0f, NULL, &seg), n * 30, 0);
+    O->release(d);
     TIME("fill fp32 (zero the gradients)", O->fill(g, 0.0f, n), n * 4, 0);
     TIME("sum_squares fp32 (grad norm)", O->sum_squares(out, p, n), n * 4, 0);
 }

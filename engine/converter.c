@@ -120,13 +120,18 @@ static void float8_hook_post_optimizer(void *state, model_stage *m, fsdp *fs) {
     float8_params_updated((float8_model *)state, fs);
 }
 
+static const ops_amax_segments *float8_hook_optimizer_amax(void *state, model_stage *m, fsdp *fs) {
+    (void)m;
+    return float8_optimizer_amax((float8_model *)state, fs);
+}
+
 static size_t float8_hook_bytes(const void *state) { return float8_workspace_bytes((const float8_model *)state); }
 
 static void float8_hook_destroy(void *state) { float8_free((float8_model *)state); }
 
 static const tetra_converter float8_converter = {
-    "float8",          float8_hook_convert, float8_hook_parallelized, NULL, float8_hook_post_optimizer,
-    float8_hook_bytes, float8_hook_destroy};
+    "float8",          float8_hook_convert, float8_hook_parallelized,  NULL, float8_hook_post_optimizer,
+    float8_hook_bytes, float8_hook_destroy, float8_hook_optimizer_amax};
 
 /* ---------------------------------------------------------------------------- registry */
 

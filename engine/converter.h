@@ -11,6 +11,9 @@
  *                   Float8 asks FSDP to gather its weights in float8;
  *   pre_optimizer   every step, after the gradients are final (reduced, before
  *                   clipping and AdamW);
+ *   optimizer_amax  every step, right before a stage's AdamW on the device: stretches of
+ *                   the shard whose amaxes that AdamW should write as it updates them
+ *                   (Float8's weights; the first converter that asks gets them);
  *   post_optimizer  every step, after AdamW wrote the parameters (e.g. Float8's one
  *                   amax all-reduce that precomputes the weight scales), and once before
  *                   the first step, when the parameters are initialised or loaded;
@@ -58,6 +61,9 @@ typedef struct tetra_converter {
      * the memory plan counts them. */
     size_t (*backend_bytes)(const void *state);
     void (*destroy)(void *state);
+    /* NULL: none. NULL or the stretches (ops.h ops_amax_segments, the converter's memory);
+     * called only where the update runs on the device, and only until a converter asks. */
+    const ops_amax_segments *(*optimizer_amax)(void *state, model_stage *m, fsdp *fs);
 } tetra_converter;
 
 /* The converter of that name (built-in or registered), or NULL. */

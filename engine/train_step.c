@@ -625,6 +625,17 @@ void train_converters_pre_optimizer(trainer *t) {
                 t->conv[k]->pre_optimizer(t->st[i].conv_state[k], &t->st[i].model, t->st[i].fs);
 }
 
+/* The stretches stage i's AdamW reports amaxes of: the first converter's that asks. */
+static const ops_amax_segments *converters_optimizer_amax(trainer *t, int i) {
+    for (int k = 0; k < t->n_conv; k++)
+        if (t->conv[k]->optimizer_amax) {
+            const ops_amax_segments *seg =
+                t->conv[k]->optimizer_amax(t->st[i].conv_state[k], &t->st[i].model, t->st[i].fs);
+            if (seg) return seg;
+        }
+    return NULL;
+}
+
 void train_converters_post_optimizer(trainer *t) {
     for (int k = 0; k < t->n_conv; k++)
         if (t->conv[k]->post_optimizer)
@@ -675,9 +686,12 @@ typedef struct {
 } adamw_args;
 
 static void adamw(const tetra_ops *ops, const adamw_args *a, float *master, uint16_t *compute, float *m, float *v,
-                  const float *grad, size_t n) {
+                  const float *grad, size_t n, const ops_amax_segments *seg) {
     const tetra_config_values *c = a->c;
-    if (a->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
+    if (seg) /* a converter's amaxes of the weights it writes, in the same pass */
+        ops->adamw_step_amax(master, a->mixed ? compute : NULL, m, v, grad, n, a->lr, c->optimizer.beta1,
+                             c->optimizer.beta2, c->optimizer.eps, c->optimizer.weight_decay, 0, 1.0f, a->dev, seg);
+    else if (a->mixed) /* fp32 master weights and moments; the bf16 compute copy is written in the same pass */
         ops->adamw_step_bf16(master, compute, m, v, grad, n, a->lr, c->optimizer.beta1, c->optimizer.beta2,
                              c->optimizer.eps, c->optimizer.weight_decay, 0, 1.0f, a->dev);
     else
@@ -696,7 +710,8 @@ typedef struct {
 static void host_adamw(void *user, size_t off, size_t n, const float *grad, void *params_out) {
     const offload_ctx *oc = user;
     float *master = fsdp_master(oc->s->fs) + off;
-    adamw(oc->host, oc->a, master, oc->a->mixed ? params_out : NULL, oc->s->adam_m + off, oc->s->adam_v + off, grad, n);
+    adamw(oc->host, oc->a, master, oc->a->mixed ? params_out : NULL, oc->s->adam_m + off, oc->s->adam_v + off, grad, n,
+          NULL);
     if (!oc->a->mixed) memcpy(params_out, master, n * sizeof(float));
 }
 
@@ -824,7 +839,7 @@ void train_step(trainer *t, step_result *r) {
             continue;
         }
         adamw(ops, &a, fsdp_master(s->fs), fsdp_compute_shard(s->fs), s->adam_m, s->adam_v, fsdp_grad(s->fs),
-              fsdp_local_numel(s->fs));
+              fsdp_local_numel(s->fs), converters_optimizer_amax(t, i));
     }
     /* no wait for the update: the next step's work queues behind it on the stream, and
      * what reads the parameters on the host (a checkpoint, a log step's timing) waits */

@@ -71,8 +71,8 @@ struct float8_model {
     float *da, *db;                                       /* [max(operand, weight)] dequantised operands (emulate) */
     uint8_t *qa, *qb;                                     /* [max(operand, weight)] quantised operands */
     float *amax_a, *sc_a, *inv_a, *amax_b, *sc_b, *inv_b; /* [max(max_rows, max_dim)] */
-    float *pre_amax;                                      /* [n] precomputed weight amaxes */
-    int cache_w;                                          /* tensorwise weights quantised once per step (f8_lin.qw) */
+    float *pre_amax; /* [n] the weights' amaxes (each f8_lin.w_amax is one of them) */
+    int cache_w;     /* tensorwise weights quantised once per step (f8_lin.qw) */
     /* the last call of any converted linear (CALL_*, its linear, x and rows): its x's codes
      * are still in qa (forward) or qb (weight gradient) */
     const model_linear *last_lin;
@@ -81,6 +81,11 @@ struct float8_model {
     int last_n;
     float *pre_scale, *pre_inv; /* [n] their scales and dequant factors (the float8 all-gather's) */
     uint16_t *pre_bf16;         /* [n] */
+    /* tensorwise: the stretches of the FSDP shard that hold the converted weights, whose
+     * amaxes AdamW writes into pre_amax as it updates them (float8_optimizer_amax; ok: they
+     * ascend, as the op needs), and whether this step's are there */
+    ops_amax_segments seg;
+    int seg_ok, amax_pending;
     /* the float8 all-gather: FSDP's gather codec, and each model parameter's converted
      * linear (-1: none) */
     fsdp_gather_codec codec;
@@ -538,7 +543,8 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
     size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + 6 * ALIGN16(vec) +
-        4 * ALIGN16((size_t)f->n + 1); /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
+        4 * ALIGN16((size_t)f->n + 1) +      /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
+        2 * ALIGN16(2 * ((size_t)f->n + 1)); /* the stretches' int64 offsets and lengths */
     f->bytes = floats * sizeof(float) + 2 * ALIGN16(big) + cache_bytes;
     if (dry_run || f->n == 0) {
         free(sel);
@@ -559,8 +565,7 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         s->f = f;
         s->gen_t = s->gen_r = s->gen_c = -1;
         s->gen_q = -1;
-        s->w_amax = p;
-        p += 16;
+        p += 16; /* w_amax: an entry of pre_amax, below */
         s->w_inv = p;
         p += 16;
         s->dy_amax = p;
@@ -593,6 +598,11 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
     f->pre_bf16 = (uint16_t *)TAKE((size_t)f->n + 1);
     f->pre_scale = TAKE((size_t)f->n + 1);
     f->pre_inv = TAKE((size_t)f->n + 1);
+    f->seg.off = (const int64_t *)TAKE(2 * ((size_t)f->n + 1));
+    f->seg.len = (const int64_t *)TAKE(2 * ((size_t)f->n + 1));
+    f->seg.amax = f->pre_amax;
+    /* a weight's amax is its entry of pre_amax, which the precomputation and AdamW write */
+    for (int k = 0; k < f->n; k++) f->lin[k].w_amax = f->pre_amax + k;
     f->qa = (uint8_t *)p;
     f->qb = f->qa + ALIGN16(big);
     uint8_t *qc = f->qb + ALIGN16(big);
@@ -619,33 +629,73 @@ size_t float8_workspace_bytes(const float8_model *f) { return f && f->n ? f->byt
 void float8_params_updated(float8_model *f, fsdp *fs) {
     if (!f) return;
     f->gen++;
-    if (!f->cfg.precompute_scales || !f->mem || !fs) return;
+    const int produced = f->amax_pending; /* by this step's AdamW (float8_optimizer_amax) */
+    f->amax_pending = 0;
+    if (!f->mem || !fs || (!produced && !f->cfg.precompute_scales)) return;
     /* the amax of every converted weight from this rank's pieces of the weights on the
      * device, then one MAX all-reduce per group; the compute copy is the master rounded to
      * bf16, and rounding is monotonic, so its amax is the master's amax rounded (the
      * value it is rounded to below): under bf16 compute the copy is read, which CPU
-     * offload keeps on the device while the master is on the host */
+     * offload keeps on the device while the master is on the host. AdamW's amaxes are
+     * those of the same copy. */
     const tetra_ops *ops = f->ops;
-    const dt_tensor *T = fsdp_tensors(fs);
-    const float *master = fsdp_device_master(fs);
-    const uint16_t *copy = fsdp_compute_shard(fs);
-    for (int k = 0; k < f->n; k++) {
-        const dt_tensor *t = &T[f->lin_param[k]];
-        if (!t->n_pieces) ops->fill(f->pre_amax + k, 0.0f, 1);
-        else if (copy) ops->amax_bf16(f->pre_amax + k, copy + t->piece.local_offset, t->piece.count);
-        else ops->amax(f->pre_amax + k, master + t->piece.local_offset, t->piece.count);
+    if (!produced) {
+        const dt_tensor *T = fsdp_tensors(fs);
+        const float *master = fsdp_device_master(fs);
+        const uint16_t *copy = fsdp_compute_shard(fs);
+        for (int k = 0; k < f->n; k++) {
+            const dt_tensor *t = &T[f->lin_param[k]];
+            if (!t->n_pieces) ops->fill(f->pre_amax + k, 0.0f, 1);
+            else if (copy) ops->amax_bf16(f->pre_amax + k, copy + t->piece.local_offset, t->piece.count);
+            else ops->amax(f->pre_amax + k, master + t->piece.local_offset, t->piece.count);
+        }
     }
     reduce_max(f->shard, f->pre_amax, (size_t)f->n);
     reduce_max(f->tp, f->pre_amax, (size_t)f->n);
-    if (f->cdt == TETRA_BF16) {
+    if (f->cdt == TETRA_BF16 && !produced) {
         ops->cast_f32_to_bf16(f->pre_bf16, f->pre_amax, (size_t)f->n);
         ops->cast_bf16_to_f32(f->pre_amax, f->pre_bf16, (size_t)f->n);
     }
-    ops->fp8_scale_from_amax(f->pre_scale, f->pre_inv, f->pre_amax, f->n, 0, OPS_FP8_E4M3_MAX, 0);
-    for (int k = 0; k < f->n; k++) {
-        ops->copy(f->lin[k].w_amax, f->pre_amax + k, sizeof(float));
-        f->lin[k].gen_t = f->gen;
+    if (f->cfg.precompute_scales)
+        ops->fp8_scale_from_amax(f->pre_scale, f->pre_inv, f->pre_amax, f->n, 0, OPS_FP8_E4M3_MAX, 0);
+    for (int k = 0; k < f->n; k++) f->lin[k].gen_t = f->gen;
+}
+
+/* The stretches of fs's shard that hold the converted weights, in the device's table,
+ * when they ascend (they do where the linears are declared in the order of their
+ * parameters; otherwise the weights' amaxes keep their own passes). */
+static int build_stretches(float8_model *f, fsdp *fs, char *err, size_t errlen) {
+    const dt_tensor *T = fsdp_tensors(fs);
+    int64_t *h = malloc(2 * (size_t)f->n * sizeof *h);
+    if (!h) {
+        snprintf(err, errlen, "float8: out of host memory");
+        return -1;
     }
+    int64_t end = 0;
+    int ok = 1;
+    for (int k = 0; k < f->n && ok; k++) {
+        const dt_tensor *t = &T[f->lin_param[k]];
+        const int64_t off = t->n_pieces ? (int64_t)t->piece.local_offset : end;
+        const int64_t len = t->n_pieces ? (int64_t)t->piece.count : 0;
+        ok = off >= end;
+        h[k] = off;
+        h[f->n + k] = len;
+        end = off + len;
+    }
+    if (ok) {
+        f->ops->copy_h2d((void *)f->seg.off, h, (size_t)f->n * sizeof *h);
+        f->ops->copy_h2d((void *)f->seg.len, h + f->n, (size_t)f->n * sizeof *h);
+        f->seg.n = f->n;
+    }
+    f->seg_ok = ok;
+    free(h);
+    return 0;
+}
+
+const ops_amax_segments *float8_optimizer_amax(float8_model *f, fsdp *fs) {
+    if (!f || !f->seg_ok || !fs || fsdp_offloaded(fs) || !f->ops->adamw_step_amax) return NULL;
+    f->amax_pending = 1;
+    return &f->seg;
 }
 
 /* The float8 all-gather's codec: a converted weight travels as its e4m3 codes with the
@@ -675,7 +725,9 @@ static void codec_decode(const fsdp_gather_codec *c, int param, void *dst, tetra
 }
 
 int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen) {
-    if (!f || !f->cfg.fsdp_fp8_all_gather || !fs || f->n == 0) return 0;
+    if (!f || !fs || f->n == 0) return 0;
+    if (f->mem && f->cfg.recipe == FLOAT8_TENSORWISE && build_stretches(f, fs, err, errlen)) return -1;
+    if (!f->cfg.fsdp_fp8_all_gather) return 0;
     int np = 0;
     for (int k = 0; k < f->n; k++)
         if (f->lin_param[k] + 1 > np) np = f->lin_param[k] + 1;

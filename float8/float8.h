@@ -25,9 +25,11 @@
  * widens fp8 exactly and accumulates in fp32), or with `emulate` the operands are
  * dequantised to fp32 (q / scale) and multiplied in fp32 on any backend.
  *
- * Weight scales are computed once per optimizer step (at first use, or all at once
- * after the step from the sharded master weights with precompute_scales: one amax
- * all-reduce per group for every weight) and cached until the next step.
+ * Weight scales are computed once per optimizer step and cached until the next step:
+ * tensorwise, from the amaxes AdamW writes as it updates the shards (float8_optimizer_amax;
+ * one amax all-reduce per group for every weight); otherwise at first use, or all at once
+ * after the step from the sharded weights with precompute_scales. A weight's amax is the
+ * same number either way (a maximum, of the same compute copy).
  *
  * Tensorwise passes (the cost table of docs/float8.md): every fp8 operand reaches the GEMM
  * K-major from one fp8_quantize pass (scale from a device amax, codes, and the transpose
@@ -85,9 +87,15 @@ size_t float8_workspace_bytes(const float8_model *f);
  * codec (fsdp_enable_coded_gather: e4m3 codes with the precomputed scales), once FSDP
  * wraps the model. 0, or -1 with err. */
 int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen);
+/* Tensorwise: the stretches of fs's shard holding the converted weights, for the AdamW
+ * about to update fs on the device (ops.h adamw_step_amax) to write their amaxes; NULL when
+ * that does not apply (another recipe, CPU offload, a dry run). The next
+ * float8_params_updated takes them instead of a pass over each weight. */
+const ops_amax_segments *float8_optimizer_amax(float8_model *f, fsdp *fs);
 /* The parameters changed (initialised, loaded, or after the optimizer step): the cached
- * weight scales are stale; with precompute_scales they are recomputed here from fs's
- * master shards (collective over shard and tp) before the next gather reads them. */
+ * weight scales are stale. With AdamW's amaxes, or with precompute_scales, they are
+ * computed here (from fs's shards, collective over shard and tp) before the next gather
+ * reads them; otherwise each at its weight's first use. */
 void float8_params_updated(float8_model *f, fsdp *fs);
 void float8_free(float8_model *f);
 

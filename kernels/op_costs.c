@@ -728,11 +728,16 @@ void opc_ce_shard_finish(op_cost *o, const op_cost_device *d, const float *dlogi
     kernel(o, 16.0 * n + (dlogits ? 4.0 * nv : 0.0), 4.0 * n + (dlogits ? 4.0 * nv : 0.0), dlogits ? 3.0 * nv : n);
 }
 
-void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n) {
+void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n, int n_seg) {
     (void)d;
-    begin(o, bf16_copy ? OPK_ADAMW_STEP_BF16 : OPK_ADAMW_STEP, "%zu", n);
+    if (n_seg > 0) begin(o, bf16_copy ? OPK_ADAMW_STEP_BF16 : OPK_ADAMW_STEP, "%zu, amax of %d", n, n_seg);
+    else begin(o, bf16_copy ? OPK_ADAMW_STEP_BF16 : OPK_ADAMW_STEP, "%zu", n);
+    if (n_seg > 0) { /* the maxima zeroed, then a block's search of the stretches per chunk */
+        o->copies = 1;
+        o->written += 4.0 * n_seg;
+    }
     /* param, m, v and the gradient read; param, m, v (and the bf16 copy) written */
-    if (n) kernel(o, 16.0 * n, (bf16_copy ? 14.0 : 12.0) * n, 20.0 * n);
+    if (n) kernel(o, 16.0 * n + (n_seg > 0 ? 16.0 * n_seg : 0.0), (bf16_copy ? 14.0 : 12.0) * n, 20.0 * n);
 }
 
 void opc_grad_sq_to_f64(op_cost *o, const op_cost_device *d, int n, int n_loss) {

@@ -216,7 +216,9 @@ void opc_cross_entropy_bf16(op_cost *o, const op_cost_device *d, int n, int v);
 void opc_ce_shard_max(op_cost *o, const op_cost_device *d, int n, int v_local);
 void opc_ce_shard_sums(op_cost *o, const op_cost_device *d, int n, int v_local);
 void opc_ce_shard_finish(op_cost *o, const op_cost_device *d, const float *dlogits, int n, int v_local);
-void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n);
+/* n_seg > 0: adamw_step_amax over that many stretches (a memset of the maxima, the same
+ * kernel's traffic: the magnitudes come from registers) */
+void opc_adamw_step(op_cost *o, const op_cost_device *d, int bf16_copy, size_t n, int n_seg);
 /* the optimizer's scalars on the device: one single-thread kernel each */
 void opc_grad_sq_to_f64(op_cost *o, const op_cost_device *d, int n, int n_loss);
 void opc_sum_f64(op_cost *o, const op_cost_device *d, int n);

@@ -109,6 +109,16 @@ typedef struct {
     int doc_len;        // positions per sequence in doc (the global sequence length)
 } ops_attn_shape;
 
+// Stretches of a flat parameter buffer whose largest magnitude adamw_step_amax reports as
+// it writes them: stretch s covers [off[s], off[s] + len[s]) (len 0: nothing of it on this
+// rank) and its max |w| goes to amax[s]. Stretches ascend and do not overlap. off, len and
+// amax are backend memory; the struct itself is the caller's.
+typedef struct {
+    int n;
+    const int64_t *off, *len; // [n]
+    float *amax;              // [n]
+} ops_amax_segments;
+
 // ----------------------------------------------------------------------------
 // the op table
 
@@ -461,6 +471,15 @@ typedef struct tetra_ops {
     // has made (a host read of a device value is one). 0 on the CPU, whose ops finish
     // before they return.
     uint64_t (*host_waits)(void);
+    // adamw_step (param_bf16 NULL) or adamw_step_bf16, the same bits, that also writes each
+    // stretch's max |w| of the parameters as the compute copy holds them after the step
+    // (param_bf16 where given, else param; as they were when dev skips the update), NaN
+    // when one is NaN, 0 for an empty stretch: a converter's statistics of its weights
+    // (Float8's weight scales) without a pass over each weight.
+    void (*adamw_step_amax)(float *param /*[n]*/, uint16_t *param_bf16 /*[n] or NULL*/, float *m /*[n]*/,
+                            float *v /*[n]*/, const float *grad /*[n]*/, size_t n, double lr, double beta1,
+                            double beta2, double eps, double weight_decay, int step, float grad_scale,
+                            const ops_optim_state *dev, const ops_amax_segments *seg);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

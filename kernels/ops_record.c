@@ -392,16 +392,24 @@ static void r_ce_shard_finish(float *dlogits, float *losses, const float *logits
 static void r_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
                          double beta2, double eps, double weight_decay, int step, float grad_scale,
                          const ops_optim_state *dev) {
-    REC(opc_adamw_step(&c_, &R.dev, 0, n));
+    REC(opc_adamw_step(&c_, &R.dev, 0, n, 0));
     if (R.base) R.base->adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, dev);
 }
 static void r_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
                               double lr, double beta1, double beta2, double eps, double weight_decay, int step,
                               float grad_scale, const ops_optim_state *dev) {
-    REC(opc_adamw_step(&c_, &R.dev, 1, n));
+    REC(opc_adamw_step(&c_, &R.dev, 1, n, 0));
     if (R.base)
         R.base->adamw_step_bf16(param, param_bf16, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
                                 dev);
+}
+static void r_adamw_step_amax(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
+                              double lr, double beta1, double beta2, double eps, double weight_decay, int step,
+                              float grad_scale, const ops_optim_state *dev, const ops_amax_segments *seg) {
+    REC(opc_adamw_step(&c_, &R.dev, param_bf16 != NULL, n, seg ? seg->n : 0));
+    if (R.base)
+        R.base->adamw_step_amax(param, param_bf16, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
+                                dev, seg);
 }
 static void r_grad_sq_to_f64(double *out, const float *sq, int n, const float *loss, int n_loss) {
     REC(opc_grad_sq_to_f64(&c_, &R.dev, n, n_loss));
@@ -528,6 +536,7 @@ static void fill_table(tetra_ops *t) {
     t->ce_shard_finish = r_ce_shard_finish;
     t->adamw_step = r_adamw_step;
     t->adamw_step_bf16 = r_adamw_step_bf16;
+    t->adamw_step_amax = r_adamw_step_amax;
     t->grad_sq_to_f64 = r_grad_sq_to_f64;
     t->sum_f64 = r_sum_f64;
     t->optim_scalars = r_optim_scalars;

@@ -461,6 +461,23 @@ static void cpu_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, fl
     cpu_cast_f32_to_bf16(param_bf16, param, n);
 }
 
+// AdamW, then each stretch's max |w| of the compute copy (ops.h adamw_step_amax): a second
+// read of the stretch, which the CPU's caches mostly serve
+static void cpu_adamw_step_amax(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
+                                double lr, double beta1, double beta2, double eps, double weight_decay, int step,
+                                float grad_scale, const ops_optim_state *dev, const ops_amax_segments *seg) {
+    if (param_bf16)
+        cpu_adamw_step_bf16(param, param_bf16, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
+                            dev);
+    else cpu_adamw_step(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, dev);
+    for (int s = 0; seg && s < seg->n; s++) {
+        const size_t off = (size_t)seg->off[s], len = (size_t)seg->len[s];
+        if (!len) seg->amax[s] = 0.0f;
+        else if (param_bf16) cpu_amax_bf16(seg->amax + s, param_bf16 + off, len);
+        else cpu_amax(seg->amax + s, param + off, len);
+    }
+}
+
 // The optimizer's scalars (ops.h ops_optim_state): the same arithmetic as the CUDA
 // kernels, on one core.
 static void cpu_grad_sq_to_f64(double *out, const float *sq, int n, const float *loss, int n_loss) {
@@ -535,6 +552,7 @@ static const tetra_ops cpu_table = {
     .sum_f64 = cpu_sum_f64,
     .optim_scalars = cpu_optim_scalars,
     .host_waits = cpu_host_waits,
+    .adamw_step_amax = cpu_adamw_step_amax,
     .embedding_forward_bf16 = cpu_embedding_forward_bf16,
     .embedding_backward_bf16 = cpu_embedding_backward_bf16,
     .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,

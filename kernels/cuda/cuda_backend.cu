@@ -1000,6 +1000,126 @@ static void adamw_launch(float *param, float *m, float *v, const float *grad, ui
     CUDA_CHECK_LAUNCH();
 }
 
+// adamw_step_amax: the update of adamw_kernel, and each stretch's max |w| of the compute
+// copy. A block takes a chunk of 16 elements per thread at a time (so a chunk meets one
+// stretch, or a few where one ends), keeps its elements' magnitudes in registers, and for
+// each stretch the chunk meets reduces them over the block (block_nan_max) and hands the
+// result to one atomicMax on the float's bits: non-negative floats (and the canonical NaN
+// above +inf) order as their bits do, and a maximum does not depend on the order, so the
+// bits are those of a pass per stretch. Skipped updates leave the weights and still report.
+#define ADAMW_AMAX_PER_THREAD 16
+
+__device__ __forceinline__ float adamw_mag(float p, const uint16_t *p16) {
+    return fabsf(p16 ? tetra_bf16_to_f32(tetra_f32_to_bf16(p)) : p);
+}
+
+// the first stretch that ends after element i (seg.n when none)
+__device__ __forceinline__ int stretch_after(const ops_amax_segments &seg, size_t i) {
+    int lo = 0, hi = seg.n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if ((size_t)(seg.off[mid] + seg.len[mid]) > i) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+__global__ void adamw_amax_kernel(float *p, float *m, float *v, const float *g, uint16_t *p16, size_t n,
+                                  tetra_adamw_coef k, const ops_optim_state *dev, int vec, ops_amax_segments seg) {
+    __shared__ float sh[32];
+    int skip = 0;
+    if (dev) {
+        skip = dev->skip;
+        k = dev->k;
+    }
+    const size_t chunk = (size_t)blockDim.x * ADAMW_AMAX_PER_THREAD;
+    const size_t nchunks = (n + chunk - 1) / chunk;
+    for (size_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        const size_t base = c * chunk, end = base + chunk < n ? base + chunk : n;
+        float mag[ADAMW_AMAX_PER_THREAD];
+        size_t at[ADAMW_AMAX_PER_THREAD]; // the element of mag[j] (n: none)
+#pragma unroll
+        for (int j = 0; j < ADAMW_AMAX_PER_THREAD / 4; j++) {
+            // vec: 4 consecutive elements a step; else 4 elements a block apart
+            const size_t i0 = vec ? base + 4 * ((size_t)threadIdx.x + (size_t)j * blockDim.x)
+                                  : base + threadIdx.x + (size_t)4 * j * blockDim.x;
+            if (vec && i0 + 3 < end) {
+                vec16<float> pv = load16(p + i0);
+                if (!skip) {
+                    vec16<float> mv = load16(m + i0), vv = load16(v + i0);
+                    const vec16<float> gv = load16(g + i0);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) tetra_adamw_update(&pv.e[q], &mv.e[q], &vv.e[q], gv.e[q], &k);
+                    store16(p + i0, pv);
+                    store16(m + i0, mv);
+                    store16(v + i0, vv);
+                    if (p16) {
+                        const unsigned long long b = (unsigned long long)tetra_f32_to_bf16(pv.e[0]) |
+                            (unsigned long long)tetra_f32_to_bf16(pv.e[1]) << 16 |
+                            (unsigned long long)tetra_f32_to_bf16(pv.e[2]) << 32 |
+                            (unsigned long long)tetra_f32_to_bf16(pv.e[3]) << 48;
+                        *(unsigned long long *)(p16 + i0) = b;
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    mag[4 * j + q] = adamw_mag(pv.e[q], p16);
+                    at[4 * j + q] = i0 + q;
+                }
+                continue;
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const size_t i = vec ? i0 + q : i0 + (size_t)q * blockDim.x;
+                mag[4 * j + q] = 0.0f;
+                at[4 * j + q] = n;
+                if (i >= end) continue;
+                float pp = p[i];
+                if (!skip) {
+                    float mm = m[i], vv = v[i];
+                    tetra_adamw_update(&pp, &mm, &vv, g[i], &k);
+                    p[i] = pp;
+                    m[i] = mm;
+                    v[i] = vv;
+                    if (p16) p16[i] = tetra_f32_to_bf16(pp);
+                }
+                mag[4 * j + q] = adamw_mag(pp, p16);
+                at[4 * j + q] = i;
+            }
+        }
+        // the same stretches in every thread: the loop and its barriers are block-uniform
+        for (int s = stretch_after(seg, base); s < seg.n && (size_t)seg.off[s] < end; s++) {
+            const size_t lo = (size_t)seg.off[s], hi = lo + (size_t)seg.len[s];
+            float r = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ADAMW_AMAX_PER_THREAD; j++)
+                if (at[j] >= lo && at[j] < hi) r = nan_max(r, mag[j]);
+            r = block_nan_max(r, sh);
+            if (threadIdx.x == 0 && hi > lo) atomicMax((unsigned *)(seg.amax + s), __float_as_uint(r));
+        }
+    }
+}
+
+extern "C" void cuda_adamw_step_amax(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad,
+                                     size_t n, double lr, double beta1, double beta2, double eps, double weight_decay,
+                                     int step, float grad_scale, const ops_optim_state *dev,
+                                     const ops_amax_segments *seg) {
+    tetra_adamw_coef k = tetra_adamw_coefficients(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    if (!seg || seg->n <= 0) {
+        if (n) adamw_launch(param, m, v, grad, param_bf16, n, k, dev);
+        return;
+    }
+    // the maxima start from 0 (an empty stretch keeps it)
+    CUDA_CHECK(cudaMemsetAsync(seg->amax, 0, (size_t)seg->n * sizeof(float), cuda_stream()));
+    if (!n) return;
+    const int vec = tetra_aligned16(param) && tetra_aligned16(m) && tetra_aligned16(v) && tetra_aligned16(grad) &&
+        ((uintptr_t)param_bf16 & 7u) == 0;
+    const size_t chunk = (size_t)TETRA_THREADS * ADAMW_AMAX_PER_THREAD;
+    adamw_amax_kernel<<<tetra_blocks((n + chunk - 1) / chunk, 1), TETRA_THREADS, 0, cuda_stream()>>>(
+        param, m, v, grad, param_bf16, n, k, dev, vec, *seg);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t n, double lr, double beta1,
                                 double beta2, double eps, double weight_decay, int step, float grad_scale,
                                 const ops_optim_state *dev) {
@@ -1111,6 +1231,7 @@ static tetra_ops make_table(void) {
     t.ce_shard_finish = cuda_ce_shard_finish;
     t.adamw_step = cuda_adamw_step;
     t.adamw_step_bf16 = cuda_adamw_step_bf16;
+    t.adamw_step_amax = cuda_adamw_step_amax;
     t.grad_sq_to_f64 = cuda_grad_sq_to_f64;
     t.sum_f64 = cuda_sum_f64;
     t.optim_scalars = cuda_optim_scalars;

@@ -67,6 +67,9 @@ void cuda_adamw_step(float *param, float *m, float *v, const float *grad, size_t
 void cuda_adamw_step_bf16(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
                           double lr, double beta1, double beta2, double eps, double weight_decay, int step,
                           float grad_scale, const ops_optim_state *dev);
+void cuda_adamw_step_amax(float *param, uint16_t *param_bf16, float *m, float *v, const float *grad, size_t n,
+                          double lr, double beta1, double beta2, double eps, double weight_decay, int step,
+                          float grad_scale, const ops_optim_state *dev, const ops_amax_segments *seg);
 
 // ---- cuda_gemm.cu (cuBLASLt)
 void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_desc *g);

@@ -308,6 +308,7 @@ static void test_table(void) {
     SLOT(ce_shard_finish);
     SLOT(adamw_step);
     SLOT(adamw_step_bf16);
+    SLOT(adamw_step_amax);
     SLOT(embedding_forward_bf16);
     SLOT(embedding_backward_bf16);
     SLOT(rmsnorm_forward_bf16);
@@ -2199,6 +2200,59 @@ static void test_adamw(void) {
     G->release(d_p16);
 }
 
+// adamw_step_amax: the update's bits are adamw_step's, and each stretch's amax is a pass's
+// over the written copy: stretches inside one chunk, across chunk edges, empty, at the
+// end, one holding a NaN; bf16 and fp32 copies, a vector and a scalar tail, a skipped step.
+static void test_adamw_amax(void) {
+    const size_t n = 100003;
+    enum { NS = 6 };
+    const int64_t off[NS] = {0, 100, 5000, 5000, 9000, 60001}, len[NS] = {37, 4000, 0, 3001, 50000, 40002};
+    float *p = hrandn(n, 0.02f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.001f), *g = hrandn(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    p[70000] = NAN; // the last stretch's amax is NaN
+    p[9100] = 3.0f; // a large weight inside a stretch that spans chunks
+    float *d_p = (float *)dup_gpu(p, n * 4), *d_m = (float *)dup_gpu(m, n * 4), *d_v = (float *)dup_gpu(v, n * 4);
+    float *d_g = (float *)dup_gpu(g, n * 4), *d_amax = (float *)G->alloc(NS * 4);
+    int64_t *d_off = (int64_t *)dup_gpu(off, sizeof off), *d_len = (int64_t *)dup_gpu(len, sizeof len);
+    uint16_t *p16 = (uint16_t *)malloc(n * 2), *d_p16 = (uint16_t *)G->alloc(n * 2);
+    float amax[NS], want[NS], *gamax;
+    ops_optim_state hs;
+    memset(&hs, 0, sizeof hs);
+    for (int round = 0; round < 3; round++) {
+        const int bf = round != 0, skip = round == 2; // the skip after a bf16 round: the copy is current
+        hs.skip = skip;
+        hs.k = tetra_adamw_coefficients(1e-3, 0.9, 0.95, 1e-8, 0.1, round + 1, 1.0f);
+        ops_optim_state *d_s = (ops_optim_state *)dup_gpu(&hs, sizeof hs);
+        const ops_amax_segments hseg = {NS, off, len, amax}, dseg = {NS, d_off, d_len, d_amax};
+        C->adamw_step_amax(p, bf ? p16 : NULL, m, v, g, n, 0, 0, 0, 0, 0, 0, 0.0f, &hs, &hseg);
+        G->adamw_step_amax(d_p, bf ? d_p16 : NULL, d_m, d_v, d_g, n, 0, 0, 0, 0, 0, 0, 0.0f, d_s, &dseg);
+        for (int k = 0; k < NS; k++) {
+            want[k] = 0.0f;
+            if (len[k] && bf) C->amax_bf16(want + k, p16 + off[k], (size_t)len[k]);
+            else if (len[k]) C->amax(want + k, p + off[k], (size_t)len[k]);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "n=100003, 6 stretches, %s copy%s", bf ? "bf16" : "fp32", skip ? ", skipped" : "");
+        check_bits("adamw_step_amax amax (CPU) = a pass per stretch", what, amax, want, sizeof want);
+        check(amax[5] != amax[5] && amax[4] >= 3.0f && amax[2] == 0.0f, "adamw_step_amax", what,
+              "NaN stretch %g, large %g, empty %g", amax[5], amax[4], amax[2]);
+        gamax = (float *)from_gpu(d_amax, sizeof want);
+        float *gp = (float *)from_gpu(d_p, n * 4);
+        check_bits("adamw_step_amax amax (cuda)", what, gamax, want, sizeof want);
+        check_bits("adamw_step_amax param (cuda)", what, gp, p, n * 4);
+        if (bf) {
+            uint16_t *g16 = (uint16_t *)from_gpu(d_p16, n * 2);
+            check_bits("adamw_step_amax bf16 copy (cuda)", what, g16, p16, n * 2);
+            free(g16);
+        }
+        free(gp), free(gamax);
+        G->release(d_s);
+    }
+    free(p), free(m), free(v), free(g), free(p16);
+    G->release(d_p), G->release(d_m), G->release(d_v), G->release(d_g), G->release(d_p16);
+    G->release(d_amax), G->release(d_off), G->release(d_len);
+}
+
 // ----------------------------------------------------------------------------
 // memory accounting, freeze, out of memory, the compute stream
 
@@ -2776,6 +2830,16 @@ static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uin
     LC("empty, scale only", NULL, R->fp8_quantize(NULL, NULL, S + 8, H, TETRA_BF16, Z, 0, 24, TETRA_FP8_E4M3));
     LC("n=3000", NULL, R->adamw_step(X, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL));
     LC("n=3000", NULL, R->adamw_step_bf16(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL));
+    {
+        const int64_t so[2] = {10, 2000}, sl[2] = {1500, 1000};
+        int64_t *ds = (int64_t *)R->alloc(sizeof so + sizeof sl);
+        R->copy_h2d(ds, so, sizeof so);
+        R->copy_h2d(ds + 2, sl, sizeof sl);
+        const ops_amax_segments seg = {2, ds, ds + 2, S + 16};
+        LC("n=3000, 2 stretches", NULL,
+           R->adamw_step_amax(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL, &seg));
+        R->release(ds);
+    }
     float h[4] = {1, 2, 3, 4};
     LC("16 B", NULL, R->copy_h2d(X, h, sizeof h));
     LC("16 B", NULL, R->copy_d2h(h, X, sizeof h));
@@ -3035,6 +3099,7 @@ int main(int argc, char **argv) {
     test_cross_entropy_fused(3, 128256);
     test_cross_entropy_sharded();
     test_adamw();
+    test_adamw_amax();
     test_optim_scalars();
     test_memory();
     test_copy_2d();

@@ -92,9 +92,9 @@ static void rec_destroy(void *state) {
 }
 
 static const tetra_converter before = {"record_before", conv_before, rec_parallelized, rec_pre,
-                                       rec_post,        NULL,        rec_destroy};
+                                       rec_post,        NULL,        rec_destroy,      NULL};
 static const tetra_converter after = {"record_after", conv_after, rec_parallelized, rec_pre,
-                                      rec_post,       NULL,       rec_destroy};
+                                      rec_post,       NULL,       rec_destroy,      NULL};
 
 int main(void) {
     CHECK(converter_register(&before) == 0 && converter_register(&after) == 0, "register");

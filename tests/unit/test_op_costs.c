@@ -189,8 +189,12 @@ static void test_layers(void) {
     /* one launch: 1000 bf16 read, one partial written and read back, the result written */
     CHECK(c.kernels == 1 && near(c.read + c.written, 2000 + 4 + 4 + 4), "amax_bf16: k %d, %.0f B", c.kernels,
           c.read + c.written);
-    opc_adamw_step(&c, &d, 1, 1000);
+    opc_adamw_step(&c, &d, 1, 1000, 0);
     expect("adamw bf16", &c, 1, 0, 0, 0, 30000, "");
+    /* with the amax of 3 stretches: a memset of the maxima, the same kernel and its search */
+    opc_adamw_step(&c, &d, 1, 1000, 3);
+    CHECK(c.kernels == 1 && c.copies == 1 && near(c.read + c.written, 30000 + 3 * 16 + 3 * 4),
+          "adamw_step_amax: k %d copies %d, %.0f B", c.kernels, c.copies, c.read + c.written);
     opc_copy_h2d(&c, &d, P(1), P(2), 64);
     CHECK(c.copies == 1 && c.syncs == 1 && c.host_bytes == 64, "copy_h2d: copies %d syncs %d", c.copies, c.syncs);
     opc_copy_h2d_async(&c, &d, P(1), P(2), 64);

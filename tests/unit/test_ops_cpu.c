@@ -518,6 +518,7 @@ static void test_table(void) {
     SLOT(ce_shard_finish);
     SLOT(adamw_step);
     SLOT(adamw_step_bf16);
+    SLOT(adamw_step_amax);
     SLOT(embedding_forward_bf16);
     SLOT(embedding_backward_bf16);
     SLOT(rmsnorm_forward_bf16);

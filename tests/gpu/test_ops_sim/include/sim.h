@@ -141,6 +141,11 @@ inline unsigned int atomicAdd(unsigned int *p, unsigned int v) {
     *p = o + v;
     return o;
 }
+inline unsigned int atomicMax(unsigned int *p, unsigned int v) {
+    const unsigned int o = *p;
+    if (v > o) *p = v;
+    return o;
+}
 inline void __threadfence() {}
 void __syncwarp(unsigned mask = 0xffffffffu);
 double *sim_shfl_slots();
@@ -164,6 +169,11 @@ inline float __int_as_float(int i) {
     float f;
     memcpy(&f, &i, 4);
     return f;
+}
+inline unsigned int __float_as_uint(float f) {
+    unsigned int u;
+    memcpy(&u, &f, 4);
+    return u;
 }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
