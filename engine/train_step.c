@@ -716,8 +716,9 @@ static void host_adamw(void *user, size_t off, size_t n, const float *grad, void
 }
 
 size_t train_step_scalar_bytes(const trainer *t) {
+    /* the state, the stages' sums, then the losses, the stages' norms and the replicas' loss */
     return sizeof(ops_optim_state) + (size_t)t->n_local * sizeof(double) +
-        (size_t)(t->loss_cap + t->n_local) * sizeof(float);
+        (size_t)(t->loss_cap + t->n_local + 1) * sizeof(float);
 }
 
 /* A stage's gradients at the start of a step: where the model overwrites a gradient at its
@@ -737,13 +738,43 @@ static void begin_stage_grads(train_stage *s) {
  * the stages' sums added in order, the pipeline ranks' added up (the same reductions, in
  * the same order, as a host read would make), and a non-finite loss on any rank turns the
  * norm into NaN on every rank those reductions reach. */
+/* TETRA_TEST_INF_LOSS="RANK:STEP": that rank's loss of that step becomes +inf, its
+ * gradients untouched (the tests' way to a non-finite loss with finite gradients). */
+static void test_poison_loss(trainer *t) {
+    static int rank = -2;
+    static int64_t step = -1;
+    if (rank == -2) {
+        const char *s = getenv("TETRA_TEST_INF_LOSS");
+        long long st = -1;
+        rank = -1;
+        if (s && sscanf(s, "%d:%lld", &rank, &st) != 2) rank = -1;
+        step = (int64_t)st;
+    }
+    if (rank == t->rank && step == t->cur_step && t->n_loss > 0) t->ops->fill(t->loss_dev, INFINITY, 1);
+}
+
 static void queue_step_scalars(trainer *t) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
     float *norms = t->loss_dev + t->loss_cap;
+    test_poison_loss(t);
+    /* A non-finite loss poisons the first stage's sum, which the reductions over the shard,
+     * tensor and pipeline groups carry to every rank of the replica. Replicas reduce their
+     * gradients, not their sums: a loss that is infinite on one replica while its gradients
+     * are finite (a target's probability underflowing to 0) must stop the others too, so
+     * with dp_replicate the poison is the losses' sum over the replicas. */
+    const float *loss = t->loss_dev;
+    int n_loss = t->n_loss;
+    if (t->g_replicate) {
+        float *rep = norms + t->n_local;
+        ops->sum(rep, t->loss_dev, (size_t)t->n_loss);
+        comm_all_reduce(t->g_replicate, rep, 1, COMM_F32, COMM_SUM, NULL);
+        loss = rep;
+        n_loss = 1;
+    }
     for (int i = 0; i < t->n_local; i++) fsdp_grad_sq_norm_local(t->st[i].fs, norms + i);
     for (int i = 0; i < t->n_local; i++) {
-        ops->grad_sq_to_f64(t->sq_dev + i, norms + i, 1, i == 0 ? t->loss_dev : NULL, i == 0 ? t->n_loss : 0);
+        ops->grad_sq_to_f64(t->sq_dev + i, norms + i, 1, i == 0 ? loss : NULL, i == 0 ? n_loss : 0);
         fsdp_grad_sq_norm_global_dev(t->st[i].fs, t->sq_dev + i);
     }
     ops->sum_f64(&t->opt_dev->sq, t->sq_dev, t->n_local);

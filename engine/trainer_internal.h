@@ -133,6 +133,7 @@ struct trainer {
     comm_device_staging comm_staging; /* MPI on device buffers: the ops' copies */
     int comm_staged;                  /* 1 when comm runs MPI on device buffers */
     comm_group *g_world, *g_loss, *g_pp;
+    comm_group *g_replicate; /* dp_replicate when it is more than 1, else NULL */
 
     model_args args; /* the model's family and hyperparameters (the job's) */
     /* pipeline: n_stages in all; this rank runs n_local of them (st[0..n_local-1],

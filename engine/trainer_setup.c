@@ -474,6 +474,7 @@ static int setup_mesh(trainer *t) {
     t->g_loss = comm_get(t->cw, MESH_G_LOSS);
 
     t->g_pp = comm_get(t->cw, MESH_G_PP);
+    t->g_replicate = dims->dp_replicate > 1 ? comm_get(t->cw, MESH_G_DP_REPLICATE) : NULL;
     return 0;
 }
 
@@ -948,7 +949,7 @@ static int alloc_buffers(trainer *t) {
     t->sq_dev = (double *)(t->opt_dev + 1);
     t->loss_dev = (float *)(t->sq_dev + t->n_local);
     t->loss_host = (float *)((char *)t->step_host + ((char *)t->loss_dev - (char *)t->step_dev));
-    ops->fill(t->loss_dev, 0.0f, (size_t)(t->loss_cap + t->n_local));
+    ops->fill(t->loss_dev, 0.0f, (size_t)(t->loss_cap + t->n_local + 1));
     return t->val ? alloc_validation(t) : 0;
 }
 

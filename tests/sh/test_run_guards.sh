@@ -6,6 +6,8 @@
 #      With a log every 4th step the update count, skip and norm stay on the device: the
 #      run stops at step 4 naming step 2 as the first non-finite one, no checkpoint of 4.
 #   2. "skip" under fsdp 2: every such step is logged as skipped, the run ends (exit 0);
+#      under dp_replicate 2 an infinite loss on one replica (finite gradients) is skipped
+#      by both, whichever replica it was on;
 #      on one rank over 8 steps the 5th non-finite step in a row (steps 2-6; the default
 #      training.max_consecutive_nonfinite_steps) stops the run with exit 1 naming the key.
 #   3. NaN or infinite float keys, more threads than cores, a model vocabulary that is not the
@@ -66,6 +68,25 @@ n=$(grep -c "update skipped" "$T/skip.log")
 steps=$(grep -c '"grad_norm"' "$T/skip/metrics.jsonl" 2>/dev/null)
 [ $rc = 0 ] && [ "$n" -ge 1 ] && [ "${steps:-0}" = 5 ] && ok "skip under fsdp 2: $n steps skipped, 5 steps run, exit 0" ||
   bad "skip: exit $rc, $n skipped, ${steps:-0} steps"
+# HSDP: a loss that is infinite on one replica while the gradients are finite (the
+# test hook TETRA_TEST_INF_LOSS) is skipped by every replica: poisoned on rank 1 or on
+# rank 0, the two runs log step 3 as skipped and the same losses after it
+REP=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 5 --training.seq_len 64
+     --training.local_batch_size 1 --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu
+     --training.threads 1 --parallelism.data_parallel_replicate_degree 2 --training.on_nonfinite skip)
+for r in 0 1; do
+  TETRA_TEST_INF_LOSS="$r:3" mpirun -np 2 --oversubscribe --bind-to none -x TETRA_TEST_INF_LOSS "$TETRA" "${REP[@]}" \
+    --job.dump_folder "$T/rep$r" >"$T/rep$r.log" 2>&1 || echo "replica run $r exited $?" >>"$T/rep$r.log"
+done
+after() { python3 -c 'import json,sys
+print([(o["step"], o["loss"]) for o in map(json.loads, open(sys.argv[1])) if o["step"] > 3])' "$1"; }
+if grep -q "step 3: .*update skipped" "$T/rep0.log" && grep -q "step 3: .*update skipped" "$T/rep1.log" &&
+   [ "$(after "$T/rep0/metrics.jsonl")" = "$(after "$T/rep1/metrics.jsonl")" ] &&
+   [ -n "$(after "$T/rep1/metrics.jsonl" | grep 5)" ] && ! grep -q "exited" "$T/rep1.log"; then
+  ok "dp_replicate 2: an infinite loss on either replica skips step 3 on both, the same losses after it"
+else
+  bad "dp_replicate 2 infinite loss: $(grep -m1 -E 'skipped|ERROR|exited' "$T/rep1.log"); after: $(after "$T/rep0/metrics.jsonl" 2>&1) vs $(after "$T/rep1/metrics.jsonl" 2>&1)"
+fi
 "$TETRA" "${COMMON[@]}" --training.local_batch_size 2 --training.steps 8 --training.on_nonfinite skip \
   --job.dump_folder "$T/skip_limit" >"$T/skip_limit.log" 2>&1
 rc=$?
