@@ -284,8 +284,8 @@ static void bench_elementwise(const dims *dm, const buffers *b) {
     GROUP = "elementwise (bf16)";
     snprintf(lab, sizeof lab, "rmsnorm forward [%d x %d]", N, C);
     TIME(lab, O->rmsnorm_forward_bf16(b->xn, b->rstd, NULL, b->x, b->wn, N, C, 1e-5f), 2 * nc * 2, 0);
-    TIME("rmsnorm backward_input", O->rmsnorm_backward_input_bf16(b->tmp, b->xn, b->x, b->wn, b->rstd, N, C, NULL),
-         4 * nc * 2, 0);
+    TIME("rmsnorm backward_input",
+         O->rmsnorm_backward_input_bf16(b->tmp, NULL, b->xn, b->x, b->wn, b->rstd, N, C, NULL), 4 * nc * 2, 0);
     TIME("rmsnorm backward_weight", O->rmsnorm_backward_weight_bf16(b->wn32, b->xn, b->x, b->rstd, N, C, 1), 2 * nc * 2,
          0);
     TIME("rope forward q (in place)", O->rope_forward_bf16(b->q, b->q, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);

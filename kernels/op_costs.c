@@ -506,13 +506,23 @@ void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, voi
     }
 }
 
-void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, const void *dout,
-                                const void *x, const void *w, const float *rstd, int n, int c) {
+void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, float *amax,
+                                const void *dout, const void *x, const void *w, const float *rstd, int n, int c) {
     (void)d, (void)dx, (void)dout, (void)x, (void)w, (void)rstd;
-    begin(o, twin(t, OPK_RMSNORM_BACKWARD_INPUT, OPK_RMSNORM_BACKWARD_INPUT_BF16), "%dx%d", n, c);
-    if (n <= 0 || c <= 0) return;
+    begin(o, twin(t, OPK_RMSNORM_BACKWARD_INPUT, OPK_RMSNORM_BACKWARD_INPUT_BF16), "%dx%d%s", n, c,
+          amax ? " with amax" : "");
+    if (n <= 0 || c <= 0) {
+        if (amax) kernel(o, 0, 4.0, 0);
+        return;
+    }
     /* dout, x and the residual gradient (dx itself or another buffer) read; dx written */
     kernel(o, 3.0 * es(t) * rc(n, c) + es(t) * c + 4.0 * n, es(t) * rc(n, c), 8.0 * rc(n, c));
+    if (amax) { /* as rmsnorm_forward's: a partial per block (at most 1024), the last block's fold */
+        const double p = n < 1024 ? n : 1024;
+        o->read += 4.0 * p;
+        o->written += 4.0 * (p + 1);
+        o->flops[OPC_FLOP_ELEMENT] += (double)rc(n, c);
+    }
 }
 
 void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dw, const void *dout,

@@ -192,8 +192,8 @@ void opc_embedding_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, 
                             const int32_t *tokens, int n, int c, int v_start, int v_local);
 void opc_rmsnorm_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, void *out, float *rstd, float *amax,
                          const void *x, const void *w, int n, int c);
-void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, const void *dout,
-                                const void *x, const void *w, const float *rstd, int n, int c);
+void opc_rmsnorm_backward_input(op_cost *o, const op_cost_device *d, tetra_dtype t, void *dx, float *amax,
+                                const void *dout, const void *x, const void *w, const float *rstd, int n, int c);
 void opc_rmsnorm_backward_weight(op_cost *o, const op_cost_device *d, tetra_dtype t, float *dw, const void *dout,
                                  const void *x, const float *rstd, int n, int c, int accumulate);
 void opc_rope(op_cost *o, const op_cost_device *d, tetra_dtype t, int backward, void *out, float *amax, const void *x,

@@ -367,10 +367,12 @@ typedef struct tetra_ops {
     // amax (NULL: not computed): amax_bf16 of out, formed as out is written (as swiglu's)
     void (*rmsnorm_forward_bf16)(uint16_t *out /*[N, C]*/, float *rstd /*[N]*/, float *amax /*[1] or NULL*/,
                                  const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/, int n, int c, float eps);
-    // dx = bf16(dres + d/dx), dres as rmsnorm_backward_input's (NULL: dx)
-    void (*rmsnorm_backward_input_bf16)(uint16_t *dx /*[N, C]*/, const uint16_t *dout /*[N, C]*/,
-                                        const uint16_t *x /*[N, C]*/, const uint16_t *w /*[C]*/,
-                                        const float *rstd /*[N]*/, int n, int c, const uint16_t *dres);
+    // dx = bf16(dres + d/dx), dres as rmsnorm_backward_input's (NULL: dx); amax (NULL: not
+    // computed): amax_bf16 of dx, formed as dx is written (as swiglu's)
+    void (*rmsnorm_backward_input_bf16)(uint16_t *dx /*[N, C]*/, float *amax /*[1] or NULL*/,
+                                        const uint16_t *dout /*[N, C]*/, const uint16_t *x /*[N, C]*/,
+                                        const uint16_t *w /*[C]*/, const float *rstd /*[N]*/, int n, int c,
+                                        const uint16_t *dres);
     // dw (fp32) += sum_rows dout * x * rstd (deterministic column reduction); accumulate as
     // rmsnorm_backward_weight's
     void (*rmsnorm_backward_weight_bf16)(float *dw /*[C]*/, const uint16_t *dout /*[N, C]*/,

@@ -310,7 +310,7 @@ static void r_rmsnorm_forward(float *out, float *rstd, const float *x, const flo
 }
 static void r_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w, const float *rstd,
                                      int n, int c, const float *dres) {
-    REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_F32, dx, dout, x, w, rstd, n, c));
+    REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_F32, dx, NULL, dout, x, w, rstd, n, c));
     if (R.base) R.base->rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
 }
 static void r_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
@@ -442,10 +442,10 @@ static void r_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, cons
     REC(opc_rmsnorm_forward(&c_, &R.dev, TETRA_BF16, out, rstd, amax, x, w, n, c));
     if (R.base) R.base->rmsnorm_forward_bf16(out, rstd, amax, x, w, n, c, eps);
 }
-static void r_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
-                                          const float *rstd, int n, int c, const uint16_t *dres) {
-    REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_BF16, dx, dout, x, w, rstd, n, c));
-    if (R.base) R.base->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, c, dres);
+static void r_rmsnorm_backward_input_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const uint16_t *x,
+                                          const uint16_t *w, const float *rstd, int n, int c, const uint16_t *dres) {
+    REC(opc_rmsnorm_backward_input(&c_, &R.dev, TETRA_BF16, dx, amax, dout, x, w, rstd, n, c));
+    if (R.base) R.base->rmsnorm_backward_input_bf16(dx, amax, dout, x, w, rstd, n, c, dres);
 }
 static void r_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                            int c, int accumulate) {

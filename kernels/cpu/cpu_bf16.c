@@ -101,8 +101,8 @@ void cpu_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uin
 
 // dx = bf16(dres + d/dx): the residual gradient is widened, the contribution added in fp32
 // by the twin's kernel, and the sum rounded once.
-void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
-                                     const float *rstd, int n, int c, const uint16_t *dres) {
+void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const uint16_t *x,
+                                     const uint16_t *w, const float *rstd, int n, int c, const uint16_t *dres) {
     if (!dres) dres = dx;
     float *wf = scratch((size_t)c);
     widen_k(wf, w, (size_t)c);
@@ -122,6 +122,7 @@ void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const u
         free(dxf);
     }
     free(wf);
+    if (amax) cpu_amax_bf16(amax, dx, (size_t)(n > 0 ? n : 0) * (size_t)(c > 0 ? c : 0));
 }
 
 void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,

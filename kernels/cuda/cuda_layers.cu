@@ -170,43 +170,57 @@ __global__ void __launch_bounds__(TETRA_THREADS)
     }
 }
 
-// dx = dres + d/dx, summed in fp32 (for bf16 dx: read, add, round once)
-template <typename T>
+// dx = dres + d/dx, summed in fp32 (for bf16 dx: read, add, round once). Rows and AMAX as
+// rmsnorm_fwd_kernel's: each row's sums are the same whichever block takes it.
+template <typename T, int AMAX>
 __global__ void __launch_bounds__(TETRA_THREADS)
-    rmsnorm_bwd_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int c, const T *dres,
-                             int vec) {
+    rmsnorm_bwd_input_kernel(T *dx, float *amax, float *part, unsigned *done, const T *dout, const T *x, const T *w,
+                             const float *rstd, int n, int c, const T *dres, int vec) {
     __shared__ float sh[32];
+    __shared__ int last;
     constexpr int N = vec16<T>::N;
-    const size_t o = (size_t)blockIdx.x * (size_t)c;
-    float dot = 0.0f;
-    if (vec) {
-        for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
-            const vec16<T> wv = load16(w + j), dv = load16(dout + o + j), xv = load16(x + o + j);
+    float m = 0.0f;
+    for (int row = blockIdx.x; row < n; row += gridDim.x) {
+        const size_t o = (size_t)row * (size_t)c;
+        float dot = 0.0f;
+        if (vec) {
+            for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
+                const vec16<T> wv = load16(w + j), dv = load16(dout + o + j), xv = load16(x + o + j);
 #pragma unroll
-            for (int k = 0; k < N; k++) dot += (to_f32(wv.e[k]) * to_f32(dv.e[k])) * to_f32(xv.e[k]);
+                for (int k = 0; k < N; k++) dot += (to_f32(wv.e[k]) * to_f32(dv.e[k])) * to_f32(xv.e[k]);
+            }
+        } else {
+            for (int j = threadIdx.x; j < c; j += blockDim.x)
+                dot += (to_f32(w[j]) * to_f32(dout[o + j])) * to_f32(x[o + j]);
         }
-    } else {
-        for (int j = threadIdx.x; j < c; j += blockDim.x)
-            dot += (to_f32(w[j]) * to_f32(dout[o + j])) * to_f32(x[o + j]);
+        dot = block_sum(dot, sh);
+        const float r = rstd[row], dot_c = dot / (float)c;
+        if (vec) {
+            for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
+                const vec16<T> wv = load16(w + j), dv = load16(dout + o + j), xv = load16(x + o + j),
+                               rv = load16(dres + o + j);
+                vec16<T> out;
+#pragma unroll
+                for (int k = 0; k < N; k++) {
+                    const float v = store_f32_as(
+                        &out.e[k],
+                        to_f32(rv.e[k]) + tetra_rms_dx(to_f32(xv.e[k]), to_f32(wv.e[k]), to_f32(dv.e[k]), r, dot_c));
+                    if (AMAX) m = nan_max(m, fabsf(v));
+                }
+                store16(dx + o + j, out);
+            }
+        } else {
+            for (int j = threadIdx.x; j < c; j += blockDim.x) {
+                const float v = store_f32_as(
+                    dx + o + j,
+                    to_f32(dres[o + j]) + tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
+                if (AMAX) m = nan_max(m, fabsf(v));
+            }
+        }
     }
-    dot = block_sum(dot, sh);
-    const float r = rstd[blockIdx.x], dot_c = dot / (float)c;
-    if (vec) {
-        for (int j = threadIdx.x * N; j < c; j += blockDim.x * N) {
-            const vec16<T> wv = load16(w + j), dv = load16(dout + o + j), xv = load16(x + o + j),
-                           rv = load16(dres + o + j);
-            vec16<T> out;
-#pragma unroll
-            for (int k = 0; k < N; k++)
-                store_f32(&out.e[k],
-                          to_f32(rv.e[k]) + tetra_rms_dx(to_f32(xv.e[k]), to_f32(wv.e[k]), to_f32(dv.e[k]), r, dot_c));
-            store16(dx + o + j, out);
-        }
-    } else {
-        for (int j = threadIdx.x; j < c; j += blockDim.x)
-            store_f32(dx + o + j,
-                      to_f32(dres[o + j]) +
-                          tetra_rms_dx(to_f32(x[o + j]), to_f32(w[j]), to_f32(dout[o + j]), r, dot_c));
+    if (AMAX) {
+        m = block_nan_max(m, sh);
+        amax_finish<1>(&amax, part, done, &m, sh, &last);
     }
 }
 
@@ -234,12 +248,21 @@ static void rmsnorm_forward(T *out, float *rstd, float *amax, const T *x, const 
 }
 
 template <typename T>
-static void rmsnorm_backward_input(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int n, int c,
-                                   const T *dres) {
-    if (n <= 0 || c <= 0) return;
+static void rmsnorm_backward_input(T *dx, float *amax, const T *dout, const T *x, const T *w, const float *rstd, int n,
+                                   int c, const T *dres) {
     const T *r = dres ? dres : dx;
-    rmsnorm_bwd_input_kernel<T>
-        <<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, c, r, rms_vec<T>(c, dx, dout, x, w, r));
+    if (amax) {
+        const int rows = n > 0 && c > 0 ? n : 0; /* none: one block writes 0 */
+        const unsigned grid = rows < 1 ? 1u : rows < TETRA_AMAX_MAX_BLOCKS ? (unsigned)rows : TETRA_AMAX_MAX_BLOCKS;
+        rmsnorm_bwd_input_kernel<T, 1>
+            <<<grid, TETRA_THREADS, 0, cuda_stream()>>>(dx, amax, cuda_amax_part(), cuda_amax_counter(), dout, x, w,
+                                                        rstd, rows, c, r, rms_vec<T>(c, dx, dout, x, w, r));
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    if (n <= 0 || c <= 0) return;
+    rmsnorm_bwd_input_kernel<T, 0><<<n, TETRA_THREADS, 0, cuda_stream()>>>(dx, NULL, NULL, NULL, dout, x, w, rstd, n, c,
+                                                                           r, rms_vec<T>(c, dx, dout, x, w, r));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -254,13 +277,13 @@ extern "C" void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *ama
 
 extern "C" void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, const float *w,
                                             const float *rstd, int n, int c, const float *dres) {
-    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
+    rmsnorm_backward_input(dx, (float *)NULL, dout, x, w, rstd, n, c, dres);
 }
 
-extern "C" void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x,
+extern "C" void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const uint16_t *x,
                                                  const uint16_t *w, const float *rstd, int n, int c,
                                                  const uint16_t *dres) {
-    rmsnorm_backward_input(dx, dout, x, w, rstd, n, c, dres);
+    rmsnorm_backward_input(dx, amax, dout, x, w, rstd, n, c, dres);
 }
 
 // Weight gradient: a column reduction over rows, deterministic in two passes. Pass 1:

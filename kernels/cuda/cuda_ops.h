@@ -99,8 +99,8 @@ void cuda_embedding_backward_bf16(float *dwte, const uint16_t *dout, const int32
                                   int v_local);
 void cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, float *amax, const uint16_t *x, const uint16_t *w, int n,
                                int c, float eps);
-void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const uint16_t *w,
-                                      const float *rstd, int n, int c, const uint16_t *dres);
+void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const uint16_t *x,
+                                      const uint16_t *w, const float *rstd, int n, int c, const uint16_t *dres);
 void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                        int c, int accumulate);
 void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,

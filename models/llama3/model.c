@@ -239,11 +239,16 @@ static void rmsnorm_fwd_amax(const llama3_model *m, void *out, float *rstd, cons
 static void rmsnorm_fwd(const llama3_model *m, void *out, float *rstd, const void *x, const void *w, int n) {
     rmsnorm_fwd_amax(m, out, rstd, x, w, n, NULL);
 }
-/* dx = dres + d rmsnorm (dres NULL: dx accumulates) */
+/* dx = dres + d rmsnorm (dres NULL: dx accumulates); amax (bf16 only, NULL: none) of dx
+ * as it is written */
+static void rmsnorm_bwd_input_amax(const llama3_model *m, void *dx, const void *dout, const void *x, const void *w,
+                                   const float *rstd, int n, const void *dres, float *amax) {
+    if (mixed(m)) m->ops->rmsnorm_backward_input_bf16(dx, amax, dout, x, w, rstd, n, m->args.dim, dres);
+    else m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim, dres);
+}
 static void rmsnorm_bwd_input(const llama3_model *m, void *dx, const void *dout, const void *x, const void *w,
                               const float *rstd, int n, const void *dres) {
-    if (mixed(m)) m->ops->rmsnorm_backward_input_bf16(dx, dout, x, w, rstd, n, m->args.dim, dres);
-    else m->ops->rmsnorm_backward_input(dx, dout, x, w, rstd, n, m->args.dim, dres);
+    rmsnorm_bwd_input_amax(m, dx, dout, x, w, rstd, n, dres, NULL);
 }
 /* the norm param idx's weight gradient */
 static void rmsnorm_bwd_weight(const llama3_model *m, int idx, const void *dout, const void *x, const float *rstd,
@@ -1714,8 +1719,9 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         void *dxn2 = t->xn2;
         lin_bwd_input(m, pidx_block(m, l, P_W1), dxn2, t->a, n, -1, 0.0f);
         lin_bwd_input(m, pidx_block(m, l, P_W3), dxn2, t->g, n, -1, 1.0f);
-        /* dh = dout (residual) + d rmsnorm */
-        rmsnorm_bwd_input(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n, dout);
+        /* dh = dout (residual) + d rmsnorm, with its amax where wo takes it next */
+        rmsnorm_bwd_input_amax(m, t->dh, dxn2, t->h, param_ptr(m, pidx_block(m, l, P_FFN_NORM)), t->rstd2, n, dout,
+                               slots ? lin_amax_slot(m, pidx_block(m, l, P_WO), MODEL_OPERAND_DY, t->dh, n) : NULL);
     }
 
     /* attention: datt = dh Wo; attention backward into scratch (it reads q/k/v, so it
@@ -1756,8 +1762,11 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
     lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, -1, 0.0f);
     lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, -1, 1.0f);
     lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, -1, 1.0f);
-    /* dr_l = dh (residual) + d rmsnorm */
-    rmsnorm_bwd_input(m, a->dres[bl], dxn1, a->res[bl], w_attn_norm, t->rstd1, n, t->dh);
+    /* dr_l = dh (residual) + d rmsnorm: the output gradient of the block before, whose w2
+     * takes it next (with its amax, when that block is on this stage) */
+    float *am_prev =
+        slots && bl > 0 ? lin_amax_slot(m, pidx_block(m, l - 1, P_W2), MODEL_OPERAND_DY, a->dres[bl], n) : NULL;
+    rmsnorm_bwd_input_amax(m, a->dres[bl], dxn1, a->res[bl], w_attn_norm, t->rstd1, n, t->dh, am_prev);
 }
 
 void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {

@@ -593,7 +593,8 @@ static void test_elementwise(void) {
     // fp8_quantize (fp32 and bf16 x, both formats, row-major, transposed and both): on the
     // CPU, the bytes of fp8_scale_from_amax then the row cast and the column-scaled
     // transpose cast; on the device, equal to the CPU, also at an unaligned x (the scalar
-    // path) and with x's amax 0 (the 1e-12 floor).
+    // path) and with x's amax 0 (the 1e-12 floor); 128 x 256 in bf16 takes the 64 x 64
+    // vector tiles of the transposed cast.
     {
         const int qshapes[][2] = {{37, 135}, {64, 96}, {1, 70}, {70, 1}, {300, 517}, {128, 256}};
         for (int ts = 0; ts < 6; ts++) {
@@ -1370,8 +1371,9 @@ static void test_embedding_bf16(void) {
 }
 
 static void test_rmsnorm_bf16(void) {
-    const int shapes[4][2] = {{1, 7}, {33, 256}, {300, 1000}, {5, 4096}};
-    for (int si = 0; si < 4; si++) {
+    // 1100 rows: more than the 1024 blocks of an amax launch, so a block takes several
+    const int shapes[5][2] = {{1, 7}, {33, 256}, {300, 1000}, {5, 4096}, {1100, 32}};
+    for (int si = 0; si < 5; si++) {
         int n = shapes[si][0], c = shapes[si][1];
         size_t nc = (size_t)n * c;
         char shape[96];
@@ -1404,22 +1406,22 @@ static void test_rmsnorm_bf16(void) {
         G->copy_h2d(d_rstd, rstd, (size_t)n * 4);
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_backward_input_bf16));
         if (C->rmsnorm_backward_input_bf16) {
-            C->rmsnorm_backward_input_bf16(dx, dy, x, w, rstd, n, c, NULL);
+            C->rmsnorm_backward_input_bf16(dx, NULL, dy, x, w, rstd, n, c, NULL);
         } else {
             float *dxf = widen(dx, nc);
             C->rmsnorm_backward_input(dxf, dyf, xf, wf, rstd, n, c, NULL);
             narrow(dx, dxf, nc);
             free(dxf);
         }
-        G->rmsnorm_backward_input_bf16(d_dx, d_dy, d_x, d_w, d_rstd, n, c, NULL);
+        G->rmsnorm_backward_input_bf16(d_dx, NULL, d_dy, d_x, d_w, d_rstd, n, c, NULL);
         uint16_t *g3 = (uint16_t *)from_gpu(d_dx, nc * 2);
         check_bf16("rmsnorm_bwd_input_bf16 (+=)", shape, g3, dx, nc, 1e-5, 1.0);
         { // dx = bf16(dres + d) from another buffer: the in-place bits on the device, dres untouched
             uint16_t *nan16 = (uint16_t *)malloc(nc * 2);
             memset(nan16, 0xff, nc * 2);
             uint16_t *d_acc = (uint16_t *)dup_gpu(g3, nc * 2), *d_sep = (uint16_t *)dup_gpu(nan16, nc * 2);
-            G->rmsnorm_backward_input_bf16(d_acc, d_dy, d_x, d_w, d_rstd, n, c, NULL);
-            G->rmsnorm_backward_input_bf16(d_sep, d_dy, d_x, d_w, d_rstd, n, c, d_dx);
+            G->rmsnorm_backward_input_bf16(d_acc, NULL, d_dy, d_x, d_w, d_rstd, n, c, NULL);
+            G->rmsnorm_backward_input_bf16(d_sep, NULL, d_dy, d_x, d_w, d_rstd, n, c, d_dx);
             uint16_t *ga = (uint16_t *)from_gpu(d_acc, nc * 2), *gs = (uint16_t *)from_gpu(d_sep, nc * 2);
             uint16_t *gd = (uint16_t *)from_gpu(d_dx, nc * 2);
             check_bits("rmsnorm_bwd_input_bf16 dres (cuda)", shape, gs, ga, nc * 2);
@@ -1427,13 +1429,36 @@ static void test_rmsnorm_bf16(void) {
             if (C->rmsnorm_backward_input_bf16) {
                 uint16_t *acc = (uint16_t *)malloc(nc * 2);
                 memcpy(acc, dx, nc * 2);
-                C->rmsnorm_backward_input_bf16(acc, dy, x, w, rstd, n, c, NULL);
-                C->rmsnorm_backward_input_bf16(nan16, dy, x, w, rstd, n, c, dx);
+                C->rmsnorm_backward_input_bf16(acc, NULL, dy, x, w, rstd, n, c, NULL);
+                C->rmsnorm_backward_input_bf16(nan16, NULL, dy, x, w, rstd, n, c, dx);
                 check_bits("rmsnorm_bwd_input_bf16 dres", shape, nan16, acc, nc * 2);
                 free(acc);
             }
             free(nan16), free(ga), free(gs), free(gd);
             G->release(d_acc), G->release(d_sep);
+        }
+        { // the amax of what it writes (amax_bf16's over dx) in the same launch, dx unchanged by it
+            uint16_t *d_am = (uint16_t *)G->alloc(nc * 2), *d_no = (uint16_t *)G->alloc(nc * 2);
+            float *d_amax = (float *)G->alloc(4), ref = 0.0f;
+            G->rmsnorm_backward_input_bf16(d_am, d_amax, d_dy, d_x, d_w, d_rstd, n, c, d_dx);
+            G->rmsnorm_backward_input_bf16(d_no, NULL, d_dy, d_x, d_w, d_rstd, n, c, d_dx);
+            uint16_t *gam = (uint16_t *)from_gpu(d_am, nc * 2), *gno = (uint16_t *)from_gpu(d_no, nc * 2);
+            float *gmax = (float *)from_gpu(d_amax, 4);
+            C->amax_bf16(&ref, gam, nc);
+            check_bits("rmsnorm_bwd_input_bf16 amax (cuda)", shape, gmax, &ref, 4);
+            check_bits("rmsnorm_bwd_input_bf16 dx with amax (cuda)", shape, gam, gno, nc * 2);
+            if (C->rmsnorm_backward_input_bf16) {
+                uint16_t *cam = (uint16_t *)malloc(nc * 2), *cno = (uint16_t *)malloc(nc * 2);
+                float camax = -1.0f, cref = 0.0f;
+                C->rmsnorm_backward_input_bf16(cam, &camax, dy, x, w, rstd, n, c, dx);
+                C->rmsnorm_backward_input_bf16(cno, NULL, dy, x, w, rstd, n, c, dx);
+                C->amax_bf16(&cref, cam, nc);
+                check_bits("rmsnorm_bwd_input_bf16 amax", shape, &camax, &cref, 4);
+                check_bits("rmsnorm_bwd_input_bf16 dx with amax", shape, cam, cno, nc * 2);
+                free(cam), free(cno);
+            }
+            free(gam), free(gno), free(gmax);
+            G->release(d_am), G->release(d_no), G->release(d_amax);
         }
 
         snprintf(shape, sizeof shape, "n%d c%d %s", n, c, ref_tag((const void *)C->rmsnorm_backward_weight_bf16));
@@ -2827,6 +2852,8 @@ static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uin
     LC("5x63 bf16 rows at +1", NULL, R->fp8_quantize(Q + 1, NULL, S + 8, H + 1, TETRA_BF16, Z, 5, 63, TETRA_FP8_E5M2));
     LC("40x24 f32 transposed", NULL, R->fp8_quantize(NULL, Q, S + 8, X, TETRA_F32, Z, 40, 24, TETRA_FP8_E5M2));
     LC("40x24 bf16 both", NULL, R->fp8_quantize(Q, Q + 1024, NULL, H, TETRA_BF16, Z, 40, 24, TETRA_FP8_E4M3));
+    LC("64x128 bf16 both (whole tiles)", NULL,
+       R->fp8_quantize(Q, Q + 8192, NULL, H, TETRA_BF16, Z, 64, 128, TETRA_FP8_E4M3));
     LC("empty, scale only", NULL, R->fp8_quantize(NULL, NULL, S + 8, H, TETRA_BF16, Z, 0, 24, TETRA_FP8_E4M3));
     LC("n=3000", NULL, R->adamw_step(X, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL));
     LC("n=3000", NULL, R->adamw_step_bf16(X, H, Y, Z, X + 4096, 3000, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f, NULL));
@@ -2864,7 +2891,9 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC("24x32 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 2048, H + 4096, 24, 32, 1e-5f));
             LC("2100x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 2100, 8, 1e-5f));
             LC("0x8 with amax", NULL, R->rmsnorm_forward_bf16(H, Z, Y + 200000, H + 8192, H + 4096, 0, 8, 1e-5f));
-            LC(s, NULL, R->rmsnorm_backward_input_bf16(H, H + 1024, H + 2048, H + 4096, Z, 24, 32, NULL));
+            LC(s, NULL, R->rmsnorm_backward_input_bf16(H, NULL, H + 1024, H + 2048, H + 4096, Z, 24, 32, NULL));
+            LC("24x32 with amax", NULL,
+               R->rmsnorm_backward_input_bf16(H, Y + 200000, H + 1024, H + 2048, H + 4096, Z, 24, 32, NULL));
             LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32, 1));
             LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16));
             LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, NULL, H + 1024, Y, tok, 0, 2, 12, 2, 16));

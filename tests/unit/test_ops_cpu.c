@@ -665,7 +665,7 @@ static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, cons
     r->rstd = zeros((size_t)n), r->dw = zeros((size_t)c), r->dwte = zeros((size_t)v * c), r->lse = zeros(B * H * S);
     memcpy(r->dx, dy, nx * 2);
     cpu_rmsnorm_forward_bf16(r->out, r->rstd, NULL, x, w, n, c, 1e-5f);
-    cpu_rmsnorm_backward_input_bf16(r->dx, dy, x, w, r->rstd, n, c, NULL);
+    cpu_rmsnorm_backward_input_bf16(r->dx, NULL, dy, x, w, r->rstd, n, c, NULL);
     cpu_rmsnorm_backward_weight_bf16(r->dw, dy, x, r->rstd, n, c, 1);
     cpu_embedding_backward_bf16(r->dwte, dy, tok, n, c, 0, v);
     cpu_rope_forward_bf16(r->rope, x, freqs, NULL, 0, n / 4, 4, c / 16, 16);
