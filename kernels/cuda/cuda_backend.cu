@@ -746,6 +746,67 @@ template <int FMT> struct tile_quant {
     __device__ uint8_t operator()(float v, int c) const { return (uint8_t)quant_fp8<FMT>(v, scale[c]); }
 };
 
+// bf16 x in whole 64 x 64 tiles (x on 16 bytes, the outputs on 8): a thread reads 8
+// elements of a row with one 16-byte load and writes their 8 codes with one 8-byte store
+// (the row-major codes, when asked for) and two 4-byte stores into the tile; then 8 codes of
+// a column, one per tile row, with one 8-byte store of the transposed output. The tile's
+// rows are 68 bytes apart, so the 8 rows a warp's column reads touch 4 banks, not 1.
+// Every element is op(value, column), the code the 32 x 32 tiles give it with the same op.
+#define QT_TILE 64
+#define QT_PITCH 68
+template <typename OP>
+__global__ void __launch_bounds__(256)
+    cast_t_vec_kernel(uint8_t *out_t, uint8_t *out, const uint16_t *x, int rows, int cols, OP op) {
+    __shared__ unsigned int tile_words[QT_TILE * QT_PITCH / 4]; // words: the 4-byte stores stay aligned
+    uint8_t *tile = (uint8_t *)tile_words;
+    op.begin();
+    const int t = threadIdx.x, tiles_r = rows / QT_TILE, tiles_c = cols / QT_TILE;
+    // the tile loops depend on the block only, so every thread reaches each barrier
+    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+            const size_t r0 = (size_t)tr * QT_TILE, c0 = (size_t)tc * QT_TILE;
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const int r = t / 8 + 32 * p, c = 8 * (t % 8);
+                const size_t at = (r0 + r) * (size_t)cols + c0 + c;
+                const uint4 v = *(const uint4 *)(x + at);
+                const unsigned int h[4] = {v.x, v.y, v.z, v.w};
+                unsigned long long q = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int cc = (int)c0 + c + 2 * j;
+                    q |= (unsigned long long)op(tetra_bf16_to_f32((uint16_t)(h[j] & 0xffffu)), cc) << (16 * j);
+                    q |= (unsigned long long)op(tetra_bf16_to_f32((uint16_t)(h[j] >> 16)), cc + 1) << (16 * j + 8);
+                }
+                if (out) *(unsigned long long *)(out + at) = q;
+                unsigned int *tw = (unsigned int *)(tile + r * QT_PITCH + c);
+                tw[0] = (unsigned int)q;
+                tw[1] = (unsigned int)(q >> 32);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const int c = t / 8 + 32 * p, r = 8 * (t % 8);
+                unsigned long long q = 0;
+#pragma unroll
+                for (int j = 0; j < 8; j++) q |= (unsigned long long)tile[(r + j) * QT_PITCH + c] << (8 * j);
+                *(unsigned long long *)(out_t + (c0 + c) * (size_t)rows + r0 + r) = q;
+            }
+            __syncthreads(); // the tile is refilled by the next iteration
+        }
+    }
+}
+
+// whether cast_t_vec_kernel applies: whole tiles of bf16 on 16 bytes, the outputs on 8
+static int cast_t_vec(const void *x, tetra_dtype xt, const uint8_t *out_t, const uint8_t *out, int rows, int cols) {
+    return xt == TETRA_BF16 && rows % QT_TILE == 0 && cols % QT_TILE == 0 && tetra_aligned16(x) &&
+        ((uintptr_t)out_t & 7) == 0 && ((uintptr_t)out & 7) == 0;
+}
+static dim3 cast_t_vec_grid(int rows, int cols) {
+    const unsigned gx = (unsigned)(cols / QT_TILE), gy = (unsigned)(rows / QT_TILE);
+    return dim3(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u);
+}
+
 template <int FMT>
 __global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols,
                                 size_t n) {
@@ -800,7 +861,10 @@ template <int FMT>
 static void cast_transpose_launch(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols) {
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS), grid = transpose_grid(rows, cols);
     const tile_quant<FMT> q = {scale};
-    if (xt == TETRA_BF16)
+    if (cast_t_vec(x, xt, out, NULL, rows, cols))
+        cast_t_vec_kernel<tile_quant<FMT>><<<cast_t_vec_grid(rows, cols), 256, 0, cuda_stream()>>>(
+            out, (uint8_t *)NULL, (const uint16_t *)x, rows, cols, q);
+    else if (xt == TETRA_BF16)
         transpose_tiles_kernel<uint8_t, uint16_t, tile_quant<FMT>>
             <<<grid, block, 0, cuda_stream()>>>(out, (uint8_t *)NULL, (const uint16_t *)x, rows, cols, q);
     else
@@ -904,66 +968,14 @@ template <int FMT> struct tile_quant_amax {
     __device__ uint8_t operator()(float v, int) const { return (uint8_t)quant_fp8<FMT>(v, s); }
 };
 
-// bf16 x in whole 64 x 64 tiles (x on 16 bytes, the outputs on 8): a thread reads 8
-// elements of a row with one 16-byte load and writes their 8 codes with one 8-byte store
-// (the row-major codes, when asked for) and two 4-byte stores into the tile; then 8 codes of
-// a column, one per tile row, with one 8-byte store of the transposed output. The tile's
-// rows are 68 bytes apart, so the 8 rows a warp's column reads touch 4 banks, not 1.
-// Every element is quant_fp8 of the same value and scale as the tiles above.
-#define QT_TILE 64
-#define QT_PITCH 68
-template <int FMT>
-__global__ void __launch_bounds__(256) quantize_t_vec_kernel(uint8_t *out_t, uint8_t *out, float *inv_scale,
-                                                             const uint16_t *x, const float *amax, int rows, int cols) {
-    __shared__ unsigned int tile_words[QT_TILE * QT_PITCH / 4]; // words: the 4-byte stores stay aligned
-    uint8_t *tile = (uint8_t *)tile_words;
-    const float s = quantize_scale(amax, FMT == TETRA_FP8_E5M2 ? OPS_FP8_E5M2_MAX : OPS_FP8_E4M3_MAX, inv_scale);
-    const int t = threadIdx.x, tiles_r = rows / QT_TILE, tiles_c = cols / QT_TILE;
-    // the tile loops depend on the block only, so every thread reaches each barrier
-    for (int tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
-        for (int tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
-            const size_t r0 = (size_t)tr * QT_TILE, c0 = (size_t)tc * QT_TILE;
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const int r = t / 8 + 32 * p, c = 8 * (t % 8);
-                const size_t at = (r0 + r) * (size_t)cols + c0 + c;
-                const uint4 v = *(const uint4 *)(x + at);
-                const unsigned int h[4] = {v.x, v.y, v.z, v.w};
-                unsigned long long q = 0;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    q |= quant_fp8<FMT>(tetra_bf16_to_f32((uint16_t)(h[j] & 0xffffu)), s) << (16 * j);
-                    q |= quant_fp8<FMT>(tetra_bf16_to_f32((uint16_t)(h[j] >> 16)), s) << (16 * j + 8);
-                }
-                if (out) *(unsigned long long *)(out + at) = q;
-                unsigned int *tw = (unsigned int *)(tile + r * QT_PITCH + c);
-                tw[0] = (unsigned int)q;
-                tw[1] = (unsigned int)(q >> 32);
-            }
-            __syncthreads();
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const int c = t / 8 + 32 * p, r = 8 * (t % 8);
-                unsigned long long q = 0;
-#pragma unroll
-                for (int j = 0; j < 8; j++) q |= (unsigned long long)tile[(r + j) * QT_PITCH + c] << (8 * j);
-                *(unsigned long long *)(out_t + (c0 + c) * (size_t)rows + r0 + r) = q;
-            }
-            __syncthreads(); // the tile is refilled by the next iteration
-        }
-    }
-}
-
 template <int FMT, typename T>
 static void quantize_launch(uint8_t *out, uint8_t *out_t, float *inv_scale, const T *x, const float *amax, int rows,
                             int cols) {
     const size_t n = (size_t)rows * (size_t)cols;
-    if (out_t && sizeof(T) == 2 && rows % QT_TILE == 0 && cols % QT_TILE == 0 && tetra_aligned16(x) &&
-        ((uintptr_t)out_t & 7) == 0 && ((uintptr_t)out & 7) == 0) {
-        const unsigned gx = (unsigned)(cols / QT_TILE), gy = (unsigned)(rows / QT_TILE);
-        quantize_t_vec_kernel<FMT>
-            <<<dim3(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u), 256, 0, cuda_stream()>>>(
-                out_t, out, inv_scale, (const uint16_t *)x, amax, rows, cols);
+    if (out_t && cast_t_vec(x, sizeof(T) == 2 ? TETRA_BF16 : TETRA_F32, out_t, out, rows, cols)) {
+        const tile_quant_amax<FMT> q = {amax, inv_scale, 0.0f};
+        cast_t_vec_kernel<tile_quant_amax<FMT>>
+            <<<cast_t_vec_grid(rows, cols), 256, 0, cuda_stream()>>>(out_t, out, (const uint16_t *)x, rows, cols, q);
         CUDA_CHECK_LAUNCH();
         return;
     }

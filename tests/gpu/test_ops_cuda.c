@@ -527,10 +527,11 @@ static void test_elementwise(void) {
     }
     // amax_cols and cast_transpose_to_fp8 (fp32 and bf16 x): on the CPU, equal to amax_rows
     // and the rowwise cast of x's fp32 transpose; on the device, equal to the CPU. Shapes
-    // of whole tiles, partial tiles and one row/column; a NaN and edge values in x.
+    // of whole tiles, partial tiles and one row/column (128 x 192 in bf16: the 64 x 64
+    // vector tiles); a NaN and edge values in x.
     {
-        const int tshapes[][2] = {{37, 135}, {64, 96}, {1, 70}, {70, 1}, {300, 517}};
-        for (int ts = 0; ts < 5; ts++) {
+        const int tshapes[][2] = {{37, 135}, {64, 96}, {1, 70}, {70, 1}, {300, 517}, {128, 192}};
+        for (int ts = 0; ts < 6; ts++) {
             const int rows = tshapes[ts][0], cols = tshapes[ts][1];
             const size_t n = (size_t)rows * cols;
             float *x = hrandn(n, 3.0f);
@@ -2259,7 +2260,7 @@ static void test_adamw_amax(void) {
         char what[96];
         snprintf(what, sizeof what, "n=100003, 6 stretches, %s copy%s", bf ? "bf16" : "fp32", skip ? ", skipped" : "");
         check_bits("adamw_step_amax amax (CPU) = a pass per stretch", what, amax, want, sizeof want);
-        check(amax[5] != amax[5] && amax[4] >= 3.0f && amax[2] == 0.0f, "adamw_step_amax", what,
+        check(amax[5] != amax[5] && amax[4] > 2.9f && amax[2] == 0.0f, "adamw_step_amax", what,
               "NaN stretch %g, large %g, empty %g", amax[5], amax[4], amax[2]);
         gamax = (float *)from_gpu(d_amax, sizeof want);
         float *gp = (float *)from_gpu(d_p, n * 4);
@@ -2845,6 +2846,7 @@ static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uin
     LC("5x63 e5m2 at +1", NULL, R->cast_bf16_to_fp8(Q + 1, H + 1, S, 0, 5, 63, TETRA_FP8_E5M2));
     LC("40x24 bf16", NULL, R->cast_transpose_to_fp8(Q, H, TETRA_BF16, S, 40, 24, TETRA_FP8_E4M3));
     LC("40x24 f32", NULL, R->cast_transpose_to_fp8(Q, X, TETRA_F32, S, 40, 24, TETRA_FP8_E5M2));
+    LC("64x128 bf16 (whole tiles)", NULL, R->cast_transpose_to_fp8(Q, H, TETRA_BF16, S, 64, 128, TETRA_FP8_E4M3));
     LC("5x64 e4m3 rowwise", NULL, R->cast_fp8_to_f32(Z, Q, S, 1, 5, 64, TETRA_FP8_E4M3));
     LC("n=7", NULL, R->fp8_scale_from_amax(S, S + 8, Z, 7, 0, OPS_FP8_E4M3_MAX, 1));
     LC("n=0", NULL, R->fp8_scale_from_amax(S, NULL, Z, 0, 1, OPS_FP8_E4M3_MAX, 0));
