@@ -24,7 +24,7 @@ if(TARGET tetra_cuda)
     target_link_libraries(${name} PRIVATE tetra_lib tetra_cuda)
     add_test(NAME gpu/${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(gpu/${name} PROPERTIES
-      ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE"
+      ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}"
       SKIP_REGULAR_EXPRESSION "SKIP: no CUDA device"
       TIMEOUT 900)
   endforeach()
@@ -85,7 +85,7 @@ if(TETRA_CUDA_SIM)
   target_link_libraries(tetra-sim PRIVATE tetra_lib)
   add_test(NAME gpu/test_ops_cuda_sim COMMAND test_ops_cuda_sim WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_ops_cuda_sim PROPERTIES
-    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}" TIMEOUT 1800)
   # the trainer on the simulated kernels over two MPI ranks against the CPU trainer, in
   # bf16, pipeline then context parallel: the layouts gpu/test_sim_layouts runs in fp32
   # only (`--trainer` runs all eight cases: FSDP, TP, PP, CP in fp32 and bf16)
@@ -97,22 +97,22 @@ if(TETRA_CUDA_SIM)
   add_test(NAME gpu/test_sim_layouts COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_layouts.sh
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_sim_layouts PROPERTIES
-    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};TETRA_BIN=${CMAKE_BINARY_DIR}/bin;OMP_WAIT_POLICY=PASSIVE"
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};TETRA_BIN=${CMAKE_BINARY_DIR}/bin;OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}"
     TIMEOUT 1800)
   # CPU offload against no offload on the simulated kernels, bit for bit (tests/gpu/sim_offload.sh)
   add_test(NAME gpu/test_sim_offload COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_offload.sh
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_sim_offload PROPERTIES
-    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}" TIMEOUT 1800)
   # host waits per step: 0 on one rank when a step neither logs nor saves (tests/gpu/sim_host_waits.sh)
   add_test(NAME gpu/test_sim_host_waits COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_host_waits.sh
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_sim_host_waits PROPERTIES
-    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE" TIMEOUT 1800)
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}" TIMEOUT 1800)
   # the longest of the suite start first (tests/CMakeLists.txt says why)
   set_tests_properties(gpu/test_sim_layouts PROPERTIES COST 200)
   set_tests_properties(gpu/test_sim_offload gpu/test_ops_cuda_sim PROPERTIES COST 100)
   set_tests_properties(gpu/test_ops_cuda_sim_fsdp PROPERTIES
-    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none"
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none;${TETRA_MPI_TEST_ENV}"
     TIMEOUT 1800)
 endif()

@@ -19,7 +19,7 @@ unset OMP_NUM_THREADS
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 128
         --training.global_batch_size 4 --training.steps 4 --training.seed 11 --lr_scheduler.warmup_steps 1
-        --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu)
+        --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing --training.device cpu)
 MODES=("none none 2" "full full 2" "sel2 selective 2" "op selective op")
 for layout in 1 bf16 2 fsdp2tp2 pp2; do
   for m in "${MODES[@]}"; do

@@ -26,7 +26,7 @@ done
 
 STEPS=4
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 256 --training.steps $STEPS
-        --training.seed 42 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
+        --training.seed 42 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing
         --training.device cpu --training.threads 1 --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
 CP=(--parallelism.context_parallel_degree)
 ROT=--parallelism.context_parallel_rotate_method

@@ -24,7 +24,7 @@ ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fail=1; }
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64 --training.threads 1
-        --activation_checkpoint.mode none --validation.enable false --metrics.log_freq 1
+        --activation_checkpoint.mode none --validation.enable false --metrics.log_freq 1 --metrics.peak_flops 1e11
         --metrics.disable_color_printing --training.device cpu)
 
 pid_of_rank() { # dump folder, rank

@@ -34,7 +34,7 @@ unset OMP_NUM_THREADS
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 2 --training.local_batch_size 1 --training.steps 6 --training.seed 42
-        --training.max_norm 1e9 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
+        --training.max_norm 1e9 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing
         --training.device cpu --training.threads 1 --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
 F8=(--model.converters float8)
 RW=(--quantize.linear.float8.recipe_name rowwise)

@@ -19,7 +19,7 @@ export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64 --training.global_batch_size 4
-        --training.steps 10 --training.seed 42 --lr_scheduler.warmup_steps 5 --metrics.log_freq 1
+        --training.steps 10 --training.seed 42 --lr_scheduler.warmup_steps 5 --metrics.log_freq 1 --metrics.peak_flops 1e11
         --metrics.disable_color_printing --training.device cpu --training.threads 1
         --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option 2)
 run() { # name ranks [args...]

@@ -22,7 +22,7 @@ unset OMP_NUM_THREADS  # threads per rank = cores / ranks (training.threads = 0)
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 8 --training.steps "$STEPS" --training.seed 42
-        --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
+        --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing
         --comm.init_timeout_seconds 120 --comm.train_timeout_seconds 120)
 
 # name ranks local_batch_size dp_replicate dp_shard [extra args...]

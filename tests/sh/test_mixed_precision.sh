@@ -30,7 +30,7 @@ unset OMP_NUM_THREADS
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.device "$DEVICE"
         --training.seq_len 128 --training.global_batch_size 8 --training.steps "$STEPS" --training.seed 7
-        --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.disable_color_printing
+        --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing
         --comm.init_timeout_seconds 120 --comm.train_timeout_seconds 120)
 run() {  # name ranks [args...]
   local name=$1 np=$2

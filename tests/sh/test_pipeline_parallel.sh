@@ -25,7 +25,7 @@ unset OMP_NUM_THREADS
 STEPS=4
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 8 --training.steps $STEPS --training.seed 42 --lr_scheduler.warmup_steps 2
-        --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu --training.threads 1
+        --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing --training.device cpu --training.threads 1
         --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
 PP=(--parallelism.pipeline_parallel_degree)
 SCHED=--parallelism.pipeline_parallel_schedule

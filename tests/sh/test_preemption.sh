@@ -18,7 +18,7 @@ unset OMP_NUM_THREADS
 
 STEPS=60
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps $STEPS --training.seq_len 64
-        --training.global_batch_size 2 --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu
+        --training.global_batch_size 2 --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing --training.device cpu
         --training.threads 1 --checkpoint.enable --checkpoint.interval 1000)
 
 steps_logged() {

@@ -21,7 +21,7 @@ export OMP_WAIT_POLICY=PASSIVE
 unset OMP_NUM_THREADS
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64 --training.steps 4
-        --training.global_batch_size 4 --training.local_batch_size 2 --training.seed 7 --metrics.log_freq 1
+        --training.global_batch_size 4 --training.local_batch_size 2 --training.seed 7 --metrics.log_freq 1 --metrics.peak_flops 1e11
         --metrics.disable_color_printing --training.device cpu --training.threads 1)
 PROF=(--profiling.enable_profiling --profiling.save_traces_folder traces)
 run() { # name ranks [args...]

@@ -34,7 +34,7 @@ command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-b
 export OMP_WAIT_POLICY=PASSIVE
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.steps 5 --training.seq_len 64
-        --training.global_batch_size 2 --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu
+        --training.global_batch_size 2 --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing --training.device cpu
         --training.threads 1 --optimizer.lr 1e30 --lr_scheduler.warmup_steps 1)
 
 "$TETRA" "${COMMON[@]}" --training.local_batch_size 2 --checkpoint.enable --checkpoint.interval 1 \

@@ -20,7 +20,7 @@ unset OMP_NUM_THREADS
 
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --training.seq_len 64
         --training.global_batch_size 8 --training.steps 8 --training.seed 42 --lr_scheduler.warmup_steps 2
-        --metrics.log_freq 1 --metrics.disable_color_printing --training.device cpu
+        --metrics.log_freq 1 --metrics.peak_flops 1e11 --metrics.disable_color_printing --training.device cpu
         --comm.init_timeout_seconds 300 --comm.train_timeout_seconds 300)
 run() { # name ranks [args...]
   local name=$1 np=$2
