@@ -662,13 +662,15 @@ void opc_attention_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, 
     const double nq = (double)s->b * s->sq * s->h * s->d, nk = (double)s->b * s->sk * s->kv * s->d;
     const double rows = (double)s->b * s->h * s->sq, pairs = opc_attention_pairs(s) * s->b * s->h;
     const void *ptrs[9] = {dq, dk, dv, dout, q, k, v, out, lse};
-    if (t == TETRA_BF16 && !d->deterministic && cudnn_runs(d, s, 1, ptrs, 9)) {
+    if (t == TETRA_BF16 && cudnn_runs(d, s, 1, ptrs, 9)) {
         /* cuDNN's graph: q, k, v, out, dout and the lse in, dq, dk, dv out, and (an estimate of its
-         * internal passes) the rowsum(dO O) and the fp32 dQ accumulator written and read back */
+         * internal passes) the rowsum(dO O) and the fp32 dQ accumulator written and read back;
+         * the deterministic graph writes dq directly, without the accumulator */
+        const double acc = d->deterministic ? 0.0 : 4.0 * nq;
         o->cudnn = 1;
-        o->read = e * (3.0 * nq + 2.0 * nk) + 4.0 * rows + 4.0 * rows + 4.0 * nq;
-        o->written = e * (nq + 2.0 * nk) + 4.0 * rows + 4.0 * nq;
-        if (ops_path_cudnn_zero_dq_accum(d->cudnn_version)) {
+        o->read = e * (3.0 * nq + 2.0 * nk) + 4.0 * rows + 4.0 * rows + acc;
+        o->written = e * (nq + 2.0 * nk) + 4.0 * rows + acc;
+        if (!d->deterministic && ops_path_cudnn_zero_dq_accum(d->cudnn_version)) {
             o->copies = 1;
             o->written += 4.0 * nq;
         }

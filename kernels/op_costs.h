@@ -40,7 +40,7 @@ typedef struct {
     int sm_major, sm_minor;  /* compute capability: fp8 tensor cores from 8.9 */
     int cudnn_version;       /* e.g. 91400; 0: no cuDNN (the built-in attention runs) */
     int outer_vector_scales; /* cuBLASLt takes rowwise fp8 scales itself (else the fp32 epilogue) */
-    int deterministic;       /* training.deterministic: the built-in attention backward */
+    int deterministic;       /* training.deterministic: cuDNN's deterministic attention backward graph */
 } op_cost_device;
 
 /* An H100 as measured (docs/cuda.md): sm_90, cuDNN 9.14, cuBLASLt without outer-vector

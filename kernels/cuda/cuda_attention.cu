@@ -697,10 +697,15 @@ extern "C" const char *cuda_attention_bf16_last_path(void) { return attn_bf16_pa
 
 enum { WHY_CUDNN = 0, WHY_NO_CUDNN, WHY_UNSUPPORTED, WHY_NO_PLAN, WHY_FAILED, WHY_DETERMINISTIC, WHY_N };
 
-// training.deterministic: cuDNN's SDPA backward accumulates dQ with atomics, so its bits
-// vary run to run; the built-in backward owns each output row and does not.
+// training.deterministic: cuDNN's usual SDPA backward accumulates dQ with atomics, so its
+// bits vary run to run; cuDNN then builds its deterministic graph instead
+// (cuda_cudnn_set_deterministic), and where it has none the built-in backward, which owns
+// each output row, runs.
 static int attn_deterministic = 0;
-extern "C" void cuda_set_deterministic(int on) { attn_deterministic = on != 0; }
+extern "C" void cuda_set_deterministic(int on) {
+    attn_deterministic = on != 0;
+    cuda_cudnn_set_deterministic(on);
+}
 
 static void log_path(int backward, int why, const ops_attn_shape *s, const char *detail) {
     static int logged[2][WHY_N];
@@ -714,16 +719,17 @@ static void log_path(int backward, int why, const ops_attn_shape *s, const char 
              s->doc ? "block_causal" : (s->causal ? "causal" : "full"), s->q_offset, s->k_offset);
     switch (why) {
     case WHY_CUDNN:
-        fprintf(stderr, "cuda: attention bf16 %s via cuDNN %d.%d fused SDPA\n", dir, ver / 10000, (ver / 100) % 100);
+        fprintf(stderr, "cuda: attention bf16 %s via cuDNN %d.%d fused SDPA%s\n", dir, ver / 10000, (ver / 100) % 100,
+                backward && attn_deterministic ? " (deterministic graph)" : "");
         break;
     case WHY_NO_CUDNN:
         fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (this build has no cuDNN)\n", dir);
         break;
     case WHY_DETERMINISTIC:
         fprintf(stderr,
-                "cuda: attention bf16 %s via the built-in kernel (training.deterministic: cuDNN's backward "
-                "accumulates with atomics)\n",
-                dir);
+                "cuda: attention bf16 %s via the built-in kernel (training.deterministic: cuDNN %d.%d has no "
+                "deterministic SDPA plan for %s: %s)\n",
+                dir, ver / 10000, (ver / 100) % 100, shape, cuda_cudnn_last_error());
         break;
     case WHY_UNSUPPORTED:
         fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (cuDNN %d.%d's fused SDPA does not take %s)\n",
@@ -808,9 +814,7 @@ extern "C" void cuda_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_
     int why = WHY_CUDNN;
     char err[512] = "";
     size_t bytes;
-    if (attn_deterministic) {
-        why = WHY_DETERMINISTIC;
-    } else if (cudnn_need(s, 1, &why) != (size_t)-1) {
+    if (cudnn_need(s, 1, &why) != (size_t)-1) {
         void *ws = bf16_workspace(s, workspace, &bytes);
         if (cuda_cudnn_sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, s, ws, bytes, (void *)cuda_stream(), err,
                                      sizeof err) == 0) {
@@ -819,6 +823,7 @@ extern "C" void cuda_attention_backward_bf16(uint16_t *dq, uint16_t *dk, uint16_
         }
         why = WHY_FAILED;
     }
+    if (why == WHY_NO_PLAN && attn_deterministic) why = WHY_DETERMINISTIC;
     log_path(1, why, s, err);
     float *Dv = (float *)bf16_workspace(s, workspace, &bytes);
     builtin_backward(dq, dk, dv, dout, q, k, v, out, lse, s, Dv);

@@ -73,12 +73,14 @@ const char *kind_name(PlanKind k) {
 
 struct PlanKey {
     int b, sq, sk, h, kv, d, causal, backward;
+    int deterministic; // backward under training.deterministic (describe_bwd_graph)
     uint32_t scale_bits;
 };
 
 bool key_eq(const PlanKey &a, const PlanKey &b) {
     return a.b == b.b && a.sq == b.sq && a.sk == b.sk && a.h == b.h && a.kv == b.kv && a.d == b.d &&
-        a.causal == b.causal && a.backward == b.backward && a.scale_bits == b.scale_bits;
+        a.causal == b.causal && a.backward == b.backward && a.deterministic == b.deterministic &&
+        a.scale_bits == b.scale_bits;
 }
 
 struct Plan {
@@ -104,6 +106,7 @@ struct State {
     int device = -1;
     Plan *plans[kMaxPlans] = {};
     int nplans = 0;
+    bool deterministic = false; // cuda_cudnn_set_deterministic
     char last_error[768] = {0};
 };
 
@@ -149,6 +152,9 @@ class Builder {
 
     bool failed() const { return failed_; }
     const char *error() const { return error_; }
+    // Deterministic reductions, and plan() takes no engine that cuDNN notes as
+    // non-deterministic (set before describing the graph).
+    void require_deterministic(bool on) { deterministic_ = on; }
     std::vector<cudnnBackendDescriptor_t> release() {
         std::vector<cudnnBackendDescriptor_t> r;
         r.swap(descs_);
@@ -244,7 +250,7 @@ class Builder {
         set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &prec, what);
         set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, what);
         if (cudnnGetVersion() >= 91100) {
-            bool deterministic = false;
+            bool deterministic = deterministic_;
             set(rd, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic, what);
         }
         finalize(rd, what);
@@ -282,8 +288,9 @@ class Builder {
     }
 
     // The operation graph, then heuristics (mode A, then the fallback list) and the first
-    // engine config whose execution plan finalizes. Returns the plan (owned by this builder
-    // until release()), or nullptr with error() set.
+    // engine config whose execution plan finalizes (under require_deterministic, the first
+    // whose engine cuDNN does not note as non-deterministic). Returns the plan (owned by
+    // this builder until release()), or nullptr with error() set.
     cudnnBackendDescriptor_t plan(int64_t *workspace) {
         cudnnBackendDescriptor_t graph = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
         set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_, "operation graph handle");
@@ -293,7 +300,7 @@ class Builder {
         if (failed_) return nullptr;
         const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
         char last[512];
-        int64_t proposed = 0, viable = 0;
+        int64_t proposed = 0, viable = 0, nondeterministic = 0;
         last[0] = 0;
         for (int m = 0; m < 2; m++) {
             cudnnBackendDescriptor_t heur = nullptr;
@@ -346,6 +353,10 @@ class Builder {
             }
             if (got > 0) viable += got;
             for (int64_t i = 0; i < got && i < (int64_t)cfgs.size(); i++) {
+                if (deterministic_ && !engine_deterministic(cfgs[(size_t)i])) {
+                    nondeterministic++;
+                    continue;
+                }
                 cudnnBackendDescriptor_t p = nullptr;
                 st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
                 if (st != CUDNN_STATUS_SUCCESS) {
@@ -382,13 +393,32 @@ class Builder {
         if (last[0]) snprintf(error_, sizeof error_, "%s", last);
         else // cuDNN logs each engine's reason with CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr
             snprintf(error_, sizeof error_,
-                     "engine heuristics: %lld engine configs proposed, %lld passed their support checks "
-                     "(CUDNN_LOGLEVEL_DBG=2 logs why)",
-                     (long long)proposed, (long long)viable);
+                     "engine heuristics: %lld engine configs proposed, %lld passed their support checks, "
+                     "%lld of those noted non-deterministic%s (CUDNN_LOGLEVEL_DBG=2 logs why)",
+                     (long long)proposed, (long long)viable, (long long)nondeterministic,
+                     deterministic_ ? " and skipped" : "");
         return nullptr;
     }
 
   private:
+    // false when the engine behind cfg carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC, or
+    // when its notes cannot be read (unknown counts as non-deterministic)
+    static bool engine_deterministic(cudnnBackendDescriptor_t cfg) {
+        cudnnBackendDescriptor_t engine = nullptr;
+        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS)
+            return false;
+        int64_t n = 0;
+        cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+        bool ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                           &engine) == CUDNN_STATUS_SUCCESS &&
+            cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS;
+        for (int64_t i = 0; ok && i < n && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++)
+            if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ok = false;
+        cudnnBackendDestroyDescriptor(engine);
+        return ok;
+    }
+
     void fail(const char *call, const char *what, cudnnStatus_t st) {
         failed_ = true;
         char c[160];
@@ -400,6 +430,7 @@ class Builder {
     std::vector<cudnnBackendDescriptor_t> descs_;
     std::vector<cudnnBackendDescriptor_t> ops_;
     int64_t next_virtual_ = kUidVirtual;
+    bool deterministic_ = false;
     bool failed_ = false;
     char error_[640] = {0};
 };
@@ -516,7 +547,10 @@ void describe_fwd_graph(Builder &bd, const Shapes &s, bool causal, Plan *p) {
 //   dS   = P * (dO V^T - Dsum) * scale
 //   dK   = dS^T Q                              (summed over each head group for GQA)
 //   dQ   = dS K                                (fp32 accumulator in the workspace, then bf16)
-void describe_bwd_graph(Builder &bd, const Shapes &s, bool causal, Plan *p) {
+// Deterministic (training.deterministic): dQ = dS K written directly, without the
+// accumulator that the engine reaches with atomics (cuDNN frontend's deterministic variant
+// of its SDPA backward on Hopper), and the head-group sums as deterministic reductions.
+void describe_bwd_graph(Builder &bd, const Shapes &s, bool causal, bool deterministic, Plan *p) {
     cudnnBackendDescriptor_t q = bd.io(kUidQ, CUDNN_DATA_BFLOAT16, s.q_dim, s.q_str, "Q");
     cudnnBackendDescriptor_t kt = bd.io(kUidK, CUDNN_DATA_BFLOAT16, s.kt_dim, s.kt_str, "K transposed");
     cudnnBackendDescriptor_t vt = bd.io(kUidV, CUDNN_DATA_BFLOAT16, s.kt_dim, s.kt_str, "V transposed");
@@ -531,8 +565,9 @@ void describe_bwd_graph(Builder &bd, const Shapes &s, bool causal, Plan *p) {
     cudnnBackendDescriptor_t neg_inf = causal ? bd.scalar(kUidNegInf, "mask value") : nullptr;
     cudnnBackendDescriptor_t dsum =
         bd.io(kUidSoftmaxSum, CUDNN_DATA_FLOAT, s.st_dim, s.st_str, "rowsum(dO * O) (workspace)");
-    cudnnBackendDescriptor_t dq_acc =
-        bd.io(kUidDQAccum, CUDNN_DATA_FLOAT, s.dqa_dim, s.dqa_str, "dQ accumulator (workspace)");
+    cudnnBackendDescriptor_t dq_acc = deterministic
+        ? nullptr
+        : bd.io(kUidDQAccum, CUDNN_DATA_FLOAT, s.dqa_dim, s.dqa_str, "dQ accumulator (workspace)");
 
     // Dsum = rowsum(dO * O) * 1
     Dims prod_str = dims4(s.h * s.sq * s.d, s.sq * s.d, s.h * s.d, 1);
@@ -588,11 +623,16 @@ void describe_bwd_graph(Builder &bd, const Shapes &s, bool causal, Plan *p) {
     // dQ = dS K (K seen untransposed), through the fp32 accumulator
     cudnnBackendDescriptor_t k = bd.virt(CUDNN_DATA_BFLOAT16, s.kv_dim, s.kv_str, "K");
     bd.reshape(kt, k, "K untransposed");
-    bd.matmul(ds, k, dq_acc, "dS K");
-    bd.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_acc, nullptr, nullptr, dq, "dQ from accumulator");
+    if (deterministic) {
+        bd.matmul(ds, k, dq, "dS K");
+    } else {
+        bd.matmul(ds, k, dq_acc, "dS K");
+        bd.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_acc, nullptr, nullptr, dq, "dQ from accumulator");
+    }
 
-    p->uids = {kUidQ,  kUidK,  kUidV,     kUidO,   kUidDO,         kUidStats,  kUidDQ,
-               kUidDK, kUidDV, kUidScale, kUidOne, kUidSoftmaxSum, kUidDQAccum};
+    p->uids = {kUidQ,  kUidK,  kUidV,  kUidO,     kUidDO,  kUidStats,
+               kUidDQ, kUidDK, kUidDV, kUidScale, kUidOne, kUidSoftmaxSum};
+    if (!deterministic) p->uids.push_back(kUidDQAccum);
     if (causal) p->uids.push_back(kUidNegInf);
 }
 
@@ -628,13 +668,14 @@ void describe_bwd_single(Builder &bd, const Shapes &s, Plan *p) {
 // Describes `kind` and builds its plan into p; false with p->error set when cuDNN declines.
 bool try_build(PlanKind kind, Plan *p) {
     const Shapes s = shapes_of(p->key);
-    const bool causal = p->key.causal != 0;
+    const bool causal = p->key.causal != 0, deterministic = p->key.deterministic != 0;
     Builder bd(g.handle);
+    bd.require_deterministic(deterministic);
     p->uids.clear();
     switch (kind) {
     case kFwdSingleOp: describe_fwd_single(bd, s, p); break;
     case kFwdGraph: describe_fwd_graph(bd, s, causal, p); break;
-    case kBwdGraph: describe_bwd_graph(bd, s, causal, p); break;
+    case kBwdGraph: describe_bwd_graph(bd, s, causal, deterministic, p); break;
     case kBwdSingleOp: describe_bwd_single(bd, s, p); break;
     }
     int64_t ws = 0;
@@ -652,7 +693,7 @@ bool try_build(PlanKind kind, Plan *p) {
         size_t rows = (size_t)s.b * (size_t)s.h * (size_t)s.sq;
         p->off_softmax_sum = align256(p->cudnn_ws);
         p->off_dq_accum = p->off_softmax_sum + align256(rows * sizeof(float));
-        p->dq_accum_bytes = rows * (size_t)s.d * sizeof(float);
+        p->dq_accum_bytes = deterministic ? 0 : rows * (size_t)s.d * sizeof(float);
         p->ws_total = p->off_dq_accum + align256(p->dq_accum_bytes);
     }
     p->ok = true;
@@ -679,6 +720,7 @@ PlanKey key_of(const ops_attn_shape *s, int backward) {
     k.b = s->b, k.sq = s->sq, k.sk = s->sk, k.h = s->h, k.kv = s->kv, k.d = s->d;
     k.causal = s->causal ? 1 : 0;
     k.backward = backward ? 1 : 0;
+    k.deterministic = backward && g.deterministic ? 1 : 0;
     memcpy(&k.scale_bits, &s->scale, sizeof k.scale_bits);
     return k;
 }
@@ -809,7 +851,7 @@ int execute(Plan *p, void *const *ptrs_by_uid, void *workspace, size_t workspace
         put_status(err, errlen, "cudnnSetStream", st);
         return -1;
     }
-    if (p->kind == kBwdGraph && ops_path_cudnn_zero_dq_accum((int)cudnnGetVersion())) {
+    if (p->kind == kBwdGraph && p->dq_accum_bytes && ops_path_cudnn_zero_dq_accum((int)cudnnGetVersion())) {
         // before 9.6 the engine expects a zeroed dQ accumulator
         cudaError_t ce =
             cudaMemsetAsync((char *)workspace + p->off_dq_accum, 0, p->dq_accum_bytes, (cudaStream_t)stream);
@@ -932,6 +974,11 @@ extern "C" int cuda_cudnn_sdpa_backward(uint16_t *dq, uint16_t *dk, uint16_t *dv
     return execute(p, by_uid, workspace, workspace_bytes, stream, err, errlen);
 }
 
+extern "C" void cuda_cudnn_set_deterministic(int on) {
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.deterministic = on != 0;
+}
+
 extern "C" const char *cuda_cudnn_last_error(void) {
     // read without the lock: a diagnostic string, written only under it
     return g.last_error;
@@ -982,6 +1029,8 @@ extern "C" int cuda_cudnn_sdpa_backward(uint16_t *dq, uint16_t *dk, uint16_t *dv
     no_cudnn(err, errlen);
     return -1;
 }
+
+extern "C" void cuda_cudnn_set_deterministic(int on) { (void)on; }
 
 extern "C" const char *cuda_cudnn_last_error(void) { return "built without cuDNN"; }
 

@@ -47,6 +47,12 @@ int cuda_cudnn_sdpa_backward(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uin
                              const ops_attn_shape *s, void *workspace, size_t workspace_bytes, void *stream, char *err,
                              size_t errlen);
 
+/* training.deterministic: backward plans built from now on give the same bits on every run
+ * (dQ written without the fp32 accumulator reached by atomics, deterministic head-group
+ * reductions, and no engine that cuDNN notes as non-deterministic); a shape with no such
+ * plan answers (size_t)-1 / non-zero as any other. Forward plans are unchanged. */
+void cuda_cudnn_set_deterministic(int on);
+
 /* Why the last plan build failed ("" when none has): the call and the cuDNN status. */
 const char *cuda_cudnn_last_error(void);
 

@@ -1808,6 +1808,35 @@ static void test_attention(void) {
 // floored at 1e-4 of the largest value (the fp32 attention tolerance), lse 1e-4. cuDNN's
 // fused SDPA rounds P and dS to bf16 inside: out 2e-2, gradients 5e-2, lse 1e-3 relative to
 // the largest reference value.
+// The CPU's bf16 attention forward and backward (the fp32 ops over widened inputs, rounded,
+// where the CPU backend has no bf16 op): what the bf16 attention tests compare with.
+static void attention_bf16_reference(uint16_t *out, float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                     const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *dout,
+                                     const ops_attn_shape *s) {
+    const size_t nq = (size_t)s->b * s->sq * s->h * s->d, nk = (size_t)s->b * s->sk * s->kv * s->d;
+    float *qf = widen(q, nq), *kf = widen(k, nk), *vf = widen(v, nk), *of = (float *)malloc(nq * 4);
+    if (C->attention_forward_bf16) {
+        C->attention_forward_bf16(out, lse, q, k, v, s, NULL);
+    } else {
+        C->attention_forward(of, lse, qf, kf, vf, s, NULL);
+        narrow(out, of, nq);
+    }
+    if (C->attention_backward_bf16) {
+        C->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, NULL);
+    } else {
+        float *wo = widen(out, nq), *gf = widen(dout, nq);
+        float *dqf = (float *)calloc(nq, 4), *dkf = (float *)calloc(nk, 4), *dvf = (float *)calloc(nk, 4);
+        C->attention_backward(dqf, dkf, dvf, gf, qf, kf, vf, wo, lse, s, NULL);
+        narrow(dq, dqf, nq);
+        narrow(dk, dkf, nk);
+        narrow(dv, dvf, nk);
+        float *tmp[] = {wo, gf, dqf, dkf, dvf};
+        for (int i = 0; i < 5; i++) free(tmp[i]);
+    }
+    float *tmp[] = {qf, kf, vf, of};
+    for (int i = 0; i < 4; i++) free(tmp[i]);
+}
+
 static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d, int causal, int qo, int ko,
                                      const int32_t *doc, int doc_len) {
     ops_attn_shape s = {b, sq, sk, h, kv, d, 1.0f / sqrtf((float)d), causal, qo, ko, doc, doc_len};
@@ -1821,35 +1850,7 @@ static void test_attention_bf16_case(int b, int sq, int sk, int h, int kv, int d
     uint16_t *dk = (uint16_t *)malloc(nk * 2), *dv = (uint16_t *)malloc(nk * 2);
     float *lse = (float *)malloc(nl * 4);
     const int cpu_fwd = C->attention_forward_bf16 != NULL, cpu_bwd = C->attention_backward_bf16 != NULL;
-    if (cpu_fwd) {
-        C->attention_forward_bf16(out, lse, q, k, v, &s, NULL);
-    } else {
-        float *qf = widen(q, nq), *kf = widen(k, nk), *vf = widen(v, nk), *of = (float *)malloc(nq * 4);
-        C->attention_forward(of, lse, qf, kf, vf, &s, NULL);
-        narrow(out, of, nq);
-        free(qf);
-        free(kf);
-        free(vf);
-        free(of);
-    }
-    if (cpu_bwd) {
-        C->attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, &s, NULL);
-    } else {
-        float *qf = widen(q, nq), *kf = widen(k, nk), *vf = widen(v, nk), *of = widen(out, nq), *gf = widen(dout, nq);
-        float *dqf = (float *)calloc(nq, 4), *dkf = (float *)calloc(nk, 4), *dvf = (float *)calloc(nk, 4);
-        C->attention_backward(dqf, dkf, dvf, gf, qf, kf, vf, of, lse, &s, NULL);
-        narrow(dq, dqf, nq);
-        narrow(dk, dkf, nk);
-        narrow(dv, dvf, nk);
-        free(qf);
-        free(kf);
-        free(vf);
-        free(of);
-        free(gf);
-        free(dqf);
-        free(dkf);
-        free(dvf);
-    }
+    attention_bf16_reference(out, lse, dq, dk, dv, q, k, v, dout, &s);
     uint16_t *d_q = (uint16_t *)dup_gpu(q, nq * 2), *d_k = (uint16_t *)dup_gpu(k, nk * 2);
     uint16_t *d_v = (uint16_t *)dup_gpu(v, nk * 2), *d_do = (uint16_t *)dup_gpu(dout, nq * 2);
     uint16_t *d_out = (uint16_t *)G->alloc(nq * 2);
@@ -1939,6 +1940,73 @@ static void test_attention_bf16(void) {
     doc = doc_ids(1, 192, ring, 3);
     test_attention_bf16_case(1, 64, 64, 4, 2, 64, 1, 128, 0, doc, 192);
     free(doc);
+}
+
+// training.deterministic: the bf16 attention backward gives the same bits twice, within its
+// path's gate of the CPU, and takes cuDNN (its deterministic graph) wherever the usual
+// backward of the shape does; the built-in kernel only where cuDNN has no such plan.
+static void test_attention_bf16_deterministic_case(int b, int s_len, int h, int kv, int d) {
+    ops_attn_shape s = {b, s_len, s_len, h, kv, d, 1.0f / sqrtf((float)d), 1, 0, 0, NULL, 0};
+    const size_t nq = (size_t)b * s_len * h * d, nk = (size_t)b * s_len * kv * d, nl = (size_t)b * h * s_len;
+    uint16_t *q = hrandn_bf16(nq, 1), *k = hrandn_bf16(nk, 1), *v = hrandn_bf16(nk, 1), *dout = hrandn_bf16(nq, 1);
+    uint16_t *out = (uint16_t *)malloc(nq * 2), *dq = (uint16_t *)malloc(nq * 2);
+    uint16_t *dk = (uint16_t *)malloc(nk * 2), *dv = (uint16_t *)malloc(nk * 2);
+    float *lse = (float *)malloc(nl * 4);
+    attention_bf16_reference(out, lse, dq, dk, dv, q, k, v, dout, &s);
+    uint16_t *d_q = (uint16_t *)dup_gpu(q, nq * 2), *d_k = (uint16_t *)dup_gpu(k, nk * 2);
+    uint16_t *d_v = (uint16_t *)dup_gpu(v, nk * 2), *d_do = (uint16_t *)dup_gpu(dout, nq * 2);
+    uint16_t *d_out = (uint16_t *)dup_gpu(out, nq * 2);
+    float *d_lse = (float *)dup_gpu(lse, nl * 4);
+    uint16_t *d_g[2][3];
+    for (int r = 0; r < 2; r++) {
+        d_g[r][0] = (uint16_t *)G->alloc(nq * 2);
+        d_g[r][1] = (uint16_t *)G->alloc(nk * 2);
+        d_g[r][2] = (uint16_t *)G->alloc(nk * 2);
+    }
+    // the usual backward's path for this shape, then the deterministic one twice
+    G->set_deterministic(0);
+    void *ws = G->alloc(G->attention_workspace_size_bf16(&s));
+    G->attention_backward_bf16(d_g[0][0], d_g[0][1], d_g[0][2], d_do, d_q, d_k, d_v, d_out, d_lse, &s, ws);
+    const int usual_cudnn = !strcmp(cuda_attention_bf16_last_path(), "cudnn");
+    G->release(ws);
+    G->set_deterministic(1);
+    ws = G->alloc(G->attention_workspace_size_bf16(&s));
+    for (int r = 0; r < 2; r++)
+        G->attention_backward_bf16(d_g[r][0], d_g[r][1], d_g[r][2], d_do, d_q, d_k, d_v, d_out, d_lse, &s, ws);
+    const char *path = cuda_attention_bf16_last_path();
+    const int det_cudnn = !strcmp(path, "cudnn");
+    G->set_deterministic(0);
+    char shape[128];
+    snprintf(shape, sizeof shape, "b%d s%d h%d/%d d%d causal [%s]", b, s_len, h, kv, d, path);
+    check(det_cudnn == usual_cudnn, "attention_bwd_bf16 determ. path", shape,
+          "the usual backward took %s, the deterministic one %s", usual_cudnn ? "cuDNN" : "the built-in kernel", path);
+    const size_t n[3] = {nq, nk, nk};
+    const uint16_t *ref[3] = {dq, dk, dv};
+    static const char *name[3] = {"attention_bwd_bf16 determ. dq", "attention_bwd_bf16 determ. dk",
+                                  "attention_bwd_bf16 determ. dv"};
+    static const char *twice[3] = {"attn_bwd_bf16 determ. dq bits", "attn_bwd_bf16 determ. dk bits",
+                                   "attn_bwd_bf16 determ. dv bits"};
+    for (int i = 0; i < 3; i++) {
+        uint16_t *a = (uint16_t *)from_gpu(d_g[0][i], n[i] * 2), *c = (uint16_t *)from_gpu(d_g[1][i], n[i] * 2);
+        size_t diff = 0;
+        for (size_t j = 0; j < n[i]; j++) diff += a[j] != c[j];
+        check(diff == 0, twice[i], shape, "%zu of %zu elements differ between two runs", diff, n[i]);
+        if (det_cudnn) check_bf16_rel(name[i], shape, a, ref[i], n[i], 5e-2);
+        else check_bf16(name[i], shape, a, ref[i], n[i], 1e-4, 1.0);
+        free(a);
+        free(c);
+    }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++) G->release(d_g[r][i]);
+    void *dev[] = {ws, d_q, d_k, d_v, d_do, d_out, d_lse};
+    for (int i = 0; i < 7; i++) G->release(dev[i]);
+    void *host[] = {q, k, v, dout, out, dq, dk, dv, lse};
+    for (int i = 0; i < 9; i++) free(host[i]);
+}
+
+static void test_attention_bf16_deterministic(void) {
+    test_attention_bf16_deterministic_case(2, 67, 4, 2, 16);   // GQA 2, odd length
+    test_attention_bf16_deterministic_case(1, 256, 8, 2, 128); // Llama 3 head dim, GQA 4
 }
 
 // ----------------------------------------------------------------------------
@@ -3126,6 +3194,7 @@ int main(int argc, char **argv) {
     test_swiglu_bf16();
     test_attention();
     test_attention_bf16();
+    test_attention_bf16_deterministic();
     test_cross_entropy_fused(37, 1000);
     test_cross_entropy_fused(3, 128256);
     test_cross_entropy_sharded();

@@ -137,11 +137,18 @@ static void test_attention(void) {
     old.cudnn_version = 90500;
     opc_attention_backward(&c, &old, TETRA_BF16, P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), &s);
     CHECK(c.cudnn == 1 && c.copies == 1, "cuDNN 9.5 backward: cudnn %d copies %d", c.cudnn, c.copies);
-    /* deterministic, a ring block with unequal offsets, a misaligned tensor: the built-in kernels */
+    /* deterministic: cuDNN's deterministic graph writes dq without the fp32 accumulator */
     op_cost_device det = h100;
     det.deterministic = 1;
     opc_attention_backward(&c, &det, TETRA_BF16, P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), &s);
-    expect("deterministic backward", &c, 3, 0, 0, 0,
+    expect("deterministic backward", &c, 0, 0, 1, 0, 2 * (3 * nq + 2 * nk) + 8 * rows + 2 * (nq + 2 * nk) + 4 * rows,
+           "cudnn");
+    det.cudnn_version = 90500;
+    opc_attention_backward(&c, &det, TETRA_BF16, P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), &s);
+    CHECK(c.cudnn == 1 && c.copies == 0, "cuDNN 9.5 deterministic backward: cudnn %d copies %d", c.cudnn, c.copies);
+    /* a misaligned gradient, a ring block with unequal offsets, a misaligned tensor: the built-in kernels */
+    opc_attention_backward(&c, &h100, TETRA_BF16, (char *)P(1) + 2, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), &s);
+    expect("misaligned dq backward", &c, 3, 0, 0, 0,
            (2 * 2 * nq + 4 * rows) + 2 * (2 * (2 * nq + 2 * nk) + 8 * rows) + 2 * (nq + 2 * nk), "built-in");
     CHECK(near(c.flops[OPC_FLOP_ATTN_F32], 14.0 * 128 * pairs * 32), "built-in backward FLOPs %g",
           c.flops[OPC_FLOP_ATTN_F32]);
