@@ -43,6 +43,7 @@ typedef struct {
     float *x_amax; /* [1] */
     const void *pend[2];
     int pend_n[2];
+    const float *pend_at[2]; /* the model's float instead of x_amax / dy_amax (amax_from), or NULL */
 } f8_lin;
 
 /* One fp8 GEMM operand: the codes, their dequant factor(s) and format. */
@@ -308,16 +309,33 @@ static float *f8_amax_slot(const model_linear_env *e, const model_linear *l, mod
     if (s->f->cfg.recipe != FLOAT8_TENSORWISE || e->tp) return NULL;
     s->pend[which] = t;
     s->pend_n[which] = rows;
+    s->pend_at[which] = NULL;
     if (which == MODEL_OPERAND_DY) s->dy_key = NULL; /* the slot is about to hold another dy's amax */
     return which == MODEL_OPERAND_X ? s->x_amax : s->dy_amax;
+}
+
+/* The amax of a whole operand, kept by the model with the activation (models/linear.h):
+ * a weight-gradient call then casts an activation the forward left without a pass of its
+ * own. Tensorwise at tp 1, as amax_slot. */
+static int f8_amax_from(const model_linear_env *e, const model_linear *l, model_operand which, const void *t, int rows,
+                        const float *amax) {
+    f8_lin *s = state_of(l);
+    if (s->f->cfg.recipe != FLOAT8_TENSORWISE || e->tp || which != MODEL_OPERAND_X) return 0;
+    s->pend[which] = t;
+    s->pend_n[which] = rows;
+    s->pend_at[which] = amax;
+    return 1;
 }
 
 /* The announced amax, if this whole-operand call is the one it was announced for (each
  * announcement serves one call). */
 static const float *pending_amax(f8_lin *s, model_operand which, const void *t, int n, int row0) {
     const int hit = row0 < 0 && s->pend[which] == t && s->pend_n[which] == n;
+    const float *at = s->pend_at[which];
     s->pend[which] = NULL;
-    return hit ? (which == MODEL_OPERAND_X ? s->x_amax : s->dy_amax) : NULL;
+    s->pend_at[which] = NULL;
+    if (!hit) return NULL;
+    return at ? at : which == MODEL_OPERAND_X ? s->x_amax : s->dy_amax;
 }
 
 /* y = x W^T: x e4m3 [n, in] . W e4m3 [out, in], both K-major */
@@ -466,8 +484,8 @@ static void f8_backward_weight(const model_linear_env *e, const model_linear *l,
              NULL);
 }
 
-static const model_linear_impl float8_linear = {"float8",           f8_forward,    f8_backward_input,
-                                                f8_backward_weight, f8_begin_rows, f8_amax_slot};
+static const model_linear_impl float8_linear = {"float8",      f8_forward,   f8_backward_input, f8_backward_weight,
+                                                f8_begin_rows, f8_amax_slot, f8_amax_from};
 
 /* ---------------------------------------------------------------------------- conversion */
 

@@ -79,6 +79,15 @@ struct model_linear_impl {
      * backward_weight; dy: backward_input) reads t whole (row0 < 0) with `rows` rows, and
      * t is unchanged until then. */
     float *(*amax_slot)(const model_linear_env *e, const model_linear *l, model_operand which, const void *t, int rows);
+    /* Optional (NULL: never). As amax_slot, where the model owns the device float: max |t|
+     * of operand `which` at t (amax_bf16's bits) is at `amax`, or will be once the op the
+     * model is about to run writes t and it together; it stays with t (the model keeps it
+     * with the activation, and every op that writes t writes it too). Returns 1 when the
+     * implementation takes it: the model's next call of this linear that reads that
+     * operand reads t whole (row0 < 0) with `rows` rows, t and *amax unchanged until then;
+     * 0 when it does not want it. */
+    int (*amax_from)(const model_linear_env *e, const model_linear *l, model_operand which, const void *t, int rows,
+                     const float *amax);
 };
 
 struct model_linear {

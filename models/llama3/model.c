@@ -162,7 +162,7 @@ static void default_backward_weight(const model_linear_env *e, const model_linea
 }
 
 static const model_linear_impl default_linear = {
-    "gemm", default_forward, default_backward_input, default_backward_weight, NULL, NULL};
+    "gemm", default_forward, default_backward_input, default_backward_weight, NULL, NULL, NULL};
 
 const model_linear_impl *llama3_linear_default(void) { return &default_linear; }
 
@@ -212,6 +212,15 @@ static float *lin_amax_slot(const llama3_model *m, int idx, model_operand which,
     if (!l->impl->amax_slot) return NULL;
     const model_linear_env e = llama3_linear_env(m);
     return l->impl->amax_slot(&e, l, which, t, (int)rows);
+}
+/* amax (the model's float kept with the activation t), when the linear's implementation
+ * takes it for its next call on t (model_linear_impl.amax_from), else NULL */
+static float *lin_amax_from(const llama3_model *m, int idx, model_operand which, const void *t, size_t rows,
+                            float *amax) {
+    const model_linear *l = &m->linears[idx];
+    if (!amax || !l->impl->amax_from) return NULL;
+    const model_linear_env e = llama3_linear_env(m);
+    return l->impl->amax_from(&e, l, which, t, (int)rows, amax) ? amax : NULL;
 }
 /* 1 when param idx's gradient is written for the first time this step and holds no value
  * (llama3_grads_fresh): the write overwrites; then it accumulates */
@@ -284,20 +293,21 @@ static void zero_acts(const llama3_model *m, void *x, size_t elems) {
 
 /* One block's activations (compute dtype unless marked fp32). */
 typedef struct {
-    void *xn1;    /* [N, C]   attention_norm output; after I: dL/dxn1 */
-    float *rstd1; /* [N] */
-    void *q;      /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
-    void *k;      /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
-    void *v;      /* [N, KV*D] after I: dL/dv */
-    void *att;    /* [N, H*D]  attention output (input of wo) */
-    float *lse;   /* [B, H, T] log-sum-exp of the attention scores */
-    void *h;      /* [N, C]   residual after attention */
-    void *xn2;    /* [N, C]   ffn_norm output; after I: dL/dxn2 */
-    float *rstd2; /* [N] */
-    void *a;      /* [N, F]   xn2 W1^T; after I: dL/da */
-    void *g;      /* [N, F]   xn2 W3^T; after I: dL/dg */
-    void *s;      /* [N, F]   silu(a) * g (input of w2) */
-    void *dh;     /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
+    void *xn1;     /* [N, C]   attention_norm output; after I: dL/dxn1 */
+    float *rstd1;  /* [N] */
+    void *q;       /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
+    void *k;       /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
+    void *v;       /* [N, KV*D] after I: dL/dv */
+    void *att;     /* [N, H*D]  attention output (input of wo) */
+    float *lse;    /* [B, H, T] log-sum-exp of the attention scores */
+    void *h;       /* [N, C]   residual after attention */
+    void *xn2;     /* [N, C]   ffn_norm output; after I: dL/dxn2 */
+    float *rstd2;  /* [N] */
+    void *a;       /* [N, F]   xn2 W1^T; after I: dL/da */
+    void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
+    void *s;       /* [N, F]   silu(a) * g (input of w2) */
+    float *s_amax; /* [1] max |s|, written with s (bf16 compute; lin_amax_from) */
+    void *dh;      /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
     /* tensor parallel (P > 1): q/k/v/att/a/g/s hold the local heads and hidden units;
      * xn1/xn2 are the all-gathered norm outputs [N, C] (kept for W), h and the rstds
      * this rank's N/P rows, dh the all-gathered dL/dh; and from I for W: */
@@ -472,6 +482,7 @@ static void carve_layer(const llama3_model *m, carver *cv, size_t n, size_t nl, 
     if (mask & LLAMA3_KEEP_A) t->a = carve(cv, n * f * es);
     if (mask & LLAMA3_KEEP_G) t->g = carve(cv, n * f * es);
     if (mask & LLAMA3_KEEP_S) t->s = carve(cv, n * f * es);
+    if ((mask & LLAMA3_KEEP_S) && mixed(m)) t->s_amax = carve(cv, fl);
     if (with_dh) {
         t->dh = carve(cv, n * c * es);
         if (tpn(m) > 1) {
@@ -887,6 +898,7 @@ static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
     PICK(LLAMA3_KEEP_A, a);
     PICK(LLAMA3_KEEP_G, g);
     PICK(LLAMA3_KEEP_S, s);
+    PICK(LLAMA3_KEEP_S, s_amax);
 #undef PICK
     v.dh = backward ? o->dh : NULL;
     v.dxn1l = backward ? o->dxn1l : NULL;
@@ -1510,9 +1522,9 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
     }
     if (w13.compute) rows_all(m, a, &w13);
     if (compute & LLAMA3_KEEP_S) {
-        /* w2's input: its amax comes with it where w2 runs on it next (whole, tp 1) */
-        float *am =
-            output && !tp && mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_W2), MODEL_OPERAND_X, t->s, n) : NULL;
+        /* w2's input: its amax comes with it, kept beside it for w2's forward (whole, tp 1)
+         * and its weight gradient, which reads the kept or recomputed s */
+        float *am = !tp ? lin_amax_from(m, pidx_block(m, l, P_W2), MODEL_OPERAND_X, t->s, n, t->s_amax) : NULL;
         if (mixed(m)) ops->swiglu_forward_bf16(t->s, am, t->a, t->g, ff);
         else ops->swiglu_forward(t->s, t->a, t->g, ff);
     }
@@ -1786,7 +1798,8 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     const void *w_ffn_norm = param_ptr(m, pidx_block(m, l, P_FFN_NORM));
     const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
 
-    /* feed-forward */
+    /* feed-forward (s's amax was written with it, in the forward or the recompute) */
+    if (!tp) lin_amax_from(m, pidx_block(m, l, P_W2), MODEL_OPERAND_X, t->s, n, t->s_amax);
     lin_bwd_weight(m, pidx_block(m, l, P_W2), tp ? t->dop : a->dres[bl + 1], t->s, n);
     if (!tp)
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, t->h, w_ffn_norm, n,

@@ -796,7 +796,7 @@ static void test_linear_impl(void) {
     llama3_backward(&m, a);
     memcpy(g_ref, m.grad_mem, bytes);
 
-    static const model_linear_impl counting = {"counting", count_fwd, count_bwd_in, count_bwd_w, NULL, NULL};
+    static const model_linear_impl counting = {"counting", count_fwd, count_bwd_in, count_bwd_w, NULL, NULL, NULL};
     int n_lin = 0, *per = calloc((size_t)m.n_params, sizeof *per);
     for (int i = 0; i < m.n_params; i++) {
         if (!m.is_linear[i]) continue;
