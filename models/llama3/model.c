@@ -293,21 +293,22 @@ static void zero_acts(const llama3_model *m, void *x, size_t elems) {
 
 /* One block's activations (compute dtype unless marked fp32). */
 typedef struct {
-    void *xn1;     /* [N, C]   attention_norm output; after I: dL/dxn1 */
-    float *rstd1;  /* [N] */
-    void *q;       /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
-    void *k;       /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
-    void *v;       /* [N, KV*D] after I: dL/dv */
-    void *att;     /* [N, H*D]  attention output (input of wo) */
-    float *lse;    /* [B, H, T] log-sum-exp of the attention scores */
-    void *h;       /* [N, C]   residual after attention */
-    void *xn2;     /* [N, C]   ffn_norm output; after I: dL/dxn2 */
-    float *rstd2;  /* [N] */
-    void *a;       /* [N, F]   xn2 W1^T; after I: dL/da */
-    void *g;       /* [N, F]   xn2 W3^T; after I: dL/dg */
-    void *s;       /* [N, F]   silu(a) * g (input of w2) */
-    float *s_amax; /* [1] max |s|, written with s (bf16 compute; lin_amax_from) */
-    void *dh;      /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
+    void *xn1;       /* [N, C]   attention_norm output; after I: dL/dxn1 */
+    float *rstd1;    /* [N] */
+    void *q;         /* [N, H*D]  after RoPE; after I: dL/d(xn1 Wq^T) */
+    void *k;         /* [N, KV*D] after RoPE; after I: dL/d(xn1 Wk^T) */
+    void *v;         /* [N, KV*D] after I: dL/dv */
+    void *att;       /* [N, H*D]  attention output (input of wo) */
+    float *att_amax; /* [1] max |att|, taken as att is written (bf16 compute; lin_amax_from) */
+    float *lse;      /* [B, H, T] log-sum-exp of the attention scores */
+    void *h;         /* [N, C]   residual after attention */
+    void *xn2;       /* [N, C]   ffn_norm output; after I: dL/dxn2 */
+    float *rstd2;    /* [N] */
+    void *a;         /* [N, F]   xn2 W1^T; after I: dL/da */
+    void *g;         /* [N, F]   xn2 W3^T; after I: dL/dg */
+    void *s;         /* [N, F]   silu(a) * g (input of w2) */
+    float *s_amax;   /* [1] max |s|, written with s (bf16 compute; lin_amax_from) */
+    void *dh;        /* [N, C]   dL/dh, from I for W (wo's weight gradient) */
     /* tensor parallel (P > 1): q/k/v/att/a/g/s hold the local heads and hidden units;
      * xn1/xn2 are the all-gathered norm outputs [N, C] (kept for W), h and the rstds
      * this rank's N/P rows, dh the all-gathered dL/dh; and from I for W: */
@@ -473,6 +474,7 @@ static void carve_layer(const llama3_model *m, carver *cv, size_t n, size_t nl, 
     if (mask & LLAMA3_KEEP_ATT) {
         t->att = carve(cv, n * hd * es);
         t->lse = carve(cv, n * (size_t)heads_l(m) * fl);
+        if (mixed(m)) t->att_amax = carve(cv, fl);
     }
     if (mask & LLAMA3_KEEP_H) t->h = carve(cv, nl * c * es);
     if (mask & LLAMA3_KEEP_XN2) {
@@ -892,6 +894,7 @@ static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
     PICK(LLAMA3_KEEP_V, v);
     PICK(LLAMA3_KEEP_ATT, att);
     PICK(LLAMA3_KEEP_ATT, lse);
+    PICK(LLAMA3_KEEP_ATT, att_amax);
     PICK(LLAMA3_KEEP_H, h);
     PICK(LLAMA3_KEEP_XN2, xn2);
     PICK(LLAMA3_KEEP_XN2, rstd2);
@@ -1496,6 +1499,12 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
         if (mixed(m)) ops->attention_forward_bf16(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
         else ops->attention_forward(t->att, t->lse, t->q, t->k, t->v, &s, ws->attn_ws);
     }
+    if ((compute & LLAMA3_KEEP_ATT) && !tp) {
+        /* wo's input: the attention does not report its amax, so one pass takes it here and
+         * it stays with att for wo's forward and weight gradient */
+        float *am = lin_amax_from(m, pidx_block(m, l, P_WO), MODEL_OPERAND_X, t->att, n, t->att_amax);
+        if (am) ops->amax_bf16(am, t->att, (size_t)n * hd_l(m));
+    }
     if (compute & LLAMA3_KEEP_H) {
         if (tp) {
             rows_job wo = {m, a, l, ROWS_WO, t, 0, 0};
@@ -1808,7 +1817,8 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
     rmsnorm_bwd_weight(m, pidx_block(m, l, P_FFN_NORM), tp ? t->dxn2l : t->xn2, t->h, t->rstd2, nl);
 
-    /* attention */
+    /* attention (att's amax was taken with it, in the forward or the recompute) */
+    if (!tp) lin_amax_from(m, pidx_block(m, l, P_WO), MODEL_OPERAND_X, t->att, n, t->att_amax);
     lin_bwd_weight(m, pidx_block(m, l, P_WO), t->dh, t->att, n);
     if (!tp)
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n,
