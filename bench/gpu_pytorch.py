@@ -7,7 +7,9 @@ mixed precision, bf16 params / fp32 reduce), each transformer block compiled
 on its own with torch.compile (default mode, or mode="reduce-overhead": CUDA
 graphs), or eager, optionally float8 linears through torchao (tensorwise or
 rowwise; the output projection stays bf16), optionally each block
-checkpointed whole (--ac full, as tetra's activation_checkpoint.mode = "full").
+checkpointed whole (--ac full, as tetra's activation_checkpoint.mode = "full"),
+optionally with document-masked attention (--doc-lengths: TorchTitan's
+block_causal through FlexAttention, as its `8B_flex` flavor).
 
 A step is forward + cross-entropy + backward + clip_grad_norm_(1.0) + fused
 AdamW + zero_grad. After the warm-up, --repeats windows of --steps steps each
@@ -92,7 +94,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False, device=device)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False, device=device)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, doc=None):
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)
@@ -104,8 +106,45 @@ class Attention(nn.Module):
             k = k.unsqueeze(3).expand(b, t, self.n_kv_heads, rep, self.head_dim).reshape(b, t, self.n_heads, self.head_dim)
             v = v.unsqueeze(3).expand(b, t, self.n_kv_heads, rep, self.head_dim).reshape(b, t, self.n_heads, self.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        o = sdpa_causal(q, k, v)
+        o = sdpa_causal(q, k, v) if doc is None else doc.attention(q, k, v)
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class DocMask:
+    """Block-causal attention over packed documents: a query sees the keys of its own
+    document up to itself. `lengths` (tokens) repeat to fill a sequence, the same for every
+    row. FlexAttention with a block mask built once (fully masked tiles are skipped) where
+    this PyTorch has it; else the mask spelled out (a CPU check of this script only)."""
+
+    def __init__(self, lengths, seq_len, device):
+        ids, d = [], 0
+        while len(ids) < seq_len:
+            ids.extend([d] * lengths[d % len(lengths)])
+            d += 1
+        self.doc = torch.tensor(ids[:seq_len], dtype=torch.int32, device=device)
+        self.documents = d
+        self.flex = None
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError:
+            return
+        doc = self.doc
+
+        def block_causal(b, h, q, kv):
+            return (q >= kv) & (doc[q] == doc[kv])
+
+        self.block_mask = create_block_mask(block_causal, None, None, seq_len, seq_len, device=device)
+        self.flex = torch.compile(flex_attention) if device.type == "cuda" else flex_attention
+
+    def attention(self, q, k, v):
+        if self.flex is not None:
+            return self.flex(q, k, v, block_mask=self.block_mask)
+        t = q.shape[-2]
+        pos = torch.arange(t, device=q.device)
+        visible = (pos[:, None] >= pos[None, :]) & (self.doc[:, None] == self.doc[None, :])
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~visible, float("-inf"))
+        return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
 
 
 def sdpa_causal(q, k, v):
@@ -139,8 +178,8 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(
             dim, ffn_hidden(dim, cfg["multiple_of"], cfg["ffn_dim_multiplier"]), device=device)
 
-    def forward(self, x, cos, sin):
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x, cos, sin, doc=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, doc)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -156,6 +195,7 @@ class Llama3(nn.Module):
         cos, sin = rope_tables(dim // cfg["n_heads"], seq_len, device=device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.doc = None  # a DocMask: document-masked attention
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if not name.endswith("norm.weight"):
@@ -166,7 +206,7 @@ class Llama3(nn.Module):
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, self.doc)
         return self.output(self.norm(h))
 
 
@@ -199,11 +239,20 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda; cpu only checks this script (eager, no timing claims)")
     ap.add_argument("--vocab", type=int, help="override the flavor's vocabulary size")
     ap.add_argument("--float8", choices=["none", "tensorwise", "rowwise"], default="none")
+    ap.add_argument("--doc-lengths", help="comma-separated document lengths in tokens, repeated to fill each "
+                    "sequence: block-causal attention (a token sees the earlier tokens of its own document)")
     ap.add_argument("--peak", type=float, default=989e12, help="peak FLOP/s for MFU (default: H100 SXM dense bf16)")
     ap.add_argument("--json-out", help="also write the results as a JSON object to this file")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.repeats < 1:
         ap.error("--steps and --repeats must be >= 1 and --warmup >= 0")
+    if args.doc_lengths is not None:
+        try:
+            args.doc_lengths = [int(x) for x in args.doc_lengths.split(",")]
+        except ValueError:
+            ap.error(f"--doc-lengths {args.doc_lengths!r}: comma-separated whole numbers")
+        if not args.doc_lengths or min(args.doc_lengths) < 1:
+            ap.error("--doc-lengths: every document holds at least one token")
     return args
 
 
@@ -234,6 +283,11 @@ def main(argv=None):
     fpt = flops_per_token(n_params, cfg, args.seq_len)
 
     label = f"pytorch-{args.mode}" + ("-ac-full" if args.ac == "full" else "")
+    if args.doc_lengths:
+        model.doc = DocMask(args.doc_lengths, args.seq_len, dev)
+        label += "-block-causal" + ("-flex" if model.doc.flex is not None else "-explicit")
+        print(f"gpu_pytorch: block_causal over {model.doc.documents} documents a sequence "
+              f"(FlexAttention: {'yes' if model.doc.flex is not None else 'no'})", file=sys.stderr)
     if args.float8 != "none":
         f8cfg = Float8LinearConfig() if args.float8 == "tensorwise" else Float8LinearConfig.from_recipe_name("rowwise")
         convert_to_float8_training(model, config=f8cfg, module_filter_fn=lambda mod, fqn: fqn != "output")
@@ -252,7 +306,7 @@ def main(argv=None):
             cos, sin = model.rope_cos[:t], model.rope_sin[:t]
             h = model.tok_embeddings(tokens)
             for blk in blocks:
-                h = checkpoint(blk, h, cos, sin, use_reentrant=False)
+                h = checkpoint(blk, h, cos, sin, model.doc, use_reentrant=False)
             return model.output(model.norm(h))
 
         model.forward = forward_ac
@@ -314,6 +368,7 @@ def main(argv=None):
             label=label, mode=args.mode, ac=args.ac, float8=args.float8, flavor=args.flavor, repeats=args.repeats,
             dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], n_kv_heads=cfg["n_kv_heads"],
             vocab=cfg["vocab"], seq_len=args.seq_len, batch=args.batch, steps=args.steps, warmup=args.warmup,
+            doc_lengths=args.doc_lengths, flex_attention=bool(model.doc is not None and model.doc.flex is not None),
             n_params_no_embedding=n_params, flops_per_token=fpt, step_time_median_s=step_s,
             window_step_s=windows, window_tokens_per_s=window_tps, tokens_per_s=tokens_per_s, tflops=tflops, mfu_percent=mfu, peak_flops=args.peak,
             peak_memory_gib=peak_gib, last_loss=last_loss, torch_version=torch.__version__,

@@ -6,7 +6,9 @@
 #     warm-up (never a window holding warm-up steps) with the runs' spread;
 #   - bad settings are refused;
 # and bench/gpu_pytorch.py itself runs on the CPU (eager, the debug model, two timed
-# windows) with and without full activation checkpointing, to the same loss.
+# windows) with and without full activation checkpointing, to the same loss, and with
+# document masks (--doc-lengths: one document over the whole sequence is the causal loss,
+# several are not; a zero-token document is refused).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -65,6 +67,16 @@ for bad_env in "AC=selective" "PYTORCH=fastest" "STEPS=15" "REPEATS=0"; do
   [ $rc = 2 ] && [ -s "$T/e2" ] && ok "$bad_env is refused: $(head -1 "$T/e2")" || bad "$bad_env: exit $rc"
 done
 
+# the document-mask case: the 8B slice with block_causal on the documents corpus, its own row
+rm -f "$T/bin/calls"
+TETRA_BIN="$T/bin" BENCH_OUT="$T/outd" PYTORCH=none CASES=8b_docmask bash "$ROOT/bench/gpu" >"$T/tabled" 2>"$T/errd"
+rc=$?
+n=$(grep -c -- '--model.n_layers 4 .*--training.dataset_path [^ ]*llama3_sized_docs --model.attn_mask_type block_causal' \
+  "$T/bin/calls" 2>/dev/null)
+[ $rc = 0 ] && [ "$n" = 2 ] && grep -q '^| 8b_4layers_docmask |' "$T/tabled" &&
+  ok "8b_docmask runs the 4-block 8B slice with block_causal on the documents corpus, twice" ||
+  bad "8b_docmask: exit $rc, $n matching runs: $(tail -3 "$T/errd") $(grep '^|' "$T/tabled" | tail -1)"
+
 # the PyTorch side's script, on the CPU
 if "$PY" -c "import torch" 2>/dev/null; then
   for ac in none full; do
@@ -79,6 +91,25 @@ assert len(a["window_tokens_per_s"]) == 2 and a["repeats"] == 2, a
 assert b["ac"] == "full" and abs(a["last_loss"] - b["last_loss"]) < 1e-4, (a["last_loss"], b["last_loss"])
 EOF
     bad "gpu_pytorch.py's results: $(cat "$T/pt_none.json" "$T/pt_full.json" 2>/dev/null | tr -s ' \n' ' ' | cut -c1-300)"
+  # block_causal: one document as long as the sequence is the causal mask; several are not
+  for dl in 32 5,11,2; do
+    "$PY" "$ROOT/bench/gpu_pytorch.py" --flavor debugmodel --n-layers 2 --seq-len 32 --batch 2 --steps 2 --warmup 1 \
+      --repeats 2 --mode eager --device cpu --doc-lengths $dl --json-out "$T/pt_doc$dl.json" >"$T/pt_doc$dl.log" 2>&1 ||
+      bad "gpu_pytorch.py --doc-lengths $dl on the CPU: $(tail -2 "$T/pt_doc$dl.log")"
+  done
+  "$PY" - "$T/pt_none.json" "$T/pt_doc32.json" "$T/pt_doc5,11,2.json" <<'EOF' &&
+import json, sys
+c, one, many = (json.load(open(p)) for p in sys.argv[1:])
+assert one["doc_lengths"] == [32] and many["doc_lengths"] == [5, 11, 2], (one["doc_lengths"], many["doc_lengths"])
+assert abs(one["last_loss"] - c["last_loss"]) < 1e-5, (one["last_loss"], c["last_loss"])
+assert abs(many["last_loss"] - c["last_loss"]) > 1e-4, (many["last_loss"], c["last_loss"])
+EOF
+    ok "gpu_pytorch.py --doc-lengths: one 32-token document gives the causal loss, documents of 5, 11, 2 another" ||
+    bad "gpu_pytorch.py --doc-lengths: $(cat "$T/pt_doc32.json" "$T/pt_doc5,11,2.json" 2>/dev/null | tr -s ' \n' ' ' | cut -c1-300)"
+  "$PY" "$ROOT/bench/gpu_pytorch.py" --flavor debugmodel --seq-len 32 --batch 2 --device cpu --doc-lengths 4,0 \
+    >"$T/pt_bad.log" 2>&1
+  [ $? = 2 ] && grep -q "at least one token" "$T/pt_bad.log" && ok "--doc-lengths 4,0 is refused" ||
+    bad "--doc-lengths 4,0: $(tail -1 "$T/pt_bad.log")"
 else
   echo "skip gpu_pytorch.py on the CPU: $PY has no torch"
 fi
