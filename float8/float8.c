@@ -717,29 +717,22 @@ const ops_amax_segments *float8_optimizer_amax(float8_model *f, fsdp *fs) {
 }
 
 /* The float8 all-gather's codec: a converted weight travels as its e4m3 codes with the
- * precomputed scale (the compute copy widened exactly, then cast), and arrives
- * dequantised into the compute dtype, which the linear's cast with the same scale takes
+ * precomputed scale (cast from the compute copy in one pass), and arrives dequantised
+ * into the compute dtype in one pass, which the linear's cast with the same scale takes
  * back to the same codes. */
 static void codec_encode(const fsdp_gather_codec *c, int param, uint8_t *dst, const void *src, tetra_dtype src_type,
-                         size_t n, float *scratch) {
+                         size_t n) {
     const struct float8_model *f = c->user;
     const int k = f->param_lin[param];
-    if (src_type == TETRA_BF16) {
-        f->ops->cast_bf16_to_f32(scratch, src, n);
-        src = scratch;
-    }
-    f->ops->cast_f32_to_fp8(dst, src, f->pre_scale + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+    if (src_type == TETRA_BF16) f->ops->cast_bf16_to_fp8(dst, src, f->pre_scale + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+    else f->ops->cast_f32_to_fp8(dst, src, f->pre_scale + k, 0, 1, (int)n, TETRA_FP8_E4M3);
 }
 static void codec_decode(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src,
-                         size_t n, float *scratch) {
+                         size_t n) {
     const struct float8_model *f = c->user;
     const int k = f->param_lin[param];
-    if (dst_type == TETRA_BF16) {
-        f->ops->cast_fp8_to_f32(scratch, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
-        f->ops->cast_f32_to_bf16(dst, scratch, n);
-    } else {
-        f->ops->cast_fp8_to_f32(dst, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
-    }
+    if (dst_type == TETRA_BF16) f->ops->cast_fp8_to_bf16(dst, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+    else f->ops->cast_fp8_to_f32(dst, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
 }
 
 int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen) {

@@ -84,7 +84,8 @@ const char *op_kind_name(op_kind k) {
                                              "cross_entropy_bf16",
                                              "grad_sq_to_f64",
                                              "sum_f64",
-                                             "optim_scalars"};
+                                             "optim_scalars",
+                                             "cast_fp8_to_bf16"};
     return (int)k >= 0 && k < OPK_COUNT ? n[k] : "?";
 }
 
@@ -360,6 +361,14 @@ void opc_cast_fp8_to_f32(op_cost *o, const op_cost_device *d, float *out, const 
     begin(o, OPK_CAST_FP8_TO_F32, "%dx%d %s%s", rows, cols, dt(fmt), rowwise ? " rowwise" : "");
     const size_t n = rc(rows, cols);
     if (n) kernel(o, (double)n + scale_bytes(rowwise, rows), 4.0 * n, (double)n);
+}
+
+void opc_cast_fp8_to_bf16(op_cost *o, const op_cost_device *d, uint16_t *out, const uint8_t *q, const float *inv_scale,
+                          int rowwise, int rows, int cols, tetra_dtype fmt) {
+    (void)d, (void)out, (void)q, (void)inv_scale;
+    begin(o, OPK_CAST_FP8_TO_BF16, "%dx%d %s%s", rows, cols, dt(fmt), rowwise ? " rowwise" : "");
+    const size_t n = rc(rows, cols);
+    if (n) kernel(o, (double)n + scale_bytes(rowwise, rows), 2.0 * n, (double)n);
 }
 
 void opc_fp8_scale_from_amax(op_cost *o, const op_cost_device *d, float *scale, float *inv_scale, const float *amax,

@@ -482,6 +482,10 @@ typedef struct tetra_ops {
                             float *v /*[n]*/, const float *grad /*[n]*/, size_t n, double lr, double beta1,
                             double beta2, double eps, double weight_decay, int step, float grad_scale,
                             const ops_optim_state *dev, const ops_amax_segments *seg);
+    // cast_fp8_to_f32 then cast_f32_to_bf16 in one pass, the same bits: codes dequantised
+    // straight into the compute dtype (the float8 all-gather's decode)
+    void (*cast_fp8_to_bf16)(uint16_t *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/, const float *inv_scale,
+                             int rowwise, int rows, int cols, tetra_dtype fmt);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

@@ -117,7 +117,6 @@ struct fsdp {
     int *cg_order;  /* [n_params] parameter indices by unit, then offset */
     coded_slot cgs[N_CODED];
     void *cg_mem;
-    float *cg_scratch; /* [max shard] backend memory the codec's calls may use */
     fsdp_memory mem;
     fsdp_stats st;
 };
@@ -563,7 +562,7 @@ static void coded_pack(fsdp *f, int u, uint8_t *send) {
         const void *src = f->compute ? (const void *)(f->compute + local) : (const void *)(f->master + local);
         if (f->cg_param[i]) {
             f->codec->encode(f->codec, i, send + (lo - (size_t)f->k * x->shard) * cb, src,
-                             f->compute ? TETRA_BF16 : TETRA_F32, n, f->cg_scratch);
+                             f->compute ? TETRA_BF16 : TETRA_F32, n);
         } else {
             f->ops->copy(hp + cur * f->esz, src, n * f->esz);
             cur += n;
@@ -587,7 +586,7 @@ static void coded_unpack(fsdp *f, int u, const uint8_t *recv, void *buf) {
             char *dst = (char *)buf + lo * f->esz;
             if (f->cg_param[i]) {
                 f->codec->decode(f->codec, i, dst, f->compute ? TETRA_BF16 : TETRA_F32,
-                                 blk + (lo - (size_t)r * x->shard) * cb, n, f->cg_scratch);
+                                 blk + (lo - (size_t)r * x->shard) * cb, n);
             } else {
                 f->ops->copy(dst, hp + cur * f->esz, n * f->esz);
                 cur += n;
@@ -1091,7 +1090,7 @@ int fsdp_enable_coded_gather(fsdp *f, int n, const int *params, const fsdp_gathe
         if (x->blk > max_blk) max_blk = x->blk;
     }
     if (!max_blk) return 0;
-    const size_t bytes = N_CODED * ((size_t)(f->S + 1) * max_blk) + align64b(f->max_shard * sizeof(float));
+    const size_t bytes = N_CODED * ((size_t)(f->S + 1) * max_blk);
     f->mem.work_param_bytes += bytes;
     if (f->cfg.plan_only) return 0;
     f->cg_mem = f->ops->alloc(bytes);
@@ -1101,8 +1100,6 @@ int fsdp_enable_coded_gather(fsdp *f, int n, const int *params, const fsdp_gathe
         return -1;
     }
     uint8_t *p = f->cg_mem;
-    f->cg_scratch = (float *)p;
-    p += align64b(f->max_shard * sizeof(float));
     for (int i = 0; i < N_CODED; i++) {
         f->cgs[i].unit = -1;
         f->cgs[i].send = p;

@@ -233,10 +233,10 @@ typedef struct fsdp_gather_codec fsdp_gather_codec;
 struct fsdp_gather_codec {
     const char *name;
     int bytes;
-    void (*encode)(const fsdp_gather_codec *c, int param, uint8_t *dst, const void *src, tetra_dtype src_type, size_t n,
-                   float *scratch);
-    void (*decode)(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src, size_t n,
-                   float *scratch);
+    void (*encode)(const fsdp_gather_codec *c, int param, uint8_t *dst, const void *src, tetra_dtype src_type,
+                   size_t n);
+    void (*decode)(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src,
+                   size_t n);
     void *user; /* the codec's own state */
 };
 /* Coded all-gather: the n parameters named here travel coded. A unit holding any of them

@@ -407,17 +407,29 @@ void cpu_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void
     if (out_t) cast_transpose_tiles(out_t, x, xt, &s, 0, rows, cols, fmt);
 }
 
-void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
-                         tetra_dtype fmt) {
+// decode(q) * inv_scale into fp32, or rounded to bf16 (the bits of the fp32 value's cast)
+static void fp8_to_rows(void *out, int bf16, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                        tetra_dtype fmt) {
 #pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
     for (int r = 0; r < rows; r++) {
         float s = inv_scale ? inv_scale[rowwise ? r : 0] : 1.0f;
         size_t o = (size_t)r * (size_t)cols;
         for (int j = 0; j < cols; j++) {
-            float v = fmt == TETRA_FP8_E5M2 ? tetra_e5m2_to_f32(q[o + j]) : tetra_e4m3_to_f32(q[o + j]);
-            out[o + j] = v * s;
+            float v = (fmt == TETRA_FP8_E5M2 ? tetra_e5m2_to_f32(q[o + j]) : tetra_e4m3_to_f32(q[o + j])) * s;
+            if (bf16) ((uint16_t *)out)[o + j] = tetra_f32_to_bf16(v);
+            else ((float *)out)[o + j] = v;
         }
     }
+}
+
+void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                         tetra_dtype fmt) {
+    fp8_to_rows(out, 0, q, inv_scale, rowwise, rows, cols, fmt);
+}
+
+void cpu_cast_fp8_to_bf16(uint16_t *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                          tetra_dtype fmt) {
+    fp8_to_rows(out, 1, q, inv_scale, rowwise, rows, cols, fmt);
 }
 
 void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,
@@ -520,6 +532,7 @@ static const tetra_ops cpu_table = {
     .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
     .cast_f32_to_fp8 = cpu_cast_f32_to_fp8,
     .cast_fp8_to_f32 = cpu_cast_fp8_to_f32,
+    .cast_fp8_to_bf16 = cpu_cast_fp8_to_bf16,
     .cast_bf16_to_fp8 = cpu_cast_bf16_to_fp8,
     .amax_bf16 = cpu_amax_bf16,
     .amax_rows_bf16 = cpu_amax_rows_bf16,

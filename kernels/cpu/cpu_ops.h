@@ -58,6 +58,8 @@ void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int r
                          tetra_dtype fmt);
 void cpu_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows, int cols,
                           tetra_dtype fmt);
+void cpu_cast_fp8_to_bf16(uint16_t *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                          tetra_dtype fmt);
 void cpu_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
                          tetra_dtype fmt);
 void cpu_fp8_scale_from_amax(float *scale, float *inv_scale, const float *amax, int n, int broadcast, float fp8_max,

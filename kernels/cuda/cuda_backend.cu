@@ -807,15 +807,35 @@ static dim3 cast_t_vec_grid(int rows, int cols) {
     return dim3(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u);
 }
 
-template <int FMT>
-__global__ void from_fp8_kernel(float *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols,
+__device__ __forceinline__ void from_fp8_put(float *out, size_t i, float v) { out[i] = v; }
+// rounded as to_bf16_kernel rounds
+__device__ __forceinline__ void from_fp8_put(uint16_t *out, size_t i, float v) { out[i] = tetra_f32_to_bf16(v); }
+
+template <int FMT, typename OUT>
+__global__ void from_fp8_kernel(OUT *out, const uint8_t *q, const float *inv_scale, int rowwise, size_t cols,
                                 size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float s = inv_scale ? inv_scale[rowwise ? i / cols : 0] : 1.0f;
         float v = FMT == TETRA_FP8_E5M2 ? tetra_e5m2_to_f32(q[i]) : tetra_e4m3_to_f32(q[i]);
-        out[i] = v * s;
+        from_fp8_put(out, i, v * s);
     }
+}
+
+// decode(q) * inv_scale into fp32 or bf16
+template <typename OUT>
+static void from_fp8_launch(OUT *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                            tetra_dtype fmt) {
+    size_t n = (size_t)(rows > 0 ? rows : 0) * (size_t)(cols > 0 ? cols : 0);
+    if (!n) return;
+    unsigned nb = tetra_blocks(n, TETRA_THREADS);
+    if (fmt == TETRA_FP8_E5M2)
+        from_fp8_kernel<TETRA_FP8_E5M2>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
+    else
+        from_fp8_kernel<TETRA_FP8_E4M3>
+            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n) {
@@ -882,16 +902,12 @@ extern "C" void cuda_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dt
 
 extern "C" void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
                                      int cols, tetra_dtype fmt) {
-    size_t n = (size_t)(rows > 0 ? rows : 0) * (size_t)(cols > 0 ? cols : 0);
-    if (!n) return;
-    unsigned nb = tetra_blocks(n, TETRA_THREADS);
-    if (fmt == TETRA_FP8_E5M2)
-        from_fp8_kernel<TETRA_FP8_E5M2>
-            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
-    else
-        from_fp8_kernel<TETRA_FP8_E4M3>
-            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, q, inv_scale, rowwise, (size_t)cols, n);
-    CUDA_CHECK_LAUNCH();
+    from_fp8_launch(out, q, inv_scale, rowwise, rows, cols, fmt);
+}
+
+extern "C" void cuda_cast_fp8_to_bf16(uint16_t *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows,
+                                      int cols, tetra_dtype fmt) {
+    from_fp8_launch(out, q, inv_scale, rowwise, rows, cols, fmt);
 }
 
 // tetra_fp8_scale, with the power of two built exactly: ldexpf(1, e) where the shared
@@ -1274,6 +1290,7 @@ static tetra_ops make_table(void) {
     t.cast_bf16_to_f32 = cuda_cast_bf16_to_f32;
     t.cast_f32_to_fp8 = cuda_cast_f32_to_fp8;
     t.cast_fp8_to_f32 = cuda_cast_fp8_to_f32;
+    t.cast_fp8_to_bf16 = cuda_cast_fp8_to_bf16;
     t.cast_bf16_to_fp8 = cuda_cast_bf16_to_fp8;
     t.amax_bf16 = cuda_amax_bf16;
     t.amax_rows_bf16 = cuda_amax_rows_bf16;

@@ -55,6 +55,8 @@ void cuda_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int 
                           tetra_dtype fmt);
 void cuda_cast_bf16_to_fp8(uint8_t *out, const uint16_t *x, const float *scale, int rowwise, int rows, int cols,
                            tetra_dtype fmt);
+void cuda_cast_fp8_to_bf16(uint16_t *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
+                           tetra_dtype fmt);
 void cuda_cast_fp8_to_f32(float *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
                           tetra_dtype fmt);
 void cuda_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void *x, tetra_dtype xt, const float *amax,

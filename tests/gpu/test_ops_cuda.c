@@ -285,6 +285,7 @@ static void test_table(void) {
     SLOT(cast_bf16_to_f32);
     SLOT(cast_f32_to_fp8);
     SLOT(cast_fp8_to_f32);
+    SLOT(cast_fp8_to_bf16);
     SLOT(fp8_scale_from_amax);
     SLOT(fp8_quantize);
     SLOT(gemm);
@@ -825,6 +826,12 @@ static void test_casts(void) {
                 gf = (float *)from_gpu(df, n * 4);
                 check_f32_bits(name, shape, gf, hf, n);
                 free(gf);
+                snprintf(name, sizeof name, "cast %s->bf16%s", fi ? "e5m2" : "e4m3", rowwise ? " rowwise" : "");
+                C->cast_fp8_to_bf16(hb, hq, with_scale ? scale : NULL, rowwise, rows, cols, fmts[fi]);
+                G->cast_fp8_to_bf16(db, dq, with_scale ? dscale : NULL, rowwise, rows, cols, fmts[fi]);
+                gb = (uint16_t *)from_gpu(db, n * 2);
+                check_bits(name, shape, gb, hb, n * 2);
+                free(gb);
             }
         }
     }

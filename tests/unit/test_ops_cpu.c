@@ -424,6 +424,32 @@ static void test_casts(void) {
     cpu_cast_f32_to_fp8(q, xs, &sc, 0, 1, 4, TETRA_FP8_E4M3);
     CHECK(q[0] == 0x40 && q[1] == 0x7e && q[2] == 0xfe && q[3] == 0x7f, "scaled cast: %02x %02x %02x %02x", q[0], q[1],
           q[2], q[3]);
+    // fp8 -> bf16 in one pass: the bits of fp8 -> f32 -> bf16, for every code of both formats,
+    // tensorwise (a scale that makes the products round), rowwise (one scale per row: 1, a
+    // scale that overflows the large codes to inf, a tiny one that flushes to subnormals) and
+    // without a scale
+    uint8_t codes[4 * 256];
+    for (int i = 0; i < 4 * 256; i++) codes[i] = (uint8_t)i;
+    const float inv[4] = {0.3f, 1.0f, 1e36f, 1e-38f};
+    float wide[4 * 256];
+    uint16_t two[4 * 256], one[4 * 256];
+    for (int fmt = 0; fmt < 2; fmt++) {
+        const tetra_dtype f = fmt ? TETRA_FP8_E5M2 : TETRA_FP8_E4M3;
+        for (int mode = 0; mode < 3; mode++) {
+            const float *s = mode == 2 ? NULL : inv;
+            cpu_cast_fp8_to_f32(wide, codes, s, mode == 1, 4, 256, f);
+            cpu_cast_f32_to_bf16(two, wide, 4 * 256);
+            cpu_cast_fp8_to_bf16(one, codes, s, mode == 1, 4, 256, f);
+            int diff = 0;
+            for (int i = 0; i < 4 * 256; i++) diff += one[i] != two[i];
+            CHECK(diff == 0, "cast_fp8_to_bf16 (%s, %s): %d of 1024 differ from fp8 -> f32 -> bf16",
+                  fmt ? "e5m2" : "e4m3",
+                  mode == 0       ? "tensorwise"
+                      : mode == 1 ? "rowwise"
+                                  : "no scale",
+                  diff);
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -496,6 +522,7 @@ static void test_table(void) {
     SLOT(cast_bf16_to_f32);
     SLOT(cast_f32_to_fp8);
     SLOT(cast_fp8_to_f32);
+    SLOT(cast_fp8_to_bf16);
     SLOT(fp8_scale_from_amax);
     SLOT(gemm);
     SLOT(embedding_forward);
