@@ -306,7 +306,7 @@ typedef struct {
     op_cost block8, block16, step8, step16;
     double tb8, tb16, ts8, ts16;
     int converted;
-    double per_linear;
+    double per_linear, per_linear16;
 } f8_delta;
 
 static void float8_delta(const recording *f8, const recording *bf, f8_delta *d) {
@@ -318,9 +318,14 @@ static void float8_delta(const recording *f8, const recording *bf, f8_delta *d) 
     d->ts8 = f8->step_time;
     d->ts16 = bf->step_time;
     d->converted = converted_linears(f8);
-    /* a linear issues 3 GEMMs a step in bf16; what float8 adds to the block is its linears' */
-    if (d->converted)
-        d->per_linear = 3.0 + (double)(op_cost_launches(&d->block8) - op_cost_launches(&d->block16)) / d->converted;
+    /* what float8 leaves of the block's launches (its ops but the GEMMs) is not its linears';
+     * the rest is, and in bf16 the block's GEMMs are (3 a linear, fewer where two linears
+     * of one input share a batched GEMM) */
+    if (d->converted) {
+        const int other = op_cost_launches(&d->block16) - d->block16.gemms;
+        d->per_linear = (double)(op_cost_launches(&d->block8) - other) / d->converted;
+        d->per_linear16 = (double)d->block16.gemms / d->converted;
+    }
 }
 
 static void print_delta_row(const char *what, double a, double b, int bytes) {
@@ -353,8 +358,8 @@ static void print_float8(const f8_delta *d, int block) {
     print_delta_row("step bytes", d->step8.read + d->step8.written, d->step16.read + d->step16.written, 1);
     print_delta_row("step roofline", d->ts8, d->ts16, 0);
     if (d->converted)
-        printf("  converted linears in block %d: %d; launches per converted linear per step: %.1f (3 GEMMs in bf16)\n",
-               block, d->converted, d->per_linear);
+        printf("  converted linears in block %d: %d; launches per converted linear per step: %.1f (bf16: %.1f GEMMs)\n",
+               block, d->converted, d->per_linear, d->per_linear16);
 }
 
 /* ---------------------------------------------------------------------------- JSON */
@@ -443,6 +448,7 @@ static json_t *report_json(const tetra_config *cfg, const recording *r, const pl
                             json_real(d->step8.read + d->step8.written - d->step16.read - d->step16.written));
         json_object_set_new(f, "converted_linears_per_block", json_integer(d->converted));
         json_object_set_new(f, "launches_per_converted_linear", json_real(d->per_linear));
+        json_object_set_new(f, "gemm_launches_per_linear_bf16", json_real(d->per_linear16));
         json_object_set_new(o, "float8_vs_bf16", f);
     }
     return o;

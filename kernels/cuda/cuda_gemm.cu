@@ -375,6 +375,29 @@ static cublasStatus_t lt_matmul(lt_call *c) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// lt_matmul; where cuBLASLt refuses a batched product (a batch that broadcasts an operand
+// with stride 0, say), its items one at a time, the same products. The items share one
+// configuration but for their addresses' alignment, so all of them run or the first is
+// refused before anything is written.
+static cublasStatus_t lt_matmul_batch(lt_call *c) {
+    cublasStatus_t s = lt_matmul(c);
+    if (s == CUBLAS_STATUS_SUCCESS || c->key.batch <= 1) return s;
+    const lt_key k = c->key;
+    const size_t ea = lt_elem_size((cudaDataType)k.ta), eb = lt_elem_size((cudaDataType)k.tb);
+    const size_t ec = lt_elem_size((cudaDataType)k.tc);
+    for (int i = 0; i < k.batch; i++) {
+        lt_call one = *c;
+        one.key.batch = 1;
+        one.key.sa = one.key.sb = one.key.sc = 0;
+        one.a = (const char *)c->a + (size_t)i * (size_t)k.sa * ea;
+        one.b = (const char *)c->b + (size_t)i * (size_t)k.sb * eb;
+        one.c = (char *)c->c + (size_t)i * (size_t)k.sc * ec;
+        if (c->cin) one.cin = (const char *)c->cin + (size_t)i * (size_t)k.sc * ec;
+        if ((s = lt_matmul(&one)) != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 // ----------------------------------------------------------------------------
 // the entry point
 
@@ -509,7 +532,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
             call.b_scale = g->a_scale;
             call.alpha = g->alpha;
             call.beta = g->beta;
-            if (lt_matmul(&call) == CUBLAS_STATUS_SUCCESS) {
+            if (lt_matmul_batch(&call) == CUBLAS_STATUS_SUCCESS) {
                 last_path = "fp8";
                 return;
             }
@@ -526,7 +549,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
                 call.b_scale = g->a_scale; // cuBLASLt B (our A): one per its n' = m columns
                 call.alpha = g->alpha;
                 call.beta = g->beta;
-                if (lt_matmul(&call) == CUBLAS_STATUS_SUCCESS) {
+                if (lt_matmul_batch(&call) == CUBLAS_STATUS_SUCCESS) {
                     last_path = "fp8+rowwise";
                     return;
                 }
@@ -535,7 +558,7 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
             float *acc = (float *)cuda_scratch(SCRATCH_GEMM_ACC, (size_t)g->m * g->n * batch * sizeof(float) + 256);
             lt_call call = make_call(g, Ak, Bk, acc, TETRA_F32, g->n, (int64_t)g->m * g->n, batch);
             call.key.fast_accum = g->fast_accum ? 1 : 0;
-            if (lt_matmul(&call) == CUBLAS_STATUS_SUCCESS) {
+            if (lt_matmul_batch(&call) == CUBLAS_STATUS_SUCCESS) {
                 run_epilogue(c, acc, g, batch, g->a_scale, g->b_scale, 1);
                 last_path = "fp8+epilogue";
                 return;
@@ -553,13 +576,13 @@ extern "C" void cuda_gemm(void *c, const void *a, const void *b, const ops_gemm_
         call.cin = g->c_in;
         call.alpha = g->alpha;
         call.beta = g->beta;
-        gemm_checked(lt_matmul(&call), common == TETRA_F32 ? "f32" : "bf16");
+        gemm_checked(lt_matmul_batch(&call), common == TETRA_F32 ? "f32" : "bf16");
         last_path = common == TETRA_F32 ? "f32" : "bf16";
         return;
     }
     float *acc = (float *)cuda_scratch(SCRATCH_GEMM_ACC, (size_t)g->m * g->n * batch * sizeof(float) + 256);
     lt_call call = make_call(g, A, B, acc, TETRA_F32, g->n, (int64_t)g->m * g->n, batch);
-    gemm_checked(lt_matmul(&call), common == TETRA_F32 ? "f32+epilogue" : "bf16+epilogue");
+    gemm_checked(lt_matmul_batch(&call), common == TETRA_F32 ? "f32+epilogue" : "bf16+epilogue");
     run_epilogue(c, acc, g, batch, g->a_scale, g->b_scale, rowwise);
     last_path = common == TETRA_F32 ? "f32+epilogue" : "bf16+epilogue";
 }

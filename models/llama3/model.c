@@ -235,6 +235,54 @@ static void lin_bwd_weight(const llama3_model *m, int idx, const void *dy, const
     l->impl->backward_weight(&e, l, grad_ptr(m, idx), dy, x, n, take_fresh(m, idx) ? 0.0f : 1.0f);
 }
 
+/* Two linears of one shape on one input (wk and wv, w1 and w3) as one batched GEMM of
+ * the default implementation: the second product's weight, output (y) or output gradient
+ * (dy) and weight gradient each lie a positive stride past the first's, and the input
+ * is read by both (stride 0). The same products as two calls (the CPU backend runs the
+ * items in turn); one launch on the GPU. 0 when that does not apply (a converter's
+ * implementation, other shapes, a stride that is not positive, gradients of which one is
+ * fresh and the other not), and the caller runs the two linears one by one. */
+static int pair_stride(const void *p0, const void *p1, size_t es, int64_t *stride) {
+    const ptrdiff_t d = (const char *)p1 - (const char *)p0;
+    *stride = d / (ptrdiff_t)es;
+    return d > 0 && d % (ptrdiff_t)es == 0;
+}
+static int lin_pair_ok(const llama3_model *m, int i0, int i1) {
+    const model_linear *l0 = &m->linears[i0], *l1 = &m->linears[i1];
+    return l0->impl == &default_linear && l1->impl == &default_linear && l0->in == l1->in && l0->out == l1->out;
+}
+static int lin_fwd_pair(const llama3_model *m, int i0, int i1, void *y0, void *y1, const void *x, int n) {
+    const size_t es = tetra_dtype_size(m->compute_dtype);
+    const model_linear *l = &m->linears[i0];
+    int64_t sw, sy;
+    if (!lin_pair_ok(m, i0, i1) || !pair_stride(param_ptr(m, i0), param_ptr(m, i1), es, &sw) ||
+        !pair_stride(y0, y1, es, &sy))
+        return 0;
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, m->compute_dtype, 0, 1, n, l->out, l->in, l->in, l->in, l->out, 0.0f);
+    g.batch = 2;
+    g.stride_b = sw;
+    g.stride_c = sy;
+    m->ops->gemm(y0, x, param_ptr(m, i0), &g);
+    return 1;
+}
+static int lin_bwd_weight_pair(const llama3_model *m, int i0, int i1, const void *dy0, const void *dy1, const void *x,
+                               int n) {
+    const size_t es = tetra_dtype_size(m->compute_dtype);
+    const model_linear *l = &m->linears[i0];
+    int64_t sdy, sg;
+    if (!lin_pair_ok(m, i0, i1) || m->grad_fresh[i0] != m->grad_fresh[i1] || !pair_stride(dy0, dy1, es, &sdy) ||
+        !pair_stride(grad_ptr(m, i0), grad_ptr(m, i1), sizeof(float), &sg))
+        return 0;
+    const float beta = take_fresh(m, i0) ? 0.0f : 1.0f;
+    (void)take_fresh(m, i1);
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, l->out, l->in, n, l->out, l->in, l->in, beta);
+    g.batch = 2;
+    g.stride_a = sdy;
+    g.stride_c = sg;
+    m->ops->gemm(grad_ptr(m, i0), dy0, x, &g);
+    return 1;
+}
+
 /* The element-wise ops in the compute dtype: one body of forward and backward for
  * both precisions (ops.h's *_bf16 twins compute the same functions). */
 /* amax (bf16 only; NULL: none): where the op also writes max |out| */
@@ -1294,11 +1342,18 @@ static void rows_run(void *user, size_t r0, size_t rows) {
     switch (j->what) {
     case ROWS_QKV:
         if (j->compute & LLAMA3_KEEP_Q) lin_fwd(m, pidx_block(m, l, P_WQ), AT(t->q, HD), AT(t->xn1, C), n, rr, 0.0f);
+        if ((j->compute & (LLAMA3_KEEP_K | LLAMA3_KEEP_V)) == (LLAMA3_KEEP_K | LLAMA3_KEEP_V) &&
+            lin_fwd_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), AT(t->k, KVD), AT(t->v, KVD), AT(t->xn1, C),
+                         n))
+            break;
         if (j->compute & LLAMA3_KEEP_K) lin_fwd(m, pidx_block(m, l, P_WK), AT(t->k, KVD), AT(t->xn1, C), n, rr, 0.0f);
         if (j->compute & LLAMA3_KEEP_V) lin_fwd(m, pidx_block(m, l, P_WV), AT(t->v, KVD), AT(t->xn1, C), n, rr, 0.0f);
         break;
     case ROWS_WO: lin_fwd_to(m, pidx_block(m, l, P_WO), TETRA_F32, tpf, AT(t->att, HD), n, rr, 0.0f); break;
     case ROWS_W13:
+        if ((j->compute & (LLAMA3_KEEP_A | LLAMA3_KEEP_G)) == (LLAMA3_KEEP_A | LLAMA3_KEEP_G) &&
+            lin_fwd_pair(m, pidx_block(m, l, P_W1), pidx_block(m, l, P_W3), AT(t->a, F), AT(t->g, F), AT(t->xn2, C), n))
+            break;
         if (j->compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), AT(t->a, F), AT(t->xn2, C), n, rr, 0.0f);
         if (j->compute & LLAMA3_KEEP_G) lin_fwd(m, pidx_block(m, l, P_W3), AT(t->g, F), AT(t->xn2, C), n, rr, 0.0f);
         break;
@@ -1813,8 +1868,10 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     if (!tp)
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, t->h, w_ffn_norm, n,
                          mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_W1), MODEL_OPERAND_X, xn, n) : NULL);
-    lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, tp ? t->xn2 : xn, n);
-    lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
+    if (!lin_bwd_weight_pair(m, pidx_block(m, l, P_W1), pidx_block(m, l, P_W3), t->a, t->g, tp ? t->xn2 : xn, n)) {
+        lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, tp ? t->xn2 : xn, n);
+        lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
+    }
     rmsnorm_bwd_weight(m, pidx_block(m, l, P_FFN_NORM), tp ? t->dxn2l : t->xn2, t->h, t->rstd2, nl);
 
     /* attention (att's amax was taken with it, in the forward or the recompute) */
@@ -1824,8 +1881,10 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n,
                          mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_X, xn, n) : NULL);
     lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
-    lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
-    lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
+    if (!lin_bwd_weight_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), t->k, t->v, tp ? t->xn1 : xn, n)) {
+        lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
+        lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
+    }
     rmsnorm_bwd_weight(m, pidx_block(m, l, P_ATTN_NORM), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1, nl);
 
     if (a->slot[bl] >= 0) { /* the recomputed activations are spent */

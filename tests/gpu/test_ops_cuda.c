@@ -931,8 +931,9 @@ static void c_to_float(float *dst, const void *src, tetra_dtype t, size_t n) {
         for (size_t i = 0; i < n; i++) dst[i] = tetra_bf16_to_f32(((const uint16_t *)src)[i]);
 }
 
-// sep_c: beta's C in a buffer of its own (c_in), the output NaN before the call
-static void run_gemm_c(const gemm_case *gc, int sep_c) {
+// sep_c: beta's C in a buffer of its own (c_in), the output NaN before the call; bcast
+// (batches): 1 every item reads the one A (stride_a 0), 2 the one B (stride_b 0)
+static void run_gemm_c(const gemm_case *gc, int sep_c, int bcast) {
     const int batch = gc->batch > 1 ? gc->batch : 1;
     const int ar = gc->ta ? gc->k : gc->m, ac = gc->ta ? gc->m : gc->k;
     const int br = gc->tb ? gc->n : gc->k, bc = gc->tb ? gc->k : gc->n;
@@ -954,10 +955,11 @@ static void run_gemm_c(const gemm_case *gc, int sep_c) {
     g.scale_rowwise = gc->scales == 2;
     g.fast_accum = gc->fast;
     g.batch = gc->batch;
-    g.stride_a = (int64_t)ar * g.lda;
-    g.stride_b = (int64_t)br * g.ldb;
+    g.stride_a = bcast == 1 ? 0 : (int64_t)ar * g.lda;
+    g.stride_b = bcast == 2 ? 0 : (int64_t)br * g.ldb;
     g.stride_c = (int64_t)gc->m * g.ldc;
-    size_t na = (size_t)g.stride_a * batch, nb = (size_t)g.stride_b * batch, nc = (size_t)g.stride_c * batch;
+    size_t na = bcast == 1 ? (size_t)ar * g.lda : (size_t)g.stride_a * batch;
+    size_t nb = bcast == 2 ? (size_t)br * g.ldb : (size_t)g.stride_b * batch, nc = (size_t)g.stride_c * batch;
     size_t ea = tetra_dtype_size(gc->at), eb = tetra_dtype_size(gc->bt), ec = tetra_dtype_size(gc->ct);
     void *a = make_operand(gc->at, na, 64.0f), *b = make_operand(gc->bt, nb, 16.0f);
     // C: random when beta != 0, else NaN (beta = 0 must not read C)
@@ -1023,7 +1025,10 @@ static void run_gemm_c(const gemm_case *gc, int sep_c) {
              cuda_gemm_last_path());
     snprintf(shape, sizeof shape, "%c%c m%d n%d k%d%s%s b%d a%.2g b%.2g%s%s", gc->ta ? 'T' : 'N', gc->tb ? 'T' : 'N',
              gc->m, gc->n, gc->k, gc->pad ? " pad" : "", gc->scales == 1 ? " tw" : (gc->scales == 2 ? " rw" : ""),
-             batch, (double)gc->alpha, (double)gc->beta, gc->fast ? " fast" : "", "");
+             batch, (double)gc->alpha, (double)gc->beta, gc->fast ? " fast" : "",
+             bcast == 1       ? " A shared"
+                 : bcast == 2 ? " B shared"
+                              : "");
     check_close(name, shape, got, ref, nc, gc->tol);
     free(a);
     free(b);
@@ -1040,7 +1045,7 @@ static void run_gemm_c(const gemm_case *gc, int sep_c) {
     if (dsb) G->release(dsb);
 }
 
-static void run_gemm(const gemm_case *gc) { run_gemm_c(gc, 0); }
+static void run_gemm(const gemm_case *gc) { run_gemm_c(gc, 0, 0); }
 
 static void test_gemm(void) {
     const tetra_dtype F = TETRA_F32, B = TETRA_BF16, E4 = TETRA_FP8_E4M3, E5 = TETRA_FP8_E5M2;
@@ -1112,7 +1117,16 @@ static void test_gemm(void) {
         {E4, E4, B, 0, 1, 32, 64, 48, 0, 1, 1.0f, 1.0f, 2, 0, 1e-2},  // fp8 rowwise
         {F, F, F, 0, 1, 9, 7, 0, 1, 2, 1.0f, 0.5f, 0, 0, 0.0},        // k = 0, batched
     };
-    for (size_t i = 0; i < sizeof sep / sizeof sep[0]; i++) run_gemm_c(&sep[i], 1);
+    for (size_t i = 0; i < sizeof sep / sizeof sep[0]; i++) run_gemm_c(&sep[i], 1, 0);
+    // two linears of one input as one batched GEMM (the model's wk/wv and w1/w3): the
+    // forward reads x in both items (y = x W^T), the weight gradient too (dW += dy^T x)
+    const gemm_case pair[] = {
+        {B, B, B, 0, 1, 64, 48, 80, 0, 2, 1.0f, 0.0f, 0, 0, 1e-2}, // bf16 forward: A (x) shared
+        {B, B, F, 1, 0, 48, 80, 64, 0, 2, 1.0f, 1.0f, 0, 0, 1e-2}, // bf16 weight gradient, accumulated: B (x) shared
+        {F, F, F, 0, 1, 33, 21, 40, 0, 2, 1.0f, 0.0f, 0, 0, 1e-5}, // fp32 forward
+        {F, F, F, 1, 0, 21, 40, 33, 0, 2, 1.0f, 0.0f, 0, 0, 1e-5}, // fp32 weight gradient, overwritten
+    };
+    for (size_t i = 0; i < sizeof pair / sizeof pair[0]; i++) run_gemm_c(&pair[i], 0, pair[i].ta ? 2 : 1);
 }
 
 // ----------------------------------------------------------------------------
