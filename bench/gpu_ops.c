@@ -262,6 +262,36 @@ static void bench_fused_qkv(const dims *dm, const buffers *b) {
     TIME("wgrad fused qkv", O->gemm(b->dw, b->qkv, b->xn, &wg), 0, fl);
 }
 
+/* the model's pairs (wk with wv, w1 with w3) as one batched GEMM each, the input shared
+ * (batch stride 0): the forward and the weight gradient, against the two calls above */
+static void bench_paired(const dims *dm, const buffers *b) {
+    const int N = dm->N, C = dm->C;
+    const struct {
+        const char *name;
+        int out;
+        uint16_t *x;
+    } P[] = {{"wk+wv", dm->KVD, b->xn}, {"w1+w3", dm->F, b->xn}};
+    char lab[128];
+    GROUP = "block GEMMs (bf16)";
+    for (int i = 0; i < 2; i++) {
+        const int out = P[i].out;
+        const double fl = 2.0 * 2.0 * N * out * (double)C;
+        uint16_t *w = rnd((size_t)2 * out * C * 2), *y = rnd((size_t)2 * N * out * 2);
+        float *dw = rnd((size_t)2 * out * C * 4);
+        ops_gemm_desc f = desc(TETRA_BF16, TETRA_BF16, 0, 1, N, out, C, C, C, out, 0.f);
+        f.batch = 2, f.stride_b = (int64_t)out * C, f.stride_c = (int64_t)N * out;
+        snprintf(lab, sizeof lab, "fwd %s, one batched GEMM [2 x %d x %d x %d]", P[i].name, N, out, C);
+        TIME(lab, O->gemm(y, P[i].x, w, &f), 0, fl);
+        ops_gemm_desc wg = desc(TETRA_BF16, TETRA_F32, 1, 0, out, C, N, out, C, C, 1.f);
+        wg.batch = 2, wg.stride_a = (int64_t)N * out, wg.stride_c = (int64_t)out * C;
+        snprintf(lab, sizeof lab, "wgrad %s, one batched GEMM (fp32 C, beta 1)", P[i].name);
+        TIME(lab, O->gemm(dw, y, P[i].x, &wg), 0, fl);
+        O->release(w);
+        O->release(y);
+        O->release(dw);
+    }
+}
+
 static void bench_attention(const dims *dm, const buffers *b) {
     const int N = dm->N, D = dm->D, H = dm->H, KV = dm->KV;
     char lab[128];
@@ -435,6 +465,7 @@ int main(int argc, char **argv) {
     alloc_buffers(&dm, &b);
     bench_block_gemms(&dm, &b);
     bench_fused_qkv(&dm, &b);
+    bench_paired(&dm, &b);
     bench_attention(&dm, &b);
     bench_elementwise(&dm, &b);
     bench_float8(&dm, &b);
