@@ -928,6 +928,16 @@ void *llama3_acts_residual_grad(llama3_acts *a, int l) { return a->dres[res_inde
 
 /* The view of block l: kept fields from the microbatch, the others from the forward
  * scratch (forward) or the recompute slot (backward). */
+/* 1 when fields b0 and b1 (LLAMA3_KEEP_*) of block l's views come from one set of buffers
+ * (both kept, or both in the forward workspace or the recompute slot): carved in that
+ * order, the second lies past the first whatever the allocator did with the sets. The
+ * paired linears (lin_fwd_pair) are chosen on this, never on the addresses, so a step's
+ * op sequence is the same on every backend and in every run. */
+static int view_together(const llama3_model *m, const llama3_acts *a, int l, unsigned b0, unsigned b1) {
+    const unsigned keep = a->keep[local_block(m, l)];
+    return keep == LLAMA3_KEEP_ALL || !(keep & b0) == !(keep & b1);
+}
+
 static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
     const unsigned keep = a->keep[bl];
     if (keep == LLAMA3_KEEP_ALL) return a->kept[bl];
@@ -1343,6 +1353,7 @@ static void rows_run(void *user, size_t r0, size_t rows) {
     case ROWS_QKV:
         if (j->compute & LLAMA3_KEEP_Q) lin_fwd(m, pidx_block(m, l, P_WQ), AT(t->q, HD), AT(t->xn1, C), n, rr, 0.0f);
         if ((j->compute & (LLAMA3_KEEP_K | LLAMA3_KEEP_V)) == (LLAMA3_KEEP_K | LLAMA3_KEEP_V) &&
+            view_together(m, a, l, LLAMA3_KEEP_K, LLAMA3_KEEP_V) &&
             lin_fwd_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), AT(t->k, KVD), AT(t->v, KVD), AT(t->xn1, C),
                          n))
             break;
@@ -1352,6 +1363,7 @@ static void rows_run(void *user, size_t r0, size_t rows) {
     case ROWS_WO: lin_fwd_to(m, pidx_block(m, l, P_WO), TETRA_F32, tpf, AT(t->att, HD), n, rr, 0.0f); break;
     case ROWS_W13:
         if ((j->compute & (LLAMA3_KEEP_A | LLAMA3_KEEP_G)) == (LLAMA3_KEEP_A | LLAMA3_KEEP_G) &&
+            view_together(m, a, l, LLAMA3_KEEP_A, LLAMA3_KEEP_G) &&
             lin_fwd_pair(m, pidx_block(m, l, P_W1), pidx_block(m, l, P_W3), AT(t->a, F), AT(t->g, F), AT(t->xn2, C), n))
             break;
         if (j->compute & LLAMA3_KEEP_A) lin_fwd(m, pidx_block(m, l, P_W1), AT(t->a, F), AT(t->xn2, C), n, rr, 0.0f);
@@ -1868,7 +1880,8 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     if (!tp)
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, t->h, w_ffn_norm, n,
                          mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_W1), MODEL_OPERAND_X, xn, n) : NULL);
-    if (!lin_bwd_weight_pair(m, pidx_block(m, l, P_W1), pidx_block(m, l, P_W3), t->a, t->g, tp ? t->xn2 : xn, n)) {
+    if (!view_together(m, a, l, LLAMA3_KEEP_A, LLAMA3_KEEP_G) ||
+        !lin_bwd_weight_pair(m, pidx_block(m, l, P_W1), pidx_block(m, l, P_W3), t->a, t->g, tp ? t->xn2 : xn, n)) {
         lin_bwd_weight(m, pidx_block(m, l, P_W1), t->a, tp ? t->xn2 : xn, n);
         lin_bwd_weight(m, pidx_block(m, l, P_W3), t->g, tp ? t->xn2 : xn, n);
     }
@@ -1881,7 +1894,8 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n,
                          mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_X, xn, n) : NULL);
     lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
-    if (!lin_bwd_weight_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), t->k, t->v, tp ? t->xn1 : xn, n)) {
+    if (!view_together(m, a, l, LLAMA3_KEEP_K, LLAMA3_KEEP_V) ||
+        !lin_bwd_weight_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), t->k, t->v, tp ? t->xn1 : xn, n)) {
         lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
         lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
     }
