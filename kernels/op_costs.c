@@ -355,20 +355,23 @@ void opc_cast_transpose_to_fp8(op_cost *o, const op_cost_device *d, uint8_t *out
     kernel(o, es(xt) * n + 4.0 * cols, (double)n, 2.0 * n);
 }
 
+/* codes and scales in, out_bytes per element out */
+static void fp8_decode(op_cost *o, op_kind k, int rowwise, int rows, int cols, tetra_dtype fmt, double out_bytes) {
+    begin(o, k, "%dx%d %s%s", rows, cols, dt(fmt), rowwise ? " rowwise" : "");
+    const size_t n = rc(rows, cols);
+    if (n) kernel(o, (double)n + scale_bytes(rowwise, rows), out_bytes * n, (double)n);
+}
+
 void opc_cast_fp8_to_f32(op_cost *o, const op_cost_device *d, float *out, const uint8_t *q, const float *inv_scale,
                          int rowwise, int rows, int cols, tetra_dtype fmt) {
     (void)d, (void)out, (void)q, (void)inv_scale;
-    begin(o, OPK_CAST_FP8_TO_F32, "%dx%d %s%s", rows, cols, dt(fmt), rowwise ? " rowwise" : "");
-    const size_t n = rc(rows, cols);
-    if (n) kernel(o, (double)n + scale_bytes(rowwise, rows), 4.0 * n, (double)n);
+    fp8_decode(o, OPK_CAST_FP8_TO_F32, rowwise, rows, cols, fmt, 4.0);
 }
 
 void opc_cast_fp8_to_bf16(op_cost *o, const op_cost_device *d, uint16_t *out, const uint8_t *q, const float *inv_scale,
                           int rowwise, int rows, int cols, tetra_dtype fmt) {
     (void)d, (void)out, (void)q, (void)inv_scale;
-    begin(o, OPK_CAST_FP8_TO_BF16, "%dx%d %s%s", rows, cols, dt(fmt), rowwise ? " rowwise" : "");
-    const size_t n = rc(rows, cols);
-    if (n) kernel(o, (double)n + scale_bytes(rowwise, rows), 2.0 * n, (double)n);
+    fp8_decode(o, OPK_CAST_FP8_TO_BF16, rowwise, rows, cols, fmt, 2.0);
 }
 
 void opc_fp8_scale_from_amax(op_cost *o, const op_cost_device *d, float *scale, float *inv_scale, const float *amax,

@@ -926,8 +926,6 @@ static int res_index(const llama3_acts *a, int l) {
 void *llama3_acts_residual(llama3_acts *a, int l) { return a->res[res_index(a, l)]; }
 void *llama3_acts_residual_grad(llama3_acts *a, int l) { return a->dres[res_index(a, l)]; }
 
-/* The view of block l: kept fields from the microbatch, the others from the forward
- * scratch (forward) or the recompute slot (backward). */
 /* 1 when fields b0 and b1 (LLAMA3_KEEP_*) of block l's views come from one set of buffers
  * (both kept, or both in the forward workspace or the recompute slot): carved in that
  * order, the second lies past the first whatever the allocator did with the sets. The
@@ -938,6 +936,8 @@ static int view_together(const llama3_model *m, const llama3_acts *a, int l, uns
     return keep == LLAMA3_KEEP_ALL || !(keep & b0) == !(keep & b1);
 }
 
+/* The view of block l: kept fields from the microbatch, the others from the forward
+ * scratch (forward) or the recompute slot (backward). */
 static layer_acts block_view(const llama3_acts *a, int bl, int backward) {
     const unsigned keep = a->keep[bl];
     if (keep == LLAMA3_KEEP_ALL) return a->kept[bl];

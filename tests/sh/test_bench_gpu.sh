@@ -50,16 +50,21 @@ f=$(grep -c -- '--metrics.log_freq 10 ' "$T/bin/calls")
   bad "tetra's calls: $n with AC full, $f logging every 10th step: $(cat "$T/bin/calls")"
 grep -q '^| case (AC full) |' "$T/table" && ok "the table names the AC both sides ran" || bad "header: $(head -1 "$T/table")"
 
+# bench_case CASE ROW PATTERN WHAT: the case exits 0, runs tetra twice with arguments
+# matching PATTERN (grep), and prints its own row
+bench_case() {
+  rm -f "$T/bin/calls"
+  TETRA_BIN="$T/bin" BENCH_OUT="$T/out_$1" PYTORCH=none CASES="$1" bash "$ROOT/bench/gpu" >"$T/table_$1" 2>"$T/err_$1"
+  local rc=$? n
+  n=$(grep -c -- "$3" "$T/bin/calls" 2>/dev/null)
+  [ $rc = 0 ] && [ "$n" = 2 ] && grep -q "^| $2 |" "$T/table_$1" && ok "$1 runs $4, twice, as row $2" ||
+    bad "$1: exit $rc, $n matching runs: $(tail -3 "$T/err_$1") $(grep '^|' "$T/table_$1" | tail -1)"
+}
+
 # the 8-block float8 case: 8 blocks, the converter, its own row
-rm -f "$T/bin/calls"
-TETRA_BIN="$T/bin" BENCH_OUT="$T/out8" PYTORCH=none CASES=8b8_float8_rowwise bash "$ROOT/bench/gpu" >"$T/table8" \
-  2>"$T/err8"
-rc=$?
-n=$(grep -c -- '--model.n_layers 8 .*--model.converters float8 --quantize.linear.float8.recipe_name rowwise' \
-  "$T/bin/calls" 2>/dev/null)
-[ $rc = 0 ] && [ "$n" = 2 ] && grep -q '^| 8b_8layers_float8_rowwise |' "$T/table8" &&
-  ok "8b8_float8_rowwise runs 8 blocks of 8B with rowwise float8, twice, as row 8b_8layers_float8_rowwise" ||
-  bad "8b8_float8_rowwise: exit $rc, $n matching runs: $(tail -3 "$T/err8") $(grep '^|' "$T/table8" | tail -1)"
+bench_case 8b8_float8_rowwise 8b_8layers_float8_rowwise \
+  '--model.n_layers 8 .*--model.converters float8 --quantize.linear.float8.recipe_name rowwise' \
+  "8 blocks of 8B with rowwise float8"
 
 for bad_env in "AC=selective" "PYTORCH=fastest" "STEPS=15" "REPEATS=0"; do
   env "$bad_env" TETRA_BIN="$T/bin" BENCH_OUT="$T/out2" CASES=debug bash "$ROOT/bench/gpu" >/dev/null 2>"$T/e2"
@@ -68,14 +73,9 @@ for bad_env in "AC=selective" "PYTORCH=fastest" "STEPS=15" "REPEATS=0"; do
 done
 
 # the document-mask case: the 8B slice with block_causal on the documents corpus, its own row
-rm -f "$T/bin/calls"
-TETRA_BIN="$T/bin" BENCH_OUT="$T/outd" PYTORCH=none CASES=8b_docmask bash "$ROOT/bench/gpu" >"$T/tabled" 2>"$T/errd"
-rc=$?
-n=$(grep -c -- '--model.n_layers 4 .*--training.dataset_path [^ ]*llama3_sized_docs --model.attn_mask_type block_causal' \
-  "$T/bin/calls" 2>/dev/null)
-[ $rc = 0 ] && [ "$n" = 2 ] && grep -q '^| 8b_4layers_docmask |' "$T/tabled" &&
-  ok "8b_docmask runs the 4-block 8B slice with block_causal on the documents corpus, twice" ||
-  bad "8b_docmask: exit $rc, $n matching runs: $(tail -3 "$T/errd") $(grep '^|' "$T/tabled" | tail -1)"
+bench_case 8b_docmask 8b_4layers_docmask \
+  '--model.n_layers 4 .*--training.dataset_path [^ ]*llama3_sized_docs --model.attn_mask_type block_causal' \
+  "the 4-block 8B slice with block_causal on the documents corpus"
 
 # the PyTorch side's script, on the CPU
 if "$PY" -c "import torch" 2>/dev/null; then
