@@ -1,6 +1,7 @@
 /* estimate.c — the memory and time model of `tetra plan` (see estimate.h). */
 #include "plan/estimate.h"
 #include "plan/internal.h"
+#include "plan/ops.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,10 +31,39 @@ typedef struct {
     double hw_flops; /* FLOPs computed, recompute included */
 } stage_time;
 
+/* A unit's phase ph over `rows` rows of one microbatch, its per-step part spread over the
+ * step's microbatches, divided among the tensor-parallel ranks. */
+static double unit_phase(const plan_unit_time *u, int ph, double rows, double tp, double mb_per_step) {
+    return (u->per_row[ph] * rows + u->per_step[ph] / mb_per_step) / tp;
+}
+
+/* A GPU profile's stage times from the trainer's recorded ops (plan/ops.h): every op but
+ * attention from the op sequence, attention (t_attn forward, t_rattn recomputed) from the
+ * keys a row sees. Recompute reruns the forward's ops in the share of its GEMM FLOPs the
+ * AC policy repeats. */
+static void op_times_stage(stage_time *st, const plan_op_times *ot, const trainer_plan *p, int k, double rows,
+                           double tp, double mb_per_step, double t_attn, double t_rattn) {
+    const double nb = p->stage_blocks[k];
+    double ph[PLAN_PHASES];
+    for (int x = 0; x < PLAN_PHASES; x++) {
+        ph[x] = nb * unit_phase(&ot->block, x, rows, tp, mb_per_step);
+        if (p->stage_head[k]) ph[x] += unit_phase(&ot->head, x, rows, tp, mb_per_step);
+        if (p->stage_embedding[k]) ph[x] += unit_phase(&ot->embedding, x, rows, 1.0, mb_per_step);
+    }
+    const double share = ot->block_gemm_flops_fwd_row > 0
+        ? p->stage_recompute_flops[k] / (ot->block_gemm_flops_fwd_row / tp)
+        : 0.0; /* blocks' worth of forward the backward repeats */
+    const double t_recompute = share * ot->block.per_row[PLAN_FWD] * rows / tp + t_rattn;
+    st->f = ph[PLAN_FWD] + t_attn;
+    st->i = ph[PLAN_BWD_I] + 2.5 * t_attn + t_recompute;
+    st->w = ph[PLAN_BWD_W];
+}
+
 /* The roofline of one microbatch on one stage of rank plan p (index k of its stages). */
 /* keys: the keys a query row sees on average (T/2 causal; fewer under a document mask) */
 static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a, double keys,
-                             const cfg_parallel_dims *d, const plan_hw *hw, int float8) {
+                             const cfg_parallel_dims *d, const plan_hw *hw, int float8, const plan_op_times *ot,
+                             double mb_per_step) {
     stage_time st = {0, 0, 0, 0, 0};
     const double tp = d->tp, dim = a->dim, kv = (double)a->n_kv_heads * llama3_head_dim(a);
     const double ffn = (double)llama3_ffn_hidden(a), V = a->vocab_size;
@@ -64,6 +94,9 @@ static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a,
     /* flash attention's backward recomputes the scores: 2.5 x its forward */
     st.i = t_lin + 2.5 * t_attn + 2.0 * t_elem + t_recompute;
     st.w = t_lin;
+    if (ot)
+        op_times_stage(&st, ot, p, k, rows, tp, mb_per_step, t_attn,
+                       rows * p->stage_recompute_attention[k] * attn_block / attn_rate);
     st.attn = 3.5 * t_attn + rows * p->stage_recompute_attention[k] * attn_block / attn_rate;
     st.hw_flops = rows *
         (3.0 * (nb * lin_block + head) + 3.5 * nb * attn_block + p->stage_recompute_flops[k] +
@@ -138,6 +171,7 @@ typedef struct est {
     double es;                   /* bytes of an activation element */
     double intra, inter;         /* effective link bandwidths within and between nodes */
     const trainer_plan *p0, *pw; /* pipeline rank 0's plan, the worst rank's */
+    const plan_op_times *ot;     /* a GPU profile's op costs (NULL: a CPU profile's formulas) */
 } est;
 
 /* Whether a group over mesh dims [outer..MESH_TP] spans nodes, and the bandwidth it gets. */
@@ -152,7 +186,8 @@ static void estimate_compute(est *E) {
         const trainer_plan *p = &out->rank[pr];
         double busy = 0, fl = 0, at = 0;
         for (int k = 0; k < p->n_local && k < TRAINER_PLAN_MAX_STAGES; k++) {
-            stage_time st = stage_cost(p, k, &E->a, E->keys, E->d, E->hw, out->float8);
+            stage_time st =
+                stage_cost(p, k, &E->a, E->keys, E->d, E->hw, out->float8, E->ot, (double)E->n_mb * E->rounds);
             if (st.f > fmx) fmx = st.f;
             if (st.i > imax) imax = st.i;
             if (st.w > wmax) wmax = st.w;
@@ -298,6 +333,15 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     E.p0 = &out->rank[0];
     E.rounds = d->pp > 1 ? E.p0->accum : 1;
     E.n_mb = E.p0->n_microbatches;
+    plan_op_times ot;
+    if (!E.host_shared) {
+        char why[2048];
+        if (plan_op_times_record(cfg, hw, &ot, why, sizeof why)) {
+            snprintf(err, errlen, "tetra plan: recording the step's ops for %s: %s", hw->name, why);
+            return -1;
+        }
+        E.ot = &ot;
+    }
     estimate_compute(&E);
     E.es = E.p0->mixed ? 2.0 : 4.0;
     E.intra = hw->intra_node_bandwidth * hw->comm_efficiency;

@@ -9,10 +9,13 @@
  * (nccl.h, a model). The peak is the largest rank.
  *
  * Time is a roofline with stated overlap assumptions (docs/plan.md):
- *   - linear layers at peak x gemm_efficiency (float8 linears at the fp8 peak x
- *     fp8_gemm_efficiency), causal attention (half the score matrix) at peak x
- *     attention_efficiency, norms/activations/loss at memory_bandwidth x
- *     memory_efficiency; backward = 2 x forward; recompute as the AC policy drops;
+ *   - a GPU profile: every op but attention from the trainer's recorded op sequence
+ *     (plan/ops.h: one block, the head and the embedding, per row and per step), each op
+ *     at max(FLOPs / its unit's achieved rate, bytes / achieved bandwidth); a CPU
+ *     profile: linear layers at peak x gemm_efficiency, norms/activations/loss at
+ *     memory_bandwidth x memory_efficiency, backward = 2 x forward;
+ *   - causal attention (half the score matrix) at the bf16 peak x attention_efficiency,
+ *     backward 2.5 x forward; recompute as the AC policy drops;
  *   - pipeline: the schedule's simulator with the slowest stage's F, I and W times
  *     and one activation transfer per cross-rank dependency;
  *   - FSDP all-gather / reduce-scatter overlap with compute; only what exceeds

@@ -27,7 +27,9 @@ typedef struct {
     double intra_node_bandwidth; /* bytes/s per device per direction */
     double inter_node_bandwidth; /* bytes/s per device per direction */
     int gpus_per_node;
-    double gemm_efficiency; /* fractions of the peaks above that training reaches */
+    /* fractions of the rates above that the operations themselves reach (a GEMM of the
+     * dtype, fused attention; fp8 GEMMs without their casts, which are ops of their own) */
+    double gemm_efficiency;
     double fp8_gemm_efficiency;
     double attention_efficiency;
     double comm_efficiency;            /* of intra_node_bandwidth */

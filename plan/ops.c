@@ -521,6 +521,152 @@ static int record_config(recording *r, const tetra_config *cfg, int without_floa
     return rc;
 }
 
+/* ---------------------------------------------------------------------------- the step time's op costs */
+
+/* An op at the profile's achieved rates: max(FLOPs / its unit's rate, bytes / bandwidth). */
+static double achieved_time(const op_cost *c, const plan_hw *hw) {
+    const double bf16 = hw->peak_bf16_flops * hw->gemm_efficiency;
+    const double rate[OPC_FLOP_KINDS] = {
+        [OPC_FLOP_GEMM_BF16] = bf16,
+        [OPC_FLOP_GEMM_FP8] = hw->peak_fp8_flops > 0 ? hw->peak_fp8_flops * hw->fp8_gemm_efficiency : bf16,
+        [OPC_FLOP_GEMM_F32] = hw->peak_fp32_flops * hw->gemm_efficiency,
+        [OPC_FLOP_ATTN_TC] = hw->peak_bf16_flops * hw->attention_efficiency,
+        [OPC_FLOP_ATTN_F32] = hw->peak_fp32_flops * hw->attention_efficiency,
+        [OPC_FLOP_ELEMENT] = hw->peak_fp32_flops,
+    };
+    double tc = 0.0;
+    for (int k = 0; k < OPC_FLOP_KINDS; k++)
+        if (c->flops[k] > 0) tc += c->flops[k] / rate[k];
+    const double tm = (c->read + c->written) / (hw->memory_bandwidth * hw->memory_efficiency);
+    return tc > tm ? tc : tm;
+}
+
+static int is_attention(op_kind k) {
+    return k == OPK_ATTENTION_FORWARD || k == OPK_ATTENTION_BACKWARD || k == OPK_ATTENTION_MERGE ||
+        k == OPK_ATTENTION_FORWARD_BF16 || k == OPK_ATTENTION_BACKWARD_BF16;
+}
+
+/* One recording's time outside attention per unit and phase (seconds), and the block's
+ * forward GEMM FLOPs. */
+typedef struct {
+    double t[3][PLAN_PHASES]; /* block, head, embedding */
+    double gemm_fwd;
+} unit_times;
+
+static void unit_times_of(const recording *r, const plan_hw *hw, unit_times *u) {
+    memset(u, 0, sizeof *u);
+    for (size_t i = 0; i < r->n; i++) {
+        const op_cost *c = &r->rec[i].cost;
+        if (is_attention(c->op)) continue;
+        const double t = achieved_time(c, hw);
+        switch (r->sec[i]) {
+        case SEC_FWD:
+            u->t[0][PLAN_FWD] += t;
+            if (c->op == OPK_GEMM)
+                for (int k = OPC_FLOP_GEMM_BF16; k <= OPC_FLOP_GEMM_F32; k++) u->gemm_fwd += c->flops[k];
+            break;
+        case SEC_BWD_I: u->t[0][PLAN_BWD_I] += t; break;
+        case SEC_BWD_W: u->t[0][PLAN_BWD_W] += t; break;
+        case SEC_HEAD_FWD: u->t[1][PLAN_FWD] += t; break;
+        case SEC_HEAD_BWD_I: u->t[1][PLAN_BWD_I] += t; break;
+        case SEC_HEAD_BWD_W: u->t[1][PLAN_BWD_W] += t; break;
+        case SEC_EMBEDDING: u->t[2][strncmp(r->span[i], "forward", 7) ? PLAN_BWD_I : PLAN_FWD] += t; break;
+        default: break;
+        }
+    }
+}
+
+/* What changes the ops of a block, the head and the embedding, and their rates. */
+static void op_times_key(char *key, size_t n, const tetra_config *cfg, const tetra_job *job, const plan_hw *hw) {
+    const llama3_args *a = llama3_args_of(&job->model);
+    const tetra_config_values *v = &cfg->v;
+    int w = snprintf(key, n, "%s %d %d %d %d %d %a %a|%s %s|%s %s %d|%s %a %a %a %a %a %a %a %a", a->flavor, a->dim,
+                     a->n_heads, a->n_kv_heads, a->vocab_size, a->multiple_of, a->ffn_dim_multiplier, a->norm_eps,
+                     v->training.dtype, v->training.mixed_precision_param, v->quantize_linear_float8.recipe_name,
+                     job->float8 ? "f8" : "-", v->quantize_linear_float8.emulate, hw->name, hw->peak_bf16_flops,
+                     hw->peak_fp8_flops, hw->peak_fp32_flops, hw->memory_bandwidth, hw->gemm_efficiency,
+                     hw->fp8_gemm_efficiency, hw->memory_efficiency, hw->attention_efficiency);
+    for (int i = 0; i < v->quantize_linear_float8.filter_fqns.n && w > 0 && (size_t)w < n; i++)
+        w += snprintf(key + w, n - (size_t)w, "|%s", v->quantize_linear_float8.filter_fqns.items[i]);
+    for (int i = 0; i < v->model.converters.n && w > 0 && (size_t)w < n; i++)
+        w += snprintf(key + w, n - (size_t)w, "|%s", v->model.converters.items[i]);
+}
+
+/* base (a recording config) cut to what the fit records: 3 blocks (the middle one is
+ * measured), one sequence of `rows` tokens a step, AC none */
+static int record_rows(recording *r, const tetra_config *base, int rows, const op_cost_device *dev, const plan_hw *hw,
+                       char *err, size_t errlen) {
+    tetra_config c;
+    char seq[32];
+    snprintf(seq, sizeof seq, "%d", rows);
+    const char *kv[] = {"model.n_layers", "3", "training.seq_len", seq, "training.local_batch_size", "1",
+                        "training.global_batch_size", "-1", "activation_checkpoint.mode", "none",
+                        /* offload moves the optimizer, not a block's ops, and pins real host memory */
+                        "training.enable_cpu_offload", "false"};
+    if (plan_cfg_with(&c, base, kv, (int)(sizeof kv / sizeof *kv) / 2, err, errlen)) return -1;
+    tetra_job job;
+    int rc = job_resolve(&c, 1, &job, err, errlen) || plan_check_llama(&job, err, errlen) ? -1 : 0;
+    if (!rc) rc = record(r, &c, &job, dev, hw, 1, err, errlen) ? -1 : 0;
+    cfg_free(&c);
+    return rc;
+}
+
+int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, plan_op_times *out, char *err, size_t errlen) {
+    /* a layout search alternates a few models (float8 on and off): keep several */
+    static struct {
+        char key[4096];
+        plan_op_times t;
+    } cache[8];
+    static int next;
+    tetra_config base;
+    if (recording_config(&base, cfg, 0, err, errlen)) return -1;
+    tetra_job job;
+    if (job_resolve(&base, 1, &job, err, errlen) || plan_check_llama(&job, err, errlen)) {
+        cfg_free(&base);
+        return -1;
+    }
+    char key[4096];
+    op_times_key(key, sizeof key, &base, &job, hw);
+    for (int i = 0; i < (int)(sizeof cache / sizeof *cache); i++)
+        if (cache[i].key[0] && !strcmp(key, cache[i].key)) {
+            cfg_free(&base);
+            *out = cache[i].t;
+            return 0;
+        }
+    host_start(NULL, NULL);
+    const op_cost_device dev = op_cost_device_h100();
+    /* two row counts where every GEMM of a Llama block is compute-bound: the fit is exact
+     * for ops linear in the rows, which all but attention are */
+    const int R[2] = {4096, 8192};
+    unit_times u[2];
+    for (int k = 0; k < 2; k++) {
+        recording r;
+        const int rc = record_rows(&r, &base, R[k], &dev, hw, err, errlen);
+        ops_record_release();
+        if (rc) {
+            recording_free(&r);
+            cfg_free(&base);
+            return -1;
+        }
+        unit_times_of(&r, hw, &u[k]);
+        recording_free(&r);
+    }
+    memset(out, 0, sizeof *out);
+    plan_unit_time *unit[3] = {&out->block, &out->head, &out->embedding};
+    for (int x = 0; x < 3; x++)
+        for (int ph = 0; ph < PLAN_PHASES; ph++) {
+            const double b = (u[1].t[x][ph] - u[0].t[x][ph]) / (R[1] - R[0]);
+            unit[x]->per_row[ph] = b;
+            unit[x]->per_step[ph] = fmax(0.0, u[0].t[x][ph] - b * R[0]);
+        }
+    out->block_gemm_flops_fwd_row = u[1].gemm_fwd / R[1];
+    cfg_free(&base);
+    snprintf(cache[next].key, sizeof cache[next].key, "%s", key);
+    cache[next].t = *out;
+    next = (next + 1) % (int)(sizeof cache / sizeof *cache);
+    return 0;
+}
+
 int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int json) {
     if (plan_hw_is_host(hw)) {
         fprintf(stderr,

@@ -32,4 +32,32 @@ int plan_ops_run(const tetra_config *cfg, const tetra_ops *ops, int init_weights
  * stdout; the exit status (0, 1 when the step cannot be recorded, 2 for a bad block). */
 int plan_ops_main(const tetra_config *cfg, const plan_hw *hw, int block, int json);
 
+/* The phases of a unit's work in one microbatch. */
+enum { PLAN_FWD = 0, PLAN_BWD_I, PLAN_BWD_W, PLAN_PHASES };
+
+/* One unit's time outside attention, from its recorded ops: each op at
+ * max(FLOPs / its unit's achieved rate, bytes / achieved bandwidth), the profile's
+ * datasheet rates times its efficiencies. per_row: seconds per row of a microbatch;
+ * per_step: seconds once per optimizer step (float8's weight casts, taken at the first
+ * use after an update). */
+typedef struct {
+    double per_row[PLAN_PHASES];
+    double per_step[PLAN_PHASES];
+} plan_unit_time;
+
+/* What `tetra plan`'s step time takes from the op sequence of a GPU profile: one
+ * transformer block (a middle one, AC none, one rank), the head (norm, output, loss) and
+ * the embedding. */
+typedef struct {
+    plan_unit_time block, head, embedding;
+    double block_gemm_flops_fwd_row; /* the block's forward GEMM FLOPs per row */
+} plan_op_times;
+
+/* cfg's block, head and embedding recorded on one rank at two row counts (the model cut
+ * to 3 blocks, parallel degrees 1, AC none), each phase fitted as per_step + per_row x
+ * rows. Attention is left out: its cost grows with the keys a row sees (the caller's
+ * model). The last few answers are kept by model, precision and profile, so a search
+ * over layouts records each once. MPI is started if it is not. 0, or -1 with err. */
+int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, plan_op_times *out, char *err, size_t errlen);
+
 #endif

@@ -15,7 +15,14 @@ without its NCCL line (peak_memory_gib - memory.nccl_gib); NCCL's GiB and commun
 are their own column, and `fits` is the whole peak's. The last line gives the largest
 memory deviation both ways.
 
+After the table it plans Megatron-Bridge's published Llama 3 8B FP8 run (8 x H100 SXM,
+FSDP 8, global batch 128, seq 8192, AC none: 14,451 tokens/s/GPU) on h100-sxm.
+
+With --max-speed / --max-memory it exits 1 when a row cannot be planned or a ratio lies
+further from 1 than that (the memory ratio without NCCL's line).
+
 usage: bench/plan/torchtitan_h100.py [--tetra build/bin/tetra] [--hardware h100-96gb]
+                                     [--max-speed 0.18] [--max-memory 0.15]
 """
 import argparse
 import json
@@ -72,7 +79,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tetra", default="build/bin/tetra")
     ap.add_argument("--hardware", default="h100-96gb")
+    ap.add_argument("--max-speed", type=float, default=None)
+    ap.add_argument("--max-memory", type=float, default=None)
     a = ap.parse_args()
+    failed = 0
     print("| # | layout | variant | TorchTitan tok/s/GPU | plan tok/s/GPU | ratio | TorchTitan GiB |"
           " plan GiB without NCCL | ratio | NCCL GiB (communicators) | bubble | fits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -84,6 +94,7 @@ def main():
         if not p.stdout.strip().startswith("{"):
             print("| %s | %s | %s | %d | cannot run: %s | | %.1f | | | | | |" %
                   (row, layout, variant, tps, (p.stderr.strip() or p.stdout.strip())[:200], gib))
+            failed = 1
             continue
         o = json.loads(p.stdout)
         nccl = o["memory"]["nccl_gib"]
@@ -97,7 +108,24 @@ def main():
                o["memory"]["nccl"]["communicators"], 100 * o["bubble_fraction"], "yes" if o["fits"] else "no"))
     print("\nlargest deviation: tokens/s/GPU %.0f%%, memory %.0f%% without NCCL (%.0f%% with it)" %
           (100 * worst_t, 100 * worst_m, 100 * worst_w))
-    return 0
+    mb = ["--training.local_batch_size", "1", "--training.global_batch_size", "128",
+          "--activation_checkpoint.mode", "none"] + F8
+    p = subprocess.run([a.tetra, "plan", "--job.config_file", C8, "--ngpu", "8", "--hardware", "h100-sxm", "--json"]
+                       + mb, capture_output=True, text=True)
+    if p.stdout.strip().startswith("{"):
+        t = json.loads(p.stdout)["tokens_per_s_per_gpu"]
+        print("Megatron-Bridge 8B FP8 (8 x H100 SXM, FSDP 8, global batch 128, seq 8192, AC none): published "
+              "14451 tokens/s/GPU, plan %.0f on h100-sxm (ratio %.2f)" % (t, t / 14451))
+    else:
+        print("Megatron-Bridge 8B FP8: cannot run: %s" % (p.stderr.strip() or p.stdout.strip())[:200])
+        failed = 1
+    if a.max_speed is not None and worst_t > a.max_speed:
+        print("tokens/s/GPU off by more than %.0f%%" % (100 * a.max_speed))
+        failed = 1
+    if a.max_memory is not None and worst_m > a.max_memory:
+        print("memory off by more than %.0f%%" % (100 * a.max_memory))
+        failed = 1
+    return failed
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@
 #      prepare` recorded equal an independent evaluation of the same histogram (rounded
 #      to an integer), the step is shorter than causal's, and a corpus without recorded
 #      lengths is planned as causal and says so.
+#   7. Every row of TorchTitan's published H100 table (bench/plan/torchtitan_h100.py,
+#      h100-96gb, the step time from the recorded op sequence) is within 18 % in
+#      tokens/s/GPU and 15 % in memory without NCCL's line, and Megatron-Bridge's 8B FP8
+#      run is planned on h100-sxm.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
@@ -268,6 +272,12 @@ print("block_causal plan: %.0f pairs a sequence (%.1f%% of causal), step %.2f ms
 EOF
 then ok "block_causal planned from the corpus's document lengths"
 else bad "block_causal plan: $(cat "$T/dm.err")"; fi
+
+# 7. TorchTitan's published H100 rows: within 18 % in speed, 15 % in memory (without NCCL)
+if (cd "$ROOT" && python3 bench/plan/torchtitan_h100.py --tetra "$TETRA" --max-speed 0.18 --max-memory 0.15) \
+  >"$T/tt.out" 2>&1 && grep -q "^Megatron-Bridge 8B FP8 .* plan [0-9]* on h100-sxm" "$T/tt.out"; then
+  ok "TorchTitan's H100 table: $(grep '^largest deviation' "$T/tt.out")"
+else bad "TorchTitan's H100 table"; cat "$T/tt.out"; fi
 
 echo "test_plan: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
