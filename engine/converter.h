@@ -46,6 +46,9 @@ typedef struct {
     comm_group *shard;      /* the FSDP group the parameters are sharded over (dp_shard x cp) */
     comm_group *tp;         /* tensor parallel (NULL: none) */
     const model_args *args; /* the model's family and hyperparameters */
+    /* the weights are gathered and freed around each use (FSDP over more than one rank,
+     * or a recording standing for such a rank): nothing derived from them outlives a use */
+    int weights_per_use;
 } converter_env;
 
 typedef struct tetra_converter {

@@ -94,6 +94,9 @@ typedef struct {
      * table computes nothing, so no value is ever read) */
     const tetra_ops *ops;
     int skip_weight_init;
+    /* a recording run of one rank standing for a rank of a sharded (FSDP) layout: the
+     * converters treat the weights as gathered and freed around each use */
+    int weights_per_use;
 } trainer_options;
 
 /* Collective over MPI_COMM_WORLD. 0 with *out set, or an exit code (the error is

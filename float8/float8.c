@@ -38,6 +38,11 @@ typedef struct {
     float *dy_amax; /* [1] */
     const void *dy_key;
     int dy_n;
+    /* tensorwise: that call cast dy and its transpose in one pass; the transposed codes
+     * wait in the ring (float8_model.ring) from byte dyt_at of its running count, with
+     * their dequant factor, for the weight gradient (-1: none) */
+    float *dy_inv; /* [1] */
+    long long dyt_at;
     /* tensorwise: amaxes the model's producers write (amax_slot) for the next call on
      * the operand at pend[which] with pend_n rows: x's into x_amax, dy's into dy_amax */
     float *x_amax; /* [1] */
@@ -73,7 +78,13 @@ struct float8_model {
     uint8_t *qa, *qb;                                     /* [max(operand, weight)] quantised operands */
     float *amax_a, *sc_a, *inv_a, *amax_b, *sc_b, *inv_b; /* [max(max_rows, max_dim)] */
     float *pre_amax; /* [n] the weights' amaxes (each f8_lin.w_amax is one of them) */
-    int cache_w;     /* tensorwise weights quantised once per step (f8_lin.qw) */
+    /* tensorwise: a ring of transposed output-gradient codes (f8_lin.dyt_at), sized for
+     * the largest group of linears that the model runs between one input-gradient pass
+     * and its weight pass (a block's); ring_used counts every byte ever taken */
+    uint8_t *ring;
+    size_t ring_cap;
+    long long ring_used;
+    int cache_w; /* tensorwise weights quantised once per step (f8_lin.qw) */
     /* the last call of any converted linear (CALL_*, its linear, x and rows): its x's codes
      * are still in qa (forward) or qb (weight gradient) */
     const model_linear *last_lin;
@@ -353,6 +364,29 @@ static void tw_forward(const model_linear_env *e, const model_linear *l, tetra_d
     chain_note(f, l, CALL_FORWARD, x, n, row0);
 }
 
+/* `bytes` of the ring for codes that must outlive the calls of other linears: the start
+ * of the region, its place in the running count at *at; NULL when the ring is smaller.
+ * A region that does not fit before the ring's end starts at its beginning. */
+static uint8_t *ring_take(struct float8_model *f, size_t bytes, long long *at) {
+    const size_t need = (bytes + 63) & ~(size_t)63;
+    if (!f->ring || need > f->ring_cap) return NULL;
+    size_t off = (size_t)(f->ring_used % (long long)f->ring_cap);
+    if (off + need > f->ring_cap) {
+        f->ring_used += (long long)(f->ring_cap - off);
+        off = 0;
+    }
+    *at = f->ring_used;
+    f->ring_used += (long long)need;
+    return f->ring + off;
+}
+
+/* The region taken at `at` of `bytes`, if nothing taken since has reached it. */
+static const uint8_t *ring_held(const struct float8_model *f, long long at, size_t bytes) {
+    const long long need = (long long)((bytes + 63) & ~(size_t)63);
+    if (at < 0 || f->ring_used - at > (long long)f->ring_cap || f->ring_used - at < need) return NULL;
+    return f->ring + (size_t)(at % (long long)f->ring_cap);
+}
+
 /* dx = dy W: dy e5m2 [n, out] . W^T e4m3 [in, out], both K-major. A whole operand's amax
  * is kept for the weight gradient, which reads the same dy. */
 static void tw_backward_input(const model_linear_env *e, const model_linear *l, tetra_dtype dxt, void *dx,
@@ -365,9 +399,12 @@ static void tw_backward_input(const model_linear_env *e, const model_linear *l, 
     if (!ady) ady = operand_amax(s, MODEL_OPERAND_DY, row0, dy, n, out, 0, keep ? s->dy_amax : f->amax_a);
     s->dy_key = keep ? dy : NULL;
     s->dy_n = n;
-    f->ops->fp8_quantize(f->qa, NULL, f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
-    fp8_gemm(f, dxt, dx, op_a(f, TETRA_FP8_E5M2), tw_weight(e, l, w, 1), 0, 1, n, in, out, out, out, in, 0, 0, beta,
-             NULL);
+    /* the weight gradient's dy^T from the same pass, where the ring holds it */
+    uint8_t *qt = keep ? ring_take(f, (size_t)n * (size_t)out, &s->dyt_at) : NULL;
+    if (!qt) s->dyt_at = -1;
+    f->ops->fp8_quantize(f->qa, qt, qt ? s->dy_inv : f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
+    const f8_operand a = {f->qa, qt ? s->dy_inv : f->inv_a, TETRA_FP8_E5M2};
+    fp8_gemm(f, dxt, dx, a, tw_weight(e, l, w, 1), 0, 1, n, in, out, out, out, in, 0, 0, beta, NULL);
     chain_note(f, l, CALL_NONE, NULL, 0, row0);
 }
 
@@ -383,12 +420,19 @@ static void tw_backward_weight(const model_linear_env *e, const model_linear *l,
     const tetra_ops *ops = f->ops;
     const int in = l->in, out = l->out;
     const float *ady = s->dy_amax;
-    if (!(s->dy_key == dy && s->dy_n == n && !e->tp)) {
-        x_amax(f, f->amax_a, dy, n, out, 0);
-        reduce_max(tp_if(e, l, MODEL_LINEAR_COLWISE), f->amax_a, 1);
-        ady = f->amax_a;
+    const int same_dy = s->dy_key == dy && s->dy_n == n && !e->tp;
+    f8_operand a = op_a(f, TETRA_FP8_E5M2);
+    const uint8_t *qt = same_dy ? ring_held(f, s->dyt_at, (size_t)n * (size_t)out) : NULL;
+    if (qt) {
+        a = (f8_operand){qt, s->dy_inv, TETRA_FP8_E5M2};
+    } else {
+        if (!same_dy) {
+            x_amax(f, f->amax_a, dy, n, out, 0);
+            reduce_max(tp_if(e, l, MODEL_LINEAR_COLWISE), f->amax_a, 1);
+            ady = f->amax_a;
+        }
+        ops->fp8_quantize(NULL, f->qa, f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
     }
-    ops->fp8_quantize(NULL, f->qa, f->inv_a, dy, f->cdt, ady, n, out, TETRA_FP8_E5M2);
     const float *ax = pending_amax(s, MODEL_OPERAND_X, x, n, -1);
     if (!chain_hit(f, l, CALL_WEIGHT, x, n, -1)) {
         if (!ax) {
@@ -398,8 +442,7 @@ static void tw_backward_weight(const model_linear_env *e, const model_linear *l,
         }
         ops->fp8_quantize(NULL, f->qb, f->inv_b, x, f->cdt, ax, n, in, TETRA_FP8_E4M3);
     }
-    fp8_gemm(f, TETRA_F32, dw, op_a(f, TETRA_FP8_E5M2), op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0, beta,
-             NULL);
+    fp8_gemm(f, TETRA_F32, dw, a, op_b(f, TETRA_FP8_E4M3), 0, 1, out, in, n, n, n, in, 0, 0, beta, NULL);
     chain_note(f, l, CALL_WEIGHT, x, n, -1);
 }
 
@@ -501,6 +544,37 @@ static int converts(const model_linear *l, const float8_config *c) {
     return float8_wants(c, name, (long)l->global_in, (long)l->global_out);
 }
 
+/* The length of the name's prefix up to its first all-digit part ("layers.3" of
+ * "layers.3.attention.wq.weight"): the repeated unit the linear belongs to; 0 without one. */
+static size_t unit_prefix(const char *name) {
+    for (const char *p = name; p && *p;) {
+        const char *end = strchr(p, '.');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len > 0 && strspn(p, "0123456789") == len) return (size_t)(p - name) + len;
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* The ring of transposed output-gradient codes: the model runs a unit's (a block's)
+ * input gradients, then its weight gradients, so the largest unit's codes at `rows` rows
+ * (each region 64-byte aligned, as ring_take takes them). */
+static size_t ring_bytes(model_linear *const *sel, int n, size_t rows) {
+    size_t best = 0;
+    for (int i = 0; i < n; i++) {
+        const char *a = sel[i]->name ? sel[i]->name : "";
+        const size_t la = unit_prefix(a);
+        size_t sum = 0;
+        for (int j = 0; j < n; j++) {
+            const char *b = sel[j]->name ? sel[j]->name : "";
+            if (unit_prefix(b) == la && !strncmp(a, b, la)) sum += ((size_t)sel[j]->out * rows + 63) & ~(size_t)63;
+        }
+        best = max_z(best, sum);
+    }
+    return best;
+}
+
 float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_ops *ops, tetra_dtype compute_dtype,
                              const float8_config *c, size_t max_rows, comm_group *shard, comm_group *tp, int dry_run,
                              char *err, size_t errlen) {
@@ -547,7 +621,7 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
     const int rows_any = c->recipe != FLOAT8_TENSORWISE;
     /* tensorwise weights quantised once per step where they stay whole on this rank: FSDP
      * frees its gathered weights between uses, so under it they are quantised at each use */
-    f->cache_w = c->recipe == FLOAT8_TENSORWISE && (!shard || comm_group_size(shard) <= 1);
+    f->cache_w = c->recipe == FLOAT8_TENSORWISE && !c->weights_per_use && (!shard || comm_group_size(shard) <= 1);
     /* one allocation, carved into 64-byte aligned views */
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
     size_t sz_lin = 0, cache_bytes = 0;
@@ -556,14 +630,16 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         sel[k] = lins[i];
         f->lin_param[k++] = lins[i]->param;
         const model_linear *l = lins[i];
-        sz_lin += 64 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
+        sz_lin += 80 + (rows_any ? (size_t)l->out + (size_t)l->in + 32 : 0) + 2 * (R + 16);
         if (f->cache_w) cache_bytes += 2 * ALIGN64((size_t)l->out * (size_t)l->in);
     }
 #define ALIGN16(x) (((x) + 15) & ~(size_t)15)
     size_t floats = ALIGN16(sz_lin) + (c->emulate ? 2 * ALIGN16(big) : 0) + 6 * ALIGN16(vec) +
         4 * ALIGN16((size_t)f->n + 1) +      /* pre_amax, pre_bf16 (as floats), pre_scale, pre_inv */
         2 * ALIGN16(2 * ((size_t)f->n + 1)); /* the stretches' int64 offsets and lengths */
-    f->bytes = floats * sizeof(float) + 2 * ALIGN16(big) + cache_bytes;
+    /* the ring serves whole operands, which a tensor-parallel rank never holds */
+    f->ring_cap = c->recipe == FLOAT8_TENSORWISE && (!tp || comm_group_size(tp) <= 1) ? ring_bytes(sel, f->n, R) : 0;
+    f->bytes = floats * sizeof(float) + 2 * ALIGN16(big) + cache_bytes + f->ring_cap;
     if (dry_run || f->n == 0) {
         free(sel);
         return f;
@@ -590,6 +666,9 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         p += 16;
         s->x_amax = p;
         p += 16;
+        s->dy_inv = p;
+        p += 16;
+        s->dyt_at = -1;
         if (rows_any) {
             s->w_row_amax = p;
             p += ALIGN16((size_t)l->out);
@@ -630,6 +709,7 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         f->lin[k].qwt = qc + wn;
         qc += 2 * wn;
     }
+    f->ring = f->ring_cap ? qc : NULL;
 #undef TAKE
 #undef ALIGN16
 #undef ALIGN64

@@ -57,6 +57,7 @@ typedef struct {
     int emulate;             /* dequantise and multiply in fp32 instead of the fp8 GEMM */
     int precompute_scales;   /* weight amaxes from the shards after each step (tensorwise) */
     int fsdp_fp8_all_gather; /* FSDP gathers the weights as e4m3 (tensorwise; implies precompute_scales) */
+    int weights_per_use;     /* the weights are gathered and freed around each use: quantise at each */
     int n_filter;
     const char *const *filter; /* [n_filter] linears whose name contains one stay high precision */
 } float8_config;

@@ -172,6 +172,7 @@ typedef struct est {
     double intra, inter;         /* effective link bandwidths within and between nodes */
     const trainer_plan *p0, *pw; /* pipeline rank 0's plan, the worst rank's */
     const plan_op_times *ot;     /* a GPU profile's op costs (NULL: a CPU profile's formulas) */
+    int sharded;                 /* FSDP: weights gathered per use, so ot's per-step parts recur each microbatch */
 } est;
 
 /* Whether a group over mesh dims [outer..MESH_TP] spans nodes, and the bandwidth it gets. */
@@ -186,8 +187,8 @@ static void estimate_compute(est *E) {
         const trainer_plan *p = &out->rank[pr];
         double busy = 0, fl = 0, at = 0;
         for (int k = 0; k < p->n_local && k < TRAINER_PLAN_MAX_STAGES; k++) {
-            stage_time st =
-                stage_cost(p, k, &E->a, E->keys, E->d, E->hw, out->float8, E->ot, (double)E->n_mb * E->rounds);
+            stage_time st = stage_cost(p, k, &E->a, E->keys, E->d, E->hw, out->float8, E->ot,
+                                       E->sharded ? 1.0 : (double)E->n_mb * E->rounds);
             if (st.f > fmx) fmx = st.f;
             if (st.i > imax) imax = st.i;
             if (st.w > wmax) wmax = st.w;
@@ -334,9 +335,10 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     E.rounds = d->pp > 1 ? E.p0->accum : 1;
     E.n_mb = E.p0->n_microbatches;
     plan_op_times ot;
+    E.sharded = d->dp_shard * d->cp > 1;
     if (!E.host_shared) {
         char why[2048];
-        if (plan_op_times_record(cfg, hw, &ot, why, sizeof why)) {
+        if (plan_op_times_record(cfg, hw, E.sharded, &ot, why, sizeof why)) {
             snprintf(err, errlen, "tetra plan: recording the step's ops for %s: %s", hw->name, why);
             return -1;
         }

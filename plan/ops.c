@@ -122,7 +122,7 @@ static void recording_free(recording *r) {
 /* cfg's step through the recording table; block < 0: the middle one. 0, -1 with err, or
  * -2 for a block outside the model. */
 static int record(recording *r, const tetra_config *cfg, const tetra_job *job, const op_cost_device *dev,
-                  const plan_hw *hw, int block, char *err, size_t errlen) {
+                  const plan_hw *hw, int block, int weights_per_use, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     const tetra_ops *ops = ops_record_table(dev, NULL);
     if (!ops) {
@@ -145,7 +145,7 @@ static int record(recording *r, const tetra_config *cfg, const tetra_job *job, c
         snprintf(err, errlen, "--block %d: the model has %d blocks (0 to %d)", block, r->n_layers, r->n_layers - 1);
         return -2;
     }
-    if (plan_ops_run(cfg, ops, 0, mark, NULL, err, errlen)) return -1;
+    if (plan_ops_run(cfg, ops, 0, weights_per_use, mark, NULL, err, errlen)) return -1;
     r->n = ops_record_count();
     r->rec = malloc((r->n ? r->n : 1) * sizeof *r->rec);
     r->span = calloc(r->n ? r->n : 1, sizeof *r->span);
@@ -515,7 +515,7 @@ static int record_config(recording *r, const tetra_config *cfg, int without_floa
     int rc = recording_config(&c, cfg, without_float8, err, errlen) ? -1 : 0;
     tetra_job job;
     if (!rc && (job_resolve(&c, 1, &job, err, errlen) || plan_check_llama(&job, err, errlen))) rc = -1;
-    if (!rc) rc = record(r, &c, &job, dev, hw, block, err, errlen);
+    if (!rc) rc = record(r, &c, &job, dev, hw, block, 0, err, errlen);
     if (!rc) r->microbatches = job.dims.grad_accum_steps;
     cfg_free(&c);
     return rc;
@@ -594,8 +594,8 @@ static void op_times_key(char *key, size_t n, const tetra_config *cfg, const tet
 
 /* base (a recording config) cut to what the fit records: 3 blocks (the middle one is
  * measured), one sequence of `rows` tokens a step, AC none */
-static int record_rows(recording *r, const tetra_config *base, int rows, const op_cost_device *dev, const plan_hw *hw,
-                       char *err, size_t errlen) {
+static int record_rows(recording *r, const tetra_config *base, int rows, int sharded, const op_cost_device *dev,
+                       const plan_hw *hw, char *err, size_t errlen) {
     tetra_config c;
     char seq[32];
     snprintf(seq, sizeof seq, "%d", rows);
@@ -606,12 +606,13 @@ static int record_rows(recording *r, const tetra_config *base, int rows, const o
     if (plan_cfg_with(&c, base, kv, (int)(sizeof kv / sizeof *kv) / 2, err, errlen)) return -1;
     tetra_job job;
     int rc = job_resolve(&c, 1, &job, err, errlen) || plan_check_llama(&job, err, errlen) ? -1 : 0;
-    if (!rc) rc = record(r, &c, &job, dev, hw, 1, err, errlen) ? -1 : 0;
+    if (!rc) rc = record(r, &c, &job, dev, hw, 1, sharded, err, errlen) ? -1 : 0;
     cfg_free(&c);
     return rc;
 }
 
-int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, plan_op_times *out, char *err, size_t errlen) {
+int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, int sharded, plan_op_times *out, char *err,
+                         size_t errlen) {
     /* a layout search alternates a few models (float8 on and off): keep several */
     static struct {
         char key[4096];
@@ -627,6 +628,7 @@ int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, plan_op_tim
     }
     char key[4096];
     op_times_key(key, sizeof key, &base, &job, hw);
+    snprintf(key + strlen(key), sizeof key - strlen(key), "|%d", sharded);
     for (int i = 0; i < (int)(sizeof cache / sizeof *cache); i++)
         if (cache[i].key[0] && !strcmp(key, cache[i].key)) {
             cfg_free(&base);
@@ -641,7 +643,7 @@ int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, plan_op_tim
     unit_times u[2];
     for (int k = 0; k < 2; k++) {
         recording r;
-        const int rc = record_rows(&r, &base, R[k], &dev, hw, err, errlen);
+        const int rc = record_rows(&r, &base, R[k], sharded, &dev, hw, err, errlen);
         ops_record_release();
         if (rc) {
             recording_free(&r);

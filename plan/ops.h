@@ -18,14 +18,16 @@
 #include "kernels/ops.h"
 
 /* One training step of cfg on one rank through the op table `ops`: the trainer is set
- * up (external batches of made-up tokens; the config's parallel degrees must all be 1),
+ * up (external batches of made-up tokens; the config's parallel degrees must all be 1;
+ * weights_per_use: the rank stands for one of an FSDP layout, whose converters treat
+ * the weights as gathered and freed around each use),
  * runs its warm-up microbatch and one step, then mark(user, 1), one more step with a
  * trace whose spans go to ops->range_push (no file is written), and mark(user, 0).
  * init_weights: draw the initial weights (a table that computes needs them; a
  * recording one reads no value). MPI must be initialised (a world of one rank is
  * enough). 0, or -1 with err. */
-int plan_ops_run(const tetra_config *cfg, const tetra_ops *ops, int init_weights, void (*mark)(void *user, int on),
-                 void *user, char *err, size_t errlen);
+int plan_ops_run(const tetra_config *cfg, const tetra_ops *ops, int init_weights, int weights_per_use,
+                 void (*mark)(void *user, int on), void *user, char *err, size_t errlen);
 
 /* The report of `tetra plan --job.config_file F ... --ops [--block N] [--json]` for the
  * hardware profile hw (its datasheet rates). block < 0: the middle one. Prints to
@@ -54,10 +56,12 @@ typedef struct {
 } plan_op_times;
 
 /* cfg's block, head and embedding recorded on one rank at two row counts (the model cut
- * to 3 blocks, parallel degrees 1, AC none), each phase fitted as per_step + per_row x
- * rows. Attention is left out: its cost grows with the keys a row sees (the caller's
+ * to 3 blocks, parallel degrees 1, AC none; sharded: as a rank of an FSDP layout, whose
+ * weights are gathered and freed around each use, so that its per_step parts recur
+ * every microbatch), each phase fitted as per_step + per_row x rows. Attention is left out: its cost grows with the keys a row sees (the caller's
  * model). The last few answers are kept by model, precision and profile, so a search
  * over layouts records each once. MPI is started if it is not. 0, or -1 with err. */
-int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, plan_op_times *out, char *err, size_t errlen);
+int plan_op_times_record(const tetra_config *cfg, const plan_hw *hw, int sharded, plan_op_times *out, char *err,
+                         size_t errlen);
 
 #endif

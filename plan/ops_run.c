@@ -29,8 +29,8 @@ static void step(trainer *t) {
     t->tc.step++;
 }
 
-int plan_ops_run(const tetra_config *cfg, const tetra_ops *ops, int init_weights, void (*mark)(void *user, int on),
-                 void *user, char *err, size_t errlen) {
+int plan_ops_run(const tetra_config *cfg, const tetra_ops *ops, int init_weights, int weights_per_use,
+                 void (*mark)(void *user, int on), void *user, char *err, size_t errlen) {
     tetra_job job;
     if (job_resolve(cfg, 1, &job, err, errlen)) return -1;
     trainer_options o;
@@ -38,6 +38,7 @@ int plan_ops_run(const tetra_config *cfg, const tetra_ops *ops, int init_weights
     o.external_batches = 1;
     o.ops = ops;
     o.skip_weight_init = !init_weights;
+    o.weights_per_use = weights_per_use;
     trainer *t = NULL;
     char why[2048] = "";
     log_capture(why, sizeof why);

@@ -3098,7 +3098,7 @@ static void lc_step(const char *what, const char *const *keys, int nkeys) {
     op_cost_device dev = sim_device();
     const tetra_ops *R = ops_record_table(&dev, G);
     int rc = cfg_parse_args(&cfg, argc, argv, stdout, err, sizeof err);
-    if (!rc) rc = plan_ops_run(&cfg, R, 1, lc_mark, NULL, err, sizeof err);
+    if (!rc) rc = plan_ops_run(&cfg, R, 1, 0, lc_mark, NULL, err, sizeof err);
     cfg_free(&cfg);
     if (rc) {
         fprintf(stderr, "%s: %s\n", what, err);

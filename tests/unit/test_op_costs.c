@@ -260,7 +260,7 @@ static int run(const char *const *keys, int nkeys, const tetra_ops *ops, int ini
     cfg_init(&cfg);
     char err[2048] = "";
     int rc = cfg_parse_args(&cfg, argc, argv, stdout, err, sizeof err);
-    if (!rc) rc = plan_ops_run(&cfg, ops, init, on_mark, NULL, err, sizeof err);
+    if (!rc) rc = plan_ops_run(&cfg, ops, init, 0, on_mark, NULL, err, sizeof err);
     cfg_free(&cfg);
     if (rc) fprintf(stderr, "run: %s\n", err);
     else take(out);
