@@ -17,6 +17,12 @@ library only: it runs with whatever python3 the GPU machine has).
       --weaken-above V, every reference to a GLIBC version newer than V is marked weak in place
       (VER_FLG_WEAK: the loader then accepts a libc without it, and an unversioned definition,
       e.g. a preloaded compat library, supplies the symbols); prints "FILE: VERSION symbol..."
+  gpu_check_tools.py profile-factors GPU_OPS_MD PROFILE [CARD]
+      the compute and memory factors of a `tetra plan` hardware profile from bench/gpu_ops's
+      table (GPU_OPS_MD): bf16 GEMMs (the block's seven linears, forward and both gradients),
+      fp8 GEMMs, fused attention (forward and backward) and the elementwise kernels, each
+      the measured rate over PROFILE's datasheet rate; prints them as the profile's lines,
+      each with the rate it comes from; exit 1 when a group is missing from the table
 
 runs.tsv (written by scripts/gpu_check, one run a line, tab-separated):
   name  ranks  precision  vs  ref  rc  seconds  skip  args
@@ -468,13 +474,71 @@ def glibc_needs(args):
     return 0
 
 
+def _toml_number(path, key):
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"\s*%s\s*=\s*([0-9.eE+-]+)" % re.escape(key), line)
+            if m:
+                return float(m.group(1))
+    raise KeyError(f"{path}: no {key}")
+
+
+def profile_factors(args):
+    if len(args) < 2:
+        print("usage: gpu_check_tools.py profile-factors GPU_OPS_MD PROFILE [CARD]", file=sys.stderr)
+        return 2
+    table, profile = args[0], args[1]
+    card = args[2] if len(args) > 2 else "this GPU"
+    peak16, peak8 = _toml_number(profile, "peak_bf16_flops"), _toml_number(profile, "peak_fp8_flops")
+    bandwidth = _toml_number(profile, "memory_bandwidth")
+    flops, secs, moved = {}, {}, {}
+    with open(table) as f:
+        for line in f:
+            c = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(c) < 5 or c[0] in ("group", "") or c[0].startswith("---"):
+                continue
+            group, op, ms, rate, mb = c[0], c[1], float(c[2]), c[3], c[4]
+            if group == "block GEMMs (bf16)" and re.match(r"(fwd|dgrad|wgrad) w[qkvo123]\b", op):
+                key = "gemm_efficiency"
+            elif group == "float8 tensorwise" and op.startswith("fp8 gemm"):
+                key = "fp8_gemm_efficiency"
+            elif group.startswith("attention"):
+                key = "attention_efficiency"
+            elif group == "elementwise (bf16)":
+                key = "memory_efficiency"
+            else:
+                continue
+            secs[key] = secs.get(key, 0.0) + ms * 1e-3
+            if rate.endswith("TFLOP/s"):
+                flops[key] = flops.get(key, 0.0) + float(rate.split()[0]) * 1e12 * ms * 1e-3
+            else:
+                moved[key] = moved.get(key, 0.0) + float(mb) * 1e6
+    peaks = {"gemm_efficiency": peak16, "fp8_gemm_efficiency": peak8, "attention_efficiency": peak16}
+    what = {"gemm_efficiency": "bf16 GEMMs of an 8B block", "fp8_gemm_efficiency": "fp8 GEMMs of w1",
+            "attention_efficiency": "fused attention, forward and backward",
+            "memory_efficiency": "elementwise kernels"}
+    missing = 0
+    for key in ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "memory_efficiency"):
+        if key not in secs or secs[key] <= 0:
+            print(f"# {key}: no {what[key]} in {table}")
+            missing = 1
+            continue
+        if key == "memory_efficiency":
+            rate = moved.get(key, 0.0) / secs[key]
+            print(f"{key} = {rate / bandwidth:.3f}    # measured: {what[key]} at {rate / 1e12:.2f} TB/s on {card}")
+        else:
+            rate = flops.get(key, 0.0) / secs[key]
+            print(f"{key} = {rate / peaks[key]:.3f}    # measured: {what[key]} at {rate / 1e12:.0f} TFLOP/s on {card}")
+    return missing
+
+
 def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0
     cmd, args = sys.argv[1], sys.argv[2:]
     fn = {"layouts": layouts, "convergence": convergence, "curve": curve, "versions": versions,
-          "glibc-needs": glibc_needs}.get(cmd)
+          "glibc-needs": glibc_needs, "profile-factors": profile_factors}.get(cmd)
     if fn is None:
         print(f"gpu_check_tools.py: unknown command {cmd!r}", file=sys.stderr)
         return 2

@@ -20,6 +20,10 @@
 #      loads, and the symbol comes from a preloaded unversioned definition, as
 #      compat/libtetra_glibc_compat.so supplies arc4random on the GPU machine; that library
 #      builds and its arc4random_uniform stays in range.
+#   6. gpu_check_tools.py profile-factors: the `tetra plan` profile's GEMM, fp8 GEMM,
+#      attention and memory factors from a bench/gpu_ops table equal each group's rate over
+#      the profile's datasheet rate (the fused-QKV comparison and float8's casts left out); a
+#      table without a group exits 1 naming it.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BUILD="${TETRA_BUILD:-$ROOT/build}"
@@ -191,6 +195,39 @@ if command -v cc >/dev/null; then
     bad "scripts/gpu_check_glibc_compat.c"
   fi
 fi
+
+# 6. the plan profile's factors from bench/gpu_ops's table: each group's FLOPs (or bytes)
+# over its time, against the profile's datasheet rates; what is not a block linear (the
+# fused-QKV comparison) or not a GEMM of float8 (its casts) is left out
+cat >"$T/ops.md" <<'OPS'
+| group | op | ms | rate | MB |
+|---|---|---|---|---|
+| block GEMMs (bf16) | fwd wq [8192 x 4096 x 4096] | 0.400 | 687.2 TFLOP/s | - |
+| block GEMMs (bf16) | dgrad w1 | 1.300 | 740.0 TFLOP/s | - |
+| block GEMMs (bf16) | fwd fused qkv [8192 x 6144 x 4096] | 0.500 | 100.0 TFLOP/s | - |
+| attention (bf16, causal) | forward b1 s8192 h32 kv8 d128 | 1.000 | 550.0 TFLOP/s | - |
+| attention (bf16, causal) | backward (workspace 1.0 MiB) | 3.000 | 458.3 TFLOP/s | - |
+| elementwise (bf16) | rmsnorm forward [8192 x 4096] | 0.050 | 2684.0 GB/s | 134 |
+| float8 tensorwise | amax_bf16 [8192 x 4096] | 0.030 | 2237.0 GB/s | 67 |
+| float8 tensorwise | fp8 gemm fwd w1 (K-major, fast accum) | 0.800 | 1202.5 TFLOP/s | - |
+OPS
+python3 "$TOOLS" profile-factors "$T/ops.md" "$ROOT/configs/hardware/h100-sxm.toml" "a test card" >"$T/pf" 2>&1
+if python3 - "$T/pf" <<'EOF'
+import re, sys
+got = dict(re.findall(r"^(\w+) = ([0-9.]+)", open(sys.argv[1]).read(), re.M))
+want = {"gemm_efficiency": (687.2 * 0.4 + 740.0 * 1.3) / 1.7 / 989, "fp8_gemm_efficiency": 1202.5 / 1979,
+        "attention_efficiency": (550.0 + 458.3 * 3) / 4 / 989, "memory_efficiency": 134e6 / 0.05e-3 / 3.35e12}
+assert set(got) == set(want), got
+for k, v in want.items():
+    assert abs(float(got[k]) - v) < 1e-3, (k, got[k], v)
+EOF
+then ok "profile factors from gpu_ops: $(grep -o '^[a-z0-9_]* = [0-9.]*' "$T/pf" | paste -sd ',')"
+else bad "profile-factors: $(cat "$T/pf")"; fi
+grep -v '^| attention' "$T/ops.md" >"$T/ops2.md"
+python3 "$TOOLS" profile-factors "$T/ops2.md" "$ROOT/configs/hardware/h100-sxm.toml" >"$T/pf2" 2>&1 &&
+  bad "a table without attention passed" ||
+  { grep -q "^# attention_efficiency: no" "$T/pf2" && ok "a table without attention: exit 1, named" ||
+    bad "a table without attention: $(cat "$T/pf2")"; }
 
 if [ $fail != 0 ]; then echo "FAIL gpu_check"; exit 1; fi
 echo "ok   gpu_check"

@@ -38,9 +38,7 @@ typedef struct {
     float w[NL][48 * IN];
 } weights;
 
-static const void *weight_of(const void *model, const model_linear *l) {
-    return ((const weights *)model)->w[l->param];
-}
+static const void *weight_of(const void *model, const model_linear *l) { return ((const weights *)model)->w[l->param]; }
 
 static float frand(uint32_t *s) {
     *s = *s * 1664525u + 1013904223u;
