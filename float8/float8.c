@@ -43,6 +43,11 @@ typedef struct {
      * their dequant factor, for the weight gradient (-1: none) */
     float *dy_inv; /* [1] */
     long long dyt_at;
+    /* the float8 all-gather: where the last gather of this weight left its e4m3 codes
+     * (the weight's place in FSDP's gathered buffer, which holds them instead of its
+     * values), and the weight's index among the converted ones (its pre_inv) */
+    const void *w_codes;
+    int k;
     /* tensorwise: amaxes the model's producers write (amax_slot) for the next call on
      * the operand at pend[which] with pend_n rows: x's into x_amax, dy's into dy_amax */
     float *x_amax; /* [1] */
@@ -299,6 +304,11 @@ static void chain_note(struct float8_model *f, const model_linear *l, int call, 
 static f8_operand tw_weight(const model_linear_env *e, const model_linear *l, const void *w, int transposed) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
+    if (s->w_codes && s->w_codes == w) { /* gathered as codes: W as it came, W^T one byte transpose away */
+        if (!transposed) return (f8_operand){(const uint8_t *)w, f->pre_inv + s->k, TETRA_FP8_E4M3};
+        f->ops->transpose_u8(f->qb, (const uint8_t *)w, l->out, l->in);
+        return (f8_operand){f->qb, f->pre_inv + s->k, TETRA_FP8_E4M3};
+    }
     if (f->cache_w) {
         if (s->gen_q != f->gen) {
             f->ops->fp8_quantize(s->qw, s->qwt, s->w_inv, w, f->cdt, w_tensor_amax(e, l, w), l->out, l->in,
@@ -669,6 +679,7 @@ float8_model *float8_convert(model_linear *const *lins, int n_lins, const tetra_
         s->dy_inv = p;
         p += 16;
         s->dyt_at = -1;
+        s->k = k;
         if (rows_any) {
             s->w_row_amax = p;
             p += ALIGN16((size_t)l->out);
@@ -807,12 +818,15 @@ static void codec_encode(const fsdp_gather_codec *c, int param, uint8_t *dst, co
     if (src_type == TETRA_BF16) f->ops->cast_bf16_to_fp8(dst, src, f->pre_scale + k, 0, 1, (int)n, TETRA_FP8_E4M3);
     else f->ops->cast_f32_to_fp8(dst, src, f->pre_scale + k, 0, 1, (int)n, TETRA_FP8_E4M3);
 }
-static void codec_decode(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src,
-                         size_t n) {
-    const struct float8_model *f = c->user;
-    const int k = f->param_lin[param];
-    if (dst_type == TETRA_BF16) f->ops->cast_fp8_to_bf16(dst, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
-    else f->ops->cast_fp8_to_f32(dst, src, f->pre_inv + k, 0, 1, (int)n, TETRA_FP8_E4M3);
+/* The gathered weight keeps its codes (byte i of its place: element i's), which its
+ * linear reads directly (tw_weight): nothing else reads a converted weight. */
+static void codec_decode(const fsdp_gather_codec *c, int param, void *param_dst, size_t first, tetra_dtype dst_type,
+                         const uint8_t *src, size_t n) {
+    (void)dst_type;
+    struct float8_model *f = c->user;
+    f8_lin *s = &f->lin[f->param_lin[param]];
+    f->ops->copy((uint8_t *)param_dst + first, src, n);
+    s->w_codes = param_dst;
 }
 
 int float8_attach_fsdp(float8_model *f, fsdp *fs, char *err, size_t errlen) {

@@ -85,7 +85,8 @@ const char *op_kind_name(op_kind k) {
                                              "grad_sq_to_f64",
                                              "sum_f64",
                                              "optim_scalars",
-                                             "cast_fp8_to_bf16"};
+                                             "cast_fp8_to_bf16",
+                                             "transpose_u8"};
     return (int)k >= 0 && k < OPK_COUNT ? n[k] : "?";
 }
 
@@ -311,6 +312,12 @@ void opc_transpose(op_cost *o, const op_cost_device *d, float *out, const float 
     (void)d, (void)out, (void)x;
     begin(o, OPK_TRANSPOSE, "%dx%d f32", rows, cols);
     if (rows > 0 && cols > 0) kernel(o, 4.0 * rc(rows, cols), 4.0 * rc(rows, cols), 0);
+}
+
+void opc_transpose_u8(op_cost *o, const op_cost_device *d, uint8_t *out, const uint8_t *x, int rows, int cols) {
+    (void)d, (void)out, (void)x;
+    begin(o, OPK_TRANSPOSE_U8, "%dx%d u8", rows, cols);
+    if (rows > 0 && cols > 0) kernel(o, (double)rc(rows, cols), (double)rc(rows, cols), 0);
 }
 
 /* ---------------------------------------------------------------------------- casts */

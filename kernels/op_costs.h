@@ -124,6 +124,7 @@ typedef enum {
     OPK_SUM_F64,
     OPK_OPTIM_SCALARS,
     OPK_CAST_FP8_TO_BF16,
+    OPK_TRANSPOSE_U8,
     OPK_COUNT
 } op_kind;
 
@@ -172,6 +173,7 @@ void opc_amax_bf16(op_cost *o, const op_cost_device *d, float *out, const uint16
 void opc_amax_rows_bf16(op_cost *o, const op_cost_device *d, float *out, const uint16_t *x, int rows, int cols);
 void opc_amax_cols(op_cost *o, const op_cost_device *d, float *out, const void *x, tetra_dtype xt, int rows, int cols);
 void opc_transpose(op_cost *o, const op_cost_device *d, float *out, const float *x, int rows, int cols);
+void opc_transpose_u8(op_cost *o, const op_cost_device *d, uint8_t *out, const uint8_t *x, int rows, int cols);
 void opc_cast_f32_to_bf16(op_cost *o, const op_cost_device *d, uint16_t *out, const float *x, size_t n);
 void opc_cast_fp8_to_bf16(op_cost *o, const op_cost_device *d, uint16_t *out, const uint8_t *q, const float *inv_scale,
                           int rowwise, int rows, int cols, tetra_dtype fmt);

@@ -486,6 +486,9 @@ typedef struct tetra_ops {
     // straight into the compute dtype (the float8 all-gather's decode)
     void (*cast_fp8_to_bf16)(uint16_t *out /*[rows, cols]*/, const uint8_t *q /*[rows, cols]*/, const float *inv_scale,
                              int rowwise, int rows, int cols, tetra_dtype fmt);
+    // out = x^T, bytes (fp8 codes): the other GEMM layout of codes that arrived whole (the
+    // float8 all-gather's weights)
+    void (*transpose_u8)(uint8_t *out /*[cols, rows]*/, const uint8_t *x /*[rows, cols]*/, int rows, int cols);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

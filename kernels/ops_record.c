@@ -271,6 +271,10 @@ static void r_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt,
     REC(opc_cast_transpose_to_fp8(&c_, &R.dev, out, x, xt, scale, rows, cols, fmt));
     if (R.base) R.base->cast_transpose_to_fp8(out, x, xt, scale, rows, cols, fmt);
 }
+static void r_transpose_u8(uint8_t *out, const uint8_t *x, int rows, int cols) {
+    REC(opc_transpose_u8(&c_, &R.dev, out, x, rows, cols));
+    if (R.base) R.base->transpose_u8(out, x, rows, cols);
+}
 static void r_cast_fp8_to_bf16(uint16_t *out, const uint8_t *q, const float *inv_scale, int rowwise, int rows, int cols,
                                tetra_dtype fmt) {
     REC(opc_cast_fp8_to_bf16(&c_, &R.dev, out, q, inv_scale, rowwise, rows, cols, fmt));
@@ -519,6 +523,7 @@ static void fill_table(tetra_ops *t) {
     t->cast_transpose_to_fp8 = r_cast_transpose_to_fp8;
     t->cast_fp8_to_f32 = r_cast_fp8_to_f32;
     t->cast_fp8_to_bf16 = r_cast_fp8_to_bf16;
+    t->transpose_u8 = r_transpose_u8;
     t->fp8_scale_from_amax = r_fp8_scale_from_amax;
     t->fp8_quantize = r_fp8_quantize;
     t->gemm = r_gemm;

@@ -585,7 +585,8 @@ static void coded_unpack(fsdp *f, int u, const uint8_t *recv, void *buf) {
             const size_t n = hi - lo;
             char *dst = (char *)buf + lo * f->esz;
             if (f->cg_param[i]) {
-                f->codec->decode(f->codec, i, dst, f->compute ? TETRA_BF16 : TETRA_F32,
+                const size_t at = d->offset - x->offset; /* the parameter's first element in the unit */
+                f->codec->decode(f->codec, i, (char *)buf + at * f->esz, lo - at, f->compute ? TETRA_BF16 : TETRA_F32,
                                  blk + (lo - (size_t)r * x->shard) * cb, n);
             } else {
                 f->ops->copy(dst, hp + cur * f->esz, n * f->esz);

@@ -226,17 +226,19 @@ typedef struct {
 /* A gather codec: the parameters it is enabled for travel in the all-gather as `bytes`
  * bytes per element instead of the compute dtype. encode writes the codes of n elements of
  * parameter param (src: this rank's compute copy, bf16, or its fp32 master, as src_type
- * says); decode writes n elements of the gathered buffer (dst_type: the compute dtype)
- * from their codes. scratch: n floats of backend memory lent for the call. Float8's
- * (torchao's float8 all-gather for FSDP2) is one: float8/float8.c. */
+ * says); decode fills elements [first, first + n) of the parameter whose place in the
+ * gathered buffer starts at param_dst (room for its elements in dst_type, the compute
+ * dtype) from their codes: with their values, or with anything its own users of that
+ * parameter read instead (Float8 keeps the codes themselves, which its linear reads).
+ * Float8's (torchao's float8 all-gather for FSDP2) is one: float8/float8.c. */
 typedef struct fsdp_gather_codec fsdp_gather_codec;
 struct fsdp_gather_codec {
     const char *name;
     int bytes;
     void (*encode)(const fsdp_gather_codec *c, int param, uint8_t *dst, const void *src, tetra_dtype src_type,
                    size_t n);
-    void (*decode)(const fsdp_gather_codec *c, int param, void *dst, tetra_dtype dst_type, const uint8_t *src,
-                   size_t n);
+    void (*decode)(const fsdp_gather_codec *c, int param, void *param_dst, size_t first, tetra_dtype dst_type,
+                   const uint8_t *src, size_t n);
     void *user; /* the codec's own state */
 };
 /* Coded all-gather: the n parameters named here travel coded. A unit holding any of them

@@ -284,25 +284,33 @@ void cpu_amax_cols(float *out, const void *x, tetra_dtype xt, int rows, int cols
 
 #define CPU_TRANSPOSE_TILE 32
 
-static void transpose_tile_k(float *restrict out, const float *restrict x, int rows, int cols, int r0, int c0) {
-    int r1 = r0 + CPU_TRANSPOSE_TILE < rows ? r0 + CPU_TRANSPOSE_TILE : rows;
-    int c1 = c0 + CPU_TRANSPOSE_TILE < cols ? c0 + CPU_TRANSPOSE_TILE : cols;
-    for (int c = c0; c < c1; c++) {
-        float *o = out + (size_t)c * (size_t)rows;
-        for (int r = r0; r < r1; r++) o[r] = x[(size_t)r * (size_t)cols + c];
+// One tile and the whole transpose, for an element type T (fp32 values, fp8 codes). Left
+// as written by the formatter, which would join the pragma's line to the loop's.
+// clang-format off
+#define CPU_TRANSPOSE(NAME, T)                                                                                         \
+    static void NAME##_tile(T *restrict out, const T *restrict x, int rows, int cols, int r0, int c0) {                \
+        int r1 = r0 + CPU_TRANSPOSE_TILE < rows ? r0 + CPU_TRANSPOSE_TILE : rows;                                      \
+        int c1 = c0 + CPU_TRANSPOSE_TILE < cols ? c0 + CPU_TRANSPOSE_TILE : cols;                                      \
+        for (int c = c0; c < c1; c++) {                                                                                \
+            T *o = out + (size_t)c * (size_t)rows;                                                                     \
+            for (int r = r0; r < r1; r++) o[r] = x[(size_t)r * (size_t)cols + c];                                      \
+        }                                                                                                              \
+    }                                                                                                                  \
+    void NAME(T *out, const T *x, int rows, int cols) {                                                                \
+        if (rows <= 0 || cols <= 0) return;                                                                            \
+        int tr = (rows + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;                                                 \
+        int tc = (cols + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;                                                 \
+        int64_t tiles = (int64_t)tr * tc;                                                                              \
+        /* one flat loop over the tiles so thin shapes (one tile row) still split over threads */                      \
+        _Pragma("omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)")                            \
+        for (int64_t t = 0; t < tiles; t++)                                                                            \
+            NAME##_tile(out, x, rows, cols, (int)(t / tc) * CPU_TRANSPOSE_TILE, (int)(t % tc) * CPU_TRANSPOSE_TILE);   \
     }
-}
 
-void cpu_transpose(float *out, const float *x, int rows, int cols) {
-    if (rows <= 0 || cols <= 0) return;
-    int tr = (rows + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
-    int tc = (cols + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
-    int64_t tiles = (int64_t)tr * tc;
-    // one flat loop over the tiles so thin shapes (one tile row) still split over threads
-#pragma omp parallel for schedule(static) if ((int64_t)rows * cols > CPU_CHUNK)
-    for (int64_t t = 0; t < tiles; t++)
-        transpose_tile_k(out, x, rows, cols, (int)(t / tc) * CPU_TRANSPOSE_TILE, (int)(t % tc) * CPU_TRANSPOSE_TILE);
-}
+// clang-format on
+
+CPU_TRANSPOSE(cpu_transpose, float)
+CPU_TRANSPOSE(cpu_transpose_u8, uint8_t)
 
 // ----------------------------------------------------------------------------
 // casts
@@ -533,6 +541,7 @@ static const tetra_ops cpu_table = {
     .cast_f32_to_fp8 = cpu_cast_f32_to_fp8,
     .cast_fp8_to_f32 = cpu_cast_fp8_to_f32,
     .cast_fp8_to_bf16 = cpu_cast_fp8_to_bf16,
+    .transpose_u8 = cpu_transpose_u8,
     .cast_bf16_to_fp8 = cpu_cast_bf16_to_fp8,
     .amax_bf16 = cpu_amax_bf16,
     .amax_rows_bf16 = cpu_amax_rows_bf16,

@@ -52,6 +52,7 @@ void cpu_fp8_quantize(uint8_t *out, uint8_t *out_t, float *inv_scale, const void
 void cpu_cast_transpose_to_fp8(uint8_t *out, const void *x, tetra_dtype xt, const float *scale, int rows, int cols,
                                tetra_dtype fmt);
 void cpu_transpose(float *out, const float *x, int rows, int cols);
+void cpu_transpose_u8(uint8_t *out, const uint8_t *x, int rows, int cols);
 void cpu_cast_f32_to_bf16(uint16_t *out, const float *x, size_t n);
 void cpu_cast_bf16_to_f32(float *out, const uint16_t *x, size_t n);
 void cpu_cast_f32_to_fp8(uint8_t *out, const float *x, const float *scale, int rowwise, int rows, int cols,

@@ -526,6 +526,7 @@ extern "C" void cuda_amax(float *out, const float *x, size_t n) {
 
 __device__ __forceinline__ float load_f32(const float *x, size_t i) { return x[i]; }
 __device__ __forceinline__ float load_f32(const uint16_t *x, size_t i) { return tetra_bf16_to_f32(x[i]); }
+__device__ __forceinline__ float load_f32(const uint8_t *x, size_t i) { return (float)x[i]; } /* a byte's value */
 
 // one block per row (x fp32 or bf16)
 template <typename T>
@@ -612,6 +613,15 @@ extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
     transpose_tiles_kernel<float, float, tile_same>
         <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, (float *)NULL, x, rows, cols, tile_same());
+    CUDA_CHECK_LAUNCH();
+}
+
+// fp8 codes, moved as bytes (a byte's value survives the float in between exactly)
+extern "C" void cuda_transpose_u8(uint8_t *out, const uint8_t *x, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
+    transpose_tiles_kernel<uint8_t, uint8_t, tile_same>
+        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, (uint8_t *)NULL, x, rows, cols, tile_same());
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1291,6 +1301,7 @@ static tetra_ops make_table(void) {
     t.cast_f32_to_fp8 = cuda_cast_f32_to_fp8;
     t.cast_fp8_to_f32 = cuda_cast_fp8_to_f32;
     t.cast_fp8_to_bf16 = cuda_cast_fp8_to_bf16;
+    t.transpose_u8 = cuda_transpose_u8;
     t.cast_bf16_to_fp8 = cuda_cast_bf16_to_fp8;
     t.amax_bf16 = cuda_amax_bf16;
     t.amax_rows_bf16 = cuda_amax_rows_bf16;

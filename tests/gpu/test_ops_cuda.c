@@ -286,6 +286,7 @@ static void test_table(void) {
     SLOT(cast_f32_to_fp8);
     SLOT(cast_fp8_to_f32);
     SLOT(cast_fp8_to_bf16);
+    SLOT(transpose_u8);
     SLOT(fp8_scale_from_amax);
     SLOT(fp8_quantize);
     SLOT(gemm);
@@ -741,6 +742,21 @@ static void test_elementwise(void) {
             snprintf(tshape, sizeof tshape, "%d x %d (+1 guard)", rows, cols);
             check_bits("transpose", tshape, gout, hout, (n + 1) * 4);
             report("transpose guard untouched", tshape, 0, 0, hout[n] == -7.0f && gout[n] == -7.0f);
+            /* the same shapes as bytes (fp8 codes) */
+            uint8_t *hb = (uint8_t *)malloc(n + 1), *hbt = (uint8_t *)malloc(n + 1);
+            for (size_t i = 0; i < n; i++) hb[i] = (uint8_t)(i * 37u + 11u);
+            hbt[n] = 0xa5;
+            uint8_t *db = (uint8_t *)dup_gpu(hb, n ? n : 1), *dbt = (uint8_t *)dup_gpu(hbt, n + 1);
+            C->transpose_u8(hbt, hb, rows, cols);
+            G->transpose_u8(dbt, db, rows, cols);
+            uint8_t *gbt = (uint8_t *)from_gpu(dbt, n + 1);
+            check_bits("transpose_u8", tshape, gbt, hbt, n + 1);
+            report("transpose_u8 guard untouched", tshape, 0, 0, hbt[n] == 0xa5 && gbt[n] == 0xa5);
+            free(hb);
+            free(hbt);
+            free(gbt);
+            G->release(db);
+            G->release(dbt);
             free(x);
             free(hout);
             free(gout);
@@ -2927,6 +2943,8 @@ static void lc_elementwise(const tetra_ops *R, float *X, float *Y, float *Z, uin
     LC("9x40 f32", NULL, R->amax_cols(Z, X, TETRA_F32, 9, 40));
     LC("9x40 bf16", NULL, R->amax_cols(Z, H, TETRA_BF16, 9, 40));
     LC("33x17", NULL, R->transpose(Z, X, 33, 17));
+    LC("33x17", NULL, R->transpose_u8(Q, Q + 1024, 33, 17));
+    LC("0x17", NULL, R->transpose_u8(Q, Q + 1024, 0, 17));
     LC("n=999", NULL, R->cast_f32_to_bf16(H, X, 999));
     LC("n=999", NULL, R->cast_bf16_to_f32(Z, H, 999));
     LC("5x64 e4m3", NULL, R->cast_f32_to_fp8(Q, X, S, 0, 5, 64, TETRA_FP8_E4M3));

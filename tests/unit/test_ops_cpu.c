@@ -450,6 +450,22 @@ static void test_casts(void) {
                   diff);
         }
     }
+    // transpose_u8 against the definition: tiles cut at both edges, a row, a column, empty
+    const int tshape[][2] = {{37, 70}, {1, 300}, {300, 1}, {64, 64}, {0, 5}};
+    for (size_t si = 0; si < sizeof tshape / sizeof tshape[0]; si++) {
+        const int rows = tshape[si][0], cols = tshape[si][1];
+        const size_t n = (size_t)rows * (size_t)cols;
+        uint8_t *x = malloc(n + 1), *t = malloc(n + 1);
+        for (size_t i = 0; i < n; i++) x[i] = (uint8_t)(i * 37u + 11u);
+        t[n] = 0xa5;
+        cpu_transpose_u8(t, x, rows, cols);
+        int bad = t[n] != 0xa5;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) bad += t[(size_t)c * rows + r] != x[(size_t)r * cols + c];
+        CHECK(bad == 0, "transpose_u8 %d x %d: %d bytes wrong (or the guard written)", rows, cols, bad);
+        free(x);
+        free(t);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -523,6 +539,7 @@ static void test_table(void) {
     SLOT(cast_f32_to_fp8);
     SLOT(cast_fp8_to_f32);
     SLOT(cast_fp8_to_bf16);
+    SLOT(transpose_u8);
     SLOT(fp8_scale_from_amax);
     SLOT(gemm);
     SLOT(embedding_forward);
