@@ -103,8 +103,12 @@ mp=$!
 wait_steps "$T/dec" 3 || bad "the run with a late rank 1 did not start"
 sleep 0.1
 r0=""
-for p in $(pgrep -P "$mp" -x tetra); do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && r0=$p
+for try in $(seq 1 20); do # a loaded machine (the sanitizer suite) can be slow to show it
+  for p in $(pgrep -P "$mp" -x tetra); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && r0=$p
+  done
+  [ -n "$r0" ] && break
+  sleep 0.25
 done
 if [ -n "$r0" ]; then kill -USR1 "$r0"; else bad "rank 0's process not found under mpirun"; fi
 wait $mp
