@@ -83,21 +83,22 @@ static stage_time stage_cost(const trainer_plan *p, int k, const llama3_args *a,
     const double head = p->stage_head[k] ? 2.0 * dim * V / tp : 0.0;
     const double loss_bytes = p->stage_head[k] ? 3.0 * 4.0 * V / tp : 0.0;
 
-    const double t_lin = rows * nb * lin_block / lin8_rate + rows * head / lin_rate;
     const double t_attn = rows * nb * attn_block / attn_rate;
-    const double t_elem = rows * (nb * elem_block + loss_bytes) / mem_rate;
-    const double t_recompute = rows * p->stage_recompute_flops[k] / lin8_rate +
-        rows * p->stage_recompute_attention[k] * attn_block / attn_rate +
-        (p->stage_recompute_attention[k] > 0 || p->stage_recompute_flops[k] > 0 ? rows * nb * elem_block / mem_rate
-                                                                                : 0.0);
-    st.f = t_lin + t_attn + t_elem;
-    /* flash attention's backward recomputes the scores: 2.5 x its forward */
-    st.i = t_lin + 2.5 * t_attn + 2.0 * t_elem + t_recompute;
-    st.w = t_lin;
-    if (ot)
-        op_times_stage(&st, ot, p, k, rows, tp, mb_per_step, t_attn,
-                       rows * p->stage_recompute_attention[k] * attn_block / attn_rate);
-    st.attn = 3.5 * t_attn + rows * p->stage_recompute_attention[k] * attn_block / attn_rate;
+    const double t_rattn = rows * p->stage_recompute_attention[k] * attn_block / attn_rate; /* recomputed */
+    st.attn = 3.5 * t_attn + t_rattn;
+    if (ot) {
+        op_times_stage(&st, ot, p, k, rows, tp, mb_per_step, t_attn, t_rattn);
+    } else {
+        const double t_lin = rows * nb * lin_block / lin8_rate + rows * head / lin_rate;
+        const double t_elem = rows * (nb * elem_block + loss_bytes) / mem_rate;
+        const double t_recompute = rows * p->stage_recompute_flops[k] / lin8_rate + t_rattn +
+            (p->stage_recompute_attention[k] > 0 || p->stage_recompute_flops[k] > 0 ? rows * nb * elem_block / mem_rate
+                                                                                    : 0.0);
+        st.f = t_lin + t_attn + t_elem;
+        /* flash attention's backward recomputes the scores: 2.5 x its forward */
+        st.i = t_lin + 2.5 * t_attn + 2.0 * t_elem + t_recompute;
+        st.w = t_lin;
+    }
     st.hw_flops = rows *
         (3.0 * (nb * lin_block + head) + 3.5 * nb * attn_block + p->stage_recompute_flops[k] +
          p->stage_recompute_attention[k] * attn_block);
@@ -339,7 +340,7 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     if (!E.host_shared) {
         char why[2048];
         if (plan_op_times_record(cfg, hw, E.sharded, &ot, why, sizeof why)) {
-            snprintf(err, errlen, "tetra plan: recording the step's ops for %s: %s", hw->name, why);
+            snprintf(err, errlen, "recording the step's ops for %s: %s", hw->name, why);
             return -1;
         }
         E.ot = &ot;

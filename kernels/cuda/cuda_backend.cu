@@ -608,21 +608,19 @@ static dim3 transpose_grid(int rows, int cols) {
     return dim3(gx < 65535u ? gx : 65535u, gy < 65535u ? gy : 65535u);
 }
 
-extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) {
+template <typename T> static void transpose_launch(T *out, const T *x, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
-    transpose_tiles_kernel<float, float, tile_same>
-        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, (float *)NULL, x, rows, cols, tile_same());
+    transpose_tiles_kernel<T, T, tile_same>
+        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, (T *)NULL, x, rows, cols, tile_same());
     CUDA_CHECK_LAUNCH();
 }
 
+extern "C" void cuda_transpose(float *out, const float *x, int rows, int cols) { transpose_launch(out, x, rows, cols); }
+
 // fp8 codes, moved as bytes (a byte's value survives the float in between exactly)
 extern "C" void cuda_transpose_u8(uint8_t *out, const uint8_t *x, int rows, int cols) {
-    if (rows <= 0 || cols <= 0) return;
-    dim3 block(TRANSPOSE_TILE, TRANSPOSE_ROWS);
-    transpose_tiles_kernel<uint8_t, uint8_t, tile_same>
-        <<<transpose_grid(rows, cols), block, 0, cuda_stream()>>>(out, (uint8_t *)NULL, x, rows, cols, tile_same());
-    CUDA_CHECK_LAUNCH();
+    transpose_launch(out, x, rows, cols);
 }
 
 // bf16 operands (fp8 scaling reads bf16 activations without an fp32 copy): 8-byte
