@@ -109,6 +109,11 @@ if(TETRA_CUDA_SIM)
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(gpu/test_sim_host_waits PROPERTIES
     ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}" TIMEOUT 1800)
+  # training.cuda_graph: steps captured and launched as graphs give the same bits (tests/gpu/sim_cuda_graph.sh)
+  add_test(NAME gpu/test_sim_cuda_graph COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/sim_cuda_graph.sh
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(gpu/test_sim_cuda_graph PROPERTIES
+    ENVIRONMENT "TETRA_ROOT=${CMAKE_SOURCE_DIR};TETRA_BUILD=${CMAKE_BINARY_DIR};OMP_WAIT_POLICY=PASSIVE;${TETRA_MPI_TEST_ENV}" TIMEOUT 1800)
   # the longest of the suite start first (tests/CMakeLists.txt says why)
   set_tests_properties(gpu/test_sim_layouts PROPERTIES COST 200)
   set_tests_properties(gpu/test_sim_offload gpu/test_ops_cuda_sim PROPERTIES COST 100)

@@ -818,6 +818,31 @@ void train_step_read(trainer *t, step_result *r) {
     if (r->nonfinite) report_nonfinite(t);
 }
 
+/* training.cuda_graph: a step after the process' first (which made everything the ops
+ * make lazily) is captured and launched as one graph, unless the profiler times it (its
+ * spans wait for the device). Its host copies (tokens, targets, document ids, positions
+ * of each microbatch) are staged for the graph: at most four of a microbatch's whole
+ * sequences each. 1 when the step is being captured. */
+static int graph_begin(trainer *t) {
+    if (!t->c->training.cuda_graph || !t->graph_warm || trace_timing(t->tr)) return 0;
+    const size_t mbs = (size_t)n_rounds(t) * (size_t)t->shape.n_mb;
+    const size_t seq = t->shape.tokens * (size_t)t->cp.size * sizeof(int32_t);
+    char err[512];
+    if (t->ops->graph_begin(mbs * 4 * (seq + 256), err, sizeof err)) {
+        log_error("training.cuda_graph: %s", err);
+        comm_abort_explained(1);
+    }
+    return 1;
+}
+static void graph_end(trainer *t, int captured) {
+    char err[512];
+    if (captured && t->ops->graph_end(err, sizeof err)) {
+        log_error("training.cuda_graph: %s", err);
+        comm_abort_explained(1);
+    }
+    t->graph_warm = 1;
+}
+
 void train_step(trainer *t, step_result *r) {
     const tetra_config_values *c = t->c;
     const tetra_ops *ops = t->ops;
@@ -840,6 +865,7 @@ void train_step(trainer *t, step_result *r) {
         t->opt_ready = 1;
     }
 
+    const int captured = graph_begin(t);
     for (int i = 0; i < t->n_local; i++) begin_stage_grads(&t->st[i]);
     /* the schedule's actions nest in it; the time between them is the schedule's waiting */
     trace_begin(t->tr, "schedule", "schedule: %d microbatch%s x %d round%s", t->shape.n_mb,
@@ -877,6 +903,7 @@ void train_step(trainer *t, step_result *r) {
     for (int i = 0; i < t->n_local; i++)
         if (!fsdp_offloaded(t->st[i].fs)) fsdp_params_updated(t->st[i].fs);
     train_converters_post_optimizer(t);
+    graph_end(t, captured);
     trace_end(t->tr);
 }
 

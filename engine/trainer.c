@@ -624,6 +624,14 @@ static void log_summary(const trainer *t, const run_state *rs) {
         log_info("tensor parallel%s: %ld sequence-parallel collectives, %.1f MiB sent; %.2f s waiting",
                  t->st[0].model.tp_async ? " (async)" : "", ts.collectives, ts.bytes / (1024.0 * 1024.0), ts.wait_s);
     }
+    if (c->training.cuda_graph && t->ops->graph_stats) {
+        ops_graph_stats g;
+        t->ops->graph_stats(&g);
+        log_info("cuda graph: %llu steps launched as one graph each (%llu built, %llu updated in place), %llu nodes "
+                 "in the last",
+                 (unsigned long long)g.launches, (unsigned long long)g.instantiations, (unsigned long long)g.updates,
+                 (unsigned long long)g.nodes);
+    }
     const size_t allocs = t->ops->alloc_count() - t->allocs_at_start;
     if (t->tc.step < c->training.steps)
         log_info("training stopped at step %lld of %lld; peak resident memory %s; %zu backend allocations "

@@ -185,6 +185,8 @@ struct trainer {
     size_t allocs_at_start;
     int plan_ready; /* every stage's layout is built (fill_plan may run) */
 
+    int graph_warm; /* training.cuda_graph: a step has run, so the next ones are captured */
+
     /* during a step: what the stage callbacks need */
     float dloss_scale;
     double step_loss_sum;

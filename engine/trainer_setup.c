@@ -433,6 +433,20 @@ static int setup_backend(trainer *t) {
         }
     }
 
+    if (c->training.cuda_graph) {
+        /* a plan has no device: its table names the backend it stands for */
+        const int none = dry ? !strcmp(ops->name, "cpu") : !ops->graph_begin;
+        const char *why = none ? "needs the CUDA backend (training.device = \"cuda\"); this run computes on the CPU"
+            : t->world > 1 ? "runs on one rank only: a step of several ranks waits for their collectives on the host"
+            : c->training.enable_cpu_offload
+            ? "does not run with training.enable_cpu_offload: the host's AdamW reads the step's scalars inside the step"
+            : NULL;
+        if (why) {
+            log_error("training.cuda_graph %s (set it to false)", why);
+            return -1;
+        }
+    }
+
     /* ---- precision ----
      * TorchTitan's default mixed_precision_param = bfloat16 applies on the GPU. The CPU
      * backend computes in fp32 unless the key is set explicitly (bf16 there is for

@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define CUDA_PLUGIN_ABI 9
+#define CUDA_PLUGIN_ABI 10
 
 typedef struct {
     int abi; /* CUDA_PLUGIN_ABI */

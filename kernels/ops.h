@@ -156,6 +156,14 @@ typedef struct {
     int32_t halt_first; // halt at the first non-finite step
 } ops_optim_args;
 
+// What the CUDA graphs of training.cuda_graph have done so far (graph_stats).
+typedef struct {
+    uint64_t launches;       // graphs launched: one per captured step
+    uint64_t instantiations; // executable graphs built: the first, and after a change of topology
+    uint64_t updates;        // launches that updated the executable graph in place (arguments only)
+    uint64_t nodes;          // nodes (kernels, matmuls, copies, memsets) of the latest graph
+} ops_graph_stats;
+
 typedef struct tetra_ops {
     const char *name; // "cpu", "cuda"
 
@@ -489,6 +497,19 @@ typedef struct tetra_ops {
     // out = x^T, bytes (fp8 codes): the other GEMM layout of codes that arrived whole (the
     // float8 all-gather's weights)
     void (*transpose_u8)(uint8_t *out /*[cols, rows]*/, const uint8_t *x /*[rows, cols]*/, int rows, int cols);
+
+    // ---- CUDA graphs (training.cuda_graph). After graph_begin the ops on the compute
+    // stream are recorded with their arguments, not run; graph_end launches the recording
+    // as one graph, updating the previous executable graph in place when only arguments
+    // changed (else building it anew). copy_h2d_async in between stages at most
+    // staging_bytes in all (each copy rounded up to 256 bytes), in page-locked memory of the graph's own that stays as written
+    // until that launch has read it (two such areas take turns; starting one waits, counted
+    // as a host wait, only when the launch before last has not run yet). Nothing in between
+    // may wait for the device or allocate: a host wait there aborts, naming it. Both return
+    // 0, or -1 with a message. NULL where the backend has no graphs (the CPU).
+    int (*graph_begin)(size_t staging_bytes, char *err, size_t errlen);
+    int (*graph_end)(char *err, size_t errlen);
+    void (*graph_stats)(ops_graph_stats *out);
 } tetra_ops;
 
 // Pick a backend: "cpu", "cuda", or "auto" (cuda when built in and a device is present,

@@ -577,6 +577,10 @@ static void fill_table(tetra_ops *t) {
     t->host_alloc = r_host_alloc;
     t->host_release = r_host_release;
     t->copy_2d = r_copy_2d;
+    /* a graph launches what was recorded: the ops between its ends are the records */
+    t->graph_begin = R.base ? R.base->graph_begin : NULL;
+    t->graph_end = R.base ? R.base->graph_end : NULL;
+    t->graph_stats = R.base ? R.base->graph_stats : NULL;
 }
 
 const tetra_ops *ops_record_table(const op_cost_device *dev, const tetra_ops *base) {

@@ -122,6 +122,8 @@ static void sync_device(const trace *t) {
     else t->ops->synchronize();
 }
 
+int trace_timing(const trace *t) { return t && t->recording && timed(t) && t->ops && !t->ops->host_memory; }
+
 void trace_step_begin(trace *t, int64_t step) {
     if (!t) return;
     /* the window: the `active` steps that end at a multiple of freq */

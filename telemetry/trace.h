@@ -35,6 +35,9 @@ void trace_free(trace *t);
  * closes a window writes its file. 0, or -1 with err (the file could not be written). */
 void trace_step_begin(trace *t, int64_t step);
 int trace_step_end(trace *t, int64_t step, char *err, size_t errlen);
+/* 1 while the current step is recorded into a trace file and its spans synchronise the
+ * device (a step captured as a CUDA graph cannot: training.cuda_graph runs it as it is) */
+int trace_timing(const trace *t);
 
 /* The backend's op table with its heavy ops wrapped: while a step is recorded, every GEMM
  * (span "gemm MxNxK dtype", its FLOPs in args), attention forward/backward (shape in the

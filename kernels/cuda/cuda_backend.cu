@@ -61,11 +61,27 @@ static void report_frozen(size_t bytes, const char *what, const char *hint) {
 // Every host wait goes through here, so that ops.h host_waits counts them all.
 static std::atomic<uint64_t> g_host_waits;
 static void host_wait(cudaStream_t st) { // NULL: the whole device
+    if (cuda_graph_capturing()) {        // the capture would fail at its end, far from here
+        fprintf(stderr,
+                "cuda: a host wait (%s) inside a step captured as a CUDA graph: a bug; "
+                "training.cuda_graph = false runs the step without a graph\n",
+                st ? "stream synchronisation or blocking copy" : "device synchronisation");
+        abort();
+    }
     g_host_waits.fetch_add(1, std::memory_order_relaxed);
     if (st) CUDA_CHECK(cudaStreamSynchronize(st));
     else CUDA_CHECK(cudaDeviceSynchronize());
 }
 static uint64_t cuda_host_waits(void) { return g_host_waits.load(std::memory_order_relaxed); }
+void cuda_wait_event(cudaEvent_t ev) {
+    cudaError_t q = cudaEventQuery(ev);
+    if (q == cudaErrorNotReady) {
+        g_host_waits.fetch_add(1, std::memory_order_relaxed);
+        CUDA_CHECK(cudaEventSynchronize(ev));
+    } else {
+        CUDA_CHECK(q);
+    }
+}
 
 // blocks of the running amax reduction that have finished (0 between reductions)
 static unsigned *g_amax_done;
@@ -269,15 +285,7 @@ static char *stage_take(size_t bytes) {
         g_stage_used[g_stage_seg] = 1;
         g_stage_seg = (g_stage_seg + 1) % STAGE_SEGS;
         g_stage_off = 0;
-        if (g_stage_used[g_stage_seg]) {
-            cudaError_t q = cudaEventQuery(g_stage_ev[g_stage_seg]);
-            if (q == cudaErrorNotReady) {
-                g_host_waits.fetch_add(1, std::memory_order_relaxed);
-                CUDA_CHECK(cudaEventSynchronize(g_stage_ev[g_stage_seg]));
-            } else {
-                CUDA_CHECK(q);
-            }
-        }
+        if (g_stage_used[g_stage_seg]) cuda_wait_event(g_stage_ev[g_stage_seg]);
     }
     char *p = g_stage + (size_t)g_stage_seg * STAGE_SEG_BYTES + g_stage_off;
     g_stage_off += (bytes + 255) & ~(size_t)255;
@@ -286,6 +294,12 @@ static char *stage_take(size_t bytes) {
 
 extern "C" void cuda_copy_h2d_async(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
+    if (cuda_graph_capturing()) { // the graph reads its own staging when it runs
+        void *p = cuda_graph_stage(bytes);
+        memcpy(p, src, bytes);
+        CUDA_CHECK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+        return;
+    }
     if (bytes > STAGE_SEG_BYTES) {
         cuda_copy_h2d(dst, src, bytes);
         return;
@@ -1358,6 +1372,9 @@ static tetra_ops make_table(void) {
     t.host_alloc = cuda_host_alloc;
     t.host_release = cuda_host_release;
     t.copy_2d = cuda_copy_2d;
+    t.graph_begin = cuda_graph_begin;
+    t.graph_end = cuda_graph_end;
+    t.graph_stats = cuda_graph_stats;
     return t;
 }
 

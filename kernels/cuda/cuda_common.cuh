@@ -213,4 +213,12 @@ void cuda_internal_free(void *p, size_t bytes);
 // cuda_gemm.cu: the cuBLASLt handle and its workspace, created by backend init.
 void cuda_gemm_init(void);
 
+// cuda_backend.cu: wait for an event, counted as a host wait only when it has not fired.
+void cuda_wait_event(cudaEvent_t ev);
+// cuda_graph.cu: 1 while a step is being captured (ops.h graph_begin .. graph_end), and
+// `bytes` of the captured step's page-locked staging for a host copy (aborts past what
+// graph_begin was told).
+int cuda_graph_capturing(void);
+void *cuda_graph_stage(size_t bytes);
+
 #endif // TETRA_KERNELS_CUDA_COMMON_CUH

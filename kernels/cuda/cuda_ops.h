@@ -27,6 +27,10 @@ size_t cuda_allocated_bytes(void);
 void cuda_memory_freeze(int frozen);
 void cuda_device_memory(size_t *free_bytes, size_t *total_bytes);
 void *cuda_compute_stream(void);
+// ---- cuda_graph.cu: a step captured and launched as one CUDA graph
+int cuda_graph_begin(size_t staging_bytes, char *err, size_t errlen);
+int cuda_graph_end(char *err, size_t errlen);
+void cuda_graph_stats(ops_graph_stats *out);
 void cuda_set_deterministic(int on);
 void cuda_copy_h2d(void *dst, const void *src, size_t bytes);
 void cuda_copy_h2d_async(void *dst, const void *src, size_t bytes);

@@ -30,8 +30,74 @@ static const size_t SIM_TOTAL = (size_t)16 << 30;
 static size_t sim_used;
 static std::unordered_map<void *, size_t> sim_sizes;
 
+// ---- CUDA graphs
+struct SimGraph {
+    std::vector<std::function<void()>> work;
+};
+static SimGraph *sim_cap;    // the graph the stream is capturing, or NULL
+static bool sim_cap_invalid; // a forbidden call happened during the capture
+bool sim_capturing() { return sim_cap != NULL; }
+void sim_capture(std::function<void()> work) { sim_cap->work.push_back(std::move(work)); }
+cudaError_t sim_capture_forbid(const char *what) {
+    fprintf(stderr, "simulator: %s during stream capture (the capture is invalidated)\n", what);
+    sim_cap_invalid = true;
+    return cudaErrorStreamCaptureUnsupported;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+    if (sim_cap) return sim_capture_forbid("cudaStreamBeginCapture");
+    sim_cap = new SimGraph();
+    sim_cap_invalid = false;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+    *g = NULL;
+    if (!sim_cap) return cudaErrorStreamCaptureInvalidated;
+    SimGraph *c = sim_cap;
+    sim_cap = NULL;
+    if (sim_cap_invalid) {
+        delete c;
+        return cudaErrorStreamCaptureInvalidated;
+    }
+    *g = c;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    *e = new SimGraph(*g);
+    return cudaSuccess;
+}
+// Parameters change in place; a different number of nodes is a new topology.
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info) {
+    info->errorNode = info->errorFromNode = NULL;
+    if (e->work.size() != g->work.size()) {
+        info->result = cudaGraphExecUpdateErrorTopologyChanged;
+        return cudaErrorGraphExecUpdateFailure;
+    }
+    e->work = g->work;
+    info->result = cudaGraphExecUpdateSuccess;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    if (sim_cap) return sim_capture_forbid("cudaGraphLaunch");
+    for (auto &w : e->work) w();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+    if (nodes) abort(); // the count is all the backend asks
+    *n = g->work.size();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
+    return cudaSuccess;
+}
+
 cudaError_t sim_malloc(void **p, size_t n) {
     *p = NULL;
+    if (sim_cap) return sim_capture_forbid("cudaMalloc");
     size_t r = (n + 255) / 256 * 256 + 256;
     if (n > SIM_TOTAL || r > SIM_TOTAL - sim_used) return cudaErrorMemoryAllocation;
     *p = aligned_alloc(256, r);
@@ -42,6 +108,7 @@ cudaError_t sim_malloc(void **p, size_t n) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (sim_cap) return sim_capture_forbid("cudaFree");
     auto it = sim_sizes.find(p);
     if (it != sim_sizes.end()) {
         sim_used -= it->second;
@@ -56,6 +123,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+    if (sim_cap) return sim_capture_forbid("cudaMemcpy");
     memmove(d, s, n);
     return cudaSuccess;
 }
@@ -133,8 +201,16 @@ void __syncwarp(unsigned) {
     yield();
 }
 
+static void run_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f);
 void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
     sim_launches++;
+    if (sim_cap) {
+        sim_capture([=]() { run_launch(grid, block, smem, f); });
+        return;
+    }
+    run_launch(grid, block, smem, std::move(f));
+}
+static void run_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> f) {
     gridDim = grid;
     blockDim = block;
     nthr = (int)(block.x * block.y * block.z);
@@ -340,6 +416,8 @@ static float ld_el(const void *p, cudaDataType t, size_t i) {
     }
 }
 
+static void matmul_run(const SimDesc *d, const SimLayout *la, const SimLayout *lb, const SimLayout *lc, float al,
+                       float be, const void *A, const void *B, const void *C, void *D);
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta,
                               const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
@@ -369,7 +447,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
             }
         }
     }
+    // alpha and beta are host values: a capture keeps them, and the descriptors, as they are now
     const float al = *(const float *)alpha, be = *(const float *)beta;
+    if (sim_capturing()) {
+        const SimDesc dc = *d;
+        const SimLayout a = *la, b = *lb, c = *lc;
+        sim_capture([=]() { matmul_run(&dc, &a, &b, &c, al, be, A, B, C, D); });
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    matmul_run(d, la, lb, lc, al, be, A, B, C, D);
+    return CUBLAS_STATUS_SUCCESS;
+}
+static void matmul_run(const SimDesc *d, const SimLayout *la, const SimLayout *lb, const SimLayout *lc, float al,
+                       float be, const void *A, const void *B, const void *C, void *D) {
     uint64_t m = lc->rows, n = lc->cols, k = d->transa ? la->rows : la->cols;
     for (int bi = 0; bi < lc->batch; bi++) {
         for (uint64_t j = 0; j < n; j++) {
@@ -392,5 +482,4 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
             }
         }
     }
-    return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 # tests/gpu/test_ops_sim/transform.py — rewrites a CUDA source of kernels/cuda/ into C++
 # for the CPU simulator (include/sim.h): `kernel<<<grid, block[, smem]>>>(args);` becomes
-# `sim_launch(dim3(grid), dim3(block), smem, [&]() { kernel(args); });` and the dynamic
+# `sim_launch(dim3(grid), dim3(block), smem, F)` where F calls `kernel(args)` with the
+# arguments evaluated at the launch (kept in a tuple), as the driver takes them, so that
+# a launch captured into a CUDA graph runs later with the values it was given and the dynamic
 # shared array `extern __shared__ float sm[];` reads the simulator's buffer.
 # Usage: transform.py OUTPUT_DIR FILE.cu...   (writes OUTPUT_DIR/FILE.cpp)
 import os
@@ -17,6 +19,12 @@ def split_top(s):
             cur += ch
     parts.append(cur)
     return [p.strip() for p in parts]
+
+def launch(cfg, name, args):
+    # NULL is an integer once it is a tuple's element: nullptr stays a null pointer
+    args = ', '.join('nullptr' if a == 'NULL' else a for a in split_top(args)) if args.strip() else ''
+    return ('sim_launch(dim3(%s), dim3(%s), %s, [=, _a = std::make_tuple(%s)]() '
+            '{ std::apply([&](const auto &...x) { %s(x...); }, _a); })' % (cfg[0], cfg[1], cfg[2], args, name))
 
 def transform(src):
     src = src.replace('extern __shared__ float sm[];', 'float *sm = (float *)sim_dyn_smem();')
@@ -53,7 +61,7 @@ def transform(src):
         args = src[e+4:p]
         assert src[p+1] == ';'
         if len(cfg) == 2: cfg.append('0')
-        out += src[i:k] + 'sim_launch(dim3(%s), dim3(%s), %s, [&]() { %s(%s); })' % (cfg[0], cfg[1], cfg[2], name, args)
+        out += src[i:k] + launch(cfg, name, args)
         i = p + 1
     return out
 

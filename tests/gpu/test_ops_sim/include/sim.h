@@ -8,7 +8,11 @@
 // warp reductions behave as on the device (one block at a time: __shared__ is static).
 // Device memory is host memory, filled with 0xff bytes (NaN) when allocated so reads of
 // unwritten memory show, out of a simulated 16 GiB device (cudaMemGetInfo). Streams are
-// tokens: work runs when it is issued, so every wait returns at once. Fake cuBLASLt
+// tokens: work runs when it is issued, so every wait returns at once, except while a
+// stream captures a CUDA graph: then the work is recorded (arguments by value, as the
+// driver records a kernel node's parameters) and runs at each launch of the graph, and
+// what a capture forbids (a wait, a synchronous copy, an allocation) fails and
+// invalidates it, as on the device. Fake cuBLASLt
 // (sim.cpp) and CUB (cub/) stand in for the libraries; cuDNN is absent. What it cannot
 // show: timing, data races between blocks or streams, resource limits beyond the
 // shared-memory size, and the real libraries' numerics.
@@ -20,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <tuple>
 
 #define __global__
 #define __device__
@@ -56,6 +61,41 @@ extern "C" {
 extern long sim_launches, sim_gemm_calls, sim_sorts, sim_copies;
 }
 
+// ---- CUDA graphs: stream capture records the work issued on the stream; the graph is
+// the list of it, an executable graph a copy that cudaGraphLaunch runs in order.
+enum {
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorGraphExecUpdateFailure = 910
+};
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+struct SimGraph;
+typedef SimGraph *cudaGraph_t;
+typedef SimGraph *cudaGraphExec_t;
+typedef void *cudaGraphNode_t;
+enum cudaGraphExecUpdateResult { cudaGraphExecUpdateSuccess = 0, cudaGraphExecUpdateErrorTopologyChanged = 2 };
+struct cudaGraphExecUpdateResultInfo {
+    cudaGraphExecUpdateResult result;
+    cudaGraphNode_t errorNode, errorFromNode;
+};
+// 1 while the stream captures: issued work goes to sim_capture instead of running
+bool sim_capturing();
+void sim_capture(std::function<void()> work);
+// a call a capture forbids: invalidates it and returns the error
+cudaError_t sim_capture_forbid(const char *what);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+
 cudaError_t sim_malloc(void **p, size_t n);
 template <typename T> cudaError_t cudaMalloc(T **p, size_t n) { return sim_malloc((void **)p, n); }
 cudaError_t cudaFree(void *p);
@@ -65,11 +105,21 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
     sim_copies++;
+    if (sim_capturing()) { // the source is read when the graph runs, as on the device
+        sim_capture([=]() { memmove(d, s, n); });
+        return cudaSuccess;
+    }
     return cudaMemcpy(d, s, n, k);
 }
 inline cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t rows,
                                      cudaMemcpyKind k, cudaStream_t) {
     sim_copies++;
+    if (sim_capturing()) {
+        sim_capture([=]() {
+            for (size_t r = 0; r < rows; r++) memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+        });
+        return cudaSuccess;
+    }
     for (size_t r = 0; r < rows; r++) {
         cudaError_t e = cudaMemcpy((char *)d + r * dpitch, (const char *)s + r * spitch, width, k);
         if (e) return e;
@@ -79,16 +129,22 @@ inline cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size
 // Page-locked host memory is host memory here.
 enum { cudaHostAllocDefault = 0 };
 inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
+    if (sim_capturing()) return sim_capture_forbid("cudaHostAlloc");
     *p = malloc(n);
     return *p ? cudaSuccess : 2;
 }
 inline cudaError_t cudaFreeHost(void *p) {
+    if (sim_capturing()) return sim_capture_forbid("cudaFreeHost");
     free(p);
     return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : 101; }
 inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
     sim_copies++;
+    if (sim_capturing()) {
+        sim_capture([=]() { memset(p, v, n); });
+        return cudaSuccess;
+    }
     memset(p, v, n);
     return cudaSuccess;
 }
@@ -97,7 +153,9 @@ inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
     *s = &token;
     return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    return sim_capturing() ? sim_capture_forbid("cudaStreamSynchronize") : cudaSuccess;
+}
 // Events: the work before a record has run when it returns, so every event is complete.
 typedef int *cudaEvent_t;
 enum { cudaEventDisableTiming = 2, cudaErrorNotReady = 600 };
@@ -107,14 +165,20 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
     return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventQuery(cudaEvent_t) {
+    return sim_capturing() ? sim_capture_forbid("cudaEventQuery") : cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
+    return sim_capturing() ? sim_capture_forbid("cudaEventSynchronize") : cudaSuccess;
+}
 inline cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int *d) {
     *d = 0;
     return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() {
+    return sim_capturing() ? sim_capture_forbid("cudaDeviceSynchronize") : cudaSuccess;
+}
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char *cudaGetErrorString(cudaError_t) { return "simulator error"; }
 inline const char *cudaGetErrorName(cudaError_t) { return "simError"; }
