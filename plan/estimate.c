@@ -231,20 +231,20 @@ static int estimate_pipeline(est *E, char *err, size_t errlen) {
     const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
     if (csv && csv[0]) {
         snprintf(err, errlen,
-                 "tetra plan: parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
+                 "parallelism.pipeline_parallel_schedule_csv is not modelled; plan the "
                  "named schedule it follows instead");
         return -1;
     }
     s = pp_schedule_generate(E->out->job.pp_schedule, d->pp, p0->n_stages / d->pp, E->n_mb, why, sizeof why);
     if (!s) {
-        snprintf(err, errlen, "tetra plan: pipeline schedule %s: %s", c->parallelism.pipeline_parallel_schedule, why);
+        snprintf(err, errlen, "pipeline schedule %s: %s", c->parallelism.pipeline_parallel_schedule, why);
         return -1;
     }
     pp_sim_times tm = {E->fmx, E->imax, E->wmax, tcomm};
     pp_sim_result *r = pp_sim_run(s, &tm, why, sizeof why);
     pp_schedule_free(s);
     if (!r) {
-        snprintf(err, errlen, "tetra plan: simulating the pipeline schedule: %s", why);
+        snprintf(err, errlen, "simulating the pipeline schedule: %s", why);
         return -1;
     }
     out->pp_makespan_s = r->makespan * E->rounds;
@@ -314,7 +314,7 @@ int plan_estimate(plan_result *out, const tetra_config *cfg, int ngpu, int gpus_
     if (job_resolve(cfg, ngpu, &out->job, err, errlen) || plan_check_llama(&out->job, err, errlen)) return -1;
     const cfg_parallel_dims *d = &out->job.dims;
     if (d->pp > PLAN_MAX_PP) {
-        snprintf(err, errlen, "tetra plan: pipeline_parallel_degree %d: at most %d", d->pp, PLAN_MAX_PP);
+        snprintf(err, errlen, "pipeline_parallel_degree %d: at most %d", d->pp, PLAN_MAX_PP);
         return -1;
     }
     out->ngpu = ngpu;
