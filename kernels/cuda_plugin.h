@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#define CUDA_PLUGIN_ABI 10
+#define CUDA_PLUGIN_ABI 11
 
 typedef struct {
     int abi; /* CUDA_PLUGIN_ABI */

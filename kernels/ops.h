@@ -315,10 +315,11 @@ typedef struct tetra_ops {
     // in [0, V) or OPS_IGNORE_INDEX; anything else is treated as ignored.
     void (*cross_entropy)(float *dlogits /*[N, V] or NULL*/, float *losses /*[N]*/, const float *logits /*[N, V]*/,
                           const int32_t *targets /*[N]*/, int n, int v, float dloss_scale);
-    // The same with dlogits written in bf16, the bits cast_f32_to_bf16 makes of
-    // cross_entropy's: a bf16 backward reads them without a cast pass over [N, V]. dlogits
-    // is never NULL and never aliases logits.
-    void (*cross_entropy_bf16)(uint16_t *dlogits /*[N, V]*/, float *losses /*[N]*/, const float *logits /*[N, V]*/,
+    // The same over bf16 logits with dlogits written in bf16: the losses and the bits
+    // cast_f32_to_bf16 makes of cross_entropy's dlogits over the logits widened to fp32
+    // (TorchTitan's loss over the bf16 output projection, which it casts to fp32 first).
+    // dlogits is never NULL and may alias logits (in place: one [N, V] bf16 buffer).
+    void (*cross_entropy_bf16)(uint16_t *dlogits /*[N, V]*/, float *losses /*[N]*/, const uint16_t *logits /*[N, V]*/,
                                const int32_t *targets /*[N]*/, int n, int v, float dloss_scale);
     // Vocab-sharded (loss parallel), three phases with reductions between them:
     //   1. ce_shard_max   -> row_max (local)        ; all-reduce MAX over the vocab group

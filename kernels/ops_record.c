@@ -371,8 +371,8 @@ static void r_attention_merge(float *out, float *lse, const float *out_blk, cons
     REC(opc_attention_merge(&c_, &R.dev, b, sq, h, d));
     if (R.base) R.base->attention_merge(out, lse, out_blk, lse_blk, b, sq, h, d);
 }
-static void r_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
-                                 int v, float dloss_scale) {
+static void r_cross_entropy_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits, const int32_t *targets,
+                                 int n, int v, float dloss_scale) {
     REC(opc_cross_entropy_bf16(&c_, &R.dev, n, v));
     if (R.base) R.base->cross_entropy_bf16(dlogits, losses, logits, targets, n, v, dloss_scale);
 }

@@ -341,7 +341,7 @@ static void w_ce(float *dlogits, float *losses, const float *logits, const int32
     trace_end(op_trace);
 }
 
-static void w_ce_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
+static void w_ce_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits, const int32_t *targets, int n, int v,
                       float dloss_scale) {
     if (!op_on()) {
         op_base->cross_entropy_bf16(dlogits, losses, logits, targets, n, v, dloss_scale);

@@ -277,9 +277,11 @@ void cpu_cross_entropy(float *dlogits, float *losses, const float *logits, const
                dloss_scale);
 }
 
-/* Each row through an fp32 row of its thread, then rounded: the fp32 op's bits, cast. */
-void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
-                            float dloss_scale) {
+/* Each row widened into an fp32 row of its thread, through the fp32 op in place, then
+ * rounded: the fp32 op's bits, cast (the row is read whole before any of it is written, so
+ * dlogits may alias logits). */
+void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits, const int32_t *targets, int n,
+                            int v, float dloss_scale) {
     int failed = 0;
 #pragma omp parallel if (n > 1) reduction(| : failed)
     {
@@ -288,7 +290,9 @@ void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logit
 #pragma omp for schedule(dynamic, 4)
         for (int i = 0; i < n; i++) {
             if (!row) continue;
-            ce_row(row, losses + i, logits + (size_t)i * v, targets[i], v, dloss_scale);
+            const uint16_t *z = logits + (size_t)i * v;
+            for (int j = 0; j < v; j++) row[j] = tetra_bf16_to_f32(z[j]);
+            ce_row(row, losses + i, row, targets[i], v, dloss_scale);
             for (int j = 0; j < v; j++) dlogits[(size_t)i * v + j] = tetra_f32_to_bf16(row[j]);
         }
         free(row);

@@ -107,8 +107,8 @@ void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const i
                        int s, int nh, int d);
 void cpu_swiglu_forward(float *out, const float *a, const float *g, size_t n);
 void cpu_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n);
-void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
-                            float dloss_scale);
+void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits, const int32_t *targets, int n,
+                            int v, float dloss_scale);
 void cpu_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
                        float dloss_scale);
 void cpu_ce_shard_max(float *row_max, const float *logits, int n, int v_local);

@@ -634,11 +634,11 @@ extern "C" void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *ama
 #define CE_THREADS 512
 
 // dlogits in fp32 (T = float) or bf16 (T = uint16_t: the fp32 value rounded once, as the
-// cast op would round it)
-template <typename T>
-__device__ __forceinline__ void ce_write_grad(T *d, const float *z, float m, float a, int t, float dloss_scale, int v) {
+// cast op would round it); logits Z the same (bf16 widened exactly)
+template <typename T, typename Z>
+__device__ __forceinline__ void ce_write_grad(T *d, const Z *z, float m, float a, int t, float dloss_scale, int v) {
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
-        float e = __fmul_rn(tetra_expf(z[j] - m), a);
+        float e = __fmul_rn(tetra_expf(to_f32(z[j]) - m), a);
         store_f32(d + j, j == t ? __fsub_rn(e, dloss_scale) : e);
     }
 }
@@ -647,13 +647,13 @@ template <typename T> __device__ __forceinline__ void ce_zero_row(T *d, int v) {
     for (int j = threadIdx.x; j < v; j += blockDim.x) store_f32(d + j, 0.0f);
 }
 
-template <typename T>
+template <typename T, typename Z>
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_fused_kernel(T *dlogits, float *losses, const float *logits, const int32_t *targets, int v, float dloss_scale) {
+    ce_fused_kernel(T *dlogits, float *losses, const Z *logits, const int32_t *targets, int v, float dloss_scale) {
     __shared__ float shf[32];
     __shared__ double shd[32];
     const size_t row = blockIdx.x;
-    const float *z = logits + row * (size_t)v;
+    const Z *z = logits + row * (size_t)v;
     T *d = dlogits ? dlogits + row * (size_t)v : NULL;
     const int t = targets[row];
     if (!(t >= 0 && t < v)) { // ignored (or out of range): no loss, zero gradient
@@ -663,7 +663,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     }
     float m = -INFINITY, s = 0.0f;
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
-        float zj = z[j];
+        float zj = to_f32(z[j]);
         if (zj > m) {
             s = s * tetra_expf(m - zj) + 1.0f;
             m = zj;
@@ -674,7 +674,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     const float M = block_max(m, shf);
     double part = m == -INFINITY ? 0.0 : (double)(s * tetra_expf(m - M));
     const double S = block_sum(part, shd);
-    const float zt = z[t] - M;
+    const float zt = to_f32(z[t]) - M;
     const float sf = (float)S;
     if (threadIdx.x == 0) losses[row] = logf(sf) - zt;
     if (!d) return;
@@ -685,14 +685,16 @@ __global__ void __launch_bounds__(CE_THREADS)
 extern "C" void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
                                    int v, float dloss_scale) {
     if (n <= 0) return;
-    ce_fused_kernel<float><<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
+    ce_fused_kernel<float, float>
+        <<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets,
-                                        int n, int v, float dloss_scale) {
+extern "C" void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits,
+                                        const int32_t *targets, int n, int v, float dloss_scale) {
     if (n <= 0) return;
-    ce_fused_kernel<uint16_t><<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
+    ce_fused_kernel<uint16_t, uint16_t>
+        <<<n, CE_THREADS, 0, cuda_stream()>>>(dlogits, losses, logits, targets, v, dloss_scale);
     CUDA_CHECK_LAUNCH();
 }
 

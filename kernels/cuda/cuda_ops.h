@@ -117,7 +117,7 @@ void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, co
 void cuda_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n);
 void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
                                const uint16_t *a, const uint16_t *g, size_t n);
-void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const float *logits, const int32_t *targets, int n,
+void cuda_cross_entropy_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits, const int32_t *targets, int n,
                              int v, float dloss_scale);
 void cuda_cross_entropy(float *dlogits, float *losses, const float *logits, const int32_t *targets, int n, int v,
                         float dloss_scale);

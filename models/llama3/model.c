@@ -414,8 +414,11 @@ struct llama3_acts {
     void *xnf;           /* [N, C]  final norm output */
     float *rstdf;        /* [N/P] */
     void *dxnf;          /* [N/P, C]  dL/dxnf of this rank's rows, from the head's I for its W */
-    float *logits;       /* [N, V]  fp32 logits; after the forward with targets: fp32 dlogits */
-    uint16_t *dlogits16; /* [N, V]  bf16 dlogits for the output GEMMs (mixed precision only) */
+    float *logits;       /* [N, V]  fp32 logits (fp32, or bf16 under tensor parallel: the bf16
+                          * ones widened for the vocabulary-parallel loss); after the forward
+                          * with targets: fp32 dlogits; NULL in bf16 at tp 1 */
+    uint16_t *dlogits16; /* [N, V]  bf16 (mixed precision only): the output projection's bf16
+                          * logits, then the bf16 dlogits for the output GEMMs */
     float *losses;       /* [N]     per-token cross-entropy */
     float *ce_stats;     /* [3, N]  vocab-parallel softmax statistics (P > 1) */
     float *logits_copy;  /* [N, V] or NULL (llama3_acts_keep_logits) */
@@ -707,8 +710,10 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
         if (!measuring) a->rstdf = p;
         p = carve(&cv, nl * c * es);
         if (!measuring) a->dxnf = p;
-        p = carve(&cv, n * v * fl);
-        if (!measuring) a->logits = p;
+        if (!mixed(m) || tpn(m) > 1) { /* bf16 at tp 1: the loss reads and writes the bf16 buffer */
+            p = carve(&cv, n * v * fl);
+            if (!measuring) a->logits = p;
+        }
         if (mixed(m)) {
             p = carve(&cv, n * v * sizeof(uint16_t));
             if (!measuring) a->dlogits16 = p;
@@ -1381,7 +1386,10 @@ static void rows_run(void *user, size_t r0, size_t rows) {
         lin_bwd_input_to(m, pidx_block(m, l, P_WK), TETRA_F32, tpf, AT(t->k, KVD), n, rr, 1.0f);
         lin_bwd_input_to(m, pidx_block(m, l, P_WV), TETRA_F32, tpf, AT(t->v, KVD), n, rr, 1.0f);
         break;
-    case ROWS_LOGITS: lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits + r0 * V, AT(a->xnf, C), n, rr, 0.0f); break;
+    case ROWS_LOGITS:
+        if (mixed(m)) lin_fwd_to(m, pidx_output(m), TETRA_BF16, a->dlogits16 + r0 * V, AT(a->xnf, C), n, rr, 0.0f);
+        else lin_fwd_to(m, pidx_output(m), TETRA_F32, a->logits + r0 * V, AT(a->xnf, C), n, rr, 0.0f);
+        break;
     case ROWS_DXNF: {
         const void *dl = mixed(m) ? (const void *)(a->dlogits16 + r0 * V) : (const void *)(a->logits + r0 * V);
         lin_bwd_input_to(m, pidx_output(m), TETRA_F32, tpf, dl, n, rr, 0.0f);
@@ -1630,7 +1638,8 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
     }
     const int n = (int)a->n, Vl = (int)vocab_l(m);
     const void *w = param_ptr(m, pidx_norm(m));
-    /* the logits are fp32 in both precisions: the loss and its gradient need the range */
+    /* the logits: fp32, or in bf16 the output projection's bf16 (TorchTitan's, whose loss
+     * widens them to fp32 as this one does); the loss is computed in fp32 either way */
     rows_job lg = {m, a, -1, ROWS_LOGITS, NULL, 0, 0};
     if (tpn(m) > 1) {
         rmsnorm_fwd(m, a->ws->xn_local, a->rstdf, a->res[a->nb], w, (int)a->nl);
@@ -1639,7 +1648,10 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
         rmsnorm_fwd(m, a->xnf, a->rstdf, a->res[a->nb], w, n);
         rows_all(m, a, &lg);
     }
-    if (a->logits_copy) ops->copy(a->logits_copy, a->logits, a->n * (size_t)Vl * sizeof(float));
+    const size_t nv = a->n * (size_t)Vl;
+    if (mixed(m) && tpn(m) > 1) ops->cast_bf16_to_f32(a->logits, a->dlogits16, nv); /* the vocabulary-parallel loss's */
+    if (a->logits_copy && a->logits) ops->copy(a->logits_copy, a->logits, nv * sizeof(float));
+    else if (a->logits_copy) ops->cast_bf16_to_f32(a->logits_copy, a->dlogits16, nv);
     if (!targets) {
         a->has_targets = 0;
         if (n_valid) *n_valid = 0;
@@ -1649,10 +1661,10 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
     for (size_t i = 0; i < a->n; i++) valid += targets[i] != OPS_IGNORE_INDEX;
     if (n_valid) *n_valid = valid;
     ops->copy_h2d_async(a->targets, targets, a->n * sizeof(int32_t)); /* no host wait (model.h) */
-    /* fused: per-token losses, and dlogits written over the logits (in bf16: straight into
-     * the bf16 dlogits the backward reads, the same bits as the cast below) */
+    /* fused: per-token losses, and dlogits written over the logits (in bf16 the bf16 dlogits
+     * the backward reads, over the bf16 logits: the same bits as the cast below) */
     if (tpn(m) == 1 && mixed(m)) {
-        ops->cross_entropy_bf16(a->dlogits16, a->losses, a->logits, a->targets, n, Vl, dloss_scale);
+        ops->cross_entropy_bf16(a->dlogits16, a->losses, a->dlogits16, a->targets, n, Vl, dloss_scale);
     } else if (tpn(m) == 1) {
         ops->cross_entropy(a->logits, a->losses, a->logits, a->targets, n, Vl, dloss_scale);
     } else if (m->tp_gather_logits) {

@@ -330,9 +330,10 @@ void llama3_forward_head_to(llama3_model *m, llama3_acts *a, const int32_t *targ
 void *llama3_acts_residual(llama3_acts *a, int l);
 void *llama3_acts_residual_grad(llama3_acts *a, int l);
 
-/* The logits of the last forward ([b*t, V], backend memory): the kept copy
- * (llama3_acts_keep_logits), or the logits buffer itself after a forward
- * without targets; NULL otherwise (the buffer then holds dlogits). */
+/* The logits of the last forward ([b*t, V] fp32, backend memory): the kept copy
+ * (llama3_acts_keep_logits), or the logits buffer itself after a forward without
+ * targets in fp32 or under tensor parallel; NULL otherwise (the buffer then holds
+ * dlogits; in bf16 at tp 1 the logits are bf16 and only a kept copy widens them). */
 const float *llama3_logits(const llama3_acts *a);
 
 /* Full backward of the last forward (embedding and head needed); accumulates into

@@ -2085,18 +2085,26 @@ static void test_cross_entropy_fused(int n, int v) {
     check_close("cross_entropy in place losses", shape, gl, loss, n, 1e-5);
     free(gd);
     free(gl);
-    // bf16 dlogits: the bits of this backend's fp32 dlogits cast to bf16, and the CPU's
-    // within bf16 rounding
+    // bf16 logits and dlogits: the bits of this backend's fp32 dlogits over the logits
+    // widened cast to bf16 (also in place), and the CPU's within bf16 rounding
     {
         uint16_t *d_d16 = (uint16_t *)G->alloc(nv * 2), *d_c16 = (uint16_t *)G->alloc(nv * 2);
+        uint16_t *d_z16 = (uint16_t *)G->alloc(nv * 2);
         float *d_z2 = (float *)dup_gpu(z, nv * 4), *d_l2 = (float *)G->alloc((size_t)n * 4);
+        G->cast_f32_to_bf16(d_z16, d_z2, nv);
+        G->cast_bf16_to_f32(d_z2, d_z16, nv);
         G->cross_entropy(d_dz, d_loss, d_z2, d_t, n, v, scale);
         G->cast_f32_to_bf16(d_c16, d_dz, nv);
-        G->cross_entropy_bf16(d_d16, d_l2, d_z2, d_t, n, v, scale);
+        G->cross_entropy_bf16(d_d16, d_l2, d_z16, d_t, n, v, scale);
+        G->cross_entropy_bf16(d_z16, d_l2, d_z16, d_t, n, v, scale); /* in place */
+        uint16_t *gi16 = (uint16_t *)from_gpu(d_z16, nv * 2);
         uint16_t *g16 = (uint16_t *)from_gpu(d_d16, nv * 2), *c16 = (uint16_t *)from_gpu(d_c16, nv * 2);
         float *gl2 = (float *)from_gpu(d_l2, (size_t)n * 4), *gl1 = (float *)from_gpu(d_loss, (size_t)n * 4);
         check_bits("cross_entropy_bf16 == cast(cross_entropy)", shape, g16, c16, nv * 2);
         check_bits("cross_entropy_bf16 losses", shape, gl2, gl1, (size_t)n * 4);
+        check_bits("cross_entropy_bf16 in place == cast(cross_entropy)", shape, gi16, c16, nv * 2);
+        free(gi16);
+        G->release(d_z16);
         float *g32 = (float *)malloc(nv * 4);
         C->cast_bf16_to_f32(g32, g16, nv);
         check_close("cross_entropy_bf16 dlogits against the CPU", shape, g32, dz, nv, 1e-2);
@@ -3031,7 +3039,7 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
     }
     LC("n=6 v=300", NULL, R->cross_entropy(X, Z, X, tok, 6, 300, 0.1f));
     LC("n=6 v=300 no dlogits", NULL, R->cross_entropy(NULL, Z, X, tok, 6, 300, 0.1f));
-    LC("n=6 v=300", NULL, R->cross_entropy_bf16(H, Z, X, tok, 6, 300, 0.1f));
+    LC("n=6 v=300", NULL, R->cross_entropy_bf16(H, Z, H, tok, 6, 300, 0.1f));
     LC("n=6 v=100", NULL, R->ce_shard_max(Z, X, 6, 100));
     LC("n=6 v=100", NULL, R->ce_shard_sums(Z, Z + 8, X, Z + 16, tok, 6, 100, 0));
     LC("n=6 v=100", NULL, R->ce_shard_finish(X, Z, X, Z + 16, Z, Z + 8, tok, 6, 100, 0, 0.1f));

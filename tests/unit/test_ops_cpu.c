@@ -753,14 +753,15 @@ static void test_bf16_determinism(void) {
     free(x), free(w), free(dy), free(tok), free(freqs);
 }
 
-/* cross_entropy_bf16 writes the bits the fp32 op's dlogits cast to bf16 have, with the
- * same losses; ignored and out-of-range targets give zero rows. */
+/* cross_entropy_bf16 over bf16 logits writes the bits the fp32 op's dlogits over the
+ * logits widened to fp32 have, cast to bf16, with the same losses, also in place;
+ * ignored and out-of-range targets give zero rows. */
 static void test_cross_entropy_bf16(void) {
     const tetra_ops *o = ops_cpu();
     const int n = 9, v = 1500;
     const size_t nv = (size_t)n * v;
     float *z = malloc(nv * 4), *d = malloc(nv * 4), *l32 = malloc((size_t)n * 4), *l16 = malloc((size_t)n * 4);
-    uint16_t *ref = malloc(nv * 2), *got = malloc(nv * 2);
+    uint16_t *ref = malloc(nv * 2), *got = malloc(nv * 2), *z16 = malloc(nv * 2), *inplace = malloc(nv * 2);
     int32_t t[9];
     uint32_t x = 7;
     for (size_t i = 0; i < nv; i++) {
@@ -770,11 +771,17 @@ static void test_cross_entropy_bf16(void) {
     for (int i = 0; i < n; i++) t[i] = (i * 389) % v;
     t[2] = OPS_IGNORE_INDEX;
     t[5] = v + 3;
+    o->cast_f32_to_bf16(z16, z, nv);
+    o->cast_bf16_to_f32(z, z16, nv); /* the logits the bf16 op sees, widened */
     o->cross_entropy(d, l32, z, t, n, v, 1.0f / 7.0f);
     o->cast_f32_to_bf16(ref, d, nv);
-    o->cross_entropy_bf16(got, l16, z, t, n, v, 1.0f / 7.0f);
+    o->cross_entropy_bf16(got, l16, z16, t, n, v, 1.0f / 7.0f);
     CHECK(!memcmp(got, ref, nv * 2) && !memcmp(l16, l32, (size_t)n * 4),
-          "cross_entropy_bf16: the fp32 op's dlogits cast to bf16 and its losses, bit for bit");
+          "cross_entropy_bf16: the fp32 op's dlogits over the widened logits cast to bf16 and its losses, bit for bit");
+    memcpy(inplace, z16, nv * 2);
+    o->cross_entropy_bf16(inplace, l16, inplace, t, n, v, 1.0f / 7.0f);
+    CHECK(!memcmp(inplace, ref, nv * 2) && !memcmp(l16, l32, (size_t)n * 4),
+          "cross_entropy_bf16 in place (dlogits over the logits): the same bits");
     int zero = 1;
     for (int j = 0; j < v; j++) zero &= got[2 * (size_t)v + j] == 0 && got[5 * (size_t)v + j] == 0;
     CHECK(zero && l16[2] == 0.0f && l16[5] == 0.0f, "cross_entropy_bf16: ignored targets give zero rows and losses");
@@ -784,6 +791,8 @@ static void test_cross_entropy_bf16(void) {
     free(l16);
     free(ref);
     free(got);
+    free(z16);
+    free(inplace);
 }
 
 int main(void) {
