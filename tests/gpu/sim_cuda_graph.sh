@@ -8,6 +8,9 @@
 #     steps 2-5 are launched as graphs (one built, then updated in place each step), with
 #     the losses and gradient norms of the same run without graphs bit for bit and 0 host
 #     waits per step;
+#   - each fp32 graph (no cuDNN, whose attention the simulator does not have) holds as many
+#     nodes as `tetra plan --ops` counts launches in the step (kernels/op_costs.h): every
+#     launch of the step is in the graph;
 #   - a profiled run: the two steps the profiler times run without a graph, the others
 #     with one;
 #   - refused with a message naming the key: on the CPU backend, with 2 ranks (fsdp),
@@ -50,6 +53,19 @@ graphs() { # name expected-launches: the run's summary line
   fi
 }
 
+# the graph's nodes against the launches `tetra plan --ops` records for the step
+nodes_match() { # name [args...]
+  local name=$1 nodes launches
+  shift
+  nodes=$(grep -o "[0-9]* nodes in the last" "$T/$name.log" | awk '{print $1}')
+  launches=$("$TETRA" plan "${COMMON[@]:1}" "$@" --ops 2>/dev/null | awk '$1 == "the" && $2 == "step" {print $3}')
+  if [ -n "$nodes" ] && [ "$nodes" = "$launches" ]; then
+    echo "ok   $name: the graph's $nodes nodes are the $launches launches tetra plan --ops counts in the step"
+  else
+    bad "$name: ${nodes:-no} graph nodes, tetra plan --ops counts ${launches:-no} launches"
+  fi
+}
+
 FP32=(--training.mixed_precision_param float32 --training.global_batch_size 4)
 F8=(--training.mixed_precision_param bfloat16 --model.converters float8 --training.global_batch_size 8)
 BC=(--training.mixed_precision_param float32 --training.global_batch_size 4 --model.attn_mask_type block_causal
@@ -59,6 +75,7 @@ for cfg in FP32 F8 BC; do
   run "${cfg,,}_eager" false "${args[@]}"
   run "${cfg,,}_graph" true "${args[@]}"
   graphs "${cfg,,}_graph" 4
+  [ "$cfg" = F8 ] || nodes_match "${cfg,,}_graph" "${args[@]}"
 done
 PROF=(--profiling.enable_profiling --profiling.profile_freq 4 --profiling.profiler_active 2
       --profiling.save_traces_folder traces)
