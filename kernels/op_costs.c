@@ -720,16 +720,14 @@ void opc_attention_merge(op_cost *o, const op_cost_device *d, int b, int sq, int
 
 /* A block per row, a pass over the row for the max and sum, another writing dlogits: the
  * row is read again from device memory when it does not stay on chip. */
-static double row_passes(int v, int grad) { return grad && (size_t)v * sizeof(float) > OPC_ON_CHIP_BYTES ? 2.0 : 1.0; }
-/* the same for a row of elements of es bytes read with its gradient written */
-static double row_passes_bytes(int v, size_t es) { return (size_t)v * es > OPC_ON_CHIP_BYTES ? 2.0 : 1.0; }
+static double row_passes(int v, size_t es, int grad) { return grad && (size_t)v * es > OPC_ON_CHIP_BYTES ? 2.0 : 1.0; }
 
 void opc_cross_entropy(op_cost *o, const op_cost_device *d, const float *dlogits, int n, int v) {
     (void)d;
     begin(o, OPK_CROSS_ENTROPY, "%dx%d%s", n, v, dlogits ? " with dlogits" : "");
     if (n <= 0) return;
     const double nv = (double)n * v;
-    kernel(o, row_passes(v, dlogits != NULL) * 4.0 * nv + 4.0 * n, 4.0 * n + (dlogits ? 4.0 * nv : 0.0),
+    kernel(o, row_passes(v, sizeof(float), dlogits != NULL) * 4.0 * nv + 4.0 * n, 4.0 * n + (dlogits ? 4.0 * nv : 0.0),
            (dlogits ? 8.0 : 5.0) * nv);
 }
 
@@ -738,7 +736,7 @@ void opc_cross_entropy_bf16(op_cost *o, const op_cost_device *d, int n, int v) {
     begin(o, OPK_CROSS_ENTROPY_BF16, "%dx%d", n, v);
     if (n <= 0) return;
     const double nv = (double)n * v;
-    kernel(o, row_passes_bytes(v, 2) * 2.0 * nv + 4.0 * n, 4.0 * n + 2.0 * nv, 8.0 * nv);
+    kernel(o, row_passes(v, sizeof(uint16_t), 1) * 2.0 * nv + 4.0 * n, 4.0 * n + 2.0 * nv, 8.0 * nv);
 }
 
 void opc_ce_shard_max(op_cost *o, const op_cost_device *d, int n, int v_local) {
