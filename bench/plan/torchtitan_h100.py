@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--hardware", default="h100-96gb")
     ap.add_argument("--max-speed", type=float, default=None)
     ap.add_argument("--max-memory", type=float, default=None)
+    ap.add_argument("--min-megatron", type=float, default=None,
+                    help="fail when Megatron-Bridge's 8B FP8 config plans below this many tokens/s/GPU")
     a = ap.parse_args()
     failed = 0
     print("| # | layout | variant | TorchTitan tok/s/GPU | plan tok/s/GPU | ratio | TorchTitan GiB |"
@@ -135,6 +137,9 @@ def main():
         t = json.loads(p.stdout)["tokens_per_s_per_gpu"]
         print("Megatron-Bridge 8B FP8 (8 x H100 SXM, FSDP 8, global batch 128, seq 8192, AC none): published "
               "14451 tokens/s/GPU, plan %.0f on h100-sxm (ratio %.2f)" % (t, t / 14451))
+        if a.min_megatron is not None and t < a.min_megatron:
+            print("Megatron-Bridge 8B FP8 plans below %.0f tokens/s/GPU" % a.min_megatron)
+            failed = 1
     else:
         print("Megatron-Bridge 8B FP8: cannot run: %s" % (p.stderr.strip() or p.stdout.strip())[:200])
         failed = 1
