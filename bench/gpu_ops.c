@@ -305,6 +305,43 @@ static void bench_attention(const dims *dm, const buffers *b) {
     snprintf(lab, sizeof lab, "backward (workspace %.1f MiB)", (double)wsb / 1048576.0);
     TIME(lab, O->attention_backward_bf16(b->dq, b->dk, b->dv, b->tmp, b->q, b->k, b->v, b->att, b->lse, &sh, ws), 0,
          2.5 * ffl);
+    O->release(ws);
+
+    /* Document masks take the built-in kernels (tensor cores up to head dim 128): one
+     * document over the whole sequence (the causal pairs, against cuDNN's rows above), then
+     * documents of 256 to 1,024 tokens (about 600 on average). The group's name keeps these
+     * rows out of gpu_check_tools.py's fused-attention factor. FLOPs count the visible pairs
+     * at cuDNN's 4d forward and 10d backward, so the rates compare with the rows above. */
+    GROUP = "document-masked attention (bf16, built-in kernels)";
+    int32_t *ids = (int32_t *)malloc((size_t)N * sizeof(int32_t));
+    int32_t *d_ids = (int32_t *)dalloc((size_t)N * sizeof(int32_t));
+    for (int pass = 0; pass < 2; pass++) {
+        double pairs = 0.0;
+        int docs = 0;
+        for (int i = 0, id = 0, len = 0; i < N; id++, docs++) {
+            len = pass == 0 ? N : 256 + (int)((id * 397L) % 769); /* 256..1024 */
+            if (len > N - i) len = N - i;
+            for (int j = 0; j < len; j++) ids[i + j] = id;
+            pairs += (double)len * (len + 1) / 2;
+            i += len;
+        }
+        O->copy_h2d(d_ids, ids, (size_t)N * sizeof(int32_t));
+        ops_attn_shape dm_sh = sh;
+        dm_sh.doc = d_ids, dm_sh.doc_len = N;
+        size_t dwsb = O->attention_workspace_size_bf16(&dm_sh);
+        void *dws = dalloc(dwsb ? dwsb : 256);
+        const double dfl = 4.0 * pairs * D * H;
+        snprintf(lab, sizeof lab, "forward, %d document%s (%.0f%% of the causal pairs)", docs, docs == 1 ? "" : "s",
+                 100.0 * pairs / ((double)N * (N + 1) / 2));
+        TIME(lab, O->attention_forward_bf16(b->att, b->lse, b->q, b->k, b->v, &dm_sh, dws), 0, dfl);
+        snprintf(lab, sizeof lab, "backward, %d document%s", docs, docs == 1 ? "" : "s");
+        TIME(lab,
+             O->attention_backward_bf16(b->dq, b->dk, b->dv, b->tmp, b->q, b->k, b->v, b->att, b->lse, &dm_sh, dws), 0,
+             2.5 * dfl);
+        O->release(dws);
+    }
+    O->release(d_ids);
+    free(ids);
 }
 
 static void bench_elementwise(const dims *dm, const buffers *b) {

@@ -655,7 +655,9 @@ void opc_attention_forward(op_cost *o, const op_cost_device *d, tetra_dtype t, v
         return;
     }
     o->kernels = 1;
-    o->flops[OPC_FLOP_ATTN_F32] = flops;
+    if (t == TETRA_BF16 && ops_path_attention_tc(s)) /* tensor cores: S, then P V as two bf16 terms */
+        o->flops[OPC_FLOP_ATTN_TC] = 1.5 * flops;
+    else o->flops[OPC_FLOP_ATTN_F32] = flops;
     set_path(o, "built-in");
 }
 
@@ -704,7 +706,9 @@ void opc_attention_backward(op_cost *o, const op_cost_device *d, tetra_dtype t, 
     o->kernels += 2;
     o->read += 2.0 * (e * (2.0 * nq + 2.0 * nk) + 8.0 * rows) + acc * e * (nq + 2.0 * nk);
     o->written += e * (nq + 2.0 * nk);
-    o->flops[OPC_FLOP_ATTN_F32] = 14.0 * s->d * pairs; /* S and dP twice (once per pass), dV, dK, dQ */
+    if (t == TETRA_BF16 && ops_path_attention_tc(s)) /* S and dP twice; dV, dK, dQ as two bf16 terms each */
+        o->flops[OPC_FLOP_ATTN_TC] = 20.0 * s->d * pairs;
+    else o->flops[OPC_FLOP_ATTN_F32] = 14.0 * s->d * pairs; /* S and dP twice (once per pass), dV, dK, dQ */
     set_path(o, "built-in");
 }
 

@@ -13,7 +13,9 @@
  *   scratch round trips and extra passes counted (fp8 operand transposes, the fp32
  *   product of the epilogue paths, widened operands, the sort's radix passes);
  * - FLOPs by the unit that runs them: bf16, fp8 and fp32 GEMMs, attention on the tensor
- *   cores (cuDNN) or on the CUDA cores (the built-in kernels, fp32 FMA), and elementwise
+ *   cores (cuDNN, and the built-in bf16 kernels up to head dim 128, which issue 1.5x
+ *   cuDNN's forward and 2x its backward products) or on the CUDA cores (the built-in
+ *   kernels otherwise, fp32 FMA), and elementwise
  *   arithmetic (an approximate count of fp32 operations per element).
  * Where the CUDA code takes a data-dependent path (fp8 GEMMs by dtype, size and
  * alignment, cuDNN or the built-in attention by shape and device), the description takes
@@ -51,8 +53,8 @@ typedef enum {
     OPC_FLOP_GEMM_BF16 = 0,
     OPC_FLOP_GEMM_FP8,
     OPC_FLOP_GEMM_F32,
-    OPC_FLOP_ATTN_TC,  /* attention on the tensor cores (cuDNN, bf16) */
-    OPC_FLOP_ATTN_F32, /* attention on the CUDA cores (the built-in kernels, fp32) */
+    OPC_FLOP_ATTN_TC,  /* attention on the tensor cores (cuDNN; the built-in bf16 kernels to d 128) */
+    OPC_FLOP_ATTN_F32, /* attention on the CUDA cores (the other built-in kernels, fp32 FMA) */
     OPC_FLOP_ELEMENT,  /* elementwise fp32 arithmetic */
     OPC_FLOP_KINDS
 } op_flop_kind;

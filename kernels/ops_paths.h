@@ -86,6 +86,13 @@ static inline const char *ops_path_cudnn_shape_problem(const ops_attn_shape *s, 
     return NULL;
 }
 
+/* ---- attention's built-in kernels (cuda_attention.cu, cuda_attention_tc.cu)
+ *
+ * Where cuDNN does not run it, the bf16 op runs on the tensor cores (warp matrix products,
+ * bf16 operands into fp32, the probabilities and dS as two bf16 terms) for head dims up to
+ * 128, and on the CUDA cores (fp32 FMA, as the fp32 op) above. */
+static inline int ops_path_attention_tc(const ops_attn_shape *s) { return s && s->d >= 1 && s->d <= 128; }
+
 /* The backward operation graph's dQ accumulator must be zeroed before each call (a
  * memset) with cuDNN before 9.6. */
 static inline int ops_path_cudnn_zero_dq_accum(int version) { return version < 90600; }

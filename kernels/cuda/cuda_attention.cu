@@ -36,84 +36,24 @@
 // float for the fp32 ops, bf16 (uint16_t) for the built-in path of the *_bf16 ops. Tiles
 // are widened to fp32 in shared memory, so both compute the same fp32 arithmetic; bf16
 // outputs are rounded once, and bf16 gradients are WRITTEN (ops.h), each block owning
-// its rows. The bf16 ops prefer cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu) and use
-// these kernels where it does not apply (see the bf16 section at the end).
+// its rows. The bf16 ops prefer cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu); where it
+// does not apply they use the tensor-core kernels of cuda_attention_tc.cu up to head dim
+// 128, and these above (see the bf16 section at the end).
 // kernels/op_costs.c describes each call (opc_attention_*: which path, its launches and
 // bytes) for `tetra plan --ops`; the simulator checks the launches: change both together.
 #include "kernels/ops_shapes.h"
+#include "kernels/cuda/cuda_attention_args.cuh"
+#include "kernels/cuda/cuda_attention_tc.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops_docmask.h"
 #include "kernels/ops_math.h"
+#include "kernels/ops_paths.h"
 
 #include <type_traits>
 
 #define ATT_THREADS 256
-
-typedef struct {
-    int B, Sq, Sk, H, KV, D, rep;
-    float scale;
-    int causal;
-    long long delta; // q_offset - k_offset
-    int q_offset, k_offset;
-    const int32_t *doc; // [B, doc_len] document ids of the global positions, or NULL
-    int doc_len;
-} attn_args;
-
-static attn_args make_args(const ops_attn_shape *s) {
-    attn_args a;
-    a.B = s->b;
-    a.Sq = s->sq;
-    a.Sk = s->sk;
-    a.H = s->h;
-    a.KV = s->kv;
-    a.D = s->d;
-    a.rep = s->h / s->kv;
-    a.scale = s->scale;
-    a.causal = s->causal;
-    a.delta = (long long)s->q_offset - (long long)s->k_offset;
-    a.q_offset = s->q_offset;
-    a.k_offset = s->k_offset;
-    a.doc = s->doc;
-    a.doc_len = s->doc_len;
-    return a;
-}
-
-// keys visible to query row i, clamped to [0, Sk]
-__host__ __device__ static inline int visible_keys(const attn_args &a, int i) {
-    if (!a.causal) return a.Sk;
-    long long n = a.delta + i + 1;
-    return n < 0 ? 0 : (n > a.Sk ? a.Sk : (int)n);
-}
-
-// first query row that sees key j (0 without the mask), clamped to [0, Sq]
-__host__ __device__ static inline int first_query(const attn_args &a, int j) {
-    if (!a.causal) return 0;
-    long long i = (long long)j - a.delta;
-    return i < 0 ? 0 : (i > a.Sq ? a.Sq : (int)i);
-}
-
-// the first key row query row i of sequence b sees under the document mask (0 without)
-__device__ static inline int doc_key_begin(const attn_args &a, int b, int i) {
-    if (!a.doc) return 0;
-    long long f = (long long)ops_doc_first(a.doc + (size_t)b * a.doc_len, a.q_offset + i) - a.k_offset;
-    return f < 0 ? 0 : (f > a.Sk ? a.Sk : (int)f);
-}
-
-// one past the last query row of sequence b that sees key row j under the document mask
-__device__ static inline int doc_query_end(const attn_args &a, int b, int j) {
-    if (!a.doc) return a.Sq;
-    long long e = (long long)ops_doc_end(a.doc + (size_t)b * a.doc_len, a.k_offset + j, a.doc_len) - a.q_offset;
-    return e < 0 ? 0 : (e > a.Sq ? a.Sq : (int)e);
-}
-
-__device__ __forceinline__ bool key_visible(const attn_args &a, int b, int qi, int kj) {
-    if (a.causal && (long long)kj > a.delta + qi) return false;
-    if (!a.doc) return true;
-    const int32_t *d = a.doc + (size_t)b * a.doc_len;
-    return d[a.q_offset + qi] == d[a.k_offset + kj];
-}
 
 // Load `rows` rows of D floats (row stride ld) into a [BR][LD] tile, zero-padding rows
 // >= rows and columns >= D.
@@ -641,6 +581,12 @@ template <typename T>
 static void builtin_forward(T *out, float *lse, const T *q, const T *k, const T *v, const ops_attn_shape *s) {
     check_shape(s);
     attn_args a = make_args(s);
+    if constexpr (std::is_same<T, uint16_t>::value) {
+        if (ops_path_attention_tc(s)) {
+            cuda_attention_tc_forward(out, lse, q, k, v, a);
+            return;
+        }
+    }
     if (s->d <= 16) launch_fwd<16, 64, 32, T>(out, lse, q, k, v, a);
     else if (s->d <= 32) launch_fwd<32, 64, 32, T>(out, lse, q, k, v, a);
     else if (s->d <= 64) launch_fwd<64, 64, 32, T>(out, lse, q, k, v, a);
@@ -659,6 +605,12 @@ static void builtin_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, con
     if (nb > TETRA_MAX_BLOCKS) nb = TETRA_MAX_BLOCKS;
     attn_rowdot_kernel<T><<<(unsigned)nb, 256, 0, cuda_stream()>>>(Dv, dout, out, s->sq, s->h, s->d, nrows);
     CUDA_CHECK_LAUNCH();
+    if constexpr (std::is_same<T, uint16_t>::value) {
+        if (ops_path_attention_tc(s)) {
+            cuda_attention_tc_backward(dq, dk, dv, dout, q, k, v, lse, Dv, a);
+            return;
+        }
+    }
     if (s->d <= 16) launch_bwd<16, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
     else if (s->d <= 32) launch_bwd<32, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
     else if (s->d <= 64) launch_bwd<64, 32, 32, T>(dq, dk, dv, dout, q, k, v, lse, Dv, a);
@@ -685,7 +637,8 @@ extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, const f
 
 // ----------------------------------------------------------------------------
 // bf16 attention: cuDNN's fused SDPA (kernels/cuda/cuda_cudnn.cu) where it takes the
-// shape and has a plan, else the built-in kernels above instantiated for bf16 (tiles
+// shape and has a plan, else the built-in kernels: on the tensor cores for head dims up to
+// 128 (cuda_attention_tc.cu), above that the kernels above instantiated for bf16 (tiles
 // widened to fp32 in shared memory, fp32 softmax and accumulation, outputs rounded once).
 // The workspace holds whichever of the two needs more: cuDNN's forward or backward
 // workspace, or the built-in backward's Dv. Each path (and each reason for falling back)
@@ -713,6 +666,7 @@ static void log_path(int backward, int why, const ops_attn_shape *s, const char 
     if (logged[backward][why]) return;
     logged[backward][why] = 1;
     const char *dir = backward ? "backward" : "forward";
+    const char *kind = ops_path_attention_tc(s) ? "tensor-core" : "SIMT";
     const int ver = cuda_cudnn_version();
     char shape[160];
     snprintf(shape, sizeof shape, "b%d sq%d sk%d h%d kv%d d%d %s q@%d k@%d", s->b, s->sq, s->sk, s->h, s->kv, s->d,
@@ -723,25 +677,27 @@ static void log_path(int backward, int why, const ops_attn_shape *s, const char 
                 backward && attn_deterministic ? " (deterministic graph)" : "");
         break;
     case WHY_NO_CUDNN:
-        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (this build has no cuDNN)\n", dir);
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in %s kernel (this build has no cuDNN)\n", dir, kind);
         break;
     case WHY_DETERMINISTIC:
         fprintf(stderr,
-                "cuda: attention bf16 %s via the built-in kernel (training.deterministic: cuDNN %d.%d has no "
+                "cuda: attention bf16 %s via the built-in %s kernel (training.deterministic: cuDNN %d.%d has no "
                 "deterministic SDPA plan for %s: %s)\n",
-                dir, ver / 10000, (ver / 100) % 100, shape, cuda_cudnn_last_error());
+                dir, kind, ver / 10000, (ver / 100) % 100, shape, cuda_cudnn_last_error());
         break;
     case WHY_UNSUPPORTED:
-        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (cuDNN %d.%d's fused SDPA does not take %s)\n",
-                dir, ver / 10000, (ver / 100) % 100, shape);
+        fprintf(stderr,
+                "cuda: attention bf16 %s via the built-in %s kernel (cuDNN %d.%d's fused SDPA does not take %s)\n", dir,
+                kind, ver / 10000, (ver / 100) % 100, shape);
         break;
     case WHY_NO_PLAN:
-        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (cuDNN %d.%d has no SDPA plan for %s: %s)\n",
-                dir, ver / 10000, (ver / 100) % 100, shape, cuda_cudnn_last_error());
+        fprintf(stderr,
+                "cuda: attention bf16 %s via the built-in %s kernel (cuDNN %d.%d has no SDPA plan for %s: %s)\n", dir,
+                kind, ver / 10000, (ver / 100) % 100, shape, cuda_cudnn_last_error());
         break;
     default:
-        fprintf(stderr, "cuda: attention bf16 %s via the built-in kernel (the cuDNN SDPA call failed for %s: %s)\n",
-                dir, shape, detail && detail[0] ? detail : "no message");
+        fprintf(stderr, "cuda: attention bf16 %s via the built-in %s kernel (the cuDNN SDPA call failed for %s: %s)\n",
+                dir, kind, shape, detail && detail[0] ? detail : "no message");
         break;
     }
 }

@@ -131,7 +131,9 @@ attn = lambda r: sum(v for k, v in r["phases"]["block_forward"]["flops"].items()
 share = b["attention"]["doc_share"]
 assert c["attention"]["doc_share"] == 1.0 and "causal mask" in c["attention"]["source"], c["attention"]
 assert 0 < share < 0.2 and "block_causal on" in b["attention"]["source"], b["attention"]
-assert abs(attn(b) - share * attn(c)) <= 1e-6 * attn(c), (attn(b), share, attn(c))
+# causal runs on cuDNN (4d per pair), block_causal on the built-in tensor-core kernels,
+# whose P V takes two bf16 terms (6d per pair): kernels/op_costs.h
+assert abs(attn(b) - 1.5 * share * attn(c)) <= 1e-6 * attn(c), (attn(b), share, attn(c))
 print("block_causal: the block's attention %.3g GFLOP against causal %.3g (share %.3f: %s)" %
       (attn(b) / 1e9, attn(c) / 1e9, share, b["attention"]["source"]))
 EOF

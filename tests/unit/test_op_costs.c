@@ -150,8 +150,21 @@ static void test_attention(void) {
     opc_attention_backward(&c, &h100, TETRA_BF16, (char *)P(1) + 2, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), &s);
     expect("misaligned dq backward", &c, 3, 0, 0, 0,
            (2 * 2 * nq + 4 * rows) + 2 * (2 * (2 * nq + 2 * nk) + 8 * rows) + 2 * (nq + 2 * nk), "built-in");
-    CHECK(near(c.flops[OPC_FLOP_ATTN_F32], 14.0 * 128 * pairs * 32), "built-in backward FLOPs %g",
+    /* bf16 at head dim 128: the tensor-core kernels (S and dP in both passes, dV, dK and dQ
+     * as two bf16 terms each); above 128 the fp32-FMA kernels */
+    CHECK(near(c.flops[OPC_FLOP_ATTN_TC], 20.0 * 128 * pairs * 32) && c.flops[OPC_FLOP_ATTN_F32] == 0,
+          "built-in backward FLOPs %g (tensor cores) %g (CUDA cores)", c.flops[OPC_FLOP_ATTN_TC],
           c.flops[OPC_FLOP_ATTN_F32]);
+    ops_attn_shape wide = s;
+    wide.d = 256, wide.h = 16, wide.kv = 4;
+    opc_attention_backward(&c, &h100, TETRA_BF16, (char *)P(1) + 2, P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9),
+                           &wide);
+    CHECK(near(c.flops[OPC_FLOP_ATTN_F32], 14.0 * 256 * pairs * 16) && c.flops[OPC_FLOP_ATTN_TC] == 0,
+          "built-in backward at head dim 256: FLOPs %g (CUDA cores) %g (tensor cores)", c.flops[OPC_FLOP_ATTN_F32],
+          c.flops[OPC_FLOP_ATTN_TC]);
+    opc_attention_forward(&c, &h100, TETRA_BF16, (char *)P(1) + 2, P(2), P(3), P(4), P(5), &s);
+    CHECK(c.cudnn == 0 && near(c.flops[OPC_FLOP_ATTN_TC], 1.5 * 4.0 * 128 * pairs * 32),
+          "built-in bf16 forward on the tensor cores: cudnn %d FLOPs %g", c.cudnn, c.flops[OPC_FLOP_ATTN_TC]);
     ops_attn_shape ring = s;
     ring.q_offset = 8192;
     opc_attention_forward(&c, &h100, TETRA_BF16, P(1), P(2), P(3), P(4), P(5), &ring);
