@@ -1969,13 +1969,20 @@ static void test_attention_bf16(void) {
     test_attention_bf16_case(1, 64, 96, 4, 2, 64, 1, 0, 32, NULL, 0);   // ring block: rows 0..31 see nothing
     test_attention_bf16_case(1, 50, 50, 2, 2, 32, 1, 0, 100, NULL, 0);  // fully masked pair: zeros, lse -inf
     test_attention_bf16_case(1, 33, 70, 4, 4, 256, 1, 40, 0, NULL, 0);  // head dim 256
+    // the built-in tensor-core kernels' 64 x 64 tiles: a partial last tile, GQA 8, a padded
+    // head dim (80 in tiles of 128)
+    test_attention_bf16_case(1, 200, 200, 8, 1, 128, 1, 0, 0, NULL, 0);
+    test_attention_bf16_case(1, 150, 150, 4, 2, 80, 1, 0, 0, NULL, 0);
     // block_causal (always the built-in kernels: cuDNN's SDPA is not used with a document mask)
-    static const int lens[] = {3, 29, 32, 1}, ring[] = {40, 100, 52};
+    static const int lens[] = {3, 29, 32, 1}, ring[] = {40, 100, 52}, edges[] = {64, 1, 63, 70, 2};
     int32_t *doc = doc_ids(2, 67, lens, 4);
     test_attention_bf16_case(2, 67, 67, 4, 2, 16, 1, 0, 0, doc, 67);
     free(doc);
     doc = doc_ids(1, 192, ring, 3);
     test_attention_bf16_case(1, 64, 64, 4, 2, 64, 1, 128, 0, doc, 192);
+    free(doc);
+    doc = doc_ids(1, 200, edges, 5); // documents ending on, before and after the 64-row tile edges
+    test_attention_bf16_case(1, 200, 200, 8, 2, 128, 1, 0, 0, doc, 200);
     free(doc);
 }
 
