@@ -59,6 +59,7 @@ template <int DMAX> struct TcDims {
     static constexpr size_t rowf = tc_al((size_t)TC_BQ * 4);
     static_assert(DMAX % 16 == 0 && DMAX <= 128, "head dims of 16 to 128");
     static_assert(TC_BQ == TC_BK, "square tiles: q and k tiles share a size");
+    static_assert(LDB % 8 == 0, "tile rows on 16 bytes");
 };
 
 // forward: Q, K, V | S | P hi, P lo | O | max, sum, correction
@@ -99,9 +100,20 @@ __device__ __forceinline__ const __nv_bfloat16 *bf(const uint16_t *p) {
     return reinterpret_cast<const __nv_bfloat16 *>(p);
 }
 
-// rows x D bf16 elements (row stride ld) into a [64][LDB] tile, zero beyond rows and D
+// rows x D bf16 elements (row stride ld) into a [64][LDB] tile, zero beyond rows and D:
+// 16 bytes a load where the rows allow it (D the tile's width, rows on 16 bytes)
 template <int DMAX, int LDB>
 __device__ __forceinline__ void tc_load(uint16_t *dst, const uint16_t *src, size_t ld, int rows, int D) {
+    if (D == DMAX && (ld & 7) == 0 && ((uintptr_t)src & 15) == 0) {
+        constexpr int V = DMAX / 8;
+        for (int idx = threadIdx.x; idx < TC_BQ * V; idx += TC_THREADS) {
+            const int r = idx / V, c = (idx - r * V) * 8;
+            uint4 val = {0, 0, 0, 0};
+            if (r < rows) val = *(const uint4 *)(src + (size_t)r * ld + c);
+            *(uint4 *)(dst + r * LDB + c) = val;
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < TC_BQ * DMAX; idx += TC_THREADS) {
         const int r = idx / DMAX, c = idx - r * DMAX;
         dst[r * LDB + c] = (r < rows && c < D) ? src[(size_t)r * ld + c] : (uint16_t)0;
