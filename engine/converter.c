@@ -76,6 +76,7 @@ static int float8_hook_convert(void **state, model_stage *stage, const converter
     fc.precompute_scales = c->quantize_linear_float8.precompute_float8_dynamic_scale_for_fsdp;
     fc.fsdp_fp8_all_gather = c->quantize_linear_float8.enable_fsdp_float8_all_gather;
     fc.weights_per_use = env->weights_per_use;
+    fc.codes_per_use = env->stands_for_shard && fc.fsdp_fp8_all_gather;
     fc.n_filter = c->quantize_linear_float8.filter_fqns.n;
     fc.filter = (const char *const *)c->quantize_linear_float8.filter_fqns.items;
     if (!strcmp(env->ops->name, "cuda") && !fc.emulate) {

@@ -49,6 +49,9 @@ typedef struct {
     /* the weights are gathered and freed around each use (FSDP over more than one rank,
      * or a recording standing for such a rank): nothing derived from them outlives a use */
     int weights_per_use;
+    /* a recording (plan/ops.h) standing for a rank of an FSDP layout: no gather runs, so a
+     * converter whose weights travel encoded records its uses as if they had arrived so */
+    int stands_for_shard;
 } converter_env;
 
 typedef struct tetra_converter {

@@ -281,6 +281,7 @@ static int convert_stage(trainer *t, train_stage *st, char *err, size_t errlen) 
     env.tp = st->model.tp;
     env.args = &t->args;
     env.weights_per_use = (env.shard && comm_group_size(env.shard) > 1) || t->opt.weights_per_use;
+    env.stands_for_shard = t->opt.weights_per_use;
     char why[1024];
     for (int q = 0; q < t->n_conv; q++)
         if (t->conv[q]->convert(&st->conv_state[q], &st->model, &env, why, sizeof why)) {

@@ -304,7 +304,8 @@ static void chain_note(struct float8_model *f, const model_linear *l, int call, 
 static f8_operand tw_weight(const model_linear_env *e, const model_linear *l, const void *w, int transposed) {
     f8_lin *s = state_of(l);
     struct float8_model *f = s->f;
-    if (s->w_codes && s->w_codes == w) { /* gathered as codes: W as it came, W^T one byte transpose away */
+    if ((s->w_codes && s->w_codes == w) || f->cfg.codes_per_use) {
+        /* gathered as codes: W as it came, W^T one byte transpose away */
         if (!transposed) return (f8_operand){(const uint8_t *)w, f->pre_inv + s->k, TETRA_FP8_E4M3};
         f->ops->transpose_u8(f->qb, (const uint8_t *)w, l->out, l->in);
         return (f8_operand){f->qb, f->pre_inv + s->k, TETRA_FP8_E4M3};

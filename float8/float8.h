@@ -58,6 +58,10 @@ typedef struct {
     int precompute_scales;   /* weight amaxes from the shards after each step (tensorwise) */
     int fsdp_fp8_all_gather; /* FSDP gathers the weights as e4m3 (tensorwise; implies precompute_scales) */
     int weights_per_use;     /* the weights are gathered and freed around each use: quantise at each */
+    /* a recording standing for a rank of the float8 all-gather: each converted weight is
+     * taken as arriving in its codes (W as it is, W^T one transpose_u8), as the gather
+     * leaves it; never set in training, where the gather marks what it delivered */
+    int codes_per_use;
     int n_filter;
     const char *const *filter; /* [n_filter] linears whose name contains one stay high precision */
 } float8_config;
