@@ -16,19 +16,14 @@
 #     that asked for it (the FSDP or communication step it serves).
 # Built with -DTETRA_CUDA_SIM=ON (./run_tests.sh does).
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BUILD="${TETRA_BUILD:-$ROOT/build}"
+BUILD="${TETRA_BUILD:-${TETRA_ROOT:-$(pwd)}/build}"
+export TETRA_BIN="${TETRA_BIN:-$BUILD/bin}"
+source "$(dirname "${BASH_SOURCE[0]}")/../sh/lib.sh"
 SIM="$BUILD/tests/tetra-sim"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+export OMP_WAIT_POLICY=PASSIVE
 
 [ -x "$SIM" ] || { echo "FAIL $SIM not built (configure with -DTETRA_CUDA_SIM=ON)"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
-export OMP_WAIT_POLICY=PASSIVE
-fail=0
-bad() { echo "FAIL $*"; fail=1; }
 
 # metrics.peak_flops: the simulator would take minutes over the GEMM that measures it
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --model.flavor tiny --training.seq_len 16
@@ -58,7 +53,7 @@ PROF=(--profiling.enable_profiling --profiling.profile_freq 4 --profiling.profil
 run fp32_prof 1 2 --training.local_batch_size 4 "${PROF[@]}"
 run fsdp2_prof 2 2 --training.local_batch_size 2 "${PROF[@]}"
 
-python3 - "$T" <<'P' || fail=1
+if python3 - "$T" <<'P'
 import json, sys
 d = sys.argv[1]
 
@@ -114,5 +109,6 @@ print(f"{'ok  ' if good else 'FAIL'} fsdp2, profiled steps 3-4: {len(two or [])}
       f"span that asked for it: {kinds}")
 sys.exit(0 if ok else 1)
 P
-[ $fail = 0 ] && echo "test_sim_host_waits: ok" || echo "test_sim_host_waits: FAIL"
-exit $fail
+then ok "host waits, bits and traces as above"
+else bad "the runs' host waits, bits or traces (above)"; fi
+finish

@@ -17,21 +17,15 @@
 # Built with -DTETRA_CUDA_SIM=ON (./run_tests.sh does); each run's start-up line must
 # name the staged path, so a layout that silently took another path fails.
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BUILD="${TETRA_BUILD:-$ROOT/build}"
+BUILD="${TETRA_BUILD:-${TETRA_ROOT:-$(pwd)}/build}"
+export TETRA_BIN="${TETRA_BIN:-$BUILD/bin}"
+source "$(dirname "${BASH_SOURCE[0]}")/../sh/lib.sh"
 SIM="$BUILD/tests/tetra-sim"
-TETRA="${TETRA_BIN:-$BUILD/bin}/tetra"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+export OMP_WAIT_POLICY=PASSIVE
 
 [ -x "$SIM" ] || { echo "FAIL $SIM not built (configure with -DTETRA_CUDA_SIM=ON)"; exit 1; }
 [ -x "$TETRA" ] || { echo "FAIL $TETRA not built"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
-export OMP_WAIT_POLICY=PASSIVE
-fail=0
-bad() { echo "FAIL $*"; fail=1; }
 
 STEPS=2
 # metrics.peak_flops: the simulator would take minutes over the 8192^3 GEMM that measures it
@@ -98,7 +92,7 @@ BC=(--model.attn_mask_type block_causal --training.seq_len 32 --training.dataset
   >"$T/cpu_bc.log" 2>&1 || bad "the CPU block_causal run exited with $?"
 run cp2_alltoall_bc 2 --training.local_batch_size 4 "${BC[@]}" "${CP2[@]}" alltoall
 
-python3 - "$T" "$STEPS" <<'P' || fail=1
+if python3 - "$T" "$STEPS" <<'P'
 import json, sys
 d, steps = sys.argv[1], int(sys.argv[2])
 
@@ -135,5 +129,6 @@ print(f"{'ok  ' if moved else 'FAIL'} bf16 and float8 runs differ from fp32 (ste
       f"{b.get(steps)}, {f.get(steps)})")
 sys.exit(0 if ok and moved else 1)
 P
-[ $fail = 0 ] && echo "test_sim_layouts: ok" || echo "test_sim_layouts: FAIL"
-exit $fail
+then ok "every layout's losses within its gate (above)"
+else bad "the layouts' losses against the references (above)"; fi
+finish

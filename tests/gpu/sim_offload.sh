@@ -12,19 +12,13 @@
 #     key as meaningless.
 # Built with -DTETRA_CUDA_SIM=ON (./run_tests.sh does).
 set -uo pipefail
-ROOT="${TETRA_ROOT:-$(pwd)}"
-BUILD="${TETRA_BUILD:-$ROOT/build}"
+BUILD="${TETRA_BUILD:-${TETRA_ROOT:-$(pwd)}/build}"
+export TETRA_BIN="${TETRA_BIN:-$BUILD/bin}"
+source "$(dirname "${BASH_SOURCE[0]}")/../sh/lib.sh"
 SIM="$BUILD/tests/tetra-sim"
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
+export OMP_WAIT_POLICY=PASSIVE
 [ -x "$SIM" ] || { echo "FAIL $SIM not built (configure with -DTETRA_CUDA_SIM=ON)"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL mpirun not found (install openmpi-bin)"; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
-export OMP_WAIT_POLICY=PASSIVE
-fail=0
-bad() { echo "FAIL $*"; fail=1; }
-ok() { echo "ok   $*"; }
 
 # metrics.peak_flops: the simulator would take minutes over the GEMM that measures it
 COMMON=(train --job.config_file "$ROOT/configs/debug_model.toml" --model.flavor tiny --training.seq_len 16
@@ -81,5 +75,4 @@ else
   grep -q "enable_cpu_offload has no meaning" "$T/cpu.log" && ok "the CPU backend refuses offload as meaningless" ||
     bad "the refusal on the CPU does not say why: $(head -c 300 "$T/cpu.log")"
 fi
-[ $fail = 0 ] && echo "PASS sim_offload" || echo "FAIL sim_offload"
-exit $fail
+finish
