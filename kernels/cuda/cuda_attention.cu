@@ -47,7 +47,6 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/ops_docmask.h"
 #include "kernels/ops_math.h"
 #include "kernels/ops_paths.h"
 
@@ -516,10 +515,7 @@ __global__ void __launch_bounds__(ATT_THREADS, AttnOcc<DMAX>::bwd)
 // Sets the kernel's dynamic shared memory limit on its first launch, then launches it.
 template <typename K, typename... Args>
 static void launch_attn(K kernel, bool &configured, size_t smem, long long blocks, Args... args) {
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        configured = true;
-    }
+    attn_configure(kernel, configured, smem);
     kernel<<<(unsigned)blocks, ATT_THREADS, smem, cuda_stream()>>>(args...);
     CUDA_CHECK_LAUNCH();
 }

@@ -65,6 +65,15 @@ __device__ static inline int doc_query_end(const attn_args &a, int b, int j) {
     return e < 0 ? 0 : (e > a.Sq ? a.Sq : (int)e);
 }
 
+// Raises a kernel's dynamic shared memory limit to smem on its first launch (the
+// attention kernels take more than the 48 KiB default).
+template <typename K> static inline void attn_configure(K kernel, bool &configured, size_t smem) {
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        configured = true;
+    }
+}
+
 __device__ __forceinline__ bool key_visible(const attn_args &a, int b, int qi, int kj) {
     if (a.causal && (long long)kj > a.delta + qi) return false;
     if (!a.doc) return true;

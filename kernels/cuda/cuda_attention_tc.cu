@@ -47,11 +47,13 @@ static constexpr size_t tc_al(size_t bytes) { return (bytes + 127) / 128 * 128; 
 // Row strides (elements) and region sizes (bytes). Strides keep every 16 x 16 tile on 32
 // bytes, as the warp matrix loads require, and shift rows across banks.
 template <int DMAX> struct TcDims {
-    static constexpr int KD = DMAX / 16;  // 16-wide steps of the head dim
-    static constexpr int LDB = DMAX + 8;  // bf16 q/k/v/dout tiles, [64][LDB]
-    static constexpr int LDS = TC_BK + 4; // fp32 scores, [64][LDS]
-    static constexpr int LDP = TC_BK + 8; // bf16 probability terms, [64][LDP]
-    static constexpr int LDO = DMAX + 4;  // fp32 outputs, [64][LDO]
+    static constexpr int KD = DMAX / 16;                       // 16-wide steps of the head dim
+    static constexpr int NT = 4 * KD;                          // 16 x 16 tiles of a [64][DMAX] output
+    static constexpr int UPW = (NT + TC_WARPS - 1) / TC_WARPS; // of them per warp (tile warp + 8 u)
+    static constexpr int LDB = DMAX + 8;                       // bf16 q/k/v/dout tiles, [64][LDB]
+    static constexpr int LDS = TC_BK + 4;                      // fp32 scores, [64][LDS]
+    static constexpr int LDP = TC_BK + 8;                      // bf16 probability terms, [64][LDP]
+    static constexpr int LDO = DMAX + 4;                       // fp32 outputs, [64][LDO]
     static constexpr size_t tile = tc_al((size_t)TC_BQ * LDB * 2);
     static constexpr size_t scores = tc_al((size_t)TC_BQ * LDS * 4);
     static constexpr size_t probs = tc_al((size_t)TC_BQ * LDP * 2);
@@ -264,9 +266,8 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     for (int idx = tid; idx < TC_BQ * DMAX; idx += TC_THREADS) {
         const int r = idx / DMAX, dd = idx - r * DMAX;
         if (r >= rows || dd >= D) continue;
-        const float l = sL[r], inv = l == 0.0f ? 0.0f : 1.0f / l;
-        out[((size_t)b * a.Sq + i0 + r) * ldq + (size_t)h * D + dd] =
-            tetra_f32_to_bf16(l == 0.0f ? 0.0f : sO[r * LDO + dd] * inv);
+        const float inv = sL[r] == 0.0f ? 0.0f : 1.0f / sL[r]; // a row that saw no key: out = 0
+        out[((size_t)b * a.Sq + i0 + r) * ldq + (size_t)h * D + dd] = tetra_f32_to_bf16(sO[r * LDO + dd] * inv);
     }
     if (tid < rows)
         lse[((size_t)b * a.H + h) * a.Sq + i0 + tid] = sL[tid] == 0.0f ? -INFINITY : sM[tid] + logf(sL[tid]);
@@ -275,62 +276,54 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
 // ----------------------------------------------------------------------------
 // backward
 
-// P = exp(scale S - lse) where visible, dS = P (dP - Dv), each as two bf16 terms
-// (with_p: P's terms too, for the dK/dV pass)
-template <int DMAX, bool with_p>
-__device__ __forceinline__ void tc_probs(uint16_t *sPh, uint16_t *sPl, uint16_t *sdSh, uint16_t *sdSl, const float *sS,
-                                         const float *sdP, const float *sLse, const float *sDv, const attn_args &a,
-                                         int b, int i0, int rows, int j0, int cols) {
-    typedef TcDims<DMAX> Dm;
-    for (int idx = threadIdx.x; idx < TC_BQ * TC_BK; idx += TC_THREADS) {
-        const int r = idx / TC_BK, c = idx - r * TC_BK;
-        const float L = sLse[r];
-        const bool vis = r < rows && c < cols && L != -INFINITY && key_visible(a, b, i0 + r, j0 + c);
-        const float p = vis ? tetra_expf(a.scale * sS[r * Dm::LDS + c] - L) : 0.0f;
-        const float ds = p * (sdP[r * Dm::LDS + c] - sDv[r]);
-        if (with_p) tc_split(p, &sPh[r * Dm::LDP + c], &sPl[r * Dm::LDP + c]);
-        tc_split(ds, &sdSh[r * Dm::LDP + c], &sdSl[r * Dm::LDP + c]);
-    }
-}
-
 // A (query tile, key tile) pair of the backward, its tiles in shared memory: S = Q K^T and
-// dP = dO V^T, then P and dS as two bf16 terms each (P only with_p); ends on a barrier
+// dP = dO V^T, then P = exp(scale S - lse) where visible and dS = P (dP - Dv), each as two
+// bf16 terms (P only with_p, for the dK/dV pass); ends on a barrier
 template <int DMAX, bool with_p>
 __device__ __forceinline__ void tc_recompute(const TcBwdViews<DMAX> &w, const attn_args &a, int b, int i0, int rows,
                                              int j0, int cols) {
+    typedef TcDims<DMAX> Dm;
     tc_abt<DMAX>(w.s, w.q, w.k, w.dp, w.d_o, w.v, 32);
     __syncthreads();
-    tc_probs<DMAX, with_p>(w.ph, w.pl, w.dsh, w.dsl, w.s, w.dp, w.lse, w.dv, a, b, i0, rows, j0, cols);
+    for (int idx = threadIdx.x; idx < TC_BQ * TC_BK; idx += TC_THREADS) {
+        const int r = idx / TC_BK, c = idx - r * TC_BK;
+        const float L = w.lse[r];
+        const bool vis = r < rows && c < cols && L != -INFINITY && key_visible(a, b, i0 + r, j0 + c);
+        const float p = vis ? tetra_expf(a.scale * w.s[r * Dm::LDS + c] - L) : 0.0f;
+        const float ds = p * (w.dp[r * Dm::LDS + c] - w.dv[r]);
+        if (with_p) tc_split(p, &w.ph[r * Dm::LDP + c], &w.pl[r * Dm::LDP + c]);
+        tc_split(ds, &w.dsh[r * Dm::LDP + c], &w.dsl[r * Dm::LDP + c]);
+    }
     __syncthreads();
 }
 
 // a query tile's rows of q and dout, lse and Dv into shared memory
 template <int DMAX>
-__device__ __forceinline__ void tc_load_queries(uint16_t *sQ, uint16_t *sdO, float *sLse, float *sDv, const uint16_t *q,
-                                                const uint16_t *dout, const float *lse, const float *Dv,
-                                                const attn_args &a, int b, int h, int i0, int rows) {
+__device__ __forceinline__ void tc_load_queries(const TcBwdViews<DMAX> &w, const uint16_t *q, const uint16_t *dout,
+                                                const float *lse, const float *Dv, const attn_args &a, int b, int h,
+                                                int i0, int rows) {
     const size_t ldq = (size_t)a.H * a.D, qoff = ((size_t)b * a.Sq + i0) * ldq + (size_t)h * a.D;
-    tc_load<DMAX, TcDims<DMAX>::LDB>(sQ, q + qoff, ldq, rows, a.D);
-    tc_load<DMAX, TcDims<DMAX>::LDB>(sdO, dout + qoff, ldq, rows, a.D);
+    tc_load<DMAX, TcDims<DMAX>::LDB>(w.q, q + qoff, ldq, rows, a.D);
+    tc_load<DMAX, TcDims<DMAX>::LDB>(w.d_o, dout + qoff, ldq, rows, a.D);
     if (threadIdx.x < TC_BQ) {
         const int r = (int)threadIdx.x;
         const size_t li = ((size_t)b * a.H + h) * a.Sq + i0 + r;
-        sLse[r] = r < rows ? lse[li] : -INFINITY;
-        sDv[r] = r < rows ? Dv[li] : 0.0f;
+        w.lse[r] = r < rows ? lse[li] : -INFINITY;
+        w.dv[r] = r < rows ? Dv[li] : 0.0f;
     }
 }
 
 // 64 rows of a gradient, held as fragments of [64/16][DMAX/16] tiles (tile warp + 8 u),
 // scaled and written through the fp32 staging: rows < nrows, columns < D
-template <int DMAX, int UPW>
+template <int DMAX>
 __device__ __forceinline__ void tc_write_rows(uint16_t *dst, size_t ld, int nrows, int D, float scale,
                                               const frag_acc *f, float *stage) {
     typedef TcDims<DMAX> Dm;
     const int warp = (int)(threadIdx.x >> 5);
 #pragma unroll
-    for (int u = 0; u < UPW; u++) {
+    for (int u = 0; u < Dm::UPW; u++) {
         const int t = warp + TC_WARPS * u;
-        if (t < 4 * Dm::KD)
+        if (t < Dm::NT)
             wmma::store_matrix_sync(stage + (t / Dm::KD) * 16 * Dm::LDO + (t % Dm::KD) * 16, f[u], Dm::LDO,
                                     wmma::mem_row_major);
     }
@@ -349,11 +342,10 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     tc_bwd_dkdv_kernel(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
                        const uint16_t *v, const float *lse, const float *Dv, attn_args a) {
     typedef TcDims<DMAX> Dm;
-    constexpr int LDB = Dm::LDB, LDP = Dm::LDP, KD = Dm::KD, NT = 4 * KD, UPW = (NT + TC_WARPS - 1) / TC_WARPS;
+    constexpr int LDB = Dm::LDB, LDP = Dm::LDP, KD = Dm::KD, NT = Dm::NT, UPW = Dm::UPW;
     extern __shared__ float sm[];
     const TcBwdViews<DMAX> w(sm);
     uint16_t *sK = w.k, *sV = w.v, *sQ = w.q, *sdO = w.d_o, *sPh = w.ph, *sPl = w.pl, *sdSh = w.dsh, *sdSl = w.dsl;
-    float *sS = w.s, *sLse = w.lse, *sDv = w.dv;
 
     const int warp = (int)(threadIdx.x >> 5);
     const int nbg = a.B * a.KV;
@@ -379,7 +371,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         for (int i0 = qstart; i0 < qend; i0 += TC_BQ) {
             const int rows = min(TC_BQ, a.Sq - i0);
             __syncthreads();
-            tc_load_queries<DMAX>(sQ, sdO, sLse, sDv, q, dout, lse, Dv, a, b, h, i0, rows);
+            tc_load_queries<DMAX>(w, q, dout, lse, Dv, a, b, h, i0, rows);
             __syncthreads();
             tc_recompute<DMAX, true>(w, a, b, i0, rows, j0, cols);
             // dV += P^T dO, dK += dS^T Q (P^T and dS^T read column-major)
@@ -401,8 +393,8 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         }
     }
     __syncthreads();
-    tc_write_rows<DMAX, UPW>(dv + koff, ldk, cols, D, 1.0f, fdv, sS);
-    tc_write_rows<DMAX, UPW>(dk + koff, ldk, cols, D, a.scale, fdk, sS);
+    tc_write_rows<DMAX>(dv + koff, ldk, cols, D, 1.0f, fdv, w.s);
+    tc_write_rows<DMAX>(dk + koff, ldk, cols, D, a.scale, fdk, w.s);
 }
 
 // dQ: one block per (batch, head, 64-query tile), over the key tiles its rows see
@@ -411,11 +403,10 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     tc_bwd_dq_kernel(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                      const float *lse, const float *Dv, attn_args a, int nqb) {
     typedef TcDims<DMAX> Dm;
-    constexpr int LDB = Dm::LDB, LDP = Dm::LDP, KD = Dm::KD, NT = 4 * KD, UPW = (NT + TC_WARPS - 1) / TC_WARPS;
+    constexpr int LDB = Dm::LDB, LDP = Dm::LDP, KD = Dm::KD, NT = Dm::NT, UPW = Dm::UPW;
     extern __shared__ float sm[];
     const TcBwdViews<DMAX> w(sm);
-    uint16_t *sK = w.k, *sV = w.v, *sQ = w.q, *sdO = w.d_o, *sdSh = w.dsh, *sdSl = w.dsl;
-    float *sS = w.s, *sLse = w.lse, *sDv = w.dv;
+    uint16_t *sK = w.k, *sV = w.v, *sdSh = w.dsh, *sdSl = w.dsl;
 
     const int warp = (int)(threadIdx.x >> 5);
     const int nbh = a.B * a.H;
@@ -425,7 +416,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     const int D = a.D;
     const size_t ldq = (size_t)a.H * D, ldk = (size_t)a.KV * D;
 
-    tc_load_queries<DMAX>(sQ, sdO, sLse, sDv, q, dout, lse, Dv, a, b, h, i0, rows);
+    tc_load_queries<DMAX>(w, q, dout, lse, Dv, a, b, h, i0, rows);
     frag_acc fdq[UPW];
 #pragma unroll
     for (int u = 0; u < UPW; u++) wmma::fill_fragment(fdq[u], 0.0f);
@@ -455,25 +446,18 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         }
     }
     __syncthreads();
-    tc_write_rows<DMAX, UPW>(dq + ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D, ldq, rows, D, a.scale, fdq, sS);
+    tc_write_rows<DMAX>(dq + ((size_t)b * a.Sq + i0) * ldq + (size_t)h * D, ldq, rows, D, a.scale, fdq, w.s);
 }
 
 // ----------------------------------------------------------------------------
 // launchers
-
-template <typename K> static void tc_configure(K kernel, bool &configured, size_t smem) {
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        configured = true;
-    }
-}
 
 template <int DMAX>
 static void tc_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                        const attn_args &a) {
     static bool configured = false;
     const size_t smem = TcFwd<DMAX>::bytes;
-    tc_configure(tc_fwd_kernel<DMAX>, configured, smem);
+    attn_configure(tc_fwd_kernel<DMAX>, configured, smem);
     const int nqb = (a.Sq + TC_BQ - 1) / TC_BQ;
     const long long blocks = (long long)nqb * a.B * a.H;
     tc_fwd_kernel<DMAX><<<(unsigned)blocks, TC_THREADS, smem, cuda_stream()>>>(out, lse, q, k, v, a, nqb);
@@ -485,8 +469,8 @@ static void tc_backward(uint16_t *dq, uint16_t *dk, uint16_t *dv, const uint16_t
                         const uint16_t *k, const uint16_t *v, const float *lse, const float *Dv, const attn_args &a) {
     static bool configured_kv = false, configured_q = false;
     const size_t smem = TcBwd<DMAX>::bytes;
-    tc_configure(tc_bwd_dkdv_kernel<DMAX>, configured_kv, smem);
-    tc_configure(tc_bwd_dq_kernel<DMAX>, configured_q, smem);
+    attn_configure(tc_bwd_dkdv_kernel<DMAX>, configured_kv, smem);
+    attn_configure(tc_bwd_dq_kernel<DMAX>, configured_q, smem);
     const int nkb = (a.Sk + TC_BK - 1) / TC_BK, nqb = (a.Sq + TC_BQ - 1) / TC_BQ;
     const long long blocks_kv = (long long)nkb * a.B * a.KV, blocks_q = (long long)nqb * a.B * a.H;
     tc_bwd_dkdv_kernel<DMAX>
