@@ -247,7 +247,8 @@ static void bench_block_gemms(const dims *dm, const buffers *b) {
     }
 }
 
-/* the same three GEMMs with q, k and v as one fused projection, to compare against wq/wk/wv */
+/* the model's q/k/v projection (wq, wk and wv as one linear): its three GEMMs, against the
+ * separate ones above */
 static void bench_fused_qkv(const dims *dm, const buffers *b) {
     const int N = dm->N, C = dm->C, Q = dm->HD + 2 * dm->KVD;
     const double fl = 2.0 * N * Q * (double)C;
@@ -355,9 +356,21 @@ static void bench_elementwise(const dims *dm, const buffers *b) {
          O->rmsnorm_backward_input_bf16(b->tmp, NULL, b->xn, b->x, b->wn, b->rstd, N, C, NULL), 4 * nc * 2, 0);
     TIME("rmsnorm backward_weight", O->rmsnorm_backward_weight_bf16(b->wn32, b->xn, b->x, b->rstd, N, C, 1), 2 * nc * 2,
          0);
-    TIME("rope forward q (in place)", O->rope_forward_bf16(b->q, b->q, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
-    TIME("rope forward k (in place)", O->rope_forward_bf16(b->k, b->k, b->freqs, NULL, 0, 1, N, KV, D), 2 * nkv * 2, 0);
-    TIME("rope backward q", O->rope_backward_bf16(b->tmp, NULL, b->dq, b->freqs, NULL, 0, 1, N, H, D), 2 * nc * 2, 0);
+    TIME("rope forward q (in place)", O->rope_forward_bf16(b->q, b->q, b->freqs, NULL, 0, 1, N, H, D, H * D, H * D),
+         2 * nc * 2, 0);
+    TIME("rope forward k (in place)", O->rope_forward_bf16(b->k, b->k, b->freqs, NULL, 0, 1, N, KV, D, KV * D, KV * D),
+         2 * nkv * 2, 0);
+    TIME("rope backward q", O->rope_backward_bf16(b->tmp, NULL, b->dq, b->freqs, NULL, 0, 1, N, H, D, H * D, H * D),
+         2 * nc * 2, 0);
+    /* what the q/k/v projection adds: RoPE reading q out of its [N, H*D + 2 KV*D] rows, and
+     * v taken out of them by one strided copy */
+    const int Q = H * D + 2 * KV * D;
+    TIME("rope forward q from the qkv rows",
+         O->rope_forward_bf16(b->q, b->qkv, b->freqs, NULL, 0, 1, N, H, D, H * D, Q), 2 * nc * 2, 0);
+    TIME("copy_2d v out of the qkv rows",
+         O->copy_2d(b->v, (size_t)KV * D * 2, b->qkv + (size_t)(H + KV) * D, (size_t)Q * 2, (size_t)KV * D * 2,
+                    (size_t)N),
+         2 * nkv * 2, 0);
     snprintf(lab, sizeof lab, "swiglu forward [%d x %d]", N, F);
     TIME(lab, O->swiglu_forward_bf16(b->s, NULL, b->a, b->gg, nf), 3 * nf * 2, 0);
     TIME("swiglu backward (in place)", O->swiglu_backward_bf16(b->a, b->gg, NULL, NULL, b->s, b->a, b->gg, nf),

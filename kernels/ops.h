@@ -269,14 +269,16 @@ typedef struct tetra_ops {
     // ---- RoPE on [B, S, nh, D] (q: nh = H, k: nh = KV); pairs (x[2i], x[2i+1]) rotated by
     // freqs[pos, i] = (cos, sin) (ops_rope_table). Position of row s: pos[s] if pos is not
     // NULL, else pos_offset + s (context parallel passes global positions).
-    // In place allowed (out == x).
-    void (*rope_forward)(float *out /*[B, S, nh, D]*/, const float *x /*[B, S, nh, D]*/,
+    // Row r (of B*S) of out starts at out + r * out_ld, of x at x + r * x_ld (elements): nh*D
+    // for a tensor of its own, more for the q or k columns of a fused projection's output
+    // [N, H*D + 2 KV*D]. In place allowed (out == x, out_ld == x_ld).
+    void (*rope_forward)(float *out /*[B*S rows of out_ld]*/, const float *x /*[B*S rows of x_ld]*/,
                          const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/, int pos_offset,
-                         int b, int s, int nh, int d);
-    // dx = rotate(dout, -angle) (writes; in place allowed)
-    void (*rope_backward)(float *dx /*[B, S, nh, D]*/, const float *dout /*[B, S, nh, D]*/,
+                         int b, int s, int nh, int d, int out_ld, int x_ld);
+    // dx = rotate(dout, -angle) (writes; in place allowed; rows as rope_forward's)
+    void (*rope_backward)(float *dx /*[B*S rows of dx_ld]*/, const float *dout /*[B*S rows of dout_ld]*/,
                           const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/, int pos_offset,
-                          int b, int s, int nh, int d);
+                          int b, int s, int nh, int d, int dx_ld, int dout_ld);
 
     // ---- SwiGLU: out = silu(a) * g, a = x W1^T, g = x W3^T
     void (*swiglu_forward)(float *out /*[n]*/, const float *a /*[n]*/, const float *g /*[n]*/, size_t n);
@@ -387,13 +389,15 @@ typedef struct tetra_ops {
     void (*rmsnorm_backward_weight_bf16)(float *dw /*[C]*/, const uint16_t *dout /*[N, C]*/,
                                          const uint16_t *x /*[N, C]*/, const float *rstd /*[N]*/, int n, int c,
                                          int accumulate);
-    void (*rope_forward_bf16)(uint16_t *out /*[B, S, nh, D]*/, const uint16_t *x /*[B, S, nh, D]*/,
+    void (*rope_forward_bf16)(uint16_t *out /*[B*S rows of out_ld]*/, const uint16_t *x /*[B*S rows of x_ld]*/,
                               const float *freqs /*[max_pos, D/2, 2]*/, const int32_t *pos /*[S] or NULL*/,
-                              int pos_offset, int b, int s, int nh, int d);
-    // amax (NULL: not computed): amax_bf16 of dx, formed as dx is written (as swiglu's)
-    void (*rope_backward_bf16)(uint16_t *dx /*[B, S, nh, D]*/, float *amax /*[1] or NULL*/,
-                               const uint16_t *dout /*[B, S, nh, D]*/, const float *freqs /*[max_pos, D/2, 2]*/,
-                               const int32_t *pos /*[S] or NULL*/, int pos_offset, int b, int s, int nh, int d);
+                              int pos_offset, int b, int s, int nh, int d, int out_ld, int x_ld);
+    // amax (NULL: not computed): amax_bf16 of dx, formed as dx is written (as swiglu's);
+    // only for a dx of its own (dx_ld == nh*D)
+    void (*rope_backward_bf16)(uint16_t *dx /*[B*S rows of dx_ld]*/, float *amax /*[1] or NULL*/,
+                               const uint16_t *dout /*[B*S rows of dout_ld]*/, const float *freqs /*[max_pos, D/2, 2]*/,
+                               const int32_t *pos /*[S] or NULL*/, int pos_offset, int b, int s, int nh, int d,
+                               int dx_ld, int dout_ld);
     // amax, amax_da, amax_dg (each [1], NULL: not computed): what amax_bf16 gives over
     // what the op wrote (out; da; dg), formed as the outputs are written, so an fp8 cast of
     // them needs no pass of its own to find its scale

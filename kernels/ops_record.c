@@ -328,14 +328,14 @@ static void r_rmsnorm_backward_weight(float *dw, const float *dout, const float 
     if (R.base) R.base->rmsnorm_backward_weight(dw, dout, x, rstd, n, c, accumulate);
 }
 static void r_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b,
-                           int s, int nh, int d) {
+                           int s, int nh, int d, int out_ld, int x_ld) {
     REC(opc_rope(&c_, &R.dev, TETRA_F32, 0, out, NULL, x, b, s, nh, d));
-    if (R.base) R.base->rope_forward(out, x, freqs, pos, pos_offset, b, s, nh, d);
+    if (R.base) R.base->rope_forward(out, x, freqs, pos, pos_offset, b, s, nh, d, out_ld, x_ld);
 }
 static void r_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
-                            int s, int nh, int d) {
+                            int s, int nh, int d, int dx_ld, int dout_ld) {
     REC(opc_rope(&c_, &R.dev, TETRA_F32, 1, dx, NULL, dout, b, s, nh, d));
-    if (R.base) R.base->rope_backward(dx, dout, freqs, pos, pos_offset, b, s, nh, d);
+    if (R.base) R.base->rope_backward(dx, dout, freqs, pos, pos_offset, b, s, nh, d, dx_ld, dout_ld);
 }
 static void r_swiglu_forward(float *out, const float *a, const float *g, size_t n) {
     REC(opc_swiglu_forward(&c_, &R.dev, TETRA_F32, out, NULL, a, g, n));
@@ -462,14 +462,15 @@ static void r_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, cons
     if (R.base) R.base->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, c, accumulate);
 }
 static void r_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
-                                int pos_offset, int b, int s, int nh, int d) {
+                                int pos_offset, int b, int s, int nh, int d, int out_ld, int x_ld) {
     REC(opc_rope(&c_, &R.dev, TETRA_BF16, 0, out, NULL, x, b, s, nh, d));
-    if (R.base) R.base->rope_forward_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d);
+    if (R.base) R.base->rope_forward_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d, out_ld, x_ld);
 }
 static void r_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs,
-                                 const int32_t *pos, int pos_offset, int b, int s, int nh, int d) {
+                                 const int32_t *pos, int pos_offset, int b, int s, int nh, int d, int dx_ld,
+                                 int dout_ld) {
     REC(opc_rope(&c_, &R.dev, TETRA_BF16, 1, dx, amax, dout, b, s, nh, d));
-    if (R.base) R.base->rope_backward_bf16(dx, amax, dout, freqs, pos, pos_offset, b, s, nh, d);
+    if (R.base) R.base->rope_backward_bf16(dx, amax, dout, freqs, pos, pos_offset, b, s, nh, d, dx_ld, dout_ld);
 }
 static void r_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n) {
     REC(opc_swiglu_forward(&c_, &R.dev, TETRA_BF16, out, amax, a, g, n));

@@ -14,6 +14,7 @@
 // kernels of cpu_attention.c; their results are rounded once. The backward WRITES dq, dk
 // and dv (ops.h): it runs the accumulating fp32 backward on zero-filled fp32 buffers.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,7 +135,7 @@ void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uin
 // RoPE (in place allowed: a row is fully widened before any of it is written)
 
 static void rope_apply_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
-                            int b, int s, int nh, int d, int inverse) {
+                            int b, int s, int nh, int d, size_t out_ld, size_t x_ld, int inverse) {
     int rows = b * s;
     size_t row = (size_t)nh * d;
 #pragma omp parallel if (row_parallel(rows, (int)row))
@@ -144,22 +145,26 @@ static void rope_apply_bf16(uint16_t *out, const uint16_t *x, const float *freqs
         for (int r = 0; r < rows; r++) {
             int si = r % s;
             int p = pos ? pos[si] : pos_offset + si;
-            widen_k(xf, x + (size_t)r * row, row);
+            widen_k(xf, x + (size_t)r * x_ld, row);
             cpu_rope_row_k(of, xf, freqs + (size_t)p * d, nh, d, inverse);
-            round_k(out + (size_t)r * row, of, row);
+            round_k(out + (size_t)r * out_ld, of, row);
         }
         free(xf);
     }
 }
 
 void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
-                           int b, int s, int nh, int d) {
-    rope_apply_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
+                           int b, int s, int nh, int d, int out_ld, int x_ld) {
+    rope_apply_bf16(out, x, freqs, pos, pos_offset, b, s, nh, d, (size_t)out_ld, (size_t)x_ld, 0);
 }
 
 void cpu_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                            int pos_offset, int b, int s, int nh, int d) {
-    rope_apply_bf16(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+                            int pos_offset, int b, int s, int nh, int d, int dx_ld, int dout_ld) {
+    if (amax && dx_ld != nh * d) {
+        fprintf(stderr, "rope_backward_bf16: an amax needs a dx of its own (dx_ld %d, nh*d %d)\n", dx_ld, nh * d);
+        abort();
+    }
+    rope_apply_bf16(dx, dout, freqs, pos, pos_offset, b, s, nh, d, (size_t)dx_ld, (size_t)dout_ld, 1);
     if (amax) {
         const size_t n = b > 0 && s > 0 && nh > 0 && d > 0 ? (size_t)b * (size_t)s * (size_t)nh * (size_t)d : 0;
         cpu_amax_bf16(amax, dx, n);

@@ -141,25 +141,25 @@ CPU_SIMD void cpu_rope_row_k(float *out, const float *x, const float *f, int nh,
 }
 
 static void rope_apply(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
-                       int nh, int d, int inverse) {
+                       int nh, int d, size_t out_ld, size_t x_ld, int inverse) {
     int rows = b * s;
     size_t row = (size_t)nh * d;
 #pragma omp parallel for schedule(static) if (row_parallel(rows, (int)row))
     for (int r = 0; r < rows; r++) {
         int si = r % s;
         int p = pos ? pos[si] : pos_offset + si;
-        cpu_rope_row_k(out + (size_t)r * row, x + (size_t)r * row, freqs + (size_t)p * d, nh, d, inverse);
+        cpu_rope_row_k(out + (size_t)r * out_ld, x + (size_t)r * x_ld, freqs + (size_t)p * d, nh, d, inverse);
     }
 }
 
 void cpu_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
-                      int nh, int d) {
-    rope_apply(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
+                      int nh, int d, int out_ld, int x_ld) {
+    rope_apply(out, x, freqs, pos, pos_offset, b, s, nh, d, (size_t)out_ld, (size_t)x_ld, 0);
 }
 
 void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
-                       int s, int nh, int d) {
-    rope_apply(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+                       int s, int nh, int d, int dx_ld, int dout_ld) {
+    rope_apply(dx, dout, freqs, pos, pos_offset, b, s, nh, d, (size_t)dx_ld, (size_t)dout_ld, 1);
 }
 
 // ----------------------------------------------------------------------------

@@ -102,9 +102,9 @@ void cpu_rmsnorm_backward_input(float *dx, const float *dout, const float *x, co
 void cpu_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
                                  int accumulate);
 void cpu_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
-                      int nh, int d);
+                      int nh, int d, int out_ld, int x_ld);
 void cpu_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
-                       int s, int nh, int d);
+                       int s, int nh, int d, int dx_ld, int dout_ld);
 void cpu_swiglu_forward(float *out, const float *a, const float *g, size_t n);
 void cpu_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n);
 void cpu_cross_entropy_bf16(uint16_t *dlogits, float *losses, const uint16_t *logits, const int32_t *targets, int n,
@@ -144,9 +144,9 @@ void cpu_rmsnorm_backward_input_bf16(uint16_t *dx, float *amax, const uint16_t *
 void cpu_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                       int c, int accumulate);
 void cpu_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
-                           int b, int s, int nh, int d);
+                           int b, int s, int nh, int d, int out_ld, int x_ld);
 void cpu_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                            int pos_offset, int b, int s, int nh, int d);
+                            int pos_offset, int b, int s, int nh, int d, int dx_ld, int dout_ld);
 void cpu_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n);
 void cpu_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
                               const uint16_t *a, const uint16_t *g, size_t n);

@@ -380,7 +380,8 @@ __device__ __forceinline__ void rope_pair(float *y0, float *y1, float x0, float 
 
 template <bool INVERSE, typename T, int AMAX = 0>
 __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int rows, int s,
-                            int nh, int d, int vec, float *amax = NULL, float *part = NULL, unsigned *done = NULL) {
+                            int nh, int d, int out_ld, int x_ld, int vec, float *amax = NULL, float *part = NULL,
+                            unsigned *done = NULL) {
     __shared__ float sh[AMAX ? 32 : 1];
     __shared__ int last;
     constexpr int P = vec16<T>::N / 2; // pairs per 16 bytes
@@ -390,12 +391,12 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
         const int si = row % s;
         const int p = pos ? pos[si] : pos_offset + si;
         const float *f = freqs + (size_t)p * (size_t)half * 2;
-        const size_t base = (size_t)row * (size_t)nh * (size_t)d;
+        const size_t xbase = (size_t)row * (size_t)x_ld, obase = (size_t)row * (size_t)out_ld;
         for (int u = threadIdx.x; u < units; u += blockDim.x) {
             const int head = u / per_head, i = (u - head * per_head) * step; // the unit's first pair
-            const size_t o = base + (size_t)head * (size_t)d + 2 * (size_t)i;
+            const size_t e = (size_t)head * (size_t)d + 2 * (size_t)i, xo = xbase + e, o = obase + e;
             if (vec) {
-                const vec16<T> xv = load16(x + o);
+                const vec16<T> xv = load16(x + xo);
                 vec16<T> yv;
                 float fc[2 * P];
 #pragma unroll
@@ -415,7 +416,7 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
                 store16(out + o, yv);
             } else {
                 float y0, y1;
-                rope_pair<INVERSE>(&y0, &y1, to_f32(x[o]), to_f32(x[o + 1]), f[2 * i], f[2 * i + 1]);
+                rope_pair<INVERSE>(&y0, &y1, to_f32(x[xo]), to_f32(x[xo + 1]), f[2 * i], f[2 * i + 1]);
                 y0 = store_f32_as(out + o, y0);
                 y1 = store_f32_as(out + o + 1, y1);
                 if (AMAX) m = nan_max(m, nan_max(fabsf(y0), fabsf(y1)));
@@ -429,9 +430,12 @@ __global__ void rope_kernel(T *out, const T *x, const float *freqs, const int32_
 }
 
 // The 16-byte path: whole vectors per head (d a multiple of N, so every head starts on
-// a vector, and each unit's N floats of freqs on 16 bytes) and aligned bases.
-template <typename T> static int rope_vec(const T *out, const T *x, const float *freqs, int d) {
-    return d % vec16<T>::N == 0 && tetra_aligned16(out) && tetra_aligned16(x) && tetra_aligned16(freqs);
+// a vector, and each unit's N floats of freqs on 16 bytes), aligned bases and rows that
+// start on 16 bytes (row pitches multiples of N).
+template <typename T> static int rope_vec(const T *out, const T *x, const float *freqs, int d, int out_ld, int x_ld) {
+    constexpr int N = vec16<T>::N;
+    return d % N == 0 && out_ld % N == 0 && x_ld % N == 0 && tetra_aligned16(out) && tetra_aligned16(x) &&
+        tetra_aligned16(freqs);
 }
 
 static unsigned row_blocks(int rows, unsigned cap) {
@@ -440,45 +444,52 @@ static unsigned row_blocks(int rows, unsigned cap) {
 
 template <typename T>
 static void rope_launch(T *out, const T *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
-                        int nh, int d, int inverse) {
+                        int nh, int d, int out_ld, int x_ld, int inverse) {
     if (b <= 0 || s <= 0 || nh <= 0 || d < 2) return;
-    const int rows = b * s, vec = rope_vec(out, x, freqs, d);
+    const int rows = b * s, vec = rope_vec(out, x, freqs, d, out_ld, x_ld);
     const unsigned nb = row_blocks(rows, TETRA_MAX_BLOCKS);
     if (inverse)
-        rope_kernel<true, T>
-            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, rows, s, nh, d, vec);
+        rope_kernel<true, T><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, rows, s, nh, d,
+                                                                      out_ld, x_ld, vec);
     else
-        rope_kernel<false, T>
-            <<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, rows, s, nh, d, vec);
+        rope_kernel<false, T><<<nb, TETRA_THREADS, 0, cuda_stream()>>>(out, x, freqs, pos, pos_offset, rows, s, nh, d,
+                                                                       out_ld, x_ld, vec);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void cuda_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset,
-                                  int b, int s, int nh, int d) {
-    rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
+                                  int b, int s, int nh, int d, int out_ld, int x_ld) {
+    rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, out_ld, x_ld, 0);
 }
 
 extern "C" void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset,
-                                   int b, int s, int nh, int d) {
-    rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+                                   int b, int s, int nh, int d, int dx_ld, int dout_ld) {
+    rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, dx_ld, dout_ld, 1);
 }
 
 extern "C" void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos,
-                                       int pos_offset, int b, int s, int nh, int d) {
-    rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, 0);
+                                       int pos_offset, int b, int s, int nh, int d, int out_ld, int x_ld) {
+    rope_launch(out, x, freqs, pos, pos_offset, b, s, nh, d, out_ld, x_ld, 0);
 }
 
-// with the amax of dx: at most TETRA_AMAX_MAX_BLOCKS blocks; empty: one block writes 0
+// with the amax of dx (a dx of its own, as the CPU's): at most TETRA_AMAX_MAX_BLOCKS
+// blocks; empty: one block writes 0
 extern "C" void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs,
-                                        const int32_t *pos, int pos_offset, int b, int s, int nh, int d) {
+                                        const int32_t *pos, int pos_offset, int b, int s, int nh, int d, int dx_ld,
+                                        int dout_ld) {
     if (!amax) {
-        rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, 1);
+        rope_launch(dx, dout, freqs, pos, pos_offset, b, s, nh, d, dx_ld, dout_ld, 1);
         return;
+    }
+    if (dx_ld != nh * d) {
+        fprintf(stderr, "rope_backward_bf16: an amax needs a dx of its own (dx_ld %d, nh*d %d)\n", dx_ld, nh * d);
+        abort();
     }
     const int empty = b <= 0 || s <= 0 || nh <= 0 || d < 2, rows = empty ? 0 : b * s;
     rope_kernel<true, uint16_t, 1><<<row_blocks(rows, TETRA_AMAX_MAX_BLOCKS), TETRA_THREADS, 0, cuda_stream()>>>(
-        dx, dout, freqs, pos, pos_offset, rows, empty ? 1 : s, empty ? 1 : nh, empty ? 2 : d,
-        !empty && rope_vec(dx, dout, freqs, d), amax, cuda_amax_part(), cuda_amax_counter());
+        dx, dout, freqs, pos, pos_offset, rows, empty ? 1 : s, empty ? 1 : nh, empty ? 2 : d, empty ? 2 : dx_ld,
+        empty ? 2 : dout_ld, !empty && rope_vec(dx, dout, freqs, d, dx_ld, dout_ld), amax, cuda_amax_part(),
+        cuda_amax_counter());
     CUDA_CHECK_LAUNCH();
 }
 

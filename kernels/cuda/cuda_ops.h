@@ -95,9 +95,9 @@ void cuda_rmsnorm_backward_input(float *dx, const float *dout, const float *x, c
 void cuda_rmsnorm_backward_weight(float *dw, const float *dout, const float *x, const float *rstd, int n, int c,
                                   int accumulate);
 void cuda_rope_forward(float *out, const float *x, const float *freqs, const int32_t *pos, int pos_offset, int b, int s,
-                       int nh, int d);
+                       int nh, int d, int out_ld, int x_ld);
 void cuda_rope_backward(float *dx, const float *dout, const float *freqs, const int32_t *pos, int pos_offset, int b,
-                        int s, int nh, int d);
+                        int s, int nh, int d, int dx_ld, int dout_ld);
 void cuda_swiglu_forward(float *out, const float *a, const float *g, size_t n);
 void cuda_swiglu_backward(float *da, float *dg, const float *dout, const float *a, const float *g, size_t n);
 void cuda_embedding_forward_bf16(uint16_t *out, const int32_t *tokens, const uint16_t *wte, int n, int c, int v_start,
@@ -111,9 +111,9 @@ void cuda_rmsnorm_backward_input_bf16(uint16_t *dx, float *amax, const uint16_t 
 void cuda_rmsnorm_backward_weight_bf16(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int n,
                                        int c, int accumulate);
 void cuda_rope_forward_bf16(uint16_t *out, const uint16_t *x, const float *freqs, const int32_t *pos, int pos_offset,
-                            int b, int s, int nh, int d);
+                            int b, int s, int nh, int d, int out_ld, int x_ld);
 void cuda_rope_backward_bf16(uint16_t *dx, float *amax, const uint16_t *dout, const float *freqs, const int32_t *pos,
-                             int pos_offset, int b, int s, int nh, int d);
+                             int pos_offset, int b, int s, int nh, int d, int dx_ld, int dout_ld);
 void cuda_swiglu_forward_bf16(uint16_t *out, float *amax, const uint16_t *a, const uint16_t *g, size_t n);
 void cuda_swiglu_backward_bf16(uint16_t *da, uint16_t *dg, float *amax_da, float *amax_dg, const uint16_t *dout,
                                const uint16_t *a, const uint16_t *g, size_t n);

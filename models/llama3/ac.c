@@ -6,9 +6,10 @@
 #include "models/llama3/model.h"
 
 /* TorchTitan's op-level SAC saves the attention output and every other matmul output
- * in forward order (the 1st, 3rd, 5th and 7th of wq, wk, wv, wo, w1, w3, w2); w2's
- * output is the block's output, which the residual stream keeps anyway. */
-#define KEEP_OP (LLAMA3_KEEP_Q | LLAMA3_KEEP_V | LLAMA3_KEEP_ATT | LLAMA3_KEEP_A)
+ * in forward order. wq, wk and wv run as one GEMM here (llama3_keep_qkv), so the
+ * matmuls are qkv, wo, w1, w3, w2 and the 1st, 3rd and 5th are saved; w2's output is
+ * the block's output, which the residual stream keeps anyway. */
+#define KEEP_OP (LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V | LLAMA3_KEEP_ATT | LLAMA3_KEEP_A)
 
 int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option, unsigned *keep, char *err,
                      size_t errlen) {

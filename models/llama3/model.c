@@ -283,6 +283,62 @@ static int lin_bwd_weight_pair(const llama3_model *m, int i0, int i1, const void
     return 1;
 }
 
+/* wq, wk and wv as one linear Wqkv [H*D + 2 KV*D, C] (per rank under tensor parallel):
+ * the default implementation on all three, stored one after another in one unit, so
+ * their rows, and their gradients', are the fused weight's. The forward's one GEMM writes
+ * q|k|v rows into the scratch (RoPE and a strided copy take them apart); the I pass
+ * leaves the three output gradients as rows [N, H*D + 2 KV*D] over the q, k, v buffer
+ * (one region: llama3_keep_qkv), so the input and the weight gradient are one GEMM each.
+ * Chosen on the layout alone, never on a keep mask, so every activation checkpointing
+ * mode runs the same products; a converter's implementation keeps three linears. */
+static int lin_follows(const llama3_model *m, int i0, int i1) {
+    const model_linear *l0 = &m->linears[i0], *l1 = &m->linears[i1];
+    const llama3_param *p0 = &m->params[i0], *p1 = &m->params[i1];
+    return l0->impl == &default_linear && l1->impl == &default_linear && l0->in == l1->in && p0->unit == p1->unit &&
+        p1->offset == p0->offset + (size_t)l0->out * (size_t)l0->in;
+}
+static int qkv_fused(const llama3_model *m, int l) {
+    return lin_follows(m, pidx_block(m, l, P_WQ), pidx_block(m, l, P_WK)) &&
+        lin_follows(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV));
+}
+static int qkv_cols(const llama3_model *m, int l) {
+    return m->linears[pidx_block(m, l, P_WQ)].out + 2 * m->linears[pidx_block(m, l, P_WK)].out;
+}
+/* y[n, QKV] = x[n, C] Wqkv^T */
+static void lin_fwd_qkv(const llama3_model *m, int l, void *y, const void *x, int n) {
+    const int c = m->linears[pidx_block(m, l, P_WQ)].in, qkv = qkv_cols(m, l);
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, m->compute_dtype, 0, 1, n, qkv, c, c, c, qkv, 0.0f);
+    m->ops->gemm(y, x, param_ptr(m, pidx_block(m, l, P_WQ)), &g);
+}
+/* dx[n, C] (dxt) = dqkv[n, QKV] Wqkv */
+static void lin_bwd_input_qkv(const llama3_model *m, int l, tetra_dtype dxt, void *dx, const void *dqkv, int n) {
+    const int c = m->linears[pidx_block(m, l, P_WQ)].in, qkv = qkv_cols(m, l);
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, dxt, 0, 0, n, c, qkv, qkv, c, c, 0.0f);
+    m->ops->gemm(dx, dqkv, param_ptr(m, pidx_block(m, l, P_WQ)), &g);
+}
+/* dWqkv[QKV, C] (+)= dqkv[n, QKV]^T x[n, C]: one GEMM when the three gradients are all
+ * fresh or all not (always, as the W pass writes them together), else one per weight */
+static void lin_bwd_weight_qkv(const llama3_model *m, int l, const void *dqkv, const void *x, int n) {
+    const int iq = pidx_block(m, l, P_WQ), c = m->linears[iq].in, qkv = qkv_cols(m, l);
+    const int fq = m->grad_fresh[iq], fk = m->grad_fresh[iq + 1], fv = m->grad_fresh[iq + 2];
+    if (fq == fk && fk == fv) {
+        const float beta = take_fresh(m, iq) ? 0.0f : 1.0f;
+        (void)take_fresh(m, iq + 1);
+        (void)take_fresh(m, iq + 2);
+        ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, qkv, c, n, qkv, c, c, beta);
+        m->ops->gemm(grad_ptr(m, iq), dqkv, x, &g);
+        return;
+    }
+    int col = 0;
+    for (int i = iq; i < iq + 3; i++) {
+        const int out = m->linears[i].out;
+        ops_gemm_desc g =
+            gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, out, c, n, qkv, c, c, take_fresh(m, i) ? 0.0f : 1.0f);
+        m->ops->gemm(grad_ptr(m, i), act_at(m, (void *)dqkv, (size_t)col), x, &g);
+        col += out;
+    }
+}
+
 /* The element-wise ops in the compute dtype: one body of forward and backward for
  * both precisions (ops.h's *_bf16 twins compute the same functions). */
 /* amax (bf16 only; NULL: none): where the op also writes max |out| */
@@ -315,22 +371,29 @@ static void rmsnorm_bwd_weight(const llama3_model *m, int idx, const void *dout,
     if (mixed(m)) m->ops->rmsnorm_backward_weight_bf16(dw, dout, x, rstd, n, m->args.dim, acc);
     else m->ops->rmsnorm_backward_weight(dw, dout, x, rstd, n, m->args.dim, acc);
 }
-/* pos: the rows' global positions under context parallel, NULL for 0..t-1 */
-static void rope_fwd(const llama3_model *m, void *x, const int32_t *pos, int b, int t, int nh) {
+/* pos: the rows' global positions under context parallel, NULL for 0..t-1; out_ld, x_ld:
+ * the rows' pitches in elements (nh*D, or H*D + 2 KV*D for the fused projection's rows) */
+static void rope_fwd(const llama3_model *m, void *out, const void *x, const int32_t *pos, int b, int t, int nh,
+                     int out_ld, int x_ld) {
     const int d = llama3_head_dim(&m->args);
-    if (mixed(m)) m->ops->rope_forward_bf16(x, x, m->rope_table, pos, 0, b, t, nh, d);
-    else m->ops->rope_forward(x, x, m->rope_table, pos, 0, b, t, nh, d);
+    if (mixed(m)) m->ops->rope_forward_bf16(out, x, m->rope_table, pos, 0, b, t, nh, d, out_ld, x_ld);
+    else m->ops->rope_forward(out, x, m->rope_table, pos, 0, b, t, nh, d, out_ld, x_ld);
 }
 static void rope_bwd(const llama3_model *m, void *dx, const void *dout, const int32_t *pos, int b, int t, int nh,
-                     float *amax) {
+                     int dx_ld, int dout_ld, float *amax) {
     const int d = llama3_head_dim(&m->args);
-    if (mixed(m)) m->ops->rope_backward_bf16(dx, amax, dout, m->rope_table, pos, 0, b, t, nh, d);
-    else m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d);
+    if (mixed(m)) m->ops->rope_backward_bf16(dx, amax, dout, m->rope_table, pos, 0, b, t, nh, d, dx_ld, dout_ld);
+    else m->ops->rope_backward(dx, dout, m->rope_table, pos, 0, b, t, nh, d, dx_ld, dout_ld);
 }
-/* RoPE on a microbatch's q or k [b, t, nh, D]: at each row's position within its document
- * (a->dpos, per sequence: one call per sequence), else at the rows' global positions. */
-static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, int nh);
-static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh, float *amax);
+/* RoPE on a microbatch's q or k (rows of nh heads, pitches as rope_fwd's): at each row's
+ * position within its document (a->dpos, per sequence: one call per sequence), else at
+ * the rows' global positions. */
+typedef struct {
+    void *p;
+    int ld;
+} rows_at; /* rows of a [N, ld] buffer from p (a column block when ld is wider than them) */
+static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, rows_at out, rows_at x, int nh);
+static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, rows_at dx, rows_at dout, int nh, float *amax);
 static void zero_acts(const llama3_model *m, void *x, size_t elems) {
     if (mixed(m)) m->ops->fill(x, 0.0f, elems / 2); /* bf16 zeros as fp32 zeros (elems is even: a multiple of dim) */
     else m->ops->fill(x, 0.0f, elems);
@@ -479,25 +542,28 @@ static cp_attn_dims cp_dims_acts(const llama3_model *m, const llama3_acts *a) {
     return d;
 }
 
-static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, void *x, int nh) {
+static void rope_fwd_acts(const llama3_model *m, const llama3_acts *a, rows_at out, rows_at x, int nh) {
     if (!a->dpos) {
-        rope_fwd(m, x, a->pos, a->b, a->t, nh);
+        rope_fwd(m, out.p, x.p, a->pos, a->b, a->t, nh, out.ld, x.ld);
         return;
     }
-    const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
-    for (int r = 0; r < a->b; r++) rope_fwd(m, act_at(m, x, (size_t)r * seq), a->dpos + (size_t)r * a->t, 1, a->t, nh);
+    for (int r = 0; r < a->b; r++) {
+        const size_t row = (size_t)r * (size_t)a->t;
+        rope_fwd(m, act_at(m, out.p, row * (size_t)out.ld), act_at(m, x.p, row * (size_t)x.ld), a->dpos + row, 1, a->t,
+                 nh, out.ld, x.ld);
+    }
 }
 /* amax (one call only, so not with per-document positions): of all of dx, as it is written */
-static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, void *dx, const void *dout, int nh,
-                          float *amax) {
+static void rope_bwd_acts(const llama3_model *m, const llama3_acts *a, rows_at dx, rows_at dout, int nh, float *amax) {
     if (!a->dpos) {
-        rope_bwd(m, dx, dout, a->pos, a->b, a->t, nh, amax);
+        rope_bwd(m, dx.p, dout.p, a->pos, a->b, a->t, nh, dx.ld, dout.ld, amax);
         return;
     }
-    const size_t seq = (size_t)a->t * (size_t)nh * (size_t)llama3_head_dim(&m->args);
-    for (int r = 0; r < a->b; r++)
-        rope_bwd(m, act_at(m, dx, (size_t)r * seq), act_at(m, (void *)dout, (size_t)r * seq),
-                 a->dpos + (size_t)r * a->t, 1, a->t, nh, NULL);
+    for (int r = 0; r < a->b; r++) {
+        const size_t row = (size_t)r * (size_t)a->t;
+        rope_bwd(m, act_at(m, dx.p, row * (size_t)dx.ld), act_at(m, dout.p, row * (size_t)dout.ld), a->dpos + row, 1,
+                 a->t, nh, dx.ld, dout.ld, NULL);
+    }
 }
 
 static size_t scratch_cols(const llama3_model *m) {
@@ -519,9 +585,11 @@ static void carve_layer(const llama3_model *m, carver *cv, size_t n, size_t nl, 
         t->xn1 = carve(cv, n * c * es);
         t->rstd1 = carve(cv, nl * fl);
     }
-    if (mask & LLAMA3_KEEP_Q) t->q = carve(cv, n * hd * es);
-    if (mask & LLAMA3_KEEP_K) t->k = carve(cv, n * kvd * es);
-    if (mask & LLAMA3_KEEP_V) t->v = carve(cv, n * kvd * es);
+    if (mask & LLAMA3_KEEP_Q) { /* q, k, v: one region (llama3_keep_qkv) */
+        t->q = carve(cv, n * (hd + 2 * kvd) * es);
+        t->k = t->q ? (char *)t->q + n * hd * es : NULL;
+        t->v = t->k ? (char *)t->k + n * kvd * es : NULL;
+    }
     if (mask & LLAMA3_KEEP_ATT) {
         t->att = carve(cv, n * hd * es);
         t->lse = carve(cv, n * (size_t)heads_l(m) * fl);
@@ -728,6 +796,12 @@ static size_t acts_layout(const llama3_model *m, llama3_acts *a) {
     return cv.off;
 }
 
+unsigned llama3_keep_qkv(unsigned keep) {
+    keep &= LLAMA3_KEEP_ALL;
+    const unsigned qkv = LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V;
+    return (keep & qkv) ? keep | qkv : keep;
+}
+
 size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int b, int t) {
     llama3_acts a;
     memset(&a, 0, sizeof a);
@@ -738,7 +812,7 @@ size_t llama3_acts_bytes_policy(const llama3_model *m, const unsigned *keep, int
     a.nb = n_blocks(m);
     unsigned *k = calloc((size_t)(a.nb > 0 ? a.nb : 1), sizeof *k);
     if (!k) return 0;
-    for (int i = 0; i < a.nb; i++) k[i] = keep ? keep[i] & LLAMA3_KEEP_ALL : LLAMA3_KEEP_ALL;
+    for (int i = 0; i < a.nb; i++) k[i] = keep ? llama3_keep_qkv(keep[i]) : LLAMA3_KEEP_ALL;
     a.keep = k;
     size_t bytes = acts_layout(m, &a);
     free(k);
@@ -781,7 +855,7 @@ llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, 
     a->slot = calloc(nb1, sizeof *a->slot);
     if (!a->res || !a->dres || !a->kept || !a->keep || !a->slot) goto oom;
     for (int i = 0; i < a->nb; i++) {
-        a->keep[i] = keep ? keep[i] & LLAMA3_KEEP_ALL : LLAMA3_KEEP_ALL;
+        a->keep[i] = keep ? llama3_keep_qkv(keep[i]) : LLAMA3_KEEP_ALL;
         a->slot[i] = -1;
         if (a->keep[i] != LLAMA3_KEEP_ALL && !ws->has_fwd) {
             snprintf(err, errlen,
@@ -1344,6 +1418,8 @@ typedef struct {
     int begun; /* the linears were told the whole operand (rows_begin): calls pass their row */
 } rows_job;
 
+#define QKV_BITS (LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V)
+
 static void rows_run(void *user, size_t r0, size_t rows) {
     const rows_job *j = user;
     llama3_model *m = j->m;
@@ -1356,9 +1432,13 @@ static void rows_run(void *user, size_t r0, size_t rows) {
     float *tpf = a->ws->tp_full + r0 * C;
     switch (j->what) {
     case ROWS_QKV:
+        if (qkv_fused(m, l) && (j->compute & QKV_BITS) == QKV_BITS) {
+            const size_t qkv = (size_t)qkv_cols(m, l);
+            lin_fwd_qkv(m, l, AT(a->ws->scratch, qkv), AT(t->xn1, C), n);
+            break;
+        }
         if (j->compute & LLAMA3_KEEP_Q) lin_fwd(m, pidx_block(m, l, P_WQ), AT(t->q, HD), AT(t->xn1, C), n, rr, 0.0f);
         if ((j->compute & (LLAMA3_KEEP_K | LLAMA3_KEEP_V)) == (LLAMA3_KEEP_K | LLAMA3_KEEP_V) &&
-            view_together(m, a, l, LLAMA3_KEEP_K, LLAMA3_KEEP_V) &&
             lin_fwd_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), AT(t->k, KVD), AT(t->v, KVD), AT(t->xn1, C),
                          n))
             break;
@@ -1382,6 +1462,10 @@ static void rows_run(void *user, size_t r0, size_t rows) {
         break;
     case ROWS_DATT: lin_bwd_input(m, pidx_block(m, l, P_WO), AT(a->ws->scratch, HD), AT(t->dh, C), n, rr, 0.0f); break;
     case ROWS_DXN1:
+        if (qkv_fused(m, l)) { /* t->q holds the rows of dqkv */
+            lin_bwd_input_qkv(m, l, TETRA_F32, tpf, AT(t->q, (size_t)qkv_cols(m, l)), n);
+            break;
+        }
         lin_bwd_input_to(m, pidx_block(m, l, P_WQ), TETRA_F32, tpf, AT(t->q, HD), n, rr, 0.0f);
         lin_bwd_input_to(m, pidx_block(m, l, P_WK), TETRA_F32, tpf, AT(t->k, KVD), n, rr, 1.0f);
         lin_bwd_input_to(m, pidx_block(m, l, P_WV), TETRA_F32, tpf, AT(t->v, KVD), n, rr, 1.0f);
@@ -1563,8 +1647,18 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
         }
     }
     if (qkv.compute) rows_all(m, a, &qkv); /* projections whose input was kept (not gathered now) */
-    if (compute & LLAMA3_KEEP_Q) rope_fwd_acts(m, a, t->q, H);
-    if (compute & LLAMA3_KEEP_K) rope_fwd_acts(m, a, t->k, KV);
+    const int hd = (int)hd_l(m), kvd = (int)kvd_l(m);
+    if (qkv_fused(m, l) && (compute & QKV_BITS) == QKV_BITS) { /* q|k|v rows in the scratch */
+        const int cols = qkv_cols(m, l);
+        const size_t es = act_size(m);
+        rope_fwd_acts(m, a, (rows_at){t->q, hd}, (rows_at){ws->scratch, cols}, H);
+        rope_fwd_acts(m, a, (rows_at){t->k, kvd}, (rows_at){act_at(m, ws->scratch, (size_t)hd), cols}, KV);
+        ops->copy_2d(t->v, (size_t)kvd * es, act_at(m, ws->scratch, (size_t)(hd + kvd)), (size_t)cols * es,
+                     (size_t)kvd * es, (size_t)n);
+    } else {
+        if (compute & LLAMA3_KEEP_Q) rope_fwd_acts(m, a, (rows_at){t->q, hd}, (rows_at){t->q, hd}, H);
+        if (compute & LLAMA3_KEEP_K) rope_fwd_acts(m, a, (rows_at){t->k, kvd}, (rows_at){t->k, kvd}, KV);
+    }
     if ((compute & LLAMA3_KEEP_ATT) && cpn(m) > 1) {
         cp_ctx cc = cp_of(m);
         cp_attn_dims dim = cp_dims_acts(m, a);
@@ -1842,14 +1936,22 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         ops->fill(dq, 0.0f, a->n * (size_t)(HD + 2 * KVD));
         ops->attention_backward(dq, dk, dv, datt, t->q, t->k, t->v, t->att, t->lse, &s, ws->attn_ws);
     }
-    /* wq's and wk's output gradients: their amaxes come with them where those linears take
-     * them next (whole, tp 1, one RoPE call each) */
-    const int rslots = !tp && mixed(m) && !a->dpos;
-    rope_bwd_acts(m, a, t->q, dq, H,
-                  rslots ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_DY, t->q, n) : NULL);
-    rope_bwd_acts(m, a, t->k, dk, KV,
-                  rslots ? lin_amax_slot(m, pidx_block(m, l, P_WK), MODEL_OPERAND_DY, t->k, n) : NULL);
-    ops->copy(t->v, dv, a->n * (size_t)KVD * es);
+    const int fused = qkv_fused(m, l);
+    if (fused) { /* the rows of dqkv [N, H*D + 2 KV*D] over the q, k, v region */
+        const int qkv = qkv_cols(m, l);
+        rope_bwd_acts(m, a, (rows_at){t->q, qkv}, (rows_at){dq, (int)HD}, H, NULL);
+        rope_bwd_acts(m, a, (rows_at){act_at(m, t->q, HD), qkv}, (rows_at){dk, (int)KVD}, KV, NULL);
+        ops->copy_2d(act_at(m, t->q, HD + KVD), (size_t)qkv * es, dv, KVD * es, KVD * es, a->n);
+    } else {
+        /* wq's and wk's output gradients: their amaxes come with them where those linears
+         * take them next (whole, tp 1, one RoPE call each) */
+        const int rslots = !tp && mixed(m) && !a->dpos;
+        rope_bwd_acts(m, a, (rows_at){t->q, (int)HD}, (rows_at){dq, (int)HD}, H,
+                      rslots ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_DY, t->q, n) : NULL);
+        rope_bwd_acts(m, a, (rows_at){t->k, (int)KVD}, (rows_at){dk, (int)KVD}, KV,
+                      rslots ? lin_amax_slot(m, pidx_block(m, l, P_WK), MODEL_OPERAND_DY, t->k, n) : NULL);
+        ops->copy(t->v, dv, a->n * (size_t)KVD * es);
+    }
     const void *w_attn_norm = param_ptr(m, pidx_block(m, l, P_ATTN_NORM));
     if (tp) {
         rows_job job = {m, a, l, ROWS_DXN1, t, 0, 0};
@@ -1859,9 +1961,13 @@ void llama3_block_backward_input(llama3_model *m, llama3_acts *a, int l) {
         return;
     }
     void *dxn1 = t->xn1;
-    lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, -1, 0.0f);
-    lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, -1, 1.0f);
-    lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, -1, 1.0f);
+    if (fused) {
+        lin_bwd_input_qkv(m, l, m->compute_dtype, dxn1, t->q, n);
+    } else {
+        lin_bwd_input(m, pidx_block(m, l, P_WQ), dxn1, t->q, n, -1, 0.0f);
+        lin_bwd_input(m, pidx_block(m, l, P_WK), dxn1, t->k, n, -1, 1.0f);
+        lin_bwd_input(m, pidx_block(m, l, P_WV), dxn1, t->v, n, -1, 1.0f);
+    }
     /* dr_l = dh (residual) + d rmsnorm: the output gradient of the block before, whose w2
      * takes it next (with its amax, when that block is on this stage) */
     float *am_prev =
@@ -1905,11 +2011,14 @@ void llama3_block_backward_weight(llama3_model *m, llama3_acts *a, int l) {
     if (!tp)
         rmsnorm_fwd_amax(m, xn, ws->rstd_scratch, a->res[bl], w_attn_norm, n,
                          mixed(m) ? lin_amax_slot(m, pidx_block(m, l, P_WQ), MODEL_OPERAND_X, xn, n) : NULL);
-    lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
-    if (!view_together(m, a, l, LLAMA3_KEEP_K, LLAMA3_KEEP_V) ||
-        !lin_bwd_weight_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), t->k, t->v, tp ? t->xn1 : xn, n)) {
-        lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
-        lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
+    if (qkv_fused(m, l)) {
+        lin_bwd_weight_qkv(m, l, t->q, tp ? t->xn1 : xn, n);
+    } else {
+        lin_bwd_weight(m, pidx_block(m, l, P_WQ), t->q, tp ? t->xn1 : xn, n);
+        if (!lin_bwd_weight_pair(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV), t->k, t->v, tp ? t->xn1 : xn, n)) {
+            lin_bwd_weight(m, pidx_block(m, l, P_WK), t->k, tp ? t->xn1 : xn, n);
+            lin_bwd_weight(m, pidx_block(m, l, P_WV), t->v, tp ? t->xn1 : xn, n);
+        }
     }
     rmsnorm_bwd_weight(m, pidx_block(m, l, P_ATTN_NORM), tp ? t->dxn1l : t->xn1, a->res[bl], t->rstd1, nl);
 

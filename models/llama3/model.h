@@ -263,7 +263,8 @@ size_t llama3_workspace_bytes(const llama3_model *m, int max_b, int max_t, int f
  * block for mode "none" (keep everything), "full" (keep only the block's input),
  * "selective" with option "N" (blocks whose 1-based global index is a multiple of N
  * keep only their input) or "op" (keep the attention output and every other matmul
- * output in forward order: wq, wv, w1, w2; recompute the norms, wk, wo, w3 and SwiGLU).
+ * output in forward order, wq/wk/wv counted as the one GEMM they run as: q, k, v, w1,
+ * w2; recompute the norms, wo, w3 and SwiGLU).
  * 0, or -1 with the key and value named. */
 int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option, unsigned *keep /*[blocks]*/,
                      char *err, size_t errlen);
@@ -274,8 +275,14 @@ int llama3_ac_policy(const llama3_model *m, const char *mode, const char *option
  * not FLOPs, and are not counted. */
 double llama3_recompute_linear_flops(const llama3_args *a, unsigned keep, int tp_size, int *attention);
 
+/* q, k and v live in one buffer (wq, wk and wv run as one GEMM, and the I pass leaves
+ * their output gradients there as one matrix): a block keeps the three or none. keep
+ * with any of them gets all three (the activations below take their masks through this). */
+unsigned llama3_keep_qkv(unsigned keep);
+
 /* Activations of one microbatch of b sequences of t tokens on workspace ws (b t <= its
- * max_b max_t); keep[i] is the mask of local block i (NULL: keep everything). */
+ * max_b max_t); keep[i] is the mask of local block i (NULL: keep everything; each mask
+ * through llama3_keep_qkv). */
 llama3_acts *llama3_acts_create_ws(const llama3_model *m, llama3_workspace *ws, const unsigned *keep, int b, int t,
                                    char *err, size_t errlen);
 /* The documents of the microbatch these activations are about to run (block_causal

@@ -1286,13 +1286,13 @@ static void test_rope(void) {
             float *x = hrandn(n, 1), *out = (float *)malloc(n * 4);
             float *dx = (float *)dup_gpu(x, n * 4), *dout = (float *)G->alloc(n * 4);
             if (!bwd) {
-                C->rope_forward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d);
-                G->rope_forward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
-                G->rope_forward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d); // in place
+                C->rope_forward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d, nh * d, nh * d);
+                G->rope_forward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d, nh * d, nh * d);
+                G->rope_forward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d, nh * d, nh * d); // in place
             } else {
-                C->rope_backward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d);
-                G->rope_backward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
-                G->rope_backward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d);
+                C->rope_backward(out, x, table, mode ? pos : NULL, 50, b, s, nh, d, nh * d, nh * d);
+                G->rope_backward(dout, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d, nh * d, nh * d);
+                G->rope_backward(dx, dx, dtable, mode ? dpos : NULL, 50, b, s, nh, d, nh * d, nh * d);
             }
             float *g1 = (float *)from_gpu(dout, n * 4), *g2 = (float *)from_gpu(dx, n * 4);
             const char *shape = mode ? "b2 s37 nh3 d16 pos[]" : "b2 s37 nh3 d16 offset 50";
@@ -1309,6 +1309,73 @@ static void test_rope(void) {
     free(table);
     G->release(dtable);
     G->release(dpos);
+}
+
+// One RoPE call of table o: forward or backward (bwd), fp32 or bf16 (bf), rows of out_ld
+// and x_ld elements (the backward's dx is out, its dout x)
+static void rope_call(const tetra_ops *o, int bf, int bwd, void *out, const void *x, const float *table, int off, int b,
+                      int s, int nh, int d, int out_ld, int x_ld) {
+    if (bf && bwd)
+        o->rope_backward_bf16((uint16_t *)out, NULL, (const uint16_t *)x, table, NULL, off, b, s, nh, d, out_ld, x_ld);
+    else if (bf)
+        o->rope_forward_bf16((uint16_t *)out, (const uint16_t *)x, table, NULL, off, b, s, nh, d, out_ld, x_ld);
+    else if (bwd) o->rope_backward((float *)out, (const float *)x, table, NULL, off, b, s, nh, d, out_ld, x_ld);
+    else o->rope_forward((float *)out, (const float *)x, table, NULL, off, b, s, nh, d, out_ld, x_ld);
+}
+
+// RoPE on rows of a wider tensor (the q or k columns of a fused projection's [N, H*D +
+// 2 KV*D] output), read from them (forward) and written into them (backward), each in
+// fp32 and bf16: the CPU's result on the tensor of its own, and the other columns
+// untouched. Pitches of whole 16-byte vectors (the vector path) and odd ones (per pair).
+static void test_rope_rows(void) {
+    const int b = 2, s = 29, nh = 3, d = 16, max_pos = 64, own = nh * d;
+    float *table = (float *)malloc((size_t)max_pos * d * 4);
+    ops_rope_table(table, d, max_pos, 500000.0f, 0, 1.0f, 1.0f, 4.0f, 8192);
+    float *dtable = (float *)dup_gpu(table, (size_t)max_pos * d * 4);
+    for (int bf = 0; bf < 2; bf++)
+        for (int odd = 0; odd < 2; odd++)
+            for (int bwd = 0; bwd < 2; bwd++) {
+                const size_t es = bf ? 2 : 4, rows = (size_t)b * s;
+                const int ld = own + 2 * d + odd, col = d; /* the block's first column */
+                const size_t nw = rows * (size_t)ld, no = rows * (size_t)own;
+                void *wide = bf ? (void *)hrandn_bf16(nw, 1) : (void *)hrandn(nw, 1);
+                void *x = malloc(no * es), *ref = malloc(no * es);
+                for (size_t r = 0; r < rows; r++)
+                    memcpy((char *)x + r * own * es, (char *)wide + (r * ld + col) * es, own * es);
+                rope_call(C, bf, bwd, ref, x, table, 5, b, s, nh, d, own, own);
+                /* forward: from the wide rows into a tensor of its own; backward: from x into the wide rows */
+                void *d_wide = dup_gpu(wide, nw * es), *d_x = dup_gpu(x, no * es), *d_out = G->alloc(no * es);
+                char *wcol = (char *)d_wide + (size_t)col * es;
+                if (bwd) rope_call(G, bf, 1, wcol, d_x, dtable, 5, b, s, nh, d, ld, own);
+                else rope_call(G, bf, 0, d_out, wcol, dtable, 5, b, s, nh, d, own, ld);
+                char *gw = (char *)from_gpu(d_wide, nw * es), *got = (char *)from_gpu(d_out, no * es);
+                if (bwd) { /* the block's columns out of the wide rows; the rest as they were */
+                    for (size_t r = 0; r < rows; r++) {
+                        memcpy(got + r * own * es, gw + (r * ld + col) * es, own * es);
+                        memcpy(gw + (r * ld + col) * es, (char *)wide + (r * ld + col) * es, own * es);
+                    }
+                }
+                char shape[96];
+                snprintf(shape, sizeof shape, "b2 s29 nh3 d16 rows of %d%s", ld, bwd ? " (dx)" : " (x)");
+                const char *op = bf ? (bwd ? "rope_backward_bf16 into rows" : "rope_forward_bf16 from rows")
+                                    : (bwd ? "rope_backward into rows" : "rope_forward from rows");
+                if (bf) check_bf16(op, shape, (const uint16_t *)got, (const uint16_t *)ref, no, 1e-6, 1.0);
+                else check_close(op, shape, (const float *)got, (const float *)ref, no, 1e-6);
+                if (bwd)
+                    check_bits(bf ? "rope_backward_bf16 into rows: other columns"
+                                  : "rope_backward into rows: other columns",
+                               shape, gw, wide, nw * es);
+                free(gw);
+                free(got);
+                free(wide);
+                free(x);
+                free(ref);
+                G->release(d_wide);
+                G->release(d_x);
+                G->release(d_out);
+            }
+    free(table);
+    G->release(dtable);
 }
 
 static void test_swiglu(void) {
@@ -1547,16 +1614,8 @@ static void test_rope_paths(void) {
             void *x = bf ? (void *)hrandn_bf16(n + 1, 1) : (void *)hrandn(n + 1, 1);
             void *ref = malloc((n + 1) * es), *dx = dup_gpu(x, (n + 1) * es), *dy = G->alloc((n + 1) * es);
             for (int bwd = 0; bwd < 2; bwd++) {
-                if (bf && bwd)
-                    C->rope_backward_bf16((uint16_t *)ref + k, NULL, (uint16_t *)x + k, table, NULL, 3, b, s, nh, d);
-                else if (bf) C->rope_forward_bf16((uint16_t *)ref + k, (uint16_t *)x + k, table, NULL, 3, b, s, nh, d);
-                else if (bwd) C->rope_backward((float *)ref + k, (float *)x + k, table, NULL, 3, b, s, nh, d);
-                else C->rope_forward((float *)ref + k, (float *)x + k, table, NULL, 3, b, s, nh, d);
-                if (bf && bwd)
-                    G->rope_backward_bf16((uint16_t *)dy + k, NULL, (uint16_t *)dx + k, dtable, NULL, 3, b, s, nh, d);
-                else if (bf) G->rope_forward_bf16((uint16_t *)dy + k, (uint16_t *)dx + k, dtable, NULL, 3, b, s, nh, d);
-                else if (bwd) G->rope_backward((float *)dy + k, (float *)dx + k, dtable, NULL, 3, b, s, nh, d);
-                else G->rope_forward((float *)dy + k, (float *)dx + k, dtable, NULL, 3, b, s, nh, d);
+                rope_call(C, bf, bwd, (char *)ref + k * es, (char *)x + k * es, table, 3, b, s, nh, d, nh * d, nh * d);
+                rope_call(G, bf, bwd, (char *)dy + k * es, (char *)dx + k * es, dtable, 3, b, s, nh, d, nh * d, nh * d);
                 void *got = from_gpu(dy, (n + 1) * es);
                 char op[64];
                 snprintf(op, sizeof op, "rope_%s%s paths", bwd ? "backward" : "forward", bf ? "_bf16" : "");
@@ -1589,24 +1648,24 @@ static void test_rope_bf16(void) {
             const int32_t *hp = mode ? pos : NULL, *gp = mode ? dpos : NULL;
             const void *cop = bwd ? (const void *)C->rope_backward_bf16 : (const void *)C->rope_forward_bf16;
             if (cop && bwd) {
-                C->rope_backward_bf16(out, NULL, x, table, hp, 50, b, s, nh, d);
+                C->rope_backward_bf16(out, NULL, x, table, hp, 50, b, s, nh, d, nh * d, nh * d);
             } else if (cop) {
-                C->rope_forward_bf16(out, x, table, hp, 50, b, s, nh, d);
+                C->rope_forward_bf16(out, x, table, hp, 50, b, s, nh, d, nh * d, nh * d);
             } else {
                 float *xf = widen(x, n), *of = (float *)malloc(n * 4);
-                (bwd ? C->rope_backward : C->rope_forward)(of, xf, table, hp, 50, b, s, nh, d);
+                (bwd ? C->rope_backward : C->rope_forward)(of, xf, table, hp, 50, b, s, nh, d, nh * d, nh * d);
                 narrow(out, of, n);
                 free(xf);
                 free(of);
             }
             if (!bwd) {
-                G->rope_forward_bf16(dout, dx, dtable, gp, 50, b, s, nh, d);
-                G->rope_forward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d); // in place
+                G->rope_forward_bf16(dout, dx, dtable, gp, 50, b, s, nh, d, nh * d, nh * d);
+                G->rope_forward_bf16(dx, dx, dtable, gp, 50, b, s, nh, d, nh * d, nh * d); // in place
             } else {
                 /* in place with the amax of what it writes: the bits amax_bf16 finds there */
                 float *d_am = (float *)G->alloc(8);
-                G->rope_backward_bf16(dout, NULL, dx, dtable, gp, 50, b, s, nh, d);
-                G->rope_backward_bf16(dx, d_am, dx, dtable, gp, 50, b, s, nh, d);
+                G->rope_backward_bf16(dout, NULL, dx, dtable, gp, 50, b, s, nh, d, nh * d, nh * d);
+                G->rope_backward_bf16(dx, d_am, dx, dtable, gp, 50, b, s, nh, d, nh * d, nh * d);
                 G->amax_bf16(d_am + 1, dx, n);
                 float *g_am = (float *)from_gpu(d_am, 8);
                 check_f32_bits("rope_backward_bf16 amax == amax_bf16 of dx", "b2 s37 nh3 d16", g_am, g_am + 1, 1);
@@ -3019,12 +3078,13 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC("24x32 with amax", NULL,
                R->rmsnorm_backward_input_bf16(H, Y + 200000, H + 1024, H + 2048, H + 4096, Z, 24, 32, NULL));
             LC(s, NULL, R->rmsnorm_backward_weight_bf16(W, H + 1024, H + 2048, Z, 24, 32, 1));
-            LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16));
-            LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, NULL, H + 1024, Y, tok, 0, 2, 12, 2, 16));
+            LC("b2 s12 h2 d16", NULL, R->rope_forward_bf16(H, H, Y, NULL, 0, 2, 12, 2, 16, 32, 32));
+            LC("b2 s12 h2 d16", NULL, R->rope_backward_bf16(H, NULL, H + 1024, Y, tok, 0, 2, 12, 2, 16, 32, 32));
             LC("b2 s12 h2 d16 with amax", NULL,
-               R->rope_backward_bf16(H, Y + 200000, H + 1024, Y, tok, 0, 2, 12, 2, 16));
-            LC("b1 s2048 h4 d64 with amax", NULL, R->rope_backward_bf16(H, Y + 200000, H, Y, NULL, 0, 1, 2048, 4, 64));
-            LC("empty with amax", NULL, R->rope_backward_bf16(H, Y + 200000, H, Y, NULL, 0, 0, 12, 2, 16));
+               R->rope_backward_bf16(H, Y + 200000, H + 1024, Y, tok, 0, 2, 12, 2, 16, 32, 32));
+            LC("b1 s2048 h4 d64 with amax", NULL,
+               R->rope_backward_bf16(H, Y + 200000, H, Y, NULL, 0, 1, 2048, 4, 64, 256, 256));
+            LC("empty with amax", NULL, R->rope_backward_bf16(H, Y + 200000, H, Y, NULL, 0, 0, 12, 2, 16, 32, 32));
             LC("n=777", NULL, R->swiglu_forward_bf16(H, NULL, H + 1024, H + 2048, 777));
             LC("n=777", NULL, R->swiglu_backward_bf16(H, H + 1024, NULL, NULL, H + 2048, H, H + 1024, 777));
             LC("n=777 with amax", NULL, R->swiglu_forward_bf16(H, Z, H + 1024, H + 2048, 777));
@@ -3038,8 +3098,8 @@ static void lc_layers(const tetra_ops *R, float *X, float *Y, float *Z, uint16_t
             LC(s, NULL, R->rmsnorm_forward(X, Z, Y, W, 24, 32, 1e-5f));
             LC(s, NULL, R->rmsnorm_backward_input(X, Y, Y + 1024, W, Z, 24, 32, NULL));
             LC("300x20", NULL, R->rmsnorm_backward_weight(W, Y, Y + 8192, Z, 300, 20, 1));
-            LC("b2 s12 h2 d16", NULL, R->rope_forward(X, X, Y, NULL, 3, 2, 12, 2, 16));
-            LC("d=1", NULL, R->rope_backward(X, X, Y, NULL, 0, 2, 12, 2, 1));
+            LC("b2 s12 h2 d16", NULL, R->rope_forward(X, X, Y, NULL, 3, 2, 12, 2, 16, 32, 32));
+            LC("d=1", NULL, R->rope_backward(X, X, Y, NULL, 0, 2, 12, 2, 1, 2, 2));
             LC("n=777", NULL, R->swiglu_forward(X, Y, Z, 777));
             LC("n=0", NULL, R->swiglu_backward(X, Y, Z, X, Y, 0));
         }
@@ -3244,6 +3304,7 @@ int main(int argc, char **argv) {
     test_embedding_bf16();
     test_rmsnorm_bf16();
     test_rope_bf16();
+    test_rope_rows();
     test_rope_paths();
     test_swiglu_bf16();
     test_attention();

@@ -113,8 +113,8 @@ cpu_embedding_backward = sig("cpu_embedding_backward", P, P, P, c_int, c_int, c_
 cpu_rmsnorm_forward = sig("cpu_rmsnorm_forward", P, P, P, P, c_int, c_int, c_float)
 cpu_rmsnorm_backward_input = sig("cpu_rmsnorm_backward_input", P, P, P, P, P, c_int, c_int, P)
 cpu_rmsnorm_backward_weight = sig("cpu_rmsnorm_backward_weight", P, P, P, P, c_int, c_int, c_int)
-cpu_rope_forward = sig("cpu_rope_forward", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
-cpu_rope_backward = sig("cpu_rope_backward", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
+cpu_rope_forward = sig("cpu_rope_forward", P, P, P, P, c_int, c_int, c_int, c_int, c_int, c_int, c_int)
+cpu_rope_backward = sig("cpu_rope_backward", P, P, P, P, c_int, c_int, c_int, c_int, c_int, c_int, c_int)
 cpu_swiglu_forward = sig("cpu_swiglu_forward", P, P, P, c_size)
 cpu_swiglu_backward = sig("cpu_swiglu_backward", P, P, P, P, P, c_size)
 cpu_cross_entropy = sig("cpu_cross_entropy", P, P, P, P, c_int, c_int, c_float)
@@ -131,8 +131,9 @@ cpu_embedding_backward_bf16 = sig("cpu_embedding_backward_bf16", P, P, P, c_int,
 cpu_rmsnorm_forward_bf16 = sig("cpu_rmsnorm_forward_bf16", P, P, P, P, P, c_int, c_int, c_float)
 cpu_rmsnorm_backward_input_bf16 = sig("cpu_rmsnorm_backward_input_bf16", P, P, P, P, P, P, c_int, c_int, P)
 cpu_rmsnorm_backward_weight_bf16 = sig("cpu_rmsnorm_backward_weight_bf16", P, P, P, P, c_int, c_int, c_int)
-cpu_rope_forward_bf16 = sig("cpu_rope_forward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int)
-cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, P, c_int, c_int, c_int, c_int, c_int)
+cpu_rope_forward_bf16 = sig("cpu_rope_forward_bf16", P, P, P, P, c_int, c_int, c_int, c_int, c_int, c_int, c_int)
+cpu_rope_backward_bf16 = sig("cpu_rope_backward_bf16", P, P, P, P, P, c_int, c_int, c_int, c_int, c_int, c_int,
+                             c_int)
 cpu_swiglu_forward_bf16 = sig("cpu_swiglu_forward_bf16", P, P, P, P, c_size)
 cpu_swiglu_backward_bf16 = sig("cpu_swiglu_backward_bf16", P, P, P, P, P, P, P, c_size)
 cpu_attention_workspace_size_bf16 = sig("cpu_attention_workspace_size_bf16", ctypes.POINTER(AttnShape), ret=c_size)
@@ -167,6 +168,11 @@ def ptr(t):
         return t.ctypes.data
     assert t.is_contiguous()
     return t.data_ptr()
+
+
+def ptr_at(t, elems):
+    """the address of element `elems` of a contiguous tensor (a column block of its rows)"""
+    return ptr(t) + elems * t.element_size()
 
 
 def f32(*shape, scale=1.0):
@@ -653,14 +659,31 @@ def test_rope():
         xd = x.double().requires_grad_()
         yd = torch.view_as_real(torch.view_as_complex(xd.reshape(B, S, NH, D // 2, 2)) * f).reshape(B, S, NH, D)
         out = torch.empty_like(x)
-        cpu_rope_forward(ptr(out), ptr(x), ptr(table), ptr(pos), off, B, S, NH, D)
+        cpu_rope_forward(ptr(out), ptr(x), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, NH * D)
         tag = f"B{B} S{S} nh{NH}{' positions' if pos is not None else f' offset {off}'}"
         check(f"rope fwd {tag}", out, yd.detach(), 1e-5)
         dout = f32(B, S, NH, D)
         yd.backward(dout.double())
         dx = dout.clone()  # in place
-        cpu_rope_backward(ptr(dx), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D)
+        cpu_rope_backward(ptr(dx), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, NH * D)
         check(f"rope bwd in-place {tag}", dx, xd.grad, 1e-5)
+        # the q columns of a fused projection's rows: read from and written to rows wider
+        # than NH * D, the other columns untouched; the same bits as the tensor of its own
+        W = NH * D + 3 * D
+        wide, wout = f32(B, S, W), f32(B, S, W)
+        wide[:, :, D:D + NH * D] = x.reshape(B, S, NH * D)
+        keep = wout.clone()
+        cpu_rope_forward(ptr_at(wout, 2 * D), ptr_at(wide, D), ptr(table), ptr(pos), off, B, S, NH, D, W, W)
+        same = torch.equal(wout[:, :, 2 * D:2 * D + NH * D], out.reshape(B, S, NH * D))
+        outside = torch.equal(wout[:, :, :2 * D], keep[:, :, :2 * D]) and torch.equal(
+            wout[:, :, 2 * D + NH * D:], keep[:, :, 2 * D + NH * D:])
+        record(f"rope fwd rows of {W} {tag}", "bits equal to rows of its own, others untouched",
+               0.0 if same and outside else 1.0, 0)
+        dxw = torch.empty(B, S, NH * D)
+        wide[:, :, D:D + NH * D] = dout.reshape(B, S, NH * D)
+        cpu_rope_backward(ptr(dxw), ptr_at(wide, D), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, W)
+        record(f"rope bwd from rows of {W} {tag}", "bits equal to rows of its own",
+               0.0 if torch.equal(dxw.reshape(B, S, NH, D), dx) else 1.0, 0)
 
 
 def test_swiglu():
@@ -1034,22 +1057,37 @@ def test_bf16_rope():
         f = fc[positions].reshape(1, S, 1, D // 2)
         tag = f"B{B} S{S} nh{NH}{' positions' if pos is not None else f' offset {off}'}"
         out = bf_empty(B, S, NH, D)
-        cpu_rope_forward_bf16(ptr(out), ptr(x), ptr(table), ptr(pos), off, B, S, NH, D)
+        cpu_rope_forward_bf16(ptr(out), ptr(x), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, NH * D)
         ref = torch.view_as_real(torch.view_as_complex(x.float().reshape(B, S, NH, D // 2, 2)) * f)
         check_bf(f"bf16 rope fwd {tag}", out, ref.reshape(B, S, NH, D))
         t32, x32 = torch.empty(B, S, NH, D), x.float()
-        cpu_rope_forward(ptr(t32), ptr(x32), ptr(table), ptr(pos), off, B, S, NH, D)
+        cpu_rope_forward(ptr(t32), ptr(x32), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, NH * D)
         check_twin(f"bf16 rope fwd {tag}", out, round_bf16(t32))
         dout = bf(B, S, NH, D)
         dx = dout.clone()  # in place
         am = torch.empty(1)
-        cpu_rope_backward_bf16(ptr(dx), ptr(am), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D)
+        cpu_rope_backward_bf16(ptr(dx), ptr(am), ptr(dx), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, NH * D)
         record(f"bf16 rope bwd amax {tag}", "abs diff vs max|dx|", float((am[0] - dx.float().abs().max()).abs()), 0)
         refb = torch.view_as_real(torch.view_as_complex(dout.float().reshape(B, S, NH, D // 2, 2)) * f.conj())
         check_bf(f"bf16 rope bwd in-place {tag}", dx, refb.reshape(B, S, NH, D))
         dout32 = dout.float()
-        cpu_rope_backward(ptr(t32), ptr(dout32), ptr(table), ptr(pos), off, B, S, NH, D)
+        cpu_rope_backward(ptr(t32), ptr(dout32), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, NH * D)
         check_twin(f"bf16 rope bwd {tag}", dx, round_bf16(t32))
+        # rows of a wider tensor (a fused projection's q or k columns), both directions
+        W = NH * D + 2 * D
+        wide = bf(B, S, W)
+        wide[:, :, D:D + NH * D] = x.reshape(B, S, NH * D)
+        keep = wide.clone()
+        outw = bf_empty(B, S, NH * D)
+        cpu_rope_forward_bf16(ptr(outw), ptr_at(wide, D), ptr(table), ptr(pos), off, B, S, NH, D, NH * D, W)
+        record(f"bf16 rope fwd from rows of {W} {tag}", "bits equal to rows of its own",
+               0.0 if torch.equal(outw.reshape(B, S, NH, D), out) else 1.0, 0)
+        cpu_rope_backward_bf16(ptr_at(wide, D), None, ptr(dout), ptr(table), ptr(pos), off, B, S, NH, D, W, NH * D)
+        same = torch.equal(wide[:, :, D:D + NH * D].reshape(B, S, NH, D), dx)
+        outside = torch.equal(wide[:, :, :D], keep[:, :, :D]) and torch.equal(wide[:, :, D + NH * D:],
+                                                                                keep[:, :, D + NH * D:])
+        record(f"bf16 rope bwd into rows of {W} {tag}", "bits equal to rows of its own, others untouched",
+               0.0 if same and outside else 1.0, 0)
 
 
 def test_bf16_swiglu():

@@ -10,10 +10,11 @@
 #      its 3 GEMMs but at most 6.5 (the weights' amaxes come from AdamW, the residual
 #      gradients' from the norms' backward, w2's and wo's inputs' kept with them for the
 #      weight gradients, each output gradient cast with its transpose once for both its
-#      gradients), and more bytes, at most 1.95 GB a block; the bf16 block runs its
-#      7 linears' GEMMs through cuBLASLt as 17 launches (wk with wv and w1 with w3 as one
-#      batched GEMM in the forward and the weight gradient: 17 / 7 per linear) and its
-#      attention through cuDNN.
+#      gradients), and more bytes, at most 2.45 GB a block (against the bf16 block
+#      below, which float8 cannot fuse alike); the bf16 block runs its 7 linears' GEMMs
+#      through cuBLASLt as 13 launches (wq, wk and wv as one linear in all three
+#      passes, w1 with w3 as one batched GEMM in the forward and the weight gradient:
+#      13 / 7 per linear) and its attention through cuDNN.
 #   4. Refusals: a block outside the model, a CPU profile (exit 2 with the reason).
 #   5. Host waits: a step of 4 microbatches (gradient accumulation) waits 3 times, as a step
 #      of one (the loss read, the gradient-norm read, the synchronisation after AdamW): the
@@ -83,10 +84,10 @@ o = json.load(open(sys.argv[1]))
 f = o.get("float8_vs_bf16")
 fwd16 = f and f["block_bf16"]
 ok = (f is not None and f["recipe"] == "tensorwise" and f["converted_linears_per_block"] == 7
-      and 3 < f["launches_per_converted_linear"] <= 6.5 and 0 < f["block_extra_bytes"] <= 1.95e9
+      and 3 < f["launches_per_converted_linear"] <= 6.5 and 0 < f["block_extra_bytes"] <= 2.45e9
       and f["step_extra_launches"] > 0
-      and o["block"] == 16 and o["n_layers"] == 32 and fwd16["cublaslt"] == 17 and fwd16["cudnn"] == 2
-      and abs(f["gemm_launches_per_linear_bf16"] - 17 / 7) < 1e-9)
+      and o["block"] == 16 and o["n_layers"] == 32 and fwd16["cublaslt"] == 13 and fwd16["cudnn"] == 2
+      and abs(f["gemm_launches_per_linear_bf16"] - 13 / 7) < 1e-9)
 print(("ok   " if ok else "FAIL ") + "8B float8 tensorwise: %s converted linears, %.1f launches each, %+.2f GB a block"
       % (f and f["converted_linears_per_block"], f and f["launches_per_converted_linear"],
          f and f["block_extra_bytes"] / 1e9))

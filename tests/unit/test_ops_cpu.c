@@ -712,7 +712,7 @@ static void bf16_run(bf16_results *r, const uint16_t *x, const uint16_t *w, cons
     cpu_rmsnorm_backward_input_bf16(r->dx, NULL, dy, x, w, r->rstd, n, c, NULL);
     cpu_rmsnorm_backward_weight_bf16(r->dw, dy, x, r->rstd, n, c, 1);
     cpu_embedding_backward_bf16(r->dwte, dy, tok, n, c, 0, v);
-    cpu_rope_forward_bf16(r->rope, x, freqs, NULL, 0, n / 4, 4, c / 16, 16);
+    cpu_rope_forward_bf16(r->rope, x, freqs, NULL, 0, n / 4, 4, c / 16, 16, c, c);
     cpu_swiglu_forward_bf16(r->sw, NULL, x, dy, nx);
     cpu_swiglu_backward_bf16(r->da, r->dg, NULL, NULL, r->out, x, dy, nx);
     cpu_attention_forward_bf16(r->att, r->lse, x, dy, x, &s, NULL);
