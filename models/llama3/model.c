@@ -316,27 +316,20 @@ static void lin_bwd_input_qkv(const llama3_model *m, int l, tetra_dtype dxt, voi
     ops_gemm_desc g = gemm_desc(m->compute_dtype, dxt, 0, 0, n, c, qkv, qkv, c, c, 0.0f);
     m->ops->gemm(dx, dqkv, param_ptr(m, pidx_block(m, l, P_WQ)), &g);
 }
-/* dWqkv[QKV, C] (+)= dqkv[n, QKV]^T x[n, C]: one GEMM when the three gradients are all
- * fresh or all not (always, as the W pass writes them together), else one per weight */
+/* dWqkv[QKV, C] (+)= dqkv[n, QKV]^T x[n, C]: the three gradients are fresh together or not
+ * (llama3_grads_fresh marks all, and only this W pass writes them) */
 static void lin_bwd_weight_qkv(const llama3_model *m, int l, const void *dqkv, const void *x, int n) {
-    const int iq = pidx_block(m, l, P_WQ), c = m->linears[iq].in, qkv = qkv_cols(m, l);
-    const int fq = m->grad_fresh[iq], fk = m->grad_fresh[iq + 1], fv = m->grad_fresh[iq + 2];
-    if (fq == fk && fk == fv) {
-        const float beta = take_fresh(m, iq) ? 0.0f : 1.0f;
-        (void)take_fresh(m, iq + 1);
-        (void)take_fresh(m, iq + 2);
-        ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, qkv, c, n, qkv, c, c, beta);
-        m->ops->gemm(grad_ptr(m, iq), dqkv, x, &g);
-        return;
+    const int iq = pidx_block(m, l, P_WQ), ik = pidx_block(m, l, P_WK), iv = pidx_block(m, l, P_WV);
+    const int c = m->linears[iq].in, qkv = qkv_cols(m, l);
+    if (m->grad_fresh[iq] != m->grad_fresh[ik] || m->grad_fresh[ik] != m->grad_fresh[iv]) {
+        fprintf(stderr, "llama3: block %d: wq, wk and wv gradients not fresh together\n", l);
+        abort();
     }
-    int col = 0;
-    for (int i = iq; i < iq + 3; i++) {
-        const int out = m->linears[i].out;
-        ops_gemm_desc g =
-            gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, out, c, n, qkv, c, c, take_fresh(m, i) ? 0.0f : 1.0f);
-        m->ops->gemm(grad_ptr(m, i), act_at(m, (void *)dqkv, (size_t)col), x, &g);
-        col += out;
-    }
+    const float beta = take_fresh(m, iq) ? 0.0f : 1.0f;
+    (void)take_fresh(m, ik);
+    (void)take_fresh(m, iv);
+    ops_gemm_desc g = gemm_desc(m->compute_dtype, TETRA_F32, 1, 0, qkv, c, n, qkv, c, c, beta);
+    m->ops->gemm(grad_ptr(m, iq), dqkv, x, &g);
 }
 
 /* The element-wise ops in the compute dtype: one body of forward and backward for
