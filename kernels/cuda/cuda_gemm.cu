@@ -276,7 +276,8 @@ static cublasLtMatrixLayout_t make_layout(cudaDataType t, int64_t rows, int64_t 
     return l;
 }
 
-static lt_plan *plan_get(const lt_key *key) {
+// as, bs: the first call's A and B scale pointers (device; ignored without a scale mode)
+static lt_plan *plan_get(const lt_key *key, const void *as, const void *bs) {
     for (int i = 0; i < LT_CACHE_SIZE; i++)
         if (lt_cache[i].used && !memcmp(&lt_cache[i].key, key, sizeof *key)) return &lt_cache[i];
     lt_plan *p = &lt_cache[lt_next];
@@ -303,6 +304,12 @@ static lt_plan *plan_get(const lt_key *key) {
         if (s1 != CUBLAS_STATUS_SUCCESS || s2 != CUBLAS_STATUS_SUCCESS) {
             p->status = s1 != CUBLAS_STATUS_SUCCESS ? s1 : s2;
         }
+    }
+    if (key->scale_mode != SCALE_NONE && p->status == CUBLAS_STATUS_SUCCESS) {
+        // the heuristic sees the scale vectors the call names, as a complete descriptor
+        // (each call sets its own again before running: plans outlive their first call)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof as));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs));
     }
     p->la = make_layout((cudaDataType)key->ta, key->opa ? key->k : key->m, key->opa ? key->m : key->k, key->lda,
                         key->batch, key->sa);
@@ -356,11 +363,12 @@ static cublasStatus_t lt_matmul(lt_call *c) {
         const int ai = align_of(c->cin, k->sc * (int64_t)lt_elem_size((cudaDataType)k->tc), k->batch);
         if (ai < k->align_c) k->align_c = ai;
     }
-    lt_plan *p = plan_get(k);
+    const int scaled = k->scale_mode != SCALE_NONE;
+    const void *as = !scaled ? NULL : c->a_scale ? (const void *)c->a_scale : (const void *)cuda_one();
+    const void *bs = !scaled ? NULL : c->b_scale ? (const void *)c->b_scale : (const void *)cuda_one();
+    lt_plan *p = plan_get(k, as, bs);
     if (p->status != CUBLAS_STATUS_SUCCESS) return p->status;
-    if (k->scale_mode != SCALE_NONE) {
-        const void *as = c->a_scale ? (const void *)c->a_scale : (const void *)cuda_one();
-        const void *bs = c->b_scale ? (const void *)c->b_scale : (const void *)cuda_one();
+    if (scaled) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof as));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs));
     }
