@@ -301,6 +301,12 @@ static int qkv_fused(const llama3_model *m, int l) {
     return lin_follows(m, pidx_block(m, l, P_WQ), pidx_block(m, l, P_WK)) &&
         lin_follows(m, pidx_block(m, l, P_WK), pidx_block(m, l, P_WV));
 }
+/* the forward's one GEMM: when it computes all of q, k and v (a recompute computes the
+ * three or none: llama3_keep_qkv) */
+static int qkv_fused_forward(const llama3_model *m, int l, unsigned compute) {
+    const unsigned qkv = LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V;
+    return (compute & qkv) == qkv && qkv_fused(m, l);
+}
 static int qkv_cols(const llama3_model *m, int l) {
     return m->linears[pidx_block(m, l, P_WQ)].out + 2 * m->linears[pidx_block(m, l, P_WK)].out;
 }
@@ -1411,8 +1417,6 @@ typedef struct {
     int begun; /* the linears were told the whole operand (rows_begin): calls pass their row */
 } rows_job;
 
-#define QKV_BITS (LLAMA3_KEEP_Q | LLAMA3_KEEP_K | LLAMA3_KEEP_V)
-
 static void rows_run(void *user, size_t r0, size_t rows) {
     const rows_job *j = user;
     llama3_model *m = j->m;
@@ -1425,7 +1429,7 @@ static void rows_run(void *user, size_t r0, size_t rows) {
     float *tpf = a->ws->tp_full + r0 * C;
     switch (j->what) {
     case ROWS_QKV:
-        if (qkv_fused(m, l) && (j->compute & QKV_BITS) == QKV_BITS) {
+        if (qkv_fused_forward(m, l, j->compute)) {
             const size_t qkv = (size_t)qkv_cols(m, l);
             lin_fwd_qkv(m, l, AT(a->ws->scratch, qkv), AT(t->xn1, C), n);
             break;
@@ -1641,7 +1645,7 @@ static void block_forward_ops(llama3_model *m, llama3_acts *a, int l, const laye
     }
     if (qkv.compute) rows_all(m, a, &qkv); /* projections whose input was kept (not gathered now) */
     const int hd = (int)hd_l(m), kvd = (int)kvd_l(m);
-    if (qkv_fused(m, l) && (compute & QKV_BITS) == QKV_BITS) { /* q|k|v rows in the scratch */
+    if (qkv_fused_forward(m, l, compute)) { /* q|k|v rows in the scratch */
         const int cols = qkv_cols(m, l);
         const size_t es = act_size(m);
         rope_fwd_acts(m, a, (rows_at){t->q, hd}, (rows_at){ws->scratch, cols}, H);
